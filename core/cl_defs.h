@@ -1,0 +1,87 @@
+// Definitions shared by host C++ and NVRTC-compiled device code.
+// This header (like convert.h, rng.h and ops/scalar/*.h) is embedded verbatim into the
+// CUDA code generator, so it must compile both as plain C++17 and under NVRTC without
+// any system header.
+#pragma once
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#define CL_HD __host__ __device__ __forceinline__
+#define CL_DEVICE_CODE 1
+#else
+#define CL_HD inline
+#endif
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef signed char int8_t;
+typedef unsigned short uint16_t;
+typedef short int16_t;
+typedef unsigned int uint32_t;
+typedef int int32_t;
+typedef unsigned long long uint64_t;
+typedef long long int64_t;
+#else
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#endif
+
+namespace cl {
+
+CL_HD uint32_t f32_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+#endif
+}
+CL_HD float f32_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+CL_HD uint64_t f64_bits(double x) {
+#if defined(__CUDA_ARCH__)
+  return (uint64_t)__double_as_longlong(x);
+#else
+  uint64_t u;
+  std::memcpy(&u, &x, 8);
+  return u;
+#endif
+}
+CL_HD double f64_from_bits(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double((long long)u);
+#else
+  double x;
+  std::memcpy(&x, &u, 8);
+  return x;
+#endif
+}
+
+// IEEE fused multiply-add, used only where a math variant asks for it explicitly.
+CL_HD float fma_f(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+CL_HD double fma_d(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+CL_HD bool isnan_f(float x) { return x != x; }
+CL_HD bool isnan_d(double x) { return x != x; }
+
+}  // namespace cl

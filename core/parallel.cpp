@@ -1,0 +1,128 @@
+#include "core/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace cl {
+
+namespace {
+
+class Pool {
+ public:
+  explicit Pool(int n) { resize(n); }
+  ~Pool() { stop(); }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int n) {
+    stop();
+    stopping_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
+  }
+
+  void run(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> job_lock(job_mutex_);  // one parallel job at a time
+    {
+      std::lock_guard<std::mutex> g(m_);
+      fn_ = &fn;
+      n_ = n;
+      chunk_ = chunk;
+      next_.store(0);
+      pending_ = static_cast<int>(workers_.size());
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> g(m_);
+    done_cv_.wait(g, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      const int64_t b = next_.fetch_add(chunk_);
+      if (b >= n_) break;
+      const int64_t e = std::min(n_, b + chunk_);
+      try {
+        (*fn_)(b, e);
+      } catch (...) {
+        std::lock_guard<std::mutex> g(m_);
+        if (!error_) error_ = std::current_exception();
+        next_.store(n_);
+      }
+    }
+  }
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> g(m_);
+        cv_.wait(g, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+      }
+      work();
+      {
+        std::lock_guard<std::mutex> g(m_);
+        if (--pending_ == 0) done_cv_.notify_all();
+      }
+    }
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex m_, job_mutex_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 1;
+  std::atomic<int64_t> next_{0};
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+};
+
+int default_threads() {
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+Pool& pool() {
+  // Leaked on purpose: worker threads must not be joined during static destruction.
+  static Pool* p = new Pool(default_threads());
+  return *p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+void set_num_threads(int n) { pool().resize(std::max(1, n)); }
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  Pool& p = pool();
+  if (p.size() == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(grain, (n + 4 * p.size() - 1) / (4 * p.size()));
+  p.run(n, chunk, fn);
+}
+
+}  // namespace cl

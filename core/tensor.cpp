@@ -1,0 +1,343 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace cl {
+
+std::string Device::str() const {
+  if (type == DeviceType::CPU) return "cpu";
+  return "cuda:" + std::to_string(index);
+}
+
+namespace {
+
+struct CpuAllocator : Allocator {
+  std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override {
+    auto s = std::make_shared<Storage>();
+    const size_t rounded = ((nbytes + 63) / 64) * 64;
+    s->data = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (!s->data) throw std::bad_alloc();
+    s->nbytes = nbytes;
+    s->device = device;
+    s->deleter = [](void* p) { std::free(p); };
+    return s;
+  }
+};
+
+CpuAllocator g_cpu_allocator;
+Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
+
+}  // namespace
+
+void register_allocator(DeviceType type, Allocator* allocator) {
+  g_allocators[static_cast<int>(type)] = allocator;
+}
+
+Allocator* get_allocator(DeviceType type) {
+  Allocator* a = g_allocators[static_cast<int>(type)];
+  if (!a) throw std::runtime_error("no allocator for this device: CUDA support is not loaded");
+  return a;
+}
+
+int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t acc = 1;
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= (shape[i] > 0 ? shape[i] : 1);
+  }
+  return st;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1) {
+      throw std::invalid_argument("shapes " + shape_str(a) + " and " + shape_str(b) +
+                                  " do not broadcast (dimension " + std::to_string(i) +
+                                  ": " + std::to_string(da) + " vs " + std::to_string(db) +
+                                  ")");
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+               DTypeCode dtype)
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype) {
+  if (shape_.size() != strides_.size())
+    throw std::invalid_argument("shape and strides have different lengths");
+  for (int64_t s : shape_)
+    if (s < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape_));
+}
+
+Tensor Tensor::empty(const Shape& shape, DTypeCode dtype, Device device) {
+  for (int64_t s : shape)
+    if (s < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape));
+  const int64_t n = numel_of(shape);
+  auto storage = get_allocator(device.type)->allocate(n * cl::itemsize(dtype), device);
+  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = ndim() - 1; i >= 0; --i) {
+    if (shape_[i] == 1) continue;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+int64_t Tensor::normalize_dim(int64_t dim, int64_t ndim_plus) const {
+  const int64_t n = ndim() + ndim_plus;
+  if (dim < -n || dim >= n || (n == 0 && dim != 0 && dim != -1)) {
+    throw std::out_of_range("dimension " + std::to_string(dim) + " is out of range for a " +
+                            std::to_string(ndim()) + "-d tensor (expected a value in [" +
+                            std::to_string(-n) + ", " + std::to_string(n - 1) + "])");
+  }
+  return dim < 0 ? dim + n : dim;
+}
+
+Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offset) const {
+  // Check the view stays inside the storage.
+  if (shape.size() != strides.size())
+    throw std::invalid_argument("as_strided: shape and strides differ in length");
+  int64_t lo = offset, hi = offset;
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) throw std::invalid_argument("as_strided: negative size");
+    if (shape[i] == 0) empty = true;
+    const int64_t ext = (shape[i] - 1) * strides[i];
+    if (ext < 0) lo += ext;
+    else hi += ext;
+  }
+  const int64_t cap = static_cast<int64_t>(storage_->nbytes) / itemsize();
+  if (!empty && (lo < 0 || hi >= cap)) {
+    throw std::out_of_range("as_strided: view [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "] exceeds storage of " + std::to_string(cap) +
+                            " elements");
+  }
+  return Tensor(storage_, shape, strides, offset, dtype_);
+}
+
+Tensor Tensor::slice(int64_t dim, int64_t start, int64_t stop, int64_t step) const {
+  dim = normalize_dim(dim);
+  if (step <= 0) throw std::invalid_argument("slice step must be positive (got " +
+                                             std::to_string(step) + ")");
+  const int64_t n = shape_[dim];
+  auto clamp = [n](int64_t v) {
+    if (v < 0) v += n;
+    return v < 0 ? 0 : (v > n ? n : v);
+  };
+  start = clamp(start);
+  stop = clamp(stop);
+  const int64_t len = stop > start ? (stop - start + step - 1) / step : 0;
+  Shape sh = shape_, st = strides_;
+  sh[dim] = len;
+  st[dim] = strides_[dim] * step;
+  return Tensor(storage_, sh, st, offset_ + (len > 0 ? start * strides_[dim] : 0), dtype_);
+}
+
+Tensor Tensor::select(int64_t dim, int64_t index) const {
+  dim = normalize_dim(dim);
+  const int64_t n = shape_[dim];
+  if (index < -n || index >= n) {
+    throw std::out_of_range("index " + std::to_string(index) + " is out of bounds for dimension " +
+                            std::to_string(dim) + " with size " + std::to_string(n));
+  }
+  if (index < 0) index += n;
+  Shape sh = shape_, st = strides_;
+  sh.erase(sh.begin() + dim);
+  st.erase(st.begin() + dim);
+  return Tensor(storage_, sh, st, offset_ + index * strides_[dim], dtype_);
+}
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  if (static_cast<int64_t>(dims.size()) != ndim())
+    throw std::invalid_argument("permute: expected " + std::to_string(ndim()) + " dims, got " +
+                                std::to_string(dims.size()));
+  std::vector<bool> seen(ndim(), false);
+  Shape sh(ndim()), st(ndim());
+  for (int64_t i = 0; i < ndim(); ++i) {
+    const int64_t d = normalize_dim(dims[i]);
+    if (seen[d]) throw std::invalid_argument("permute: repeated dim " + std::to_string(d));
+    seen[d] = true;
+    sh[i] = shape_[d];
+    st[i] = strides_[d];
+  }
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  d0 = normalize_dim(d0);
+  d1 = normalize_dim(d1);
+  Shape sh = shape_, st = strides_;
+  std::swap(sh[d0], sh[d1]);
+  std::swap(st[d0], st[d1]);
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::unsqueeze(int64_t dim) const {
+  dim = normalize_dim(dim, 1);
+  Shape sh = shape_, st = strides_;
+  const int64_t s = dim < ndim() ? shape_[dim] * strides_[dim] : 1;
+  sh.insert(sh.begin() + dim, 1);
+  st.insert(st.begin() + dim, s);
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::squeeze(int64_t dim) const {
+  dim = normalize_dim(dim);
+  if (shape_[dim] != 1) return *this;
+  Shape sh = shape_, st = strides_;
+  sh.erase(sh.begin() + dim);
+  st.erase(st.begin() + dim);
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::squeeze_all() const {
+  Shape sh, st;
+  for (int64_t i = 0; i < ndim(); ++i) {
+    if (shape_[i] != 1) {
+      sh.push_back(shape_[i]);
+      st.push_back(strides_[i]);
+    }
+  }
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  const int64_t n = static_cast<int64_t>(shape.size());
+  if (n < ndim())
+    throw std::invalid_argument("expand: the target shape " + shape_str(shape) +
+                                " has fewer dimensions than the tensor's " + shape_str(shape_));
+  Shape sh(n), st(n);
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const int64_t j = i - (n - ndim());
+    const int64_t want = shape[i];
+    if (j < 0) {
+      if (want < 0) throw std::invalid_argument("expand: -1 is not allowed for a new leading dimension");
+      sh[i] = want;
+      st[i] = 0;
+      continue;
+    }
+    const int64_t have = shape_[j];
+    if (want == -1 || want == have) {
+      sh[i] = have;
+      st[i] = strides_[j];
+    } else if (have == 1) {
+      if (want < 0) throw std::invalid_argument("expand: negative size in " + shape_str(shape));
+      sh[i] = want;
+      st[i] = 0;
+    } else {
+      throw std::invalid_argument("expand: the size of dimension " + std::to_string(j) + " (" +
+                                  std::to_string(have) + ") must match the target " +
+                                  std::to_string(want) + " or be 1 (tensor " +
+                                  shape_str(shape_) + " -> " + shape_str(shape) + ")");
+    }
+  }
+  return Tensor(storage_, sh, st, offset_, dtype_);
+}
+
+Tensor Tensor::broadcast_to(const Shape& shape) const {
+  broadcast_shapes(shape_, shape);  // validates
+  return expand(shape);
+}
+
+Shape Tensor::infer_shape(const Shape& shape) const {
+  Shape out = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      if (infer >= 0) throw std::invalid_argument("only one dimension can be -1 in " + shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else if (out[i] < 0) {
+      throw std::invalid_argument("invalid shape " + shape_str(shape));
+    } else {
+      known *= out[i];
+    }
+  }
+  const int64_t n = numel();
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0)
+      throw std::invalid_argument("shape " + shape_str(shape) + " is invalid for a tensor of " +
+                                  std::to_string(n) + " elements");
+    out[infer] = n / known;
+  } else if (known != n) {
+    throw std::invalid_argument("shape " + shape_str(shape) + " is invalid for a tensor of " +
+                                std::to_string(n) + " elements");
+  }
+  return out;
+}
+
+// The stride computation of PyTorch's `view` (ATen computeStride): a view exists when
+// each chunk of old dimensions that is merged or split is itself contiguous.
+Tensor Tensor::view_or_null(const Shape& shape) const {
+  const Shape newshape = infer_shape(shape);
+  if (numel() == 0) return Tensor(storage_, newshape, contiguous_strides(newshape), offset_, dtype_);
+  Shape newstrides(newshape.size());
+  int64_t view_d = static_cast<int64_t>(newshape.size()) - 1;
+  int64_t chunk_base_stride = strides_.empty() ? 1 : strides_.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t tensor_d = ndim() - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= shape_[tensor_d];
+    if (tensor_d == 0 || (shape_[tensor_d - 1] != 1 &&
+                          strides_[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || newshape[view_d] == 1)) {
+        newstrides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= newshape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return Tensor();
+      if (tensor_d > 0) {
+        chunk_base_stride = strides_[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return Tensor();
+  return Tensor(storage_, newshape, newstrides, offset_, dtype_);
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  Tensor t = view_or_null(shape);
+  if (!t.defined())
+    throw std::invalid_argument("view of shape " + shape_str(shape) + " is not possible for a tensor of shape " +
+                                shape_str(shape_) + " with strides " + shape_str(strides_) +
+                                "; use reshape(), which copies");
+  return t;
+}
+
+Tensor Tensor::with_readonly(bool readonly) const {
+  if (readonly == storage_->readonly) return *this;
+  // Readonly is a property of the storage; a writable view of read-only memory is refused.
+  if (!readonly) throw std::invalid_argument("cannot make a view of read-only memory writable");
+  return *this;
+}
+
+}  // namespace cl

@@ -1,0 +1,50 @@
+// Program: the flat, register-based form of one fusible region of a graph, after the
+// policy has placed every rounding step. Both executors consume it: the CPU
+// interpreter evaluates it block by block; the CUDA code generator turns it into one
+// kernel whose body is one line per instruction.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/scalar/ops.h"
+
+namespace cl {
+
+struct Instr {
+  uint8_t op = kOpConst;  // OpCode
+  uint8_t f64 = 0;        // register type of dst (0: float, 1: double)
+  uint8_t var = 0;        // VariantBits
+  uint8_t dtype = 0;      // Load: input's storage dtype; Round: target format
+  uint8_t mode = 0;       // Round: RoundMode
+  uint8_t saturate = 0;   // Round: saturate fp8 overflow
+  int32_t dst = 0, a = -1, b = -1, c = -1;
+  int32_t aux = 0;        // Load: input index; Round: random stream (salt)
+  double imm = 0.0;       // Const
+};
+
+struct OutputSpec {
+  int32_t reg = 0;
+  uint8_t mode = kNearestEven;
+  uint8_t saturate = 1;
+  int32_t salt = 0;
+};
+
+struct Program {
+  std::vector<Instr> code;
+  int32_t n_regs = 0;
+  std::vector<OutputSpec> outputs;
+  uint64_t seed = 0;
+  bool uses_random() const;
+  std::string str() const;  // one line per instruction (debugging)
+};
+
+// Run `prog` on the CPU. All inputs and outputs have the same shape (inputs already
+// broadcast by stride-0 views); outputs are written in place.
+void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
+                     const std::vector<Tensor>& outputs);
+
+const char* op_name(int op);
+
+}  // namespace cl

@@ -1,0 +1,199 @@
+// The scalar definition of every op: written once, compiled into the CPU executor and
+// embedded verbatim into the CUDA kernels the code generator writes.
+//
+// Each function evaluates one op in op-math (float for fp32/bf16/fp16/fp8 storage,
+// double for fp64). Rounding to a storage format is never done here: it is an explicit
+// step (kOpRound) that the policy places in the graph.
+//
+// Formulas follow PyTorch's CUDA kernels (see shared reference notes):
+//   silu     x / (1 + exp(-x))            aten/src/ATen/native/cuda/ActivationSiluKernel.cu
+//   sigmoid  1 / (1 + exp(-x))            aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu
+//   gelu     x * 0.5 * (1 + erf(x / sqrt2))   and the tanh form, ActivationGeluKernel.cu
+//   pow      special exponents as pow_tensor_scalar (2 -> x*x, 0.5 -> sqrt, ...)
+#pragma once
+#include "core/cl_defs.h"
+#include "core/convert.h"
+#include "core/rng.h"
+#include "ops/scalar/math.h"
+
+namespace cl {
+
+enum OpCode : uint8_t {
+  kOpLoad = 0,   // dst <- input[aux], widened exactly to the register type
+  kOpConst,      // dst <- imm
+  kOpNeg,
+  kOpAbs,
+  kOpExp,
+  kOpLog,
+  kOpSigmoid,
+  kOpSilu,
+  kOpTanh,
+  kOpGeluErf,
+  kOpGeluTanh,
+  kOpSqrt,
+  kOpRsqrt,
+  kOpReciprocal,
+  kOpSquare,
+  kOpCos,
+  kOpSin,
+  kOpErf,
+  kOpAdd,
+  kOpSub,
+  kOpMul,
+  kOpDiv,
+  kOpMaximum,
+  kOpMinimum,
+  kOpPow,        // b is a register holding the exponent
+  kOpEq,
+  kOpNe,
+  kOpLt,
+  kOpLe,
+  kOpGt,
+  kOpGe,
+  kOpFma,        // a*b+c with one rounding
+  kOpWhere,      // a != 0 ? b : c
+  kOpRound,      // round a to storage format aux (mode, saturate) and back to register type
+  kOpToF64,      // f32 register -> f64 register (exact)
+  kOpToF32,      // f64 register -> f32 register (round to nearest even)
+  kOpRandUniform,  // dst <- uniform [0, 1) for this element (seed, stream aux)
+  kOpRandNormal,   // dst <- standard normal for this element (seed, stream aux)
+  kOpCount
+};
+
+// Math-variant bits carried by each instruction.
+enum VariantBits : uint8_t {
+  kVarImplMask = 0x3,       // MathImpl for exp/log/sin/cos/tanh/erf
+  kVarSiluMulSigmoid = 0x4, // silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)
+  kVarApproxDiv = 0x8,      // division as CUDA's approximate div.full.f32 (GPU only)
+  kVarSigmoidEx2 = 0x10,    // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
+  kVarRsqrtFast = 0x20,     // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
+};
+
+// ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
+// On the CPU these variants are cleared by the lowering (and the trace says so).
+CL_HD float div_f(float a, float b, int var) {
+#if defined(__CUDA_ARCH__)
+  if (var & kVarApproxDiv) {
+    float r;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+  }
+#endif
+  return a / b;
+}
+CL_HD double div_f(double a, double b, int var) { return a / b; }
+
+// exp(-x) for sigmoid: Triton's math.exp on fp32 is ex2.approx.f32(x * log2(e)).
+CL_HD float exp_neg_for_sigmoid(float x, int var) {
+#if defined(__CUDA_ARCH__)
+  if (var & kVarSigmoidEx2) {
+    float r;
+    const float t = (-x) * 1.4426950408889634f;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(t));
+    return r;
+  }
+#endif
+  return m_exp(-x, var & kVarImplMask);
+}
+CL_HD double exp_neg_for_sigmoid(double x, int var) { return m_exp(-x, var & kVarImplMask); }
+
+// ---- unary ops (T = float or double) ----
+template <typename T>
+CL_HD T op_exp(T x, int var) {
+  return m_exp(x, var & kVarImplMask);
+}
+template <typename T>
+CL_HD T op_sigmoid(T x, int var) {
+  return div_f(T(1), T(1) + exp_neg_for_sigmoid(x, var), var);
+}
+template <typename T>
+CL_HD T op_silu(T x, int var) {
+  if (var & kVarSiluMulSigmoid) return x * op_sigmoid(x, var);
+  return div_f(x, T(1) + m_exp(-x, var & kVarImplMask), var);
+}
+template <typename T>
+CL_HD T op_gelu_erf(T x, int var) {
+  const T kAlpha = T(0.70710678118654752440);  // M_SQRT1_2
+  return x * T(0.5) * (T(1) + m_erf(x * kAlpha, var & kVarImplMask));
+}
+template <typename T>
+CL_HD T op_gelu_tanh(T x, int var) {
+  const T kBeta = T(0.79788456080286535588);  // M_SQRT2 * M_2_SQRTPI * 0.5
+  const T kKappa = T(0.044715);
+  const T x_cube = x * x * x;
+  const T inner = kBeta * (x + kKappa * x_cube);
+  return T(0.5) * x * (T(1) + m_tanh(inner, var & kVarImplMask));
+}
+template <typename T>
+CL_HD T op_sqrt(T x) {
+#if defined(__CUDA_ARCH__)
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+template <typename T>
+CL_HD T op_rsqrt(T x, int var) {
+#if defined(__CUDA_ARCH__)
+  if (var & kVarRsqrtFast) return rsqrt(x);
+#endif
+  return T(1) / op_sqrt(x);
+}
+template <typename T>
+CL_HD T op_maximum(T a, T b) {  // NaN-propagating, as torch.maximum
+  if (a != a) return a;
+  if (b != b) return b;
+  return a > b ? a : b;
+}
+template <typename T>
+CL_HD T op_minimum(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return a < b ? a : b;
+}
+template <typename T>
+CL_HD T op_pow(T x, T y, int var) {
+  // Exponents PyTorch's pow_tensor_scalar kernels special-case.
+  if (y == T(2)) return x * x;
+  if (y == T(3)) return x * x * x;
+  if (y == T(0.5)) return op_sqrt(x);
+  if (y == T(-0.5)) return T(1) / op_sqrt(x);
+  if (y == T(-1)) return T(1) / x;
+  if (y == T(-2)) return T(1) / (x * x);
+  if (y == T(1)) return x;
+  if (y == T(0)) return T(1);
+  // General case: exp(y * log|x|) in double, with C pow's sign and special-value rules
+  // for the cases that matter (negative base with integer exponent).
+  const int impl = var & kVarImplMask;
+  double dx = (double)x, dy = (double)y;
+  if (dx != dx || dy != dy) return T(dx + dy);
+  const double ay = dy < 0 ? -dy : dy;
+  const bool y_int = ay < 9007199254740992.0 && (double)(int64_t)dy == dy;
+  const bool y_odd = y_int && ((int64_t)dy & 1);
+  if (dx == 0.0) {
+    if (dy < 0) return (y_odd && f64_bits(dx) >> 63) ? T(-1.0 / 0.0) : T(1.0 / 0.0);
+    return (y_odd) ? x : T(0);
+  }
+  if (dx < 0 && !y_int) return T(0.0 / 0.0);
+  const double ax = dx < 0 ? -dx : dx;
+  const double r = m_exp(dy * m_log(ax, impl), impl);
+  return T((dx < 0 && y_odd) ? -r : r);
+}
+
+// ---- counter-based random numbers: a function of (seed, stream, element index) only ----
+CL_HD double rand_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
+  const U32x4 r = philox4x32((uint32_t)index, (uint32_t)(index >> 32), stream, 0x5EEDu,
+                             (uint32_t)seed, (uint32_t)(seed >> 32));
+  return uniform_f64(r.v[0], r.v[1]);
+}
+// Box-Muller in double with the portable log/cos, so every device gives the same bits.
+CL_HD double rand_normal(uint64_t seed, uint32_t stream, uint64_t index) {
+  const U32x4 r = philox4x32((uint32_t)index, (uint32_t)(index >> 32), stream, 0xB0C5u,
+                             (uint32_t)seed, (uint32_t)(seed >> 32));
+  const double u1 = 1.0 - uniform_f64(r.v[0], r.v[1]);  // (0, 1]
+  const double u2 = uniform_f64(r.v[2], r.v[3]);
+  const double rad = op_sqrt(-2.0 * portable::log_(u1));
+  return rad * portable::cos_(6.283185307179586 * u2);
+}
+
+}  // namespace cl

@@ -1,0 +1,34 @@
+"""castlab: eager vs fused low-precision numerics, bit by bit.
+
+>>> import castlab as cl
+>>> x = cl.randn(4, 8, seed=0, dtype=cl.bfloat16)
+>>> a, b = cl.chunk(x, 2, dim=-1)
+>>> y = cl.silu(a) * b          # eager: rounds to bf16 after each op
+"""
+
+from . import _C
+from ._creation import (arange, asarray, empty, empty_like, from_numpy, full, full_like, ones,
+                        ones_like, rand, randn, tensor, zeros, zeros_like)
+from ._dtype import (as_dtype, bfloat16, bool_, dtype, float8_e4m3fn, float8_e5m2, float16,
+                     float32, float64, int32, int64, promote_types)
+from ._tensor import Tensor, device
+from .ops import (abs, add, astype, broadcast_to, cat, chunk, clone, contiguous, cos, div, eq,
+                  erf, exp, expand, fma, ge, gelu, gt, le, log, lt, maximum, minimum, mul, ne,
+                  neg, permute, pow, reciprocal, reshape, rsqrt, select, sigmoid, silu, sin, split,
+                  sqrt, square, squeeze, stack, sub, tanh, transpose, unsqueeze, view, where)
+from .policy import Math, Policy, use_math
+
+__version__ = _C.__version__
+bool = bool_  # noqa: A001  (castlab.bool, as torch.bool)
+
+__all__ = [
+    "Tensor", "device", "dtype", "float64", "float32", "float16", "bfloat16", "float8_e4m3fn",
+    "float8_e5m2", "bool", "int32", "int64", "as_dtype", "promote_types",
+    "tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange", "rand",
+    "randn", "empty_like", "zeros_like", "ones_like", "full_like",
+    "abs", "add", "astype", "broadcast_to", "cat", "chunk", "clone", "contiguous", "cos", "div",
+    "eq", "erf", "exp", "expand", "fma", "ge", "gelu", "gt", "le", "log", "lt", "maximum",
+    "minimum", "mul", "ne", "neg", "permute", "pow", "reciprocal", "reshape", "rsqrt", "select",
+    "sigmoid", "silu", "sin", "split", "sqrt", "square", "squeeze", "stack", "sub", "tanh",
+    "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math",
+]

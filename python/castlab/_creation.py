@@ -1,0 +1,275 @@
+"""Creating tensors, and NumPy interop without copies."""
+
+from __future__ import annotations
+
+import math as _math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _C
+from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
+
+Tensor = _C.Tensor
+
+__all__ = ["tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange",
+           "rand", "randn", "empty_like", "zeros_like", "ones_like", "full_like"]
+
+_OP = _C.OPCODES
+
+
+def _device_str(device: Any) -> str:
+    if device is None:
+        return "cpu"
+    s = str(device)
+    if s == "cuda":
+        return "cuda:0"
+    if s == "cpu" or s.startswith("cuda:"):
+        return s
+    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
+
+
+def _shape_arg(shape: tuple) -> list[int]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = []
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"shape entries must be integers, got {s!r}")
+        if s < 0:
+            raise ValueError(f"negative dimension {s} in shape {list(shape)}")
+        out.append(int(s))
+    return out
+
+
+def _to_device(t, device: str):
+    if device == "cpu":
+        return t
+    from . import cuda as _cuda
+
+    return _cuda.to_device(t, device)
+
+
+def from_numpy(a: np.ndarray) -> Tensor:
+    """A castlab tensor sharing memory with a NumPy array (any strides, read-only honoured).
+
+    ml_dtypes arrays (bfloat16, float8_e4m3fn, float8_e5m2) are shared too.
+
+    >>> a = np.arange(4, dtype=np.float32)
+    >>> t = cl.from_numpy(a); a[0] = 7.0
+    >>> t.tolist()[0]
+    7.0
+    """
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(a).__name__}")
+    dt = as_dtype(a.dtype)
+    isz = a.dtype.itemsize
+    strides = []
+    for s in a.strides:
+        if s % isz:
+            raise ValueError("from_numpy: strides that are not a multiple of the item size "
+                             "cannot be expressed in elements")
+        strides.append(s // isz)
+    ptr = a.__array_interface__["data"][0] if a.size else 0
+    if a.size == 0:
+        return _C.empty(list(a.shape), dt.name, "cpu")
+    return _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
+
+
+def _nested_to_numpy(data: Any, dt: dtype | None) -> np.ndarray:
+    if dt is None:
+        arr = np.asarray(data)
+        if arr.dtype.kind == "f":
+            arr = arr.astype(np.float32)
+        elif arr.dtype.kind in "iu":
+            arr = arr.astype(np.int64)
+        elif arr.dtype.kind == "b":
+            pass
+        else:
+            raise TypeError(f"cannot make a tensor from data of type {arr.dtype}")
+        return arr
+    if dt in (float64, float32) or not dt.is_floating_point:
+        return np.asarray(data, dtype=dt.numpy)
+    # Narrow floats: round once, directly from the exact (float64) values.
+    return np.asarray(data, dtype=np.float64)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """A new tensor holding a copy of `data` (nested lists, numbers, NumPy arrays,
+    DLPack producers, castlab tensors). Default dtype: float32 for floats, int64 for ints.
+
+    >>> cl.tensor([[1.0, 2.0]], dtype=cl.bfloat16)
+    tensor([[1., 2.]], dtype=castlab.bfloat16)
+    """
+    dt = as_dtype(dtype) if dtype is not None else None
+    dev = _device_str(device)
+    if isinstance(data, Tensor):
+        t = data.clone()
+        if dt is not None:
+            t = t.astype(dt)
+        return t.to(dev)
+    if hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
+        from ._dlpack import from_dlpack
+
+        t = from_dlpack(data).clone()
+        return (t.astype(dt) if dt is not None else t).to(dev)
+    if isinstance(data, np.ndarray) and dt is None:
+        try:
+            dt = as_dtype(data.dtype)
+        except TypeError:
+            dt = None
+    arr = _nested_to_numpy(data, dt)
+    src = from_numpy(np.ascontiguousarray(arr))
+    if dt is None:
+        dt = as_dtype(arr.dtype)
+    out = src.astype(dt) if src._dtype_name != dt.name else src.clone()
+    return _to_device(out, dev)
+
+
+def asarray(x: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """Like :func:`tensor` but shares memory where it can (castlab tensors, NumPy arrays,
+    DLPack producers).
+
+    >>> a = np.ones(3, np.float32)
+    >>> cl.asarray(a).data_ptr() == a.ctypes.data
+    True
+    """
+    if isinstance(x, Tensor):
+        t = x
+    elif isinstance(x, np.ndarray):
+        try:
+            t = from_numpy(x)
+        except TypeError:
+            t = tensor(x)
+    elif hasattr(x, "__dlpack__"):
+        from ._dlpack import from_dlpack
+
+        t = from_dlpack(x)
+    else:
+        t = tensor(x)
+    if dtype is not None:
+        t = t.astype(as_dtype(dtype))
+    if device is not None:
+        t = t.to(_device_str(device))
+    return t
+
+
+def empty(*shape, dtype: Any = float32, device: Any = None) -> Tensor:
+    """An uninitialised tensor.
+
+    >>> cl.empty(2, 3).shape
+    (2, 3)
+    """
+    dt = as_dtype(dtype)
+    return _C.empty(_shape_arg(shape), dt.name, _device_str(device))
+
+
+def full(shape: Sequence[int] | int, fill_value: float | int | bool, dtype: Any = None,
+         device: Any = None) -> Tensor:
+    """A tensor filled with one value (rounded once to `dtype`).
+
+    >>> cl.full((2,), 0.1, dtype=cl.bfloat16).tolist()
+    [0.10009765625, 0.10009765625]
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    if dtype is None:
+        dtype = bool_ if isinstance(fill_value, bool) else (int64 if isinstance(fill_value, int) else float32)
+    dt = as_dtype(dtype)
+    t = _C.empty(_shape_arg(tuple(shape)), dt.name, _device_str(device))
+    _fill(t, float(fill_value))
+    return t
+
+
+def _fill(t: Tensor, value: float) -> None:
+    f64 = t._dtype_name in ("float64", "int64")
+    prog = _C.Program([(_OP["const"], int(f64), 0, 0, 0, 0, 0, -1, -1, -1, 0, value)], 1,
+                      [(0, 0, 1, 0)], 0)
+    prog.run([], [t])
+
+
+def zeros(*shape, dtype: Any = float32, device: Any = None) -> Tensor:
+    """A tensor of zeros.
+
+    >>> cl.zeros(2).tolist()
+    [0.0, 0.0]
+    """
+    return full(tuple(_shape_arg(shape)), 0.0, dtype=dtype, device=device)
+
+
+def ones(*shape, dtype: Any = float32, device: Any = None) -> Tensor:
+    """A tensor of ones.
+
+    >>> cl.ones(2).tolist()
+    [1.0, 1.0]
+    """
+    return full(tuple(_shape_arg(shape)), 1.0, dtype=dtype, device=device)
+
+
+def empty_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return empty(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
+
+
+def zeros_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return zeros(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
+
+
+def ones_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return ones(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
+
+
+def full_like(t: Tensor, value: float, dtype: Any = None) -> Tensor:
+    return full(t.shape, value, dtype=dtype or t.dtype, device=t._device_str)
+
+
+def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = None,
+           device: Any = None) -> Tensor:
+    """Evenly spaced values in [start, stop), as torch.arange (int64 for integer args).
+
+    >>> cl.arange(4).tolist()
+    [0, 1, 2, 3]
+    """
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    all_int = all(isinstance(v, int) for v in (start, stop, step))
+    dt = as_dtype(dtype) if dtype is not None else (int64 if all_int else float32)
+    n = max(0, _math.ceil((stop - start) / step))
+    vals = start + step * np.arange(n, dtype=np.float64)
+    return tensor(vals.astype(np.int64) if dt is int64 else vals, dtype=dt, device=device)
+
+
+def _random(shape: tuple, kind: str, seed: int, dtype: Any, device: Any) -> Tensor:
+    dt = as_dtype(dtype)
+    if not dt.is_floating_point:
+        raise TypeError(f"{kind} needs a floating-point dtype, got {dt}")
+    if not isinstance(seed, int) or seed < 0 or seed >= 2**64:
+        raise ValueError("seed must be an integer in [0, 2**64)")
+    t = _C.empty(_shape_arg(shape), dt.name, _device_str(device))
+    op = _OP["rand_uniform"] if kind == "rand" else _OP["rand_normal"]
+    mode = 1 if kind == "rand" else 0  # uniform: round toward zero, so 1.0 never appears
+    prog = _C.Program([(op, 1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0.0)], 1, [(0, mode, 1, 0)], seed)
+    prog.run([], [t])
+    return t
+
+
+def rand(*shape, seed: int = 0, dtype: Any = float32, device: Any = None) -> Tensor:
+    """Uniform [0, 1) numbers from a counter-based generator (Philox): the same numbers
+    for the same seed on every device and thread count.
+
+    >>> cl.rand(3, seed=1).shape
+    (3,)
+    """
+    return _random(tuple(_shape_arg(shape)), "rand", seed, dtype, device)
+
+
+def randn(*shape, seed: int = 0, dtype: Any = float32, device: Any = None) -> Tensor:
+    """Standard normal numbers (Philox + Box-Muller in fp64 with castlab's portable math:
+    the same bits on every device).
+
+    >>> cl.randn(2, 2, seed=0).shape
+    (2, 2)
+    """
+    return _random(tuple(_shape_arg(shape)), "randn", seed, dtype, device)

@@ -1,0 +1,222 @@
+"""DLPack interchange: ``castlab.from_dlpack`` and ``Tensor.__dlpack__``/``__dlpack_device__``.
+
+Both directions are zero-copy. The C++ side (``python/src/bind_dlpack.cpp``) builds and
+consumes the capsules; this module implements the array-API protocol around it
+(versions, devices, streams, copies).
+
+Exported capsules point ``data`` at the first element of the view, with ``byte_offset = 0``
+and strides always filled (in elements). Versioned capsules are DLPack 1.1 and carry the
+READ_ONLY flag for read-only tensors; a read-only tensor cannot be exported through the
+legacy (unversioned) capsule, which has no way to say so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["from_dlpack", "tensor_dlpack", "tensor_dlpack_device"]
+
+# DLPack device types (DLDeviceType) castlab deals with.
+_kDLCPU = 1
+_kDLCUDA = 2
+_kDLCUDAHost = 3
+
+# castlab's DeviceType values (core/tensor.h).
+_CL_CPU = 0
+_CL_CUDA = 1
+
+_MAX_VERSION = (1, 1)
+
+_CAPSULE_TYPE = type(_C.to_dlpack(_C.empty([0], "float32", "cpu"), True))
+
+
+# ---- hooks for the CUDA backend --------------------------------------------------------
+
+
+def _consumer_stream(device: tuple[int, int]) -> Any:
+    """The ``stream`` castlab passes to a producer on ``device`` (a DLPack device pair).
+
+    None on the CPU, as the array API requires. For CUDA producers this is where castlab's
+    current stream goes (1 for the legacy default stream, -1 for "no synchronisation", or a
+    ``cudaStream_t`` as an int); the CUDA engineer fills it in. None for now.
+    """
+    return None
+
+
+def _producer_sync(tensor: Any, stream: Any) -> None:
+    """Make work queued on ``tensor`` visible to the consumer's ``stream`` (CUDA only).
+
+    Called by ``Tensor.__dlpack__`` for CUDA tensors; to be filled in by the CUDA backend
+    (record an event on castlab's stream and make ``stream`` wait on it). Does nothing yet.
+    """
+    return None
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def _device_pair(t: Any) -> tuple[int, int]:
+    if t._device_type == _CL_CPU:
+        return (_kDLCPU, 0)
+    return (_kDLCUDA, int(t._device_index))
+
+
+def _normalize_device(device: Any) -> tuple[int, int]:
+    """A DLPack (type, id) pair from a device given as a pair, a string or a device object."""
+    if isinstance(device, tuple) and len(device) == 2:
+        return (int(device[0]), int(device[1]))
+    if hasattr(device, "__dlpack_device__"):
+        return tuple(device.__dlpack_device__())
+    typ = getattr(device, "type", None)
+    if isinstance(typ, str):  # torch.device-like, or castlab's device object
+        idx = getattr(device, "index", None)
+        device = typ if idx is None else f"{typ}:{idx}"
+    s = str(device)
+    if s == "cpu":
+        return (_kDLCPU, 0)
+    if s == "cuda":
+        return (_kDLCUDA, 0)
+    if s.startswith("cuda:"):
+        return (_kDLCUDA, int(s[5:]))
+    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda', 'cuda:N' or a DLPack pair)")
+
+
+def _raw_numpy_view(t: Any) -> np.ndarray:
+    """A NumPy view of a CPU tensor's bits (unsigned ints of the tensor's itemsize)."""
+    isz = t.itemsize
+    nbytes = t._storage_nbytes
+    if nbytes == 0 or t.numel() == 0:
+        return np.empty(t.shape, dtype=f"u{isz}")
+    buf = (ctypes.c_char * nbytes).from_address(t._storage_ptr)
+    return np.ndarray(tuple(t.shape), dtype=f"u{isz}", buffer=buf, offset=t._offset * isz,
+                      strides=tuple(s * isz for s in t._strides))
+
+
+def _copy_cpu(t: Any) -> Any:
+    """A contiguous, writable copy of a CPU tensor (bit-exact)."""
+    # TODO: use Tensor.clone() once the tensor API has it (it will also cover CUDA).
+    if t._device_type != _CL_CPU:
+        raise BufferError("copying a CUDA tensor through DLPack is not supported yet")
+    out = _C.empty(list(t.shape), t._dtype_name, "cpu")
+    if t.numel():
+        np.copyto(_raw_numpy_view(out), _raw_numpy_view(t), casting="no")
+    return out
+
+
+_ML_DTYPE_NAMES = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
+
+
+def _from_numpy_fallback(a: np.ndarray) -> Any:
+    """Zero-copy import of a NumPy array NumPy cannot export through DLPack (ml_dtypes)."""
+    import castlab
+
+    if hasattr(castlab, "from_numpy"):
+        return castlab.from_numpy(a)
+    name = a.dtype.name
+    if name not in _ML_DTYPE_NAMES:
+        raise TypeError(f"unsupported NumPy dtype {a.dtype} for castlab.from_dlpack")
+    isz = a.dtype.itemsize
+    if any(s % isz for s in a.strides):
+        raise BufferError("array strides are not a multiple of the itemsize")
+    return _C.from_pointer(a.ctypes.data, list(a.shape), [s // isz for s in a.strides], name,
+                           a, not a.flags.writeable, "cpu")
+
+
+# ---- consumer --------------------------------------------------------------------------
+
+
+def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
+    """A castlab Tensor sharing memory with ``x`` (zero-copy), per the array API standard.
+
+    ``x`` is any object with ``__dlpack__``/``__dlpack_device__`` (a torch tensor, a NumPy
+    array, ...) or a raw DLPack capsule. ``copy=True`` returns a copy, ``copy=False``
+    guarantees there is none (this import never needs one). ``device`` must be the source's
+    device (moving between devices is not supported here: BufferError).
+
+    >>> import torch, castlab as cl
+    >>> t = torch.arange(4.0)
+    >>> x = cl.from_dlpack(t)          # shares t's memory
+    >>> x.data_ptr() == t.data_ptr()
+    True
+    """
+    if isinstance(x, _CAPSULE_TYPE):
+        t = _C.from_dlpack_capsule(x)
+        src = _device_pair(t)
+        if device is not None and _normalize_device(device) != src:
+            raise BufferError(f"cannot import a DLPack tensor on device {src} to device {device!r}")
+        return _copy_cpu(t) if copy else t
+
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, "
+                        f"got {type(x).__name__}")
+
+    src = tuple(x.__dlpack_device__()) if hasattr(x, "__dlpack_device__") else (_kDLCPU, 0)
+    if device is not None:
+        want = _normalize_device(device)
+        norm_src = (_kDLCPU, 0) if src[0] == _kDLCUDAHost else src
+        if want != norm_src:
+            raise BufferError(f"castlab.from_dlpack cannot move data from DLPack device {src} "
+                              f"to {device!r}")
+    stream = _consumer_stream(src) if src[0] == _kDLCUDA else None
+
+    try:
+        capsule = x.__dlpack__(max_version=_MAX_VERSION, stream=stream)
+    except TypeError:
+        # A producer older than the 2023.12 array API: no max_version keyword.
+        try:
+            capsule = x.__dlpack__(stream=stream) if stream is not None else x.__dlpack__()
+        except BufferError:
+            if isinstance(x, np.ndarray) and x.dtype.name in _ML_DTYPE_NAMES:
+                t = _from_numpy_fallback(x)
+                return _copy_cpu(t) if copy else t
+            raise
+    except BufferError:
+        # NumPy cannot export ml_dtypes (bfloat16, fp8) through DLPack.
+        if isinstance(x, np.ndarray) and x.dtype.name in _ML_DTYPE_NAMES:
+            t = _from_numpy_fallback(x)
+            return _copy_cpu(t) if copy else t
+        raise
+    t = _C.from_dlpack_capsule(capsule)
+    return _copy_cpu(t) if copy else t
+
+
+# ---- producer --------------------------------------------------------------------------
+
+
+def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                  dl_device: Any = None, copy: bool | None = None) -> Any:
+    """``Tensor.__dlpack__``: export as a DLPack capsule (array API semantics).
+
+    A versioned capsule ("dltensor_versioned", DLPack 1.1) when ``max_version[0] >= 1``,
+    else a legacy "dltensor" one. ``copy=True`` exports a copy (flag IS_COPIED); otherwise
+    the capsule shares the tensor's memory. ``dl_device`` other than the tensor's device
+    raises BufferError (cross-device copies are not supported yet).
+    """
+    versioned = max_version is not None and int(max_version[0]) >= 1
+    here = _device_pair(self)
+    if dl_device is not None:
+        want = (int(dl_device[0]), int(dl_device[1]))
+        if want != here:
+            if copy is False:
+                raise BufferError(f"cannot export to DLPack device {want} without a copy "
+                                  f"(tensor is on {here}) and copy=False was given")
+            # TODO: copy=True to (kDLCPU, 0) from CUDA once castlab can copy device -> host.
+            raise BufferError(f"unsupported device requested: {want} (tensor is on {here})")
+    if here[0] == _kDLCPU:
+        if stream is not None and stream != -1:
+            raise BufferError(f"stream must be None for a CPU tensor, got {stream!r}")
+    else:
+        _producer_sync(self, stream)
+    if copy:
+        return _C.to_dlpack(_copy_cpu(self), versioned, copied=True)
+    return _C.to_dlpack(self, versioned)
+
+
+def tensor_dlpack_device(self: Any) -> tuple[int, int]:
+    """``Tensor.__dlpack_device__``: ``(1, 0)`` on the CPU, ``(2, index)`` on CUDA."""
+    return _device_pair(self)

@@ -1,0 +1,277 @@
+"""The graph IR: nodes, the tracing state, and the front end of every op.
+
+Each op is defined once here as a *node builder*: it checks dtypes and shapes (as
+PyTorch would), computes the result dtype and shape, and returns a :class:`Node`. Eager
+calls build a one-op graph over concrete tensors and run it at once; traced calls append
+the node to the graph being recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from . import _C
+from ._dtype import as_dtype, bool_, dtype, float32, int64, promote_types
+
+UNARY_FLOAT = ("exp", "log", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "sqrt", "rsqrt",
+               "reciprocal", "cos", "sin", "erf")
+UNARY_SIGNED = ("neg", "abs", "square")
+BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
+COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
+ELEMENTWISE = set(UNARY_FLOAT + UNARY_SIGNED + BINARY_ARITH + COMPARE + ("fma", "where", "astype"))
+VIEW_OPS = ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze")
+
+# op name in the graph -> opcode name in ops/scalar/ops.h
+OPCODE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}
+
+
+class Node:
+    """One value of a graph: an input, a scalar constant, or the result of an op."""
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "device", "index", "tensor",
+                 "value", "where")
+
+    def __init__(self, op: str, inputs: tuple, shape: tuple, dt: dtype | None, device: str,
+                 attrs: dict | None = None):
+        self.op = op
+        self.inputs = inputs
+        self.attrs = attrs or {}
+        self.shape = tuple(shape)
+        self.dtype = dt
+        self.device = device
+        self.index = -1       # position in the traced graph
+        self.tensor = None    # 'input' nodes: the concrete tensor (eager or example input)
+        self.value = None     # 'scalar' nodes: the Python number
+        self.where = None     # source location that created the node (traces)
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {self.dtype}, {list(self.shape)})"
+
+
+# ---------------------------------------------------------------- tracing state
+
+class _TraceState(threading.local):
+    graph: list | None = None
+    captured: list = []        # concrete tensors a traced function closed over
+    captured_nodes: list = []
+    n_inputs: int = 0
+
+
+_state = _TraceState()
+
+
+def tracing() -> bool:
+    return _state.graph is not None
+
+
+class Proxy:
+    """A symbolic tensor seen by a function while ``castlab.jit`` traces it."""
+
+    __slots__ = ("node",)
+    __array_priority__ = 1000
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    @property
+    def shape(self) -> tuple:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> dtype:
+        return self.node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.node.shape)
+
+    def dim(self) -> int:
+        return len(self.node.shape)
+
+    def size(self, d: int | None = None):
+        return self.node.shape if d is None else self.node.shape[d]
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.node.shape:
+            n *= s
+        return n
+
+    @property
+    def device(self):
+        from ._tensor import device as _device
+
+        return _device(self.node.device)
+
+    def __repr__(self) -> str:
+        return f"Proxy(t{self.node.index}: {self.node.dtype.short}{list(self.node.shape)})"
+
+    def _value_error(self, what: str):
+        import traceback
+
+        frame = None
+        for fs in reversed(traceback.extract_stack()[:-2]):
+            if "/castlab/" not in fs.filename.replace("\\", "/"):
+                frame = fs
+                break
+        loc = f" at {frame.filename}:{frame.lineno}: {frame.line}" if frame else ""
+        raise TypeError(
+            f"{what} of a traced tensor is not available while castlab.jit traces{loc}. "
+            "A traced function may not branch on tensor values (Python control flow on "
+            "data); compute both branches and use castlab.where, or run it eagerly.")
+
+    def __bool__(self):
+        self._value_error("the truth value")
+
+    def __float__(self):
+        self._value_error("float()")
+
+    def __int__(self):
+        self._value_error("int()")
+
+    def __index__(self):
+        self._value_error("index()")
+
+    def item(self):
+        self._value_error(".item()")
+
+    def tolist(self):
+        self._value_error(".tolist()")
+
+    def numpy(self):
+        self._value_error(".numpy()")
+
+    def __array__(self, *a, **k):
+        self._value_error("conversion to NumPy")
+
+    def __len__(self):
+        if not self.node.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.node.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def record(node: Node) -> Node:
+    g = _state.graph
+    node.index = len(g)
+    g.append(node)
+    return node
+
+
+# ---------------------------------------------------------------- node builders
+
+def _category(d: dtype) -> int:
+    return 2 if d.is_floating_point else (0 if d is bool_ else 1)
+
+
+def _scalar_category(v: Any) -> int:
+    if isinstance(v, bool):
+        return 0
+    if isinstance(v, int):
+        return 1
+    return 2
+
+
+def result_type(operands: list) -> dtype:
+    """PyTorch's result type: dimensioned tensors, then 0-d tensors, then Python scalars."""
+    dim_t = None
+    zero_t = None
+    sc = -1
+    for o in operands:
+        if isinstance(o, Node) and o.op != "scalar":
+            if len(o.shape) > 0:
+                dim_t = o.dtype if dim_t is None else promote_types(dim_t, o.dtype)
+            else:
+                zero_t = o.dtype if zero_t is None else promote_types(zero_t, o.dtype)
+        else:
+            v = o.value if isinstance(o, Node) else o
+            sc = max(sc, _scalar_category(v))
+    res = dim_t
+    if zero_t is not None:
+        if res is None or _category(zero_t) > _category(res):
+            res = zero_t
+    if sc >= 0:
+        if res is None or sc > _category(res):
+            res = {0: bool_, 1: int64, 2: float32}[sc]
+    return res
+
+
+def broadcast(shapes: list[tuple]) -> tuple:
+    out: tuple = ()
+    for s in shapes:
+        out = tuple(_C.broadcast_shapes(list(out), list(s)))
+    return out
+
+
+def scalar_node(v: Any, device: str) -> Node:
+    if not isinstance(v, (bool, int, float)):
+        raise TypeError(f"expected a tensor or a Python number, got {type(v).__name__}")
+    n = Node("scalar", (), (), None, device)
+    n.value = v
+    return n
+
+
+def _check_devices(nodes: list[Node], op: str) -> str:
+    devs = {n.device for n in nodes if n.op != "scalar"}
+    if len(devs) > 1:
+        raise ValueError(f"{op}: expected all tensors on the same device, got "
+                         + " and ".join(sorted(devs)))
+    return devs.pop() if devs else "cpu"
+
+
+def elementwise(op: str, args: list[Node], attrs: dict | None = None) -> Node:
+    """Validate an elementwise op and build its node (shape: broadcast; dtype: PyTorch's)."""
+    device = _check_devices(args, op)
+    for a in args:
+        if a.op == "scalar":
+            a.device = device
+    tensors = [a for a in args if a.op != "scalar"]
+    shape = broadcast([a.shape for a in tensors])
+    if op in UNARY_FLOAT:
+        d = args[0].dtype
+        if d is bool_:
+            raise TypeError(f"{op} is not supported for bool tensors")
+        out = d if d.is_floating_point else float32
+    elif op in UNARY_SIGNED:
+        d = args[0].dtype
+        if not d.is_floating_point:
+            raise TypeError(f"{op} is not supported for {d.name} tensors in castlab "
+                            "(castlab computes floating-point ops; cast with .astype(cl.float32))")
+        out = d
+    elif op in BINARY_ARITH or op == "fma":
+        rt = result_type(args)
+        if not rt.is_floating_point:
+            if op == "div":
+                rt = float32
+            else:
+                raise TypeError(f"{op} of {rt.name} values is not supported in castlab "
+                                "(castlab computes floating-point ops; cast with .astype(cl.float32))")
+        out = rt
+    elif op in COMPARE:
+        result_type(args)  # validates promotion
+        out = bool_
+    elif op == "where":
+        cond = args[0]
+        if cond.op == "scalar" or cond.dtype is not bool_:
+            raise TypeError("where: the condition must be a bool tensor (e.g. from a comparison)")
+        out = result_type(args[1:])
+    elif op == "astype":
+        out = as_dtype(attrs["dtype"])
+    else:
+        raise ValueError(f"unknown elementwise op {op!r}")
+    if op in UNARY_FLOAT + UNARY_SIGNED + ("astype",) and args[0].op == "scalar":
+        raise TypeError(f"{op} expects a tensor, got a Python number")
+    return Node(op, tuple(args), shape, out, device, attrs)
+
+
+def view_node(op: str, x: Node, shape: tuple, attrs: dict) -> Node:
+    return Node(op, (x,), shape, x.dtype, x.device, attrs)
+
+
+def cat_node(parts: list[Node], dim: int, shape: tuple, dt: dtype) -> Node:
+    device = _check_devices(parts, "cat")
+    return Node("cat", tuple(parts), shape, dt, device, {"dim": dim})

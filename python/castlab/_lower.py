@@ -1,0 +1,633 @@
+"""Lowering: graph + policy + math -> a plan of Programs the executors run.
+
+Three steps:
+1. Every output is expressed as a tree of expressions over *leaves* (strided views of
+   inputs): view ops (slice, select, permute, expand, reshape, squeeze) are pushed down
+   to the leaves, where they cost nothing; a reshape that no strided view can express
+   materialises its operand in a temporary first.
+2. Concatenations are hoisted to the top, so each output splits into rectangular
+   regions and every region is a pure elementwise DAG (RoPE's ``cat(-x2, x1)`` becomes
+   two regions that read the two halves of ``x`` directly).
+3. Each region becomes one Program: a load per leaf, one instruction per op, and a
+   rounding step wherever the policy says (after every op under ``eager``; only at
+   the store under ``fused``; nowhere under ``fp64``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _C
+from ._dtype import _BY_CODE, as_dtype, bool_, dtype, float32, float64, int64
+from ._graph import COMPARE, OPCODE, Node
+from .policy import Math, Policy
+
+OP = _C.OPCODES
+K_ROUND, K_TOF64, K_TOF32, K_LOAD, K_CONST = (OP["round"], OP["to_f64"], OP["to_f32"],
+                                              OP["load"], OP["const"])
+
+
+# ---------------------------------------------------------------- expressions
+
+class Leaf:
+    __slots__ = ("t", "src", "shape")
+
+    def __init__(self, t, src):
+        self.t = t          # a _C.Tensor view
+        self.src = src      # ("in", i) | ("tmp", k)
+        self.shape = t.shape
+
+
+class Scalar:
+    __slots__ = ("value",)
+    shape = None
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Elem:
+    __slots__ = ("node", "args", "shape")
+
+    def __init__(self, node: Node, args: list, shape: tuple):
+        self.node = node
+        self.args = args
+        self.shape = tuple(shape)
+
+
+class Cat:
+    __slots__ = ("dim", "parts", "shape")
+
+    def __init__(self, dim: int, parts: list, shape: tuple):
+        self.dim = dim
+        self.parts = parts
+        self.shape = tuple(shape)
+
+
+def apply_view(t, vop):
+    k = vop[0]
+    if k == "slice":
+        return t._slice(*vop[1:])
+    if k == "select":
+        return t._select(*vop[1:])
+    if k == "permute":
+        return t._permute(list(vop[1]))
+    if k == "expand":
+        return t._expand(list(vop[1]))
+    if k == "reshape":
+        return t._view_or_none(list(vop[1]))
+    if k == "unsqueeze":
+        return t._unsqueeze(vop[1])
+    if k == "squeeze":
+        return t._squeeze(vop[1])
+    raise ValueError(k)
+
+
+def view_shape(shape: tuple, vop) -> tuple:
+    k = vop[0]
+    s = list(shape)
+    if k == "slice":
+        _, d, start, stop, step = vop
+        n = s[d]
+        start = max(0, min(n, start + n if start < 0 else start))
+        stop = max(0, min(n, stop + n if stop < 0 else stop))
+        s[d] = max(0, (stop - start + step - 1) // step)
+        return tuple(s)
+    if k == "select":
+        del s[vop[1]]
+        return tuple(s)
+    if k == "permute":
+        return tuple(shape[i] for i in vop[1])
+    if k in ("expand", "reshape"):
+        return tuple(vop[1])
+    if k == "unsqueeze":
+        s.insert(vop[1], 1)
+        return tuple(s)
+    if k == "squeeze":
+        if s[vop[1]] == 1:
+            del s[vop[1]]
+        return tuple(s)
+    raise ValueError(k)
+
+
+def _norm_vop(vop, shape):
+    """Make dims non-negative and expand shapes explicit, for a given input shape."""
+    k = vop[0]
+    nd = len(shape)
+    if k in ("slice", "select", "squeeze"):
+        d = vop[1] + nd if vop[1] < 0 else vop[1]
+        return (k, d) + tuple(vop[2:])
+    if k == "unsqueeze":
+        d = vop[1] + nd + 1 if vop[1] < 0 else vop[1]
+        return (k, d)
+    if k == "permute":
+        return (k, tuple(d + nd if d < 0 else d for d in vop[1]))
+    if k == "expand":
+        tgt = list(vop[1])
+        off = len(tgt) - nd
+        for i in range(len(tgt)):
+            if tgt[i] == -1:
+                tgt[i] = shape[i - off]
+        return (k, tuple(tgt))
+    return vop
+
+
+class Lowering:
+    """Builds expressions and regions for one graph under one policy and math."""
+
+    def __init__(self, policy: Policy, math: Math, cuda: bool, inputs: list):
+        self.policy = policy
+        self.math = math
+        self.cuda = cuda
+        self.inputs = inputs          # concrete tensors bound to 'input' nodes
+        self.temps: list = []         # (shape, dtype) of temporaries
+        self.temp_tensors: list = []
+        self.steps: list = []         # (Program, leaves, outs) in execution order
+        self._expr_memo: dict = {}
+        self._view_memo: dict = {}
+        self._hoist_memo: dict = {}
+
+    # -- value types -------------------------------------------------------------
+    def vt64(self, node: Node) -> bool:
+        """Does this node's value live in a double register?"""
+        if self.policy.compute is not None:
+            return self.policy.compute is float64
+        if node.op in ("input", "tmp"):
+            return node.dtype in (float64, int64)
+        if node.op in COMPARE:
+            return any(a.op != "scalar" and a.dtype in (float64, int64) for a in node.inputs)
+        if node.op == "astype":  # round from the input's own precision: no double rounding
+            return node.dtype in (float64, int64) or self.vt64(node.inputs[0])
+        return node.dtype in (float64, int64)
+
+    def round_target(self, node: Node) -> dtype | None:
+        p = self.policy
+        if node.op == "astype":
+            if p.name == "fp64" or not p.round_casts:
+                return None
+            target = node.dtype
+        elif node.op in COMPARE or node.op in ("input", "scalar"):
+            return None
+        elif p.rounds_after(node.index, node.op):
+            target = node.dtype
+        else:
+            return None
+        f64 = self.vt64(node)
+        if target is float64 or target is int64:
+            return None
+        if target is float32 and not f64:
+            return None
+        return target
+
+    # -- expression building -----------------------------------------------------
+    def expr(self, node: Node):
+        key = id(node)
+        e = self._expr_memo.get(key)
+        if e is not None:
+            return e
+        op = node.op
+        if op == "input":
+            e = Leaf(node.tensor, ("in", node.attrs["slot"]))
+        elif op == "scalar":
+            e = Scalar(node.value)
+        elif op == "cat":
+            e = Cat(node.attrs["dim"], [self.expr(p) for p in node.inputs], node.shape)
+        elif op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
+            inner = self.expr(node.inputs[0])
+            e = self.view(inner, node.attrs["vop"])
+        else:
+            args = []
+            for a in node.inputs:
+                ea = self.expr(a)
+                if not isinstance(ea, Scalar) and tuple(ea.shape) != node.shape:
+                    ea = self.view(ea, ("expand", node.shape))
+                args.append(ea)
+            e = Elem(node, args, node.shape)
+        self._expr_memo[key] = e
+        return e
+
+    def view(self, e, vop):
+        if isinstance(e, Scalar):
+            return e
+        vop = _norm_vop(vop, e.shape)
+        if vop[0] == "expand" and tuple(vop[1]) == tuple(e.shape):
+            return e
+        if vop[0] == "reshape" and tuple(vop[1]) == tuple(e.shape):
+            return e
+        key = (id(e), vop)
+        r = self._view_memo.get(key)
+        if r is not None:
+            return r
+        r = self._view(e, vop)
+        self._view_memo[key] = r
+        self._view_memo[(id(r), "keep")] = e  # keep e alive so its id is not reused
+        return r
+
+    def _view(self, e, vop):
+        if isinstance(e, Leaf):
+            t = apply_view(e.t, vop)
+            if t is None:  # reshape that no strided view expresses: copy first
+                return self.view(self.materialize(e), vop)
+            return Leaf(t, e.src)
+        if isinstance(e, Elem):
+            shape = view_shape(e.shape, vop)
+            if vop[0] == "reshape":
+                args = []
+                for a in e.args:
+                    if isinstance(a, Scalar):
+                        args.append(a)
+                        continue
+                    v = self.view(a, vop)
+                    args.append(v)
+                return Elem(e.node, args, shape)
+            return Elem(e.node, [self.view(a, vop) for a in e.args], shape)
+        if isinstance(e, Cat):
+            return self._view_cat(e, vop)
+        raise TypeError(type(e))
+
+    def _view_cat(self, e: Cat, vop):
+        k, d = vop[0], e.dim
+        sizes = [p.shape[d] for p in e.parts]
+        offs = [sum(sizes[:i]) for i in range(len(sizes))]
+        shape = view_shape(e.shape, vop)
+        if k == "slice" and vop[1] == d:
+            _, _, start, stop, step = vop
+            n = e.shape[d]
+            start = max(0, min(n, start + n if start < 0 else start))
+            stop = max(0, min(n, stop + n if stop < 0 else stop))
+            parts = []
+            for p, o, s in zip(e.parts, offs, sizes):
+                lo, hi = max(start, o), min(stop, o + s)
+                if lo >= hi:
+                    continue
+                first = lo if (lo - start) % step == 0 else lo + (step - (lo - start) % step)
+                if first >= hi:
+                    continue
+                parts.append(self.view(p, ("slice", d, first - o, hi - o, step)))
+            if not parts:
+                return self.view(e.parts[0], ("slice", d, 0, 0, 1))
+            return parts[0] if len(parts) == 1 else Cat(d, parts, shape)
+        if k == "select" and vop[1] == d:
+            i = vop[2] + e.shape[d] if vop[2] < 0 else vop[2]
+            for p, o, s in zip(e.parts, offs, sizes):
+                if o <= i < o + s:
+                    return self.view(p, ("select", d, i - o))
+        if k in ("slice",):
+            return Cat(d, [self.view(p, vop) for p in e.parts], shape)
+        if k == "select":
+            nd = d - 1 if vop[1] < d else d
+            return Cat(nd, [self.view(p, vop) for p in e.parts], shape)
+        if k == "permute":
+            perm = vop[1]
+            return Cat(perm.index(d), [self.view(p, vop) for p in e.parts], shape)
+        if k == "unsqueeze":
+            nd = d + 1 if vop[1] <= d else d
+            return Cat(nd, [self.view(p, vop) for p in e.parts], shape)
+        if k == "squeeze":
+            if e.shape[vop[1]] != 1:
+                return e
+            nd = d - 1 if vop[1] < d else d
+            return Cat(nd, [self.view(p, vop) for p in e.parts], shape)
+        if k == "expand":
+            tgt = list(vop[1])
+            lead = len(tgt) - len(e.shape)
+            nd = d + lead
+            if tgt[nd] != e.shape[d]:
+                return self.view(self.materialize(e), vop)
+            parts = []
+            for p in e.parts:
+                t2 = list(tgt)
+                t2[nd] = p.shape[d]
+                parts.append(self.view(p, ("expand", tuple(t2))))
+            return Cat(nd, parts, shape)
+        # reshape of a concatenation: compute it first
+        return self.view(self.materialize(e), vop)
+
+    def materialize(self, e):
+        """Compute e into a temporary (in its register type, so no rounding is added)."""
+        if isinstance(e, Leaf):
+            dt = _BY_CODE[_dtype_code(e.t)]
+        else:
+            dt = float64 if self._expr_f64(e) else float32
+        k = len(self.temps)
+        self.temps.append((tuple(e.shape), dt))
+        dev = self.device_str()
+        t = _C.empty(list(e.shape), dt.name, dev)
+        self.temp_tensors.append(t)
+        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None, temp_dt=dt)
+        return Leaf(t, ("tmp", k))
+
+    def device_str(self) -> str:
+        return "cuda:0" if self.cuda else "cpu"
+
+    def _expr_f64(self, e) -> bool:
+        if isinstance(e, Leaf):
+            return _BY_CODE[_dtype_code(e.t)] in (float64, int64) or self.policy.compute is float64
+        if isinstance(e, Elem):
+            return self.vt64(e.node)
+        if isinstance(e, Cat):
+            return any(self._expr_f64(p) for p in e.parts)
+        return False
+
+    # -- hoisting concatenations ------------------------------------------------
+    def hoist(self, e):
+        key = id(e)
+        r = self._hoist_memo.get(key)
+        if r is not None:
+            return r
+        if isinstance(e, Cat):
+            r = Cat(e.dim, [self.hoist(p) for p in e.parts], e.shape)
+        elif isinstance(e, Elem):
+            args = [self.hoist(a) for a in e.args]
+            cat = next((a for a in args if isinstance(a, Cat)), None)
+            if cat is None:
+                r = Elem(e.node, args, e.shape)
+            else:
+                d = cat.dim
+                parts, o = [], 0
+                for p in cat.parts:
+                    s = p.shape[d]
+                    sub = [a if isinstance(a, Scalar) else self.view(a, ("slice", d, o, o + s, 1))
+                           for a in args]
+                    shape = list(e.shape)
+                    shape[d] = s
+                    parts.append(self.hoist(Elem(e.node, sub, tuple(shape))))
+                    o += s
+                r = Cat(d, parts, e.shape)
+        else:
+            r = e
+        self._hoist_memo[key] = r
+        self._hoist_memo[(key, "keep")] = e
+        return r
+
+    # -- regions and programs -----------------------------------------------------
+    def emit_regions(self, e, out: Leaf, out_meta, temp_dt=None):
+        if isinstance(e, Cat):
+            d, o = e.dim, 0
+            for p in e.parts:
+                s = p.shape[d]
+                sub = Leaf(out.t._slice(d, o, o + s, 1), out.src)
+                self.emit_regions(p, sub, out_meta, temp_dt)
+                o += s
+            return
+        self.emit_program([e], [out], [out_meta])
+
+    def emit_program(self, exprs: list, outs: list, metas: list):
+        b = ProgramBuilder(self)
+        regs = [b.value(e) for e in exprs]
+        specs = []
+        for r, m in zip(regs, metas):
+            if m is None:
+                specs.append((r, 0, 1, 0))
+            else:
+                specs.append((r, self.policy.rounding_code, int(self.policy.saturate), m))
+        if any(isinstance(e, Scalar) for e in exprs):
+            raise ValueError("an output that is a plain Python number is not supported")
+        prog = _C.Program(b.code, b.nregs, specs, self.policy.seed)
+        self.steps.append((prog, b.leaves, outs))
+
+
+def _dtype_code(t) -> int:
+    return as_dtype(t._dtype_name).code
+
+
+class ProgramBuilder:
+    """Turns one region's expression DAG into instructions (one register per value)."""
+
+    def __init__(self, low: Lowering):
+        self.low = low
+        self.code: list = []
+        self.nregs = 0
+        self.leaves: list = []
+        self._leaf_regs: dict = {}
+        self._memo: dict = {}
+        self._conv: dict = {}
+        self._uses: dict = {}
+
+    def new(self) -> int:
+        self.nregs += 1
+        return self.nregs - 1
+
+    def ins(self, op: int, f64: bool, dst: int, a=-1, b=-1, c=-1, var=0, dtype=0, mode=0,
+            sat=0, aux=0, imm=0.0):
+        self.code.append((op, int(f64), var, dtype, mode, sat, dst, a, b, c, aux, float(imm)))
+
+    def value(self, e) -> int:
+        self._count_uses(e)
+        return self._value(e)[0]
+
+    def _count_uses(self, e):
+        if isinstance(e, Elem):
+            k = id(e)
+            self._uses[k] = self._uses.get(k, 0) + 1
+            if self._uses[k] == 1:
+                for a in e.args:
+                    self._count_uses(a)
+
+    def _value(self, e) -> tuple[int, bool]:
+        """(register, is_f64) holding e's value."""
+        k = id(e)
+        r = self._memo.get(k)
+        if r is not None:
+            return r
+        if isinstance(e, Leaf):
+            t = e.t
+            key = (e.src, t._offset, t.shape, t._strides)
+            r = self._leaf_regs.get(key)
+            if r is None:
+                code = _dtype_code(t)
+                f64 = (self.low.policy.compute is float64) or (
+                    self.low.policy.compute is None and code in (float64.code, int64.code))
+                reg = self.new()
+                self.ins(K_LOAD, f64, reg, dtype=code, aux=len(self.leaves))
+                self.leaves.append(e)
+                r = (reg, f64)
+                self._leaf_regs[key] = r
+        elif isinstance(e, Scalar):
+            r = None  # constants are materialised by their consumer in its type
+        else:
+            r = self._elem(e)
+        self._memo[k] = r
+        return r
+
+    def operand(self, e, f64: bool) -> int:
+        if isinstance(e, Scalar):
+            key = ("const", float(e.value), f64)
+            r = self._conv.get(key)
+            if r is None:
+                r = self.new()
+                self.ins(K_CONST, f64, r, imm=float(e.value))
+                self._conv[key] = r
+            return r
+        reg, is64 = self._value(e)
+        if is64 == f64:
+            return reg
+        key = (reg, f64)
+        r = self._conv.get(key)
+        if r is None:
+            r = self.new()
+            self.ins(K_TOF64 if f64 else K_TOF32, f64, r, a=reg)
+            self._conv[key] = r
+        return r
+
+    def _elem(self, e: Elem) -> tuple[int, bool]:
+        low = self.low
+        node = e.node
+        op = node.op
+        f64 = low.vt64(node)
+        args = e.args
+        if op == "astype":
+            src = self.operand(args[0], f64)
+            out = src
+        else:
+            var = low.math.variant_bits(op, f64, low.cuda)
+            contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
+            if contracted is not None:
+                out = contracted
+            else:
+                regs = [self.operand(a, f64) for a in args]
+                out = self.new()
+                opc = OP[OPCODE.get(op, op)]
+                self.ins(opc, f64, out, *(regs + [-1, -1, -1])[:3], var=var)
+        tgt = low.round_target(node)
+        if tgt is not None:
+            r = self.new()
+            self.ins(K_ROUND, f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,
+                     sat=int(low.policy.saturate), aux=node.index + 1)
+            out = r
+        return (out, f64)
+
+    def _try_fma(self, e: Elem, f64: bool):
+        """a*b + c -> fma(a, b, c) when the product is not rounded and used once."""
+        low = self.low
+
+        def is_mul(a):
+            return (isinstance(a, Elem) and a.node.op == "mul" and self._uses.get(id(a), 0) == 1
+                    and low.round_target(a.node) is None and low.vt64(a.node) == f64
+                    and id(a) not in self._memo)
+
+        x, y = e.args
+        op = e.node.op
+        if is_mul(x):
+            ma, mb = (self.operand(a, f64) for a in x.args)
+            c = self.operand(y, f64)
+            if op == "sub":
+                n = self.new()
+                self.ins(OP["neg"], f64, n, a=c)
+                c = n
+        elif is_mul(y):
+            ma, mb = (self.operand(a, f64) for a in y.args)
+            c = self.operand(x, f64)
+            if op == "sub":
+                n = self.new()
+                self.ins(OP["neg"], f64, n, a=ma)
+                ma = n
+        else:
+            return None
+        out = self.new()
+        self.ins(OP["fma"], f64, out, ma, mb, c)
+        return out
+
+
+# ---------------------------------------------------------------- plans
+
+class Plan:
+    """A lowered graph: Programs to run, and how to bind fresh inputs to them."""
+
+    def __init__(self, low: Lowering, input_tensors: list, out_shapes: list, out_dtypes: list,
+                 out_tensors: list):
+        self.steps = []
+        base = {("in", i): t for i, t in enumerate(input_tensors)}
+        for k, t in enumerate(low.temp_tensors):
+            base[("tmp", k)] = t
+        for k, t in enumerate(out_tensors):
+            base[("out", k)] = t
+
+        def spec(leaf: Leaf):
+            b = base[leaf.src]
+            t = leaf.t
+            return (leaf.src, list(t.shape), list(t._strides), t._offset - b._offset)
+
+        for prog, leaves, outs in low.steps:
+            self.steps.append((prog, [spec(x) for x in leaves], [spec(x) for x in outs]))
+        self.temps = list(low.temps)
+        self.out_shapes = out_shapes
+        self.out_dtypes = out_dtypes
+        self.device = low.device_str()
+
+    def run(self, inputs: list, outputs: list | None = None) -> list:
+        dev = self.device
+        if outputs is None:
+            outputs = [_C.empty(list(s), d.name, dev) for s, d in zip(self.out_shapes, self.out_dtypes)]
+        base = {("in", i): t for i, t in enumerate(inputs)}
+        for k, (s, d) in enumerate(self.temps):
+            base[("tmp", k)] = _C.empty(list(s), d.name, dev)
+        for k, t in enumerate(outputs):
+            base[("out", k)] = t
+
+        def bind(sp):
+            b = base[sp[0]]
+            return b._as_strided(sp[1], sp[2], b._offset + sp[3])
+
+        for prog, leaves, outs in self.steps:
+            prog.run([bind(x) for x in leaves], [bind(x) for x in outs])
+        return outputs
+
+
+def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math) -> tuple[Plan, list]:
+    """Lower a graph whose 'input' nodes are bound to `inputs`; returns (plan, outputs)."""
+    device = outputs[0].device if outputs else "cpu"
+    cuda = device.startswith("cuda")
+    low = Lowering(policy, math, cuda, inputs)
+    out_dtypes = []
+    for n in outputs:
+        d = n.dtype
+        if policy.output is not None and d.is_floating_point:
+            d = policy.output
+        out_dtypes.append(d)
+    out_shapes = [n.shape for n in outputs]
+    out_tensors = [_C.empty(list(s), d.name, device) for s, d in zip(out_shapes, out_dtypes)]
+
+    roots = []
+    for k, n in enumerate(outputs):
+        # Layout ops at the root become views of the output buffer.
+        o = out_tensors[k]
+        while n.op in ("reshape", "unsqueeze", "squeeze", "permute") and n.inputs[0].op != "input":
+            inner = n.inputs[0]
+            vop = _norm_vop(n.attrs["vop"], inner.shape)
+            if n.op == "reshape":
+                o = o._view_or_none(list(inner.shape))
+            elif n.op == "unsqueeze":
+                o = o._squeeze(vop[1])
+            elif n.op == "squeeze":
+                o = o._unsqueeze(vop[1]) if len(inner.shape) > len(n.shape) else o
+            else:
+                inv = [0] * len(vop[1])
+                for i, p in enumerate(vop[1]):
+                    inv[p] = i
+                o = o._permute(inv)
+            n = inner
+        roots.append((low.hoist(low.expr(n)), Leaf(o, ("out", k)), n))
+
+    same_shape = len({tuple(r[0].shape) for r in roots}) == 1
+    if len(roots) > 1 and same_shape and not any(isinstance(r[0], Cat) for r in roots):
+        low.emit_program([r[0] for r in roots], [r[1] for r in roots],
+                         [1_000_003 + k for k in range(len(roots))])
+    else:
+        for k, (e, out, _) in enumerate(roots):
+            low.emit_regions(e, out, 1_000_003 + k)
+    plan = Plan(low, inputs, out_shapes, out_dtypes, out_tensors)
+    return plan, out_tensors
+
+
+def input_node(t, slot: int) -> Node:
+    n = Node("input", (), t.shape, as_dtype(t._dtype_name), t._device_str, {"slot": slot})
+    n.tensor = t
+    return n
+
+
+def _dt(x: Any) -> dtype:
+    return as_dtype(x)
+
+
+__all__ = ["lower", "Plan", "input_node", "bool_"]

@@ -1,0 +1,303 @@
+"""Python-level methods of castlab.Tensor (the C++ class castlab._C.Tensor) and of the
+symbolic tensors used while tracing: operators, indexing, NumPy interop, printing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _C, ops
+from ._dtype import as_dtype, dtype
+from ._graph import Proxy
+
+Tensor = _C.Tensor
+
+__all__ = ["Tensor", "device"]
+
+
+class device:
+    """Where a tensor lives: ``device('cpu')`` or ``device('cuda:0')``."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, spec: str):
+        spec = str(spec)
+        if spec == "cpu":
+            self.type, self.index = "cpu", None
+        elif spec.startswith("cuda"):
+            self.type = "cuda"
+            self.index = int(spec[5:]) if spec.startswith("cuda:") else 0
+        else:
+            raise ValueError(f"unknown device {spec!r}")
+
+    def __str__(self) -> str:
+        return "cpu" if self.type == "cpu" else f"cuda:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"device(type='{self.type}'" + (f", index={self.index})" if self.type == "cuda" else ")")
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+# ---------------------------------------------------------------- indexing
+
+def _index_vops(shape: tuple, key: Any) -> list:
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_ell = sum(1 for k in key if k is Ellipsis)
+    if n_ell > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if consumed > len(shape):
+        raise IndexError(f"too many indices for a tensor of dimension {len(shape)}")
+    vops = []
+    d = 0
+    for k in key:
+        if k is Ellipsis:
+            d += len(shape) - consumed
+        elif k is None:
+            vops.append(("unsqueeze", d))
+            d += 1
+        elif isinstance(k, slice):
+            step = 1 if k.step is None else int(k.step)
+            if step <= 0:
+                raise ValueError("slice step must be positive (castlab, like PyTorch, has no "
+                                 "negative strides)")
+            start = 0 if k.start is None else int(k.start)
+            stop = (2**62) if k.stop is None else int(k.stop)
+            vops.append(("slice", d, start, stop, step))
+            d += 1
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            vops.append(("select", d, int(k)))
+        elif isinstance(k, (Tensor, Proxy, np.ndarray, list, bool)):
+            raise TypeError("advanced (tensor/list/bool) indexing is not supported; castlab "
+                            "supports integers, slices, None and ...")
+        else:
+            raise TypeError(f"invalid index of type {type(k).__name__}")
+    return vops
+
+
+def _getitem(self, key):
+    out = self
+    for vop in _index_vops(tuple(self.shape), key):
+        out = ops._view(out, vop)
+    return out
+
+
+def _setitem(self, key, value):
+    target = _getitem(self, key)
+    ops.copy_(target, value)
+
+
+# ---------------------------------------------------------------- NumPy
+
+class _ArrayHolder:
+    """Keeps a tensor alive for as long as a NumPy view of it exists."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t):
+        self.tensor = t
+        isz = t.itemsize
+        self.__array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": "|V%d" % isz,
+            "data": (t.data_ptr(), bool(t.readonly)),
+            "strides": tuple(s * isz for s in t._strides),
+            "version": 3,
+        }
+
+
+def _numpy(self) -> np.ndarray:
+    """A NumPy array sharing this tensor's memory (ml_dtypes dtypes for bf16/fp8).
+
+    >>> t = cl.zeros(3, dtype=cl.bfloat16); a = t.numpy(); a[0] = 2
+    >>> t.tolist()[0]
+    2.0
+    """
+    if self._device_type != 0:
+        raise TypeError(f"can't convert a {self._device_str} tensor to NumPy; call .cpu() first")
+    dt = as_dtype(self._dtype_name)
+    raw = np.asarray(_ArrayHolder(self))
+    return raw.view(dt.numpy)
+
+
+def _array(self, dtype=None, copy=None):
+    a = _numpy(self)
+    if dtype is not None and np.dtype(dtype) != a.dtype:
+        if copy is False:
+            raise ValueError("a copy is needed to convert to the requested dtype")
+        return a.astype(dtype)
+    if copy:
+        return a.copy()
+    return a
+
+
+def _tolist(self):
+    """Values as nested Python lists (floats, ints or bools).
+
+    >>> cl.tensor([1.5, 2.0], dtype=cl.bfloat16).tolist()
+    [1.5, 2.0]
+    """
+    a = _numpy(self.cpu())
+    dt = as_dtype(self._dtype_name)
+    if dt.is_floating_point:
+        a = a.astype(np.float64)
+    return a.tolist()
+
+
+def _item(self):
+    """The value of a one-element tensor as a Python number."""
+    if self.numel() != 1:
+        raise ValueError(f"item() needs a tensor with one element, this one has {self.numel()}")
+    v = _tolist(self.reshape(()))
+    return v
+
+
+# ---------------------------------------------------------------- printing
+
+def _repr(self) -> str:
+    dt = as_dtype(self._dtype_name)
+    dev = self._device_str
+    suffix = []
+    if dev != "cpu":
+        suffix.append(f"device='{dev}'")
+    if dt.name not in ("float32", "int64", "bool"):
+        suffix.append(f"dtype={dt}")
+    if self.numel() == 0:
+        body = "[]"
+        if self.ndim != 1:
+            suffix.insert(0, f"size={tuple(self.shape)}")
+    else:
+        a = _numpy(self.cpu())
+        if dt.is_floating_point:
+            a = a.astype(np.float64)
+        body = np.array2string(a, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
+                               precision=4, floatmode="maxprec")
+    s = "tensor(" + body
+    if suffix:
+        s += ", " + ", ".join(suffix)
+    return s + ")"
+
+
+# ---------------------------------------------------------------- devices
+
+def _to(self, *args, **kwargs):
+    """Move to a device and/or convert to a dtype: ``t.to("cuda")``, ``t.to(cl.float32)``."""
+    dev = kwargs.pop("device", None)
+    dt = kwargs.pop("dtype", None)
+    if kwargs:
+        raise TypeError(f"unexpected arguments {list(kwargs)}")
+    for a in args:
+        if isinstance(a, (dtype, np.dtype)) or (isinstance(a, str) and a not in ("cpu",) and not a.startswith("cuda")):
+            dt = a
+        else:
+            dev = a
+    out = self
+    if dev is not None:
+        from ._creation import _device_str
+
+        d = _device_str(dev)
+        if d != out._device_str:
+            from . import cuda as _cuda
+
+            out = _cuda.to_device(out, d)
+    if dt is not None:
+        out = ops.astype(out, dt)
+    return out
+
+
+def _cpu(self):
+    return _to(self, "cpu")
+
+
+def _cuda(self, index: int = 0):
+    return _to(self, f"cuda:{index}")
+
+
+# ---------------------------------------------------------------- attach
+
+def _rop(fn):
+    def r(self, other):
+        return fn(other, self)
+
+    return r
+
+
+def _install(cls, concrete: bool):
+    m = {
+        "__add__": ops.add, "__radd__": _rop(ops.add), "__sub__": ops.sub,
+        "__rsub__": _rop(ops.sub), "__mul__": ops.mul, "__rmul__": _rop(ops.mul),
+        "__truediv__": ops.div, "__rtruediv__": _rop(ops.div), "__pow__": ops.pow,
+        "__rpow__": _rop(ops.pow), "__neg__": ops.neg, "__abs__": ops.abs,
+        "__pos__": lambda self: self,
+        "__lt__": ops.lt, "__le__": ops.le, "__gt__": ops.gt, "__ge__": ops.ge,
+        "__eq__": ops.eq, "__ne__": ops.ne,
+        "__getitem__": _getitem,
+        "astype": ops.astype, "reshape": ops.reshape, "view": ops.view, "permute": ops.permute,
+        "transpose": ops.transpose, "unsqueeze": ops.unsqueeze, "squeeze": ops.squeeze,
+        "expand": ops.expand, "broadcast_to": ops.broadcast_to, "chunk": ops.chunk,
+        "split": ops.split, "contiguous": ops.contiguous, "clone": ops.clone,
+        "neg": ops.neg, "abs": ops.abs, "exp": ops.exp, "log": ops.log, "sigmoid": ops.sigmoid,
+        "silu": ops.silu, "tanh": ops.tanh, "sqrt": ops.sqrt, "rsqrt": ops.rsqrt,
+        "reciprocal": ops.reciprocal, "square": ops.square, "cos": ops.cos, "sin": ops.sin,
+        "erf": ops.erf, "gelu": ops.gelu, "pow": ops.pow, "maximum": ops.maximum,
+        "minimum": ops.minimum, "add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div,
+        "select": ops.select,
+        "t": lambda self: ops.transpose(self, 0, 1) if len(self.shape) == 2 else self,
+        "flatten": lambda self: ops.reshape(self, -1),
+    }
+    for k, v in m.items():
+        setattr(cls, k, v)
+    cls.__hash__ = object.__hash__
+    cls.T = property(lambda self: ops.permute(self, tuple(reversed(range(len(self.shape))))))
+    if concrete:
+        cls.__setitem__ = _setitem
+        cls.numpy = _numpy
+        cls.__array__ = _array
+        cls.__array_priority__ = 1000
+        cls.tolist = _tolist
+        cls.item = _item
+        cls.__repr__ = _repr
+        cls.__str__ = _repr
+        cls.to = _to
+        cls.cpu = _cpu
+        cls.cuda = _cuda
+        cls.dtype = property(lambda self: as_dtype(self._dtype_name))
+        cls.device = property(lambda self: device(self._device_str))
+        cls.is_cuda = property(lambda self: self._device_type == 1)
+        cls.stride = lambda self, d=None: tuple(self._strides) if d is None else self._strides[d]
+        cls.size = lambda self, d=None: tuple(self.shape) if d is None else self.shape[d]
+        cls.storage_offset = lambda self: self._offset
+        cls.element_size = lambda self: self.itemsize
+        cls.__len__ = _len
+        cls.__iter__ = lambda self: (self[i] for i in range(len(self)))
+        cls.__bool__ = lambda self: bool(_item(self))
+        cls.__float__ = lambda self: float(_item(self))
+        cls.__int__ = lambda self: int(_item(self))
+        cls._view_checked = lambda self, shape: self._view_checked_impl(shape)
+        cls._view_checked_impl = _view_checked_impl
+
+
+def _len(self):
+    if not self.shape:
+        raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+
+
+def _view_checked_impl(self, shape):
+    v = self._view_or_none(list(shape))
+    if v is None:
+        raise ValueError(f"view of shape {list(shape)} is not possible for a tensor of shape "
+                         f"{list(self.shape)} with strides {list(self._strides)}; use reshape(), "
+                         "which copies")
+    return v
+
+
+_install(Tensor, True)
+_install(Proxy, False)

@@ -1,0 +1,514 @@
+"""castlab's ops: elementwise math and shape ops, eager or traced.
+
+Every function works on castlab tensors (run now, rounding after the op as PyTorch
+eager does) and on the symbolic tensors ``castlab.jit`` traces with (recorded into the
+graph). Python numbers are weak scalars, kept in op-math precision: ``x * 0.5`` on a
+bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Union
+
+from . import _C
+from ._dtype import as_dtype, bool_, dtype, promote_types
+from ._graph import (Node, Proxy, broadcast, cat_node, elementwise, record, scalar_node,
+                     tracing, view_node)
+from ._graph import _state as _trace_state
+from ._lower import _norm_vop, apply_view, input_node, lower, view_shape
+from .policy import Policy, current_math
+
+Tensor = _C.Tensor
+TensorLike = Union["_C.Tensor", Proxy]
+Number = Union[int, float, bool]
+
+_EAGER_POLICY = Policy.eager()
+_eager_cache: OrderedDict = OrderedDict()
+_EAGER_CACHE_SIZE = 4096
+
+
+def _sig(t) -> tuple:
+    return (t._dtype_name, t.shape, t._strides, t._device_str)
+
+
+def _to_tensor(x: Any):
+    from ._creation import asarray
+
+    return asarray(x)
+
+
+def _trace_input(t) -> Node:
+    """A concrete tensor used inside a traced function: a captured constant input."""
+    st = _trace_state
+    for i, c in enumerate(st.captured):
+        if c is t:
+            return st.captured_nodes[i]
+    n = input_node(t, st.n_inputs + len(st.captured))
+    n.attrs["captured"] = True
+    st.captured.append(t)
+    st.captured_nodes.append(n)
+    return n
+
+
+def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
+    """Build the node for an elementwise op and run it now or record it."""
+    if tracing():
+        nodes = []
+        for a in args:
+            if isinstance(a, Proxy):
+                nodes.append(a.node)
+            elif isinstance(a, Tensor):
+                nodes.append(_trace_input(a))
+            elif isinstance(a, (bool, int, float)):
+                nodes.append(scalar_node(a, "cpu"))
+            else:
+                nodes.append(_trace_input(_to_tensor(a)))
+        n = elementwise(op, nodes, attrs)
+        record(n)
+        return Proxy(n)
+    nodes, tensors = [], []
+    for a in args:
+        if isinstance(a, (bool, int, float)):
+            nodes.append(scalar_node(a, "cpu"))
+            continue
+        if isinstance(a, Proxy):
+            raise TypeError("a traced tensor escaped its castlab.jit function")
+        if not isinstance(a, Tensor):
+            a = _to_tensor(a)
+        nodes.append(input_node(a, len(tensors)))
+        tensors.append(a)
+    n = elementwise(op, nodes, attrs)
+    return _run_eager([n], tensors, key_extra=(op, tuple(sorted((attrs or {}).items(), key=str)),
+                                               tuple(x.value if x.op == "scalar" else _sig(x.tensor)
+                                                     for x in nodes)))[0]
+
+
+def _run_eager(outs: list[Node], tensors: list, key_extra=None) -> list:
+    math = current_math()
+    key = None
+    if key_extra is not None:
+        key = (key_extra, math)
+        plan = _eager_cache.get(key)
+        if plan is not None:
+            _eager_cache.move_to_end(key)
+            return plan.run(tensors)
+    plan, result = lower(outs, tensors, _EAGER_POLICY, math)
+    plan.run(tensors, result)
+    if key is not None:
+        _eager_cache[key] = plan
+        if len(_eager_cache) > _EAGER_CACHE_SIZE:
+            _eager_cache.popitem(last=False)
+    return result
+
+
+# ---------------------------------------------------------------- elementwise ops
+
+def _unary(op: str, doc: str):
+    def f(x: TensorLike) -> TensorLike:
+        return _apply(op, [x])
+
+    f.__name__ = op
+    f.__qualname__ = op
+    f.__doc__ = doc
+    return f
+
+
+neg = _unary("neg", "-x, exact.\n\n>>> cl.neg(cl.tensor([1.5])).tolist()\n[-1.5]")
+abs = _unary("abs", "|x|, exact.\n\n>>> cl.abs(cl.tensor([-2.0])).tolist()\n[2.0]")  # noqa: A001
+exp = _unary("exp", "e**x in op-math, rounded once.\n\n>>> cl.exp(cl.zeros(2)).tolist()\n[1.0, 1.0]")
+log = _unary("log", "Natural log.\n\n>>> cl.log(cl.ones(1)).tolist()\n[0.0]")
+sigmoid = _unary("sigmoid", "1 / (1 + exp(-x)) (PyTorch's CUDA formula).\n\n"
+                 ">>> cl.sigmoid(cl.zeros(1)).tolist()\n[0.5]")
+silu = _unary("silu", "x / (1 + exp(-x)) (PyTorch's formula; the Math variant may pick "
+              "x * sigmoid(x)).\n\n>>> cl.silu(cl.zeros(1)).tolist()\n[0.0]")
+tanh = _unary("tanh", "Hyperbolic tangent.\n\n>>> cl.tanh(cl.zeros(1)).tolist()\n[0.0]")
+sqrt = _unary("sqrt", "IEEE square root (correctly rounded in op-math).\n\n"
+              ">>> cl.sqrt(cl.tensor([4.0])).tolist()\n[2.0]")
+rsqrt = _unary("rsqrt", "1 / sqrt(x).\n\n>>> cl.rsqrt(cl.tensor([4.0])).tolist()\n[0.5]")
+reciprocal = _unary("reciprocal", "1 / x.\n\n>>> cl.reciprocal(cl.tensor([4.0])).tolist()\n[0.25]")
+square = _unary("square", "x * x.\n\n>>> cl.square(cl.tensor([3.0])).tolist()\n[9.0]")
+cos = _unary("cos", "Cosine.\n\n>>> cl.cos(cl.zeros(1)).tolist()\n[1.0]")
+sin = _unary("sin", "Sine.\n\n>>> cl.sin(cl.zeros(1)).tolist()\n[0.0]")
+erf = _unary("erf", "Error function.\n\n>>> cl.erf(cl.zeros(1)).tolist()\n[0.0]")
+
+
+def gelu(x: TensorLike, approximate: str = "none") -> TensorLike:
+    """GELU as PyTorch: ``x * 0.5 * (1 + erf(x / sqrt(2)))``, or the tanh form.
+
+    >>> cl.gelu(cl.zeros(1)).tolist()
+    [0.0]
+    """
+    if approximate == "none":
+        return _apply("gelu", [x])
+    if approximate == "tanh":
+        return _apply("gelu_tanh", [x])
+    raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def _binary(op: str, doc: str):
+    def f(a: TensorLike | Number, b: TensorLike | Number) -> TensorLike:
+        return _apply(op, [a, b])
+
+    f.__name__ = op
+    f.__qualname__ = op
+    f.__doc__ = doc
+    return f
+
+
+add = _binary("add", "a + b, one rounding.\n\n>>> cl.add(cl.ones(2), 1).tolist()\n[2.0, 2.0]")
+sub = _binary("sub", "a - b.\n\n>>> cl.sub(cl.ones(1), 1).tolist()\n[0.0]")
+mul = _binary("mul", "a * b.\n\n>>> cl.mul(cl.ones(1), 3).tolist()\n[3.0]")
+div = _binary("div", "a / b (true division; IEEE unless the Math variant says otherwise).\n\n"
+              ">>> cl.div(cl.ones(1), 4).tolist()\n[0.25]")
+maximum = _binary("maximum", "Elementwise max, NaN-propagating.\n\n"
+                  ">>> cl.maximum(cl.tensor([1.0]), cl.tensor([2.0])).tolist()\n[2.0]")
+minimum = _binary("minimum", "Elementwise min, NaN-propagating.\n\n"
+                  ">>> cl.minimum(cl.tensor([1.0]), cl.tensor([2.0])).tolist()\n[1.0]")
+pow = _binary("pow", "a ** b (special exponents as PyTorch: 2 -> a*a, 0.5 -> sqrt, ...).\n\n"  # noqa: A001
+              ">>> cl.pow(cl.tensor([3.0]), 2).tolist()\n[9.0]")
+eq = _binary("eq", "a == b (bool).\n\n>>> cl.eq(cl.ones(1), 1).tolist()\n[True]")
+ne = _binary("ne", "a != b (bool).\n\n>>> cl.ne(cl.ones(1), 1).tolist()\n[False]")
+lt = _binary("lt", "a < b (bool).\n\n>>> cl.lt(cl.ones(1), 2).tolist()\n[True]")
+le = _binary("le", "a <= b (bool).\n\n>>> cl.le(cl.ones(1), 1).tolist()\n[True]")
+gt = _binary("gt", "a > b (bool).\n\n>>> cl.gt(cl.ones(1), 2).tolist()\n[False]")
+ge = _binary("ge", "a >= b (bool).\n\n>>> cl.ge(cl.ones(1), 1).tolist()\n[True]")
+
+
+def fma(a: TensorLike | Number, b: TensorLike | Number, c: TensorLike | Number) -> TensorLike:
+    """a * b + c with a single rounding in op-math.
+
+    >>> cl.fma(cl.tensor([2.0]), 3, 1).tolist()
+    [7.0]
+    """
+    return _apply("fma", [a, b, c])
+
+
+def where(cond: TensorLike, a: TensorLike | Number, b: TensorLike | Number) -> TensorLike:
+    """Pick a where cond is True, else b (broadcasting).
+
+    >>> x = cl.tensor([-1.0, 2.0])
+    >>> cl.where(x > 0, x, 0.0).tolist()
+    [0.0, 2.0]
+    """
+    return _apply("where", [cond, a, b])
+
+
+def astype(x: TensorLike, dt: Any) -> TensorLike:
+    """Convert to dtype `dt` (round to nearest even; exact when widening).
+
+    >>> cl.tensor([1.0 + 2**-9]).astype(cl.bfloat16).tolist()
+    [1.0]
+    """
+    dt = as_dtype(dt)
+    if not tracing() and isinstance(x, Tensor) and x._dtype_name == dt.name:
+        return x
+    return _apply("astype", [x], {"dtype": dt})
+
+
+# ---------------------------------------------------------------- shape ops
+
+def _fake(shape: Sequence[int]):
+    """A stride-0 tensor of any shape: lets traced views reuse the C++ checks."""
+    return _C.empty([1], "bool", "cpu")._expand(list(shape)) if len(shape) else _C.empty([], "bool", "cpu")
+
+
+def _view(x: TensorLike, vop: tuple) -> TensorLike:
+    if isinstance(x, Proxy):
+        vop = _norm_vop(vop, x.shape)
+        if vop[0] == "reshape":
+            shape = tuple(_fake(x.shape)._infer_shape(list(vop[1])))
+            vop = ("reshape", shape)
+        else:
+            shape = tuple(apply_view(_fake(x.shape), vop).shape)
+        n = view_node(vop[0], x.node, shape, {"vop": vop})
+        record(n)
+        return Proxy(n)
+    if not isinstance(x, Tensor):
+        x = _to_tensor(x)
+    if vop[0] == "reshape":
+        v = x._view_or_none(list(vop[1]))
+        if v is None:
+            v = contiguous(x)._view_or_none(list(vop[1]))
+        return v
+    return apply_view(x, vop)
+
+
+def reshape(x: TensorLike, *shape) -> TensorLike:
+    """A tensor with the same elements in a new shape: a view when possible (as
+    PyTorch), else a copy. One dimension may be -1.
+
+    >>> cl.arange(6).reshape(2, 3).shape
+    (2, 3)
+    """
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return _view(x, ("reshape", tuple(int(s) for s in shape)))
+
+
+def view(x: TensorLike, *shape) -> TensorLike:
+    """Like reshape, but never copies (raises when no view exists).
+
+    >>> cl.arange(6).view(3, 2).shape
+    (3, 2)
+    """
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    if isinstance(x, Proxy):
+        return reshape(x, *shape)
+    return x.__class__._view_checked(x, [int(s) for s in shape])
+
+
+def permute(x: TensorLike, *dims) -> TensorLike:
+    """Reorder dimensions (a view).
+
+    >>> cl.zeros(2, 3, 4).permute(2, 0, 1).shape
+    (4, 2, 3)
+    """
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    return _view(x, ("permute", tuple(int(d) for d in dims)))
+
+
+def transpose(x: TensorLike, dim0: int, dim1: int) -> TensorLike:
+    """Swap two dimensions (a view).
+
+    >>> cl.zeros(2, 3).transpose(0, 1).shape
+    (3, 2)
+    """
+    nd = len(x.shape)
+    perm = list(range(nd))
+    if nd:
+        d0 = _C.empty([1] * nd, "bool", "cpu")._transpose(dim0, dim1)  # validates the dims
+        del d0
+        d0, d1 = dim0 % nd, dim1 % nd
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    else:
+        _C.empty([], "bool", "cpu")._transpose(dim0, dim1)
+    return _view(x, ("permute", tuple(perm)))
+
+
+def unsqueeze(x: TensorLike, dim: int) -> TensorLike:
+    """Insert a dimension of size 1 (a view).
+
+    >>> cl.zeros(3).unsqueeze(0).shape
+    (1, 3)
+    """
+    return _view(x, ("unsqueeze", int(dim)))
+
+
+def squeeze(x: TensorLike, dim: int | None = None) -> TensorLike:
+    """Remove size-1 dimensions (all, or only `dim`) (a view).
+
+    >>> cl.zeros(1, 3, 1).squeeze().shape
+    (3,)
+    """
+    if dim is None:
+        out = x
+        for d in reversed(range(len(x.shape))):
+            if x.shape[d] == 1:
+                out = _view(out, ("squeeze", d))
+        return out
+    return _view(x, ("squeeze", int(dim)))
+
+
+def expand(x: TensorLike, *shape) -> TensorLike:
+    """Broadcast to a larger shape without copying (-1 keeps a dimension).
+
+    >>> cl.zeros(3).expand(2, 3).shape
+    (2, 3)
+    """
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return _view(x, ("expand", tuple(int(s) for s in shape)))
+
+
+def broadcast_to(x: TensorLike, shape: Sequence[int]) -> TensorLike:
+    """Broadcast to `shape` as NumPy does (a view).
+
+    >>> cl.zeros(3).broadcast_to((2, 3)).shape
+    (2, 3)
+    """
+    broadcast([tuple(x.shape), tuple(shape)])
+    return expand(x, tuple(shape))
+
+
+def narrow_slice(x: TensorLike, dim: int, start: int, stop: int, step: int = 1) -> TensorLike:
+    """x[..., start:stop:step, ...] along `dim` (a view)."""
+    return _view(x, ("slice", int(dim), int(start), int(stop), int(step)))
+
+
+def select(x: TensorLike, dim: int, index: int) -> TensorLike:
+    """x[..., index, ...] along `dim`, removing that dimension (a view).
+
+    >>> cl.arange(6).reshape(2, 3).select(0, 1).tolist()
+    [3, 4, 5]
+    """
+    return _view(x, ("select", int(dim), int(index)))
+
+
+def _dim(x: TensorLike, dim: int) -> int:
+    nd = len(x.shape)
+    if not -nd <= dim < nd or nd == 0:
+        raise IndexError(f"dimension {dim} is out of range for a {nd}-d tensor "
+                         f"(expected a value in [{-nd}, {nd - 1}])")
+    return dim % nd
+
+
+def split(x: TensorLike, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple:
+    """Split into views: chunks of a given size, or of the listed sizes (as torch.split).
+
+    >>> [t.shape for t in cl.zeros(5, 2).split(2)]
+    [(2, 2), (2, 2), (1, 2)]
+    """
+    d = _dim(x, dim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, int):
+        s = split_size_or_sections
+        if s <= 0:
+            raise ValueError("split size must be positive")
+        sizes = [min(s, n - i) for i in range(0, n, s)] or [0]
+    else:
+        sizes = [int(v) for v in split_size_or_sections]
+        if sum(sizes) != n:
+            raise ValueError(f"split sizes {sizes} do not add up to dimension {d} of size {n}")
+    out, o = [], 0
+    for s in sizes:
+        out.append(narrow_slice(x, d, o, o + s))
+        o += s
+    return tuple(out)
+
+
+def chunk(x: TensorLike, chunks: int, dim: int = 0) -> tuple:
+    """Split into `chunks` views of (nearly) equal size, as torch.chunk.
+
+    >>> a, b = cl.chunk(cl.zeros(4, 6), 2, dim=-1)
+    >>> a.shape, b.shape
+    ((4, 3), (4, 3))
+    """
+    if chunks <= 0:
+        raise ValueError("chunks must be positive")
+    d = _dim(x, dim)
+    n = x.shape[d]
+    size = -(-n // chunks) if n else 0
+    return split(x, size, d) if size else (narrow_slice(x, d, 0, 0),)
+
+
+def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
+    """Concatenate along an existing dimension (dtypes promoted as PyTorch).
+
+    >>> cl.cat([cl.zeros(2), cl.ones(1)]).tolist()
+    [0.0, 0.0, 1.0]
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat expects a non-empty list of tensors")
+    nd = len(tensors[0].shape)
+    if nd == 0:
+        raise ValueError("cat: zero-dimensional tensors cannot be concatenated")
+    d = _dim(tensors[0], dim)
+    base = list(tensors[0].shape)
+    dt: dtype = None
+    for i, t in enumerate(tensors):
+        s = list(t.shape)
+        if len(s) != nd or any(s[k] != base[k] for k in range(nd) if k != d):
+            raise ValueError(f"cat: tensor {i} has shape {s}, which does not match "
+                             f"{base} outside dimension {d}")
+        tdt = t.dtype if isinstance(t, Proxy) else as_dtype(t._dtype_name)
+        dt = tdt if dt is None else promote_types(dt, tdt)
+    shape = list(base)
+    shape[d] = sum(t.shape[d] for t in tensors)
+    if tracing() or any(isinstance(t, Proxy) for t in tensors):
+        nodes = [t.node if isinstance(t, Proxy) else _trace_input(t) for t in tensors]
+        nodes = [n if n.dtype is dt else _astype_node(n, dt) for n in nodes]
+        n = cat_node(nodes, d, tuple(shape), dt)
+        record(n)
+        return Proxy(n)
+    nodes = [input_node(t, i) for i, t in enumerate(tensors)]
+    nodes = [n if n.dtype is dt else elementwise("astype", [n], {"dtype": dt}) for n in nodes]
+    n = cat_node(nodes, d, tuple(shape), dt)
+    return _run_eager([n], tensors)[0]
+
+
+def _astype_node(n: Node, dt: dtype) -> Node:
+    m = elementwise("astype", [n], {"dtype": dt})
+    record(m)
+    return m
+
+
+def stack(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
+    """Stack along a new dimension.
+
+    >>> cl.stack([cl.zeros(2), cl.ones(2)], dim=1).shape
+    (2, 2)
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack expects a non-empty list of tensors")
+    shape0 = tuple(tensors[0].shape)
+    for i, t in enumerate(tensors):
+        if tuple(t.shape) != shape0:
+            raise ValueError(f"stack: tensor {i} has shape {list(t.shape)}, expected {list(shape0)}")
+    nd = len(shape0) + 1
+    if not -nd <= dim < nd:
+        raise IndexError(f"dimension {dim} is out of range for stacking {nd - 1}-d tensors")
+    return cat([unsqueeze(t, dim % nd) for t in tensors], dim % nd)
+
+
+def contiguous(x: TensorLike) -> TensorLike:
+    """x itself if it is contiguous, else a contiguous copy.
+
+    >>> cl.zeros(2, 3).t().contiguous().is_contiguous()
+    True
+    """
+    if isinstance(x, Proxy) or x.is_contiguous():
+        return x
+    return clone(x)
+
+
+def clone(x: TensorLike) -> TensorLike:
+    """A contiguous copy with the same values and dtype.
+
+    >>> cl.ones(2).clone().tolist()
+    [1.0, 1.0]
+    """
+    if isinstance(x, Proxy):
+        return x
+    n = input_node(x, 0)
+    out = _C.empty(list(x.shape), x._dtype_name, x._device_str)
+    plan, _ = lower([n], [x], _EAGER_POLICY, current_math())
+    plan.run([x], [out])
+    return out
+
+
+def copy_(dst, src) -> None:
+    """Write src (broadcast, converted to dst's dtype with one rounding) into dst."""
+    if dst.readonly:
+        raise ValueError("cannot write to a read-only tensor")
+    if isinstance(src, (bool, int, float)):
+        from ._creation import full
+
+        src = full((), src, dtype=as_dtype(dst._dtype_name), device=dst._device_str)
+    elif not isinstance(src, Tensor):
+        src = _to_tensor(src)
+    src = src._expand(list(dst.shape)) if tuple(src.shape) != tuple(dst.shape) else src
+    n = input_node(src, 0)
+    if n.dtype.name != dst._dtype_name:
+        n = elementwise("astype", [n], {"dtype": as_dtype(dst._dtype_name)})
+    if src._same_storage(dst):
+        src = clone(src)
+        n = input_node(src, 0) if n.op == "input" else elementwise("astype", [input_node(src, 0)], n.attrs)
+    plan, _ = lower([n], [src], _EAGER_POLICY, current_math())
+    plan.run([src], [dst])
+
+
+__all__ = [
+    "neg", "abs", "exp", "log", "sigmoid", "silu", "tanh", "gelu", "sqrt", "rsqrt", "reciprocal",
+    "square", "cos", "sin", "erf", "add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq",
+    "ne", "lt", "le", "gt", "ge", "fma", "where", "astype", "reshape", "view", "permute",
+    "transpose", "unsqueeze", "squeeze", "expand", "broadcast_to", "select", "split", "chunk",
+    "cat", "stack", "contiguous", "clone", "copy_",
+]
+_ = (functools, bool_, view_shape)

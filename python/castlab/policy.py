@@ -1,0 +1,276 @@
+"""Cast policies (where values are rounded) and math variants (how each op is computed).
+
+A :class:`Policy` decides where a graph rounds to a storage dtype; a :class:`Math`
+decides which formula and which implementation of exp/log/... each op uses. Together they
+name every difference between two runs of the same graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ._dtype import as_dtype, dtype, float64
+
+__all__ = ["Policy", "Math", "use_math", "current_math", "as_policy", "as_math"]
+
+_ROUNDING = {"nearest": 0, "nearest_even": 0, "toward_zero": 1, "stochastic": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Where a traced graph rounds values to a storage dtype.
+
+    Named policies: ``"eager"`` rounds every op's result to its dtype (PyTorch eager);
+    ``"fused"`` computes in op-math and rounds only the outputs (Inductor, Thunder,
+    nvFuser); ``"fp64"`` widens inputs exactly, computes in fp64 and rounds nothing (the
+    golden reference). A custom policy rounds after chosen nodes and/or computes in a
+    chosen dtype.
+
+    >>> Policy("custom", round_after=("silu",))            # round only silu's result
+    >>> Policy("custom", compute="float64", round_after="all")  # fp64 math, bf16 rounding
+
+    Args:
+        name: "eager", "fused", "fp64" or any label for a custom policy.
+        round_after: "all", "none", or node selectors: op names ("silu") or node
+            indices as printed by ``trace()`` (3).
+        compute: dtype to compute every op in (default: PyTorch's op-math, fp32 for
+            bf16/fp16/fp8/fp32 and fp64 for fp64).
+        output: dtype of the outputs (default: each output node's dtype).
+        rounding: "nearest" (to even, default), "toward_zero" or "stochastic".
+        seed: seed of stochastic rounding (same bits on every device).
+        saturate: fp8 conversions clamp to the largest finite value (default) instead
+            of producing NaN (e4m3fn) / Inf (e5m2).
+        round_casts: whether explicit ``astype`` casts in the user's code round
+            (default True; False mirrors fusers that elide down/up-cast pairs).
+    """
+
+    name: str = "fused"
+    round_after: Any = "none"
+    compute: dtype | None = None
+    output: dtype | None = None
+    rounding: str = "nearest"
+    seed: int = 0
+    saturate: bool = True
+    round_casts: bool = True
+
+    def __post_init__(self):
+        if self.rounding not in _ROUNDING:
+            raise ValueError(f"unknown rounding mode {self.rounding!r}; valid: "
+                             + ", ".join(sorted(_ROUNDING)))
+        if self.compute is not None:
+            object.__setattr__(self, "compute", as_dtype(self.compute))
+            if self.compute.name not in ("float32", "float64"):
+                raise ValueError("compute dtype must be float32 or float64")
+        if self.output is not None:
+            object.__setattr__(self, "output", as_dtype(self.output))
+        ra = self.round_after
+        if not isinstance(ra, str):
+            object.__setattr__(self, "round_after", tuple(ra) if isinstance(ra, Iterable) else (ra,))
+        elif ra not in ("all", "none"):
+            object.__setattr__(self, "round_after", (ra,))
+
+    @staticmethod
+    def eager(**kw) -> Policy:
+        """Round after every op, as PyTorch eager."""
+        return Policy("eager", round_after="all", **kw)
+
+    @staticmethod
+    def fused(**kw) -> Policy:
+        """Compute in op-math, round only the outputs, as torch.compile/Thunder/nvFuser."""
+        return Policy("fused", round_after="none", **kw)
+
+    @staticmethod
+    def fp64(**kw) -> Policy:
+        """Golden reference: exact widening to fp64, fp64 math, fp64 outputs."""
+        return Policy("fp64", round_after="none", compute=float64, output=float64,
+                      round_casts=False, **kw)
+
+    @property
+    def rounding_code(self) -> int:
+        return _ROUNDING[self.rounding]
+
+    def rounds_after(self, index: int, op: str) -> bool:
+        ra = self.round_after
+        if ra == "all":
+            return True
+        if ra == "none":
+            return False
+        return op in ra or index in ra
+
+    def describe(self) -> str:
+        parts = [self.name]
+        if self.name not in ("eager", "fused", "fp64") or self.round_after not in ("all", "none"):
+            parts.append(f"round_after={self.round_after}")
+        if self.compute is not None and self.name != "fp64":
+            parts.append(f"compute={self.compute.short}")
+        if self.rounding != "nearest":
+            parts.append(f"rounding={self.rounding}" + (f"(seed={self.seed})" if self.rounding == "stochastic" else ""))
+        if not self.round_casts and self.name != "fp64":
+            parts.append("round_casts=False")
+        return " ".join(parts)
+
+
+_NAMED_POLICIES = {"eager": Policy.eager, "fused": Policy.fused, "fp64": Policy.fp64}
+
+
+def as_policy(p: Any) -> Policy:
+    """A Policy from a Policy or a name ("eager", "fused", "fp64")."""
+    if isinstance(p, Policy):
+        return p
+    if isinstance(p, str):
+        try:
+            return _NAMED_POLICIES[p]()
+        except KeyError:
+            raise ValueError(f"unknown policy {p!r}; valid: "
+                             + ", ".join(_NAMED_POLICIES) + " or a castlab.Policy(...)") from None
+    raise TypeError(f"policy must be a name or castlab.Policy, not {type(p).__name__}")
+
+
+_IMPLS = {"portable": 0, "libm": 1, "cuda": 1, "cuda_fast": 2, "fast": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Math:
+    """How each op is computed: implementation of transcendental functions and formulas.
+
+    Args:
+        impl: exp/log/sin/cos/tanh/erf implementation: "portable" (castlab's own, the
+            same bits on every device), "libm" (the C library on the CPU, CUDA's precise
+            functions on the GPU; "cuda" is an alias), or "cuda_fast" (``__expf`` and
+            friends, GPU only).
+        fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
+            between them (as nvcc and Triton do by default).
+        silu: "div" for ``x / (1 + exp(-x))`` (PyTorch eager, Inductor) or "mul_sigmoid"
+            for ``x * sigmoid(x)`` (TransformerEngine, Thunder, nvFuser).
+        sigmoid: "ieee" for ``1 / (1 + exp(-x))`` or "ex2_approx" for Triton's tl.sigmoid
+            (``ex2.approx.f32``; GPU only).
+        division: "ieee" or "approx" (Triton's ``/``: ``div.full.f32``; GPU only).
+
+    >>> Math.preset("inductor").division
+    'approx'
+    """
+
+    name: str = "custom"
+    impl: str = "libm"
+    fma: bool = False
+    silu: str = "div"
+    sigmoid: str = "ieee"
+    division: str = "ieee"
+
+    def __post_init__(self):
+        if self.impl not in _IMPLS:
+            raise ValueError(f"unknown math impl {self.impl!r}; valid: " + ", ".join(_IMPLS))
+        if self.silu not in ("div", "mul_sigmoid"):
+            raise ValueError("silu must be 'div' or 'mul_sigmoid'")
+        if self.sigmoid not in ("ieee", "ex2_approx"):
+            raise ValueError("sigmoid must be 'ieee' or 'ex2_approx'")
+        if self.division not in ("ieee", "approx"):
+            raise ValueError("division must be 'ieee' or 'approx'")
+
+    @staticmethod
+    def presets() -> list[str]:
+        """Names of the built-in presets."""
+        return list(_PRESETS)
+
+    @staticmethod
+    def preset(name: str) -> Math:
+        """A named preset: torch_eager, inductor, nvfuser, transformer_engine, portable."""
+        try:
+            return _PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown math preset {name!r}; valid: "
+                             + ", ".join(_PRESETS)) from None
+
+    def variant_bits(self, op: str, f64: bool, cuda: bool) -> int:
+        """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op."""
+        impl = _IMPLS[self.impl]
+        if impl == 2 and not cuda:
+            impl = 1
+        bits = impl
+        if op == "silu" and self.silu == "mul_sigmoid":
+            bits |= 0x4
+        if cuda and not f64:
+            if self.division == "approx" and op in ("div", "silu", "sigmoid", "reciprocal"):
+                bits |= 0x8
+            if self.sigmoid == "ex2_approx" and (op == "sigmoid" or
+                                                  (op == "silu" and self.silu == "mul_sigmoid")):
+                bits |= 0x10
+        return bits
+
+    def describe_op(self, op: str, cuda: bool) -> str:
+        """Human-readable variant of one op, as shown in traces."""
+        impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
+        if impl == "cuda":
+            impl = "libm"
+        notes = []
+        if op in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_tanh", "pow"):
+            notes.append(f"impl={impl}")
+        if op == "silu":
+            notes.append("x/(1+exp(-x))" if self.silu == "div" else "x*sigmoid(x)")
+            notes.append(f"exp={impl}")
+        if op == "sigmoid":
+            notes.append("1/(1+exp(-x))")
+            notes.append(f"exp={impl}")
+        uses_div = op in ("div", "reciprocal", "sigmoid") or op == "silu"
+        if uses_div and self.division == "approx":
+            notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
+        sig = op == "sigmoid" or (op == "silu" and self.silu == "mul_sigmoid")
+        if sig and self.sigmoid == "ex2_approx":
+            notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
+        return " ".join(notes)
+
+
+_PRESETS = {
+    # PyTorch eager CUDA kernels: precise expf, IEEE division, no contraction.
+    "torch_eager": Math("torch_eager", impl="libm", fma=False, silu="div"),
+    # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
+    # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.
+    "inductor": Math("inductor", impl="libm", fma=True, silu="div", sigmoid="ex2_approx",
+                     division="approx"),
+    # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
+    "nvfuser": Math("nvfuser", impl="libm", fma=True, silu="mul_sigmoid"),
+    # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.
+    "transformer_engine": Math("transformer_engine", impl="libm", fma=True, silu="mul_sigmoid"),
+    # castlab's own functions: identical bits on CPU and GPU.
+    "portable": Math("portable", impl="portable", fma=False, silu="div"),
+}
+
+
+def as_math(m: Any) -> Math:
+    """A Math from a Math or a preset name."""
+    if isinstance(m, Math):
+        return m
+    if isinstance(m, str):
+        return Math.preset(m)
+    raise TypeError(f"math must be a preset name or castlab.Math, not {type(m).__name__}")
+
+
+_local = threading.local()
+
+
+def current_math() -> Math:
+    """The math variant that plain eager calls use (see :func:`use_math`)."""
+    return getattr(_local, "math", _PRESETS["torch_eager"])
+
+
+@contextlib.contextmanager
+def use_math(m: Any) -> Iterator[Math]:
+    """Run plain eager calls under another math variant.
+
+    >>> import castlab as cl
+    >>> with cl.use_math("portable"):
+    ...     y = cl.exp(cl.ones(3))
+    """
+    prev = getattr(_local, "math", None)
+    _local.math = as_math(m)
+    try:
+        yield _local.math
+    finally:
+        if prev is None:
+            del _local.math
+        else:
+            _local.math = prev

@@ -1,0 +1,123 @@
+#include <pybind11/functional.h>
+
+#include "core/parallel.h"
+#include "python/src/bindings.h"
+
+using cl::Shape;
+using cl::Tensor;
+
+std::shared_ptr<cl::Storage> storage_owned_by(py::object owner, void* data, size_t nbytes,
+                                              cl::Device device, bool readonly) {
+  auto s = std::make_shared<cl::Storage>();
+  s->data = data;
+  s->nbytes = nbytes;
+  s->device = device;
+  s->readonly = readonly;
+  auto* held = new py::object(std::move(owner));
+  s->deleter = [held](void*) {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
+    py::gil_scoped_acquire gil;
+    delete held;
+  };
+  return s;
+}
+
+namespace {
+
+cl::Device parse_device(const std::string& s) {
+  if (s == "cpu") return {cl::DeviceType::CPU, 0};
+  if (s == "cuda") return {cl::DeviceType::CUDA, 0};
+  if (s.rfind("cuda:", 0) == 0) return {cl::DeviceType::CUDA, std::stoi(s.substr(5))};
+  throw std::invalid_argument("unknown device '" + s + "' (expected 'cpu', 'cuda' or 'cuda:N')");
+}
+
+py::tuple to_tuple(const Shape& s) {
+  py::tuple t(s.size());
+  for (size_t i = 0; i < s.size(); ++i) t[i] = s[i];
+  return t;
+}
+
+}  // namespace
+
+void bind_tensor(py::module_& m) {
+  m.def("dtype_names", [] {
+    std::vector<std::string> names;
+    for (int i = 0; i < cl::kNumDTypes; ++i) names.push_back(cl::dtype_info((cl::DTypeCode)i).name);
+    return names;
+  });
+  m.def("itemsize", [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
+  m.def("num_threads", &cl::num_threads);
+  m.def("set_num_threads", &cl::set_num_threads);
+  m.def("broadcast_shapes", [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
+
+  py::class_<Tensor>(m, "Tensor", py::dynamic_attr())
+      .def_property_readonly("shape", [](const Tensor& t) { return to_tuple(t.shape()); })
+      .def_property_readonly("_strides", [](const Tensor& t) { return to_tuple(t.strides()); })
+      .def_property_readonly("_offset", &Tensor::offset)
+      .def_property_readonly("_dtype_name", [](const Tensor& t) { return std::string(cl::dtype_info(t.dtype()).name); })
+      .def_property_readonly("_device_str", [](const Tensor& t) { return t.device().str(); })
+      .def_property_readonly("_device_type", [](const Tensor& t) { return static_cast<int>(t.device().type); })
+      .def_property_readonly("_device_index", [](const Tensor& t) { return t.device().index; })
+      .def_property_readonly("ndim", &Tensor::ndim)
+      .def("dim", &Tensor::ndim)
+      .def("numel", &Tensor::numel)
+      .def_property_readonly("itemsize", &Tensor::itemsize)
+      .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      .def_property_readonly("_storage_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage()->data); })
+      .def_property_readonly("_storage_nbytes", [](const Tensor& t) { return t.storage()->nbytes; })
+      .def_property_readonly("readonly", &Tensor::readonly)
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("_as_strided", &Tensor::as_strided)
+      .def("_slice", &Tensor::slice)
+      .def("_select", &Tensor::select)
+      .def("_permute", &Tensor::permute)
+      .def("_transpose", &Tensor::transpose)
+      .def("_unsqueeze", &Tensor::unsqueeze)
+      .def("_squeeze", &Tensor::squeeze)
+      .def("_squeeze_all", &Tensor::squeeze_all)
+      .def("_expand", &Tensor::expand)
+      .def("_view_or_none", [](const Tensor& t, const Shape& s) -> py::object {
+        Tensor v = t.view_or_null(s);
+        if (!v.defined()) return py::none();
+        return py::cast(v);
+      })
+      .def("_infer_shape", &Tensor::infer_shape)
+      .def("_same_storage", [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); })
+      .def("_bits", [](const Tensor& t, int64_t elem) {
+        // raw bits of one element of a CPU tensor (elem: offset in elements from data_ptr)
+        if (t.device().type != cl::DeviceType::CPU) throw std::invalid_argument("_bits needs a CPU tensor");
+        const char* p = static_cast<const char*>(t.data_ptr()) + elem * t.itemsize();
+        uint64_t v = 0;
+        std::memcpy(&v, p, t.itemsize());
+        return v;
+      });
+
+  m.def("empty", [](const Shape& shape, const std::string& dtype, const std::string& device) {
+    return Tensor::empty(shape, cl::dtype_from_name(dtype), parse_device(device));
+  });
+  m.def(
+      "from_pointer",
+      [](uintptr_t ptr, const Shape& shape, const Shape& strides, const std::string& dtype,
+         py::object owner, bool readonly, const std::string& device) {
+        const auto code = cl::dtype_from_name(dtype);
+        const int64_t isz = cl::itemsize(code);
+        // Span of memory the view touches (strides may be negative): base the storage at
+        // the lowest address so every element is inside it.
+        int64_t lo = 0, hi = 0;
+        bool empty = false;
+        for (size_t i = 0; i < shape.size(); ++i) {
+          if (shape[i] == 0) empty = true;
+          const int64_t ext = (shape[i] - 1) * strides[i];
+          if (ext < 0) lo += ext;
+          else hi += ext;
+        }
+        if (empty) lo = hi = 0;
+        char* base = reinterpret_cast<char*>(ptr) + lo * isz;
+        const size_t nbytes = static_cast<size_t>((hi - lo + 1) * isz);
+        auto storage = storage_owned_by(std::move(owner), base, empty ? 0 : nbytes,
+                                        parse_device(device), readonly);
+        return Tensor(storage, shape, strides, -lo, code);
+      },
+      py::arg("ptr"), py::arg("shape"), py::arg("strides"), py::arg("dtype"), py::arg("owner"),
+      py::arg("readonly") = false, py::arg("device") = "cpu");
+}

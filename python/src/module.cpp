@@ -1,0 +1,25 @@
+#include "python/src/bindings.h"
+
+#ifndef CASTLAB_VERSION
+#define CASTLAB_VERSION "0.0.0"
+#endif
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "castlab's C++ core";
+  m.attr("__version__") = CASTLAB_VERSION;
+  static py::exception<cl::buffer_error> buffer_exc(m, "_BufferError", PyExc_BufferError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const cl::type_error& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const cl::buffer_error& e) {
+      PyErr_SetString(PyExc_BufferError, e.what());
+    }
+  });
+  bind_tensor(m);
+  bind_program(m);
+  bind_dlpack(m);
+  bind_mathlib(m);
+  bind_cuda(m);
+}
