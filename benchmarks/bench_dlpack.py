@@ -16,9 +16,8 @@ from __future__ import annotations
 import sys
 import timeit
 
-import torch
-
 import castlab as cl
+import torch
 from castlab import _C, _dlpack
 
 from_dlpack = getattr(cl, "from_dlpack", _dlpack.from_dlpack)
@@ -49,13 +48,13 @@ def main() -> None:
         cl_t = from_dlpack(torch.empty(n, dtype=torch.float32))
         assert from_dlpack(torch_t).data_ptr() == torch_t.data_ptr()
         assert torch.from_dlpack(cl_t).data_ptr() == cl_t.data_ptr()
-        t_import = per_call_us(lambda: from_dlpack(torch_t))
-        t_export = per_call_us(lambda: torch.from_dlpack(cl_t))
-        t_ref = per_call_us(lambda: torch.from_dlpack(torch_t2))
+        t_import = per_call_us(lambda a=torch_t: from_dlpack(a))
+        t_export = per_call_us(lambda a=cl_t: torch.from_dlpack(a))
+        t_ref = per_call_us(lambda a=torch_t2: torch.from_dlpack(a))
         rows.append((t_import, t_export, t_ref))
         print(f"{n:>10.0e} | {t_import:>19.2f} us | {t_export:>19.2f} us | {t_ref:>21.2f} us | "
               f"{t_import / t_ref:>10.2f}x | {t_export / t_ref:>10.2f}x")
-        del torch_t, torch_t2, cl_t
+        torch_t = torch_t2 = cl_t = None  # free the large buffers before the next size
     first, last = rows[0], rows[-1]
     print(f"\nsize scaling (time at 1e8 / time at 1e3; ~1 means O(1), no copy): "
           f"torch->castlab {last[0] / first[0]:.2f}, castlab->torch {last[1] / first[1]:.2f}, "

@@ -8,7 +8,9 @@
 #define CL_HD __host__ __device__ __forceinline__
 #define CL_DEVICE_CODE 1
 #else
-#define CL_HD inline
+// Internal linkage on the host: the CPU executor is compiled twice (baseline and
+// AVX2+FMA) and each copy must keep its own versions of these functions.
+#define CL_HD static inline
 #endif
 
 #if defined(__CUDACC_RTC__)

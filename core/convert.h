@@ -64,6 +64,8 @@ CL_HD double decode_magnitude(uint32_t bits, const FloatFormat& f) {
 CL_HD uint32_t round_f64_to_bits(double x, int code, int mode, bool saturate, uint32_t rbits) {
   const FloatFormat f = format_of(code);
   if (isnan_d(x)) return f.nan_bits;
+  // Saturation is an fp8 option only: bf16/fp16 overflow to Inf and keep Inf exact.
+  saturate = saturate && (code == kFloat8E4M3FN || code == kFloat8E5M2);
   const uint64_t xb = f64_bits(x);
   const uint32_t sign = (xb >> 63) ? f.sign_bit : 0u;
   const uint64_t abits = xb & 0x7FFFFFFFFFFFFFFFull;

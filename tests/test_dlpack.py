@@ -600,3 +600,61 @@ def test_no_memory_growth_over_many_round_trips():
     growth = rss_bytes() - before
     assert growth < 4 * 1024 * 1024, f"RSS grew by {growth / 1e6:.1f} MB"
     assert sys.getrefcount(a) == base
+
+
+# ---- consumer protocol details ---------------------------------------------------------
+
+
+class RecordingProducer:
+    """Wraps a torch tensor and records the keywords __dlpack__ was called with."""
+
+    def __init__(self, t, old_style=False):
+        self.t, self.old_style, self.calls = t, old_style, []
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        self.calls.append(kwargs)
+        if self.old_style and kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.t.__dlpack__(**kwargs)
+
+
+def test_consumer_asks_for_versioned_capsule():
+    p = RecordingProducer(torch.arange(5.0))
+    x = from_dlpack(p)
+    assert p.calls == [{"max_version": (1, 1), "stream": None}]
+    assert x.data_ptr() == p.t.data_ptr()
+
+
+def test_consumer_falls_back_for_old_producers():
+    p = RecordingProducer(torch.arange(5.0), old_style=True)
+    x = from_dlpack(p)
+    assert p.calls[-1] == {}
+    assert x.data_ptr() == p.t.data_ptr()
+
+
+# ---- with castlab's public tensor API ------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(castlab, "tensor"), reason="castlab.tensor not available")
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16", "float8_e4m3fn", "int32"])
+def test_public_api_tensor_to_torch(name):
+    x = castlab.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=getattr(castlab, name))
+    t = torch.from_dlpack(x)
+    assert t.dtype == getattr(torch, name)
+    assert t.data_ptr() == x.data_ptr()
+    assert t.float().tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    t[0, 0] = 0
+    assert x.tolist()[0][0] == 0
+    y = from_dlpack(t)
+    assert y.tolist() == x.tolist()
+
+
+@pytest.mark.skipif(not hasattr(castlab, "device"), reason="castlab.device not available")
+def test_public_device_objects():
+    t = torch.arange(3.0)
+    assert from_dlpack(t, device=castlab.device("cpu")).data_ptr() == t.data_ptr()
+    with pytest.raises(BufferError):
+        from_dlpack(t, device=castlab.device("cuda:0"))

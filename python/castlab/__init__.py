@@ -16,9 +16,13 @@ from .ops import (abs, add, astype, broadcast_to, cat, chunk, clone, contiguous,
                   erf, exp, expand, fma, ge, gelu, gt, le, log, lt, maximum, minimum, mul, ne,
                   neg, permute, pow, reciprocal, reshape, rsqrt, select, sigmoid, silu, sin, split,
                   sqrt, square, squeeze, stack, sub, tanh, transpose, unsqueeze, view, where)
+from ._dlpack import from_dlpack, tensor_dlpack, tensor_dlpack_device
+from ._jit import JitFunction, jit
 from .policy import Math, Policy, use_math
 
 __version__ = _C.__version__
+Tensor.__dlpack__ = tensor_dlpack
+Tensor.__dlpack_device__ = tensor_dlpack_device
 bool = bool_  # noqa: A001  (castlab.bool, as torch.bool)
 
 __all__ = [
@@ -30,5 +34,6 @@ __all__ = [
     "eq", "erf", "exp", "expand", "fma", "ge", "gelu", "gt", "le", "log", "lt", "maximum",
     "minimum", "mul", "ne", "neg", "permute", "pow", "reciprocal", "reshape", "rsqrt", "select",
     "sigmoid", "silu", "sin", "split", "sqrt", "square", "squeeze", "stack", "sub", "tanh",
-    "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math",
+    "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math", "jit",
+    "JitFunction", "from_dlpack",
 ]

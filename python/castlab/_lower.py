@@ -375,6 +375,7 @@ class Lowering:
     def emit_program(self, exprs: list, outs: list, metas: list):
         b = ProgramBuilder(self)
         regs = [b.value(e) for e in exprs]
+        regs = [b.elide_final_round(r, o) for r, o in zip(regs, outs)]
         specs = []
         for r, m in zip(regs, metas):
             if m is None:
@@ -403,6 +404,19 @@ class ProgramBuilder:
         self._memo: dict = {}
         self._conv: dict = {}
         self._uses: dict = {}
+
+    def elide_final_round(self, reg: int, out: Leaf) -> int:
+        """A deterministic rounding to the output's own dtype right before the store is
+        done by the store itself: skip the separate step (same bits, less work)."""
+        ins = next((i for i in self.code if i[6] == reg), None)
+        if ins is None or ins[0] != K_ROUND or ins[4] == 2 or ins[3] != _dtype_code(out.t):
+            return reg
+        if self.low.policy.rounding_code != ins[4]:
+            return reg
+        if any(reg in (i[7], i[8], i[9]) for i in self.code):
+            return reg
+        self.code.remove(ins)
+        return ins[7]
 
     def new(self) -> int:
         self.nregs += 1
@@ -574,17 +588,22 @@ class Plan:
         return outputs
 
 
-def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math) -> tuple[Plan, list]:
-    """Lower a graph whose 'input' nodes are bound to `inputs`; returns (plan, outputs)."""
+def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
+          out_dtypes: list | None = None) -> tuple[Plan, list]:
+    """Lower a graph whose 'input' nodes are bound to `inputs`; returns (plan, outputs).
+
+    `out_dtypes` overrides the output dtypes (used to observe intermediate values in
+    their register precision, without an extra rounding)."""
     device = outputs[0].device if outputs else "cpu"
     cuda = device.startswith("cuda")
     low = Lowering(policy, math, cuda, inputs)
-    out_dtypes = []
-    for n in outputs:
-        d = n.dtype
-        if policy.output is not None and d.is_floating_point:
-            d = policy.output
-        out_dtypes.append(d)
+    if out_dtypes is None:
+        out_dtypes = []
+        for n in outputs:
+            d = n.dtype
+            if policy.output is not None and d.is_floating_point:
+                d = policy.output
+            out_dtypes.append(d)
     out_shapes = [n.shape for n in outputs]
     out_tensors = [_C.empty(list(s), d.name, device) for s, d in zip(out_shapes, out_dtypes)]
 

@@ -1,0 +1,447 @@
+// The CPU executor's implementation, included twice: by executor.cpp (baseline ISA)
+// and by executor_avx2.cpp (compiled with -mavx2 -mfma, so portable math's explicit
+// fma becomes one instruction and the block loops use 256-bit vectors). Contraction
+// of a*b+c stays off in both (-ffp-contract=off), so both give the same bits.
+// Expects CL_EXEC_NS to name the namespace to define run() in.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "ops/program.h"
+
+namespace cl {
+namespace CL_EXEC_NS {
+namespace {
+
+constexpr int64_t kBlock = 512;
+
+
+
+// Iteration space shared by all operands after merging dimensions that are
+// contiguous with each other in every operand.
+struct Iter {
+  std::vector<int64_t> shape;                 // collapsed, innermost last
+  std::vector<std::vector<int64_t>> strides;  // per operand (in elements)
+};
+
+Iter make_iter(const Shape& shape, const std::vector<const Tensor*>& ops) {
+  Iter it;
+  std::vector<int64_t> sh;
+  std::vector<std::vector<int64_t>> st(ops.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    sh.push_back(shape[d]);
+    for (size_t k = 0; k < ops.size(); ++k) st[k].push_back(ops[k]->strides()[d]);
+  }
+  if (sh.empty()) {
+    sh.push_back(1);
+    for (auto& s : st) s.push_back(0);
+  }
+  // merge d into d+1 when stride[d] == stride[d+1] * shape[d+1] for every operand
+  it.shape.push_back(sh[0]);
+  for (size_t k = 0; k < ops.size(); ++k) it.strides.push_back({st[k][0]});
+  for (size_t d = 1; d < sh.size(); ++d) {
+    bool merge = true;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (it.strides[k].back() != st[k][d] * sh[d]) {
+        merge = false;
+        break;
+      }
+    }
+    if (merge) {
+      it.shape.back() *= sh[d];
+      for (size_t k = 0; k < ops.size(); ++k) it.strides[k].back() = st[k][d];
+    } else {
+      it.shape.push_back(sh[d]);
+      for (size_t k = 0; k < ops.size(); ++k) it.strides[k].push_back(st[k][d]);
+    }
+  }
+  return it;
+}
+
+template <typename T>
+inline T reg_value(const void* p, int64_t j) {
+  return static_cast<const T*>(p)[j];
+}
+
+// ---- loads: storage -> register ----
+template <typename R>
+void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int64_t nrows,
+               int64_t col0, int64_t ncols, int64_t cstride) {
+  int64_t j = 0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t off = row_off[r] + col0 * cstride;
+    switch (dtype) {
+      case kFloat64: {
+        const double* p = reinterpret_cast<const double*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
+        break;
+      }
+      case kFloat32: {
+        const float* p = reinterpret_cast<const float*>(base) + off;
+        if (cstride == 1)
+          for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c]);
+        else
+          for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
+        break;
+      }
+      case kBFloat16: {
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(base) + off;
+        if (cstride == 1)
+          for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(bf16_to_f32(p[c]));
+        else
+          for (int64_t c = 0; c < ncols; ++c)
+            dst[j + c] = static_cast<R>(bf16_to_f32(p[c * cstride]));
+        break;
+      }
+      case kFloat16: {
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(f16_to_f32(p[c * cstride]));
+        break;
+      }
+      case kFloat8E4M3FN:
+      case kFloat8E5M2: {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c)
+          dst[j + c] = static_cast<R>(bits_to_f64(p[c * cstride], dtype));
+        break;
+      }
+      case kBool: {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride] ? R(1) : R(0);
+        break;
+      }
+      case kInt32: {
+        const int32_t* p = reinterpret_cast<const int32_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
+        break;
+      }
+      case kInt64: {
+        const int64_t* p = reinterpret_cast<const int64_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
+        break;
+      }
+      default:
+        throw std::invalid_argument("load: unsupported dtype");
+    }
+    j += ncols;
+  }
+}
+
+// ---- stores: register -> storage, one rounding ----
+template <typename R>
+void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int64_t nrows,
+                int64_t col0, int64_t ncols, int64_t cstride, int mode, bool sat,
+                const uint32_t* rbits) {
+  int64_t j = 0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t off = row_off[r] + col0 * cstride;
+    switch (dtype) {
+      case kFloat64: {
+        double* p = reinterpret_cast<double*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<double>(src[j + c]);
+        break;
+      }
+      case kFloat32: {
+        float* p = reinterpret_cast<float*>(base) + off;
+        if (std::is_same<R, float>::value || mode == kNearestEven) {
+          for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<float>(src[j + c]);
+        } else {
+          for (int64_t c = 0; c < ncols; ++c)
+            p[c * cstride] = f32_from_bits(round_f64_to_bits(
+                static_cast<double>(src[j + c]), kFloat32, mode, sat, rbits ? rbits[j + c] : 0));
+        }
+        break;
+      }
+      case kBFloat16:
+      case kFloat16: {
+        uint16_t* p = reinterpret_cast<uint16_t*>(base) + off;
+        if (std::is_same<R, float>::value && mode == kNearestEven) {
+          if (dtype == kBFloat16 && cstride == 1)
+            for (int64_t c = 0; c < ncols; ++c)
+              p[c] = f32_to_bf16_rne(static_cast<float>(src[j + c]));
+          else
+            for (int64_t c = 0; c < ncols; ++c)
+              p[c * cstride] = static_cast<uint16_t>(
+                  narrow_f32(static_cast<float>(src[j + c]), dtype, kNearestEven, sat, 0));
+        } else {
+          for (int64_t c = 0; c < ncols; ++c)
+            p[c * cstride] = static_cast<uint16_t>(round_f64_to_bits(
+                static_cast<double>(src[j + c]), dtype, mode, sat, rbits ? rbits[j + c] : 0));
+        }
+        break;
+      }
+      case kFloat8E4M3FN:
+      case kFloat8E5M2: {
+        uint8_t* p = reinterpret_cast<uint8_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c)
+          p[c * cstride] = static_cast<uint8_t>(round_f64_to_bits(
+              static_cast<double>(src[j + c]), dtype, mode, sat, rbits ? rbits[j + c] : 0));
+        break;
+      }
+      case kBool: {
+        uint8_t* p = reinterpret_cast<uint8_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = src[j + c] != R(0) ? 1 : 0;
+        break;
+      }
+      case kInt32: {
+        int32_t* p = reinterpret_cast<int32_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<int32_t>(src[j + c]);
+        break;
+      }
+      case kInt64: {
+        int64_t* p = reinterpret_cast<int64_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<int64_t>(src[j + c]);
+        break;
+      }
+      default:
+        throw std::invalid_argument("store: unsupported dtype");
+    }
+    j += ncols;
+  }
+}
+
+// ---- arithmetic on one block ----
+template <typename T>
+void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
+  const int v = in.var;
+  switch (in.op) {
+    case kOpConst: {
+      const T k = static_cast<T>(in.imm);
+      for (int64_t j = 0; j < n; ++j) d[j] = k;
+      break;
+    }
+    case kOpNeg: for (int64_t j = 0; j < n; ++j) d[j] = -a[j]; break;
+    case kOpAbs:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] < T(0) ? -a[j] : (a[j] == T(0) ? T(0) : a[j]);
+      break;
+    case kOpExp: for (int64_t j = 0; j < n; ++j) d[j] = op_exp(a[j], v); break;
+    case kOpLog: for (int64_t j = 0; j < n; ++j) d[j] = m_log(a[j], v & kVarImplMask); break;
+    case kOpSigmoid: for (int64_t j = 0; j < n; ++j) d[j] = op_sigmoid(a[j], v); break;
+    case kOpSilu: for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], v); break;
+    case kOpTanh: for (int64_t j = 0; j < n; ++j) d[j] = m_tanh(a[j], v & kVarImplMask); break;
+    case kOpGeluErf: for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_erf(a[j], v); break;
+    case kOpGeluTanh: for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_tanh(a[j], v); break;
+    case kOpSqrt: for (int64_t j = 0; j < n; ++j) d[j] = op_sqrt(a[j]); break;
+    case kOpRsqrt: for (int64_t j = 0; j < n; ++j) d[j] = op_rsqrt(a[j], v); break;
+    case kOpReciprocal: for (int64_t j = 0; j < n; ++j) d[j] = div_f(T(1), a[j], v); break;
+    case kOpSquare: for (int64_t j = 0; j < n; ++j) d[j] = a[j] * a[j]; break;
+    case kOpCos: for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask); break;
+    case kOpSin: for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask); break;
+    case kOpErf: for (int64_t j = 0; j < n; ++j) d[j] = m_erf(a[j], v & kVarImplMask); break;
+    case kOpAdd: for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j]; break;
+    case kOpSub: for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j]; break;
+    case kOpMul: for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j]; break;
+    case kOpDiv: for (int64_t j = 0; j < n; ++j) d[j] = div_f(a[j], b[j], v); break;
+    case kOpMaximum: for (int64_t j = 0; j < n; ++j) d[j] = op_maximum(a[j], b[j]); break;
+    case kOpMinimum: for (int64_t j = 0; j < n; ++j) d[j] = op_minimum(a[j], b[j]); break;
+    case kOpPow: for (int64_t j = 0; j < n; ++j) d[j] = op_pow(a[j], b[j], v); break;
+    case kOpEq: for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? T(1) : T(0); break;
+    case kOpNe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? T(1) : T(0); break;
+    case kOpLt: for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? T(1) : T(0); break;
+    case kOpLe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? T(1) : T(0); break;
+    case kOpGt: for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? T(1) : T(0); break;
+    case kOpGe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? T(1) : T(0); break;
+    case kOpFma:
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (std::is_same<T, float>::value) d[j] = fma_f(a[j], b[j], c[j]);
+        else d[j] = fma_d(a[j], b[j], c[j]);
+      }
+      break;
+    case kOpWhere: for (int64_t j = 0; j < n; ++j) d[j] = a[j] != T(0) ? b[j] : c[j]; break;
+    default:
+      throw std::logic_error(std::string("cpu executor: unexpected op ") + op_name(in.op));
+  }
+}
+
+}  // namespace
+
+void run(const Program& prog, const std::vector<Tensor>& inputs,
+                     const std::vector<Tensor>& outputs) {
+  if (outputs.empty()) return;
+  if (outputs.size() != prog.outputs.size())
+    throw std::invalid_argument("program expects " + std::to_string(prog.outputs.size()) +
+                                " outputs");
+  const Shape& shape = outputs[0].shape();
+  std::vector<const Tensor*> ops;
+  for (const auto& t : outputs) {
+    if (t.shape() != shape) throw std::invalid_argument("program outputs differ in shape");
+    if (t.readonly()) throw std::invalid_argument("cannot write to a read-only tensor");
+    ops.push_back(&t);
+  }
+  for (const auto& t : inputs) {
+    if (t.shape() != shape)
+      throw std::invalid_argument("program input of shape " + shape_str(t.shape()) +
+                                  " does not match output shape " + shape_str(shape));
+    ops.push_back(&t);
+  }
+  for (const auto* t : ops)
+    if (t->device().type != DeviceType::CPU)
+      throw std::invalid_argument("CPU executor got a tensor on " + t->device().str());
+  for (const auto& in : prog.code) {
+    if (in.op == kOpLoad && (in.aux < 0 || in.aux >= static_cast<int>(inputs.size())))
+      throw std::invalid_argument("program loads a missing input");
+    if (in.op == kOpLoad && in.dtype != inputs[in.aux].dtype())
+      throw std::invalid_argument("program input dtype mismatch");
+  }
+  const int64_t numel = numel_of(shape);
+  if (numel == 0) return;
+
+  const Iter it = make_iter(shape, ops);
+  const int nd = static_cast<int>(it.shape.size());
+  const int64_t inner = it.shape[nd - 1];
+  int64_t rows = 1;
+  for (int d = 0; d < nd - 1; ++d) rows *= it.shape[d];
+  const int64_t col_chunk = std::min(inner, kBlock);
+  const int64_t col_blocks = (inner + col_chunk - 1) / col_chunk;
+  const int64_t rows_per_block = std::max<int64_t>(1, kBlock / col_chunk);
+  const int64_t row_blocks = (rows + rows_per_block - 1) / rows_per_block;
+  const int64_t nblocks = row_blocks * col_blocks;
+  const int nops = static_cast<int>(ops.size());
+  const int nout = static_cast<int>(outputs.size());
+  const bool random = prog.uses_random();
+  // Element index in the first output's storage: the stream position for stochastic
+  // rounding (the same on every device).
+  const int64_t out0_offset = outputs[0].offset();
+
+  std::vector<bool> out_f64(nout, false);
+  for (int k = 0; k < nout; ++k)
+    for (const auto& in : prog.code)
+      if (in.dst == prog.outputs[k].reg) out_f64[k] = in.f64 != 0;
+
+  std::vector<char*> bases(nops);
+  for (int k = 0; k < nops; ++k) bases[k] = static_cast<char*>(ops[k]->data_ptr());
+
+  const int64_t work_per_block = rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
+
+  parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
+    std::vector<double> regs(static_cast<size_t>(prog.n_regs) * kBlock);
+    std::vector<int64_t> row_off(static_cast<size_t>(nops) * rows_per_block);
+    std::vector<int64_t> rbits(random ? kBlock : 0);  // element index per lane
+    std::vector<int64_t> idx(nd > 1 ? nd - 1 : 1);
+    auto reg_ptr = [&](int r) -> void* { return regs.data() + static_cast<size_t>(r) * kBlock; };
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t rb = blk / col_blocks, cb = blk % col_blocks;
+      const int64_t r0 = rb * rows_per_block;
+      const int64_t nrows = std::min(rows_per_block, rows - r0);
+      const int64_t c0 = cb * col_chunk;
+      const int64_t ncols = std::min(col_chunk, inner - c0);
+      const int64_t n = nrows * ncols;
+      // row offsets of every operand
+      int64_t rem = r0;
+      for (int d = nd - 2; d >= 0; --d) {
+        idx[d] = rem % it.shape[d];
+        rem /= it.shape[d];
+      }
+      for (int64_t r = 0; r < nrows; ++r) {
+        for (int k = 0; k < nops; ++k) {
+          int64_t off = 0;
+          for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.strides[k][d];
+          row_off[k * rows_per_block + r] = off;
+        }
+        for (int d = nd - 2; d >= 0; --d) {
+          if (++idx[d] < it.shape[d]) break;
+          idx[d] = 0;
+        }
+      }
+      if (random) {
+        int64_t j = 0;
+        const int64_t cs = it.strides[0][nd - 1];
+        for (int64_t r = 0; r < nrows; ++r)
+          for (int64_t c = 0; c < ncols; ++c, ++j)
+            rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
+      }
+      for (const Instr& in : prog.code) {
+        void* d = reg_ptr(in.dst);
+        if (in.op == kOpLoad) {
+          const int k = nout + in.aux;
+          if (in.f64)
+            load_rows(static_cast<double*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
+                      nrows, c0, ncols, it.strides[k][nd - 1]);
+          else
+            load_rows(static_cast<float*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
+                      nrows, c0, ncols, it.strides[k][nd - 1]);
+          continue;
+        }
+        if (in.op == kOpRound) {
+          const bool sr = in.mode == kStochastic;
+          if (in.f64) {
+            double* o = static_cast<double*>(d);
+            const double* a = static_cast<const double*>(reg_ptr(in.a));
+            for (int64_t j = 0; j < n; ++j)
+              o[j] = round_f64_to(a[j], in.dtype, in.mode, in.saturate,
+                                  sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j])) : 0u);
+          } else {
+            float* o = static_cast<float*>(d);
+            const float* a = static_cast<const float*>(reg_ptr(in.a));
+            if (in.mode == kNearestEven && in.dtype == kBFloat16) {
+              for (int64_t j = 0; j < n; ++j) o[j] = bf16_to_f32(f32_to_bf16_rne(a[j]));
+            } else if (in.mode == kNearestEven && in.dtype == kFloat16) {
+              for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(f32_to_f16_rne(a[j]));
+            } else {
+              for (int64_t j = 0; j < n; ++j)
+                o[j] = round_f32_to(a[j], in.dtype, in.mode, in.saturate,
+                                    sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j])) : 0u);
+            }
+          }
+          continue;
+        }
+        if (in.op == kOpRandUniform || in.op == kOpRandNormal) {
+          const uint32_t stream = static_cast<uint32_t>(in.aux);
+          for (int64_t j = 0; j < n; ++j) {
+            const uint64_t e = static_cast<uint64_t>(rbits[j]);
+            const double v = in.op == kOpRandUniform ? rand_uniform(prog.seed, stream, e)
+                                                     : rand_normal(prog.seed, stream, e);
+            if (in.f64) static_cast<double*>(d)[j] = v;
+            else static_cast<float*>(d)[j] = static_cast<float>(v);
+          }
+          continue;
+        }
+        if (in.op == kOpToF64) {
+          double* o = static_cast<double*>(d);
+          const float* a = static_cast<const float*>(reg_ptr(in.a));
+          for (int64_t j = 0; j < n; ++j) o[j] = static_cast<double>(a[j]);
+          continue;
+        }
+        if (in.op == kOpToF32) {
+          float* o = static_cast<float*>(d);
+          const double* a = static_cast<const double*>(reg_ptr(in.a));
+          for (int64_t j = 0; j < n; ++j) o[j] = static_cast<float>(a[j]);
+          continue;
+        }
+        if (in.f64)
+          compute(in, static_cast<double*>(d), static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
+                  static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
+                  static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+        else
+          compute(in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
+                  static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
+                  static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+      }
+      for (int k = 0; k < nout; ++k) {
+        const OutputSpec& os = prog.outputs[k];
+        std::vector<uint32_t> sbits;
+        if (os.mode == kStochastic) {
+          sbits.resize(n);
+          for (int64_t j = 0; j < n; ++j) sbits[j] = random_bits(prog.seed, static_cast<uint32_t>(os.salt), static_cast<uint64_t>(rbits[j]));
+        }
+        const bool rf64 = out_f64[k];
+        if (rf64)
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(reg_ptr(os.reg)),
+                     &row_off[k * rows_per_block], nrows, c0, ncols, it.strides[k][nd - 1], os.mode,
+                     os.saturate, sbits.empty() ? nullptr : sbits.data());
+        else
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const float*>(reg_ptr(os.reg)),
+                     &row_off[k * rows_per_block], nrows, c0, ncols, it.strides[k][nd - 1], os.mode,
+                     os.saturate, sbits.empty() ? nullptr : sbits.data());
+      }
+    }
+  });
+}
+
+}  // namespace CL_EXEC_NS
+}  // namespace cl

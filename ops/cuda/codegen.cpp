@@ -1,0 +1,354 @@
+// Program -> CUDA C++ (see codegen.h). The per-element body mirrors run_program_cpu in
+// ops/cpu/executor.cpp instruction by instruction, including the loads (exact widening),
+// the stores (one rounding, with the same fast paths) and the random stream index.
+#include "ops/cuda/codegen.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace cl {
+namespace cuda {
+
+namespace {
+
+const char* raw_type(int dt) {
+  switch (dt) {
+    case kFloat64: return "double";
+    case kFloat32: return "float";
+    case kFloat16:
+    case kBFloat16: return "unsigned short";
+    case kFloat8E4M3FN:
+    case kFloat8E5M2:
+    case kBool: return "unsigned char";
+    case kInt32: return "int";
+    case kInt64: return "long long";
+  }
+  throw std::invalid_argument("CUDA codegen: unsupported dtype " + std::to_string(dt));
+}
+
+std::string dlit(double v) {
+  if (std::isfinite(v)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%a", v);
+    return buf;
+  }
+  uint64_t bits;
+  std::memcpy(&bits, &v, 8);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "cl::f64_from_bits(0x%016llxull)",
+                static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+std::string R(int r) { return "r" + std::to_string(r); }
+
+// Widening load of an input's raw value into a register of type T (as load_rows).
+std::string load_expr(int dt, bool f64, const std::string& x) {
+  const char* T = f64 ? "double" : "float";
+  switch (dt) {
+    case kFloat64: return std::string("static_cast<") + T + ">(" + x + ")";
+    case kFloat32: return std::string("static_cast<") + T + ">(" + x + ")";
+    case kBFloat16: return std::string("static_cast<") + T + ">(cl::bf16_to_f32(" + x + "))";
+    case kFloat16: return std::string("static_cast<") + T + ">(cl::f16_to_f32(" + x + "))";
+    case kFloat8E4M3FN:
+    case kFloat8E5M2:
+      return std::string("static_cast<") + T + ">(cl::bits_to_f64(" + x + ", " +
+             std::to_string(dt) + "))";
+    case kBool: return "(" + x + " ? " + T + "(1) : " + T + "(0))";
+    case kInt32:
+    case kInt64: return std::string("static_cast<") + T + ">(" + x + ")";
+  }
+  throw std::invalid_argument("CUDA codegen: load of unsupported dtype");
+}
+
+// One rounding register -> storage (as store_rows). `rb` is the random-bits expression.
+std::string store_expr(int dt, bool f64, const std::string& src, int mode, bool sat,
+                       const std::string& rb) {
+  const std::string s = sat ? "true" : "false";
+  const std::string m = std::to_string(mode);
+  const std::string d = std::to_string(dt);
+  switch (dt) {
+    case kFloat64: return "static_cast<double>(" + src + ")";
+    case kFloat32:
+      if (!f64 || mode == kNearestEven) return "static_cast<float>(" + src + ")";
+      return "cl::f32_from_bits(cl::round_f64_to_bits(static_cast<double>(" + src +
+             "), cl::kFloat32, " + m + ", " + s + ", " + rb + "))";
+    case kBFloat16:
+    case kFloat16:
+      if (!f64 && mode == kNearestEven) {
+        if (dt == kBFloat16) return "cl::f32_to_bf16_rne(" + src + ")";
+        return "static_cast<unsigned short>(cl::narrow_f32(" + src + ", " + d +
+               ", cl::kNearestEven, " + s + ", 0u))";
+      }
+      return "static_cast<unsigned short>(cl::round_f64_to_bits(static_cast<double>(" + src +
+             "), " + d + ", " + m + ", " + s + ", " + rb + "))";
+    case kFloat8E4M3FN:
+    case kFloat8E5M2:
+      return "static_cast<unsigned char>(cl::round_f64_to_bits(static_cast<double>(" + src +
+             "), " + d + ", " + m + ", " + s + ", " + rb + "))";
+    case kBool: return "(unsigned char)(" + src + " != 0 ? 1 : 0)";
+    case kInt32: return "static_cast<int>(" + src + ")";
+    case kInt64: return "static_cast<long long>(" + src + ")";
+  }
+  throw std::invalid_argument("CUDA codegen: store of unsupported dtype");
+}
+
+const char* kPrelude = R"(
+template <int B> struct cl_word;
+template <> struct cl_word<16> { typedef uint4 T; };
+template <> struct cl_word<8> { typedef uint2 T; };
+template <> struct cl_word<4> { typedef unsigned int T; };
+template <> struct cl_word<2> { typedef unsigned short T; };
+template <> struct cl_word<1> { typedef unsigned char T; };
+// N consecutive elements, in 16-byte (or smaller) words; the caller checked alignment.
+template <typename T, int N>
+__device__ __forceinline__ void cl_vload(T (&dst)[N], const T* src) {
+  constexpr int B = (int)sizeof(T) * N;
+  constexpr int C = B >= 16 ? 16 : B;
+  typedef typename cl_word<C>::T W;
+#pragma unroll
+  for (int c = 0; c < B / C; ++c)
+    reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
+}
+template <typename T, int N>
+__device__ __forceinline__ void cl_vstore(T* dst, const T (&src)[N]) {
+  constexpr int B = (int)sizeof(T) * N;
+  constexpr int C = B >= 16 ? 16 : B;
+  typedef typename cl_word<C>::T W;
+#pragma unroll
+  for (int c = 0; c < B / C; ++c)
+    reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
+}
+)";
+
+}  // namespace
+
+size_t param_bytes(const KernelLayout& L) {
+  const size_t nops = L.dtypes.size();
+  return 8 * (nops + L.nd + nops * L.nd + 3);
+}
+
+GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
+  const int nops = static_cast<int>(L.dtypes.size());
+  const int nout = L.n_out;
+  const int nin = nops - nout;
+  const int nd = L.nd;
+  const int V = L.vec;
+  if (nout != static_cast<int>(prog.outputs.size()))
+    throw std::logic_error("CUDA codegen: output count mismatch");
+
+  // Register types and write counts.
+  std::vector<int> rtype(prog.n_regs, -1), writes(prog.n_regs, 0);
+  for (const Instr& in : prog.code) {
+    if (rtype[in.dst] >= 0 && rtype[in.dst] != in.f64)
+      throw std::logic_error("CUDA codegen: register r" + std::to_string(in.dst) +
+                             " holds both float and double");
+    rtype[in.dst] = in.f64;
+    writes[in.dst]++;
+  }
+  std::vector<bool> declared(prog.n_regs, false);
+
+  std::ostringstream b;  // body
+  b << "__device__ __forceinline__ void cl_body(const unsigned long long seed, "
+       "const unsigned long long e";
+  for (int k = 0; k < nin; ++k) b << ", const " << raw_type(L.dtypes[nout + k]) << " x" << k;
+  for (int k = 0; k < nout; ++k) b << ", " << raw_type(L.dtypes[k]) << "& y" << k;
+  b << ") {\n";
+  b << "  (void)seed; (void)e;\n";
+  // registers written more than once (or never) are declared up front
+  for (int r = 0; r < prog.n_regs; ++r) {
+    if (writes[r] != 1) {
+      b << "  " << (rtype[r] == 1 ? "double " : "float ") << R(r) << " = 0;\n";
+      declared[r] = true;
+    }
+  }
+  for (const Instr& in : prog.code) {
+    const bool f64 = in.f64 != 0;
+    const char* T = f64 ? "double" : "float";
+    const std::string t = T;
+    const std::string d = R(in.dst);
+    const std::string a = in.a >= 0 ? R(in.a) : d;
+    const std::string bb = in.b >= 0 ? R(in.b) : d;
+    const std::string c = in.c >= 0 ? R(in.c) : d;
+    const std::string v = std::to_string(static_cast<int>(in.var));
+    const std::string impl = std::to_string(static_cast<int>(in.var & kVarImplMask));
+    std::string ex;
+    switch (in.op) {
+      case kOpLoad:
+        if (in.aux < 0 || in.aux >= nin) throw std::invalid_argument("program loads a missing input");
+        ex = load_expr(in.dtype, f64, "x" + std::to_string(in.aux));
+        break;
+      case kOpConst: ex = "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
+      case kOpNeg: ex = "-" + a; break;
+      case kOpAbs: ex = "(" + a + " < " + t + "(0) ? -" + a + " : (" + a + " == " + t + "(0) ? " + t + "(0) : " + a + "))"; break;
+      case kOpExp: ex = "cl::op_exp(" + a + ", " + v + ")"; break;
+      case kOpLog: ex = "cl::m_log(" + a + ", " + impl + ")"; break;
+      case kOpSigmoid: ex = "cl::op_sigmoid(" + a + ", " + v + ")"; break;
+      case kOpSilu: ex = "cl::op_silu(" + a + ", " + v + ")"; break;
+      case kOpTanh: ex = "cl::m_tanh(" + a + ", " + impl + ")"; break;
+      case kOpGeluErf: ex = "cl::op_gelu_erf(" + a + ", " + v + ")"; break;
+      case kOpGeluTanh: ex = "cl::op_gelu_tanh(" + a + ", " + v + ")"; break;
+      case kOpSqrt: ex = "cl::op_sqrt(" + a + ")"; break;
+      case kOpRsqrt: ex = "cl::op_rsqrt(" + a + ", " + v + ")"; break;
+      case kOpReciprocal: ex = "cl::div_f(" + t + "(1), " + a + ", " + v + ")"; break;
+      case kOpSquare: ex = a + " * " + a; break;
+      case kOpCos: ex = "cl::m_cos(" + a + ", " + impl + ")"; break;
+      case kOpSin: ex = "cl::m_sin(" + a + ", " + impl + ")"; break;
+      case kOpErf: ex = "cl::m_erf(" + a + ", " + impl + ")"; break;
+      case kOpAdd: ex = a + " + " + bb; break;
+      case kOpSub: ex = a + " - " + bb; break;
+      case kOpMul: ex = a + " * " + bb; break;
+      case kOpDiv: ex = "cl::div_f(" + a + ", " + bb + ", " + v + ")"; break;
+      case kOpMaximum: ex = "cl::op_maximum(" + a + ", " + bb + ")"; break;
+      case kOpMinimum: ex = "cl::op_minimum(" + a + ", " + bb + ")"; break;
+      case kOpPow: ex = "cl::op_pow(" + a + ", " + bb + ", " + v + ")"; break;
+      case kOpEq: ex = "(" + a + " == " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpNe: ex = "(" + a + " != " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpLt: ex = "(" + a + " < " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpLe: ex = "(" + a + " <= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpGt: ex = "(" + a + " > " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpGe: ex = "(" + a + " >= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
+      case kOpFma: ex = std::string(f64 ? "cl::fma_d(" : "cl::fma_f(") + a + ", " + bb + ", " + c + ")"; break;
+      case kOpWhere: ex = "(" + a + " != " + t + "(0) ? " + bb + " : " + c + ")"; break;
+      case kOpRound: {
+        const std::string rb = in.mode == kStochastic
+                                   ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e)"
+                                   : std::string("0u");
+        ex = std::string(f64 ? "cl::round_f64_to(" : "cl::round_f32_to(") + a + ", " +
+             std::to_string(in.dtype) + ", " + std::to_string(in.mode) + ", " +
+             (in.saturate ? "true" : "false") + ", " + rb + ")";
+        break;
+      }
+      case kOpToF64: ex = "static_cast<double>(" + a + ")"; break;
+      case kOpToF32: ex = "static_cast<float>(" + a + ")"; break;
+      case kOpRandUniform:
+        ex = "static_cast<" + t + ">(cl::rand_uniform(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
+        break;
+      case kOpRandNormal:
+        ex = "static_cast<" + t + ">(cl::rand_normal(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
+        break;
+      default:
+        throw std::logic_error(std::string("CUDA codegen: unexpected op ") + op_name(in.op));
+    }
+    b << "  ";
+    if (!declared[in.dst]) {
+      b << "const " << T << " ";
+      declared[in.dst] = true;
+    }
+    b << d << " = " << ex << ";  // " << op_name(in.op) << "\n";
+  }
+  for (int k = 0; k < nout; ++k) {
+    const OutputSpec& os = prog.outputs[k];
+    const bool rf64 = rtype[os.reg] == 1;
+    const std::string rb = os.mode == kStochastic
+                               ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
+                               : std::string("0u");
+    b << "  y" << k << " = " << store_expr(L.dtypes[k], rf64, R(os.reg), os.mode, os.saturate != 0, rb)
+      << ";\n";
+  }
+  b << "}\n";
+
+  // ---- the kernel ----
+  std::ostringstream s;
+  s << "// generated by castlab (ops/cuda/codegen.cpp)\n";
+  s << "#include \"ops/scalar/ops.h\"\n";
+  s << kPrelude;
+  s << "typedef " << (L.idx32 ? "int" : "long long") << " idx_t;\n";
+  s << "struct Params {\n  void* ptr[" << nops << "];\n  long long shape[" << nd
+    << "];\n  long long stride[" << nops << "][" << nd
+    << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n};\n";
+  s << b.str();
+  s << "extern \"C\" __global__ void __launch_bounds__(256) KERNEL_NAME(const Params P) {\n";
+  s << "  const idx_t n = (idx_t)P.numel;\n";
+  s << "  const idx_t lanes = (idx_t)gridDim.x * (idx_t)blockDim.x;\n";
+  s << "  constexpr int V = " << V << ";\n";
+  auto in_t = [&](int k) { return std::string(raw_type(L.dtypes[nout + k])); };
+  auto out_t = [&](int k) { return std::string(raw_type(L.dtypes[k])); };
+  auto call = [&](const std::string& e, const std::string& jx, const std::string& jy) {
+    std::ostringstream c;
+    c << "cl_body(P.seed, " << e;
+    for (int k = 0; k < nin; ++k) c << ", a" << k << jx;
+    for (int k = 0; k < nout; ++k) c << ", b" << k << jy;
+    c << ");";
+    return c.str();
+  };
+  if (L.contig) {
+    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < (n + V - 1) / V; v += lanes) {\n";
+    s << "    const idx_t i0 = v * V;\n";
+    if (V > 1) {
+      s << "    if (i0 + V <= n) {\n";
+      for (int k = 0; k < nin; ++k)
+        s << "      " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const " << in_t(k)
+          << "*)P.ptr[" << nout + k << "]) + i0);\n";
+      for (int k = 0; k < nout; ++k) s << "      " << out_t(k) << " b" << k << "[V];\n";
+      s << "#pragma unroll\n      for (int j = 0; j < V; ++j) "
+        << call("(unsigned long long)(P.rbase + (long long)i0 + j)", "[j]", "[j]") << "\n";
+      for (int k = 0; k < nout; ++k)
+        s << "      cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + i0, b" << k << ");\n";
+      s << "      continue;\n    }\n";
+    }
+    s << "    for (idx_t i = i0; i < n && i < i0 + V; ++i) {\n";
+    for (int k = 0; k < nin; ++k)
+      s << "      const " << in_t(k) << " a" << k << " = ((const " << in_t(k) << "*)P.ptr["
+        << nout + k << "])[i];\n";
+    for (int k = 0; k < nout; ++k) s << "      " << out_t(k) << " b" << k << ";\n";
+    s << "      " << call("(unsigned long long)(P.rbase + (long long)i)", "", "") << "\n";
+    for (int k = 0; k < nout; ++k)
+      s << "      ((" << out_t(k) << "*)P.ptr[" << k << "])[i] = b" << k << ";\n";
+    s << "    }\n  }\n}\n";
+  } else {
+    // n-D: decompose the (vector) index once per lane; with V > 1 every operand's innermost
+    // stride is 1 (or 0: one value for the whole vector) and the vector lies in one row.
+    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / V; v += lanes) {\n";
+    s << "    idx_t rem = v * V;\n";
+    for (int k = 0; k < nops; ++k) s << "    idx_t o" << k << " = 0;\n";
+    for (int dd = nd - 1; dd >= 0; --dd) {
+      s << "    {\n";
+      if (dd > 0) {
+        s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
+        s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = q;\n";
+      } else {
+        s << "      const idx_t id = rem;\n";
+      }
+      for (int k = 0; k < nops; ++k)
+        s << "      o" << k << " += id * (idx_t)P.stride[" << k << "][" << dd << "];\n";
+      s << "    }\n";
+    }
+    s << "    const unsigned long long e0 = (unsigned long long)(P.rbase + (long long)o0);\n";
+    if (V > 1) {
+      for (int k = 0; k < nin; ++k) {
+        const int op = nout + k;
+        s << "    " << in_t(k) << " a" << k << "[V];\n";
+        s << "    if (P.stride[" << op << "][" << nd - 1 << "] == 0) {\n"
+          << "      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op << "])[o" << op << "];\n"
+          << "#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k << "[j] = t;\n"
+          << "    } else {\n      cl_vload(a" << k << ", ((const " << in_t(k) << "*)P.ptr[" << op
+          << "]) + o" << op << ");\n    }\n";
+      }
+      for (int k = 0; k < nout; ++k) s << "    " << out_t(k) << " b" << k << "[V];\n";
+      s << "#pragma unroll\n    for (int j = 0; j < V; ++j) " << call("e0 + j", "[j]", "[j]") << "\n";
+      for (int k = 0; k < nout; ++k)
+        s << "    cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + o" << k << ", b" << k << ");\n";
+    } else {
+      for (int k = 0; k < nin; ++k)
+        s << "    const " << in_t(k) << " a" << k << " = ((const " << in_t(k) << "*)P.ptr["
+          << nout + k << "])[o" << nout + k << "];\n";
+      for (int k = 0; k < nout; ++k) s << "    " << out_t(k) << " b" << k << ";\n";
+      s << "    " << call("e0", "", "") << "\n";
+      for (int k = 0; k < nout; ++k)
+        s << "    ((" << out_t(k) << "*)P.ptr[" << k << "])[o" << k << "] = b" << k << ";\n";
+    }
+    s << "  }\n}\n";
+  }
+  std::string src = s.str();
+  const std::string name = "castlab_k" + sha256_hex(src).substr(0, 20);
+  const std::string ph = "KERNEL_NAME";
+  src.replace(src.find(ph), ph.size(), name);
+  return {name, src};
+}
+
+}  // namespace cuda
+}  // namespace cl

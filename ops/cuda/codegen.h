@@ -1,0 +1,66 @@
+// Program -> CUDA C++ source, and the kernel cache (memory + disk) that compiles it with
+// NVRTC. The generated kernel evaluates one output element per (vector) lane with one
+// line per Program instruction, calling the same scalar functions (ops/scalar/ops.h,
+// core/convert.h, core/rng.h) the CPU interpreter calls; those headers are handed to
+// NVRTC verbatim from the embedded copies.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda/driver.h"
+#include "ops/program.h"
+
+namespace cl {
+namespace cuda {
+
+// How the kernel walks its operands (outputs first, then inputs), decided on the host
+// after collapsing dimensions.
+struct KernelLayout {
+  std::vector<uint8_t> dtypes;  // per operand (outputs then inputs)
+  int n_out = 0;
+  int nd = 1;        // collapsed dimensions
+  bool contig = false;  // nd == 1 and every stride is 1: plain 1-D indexing
+  int vec = 1;       // elements per lane (vectorised loads/stores when > 1)
+  bool idx32 = false;  // every index and offset fits in int32
+};
+
+// The parameter block, one struct by value. Field order is fixed: operand pointers,
+// then int64 fields; all 8 bytes wide, so the host lays it out as a flat array.
+//   ptr[nops], shape[nd], stride[nops][nd], numel, seed, rbase
+size_t param_bytes(const KernelLayout& L);
+
+struct GeneratedKernel {
+  std::string name;
+  std::string source;
+};
+GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L);
+
+// ---- kernel cache (kernel_cache.cpp) ----
+struct CompiledKernel {
+  CUfunction fn = nullptr;
+  std::string name;
+};
+// Compiles (or finds in memory / on disk) `source` for device `dev`; throws with the
+// NVRTC log and the source on failure.
+CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source);
+// NVRTC options used for `dev` (for reporting and the cache key).
+std::vector<std::string> nvrtc_options(int dev, bool* ptx_only);
+std::string sha256_hex(const std::string& data);
+struct CacheStats {
+  uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
+  double compile_seconds = 0;
+};
+CacheStats cache_stats();
+std::string cache_dir();
+
+// ---- executor.cpp ----
+void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& outputs);
+// Copies src into dst: same shape and dtype, both contiguous, any pair of devices.
+// Host -> device returns once the source is staged; device -> host waits for the data.
+void copy_tensor(const Tensor& src, const Tensor& dst);
+
+}  // namespace cuda
+}  // namespace cl

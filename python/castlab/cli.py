@@ -1,0 +1,315 @@
+"""The ``castlab`` command: ``castlab study`` (the A/B precision study) and ``castlab info``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+HELP = """castlab: eager vs fused low-precision numerics, bit by bit.
+
+commands:
+  study   run an A/B precision study (default: SwiGLU and RoPE; bf16, fp16, fp32;
+          eager vs fused vs the fp64 reference, plus SwiGLU's formula presets) and write
+          results.csv, summary.json and plots to --out
+  info    print versions and the devices found
+"""
+
+
+def _valid_presets() -> list[str]:
+    from .policy import Math
+
+    return Math.presets()
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .study import CHAINS
+
+    p = argparse.ArgumentParser(prog="castlab", description=HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{study,info}")
+    s = sub.add_parser("study", help="run an A/B precision study",
+                       description="Run the same chains under several policies and math presets "
+                       "and compare each result with the fp64 reference.")
+    s.add_argument("--chains", nargs="+", choices=list(CHAINS), metavar="CHAIN",
+                   help="chains to study (valid: %(choices)s; default: swiglu rope)")
+    s.add_argument("--dtypes", nargs="+", metavar="DTYPE",
+                   choices=["bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
+                            "float8_e5m2"],
+                   help="input dtypes (valid: %(choices)s; default: bfloat16 float16 float32)")
+    s.add_argument("--policies", nargs="+", choices=["eager", "fused", "fp64"], metavar="POLICY",
+                   help="policies (valid: %(choices)s; default: eager fused)")
+    s.add_argument("--presets", nargs="+", choices=_valid_presets(), metavar="PRESET",
+                   help="math presets every policy runs under (valid: %(choices)s; "
+                   "default: torch_eager)")
+    s.add_argument("--extra-presets", nargs="*", choices=_valid_presets(), metavar="PRESET",
+                   help="presets run fused next to the others, for SwiGLU only "
+                   "(default: inductor nvfuser transformer_engine; give none to skip)")
+    s.add_argument("--rounding", nargs="+", choices=["nearest", "toward_zero", "stochastic"],
+                   metavar="MODE", help="downcast rounding modes (valid: %(choices)s)")
+    s.add_argument("--shape", action="append", default=None, metavar="CHAIN=AxBx...",
+                   help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128")
+    s.add_argument("--seed", type=int, default=None, help="input seed (default 0)")
+    s.add_argument("--seeds", type=int, nargs="+", default=None, help="several input seeds")
+    s.add_argument("--input", choices=["normal", "uniform"], default=None,
+                   help="input generator (default normal)")
+    s.add_argument("--scale", type=float, default=None, help="input scale (default 1.0)")
+    s.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device (default: cuda when available, else cpu)")
+    s.add_argument("--quick", action="store_true", help="small shapes, bf16 and fp16 only")
+    s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings")
+    s.add_argument("--out", default="castlab-study", help="output folder (default castlab-study/)")
+    s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_parser("info", help="print versions and devices")
+    return p
+
+
+CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "rounding",
+               "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out"}
+
+
+def load_config(path: str) -> dict:
+    """Read a study TOML file; errors name the file and line."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise SystemExit("castlab: reading --config needs Python 3.11+ or `pip install tomli`") from None
+    try:
+        with open(path, "rb") as f:
+            cfg = tomllib.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"castlab: config file {path!r} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SystemExit(f"castlab: {path}: invalid TOML: {e}") from None
+    cfg = cfg.get("study", cfg)
+    unknown = set(cfg) - CONFIG_KEYS
+    if unknown:
+        raise SystemExit(f"castlab: {path}: unknown setting(s) {sorted(unknown)}; valid: "
+                         + ", ".join(sorted(CONFIG_KEYS)))
+    return cfg
+
+
+def _parse_shapes(items: list[str] | None) -> dict:
+    out: dict = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SystemExit(f"castlab: --shape expects CHAIN=AxB..., got {it!r}")
+        k, v = it.split("=", 1)
+        try:
+            out[k] = tuple(int(x) for x in v.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"castlab: bad shape {v!r} for {k}") from None
+    return out
+
+
+def _study_settings(args: argparse.Namespace) -> dict:
+    from .study import CHAINS, DEFAULT, QUICK
+
+    st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
+    st["quick"] = bool(args.quick)
+    st["out"] = args.out
+    if args.config:
+        cfg = load_config(args.config)
+        if "shapes" in cfg:
+            cfg["shapes"] = {k: tuple(v) for k, v in cfg["shapes"].items()}
+        if "seed" in cfg:
+            cfg["seeds"] = [cfg.pop("seed")]
+        if "extra_presets" in cfg and isinstance(cfg["extra_presets"], list):
+            cfg["extra_presets"] = {"swiglu": cfg["extra_presets"]}
+        st.update(cfg)
+    for key in ("chains", "dtypes", "policies", "presets", "rounding", "input", "scale",
+                "device", "seeds"):
+        v = getattr(args, key)
+        if v is not None:
+            st[key] = v
+    if args.seed is not None:
+        st["seeds"] = [args.seed]
+    if args.extra_presets is not None:
+        st["extra_presets"] = {"swiglu": list(args.extra_presets)}
+    shapes = _parse_shapes(args.shape)
+    if shapes:
+        st["shapes"] = dict(st.get("shapes") or {}, **shapes)
+    for c in st["chains"]:
+        if c not in CHAINS:
+            raise SystemExit(f"castlab: unknown chain {c!r}; valid: " + ", ".join(CHAINS))
+    return st
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    import csv
+
+    from . import study
+
+    st = _study_settings(args)
+    out = st.pop("out")
+    os.makedirs(out, exist_ok=True)
+    csv_path = os.path.join(out, "results.csv")
+    cols = study.row_columns()
+    f = open(csv_path, "w", newline="")
+    writer = csv.DictWriter(f, fieldnames=cols)
+    writer.writeheader()
+    f.flush()
+
+    def on_row(row: dict) -> None:  # stream rows, so an interrupted run keeps them
+        writer.writerow(row)
+        f.flush()
+
+    t0 = time.perf_counter()
+    interrupted = False
+    df = None
+    try:
+        df = study.run(chains=st["chains"], dtypes=st["dtypes"], shapes=st.get("shapes"),
+                       policies=st["policies"], presets=st["presets"], rounding=st["rounding"],
+                       seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
+                       scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
+                       quick=st["quick"], progress=not args.no_progress, on_row=on_row)
+    except KeyboardInterrupt:
+        interrupted = True
+    except (ValueError, TypeError) as e:
+        f.close()
+        print(f"castlab: {e}", file=sys.stderr)
+        return 2
+    finally:
+        f.close()
+    elapsed = time.perf_counter() - t0
+    import pandas as pd
+
+    if df is None:
+        df = pd.read_csv(csv_path)
+    if interrupted:
+        print(f"\ncastlab: interrupted; {len(df)} finished rows kept in {csv_path}", file=sys.stderr)
+        return 130
+    print(format_table(df))
+    summary = summarize(df, elapsed)
+    with open(os.path.join(out, "summary.json"), "w") as fj:
+        json.dump(summary, fj, indent=2)
+    plots = []
+    if not args.no_plots:
+        plots = write_plots(df, out)
+    print(f"\n{summary['headline']}")
+    print(f"wrote {csv_path}, {os.path.join(out, 'summary.json')}"
+          + (", " + ", ".join(plots) if plots else "") + f"  ({elapsed:.1f} s)")
+    return 0
+
+
+def format_table(df) -> str:
+    cols = ["chain", "dtype", "math", "policy", "rounding", "correctly_rounded", "max_ulp",
+            "rel_rmse", "mismatch_vs_eager", "same_vs_eager"]
+    show = df[cols].copy()
+    show["correctly_rounded"] = show["correctly_rounded"].map(lambda v: f"{100 * v:.4f}%")
+    show["mismatch_vs_eager"] = show["mismatch_vs_eager"].map(lambda v: f"{100 * v:.3f}%")
+    show["rel_rmse"] = show["rel_rmse"].map(lambda v: f"{v:.3e}")
+    show["max_ulp"] = show["max_ulp"].map(lambda v: f"{v:.2f}")
+    return show.to_string(index=False)
+
+
+def summarize(df, elapsed: float) -> dict:
+    """Headline numbers: per chain and dtype, eager vs fused correctly-rounded fractions."""
+    out: dict[str, Any] = {"elapsed_s": round(elapsed, 3), "rows": len(df), "cases": []}
+    lines = []
+    for (chain, dt), g in df.groupby(["chain", "dtype"], sort=False):
+        case = {"chain": chain, "dtype": dt}
+        for _, r in g.iterrows():
+            case[f"{r['math']}/{r['policy']}/{r['rounding']}"] = {
+                "correctly_rounded": float(r["correctly_rounded"]), "rel_rmse": float(r["rel_rmse"]),
+                "max_ulp": float(r["max_ulp"]), "same_vs_eager": bool(r["same_vs_eager"])}
+        out["cases"].append(case)
+        e = g[(g.policy == "eager") & (g.math == "torch_eager")]
+        fu = g[(g.policy == "fused") & (g.math == "torch_eager")]
+        if len(e) and len(fu):
+            lines.append(f"{chain} {dt}: correctly rounded: fused {100 * fu.iloc[0].correctly_rounded:.4f}% "
+                         f"vs eager {100 * e.iloc[0].correctly_rounded:.4f}%")
+    out["headline"] = "\n".join(lines)
+    return out
+
+
+def write_plots(df, out: str) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    df = df.copy()
+    df["label"] = df["math"] + "/" + df["policy"] + df["rounding"].map(lambda r: "" if r == "nearest" else f"/{r}")
+    for metric, title, fname in [("correctly_rounded", "correctly rounded fraction (higher is better)", "correctly_rounded.png"),
+                                 ("rel_rmse", "relative RMSE vs fp64 (lower is better)", "rel_rmse.png")]:
+        groups = list(df.groupby(["chain", "dtype"], sort=False))
+        labels = list(dict.fromkeys(df["label"]))
+        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 3.6))
+        w = 0.8 / max(1, len(labels))
+        for li, lab in enumerate(labels):
+            xs, ys = [], []
+            for gi, (_, g) in enumerate(groups):
+                v = g[g.label == lab][metric]
+                if len(v):
+                    xs.append(gi + li * w)
+                    ys.append(float(v.iloc[0]))
+            ax.bar(xs, ys, width=w, label=lab)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(groups))])
+        ax.set_xticklabels([f"{c}\n{d}" for (c, d), _ in groups], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if metric == "rel_rmse":
+            ax.set_yscale("log")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = os.path.join(out, fname)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def info_text() -> str:
+    import ml_dtypes
+    import numpy as np
+
+    from . import __version__, _C
+
+    lines = [f"castlab {__version__}", f"python {platform.python_version()} ({sys.executable})",
+             f"numpy {np.__version__}", f"ml_dtypes {ml_dtypes.__version__}"]
+    try:
+        import torch
+
+        lines.append(f"torch {torch.__version__}")
+    except ImportError:
+        lines.append("torch: not installed")
+    lines.append(f"cpu threads: {_C.num_threads()}")
+    try:
+        from . import cuda
+
+        if cuda.is_available():
+            info = cuda.info()
+            for k, v in info.items():
+                lines.append(f"cuda {k}: {v}")
+        else:
+            lines.append("cuda: not available (" + cuda.unavailable_reason() + ")")
+    except Exception as e:  # noqa: BLE001
+        lines.append(f"cuda: not available ({e})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "info":
+        print(info_text())
+        return 0
+    return cmd_study(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""castlab on NVIDIA GPUs: devices, memory, streams and copies.
+
+The CUDA driver and NVRTC are loaded at run time, so ``import castlab`` works on machines
+without a GPU; :func:`is_available` says whether one was found.
+
+>>> import castlab as cl
+>>> if cl.cuda.is_available():
+...     x = cl.ones(4, device="cuda")
+...     cl.cuda.synchronize()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from . import _C
+
+__all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
+           "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
+           "kernel_cache_stats"]
+
+
+def _nvrtc_candidates() -> list[str]:
+    """Directories that may hold libnvrtc: the nvidia-cuda-nvrtc wheels (CUDA 12 and 13
+    layouts), found without importing them."""
+    out: list[str] = []
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        for sub in ("cuda_nvrtc/lib", "cu13/lib", "cu12/lib", "cuda_nvrtc/lib64"):
+            d = os.path.join(root, sub)
+            if os.path.isdir(d):
+                out.append(d)
+    return out
+
+
+_C._cuda_init(_nvrtc_candidates())
+
+
+def is_available() -> bool:
+    """True when the CUDA driver loads and at least one GPU is present (never raises)."""
+    try:
+        return bool(_C._cuda_is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def device_count() -> int:
+    """Number of CUDA devices (0 without a driver or GPU)."""
+    try:
+        return int(_C._cuda_device_count())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def info() -> dict:
+    """What castlab found: GPUs (name, compute capability, memory), driver and NVRTC
+    versions, or why CUDA is unavailable."""
+    return dict(_C._cuda_info())
+
+
+def synchronize(device: int | str | None = None) -> None:
+    """Wait for castlab's queued GPU work (one device, or all); raises the first
+    asynchronous error, naming the last kernel launched."""
+    if not is_available():
+        return
+    _C._cuda_synchronize(-1 if device is None else _index(device))
+
+
+def memory_stats(device: int | str = 0) -> dict:
+    """The caching allocator's counters: allocated/reserved/peak bytes, allocations,
+    cache hits, out-of-memory events."""
+    return dict(_C._cuda_memory_stats(_index(device)))
+
+
+def empty_cache() -> None:
+    """Return the allocator's cached (unused) blocks to the driver."""
+    _C._cuda_empty_cache()
+
+
+def kernel_cache_stats() -> dict:
+    """Kernel cache counters: memory hits, disk hits, NVRTC compiles and their time."""
+    return dict(_C._cuda_kernel_cache_stats())
+
+
+def current_stream_ptr(device: int | str = 0) -> int:
+    """castlab's stream on ``device`` (a ``CUstream`` as an int)."""
+    return int(_C._cuda_stream_ptr(_index(device)))
+
+
+def _index(device: Any) -> int:
+    if isinstance(device, int):
+        return device
+    s = str(device)
+    if s == "cuda":
+        return 0
+    if s.startswith("cuda:"):
+        return int(s[5:])
+    raise ValueError(f"not a CUDA device: {device!r}")
+
+
+def to_device(t, device: str):
+    """``t`` on ``device`` ("cpu" or "cuda:N"): the same tensor if it is there already,
+    else a contiguous copy with the same dtype and bits."""
+    if device == "cuda":
+        device = "cuda:0"
+    if t._device_str == device:
+        return t
+    from . import ops
+
+    src = t if t.is_contiguous() else ops.clone(t)   # on the source's device
+    dst = _C.empty(list(t.shape), t._dtype_name, device)
+    _C._cuda_copy(src, dst)
+    return dst
+
+
+# ---- DLPack stream hooks (used by castlab._dlpack) --------------------------------------
+
+def producer_sync(tensor, consumer_stream: Any) -> None:
+    """``Tensor.__dlpack__(stream=...)`` for a CUDA tensor: make the consumer's stream wait
+    for castlab's pending work on the tensor's device, through an event (no host sync).
+
+    ``None``: the consumer uses the legacy default stream (1); ``-1``: no synchronisation;
+    ``0``: invalid (ValueError); any other int: a ``cudaStream_t`` (1 legacy default,
+    2 per-thread default)."""
+    if consumer_stream is None:
+        consumer_stream = 1
+    if isinstance(consumer_stream, bool) or not isinstance(consumer_stream, int):
+        raise TypeError(f"stream must be None or an int, got {type(consumer_stream).__name__}")
+    if consumer_stream == -1:
+        return
+    if consumer_stream == 0:
+        raise ValueError("stream=0 is ambiguous for CUDA and not allowed by the array API; "
+                         "use 1 (legacy default stream) or 2 (per-thread default stream)")
+    _C._cuda_stream_wait_for(consumer_stream, int(tensor._device_index))
+
+
+def consumer_stream(device_index: int) -> int:
+    """The stream castlab passes to a CUDA producer's ``__dlpack__(stream=...)``: castlab's
+    own stream on that device, so the producer orders its pending work before castlab's."""
+    return current_stream_ptr(int(device_index))
+
+
+def wait_on_stream(producer_stream: int, device_index: int = 0) -> None:
+    """Make castlab's stream wait for the work queued so far on ``producer_stream``."""
+    _C._cuda_wait_on_stream(int(producer_stream), int(device_index))

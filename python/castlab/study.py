@@ -1,0 +1,306 @@
+"""A/B precision studies: the same chains under several policies and math variants,
+each compared with the fp64 golden reference.
+
+>>> import castlab as cl
+>>> df = cl.study.run(chains=["swiglu"], dtypes=["bfloat16"], shapes={"swiglu": (256, 512)})
+>>> df[["policy", "math", "correctly_rounded", "rel_rmse"]]          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math as _math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from . import _C
+from ._creation import rand, randn, tensor
+from ._dtype import as_dtype, float64
+from ._jit import JitFunction, jit
+from .ops import cat, chunk, gelu, reshape, silu, stack
+from .policy import Math, Policy, as_math, as_policy
+
+__all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns"]
+
+
+# ---------------------------------------------------------------- built-in chains
+
+def _swiglu(x):
+    a, b = chunk(x, 2, dim=-1)
+    return silu(a) * b
+
+
+def _geglu(x):
+    a, b = chunk(x, 2, dim=-1)
+    return gelu(a) * b
+
+
+def _rope(x, cos, sin):
+    # Hugging Face rotate_half layout: cat(-x2, x1) with cos/sin broadcast over batch/heads.
+    x1, x2 = chunk(x, 2, dim=-1)
+    return x * cos + cat([-x2, x1], dim=-1) * sin
+
+
+def _rope_interleaved(x, cos, sin):
+    # GPT-J / Meta layout: pairs (x[2i], x[2i+1]) rotate together.
+    shp = x.shape
+    xp = reshape(x, *shp[:-1], shp[-1] // 2, 2)
+    x0, x1 = xp[..., 0], xp[..., 1]
+    out = stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return reshape(out, *shp)
+
+
+def _rope_tables(seq: int, dim: int, base: float = 10000.0):
+    """cos/sin as Hugging Face builds them: fp32 inverse frequencies, fp32 angles."""
+    import numpy as np
+
+    inv = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(np.float32)
+    t = np.arange(seq, dtype=np.float32)
+    freqs = np.outer(t, inv).astype(np.float32)
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _gen(kind: str, shape, seed: int, scale: float, dt, device):
+    if kind == "normal":
+        t = randn(*shape, seed=seed, dtype=float64, device="cpu")
+    elif kind == "uniform":
+        t = rand(*shape, seed=seed, dtype=float64, device="cpu")
+    else:
+        raise ValueError(f"unknown input generator {kind!r}; valid: normal, uniform")
+    if scale != 1.0:
+        t = t * float(scale)
+    return t.astype(dt).to(device)
+
+
+def _swiglu_inputs(shape, dt, seed, kind, scale, device):
+    return (_gen(kind, shape, seed, scale, dt, device),)
+
+
+def _rope_inputs(shape, dt, seed, kind, scale, device, interleaved=False):
+    import numpy as np
+
+    b, h, s, d = shape
+    x = _gen(kind, shape, seed, scale, dt, device)
+    cos, sin = _rope_tables(s, d)
+    if not interleaved:
+        cos = np.concatenate([cos, cos], axis=-1)
+        sin = np.concatenate([sin, sin], axis=-1)
+    return (x, tensor(cos).astype(dt).to(device), tensor(sin).astype(dt).to(device))
+
+
+@dataclasses.dataclass
+class Chain:
+    """A named chain of ops and how to make its inputs."""
+
+    name: str
+    fn: Callable
+    make_inputs: Callable      # (shape, dtype, seed, kind, scale, device) -> tuple of tensors
+    default_shape: tuple
+    quick_shape: tuple
+    description: str = ""
+
+
+CHAINS: dict[str, Chain] = {
+    "swiglu": Chain("swiglu", _swiglu, _swiglu_inputs, (2048, 2048), (256, 512),
+                    "a, b = chunk(x, 2, -1); silu(a) * b"),
+    "geglu": Chain("geglu", _geglu, _swiglu_inputs, (2048, 2048), (256, 512),
+                   "a, b = chunk(x, 2, -1); gelu(a) * b"),
+    "rope": Chain("rope", _rope, _rope_inputs, (1, 8, 1024, 128), (1, 2, 128, 64),
+                  "x*cos + cat(-x2, x1)*sin (HF rotate_half), cos/sin [S, D] broadcast"),
+    "rope_interleaved": Chain(
+        "rope_interleaved", _rope_interleaved,
+        lambda *a: _rope_inputs(*a, interleaved=True), (1, 8, 1024, 128), (1, 2, 128, 64),
+        "GPT-J/Meta pairs: (x0*cos - x1*sin, x0*sin + x1*cos) interleaved"),
+}
+
+# The default study: every dtype, eager vs fused vs fp64, and SwiGLU's formula presets.
+DEFAULT = {
+    "chains": ["swiglu", "rope"],
+    "dtypes": ["bfloat16", "float16", "float32"],
+    "policies": ["eager", "fused"],
+    "presets": ["torch_eager"],
+    "extra_presets": {"swiglu": ["inductor", "nvfuser", "transformer_engine"]},
+    "rounding": ["nearest"],
+    "seeds": [0],
+    "input": "normal",
+    "scale": 1.0,
+}
+QUICK = dict(DEFAULT, dtypes=["bfloat16", "float16"])
+
+
+def row_columns() -> list[str]:
+    return ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
+            "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
+            "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager"]
+
+
+def _device_default() -> str:
+    try:
+        from . import cuda
+
+        return "cuda" if cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001  (no CUDA support compiled or loadable)
+        return "cpu"
+
+
+def _policy_with_rounding(p: str | Policy, rounding: str, seed: int) -> Policy:
+    pol = as_policy(p)
+    if rounding == "nearest":
+        return pol
+    return dataclasses.replace(pol, name=pol.name, rounding=rounding, seed=seed)
+
+
+def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
+        dtypes: Sequence[Any] = ("bfloat16", "float16", "float32"),
+        shapes: dict | Sequence | None = None,
+        policies: Sequence[Any] = ("eager", "fused"),
+        presets: Sequence[Any] = ("torch_eager",),
+        rounding: Sequence[str] = ("nearest",),
+        seeds: Sequence[int] = (0,),
+        device: str | None = None,
+        ref: Any = "fp64",
+        inputs: str | dict = "normal",
+        scale: float = 1.0,
+        extra_presets: dict | None = None,
+        quick: bool = False,
+        progress: bool | Callable = False,
+        on_row: Callable | None = None):
+    """Run a study and return a pandas DataFrame, one row per configuration and policy.
+
+    Each row compares one result with the fp64 reference (correctly-rounded fraction,
+    max/mean ulp error, relative RMSE, ...) and with the eager result of the same
+    configuration (mismatch fraction, PyTorch's ``same()`` verdict).
+
+    Args:
+        chains: built-in chain names (``castlab.study.CHAINS``) or functions of tensors.
+        dtypes: storage dtypes of the inputs.
+        shapes: a shape per chain name (dict), or one shape for all chains.
+        policies: policy names or ``castlab.Policy`` objects.
+        presets: math presets (or ``castlab.Math``) to run every policy under.
+        rounding: downcast rounding modes ("nearest", "toward_zero", "stochastic").
+        seeds: input seeds (and stochastic-rounding seeds).
+        device: "cpu" or "cuda" (default: the GPU when there is one).
+        inputs: "normal", "uniform", or a dict {chain name: tuple of tensors} to study
+            real activations (e.g. passed in from PyTorch).
+        scale: multiplies generated inputs.
+        extra_presets: {chain: [presets]} run under "fused" only, side by side.
+        quick: small shapes.
+        progress: show a progress bar (True) or call progress(i, n, label).
+        on_row: called with each finished row (a dict), e.g. to stream to a CSV.
+
+    >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
+    """
+    import pandas as pd
+
+    from . import numerics
+
+    device = device or _device_default()
+    extra_presets = extra_presets or {}
+    chain_objs = []
+    for c in chains:
+        if callable(c):
+            chain_objs.append(Chain(getattr(c, "__name__", "fn"), c, None, (), ()))
+            continue
+        if c not in CHAINS:
+            raise ValueError(f"unknown chain {c!r}; valid: " + ", ".join(CHAINS))
+        chain_objs.append(CHAINS[c])
+    dts = [as_dtype(d) for d in dtypes]
+    for d in dts:
+        if not d.is_floating_point:
+            raise ValueError(f"dtype {d} is not a floating-point dtype")
+    pols = [as_policy(p) for p in policies]
+    maths = [as_math(m) for m in presets]
+    for r in rounding:
+        Policy(rounding=r)  # validates
+    ref_policy = as_policy(ref)
+
+    jobs = []
+    for ch in chain_objs:
+        for dt in dts:
+            for seed in seeds:
+                jobs.append((ch, dt, seed))
+    rows: list = []
+    total = len(jobs)
+    for ji, (ch, dt, seed) in enumerate(jobs):
+        label = f"{ch.name} {dt.name} seed={seed}"
+        if progress is True:
+            _bar(ji, total, label)
+        elif callable(progress):
+            progress(ji, total, label)
+        if isinstance(inputs, dict):
+            if ch.name not in inputs:
+                raise ValueError(f"inputs has no tensors for chain {ch.name!r}")
+            args = tuple(inputs[ch.name])
+            args = tuple(a.astype(dt).to(device) for a in args)
+            shape = tuple(args[0].shape)
+            kind = "tensor"
+        else:
+            if ch.make_inputs is None:
+                raise ValueError(f"chain {ch.name!r} is a function: pass inputs={{...}}")
+            if isinstance(shapes, dict):
+                shape = tuple(shapes.get(ch.name, ch.quick_shape if quick else ch.default_shape))
+            elif shapes is not None:
+                shape = tuple(shapes)
+            else:
+                shape = ch.quick_shape if quick else ch.default_shape
+            args = ch.make_inputs(shape, dt, seed, inputs, scale, device)
+            kind = inputs
+        fn = ch.fn if isinstance(ch.fn, JitFunction) else jit(ch.fn)
+        reference = fn.run(*args, policy=ref_policy)
+        runs = []  # (math, policy, rounding, result)
+        for m in maths:
+            for p in pols:
+                for r in rounding:
+                    pol = _policy_with_rounding(p, r, seed)
+                    runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
+        for mname in extra_presets.get(ch.name, []):
+            m = as_math(mname)
+            if any(x[0] == m for x in runs):
+                continue
+            runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
+        base = next((x for x in runs if x[1].name == "eager"), runs[0])
+        ordered = [base] + [x for x in runs if x is not base]
+        cmp = numerics.compare(*[x[3] for x in ordered], ref=reference,
+                               names=[f"{x[0].name}/{x[1].describe()}" for x in ordered])
+        metrics = cmp.to_dict()
+        for i, (m, pol, r, _res) in enumerate(ordered):
+            mm = _metrics_of(metrics, i)
+            row = {"chain": ch.name, "dtype": dt.name, "shape": "x".join(str(s) for s in shape),
+                   "input": kind, "scale": scale, "seed": seed, "math": m.name,
+                   "policy": pol.name, "rounding": r, "device": device}
+            row.update(mm)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    if progress is True:
+        _bar(total, total, "done")
+        sys.stderr.write("\n")
+    return pd.DataFrame(rows, columns=row_columns())
+
+
+def _metrics_of(d: dict, i: int) -> dict:
+    """Pick one result's study metrics out of ``Comparison.to_dict()``."""
+    r = d["results"][i]
+    return {
+        "numel": r["numel"],
+        "correctly_rounded": r["correctly_rounded_fraction"],
+        "max_ulp": r["max_ulp_error"],
+        "mean_ulp": r["mean_ulp_error"],
+        "rel_rmse": r["rel_rmse"],
+        "rmse": r["rmse"],
+        "max_abs_err": r["max_abs_error"],
+        "max_rel_err": r["max_rel_error"],
+        "mismatch_vs_eager": r["mismatch_fraction"],
+        "same_vs_eager": r["same"],
+    }
+
+
+def _bar(i: int, n: int, label: str) -> None:
+    width = 28
+    fill = int(width * i / max(n, 1))
+    sys.stderr.write(f"\r[{'#' * fill}{' ' * (width - fill)}] {i}/{n} {label:<40.40}")
+    sys.stderr.flush()
+
+
+_ = (_math, Iterable, Math, _C)

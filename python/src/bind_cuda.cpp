@@ -1,0 +1,145 @@
+// castlab._C's CUDA functions (used by python/castlab/cuda.py). Nothing here touches the
+// driver until called, so importing castlab works without a GPU or CUDA libraries.
+#include "core/cuda/driver.h"
+#include "ops/cuda/codegen.h"
+#include "python/src/bindings.h"
+
+namespace cu = cl::cuda;
+
+namespace {
+
+cu::CUstream as_stream(uintptr_t p) { return reinterpret_cast<cu::CUstream>(p); }
+
+py::dict memory_stats_dict(int device) {
+  const cu::MemoryStats s = cu::memory_stats(device);
+  py::dict d;
+  d["allocated_bytes"] = s.allocated;
+  d["reserved_bytes"] = s.reserved;
+  d["peak_allocated_bytes"] = s.peak_allocated;
+  d["num_allocs"] = s.num_allocs;
+  d["num_device_allocs"] = s.num_device_allocs;
+  d["cache_hits"] = s.cache_hits;
+  d["num_frees"] = s.num_frees;
+  d["num_ooms"] = s.num_ooms;
+  return d;
+}
+
+}  // namespace
+
+void bind_cuda(py::module_& m) {
+  cu::register_cuda_allocator();
+  cu::register_cuda_runner();
+
+  m.def("_cuda_is_available", [] { return cu::is_available(); });
+  m.def("_cuda_unavailable_reason", [] { return cu::unavailable_reason(); });
+  m.def("_cuda_device_count", [] { return cu::device_count(); });
+  m.def("_cuda_init", [](const std::vector<std::string>& nvrtc_candidates) {
+    cu::set_nvrtc_candidates(nvrtc_candidates);
+  }, py::arg("nvrtc_candidates") = std::vector<std::string>{});
+  m.def("_cuda_info", [] {
+    py::dict info;
+    info["available"] = cu::is_available();
+    if (!cu::is_available()) {
+      info["reason"] = cu::unavailable_reason();
+      return info;
+    }
+    const cu::DriverApi& d = cu::driver();
+    int ver = 0;
+    d.cuDriverGetVersion(&ver);
+    info["driver_version"] = std::to_string(ver / 1000) + "." + std::to_string((ver % 1000) / 10);
+    py::list devs;
+    for (int i = 0; i < cu::device_count(); ++i) {
+      cu::CUdevice dev;
+      cu::check(d.cuDeviceGet(&dev, i), "cuDeviceGet");
+      char name[256] = {0};
+      d.cuDeviceGetName(name, sizeof name - 1, dev);
+      int maj = 0, mnr = 0, sms = 0;
+      d.cuDeviceGetAttribute(&maj, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+      d.cuDeviceGetAttribute(&mnr, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+      d.cuDeviceGetAttribute(&sms, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+      size_t total = 0;
+      d.cuDeviceTotalMem(&total, dev);
+      py::dict di;
+      di["index"] = i;
+      di["name"] = std::string(name);
+      di["compute_capability"] = py::make_tuple(maj, mnr);
+      di["total_memory"] = total;
+      di["multiprocessors"] = sms;
+      devs.append(di);
+    }
+    info["devices"] = devs;
+    try {
+      int a = 0, b = 0;
+      cu::nvrtc_version(&a, &b);
+      info["nvrtc_version"] = std::to_string(a) + "." + std::to_string(b);
+      info["nvrtc_path"] = cu::nvrtc_path();
+    } catch (const std::exception& e) {
+      info["nvrtc_version"] = py::none();
+      info["nvrtc_error"] = std::string(e.what());
+    }
+    info["kernel_cache_dir"] = cu::cache_dir();
+    return info;
+  });
+  m.def("_cuda_synchronize", [](int device) {
+    py::gil_scoped_release nogil;
+    cu::synchronize(device);
+  }, py::arg("device") = -1);
+  m.def("_cuda_memory_stats", &memory_stats_dict, py::arg("device") = 0);
+  m.def("_cuda_empty_cache", [] {
+    py::gil_scoped_release nogil;
+    cu::empty_cache();
+  });
+  m.def("_cuda_stream_ptr", [](int device) {
+    return reinterpret_cast<uintptr_t>(cu::stream(device));
+  }, py::arg("device") = 0);
+  m.def("_cuda_copy", [](const cl::Tensor& src, const cl::Tensor& dst) {
+    py::gil_scoped_release nogil;
+    cu::copy_tensor(src, dst);
+  });
+  // The consumer's stream waits for everything castlab has queued on `device` so far.
+  m.def("_cuda_stream_wait_for", [](uintptr_t consumer, int device) {
+    const cu::DriverApi& d = cu::driver();
+    cu::set_device(device);
+    cu::CUevent ev = nullptr;
+    cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    cu::check(d.cuEventRecord(ev, cu::stream(device)), "cuEventRecord");
+    cu::check(d.cuStreamWaitEvent(as_stream(consumer), ev, 0), "cuStreamWaitEvent");
+    cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+  }, py::arg("consumer_stream"), py::arg("device") = 0);
+  // castlab's stream on `device` waits for the producer stream's work queued so far.
+  m.def("_cuda_wait_on_stream", [](uintptr_t producer, int device) {
+    const cu::DriverApi& d = cu::driver();
+    cu::set_device(device);
+    cu::CUevent ev = nullptr;
+    cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    cu::check(d.cuEventRecord(ev, as_stream(producer)), "cuEventRecord");
+    cu::check(d.cuStreamWaitEvent(cu::stream(device), ev, 0), "cuStreamWaitEvent");
+    cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+  }, py::arg("producer_stream"), py::arg("device") = 0);
+  m.def("_cuda_kernel_cache_stats", [] {
+    const cu::CacheStats s = cu::cache_stats();
+    py::dict d;
+    d["memory_hits"] = s.memory_hits;
+    d["disk_hits"] = s.disk_hits;
+    d["compiles"] = s.compiles;
+    d["disk_rejects"] = s.disk_rejects;
+    d["compile_seconds"] = s.compile_seconds;
+    return d;
+  });
+  m.def("_cuda_kernel_cache_dir", [] { return cu::cache_dir(); });
+  m.def("_cuda_sha256", [](const py::bytes& b) { return cu::sha256_hex(std::string(b)); });
+  // The source the code generator writes for a program on given operands (debugging and
+  // tests; needs no GPU).
+  m.def("_cuda_generate", [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out,
+                             int nd, bool contig, int vec, bool idx32) {
+    cu::KernelLayout L;
+    L.dtypes = dtypes;
+    L.n_out = n_out;
+    L.nd = nd;
+    L.contig = contig;
+    L.vec = vec;
+    L.idx32 = idx32;
+    const cu::GeneratedKernel g = cu::generate_kernel(p, L);
+    return py::make_tuple(g.name, g.source);
+  });
+}
