@@ -281,9 +281,9 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     if (V > 1) {
       s << "    if (i0 + V <= n) {\n";
       for (int k = 0; k < nin; ++k)
-        s << "      " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const " << in_t(k)
+        s << "      alignas(16) " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const " << in_t(k)
           << "*)P.ptr[" << nout + k << "]) + i0);\n";
-      for (int k = 0; k < nout; ++k) s << "      " << out_t(k) << " b" << k << "[V];\n";
+      for (int k = 0; k < nout; ++k) s << "      alignas(16) " << out_t(k) << " b" << k << "[V];\n";
       s << "#pragma unroll\n      for (int j = 0; j < V; ++j) "
         << call("(unsigned long long)(P.rbase + (long long)i0 + j)", "[j]", "[j]") << "\n";
       for (int k = 0; k < nout; ++k)
@@ -321,14 +321,14 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     if (V > 1) {
       for (int k = 0; k < nin; ++k) {
         const int op = nout + k;
-        s << "    " << in_t(k) << " a" << k << "[V];\n";
+        s << "    alignas(16) " << in_t(k) << " a" << k << "[V];\n";
         s << "    if (P.stride[" << op << "][" << nd - 1 << "] == 0) {\n"
           << "      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op << "])[o" << op << "];\n"
           << "#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k << "[j] = t;\n"
           << "    } else {\n      cl_vload(a" << k << ", ((const " << in_t(k) << "*)P.ptr[" << op
           << "]) + o" << op << ");\n    }\n";
       }
-      for (int k = 0; k < nout; ++k) s << "    " << out_t(k) << " b" << k << "[V];\n";
+      for (int k = 0; k < nout; ++k) s << "    alignas(16) " << out_t(k) << " b" << k << "[V];\n";
       s << "#pragma unroll\n    for (int j = 0; j < V; ++j) " << call("e0 + j", "[j]", "[j]") << "\n";
       for (int k = 0; k < nout; ++k)
         s << "    cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + o" << k << ", b" << k << ");\n";

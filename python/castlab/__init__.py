@@ -37,3 +37,5 @@ __all__ = [
     "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math", "jit",
     "JitFunction", "from_dlpack",
 ]
+
+from . import cuda, numerics, study  # noqa: E402  (submodules need the names above)

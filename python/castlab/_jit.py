@@ -131,6 +131,7 @@ class JitFunction:
                 raise TypeError(f"a castlab.jit function must return tensors, got {type(o).__name__}")
         tr = Traced(getattr(self.fn, "__name__", "fn"), nodes, inputs, captured, captured_nodes,
                     out_nodes, structure)
+        tr.arg_names = _arg_names(self.fn, len(tensors))
         if _debug():
             print(format_trace(tr, self.policy, self.math))
         return tr
@@ -207,6 +208,19 @@ class JitFunction:
         return f"<castlab.jit {getattr(self.fn, '__name__', 'fn')} policy={self.policy.describe()} math={self.math.name}>"
 
 
+def _arg_names(fn: Callable, n: int) -> list:
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) >= n and len(set(params[:n])) == n:
+        return params[:n]
+    return ["x"] if n == 1 else [f"x{i}" for i in range(n)]
+
+
 class Trace(str):
     """A trace listing (a str), shown in a fixed-width font in Jupyter."""
 
@@ -269,18 +283,20 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         lines.append(s)
 
     arg_names = []
+    arg_decl: list = []
+    arg_names = getattr(tr, "arg_names", None) or _arg_names(lambda: None, len(tr.inputs))
     for i, n in enumerate(tr.inputs):
-        nm = f"x{i}" if len(tr.inputs) > 1 else "x"
+        nm = arg_names[i]
         names[id(n)] = nm
-        arg_names.append(f"{nm}: {_fmt_type(n.dtype, n.shape)}")
+        arg_decl.append(f"{nm}: {_fmt_type(n.dtype, n.shape)}")
     for i, n in enumerate(tr.captured_nodes):
         nm = f"c{i}"
         names[id(n)] = nm
-        arg_names.append(f"{nm}: {_fmt_type(n.dtype, n.shape)} (captured)")
+        arg_decl.append(f"{nm}: {_fmt_type(n.dtype, n.shape)} (captured)")
     header = (f"# castlab trace: policy={policy.describe()}  math={math.name}"
               f"  device={'cuda' if cuda else 'cpu'}")
     lines.append(header)
-    lines.append(f"def {tr.name}({', '.join(arg_names)}):")
+    lines.append(f"def {tr.name}({', '.join(arg_decl)}):")
 
     # representation of each value: ("st", dtype) in storage precision, ("cp", dtype) in compute
     rep: dict = {}

@@ -102,7 +102,8 @@ class _Val:
 
     @property
     def f64(self) -> np.ndarray:
-        return self.a.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # NaN payloads of narrow types
+            return self.a.astype(np.float64)
 
 
 def _val(x: Any, what: str = "tensor") -> _Val:
