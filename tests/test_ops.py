@@ -52,7 +52,7 @@ def from_torch(t) -> np.ndarray:
 
 
 def C(a: np.ndarray):
-    return cl.from_numpy(np.ascontiguousarray(a))
+    return cl.from_numpy(np.asarray(a, order="C"))
 
 
 def bits(a):
@@ -80,9 +80,10 @@ def assert_same(got: np.ndarray, exp: np.ndarray, what: str = "", inputs=()):
 
 
 def ordered(a: np.ndarray) -> np.ndarray:
-    b = bits(a).astype(np.int64)
-    sign = 1 << (8 * a.itemsize - 1)
-    return np.where(b & sign, -(b & (sign - 1)), b)
+    b = bits(a)
+    w = 8 * a.itemsize
+    mag = (b & b.dtype.type((1 << (w - 1)) - 1)).astype(np.int64)
+    return np.where((b >> b.dtype.type(w - 1)) != 0, -mag, mag)
 
 
 def ulp_dist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -161,7 +162,14 @@ UNARY_EXACT = {
 def test_unary_exact_vs_torch(op, dt):
     cf, tf = UNARY_EXACT[op]
     for a, _ in operand_sets(dt):
-        assert_same(cf(C(a)).numpy(), from_torch(tf(to_torch(a))), f"{op} {dt.name}", (a,))
+        if op == "sqrt" and dt is cl.float32:
+            # torch 2.13 CPU's vectorised fp32 sqrt is NOT correctly rounded (8.6% of these
+            # samples differ by 1 ulp, e.g. sqrt(18.93106f) = 4.3509836 vs IEEE 4.350984);
+            # NumPy's float32 sqrt is IEEE.
+            exp = np.sqrt(a)
+        else:
+            exp = from_torch(tf(to_torch(a)))
+        assert_same(cf(C(a)).numpy(), exp, f"{op} {dt.name}", (a,))
 
 
 @pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.name)
@@ -228,16 +236,41 @@ def test_broadcasting_vs_torch(op, dt):
 SCALARS = [0.5, 0.1, 2, -3, 1e-3, 3.0e38, 1 / 3, True]
 
 
+def _f32_ref(a: np.ndarray, s, f, dt) -> np.ndarray:
+    """The weak-scalar semantics of the design (PyTorch CUDA's): the tensor widened to
+    fp32, the scalar held in fp32, one IEEE fp32 op (NumPy float32), rounded once to dt."""
+    with np.errstate(all="ignore"):
+        r = f(a.astype(np.float32), np.float32(s))
+    return cl.from_numpy(np.asarray(r, np.float32)).astype(dt).numpy()
+
+
 @pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.name)
 @pytest.mark.parametrize("s", SCALARS, ids=repr)
 def test_python_scalars_are_weak(dt, s):
     a = next(operand_sets(dt))[0]
     A, T = C(a), to_torch(a)
-    cases = [(A * s, T * s), (s * A, s * T), (A + s, T + s), (s - A, s - T), (A / s, T / s),
-             (s / A, s / T), (A - s, T - s), (cl.maximum(A, s), torch.clamp_min(T, s))]
-    for k, (g, e) in enumerate(cases):
+    cases = {
+        "x*s": (A * s, lambda u, v: u * v, lambda: T * s),
+        "s*x": (s * A, lambda u, v: v * u, lambda: s * T),
+        "x+s": (A + s, lambda u, v: u + v, lambda: T + s), "x-s": (A - s, lambda u, v: u - v, None),
+        "s-x": (s - A, lambda u, v: v - u, None), "x/s": (A / s, lambda u, v: u / v, lambda: T / s),
+        "s/x": (s / A, lambda u, v: v / u, None),
+        "max": (cl.maximum(A, s), np.maximum, lambda: torch.clamp_min(T, s)),
+    }
+    exact_in_dt = float(np.float64(s).astype(NP[dt])) == float(s)
+    for k, (g, f, tref) in cases.items():
         assert g.dtype is dt, (k, g.dtype)
-        assert_same(g.numpy(), from_torch(e), f"scalar case {k} {s!r}", (a,))
+        assert_same(g.numpy(), _f32_ref(a, s, f, dt), f"{k} with s={s!r} vs fp32 reference", (a,))
+        # torch CPU agrees wherever its kernel keeps the scalar in fp32 (mul, div by a
+        # scalar, clamp); its CPU add rounds the scalar to the tensor's dtype first (bf16
+        # x + 0.1 differs), and s / x is reciprocal(x) * s (two roundings), so those are
+        # compared with torch only when the scalar is exact in dt.
+        if tref is not None and (k != "x+s" or exact_in_dt):
+            try:
+                tr = tref()
+            except RuntimeError:  # torch refuses scalars out of fp16's range
+                continue
+            assert_same(g.numpy(), from_torch(tr), f"{k} with s={s!r} vs torch", (a,))
 
 
 def test_weak_scalar_bf16_times_half():
@@ -429,10 +462,11 @@ FP64_MATH = {"exp": math.exp, "log": math.log, "sin": math.sin, "cos": math.cos,
 @pytest.mark.parametrize("op", list(FP64_MATH))
 def test_fp64_vs_python_math(op):
     rng = np.random.default_rng(42)
-    x = np.concatenate([rng.standard_normal(3000) * 5, rng.uniform(-700, 700, 1000),
-                        np.exp(rng.uniform(-700, 700, 1000))])
+    x = np.concatenate([rng.standard_normal(3000) * 5, rng.uniform(-700, 700, 1000)])
     if op in ("log", "sqrt"):
-        x = np.abs(x)
+        x = np.concatenate([np.abs(x), np.exp(rng.uniform(-700, 700, 1000))])
+    if op in ("sin", "cos"):
+        x = np.concatenate([x, rng.uniform(-1e6, 1e6, 1000)])
     exp = np.array([FP64_MATH[op](float(v)) for v in x])
     y = CLF[op](C(x)).numpy() if op != "sqrt" else cl.sqrt(C(x)).numpy()
     # torch_eager on the CPU is the C library, which Python's math calls too: bit-exact
@@ -530,7 +564,13 @@ def test_hyp_strided_offset_views_fp64(v1, v2, op, uop, seed):
     a = base[key].transpose(perm)
     assert A.shape == a.shape
     un = {"exp": np.exp, "neg": np.negative, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs}[uop]
-    assert_same(getattr(cl, uop)(A).numpy(), un(a), uop)
+    got = getattr(cl, uop)(A).numpy()
+    # the view gives the same bits as the same op on a contiguous copy ...
+    assert_same(got, getattr(cl, uop)(C(np.ascontiguousarray(a))).numpy(), uop)
+    if uop in ("neg", "sqrt", "abs"):  # ... and as NumPy (exact ops: bit for bit; NumPy's
+        assert_same(got, un(a), uop)    # exp/tanh are its own SIMD code, not the C library)
+    else:
+        np.testing.assert_allclose(got, un(a), rtol=4e-16, atol=0)
     # binary with a second strided operand broadcast onto it (reversed dims of size 1 where
     # needed): b's last dims = a's last dims
     shape2, key2, perm2 = v2
@@ -555,8 +595,10 @@ def test_bad_inputs_raise_clearly():
         cl.zeros(2, 3) * cl.zeros(3, 2)
     with pytest.raises(TypeError, match="bool"):
         cl.sin(cl.tensor([True, False]))
+    # integer input to a float op promotes to the default float, as torch
+    assert cl.exp(cl.tensor([1, 2], dtype=cl.int32)).dtype is cl.float32
     with pytest.raises(TypeError):
-        cl.exp(cl.tensor([1, 2], dtype=cl.int32))
+        cl.add(cl.tensor([1, 2], dtype=cl.int32), 1)  # integer arithmetic: not castlab's job
     with pytest.raises(ValueError, match="cat"):
         cl.cat([cl.zeros(2, 3), cl.zeros(2, 4)])
     with pytest.raises(ValueError):

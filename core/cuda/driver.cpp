@@ -54,11 +54,12 @@ void load_driver_locked() {
   if (g_driver_tried) return;
   g_driver_tried = true;
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  const char* e1 = lib ? nullptr : dlerror();
+  const std::string first_error = e1 ? e1 : "not found";
   if (!lib) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    const char* e = dlerror();
     g_driver_error = std::string("the CUDA driver library libcuda.so.1 could not be loaded (") +
-                     (e ? e : "not found") +
+                     first_error +
                      "): install the NVIDIA driver (on a machine with an NVIDIA GPU)";
     return;
   }

@@ -203,7 +203,9 @@ void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
   buf[w++] = static_cast<uint64_t>(outputs[0].offset());
 
   const int64_t lanes = contig ? (numel + vec - 1) / vec : numel / vec;
-  const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count(dev.index)) * 32;
+  // One vector per thread (as Triton's pointwise kernels): many short blocks hide memory
+  // latency best; the grid-stride loop only matters past 2^30 blocks.
+  const int64_t max_blocks = int64_t(1) << 30;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((lanes + kThreads - 1) / kThreads, max_blocks));
   void* args[] = {buf};
   const DriverApi& drv = driver();

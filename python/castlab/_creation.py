@@ -120,7 +120,7 @@ def tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
         except TypeError:
             dt = None
     arr = _nested_to_numpy(data, dt)
-    src = from_numpy(np.ascontiguousarray(arr))
+    src = from_numpy(np.asarray(arr, order="C"))  # (ascontiguousarray makes 0-d arrays 1-d)
     if dt is None:
         dt = as_dtype(arr.dtype)
     out = src.astype(dt) if src._dtype_name != dt.name else src.clone()

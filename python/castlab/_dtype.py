@@ -142,12 +142,13 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     """
     if a is b:
         return a
-    ca, cb = _category(a), _category(b)
-    if ca != cb:
-        return a if ca > cb else b
+    # fp8 combines with nothing but itself, not even bool/int (as torch.result_type)
     if a.itemsize == 1 and a.is_floating_point or b.itemsize == 1 and b.is_floating_point:
         raise TypeError(f"promotion of {a} with {b} is not supported (as in PyTorch, "
                         "float8 types only combine with themselves; cast explicitly)")
+    ca, cb = _category(a), _category(b)
+    if ca != cb:
+        return a if ca > cb else b
     if a._rank == b._rank:  # float16 with bfloat16
         return float32
     return a if a._rank > b._rank else b

@@ -37,7 +37,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _C
-from ._dtype import as_dtype, bfloat16, dtype, float16, float32, float64
+from ._dtype import as_dtype, dtype, float64
 
 __all__ = [
     "ulp", "ulp_diff", "ulp_error", "round_to", "neighbours", "compare", "Comparison",
@@ -485,7 +485,7 @@ def assert_close_message(actual: Any, expected: Any, *, rtol: float | None = Non
     <BLANKLINE>
     Mismatched elements: 1 / 2 (50.0%)
     Greatest absolute difference: 0.5 at index (1,) (up to 1e-05 allowed)
-    Greatest relative difference: 0.2 at index (1,) (up to 1.3e-06 allowed)
+    Greatest relative difference: 0.20000000298023224 at index (1,) (up to 1.3e-06 allowed)
     """
     va, ve = _float_val(actual, "actual"), _float_val(expected, "expected")
     _check_devices([va, ve], ["actual", "expected"])
@@ -695,18 +695,22 @@ class Comparison:
         return _assert_close_msg(self._vals[k], exp, rtol, atol)
 
     def to_dict(self) -> dict:
-        """``{name: {metric: value}}``."""
-        return {n: dict(r) for n, r in zip(self.names, self.rows)}
+        """``{name: {metric: value}}`` with plain Python values; ``same`` is a bool
+        (None for the baseline) and ``same_detail`` the verdict's explanation."""
+        out = {}
+        for n, r in zip(self.names, self.rows):
+            d = dict(r)
+            v = d.get("same")
+            d["same"] = None if v is None else bool(v)
+            d["same_detail"] = None if v is None else str(v)
+            out[n] = d
+        return out
 
     def to_frame(self):
         """The table as a pandas DataFrame (index: result names)."""
         import pandas as pd
 
-        d = self.to_dict()
-        for r in d.values():
-            if r.get("same") is not None:
-                r["same"] = bool(r["same"])
-        return pd.DataFrame.from_dict(d, orient="index")
+        return pd.DataFrame.from_dict(self.to_dict(), orient="index")
 
     def _table(self) -> tuple:
         cols = [c for c in _COLUMNS if any(r.get(c[0]) is not None for r in self.rows)]
@@ -966,11 +970,7 @@ def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
 def _exact_decimal(v: float) -> str:
     if math.isnan(v) or math.isinf(v):
         return str(v)
-    d = Decimal(v)
-    s = format(d, "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".") if s.rstrip("0").endswith(".") else s.rstrip("0")
-    return s
+    return format(Decimal(v), "f")   # exact: every binary float is a finite decimal
 
 
 def _hex_bits(v: float, dt: dtype) -> str:
@@ -1278,10 +1278,11 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
     names = _node_names(tr)
     node_list = list(tr.inputs) + list(tr.captured_nodes) + list(tr.nodes)
 
-    outcomes, combo_vals = [], []
+    outcomes, combo_vals, out_dts = [], [], []
     for label, pol, mth in combos:
         res = _val(pick(jf.run(*args, policy=pol, math=mth)))
         odt = res.dt
+        out_dts.append(odt)
         f = _fmt(odt)
         rounded = float(res.f64[index])
         vals = _all_values(jf, args, pol, mth, tr)
@@ -1314,7 +1315,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         outcomes.append(_Outcome(label, value, pre.dt, rounded, _hex_bits(rounded, odt), lo, hi, mid,
                                  position, direction, rounded == cr or (math.isnan(rounded) and math.isnan(cr)),
                                  cr_value == rounded or (math.isnan(cr_value) and math.isnan(rounded))))
-    odt = _val(pick(jf.run(*args, policy=combos[0][1], math=combos[0][2]))).dt
+    odt = next((d for d in out_dts if d is not float64), out_dts[0])
     f = _fmt(odt)
     lo, hi, _ = _neighbours_np(np.array([exact]), f)
     lo, hi = float(lo[0]), float(hi[0])
@@ -1482,7 +1483,7 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     ref_outs = list(ref_out) if isinstance(ref_out, (tuple, list)) else [ref_out]
     per = []
     outs = []
-    for label, pol, mth in combos:
+    for _label, pol, mth in combos:
         per.append({id(n): t for n, t in jf.node_values(*args, policy=pol, math=mth)})
         o = jf.run(*args, policy=pol, math=mth)
         outs.append(list(o) if isinstance(o, (tuple, list)) else [o])

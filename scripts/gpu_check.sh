@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build castlab from source on a GPU machine, run the CUDA tests and the CUDA benchmark.
+# Logs go to $OUT (default ./gpu_check_out). Usage: bash scripts/gpu_check.sh [--no-bench] [--cpu-tests]
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_check_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+export CASTLAB_CACHE_DIR="${CASTLAB_CACHE_DIR:-/tmp/castlab_kernel_cache}"
+export CASTLAB_GPU_REPORT="$OUT/report.jsonl"
+rm -f "$CASTLAB_GPU_REPORT"
+BENCH=1; CPU=0
+for a in "$@"; do
+  case "$a" in --no-bench) BENCH=0 ;; --cpu-tests) CPU=1 ;; esac
+done
+{
+  date -u; hostname; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, torch.version.cuda)'
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# ---- build (cmake directly; the extension is copied into python/castlab) ----
+t0=$(date +%s)
+if ! { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DCASTLAB_INPLACE=ON \
+         -DPython_EXECUTABLE="$(command -v $PY)" > "$OUT/build.log" 2>&1 &&
+       cmake --build build/gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1; }; then
+  echo "BUILD FAILED"; tail -50 "$OUT/build.log"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+$PY -c 'import castlab, castlab.cuda as c; print(c.is_available(), c.info())'
+
+# ---- CUDA tests ----
+t0=$(date +%s)
+$PY -m pytest -m cuda tests/test_cuda.py -q -rfE -p no:cacheprovider --timeout=400 2>&1 | tee "$OUT/test_cuda.log" | tail -40
+echo "cuda tests: $(( $(date +%s) - t0 )) s"
+
+# ---- benchmark ----
+if [ "$BENCH" = 1 ]; then
+  t0=$(date +%s)
+  $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+  echo "bench: $(( $(date +%s) - t0 )) s"
+fi
+
+# ---- CPU tests (quick) ----
+if [ "$CPU" = 1 ]; then
+  timeout 240 $PY -m pytest tests -q -m "not cuda" -x -p no:cacheprovider -n 8 2>&1 | tail -15 > "$OUT/test_cpu.log"
+  cat "$OUT/test_cpu.log"
+fi

@@ -1,0 +1,519 @@
+"""castlab on the GPU, checked against PyTorch CUDA on the same inputs (issues 5 and 6).
+
+Every test is marked ``cuda`` and skipped when castlab finds no GPU (CI, laptops).
+Set CASTLAB_GPU_REPORT=path to append measured mismatch counts (JSON lines) there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import castlab as cl
+import castlab.cuda as clcuda
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")]
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+if not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("torch has no CUDA", allow_module_level=True)
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TINT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TORCH_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+             "float64": torch.float64, "bool": torch.bool, "int32": torch.int32,
+             "int64": torch.int64}
+_NP_DT = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32,
+          "float64": np.float64, "bool": np.bool_, "int32": np.int32, "int64": np.int64}
+
+
+def report(**kw):
+    path = os.environ.get("CASTLAB_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(kw) + "\n")
+
+
+# ---------------------------------------------------------------- conversions (bit-exact)
+
+def to_torch(x):
+    """castlab -> torch on the same device (through the host; bits unchanged)."""
+    name = x.dtype.name
+    a = np.ascontiguousarray(x.cpu().numpy())
+    t = torch.from_numpy(a.view(_UINT[a.dtype.itemsize]).view(
+        {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[a.dtype.itemsize]).copy())
+    t = t.view(_TORCH_DT[name]) if name != "bool" else t.view(torch.bool)
+    return t.cuda() if x.is_cuda else t
+
+
+def from_torch(t, device="cuda"):
+    """torch -> castlab on `device` (through the host; bits unchanged)."""
+    name = str(t.dtype).replace("torch.", "")
+    c = t.detach().cpu().contiguous()
+    raw = c.view(_TINT[c.element_size()]) if name != "bool" else c.view(torch.uint8)
+    a = raw.numpy().view(_NP_DT[name]).copy()
+    return cl.from_numpy(a).to(device)
+
+
+def bits_np(x):
+    """Raw bits of a castlab tensor or torch tensor as a flat unsigned NumPy array."""
+    if isinstance(x, torch.Tensor):
+        c = x.detach().cpu().contiguous()
+        raw = c.view(_TINT[c.element_size()]) if c.dtype != torch.bool else c.view(torch.uint8)
+        return raw.numpy().reshape(-1).view(_UINT[c.element_size()])
+    a = np.ascontiguousarray(x.cpu().numpy())
+    return a.reshape(-1).view(_UINT[a.dtype.itemsize])
+
+
+def isnan_np(x):
+    if isinstance(x, torch.Tensor):
+        if not x.dtype.is_floating_point:
+            return np.zeros(x.numel(), bool)
+        return torch.isnan(x.detach().float().cpu()).numpy().reshape(-1)
+    a = np.ascontiguousarray(x.cpu().numpy()).reshape(-1)
+    if a.dtype.kind in "biu":
+        return np.zeros(a.size, bool)
+    return np.isnan(a.astype(np.float64))
+
+
+def mismatches(got, want) -> int:
+    g, w = bits_np(got), bits_np(want)
+    assert g.shape == w.shape, (g.shape, w.shape)
+    bad = (g != w) & ~(isnan_np(got) & isnan_np(want))
+    return int(bad.sum())
+
+
+def all_patterns(dtype: str):
+    u = np.arange(65536, dtype=np.uint16)
+    a = u.view(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    t = torch.from_numpy(u.view(np.int16).copy()).view(_TORCH_DT[dtype]).cuda()
+    return cl.from_numpy(a.copy()).cuda(), t
+
+
+def random_pair(n, dtype, seed, specials=True):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(n, generator=g, dtype=torch.float32) * 3
+    if specials:
+        sp = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-42,
+                           65504.0, 1e30, -1e-8], dtype=torch.float32)
+        t[: sp.numel()] = sp
+    t = t.to(_TORCH_DT[dtype]).cuda()
+    return from_torch(t), t
+
+
+# ---------------------------------------------------------------- basics
+
+def test_info_and_devices():
+    assert clcuda.device_count() >= 1
+    info = clcuda.info()
+    assert info["available"]
+    d = info["devices"][0]
+    assert d["name"] and len(d["compute_capability"]) == 2 and d["total_memory"] > 0
+    assert info.get("nvrtc_version"), info
+    report(test="info", info={k: v for k, v in info.items() if k != "devices"}, device=d)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn",
+                                   "float8_e5m2", "bool", "int32", "int64"])
+def test_round_trip_bits(dtype):
+    x = cl.randn(1000, seed=3, dtype="float32").astype(dtype)
+    y = x.cuda()
+    assert y.is_cuda and y._device_str == "cuda:0"
+    assert np.array_equal(bits_np(y.cpu()), bits_np(x))
+    z = y.to("cuda:0")
+    assert z is y
+
+
+def test_strided_copy_and_views():
+    x = cl.randn(64, 48, seed=1, dtype=cl.bfloat16)
+    y = x.cuda()
+    assert np.array_equal(bits_np(y.t().cpu()), bits_np(x.t().contiguous()))
+    assert np.array_equal(bits_np(y[3:, 5::2].cpu()), bits_np(x[3:, 5::2].contiguous()))
+
+
+def test_creation_on_device_and_random_same_bits():
+    for fn in (cl.rand, cl.randn):
+        a = fn(1000, 33, seed=5, dtype=cl.float32)
+        b = fn(1000, 33, seed=5, dtype=cl.float32, device="cuda")
+        assert mismatches(b, a) == 0
+    z = cl.zeros(5, 7, dtype=cl.bfloat16, device="cuda")
+    assert z.cpu().tolist() == [[0.0] * 7] * 5
+    f = cl.full((3,), 2.5, device="cuda")
+    assert f.tolist() == [2.5, 2.5, 2.5]
+
+
+# ---------------------------------------------------------------- eager vs torch eager
+
+UNARY = {
+    "neg": (cl.neg, torch.neg),
+    "abs": (cl.abs, torch.abs),
+    "exp": (cl.exp, torch.exp),
+    "log": (cl.log, torch.log),
+    "sigmoid": (cl.sigmoid, torch.sigmoid),
+    "silu": (cl.silu, F.silu),
+    "tanh": (cl.tanh, torch.tanh),
+    "gelu": (cl.gelu, F.gelu),
+    "gelu_tanh": (lambda x: cl.gelu(x, approximate="tanh"), lambda t: F.gelu(t, approximate="tanh")),
+    "sqrt": (cl.sqrt, torch.sqrt),
+    "rsqrt": (cl.rsqrt, torch.rsqrt),
+    "reciprocal": (cl.reciprocal, torch.reciprocal),
+    "square": (cl.square, torch.square),
+    "cos": (cl.cos, torch.cos),
+    "sin": (cl.sin, torch.sin),
+    "erf": (cl.erf, torch.erf),
+    "pow2": (lambda x: x ** 2, lambda t: t ** 2),
+    "pow3": (lambda x: x ** 3, lambda t: t ** 3),
+    "pow0.5": (lambda x: x ** 0.5, lambda t: t ** 0.5),
+    "pow-1": (lambda x: x ** -1, lambda t: t ** -1),
+    "pow-2": (lambda x: x ** -2, lambda t: t ** -2),
+    "mul_scalar": (lambda x: x * 0.1, lambda t: t * 0.1),
+    "add_scalar": (lambda x: x + 1.3, lambda t: t + 1.3),
+    "rsub_scalar": (lambda x: 1.0 - x, lambda t: 1.0 - t),
+    "div_scalar": (lambda x: x / 3.0, lambda t: t / 3.0),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary_exhaustive_vs_torch(op, dtype):
+    x, t = all_patterns(dtype)
+    f_cl, f_t = UNARY[op]
+    got = f_cl(x)
+    want = f_t(t)
+    n = mismatches(got, want)
+    report(test="unary_exhaustive", op=op, dtype=dtype, mismatches=n, total=65536)
+    assert n == 0, f"{op} {dtype}: {n} of 65536 differ from torch eager"
+
+
+@pytest.mark.parametrize("op", list(UNARY))
+def test_unary_fp32_random_vs_torch(op):
+    x, t = random_pair(1 << 20, "float32", seed=11)
+    f_cl, f_t = UNARY[op]
+    n = mismatches(f_cl(x), f_t(t))
+    report(test="unary_fp32", op=op, mismatches=n, total=1 << 20)
+    assert n == 0, f"{op} fp32: {n} of {1 << 20} differ from torch eager"
+
+
+BINARY = {
+    "add": (lambda a, b: a + b, lambda a, b: a + b),
+    "sub": (lambda a, b: a - b, lambda a, b: a - b),
+    "mul": (lambda a, b: a * b, lambda a, b: a * b),
+    "div": (lambda a, b: a / b, lambda a, b: a / b),
+    "maximum": (cl.maximum, torch.maximum),
+    "minimum": (cl.minimum, torch.minimum),
+    "eq": (lambda a, b: a == b, lambda a, b: a == b),
+    "ne": (lambda a, b: a != b, lambda a, b: a != b),
+    "lt": (lambda a, b: a < b, lambda a, b: a < b),
+    "le": (lambda a, b: a <= b, lambda a, b: a <= b),
+    "gt": (lambda a, b: a > b, lambda a, b: a > b),
+    "ge": (lambda a, b: a >= b, lambda a, b: a >= b),
+    "where": (lambda a, b: cl.where(a > b, a, b), lambda a, b: torch.where(a > b, a, b)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("op", list(BINARY))
+def test_binary_random_vs_torch(op, dtype):
+    a, ta = random_pair(1 << 20, dtype, seed=21)
+    b, tb = random_pair(1 << 20, dtype, seed=22, specials=False)
+    f_cl, f_t = BINARY[op]
+    n = mismatches(f_cl(a, b), f_t(ta, tb))
+    report(test="binary", op=op, dtype=dtype, mismatches=n, total=1 << 20)
+    assert n == 0, f"{op} {dtype}: {n} differ from torch eager"
+
+
+def test_broadcast_strided_and_misaligned_inputs_vs_torch():
+    a, ta = random_pair(1000 * 96, "bfloat16", seed=31, specials=False)
+    a, ta = a.reshape(1000, 96), ta.reshape(1000, 96)
+    b, tb = random_pair(96, "bfloat16", seed=32, specials=False)
+    cases = [
+        (lambda: cl.silu(a) * b, lambda: F.silu(ta) * tb),                      # broadcast row
+        (lambda: a.t() * 2.0, lambda: ta.t() * 2.0),                            # transposed
+        (lambda: cl.silu(a[1:, 3:]), lambda: F.silu(ta[1:, 3:])),               # misaligned
+        (lambda: a[:, ::3] + b[::3], lambda: ta[:, ::3] + tb[::3]),             # strided
+        (lambda: cl.exp(a.reshape(-1)[1:]), lambda: torch.exp(ta.reshape(-1)[1:])),
+        (lambda: a[:, :1] * b, lambda: ta[:, :1] * tb),                         # inner stride 0
+    ]
+    for k, (fc, ft) in enumerate(cases):
+        assert mismatches(fc(), ft()) == 0, f"case {k}"
+
+
+def _rope_inputs(dtype="bfloat16", shape=(4, 8, 512, 128), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g).to(_TORCH_DT[dtype]).cuda()
+    seq, dim = shape[-2], shape[-1]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    fr = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    emb = torch.cat([fr, fr], dim=-1)
+    cos = emb.cos().to(_TORCH_DT[dtype]).cuda()
+    sin = emb.sin().to(_TORCH_DT[dtype]).cuda()
+    return x, cos, sin
+
+
+def rope_torch(x, cos, sin):
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_cl(x, cos, sin):
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return x * cos + cl.cat([-x2, x1], dim=-1) * sin
+
+
+def swiglu_cl(a, b):
+    return cl.silu(a) * b
+
+
+def _swiglu_inputs(dtype="bfloat16", n=1 << 22, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ta = (torch.randn(n, generator=g) * 4).to(_TORCH_DT[dtype]).cuda()
+    tb = torch.randn(n, generator=g).to(_TORCH_DT[dtype]).cuda()
+    return ta, tb
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_swiglu_and_rope_eager_bit_exact_vs_torch(dtype):
+    ta, tb = _swiglu_inputs(dtype)
+    a, b = from_torch(ta), from_torch(tb)
+    n1 = mismatches(swiglu_cl(a, b), F.silu(ta) * tb)
+    n2 = mismatches(cl.jit(swiglu_cl).run(a, b, policy="eager"), F.silu(ta) * tb)
+    tx, tc, ts = _rope_inputs(dtype)
+    x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+    want = rope_torch(tx, tc, ts)
+    n3 = mismatches(rope_cl(x, c, s), want)
+    n4 = mismatches(cl.jit(rope_cl).run(x, c, s, policy="eager"), want)
+    report(test="chains_eager", dtype=dtype, swiglu=n1, swiglu_traced=n2, rope=n3, rope_traced=n4,
+           total_swiglu=ta.numel(), total_rope=tx.numel())
+    assert (n1, n2, n3, n4) == (0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------- portable: GPU == CPU
+
+@pytest.mark.parametrize("op", list(UNARY))
+def test_portable_unary_gpu_equals_cpu(op):
+    f_cl, _ = UNARY[op]
+    x, _t = all_patterns("bfloat16")
+    xf, _ = random_pair(1 << 16, "float32", seed=41)
+    xd = xf.astype(cl.float64)
+    with cl.use_math("portable"):
+        for inp in (x, xf, xd):
+            got = f_cl(inp)
+            want = f_cl(inp.cpu())
+            n = mismatches(got, want)
+            assert n == 0, f"{op} {inp.dtype}: GPU and CPU differ in {n} elements"
+
+
+POLICIES = {
+    "eager": "eager",
+    "fused": "fused",
+    "fp64": "fp64",
+    "custom_sr": cl.Policy("custom", round_after=("silu", "mul"), rounding="stochastic", seed=7),
+    "custom_f64_tz": cl.Policy("custom", round_after="all", compute="float64",
+                               rounding="toward_zero"),
+    "custom_fp8": cl.Policy("custom", round_after="all", output="float8_e4m3fn",
+                            rounding="stochastic", seed=3),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_portable_chains_gpu_equals_cpu_every_policy(policy):
+    pol = POLICIES[policy]
+    ta, tb = _swiglu_inputs("bfloat16", n=1 << 20)
+    a, b = from_torch(ta), from_torch(tb)
+    f = cl.jit(swiglu_cl)
+    g = f.run(a, b, policy=pol, math="portable")
+    c = f.run(a.cpu(), b.cpu(), policy=pol, math="portable")
+    assert mismatches(g, c) == 0
+    tx, tc, ts = _rope_inputs("bfloat16", shape=(2, 4, 256, 128))
+    x, co, si = from_torch(tx), from_torch(tc), from_torch(ts)
+    r = cl.jit(rope_cl)
+    g = r.run(x, co, si, policy=pol, math="portable")
+    c = r.run(x.cpu(), co.cpu(), si.cpu(), policy=pol, math="portable")
+    assert mismatches(g, c) == 0
+
+
+# ---------------------------------------------------------------- fused vs torch.compile
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_inductor_preset_vs_torch_compile(dtype):
+    torch._dynamo.reset()
+    ta, tb = _swiglu_inputs(dtype)
+    a, b = from_torch(ta), from_torch(tb)
+    sw_t = torch.compile(lambda p, q: F.silu(p) * q, dynamic=False)
+    want = sw_t(ta, tb)
+    got = cl.jit(swiglu_cl, policy="fused", math="inductor")(a, b)
+    n_sw = mismatches(got, want)
+    tx, tc, ts = _rope_inputs(dtype)
+    x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+    ro_t = torch.compile(rope_torch, dynamic=False)
+    want_r = ro_t(tx, tc, ts)
+    got_r = cl.jit(rope_cl, policy="fused", math="inductor")(x, c, s)
+    n_ro = mismatches(got_r, want_r)
+    # and the same graphs under the eager policy equal torch eager
+    report(test="inductor_vs_compile", dtype=dtype, swiglu=n_sw, rope=n_ro,
+           total_swiglu=ta.numel(), total_rope=tx.numel())
+    assert n_sw <= ta.numel() * 1e-6 and n_ro <= tx.numel() * 1e-6, (n_sw, n_ro)
+
+
+# ---------------------------------------------------------------- DLPack
+
+def test_dlpack_torch_zero_copy_both_ways():
+    t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    x = cl.from_dlpack(t)
+    assert x.is_cuda and x.data_ptr() == t.data_ptr()
+    x[:4] = 7.0                     # castlab writes, torch sees
+    clcuda.synchronize()
+    assert t[:4].tolist() == [7.0] * 4
+    y = cl.exp(cl.full((1 << 20,), 0.5, device="cuda"))
+    u = torch.from_dlpack(y)
+    assert u.data_ptr() == y.data_ptr() and u.device.type == "cuda"
+    torch.cuda.synchronize()
+    assert float(u[123]) == float(np.exp(np.float32(0.5)))
+    u.fill_(3.0)                    # torch writes, castlab sees
+    torch.cuda.synchronize()
+    assert y[:2].tolist() == [3.0, 3.0]
+
+
+def test_dlpack_stream_semantics_without_host_sync():
+    # castlab queues a long kernel; the consumer stream must wait for it via an event.
+    n = 1 << 27
+    big = cl.full((n,), 1.0, dtype=cl.float32, device="cuda")
+    for _ in range(4):
+        big = cl.exp(big * 0.0)     # queued work, ends with all ones
+    s = torch.cuda.Stream()
+    clcuda.producer_sync(big, s.cuda_stream)
+    u = torch.from_dlpack(cl._C.to_dlpack(big, False))  # a capsule: no stream handshake
+    with torch.cuda.stream(s):
+        total = u.sum()
+    s.synchronize()
+    assert float(total) == float(n)
+    # the hooks' argument rules
+    clcuda.producer_sync(big, None)
+    clcuda.producer_sync(big, -1)
+    with pytest.raises(ValueError):
+        clcuda.producer_sync(big, 0)
+    assert clcuda.consumer_stream(0) == clcuda.current_stream_ptr(0) != 0
+    # consumer side: castlab's stream waits for torch's pending work
+    ts = torch.cuda.Stream()
+    with torch.cuda.stream(ts):
+        src = torch.ones(n, device="cuda") * 2.0
+    clcuda.wait_on_stream(ts.cuda_stream, 0)
+    x = cl.from_dlpack(src)
+    assert float(cl.jit(lambda v: v * 1.0)(x)[n - 1].item()) == 2.0
+
+
+def test_dlpack_cupy_zero_copy_both_ways():
+    cupy = pytest.importorskip("cupy")
+    a = cupy.arange(1000, dtype=cupy.float32)
+    x = cl.from_dlpack(a)
+    assert x.data_ptr() == a.data.ptr
+    x[:3] = -1.0
+    clcuda.synchronize()
+    assert a[:3].tolist() == [-1.0] * 3
+    y = cl.full((100,), 4.0, device="cuda")
+    b = cupy.from_dlpack(y)
+    assert b.data.ptr == y.data_ptr()
+    assert float(b.sum()) == 400.0
+    b[:] = 5.0
+    cupy.cuda.runtime.deviceSynchronize()
+    assert y.tolist()[:2] == [5.0, 5.0]
+
+
+# ---------------------------------------------------------------- faults
+
+def test_out_of_memory_raises_and_castlab_keeps_working():
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cl.empty(1 << 40, dtype=cl.float32, device="cuda")   # 4 TiB
+    st = clcuda.memory_stats()
+    assert st["num_ooms"] >= 1
+    x = cl.full((1000,), 2.0, device="cuda")
+    assert cl.sqrt(x * 2.0).tolist()[:2] == [2.0, 2.0]
+
+
+def test_mixing_devices_raises():
+    a = cl.ones(10)
+    b = cl.ones(10, device="cuda")
+    with pytest.raises((ValueError, RuntimeError), match="device"):
+        a + b
+    with pytest.raises((ValueError, RuntimeError)):
+        cl.jit(lambda p, q: p * q)(a, b)
+
+
+def test_allocator_reuses_blocks_and_empty_cache():
+    clcuda.synchronize()
+    s0 = clcuda.memory_stats()
+    for _ in range(20):
+        t = cl.empty(1 << 20, dtype=cl.float32, device="cuda")
+        del t
+    s1 = clcuda.memory_stats()
+    assert s1["cache_hits"] - s0["cache_hits"] >= 19
+    clcuda.empty_cache()
+    s2 = clcuda.memory_stats()
+    assert s2["reserved_bytes"] <= s1["reserved_bytes"]
+
+
+def _run_child(code: str, env_extra: dict) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update(env_extra)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
+    env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+_CHILD = """
+import json, castlab as cl, castlab.cuda as cc
+x = cl.full((4096,), 1.25, device="cuda")
+y = cl.jit(lambda v: cl.silu(v) * 3.0625 + 0.0078125)(x)
+print(json.dumps({"y": y[:2].tolist(), "stats": cc.kernel_cache_stats()}))
+"""
+
+
+def test_kernel_disk_cache_second_process_and_corrupt_file(tmp_path):
+    env = {"CASTLAB_CACHE_DIR": str(tmp_path)}
+    r1 = _run_child(_CHILD, env)
+    assert r1.returncode == 0, r1.stderr
+    o1 = json.loads(r1.stdout.strip().splitlines()[-1])
+    assert o1["stats"]["compiles"] >= 1
+    files = [p for p in tmp_path.iterdir() if p.suffix == ".bin"]
+    assert files
+    r2 = _run_child(_CHILD, env)
+    o2 = json.loads(r2.stdout.strip().splitlines()[-1])
+    assert o2["stats"]["compiles"] == 0 and o2["stats"]["disk_hits"] >= 1
+    assert o2["y"] == o1["y"]
+    for p in files:                            # truncate / corrupt every entry
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2])
+    r3 = _run_child(_CHILD, env)
+    assert r3.returncode == 0, r3.stderr
+    o3 = json.loads(r3.stdout.strip().splitlines()[-1])
+    assert o3["stats"]["compiles"] >= 1 and o3["stats"]["disk_rejects"] >= 1
+    assert o3["y"] == o1["y"]
+    report(test="disk_cache", first=o1["stats"], second=o2["stats"], corrupt=o3["stats"])
+
+
+def test_async_error_names_kernel_at_sync():
+    code = """
+    import castlab as cl, castlab.cuda as cc
+    bad = cl._C.from_pointer(0x10, [1 << 20], [1], "float32", None, False, "cuda:0")
+    y = cl.exp(bad)          # launches; the fault shows up later
+    try:
+        cc.synchronize()
+        print("NO ERROR")
+    except RuntimeError as e:
+        print("ERR", e)
+    """
+    r = _run_child(code, {})
+    assert "ERR" in r.stdout and "castlab_k" in r.stdout, r.stdout + r.stderr

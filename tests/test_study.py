@@ -1,0 +1,171 @@
+"""castlab study: the Python API, the CLI (by subprocess), config files and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import castlab as cl
+from castlab import study
+
+ENV = dict(os.environ)
+
+
+def _cli(*args, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "castlab", *args], capture_output=True,
+                          text=True, env=ENV, cwd=cwd, timeout=timeout)
+
+
+def test_api_rows_and_headline():
+    df = study.run(chains=["swiglu"], dtypes=["bfloat16"], quick=True, device="cpu",
+                   extra_presets={"swiglu": ["transformer_engine"]})
+    assert list(df.columns) == study.row_columns()
+    assert len(df) == 3
+    eager = df[(df.policy == "eager")].iloc[0]
+    fused = df[(df.policy == "fused") & (df.math == "torch_eager")].iloc[0]
+    # the headline of the study: fusing (one rounding) is far more often correctly rounded
+    assert fused.correctly_rounded > 0.999
+    assert eager.correctly_rounded < 0.85
+    assert eager.mismatch_vs_eager == 0.0 and fused.mismatch_vs_eager > 0.1
+    assert fused.rel_rmse < eager.rel_rmse
+
+
+def test_api_correctly_rounded_matches_independent_count():
+    # recompute the fused SwiGLU correctly-rounded fraction with NumPy + ml_dtypes:
+    # the fp64 reference rounded once to bf16 (directly from fp64 via castlab's conversion)
+    x = cl.randn(128, 256, seed=3, dtype=cl.bfloat16)
+    df = study.run(chains=["swiglu"], dtypes=["bfloat16"], shapes={"swiglu": (128, 256)},
+                   seeds=[3], policies=["fused"], device="cpu", extra_presets={})
+    xs = x.numpy().astype(np.float64)
+    a, b = xs[:, :128], xs[:, 128:]
+    ref = a / (1 + np.exp(-a)) * b
+    f = study.CHAINS["swiglu"].fn
+    y = cl.jit(f)(x).numpy().astype(np.float64)
+    ref_bf16 = cl.from_numpy(ref).astype(cl.bfloat16).numpy().astype(np.float64)
+    frac = float(np.mean(y == ref_bf16))
+    assert abs(df.iloc[0].correctly_rounded - frac) < 1e-12
+
+
+def test_api_user_function_and_tensor_inputs():
+    def scaled_silu(x):
+        return cl.silu(x) * 0.5
+
+    x = cl.randn(64, 64, seed=1, dtype=cl.float32)
+    df = study.run(chains=[scaled_silu], dtypes=["bfloat16", "float16"], device="cpu",
+                   inputs={"scaled_silu": (x,)})
+    assert set(df.dtype) == {"bfloat16", "float16"}
+    assert (df.input == "tensor").all()
+
+
+def test_api_stochastic_rounding_reproducible():
+    kw = dict(chains=["swiglu"], dtypes=["bfloat16"], quick=True, device="cpu",
+              rounding=["stochastic"], policies=["eager"], extra_presets={})
+    d1, d2 = study.run(**kw), study.run(**kw)
+    pd.testing.assert_frame_equal(d1, d2)
+
+
+def test_api_bad_names():
+    with pytest.raises(ValueError, match="valid: swiglu"):
+        study.run(chains=["nope"], device="cpu")
+    with pytest.raises(ValueError, match="unknown policy"):
+        study.run(chains=["swiglu"], policies=["sometimes"], quick=True, device="cpu")
+    with pytest.raises(ValueError, match="unknown math preset"):
+        study.run(chains=["swiglu"], presets=["fastest"], quick=True, device="cpu")
+
+
+def test_cli_quick_writes_outputs_and_agrees_with_api(tmp_path):
+    out = tmp_path / "st"
+    r = _cli("study", "--quick", "--device", "cpu", "--chains", "swiglu", "--out", str(out),
+             "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "correctly rounded" in r.stdout
+    df = pd.read_csv(out / "results.csv")
+    api = study.run(chains=["swiglu"], dtypes=["bfloat16", "float16"], quick=True, device="cpu",
+                    extra_presets=study.DEFAULT["extra_presets"])
+    assert list(df.columns) == study.row_columns()
+    np.testing.assert_allclose(df.correctly_rounded.values, api.correctly_rounded.values, rtol=0, atol=0)
+    np.testing.assert_allclose(df.rel_rmse.values, api.rel_rmse.values, rtol=1e-12)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == len(df)
+    assert (out / "correctly_rounded.png").stat().st_size > 1000
+
+
+def test_cli_default_study_runs(tmp_path):
+    r = _cli("study", "--device", "cpu", "--no-progress", "--no-plots", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(tmp_path / "castlab-study" / "results.csv")
+    assert set(df.chain) == {"swiglu", "rope"}
+    assert set(df.dtype) == {"bfloat16", "float16", "float32"}
+    assert {"inductor", "nvfuser", "transformer_engine"} <= set(df.math)
+    bf = df[(df.chain == "swiglu") & (df.dtype == "bfloat16")]
+    assert bf[bf.policy == "fused"].correctly_rounded.min() > 0.999
+    assert bf[bf.policy == "eager"].correctly_rounded.max() < 0.8
+
+
+def test_cli_config_file(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('chains = ["rope"]\ndtypes = ["float16"]\npolicies = ["eager", "fused"]\n'
+                   'shapes = { rope = [1, 2, 32, 64] }\nseed = 7\nextra_presets = []\n')
+    r = _cli("study", "--config", str(cfg), "--device", "cpu", "--out", str(tmp_path / "o"),
+             "--no-progress", "--no-plots")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert set(df.chain) == {"rope"} and set(df.seed) == {7} and len(df) == 2
+    assert set(df["shape"]) == {"1x2x32x64"}
+
+
+def test_cli_broken_config_names_the_line(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('chains = ["rope"]\ndtypes = [float16\n')
+    r = _cli("study", "--config", str(cfg), "--device", "cpu")
+    assert r.returncode != 0
+    assert "line 2" in r.stderr
+    cfg.write_text('chainz = ["rope"]\n')
+    r = _cli("study", "--config", str(cfg), "--device", "cpu")
+    assert r.returncode != 0 and "chainz" in r.stderr and "valid" in r.stderr
+
+
+def test_cli_bad_flags_list_valid_values():
+    r = _cli("study", "--chains", "nope")
+    assert r.returncode == 2 and "swiglu" in r.stderr
+    r = _cli("study", "--presets", "fastest")
+    assert r.returncode == 2 and "inductor" in r.stderr
+    r = _cli("study", "--frobnicate")
+    assert r.returncode == 2 and "unrecognized" in r.stderr
+    r = _cli("--help")
+    assert r.returncode == 0 and "study" in r.stdout and "info" in r.stdout
+
+
+def test_cli_info():
+    r = _cli("info")
+    assert r.returncode == 0, r.stderr
+    assert "castlab" in r.stdout and "numpy" in r.stdout and "ml_dtypes" in r.stdout
+    assert "cuda" in r.stdout
+
+
+def test_cli_interrupt_keeps_finished_rows(tmp_path):
+    # SIGINT after the first configuration: the finished rows stay in the CSV
+    import signal
+    import time
+
+    out = tmp_path / "int"
+    p = subprocess.Popen([sys.executable, "-m", "castlab", "study", "--device", "cpu",
+                          "--out", str(out), "--no-progress", "--no-plots",
+                          "--shape", "swiglu=1024x4096", "--shape", "rope=1x16x1024x128"],
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    csv = out / "results.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if csv.exists() and len(csv.read_text().splitlines()) > 1:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    rows = pd.read_csv(csv)
+    assert len(rows) >= 1
+    assert "interrupted" in err
