@@ -22,6 +22,14 @@ NP = {cl.bfloat16: ml_dtypes.bfloat16, cl.float16: np.float16, cl.float32: np.fl
 TD = {cl.bfloat16: torch.bfloat16, cl.float16: torch.float16, cl.float32: torch.float32}
 DTYPES = [cl.bfloat16, cl.float16, cl.float32]
 PRESETS = cl.Math.presets()
+_XFAIL_EAGER_FMA = pytest.mark.xfail(
+    strict=True,
+    reason="_lower.py: under policy='eager' with an FMA preset (inductor/nvfuser/"
+    "transformer_engine) and fp32 storage, a*b+c is FMA-contracted because the eager "
+    "rounding to fp32 is a no-op; plain eager never contracts (each op is its own kernel). "
+    "Repro: f = cl.jit(lambda x, c, s: x*c + x*s); fp32 x,c,s (10000 randn): "
+    "f.run(x, c, s, policy='eager', math='inductor') differs from x*c + x*s under "
+    "cl.use_math('inductor') in 2897/10000 elements; trace says 'fma-contracted with t0'")
 POLICIES = ["eager", "fused", "fp64"]
 
 
@@ -132,7 +140,7 @@ step_st = st.tuples(st.sampled_from(_U + _B), st.integers(0, 20), st.integers(0,
                     st.sampled_from([None, None, None, cl.bfloat16, cl.float16, cl.float32]))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(step_st, min_size=1, max_size=8), st.sampled_from(DTYPES),
        st.sampled_from(DTYPES), st.integers(1, 2), st.sampled_from(["torch_eager", "portable"]))
 def test_hyp_random_graphs_eager_policy_bitwise(steps, dx, dy, n_out, mathv):
@@ -172,7 +180,7 @@ def _exact_chain(steps, lib):
 exact_step = st.tuples(st.sampled_from(_EXACT), st.integers(0, 20), st.integers(0, 20))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(exact_step, min_size=1, max_size=8), st.sampled_from(DTYPES))
 def test_hyp_fused_equals_numpy_f32_chain_rounded_once(steps, dt):
     # NumPy float32 +,-,*,/,sqrt are IEEE (correctly rounded), as castlab's fp32 op-math.
@@ -188,6 +196,16 @@ def test_hyp_fused_equals_numpy_f32_chain_rounded_once(steps, dt):
     with np.errstate(all="ignore"):
         r64 = _exact_chain(steps, np)(x.numpy().astype(np.float64), y.numpy().astype(np.float64))
     assert_bitwise(g64, np.asarray(r64, np.float64), "fp64 vs numpy f64")
+
+
+@_XFAIL_EAGER_FMA
+def test_eager_policy_never_contracts_fma_fp32():
+    r = np.random.default_rng(0)
+    x, c, s = [cl.from_numpy(r.standard_normal(10000).astype(np.float32)) for _ in range(3)]
+    f = cl.jit(lambda x, c, s: x * c + x * s)
+    with cl.use_math("inductor"):
+        plain = (x * c + x * s).numpy()
+    assert_bitwise(f.run(x, c, s, policy="eager", math="inductor").numpy(), plain)
 
 
 def test_fused_silu_chain_rounds_once():
@@ -262,9 +280,20 @@ def _fp32_reference(name, args, preset):
         return [cl.fma(x, cos, r * sin), cl.fma(r, sin, x * cos)]
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.short)
-@pytest.mark.parametrize("case", ["swiglu", "rope"])
+def _seed_params():
+    out = []
+    for case in ("swiglu", "rope"):
+        for dt in DTYPES:
+            for preset in PRESETS:
+                marks = ()
+                if case == "rope" and dt is cl.float32 and cl.Math.preset(preset).fma:
+                    marks = (_XFAIL_EAGER_FMA,)
+                out.append(pytest.param(case, dt, preset, marks=marks,
+                                        id=f"{case}-{dt.short}-{preset}"))
+    return out
+
+
+@pytest.mark.parametrize("case,dt,preset", _seed_params())
 def test_seed_chains_every_policy_and_preset(case, dt, preset):
     name, fn, tfn, args = next(c for c in seed_cases(dt) if c[0] == case)
     f = cl.jit(fn)

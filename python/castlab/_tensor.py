@@ -177,8 +177,11 @@ def _repr(self) -> str:
         a = _numpy(self.cpu())
         if dt.is_floating_point:
             a = a.astype(np.float64)
+        # PyTorch prints "1., 2." when every finite value is integral, else 4 fixed decimals
+        fin = a[np.isfinite(a)] if dt.is_floating_point else a
+        fmode = "maxprec" if (not dt.is_floating_point or np.all(fin == np.round(fin))) else "fixed"
         body = np.array2string(a, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
-                               precision=4, floatmode="maxprec")
+                               precision=4, floatmode=fmode)
     s = "tensor(" + body
     if suffix:
         s += ", " + ", ".join(suffix)

@@ -1,0 +1,191 @@
+"""CPU speed and peak memory of the seed chains: castlab eager, castlab fused (cl.jit),
+torch CPU eager and torch.compile, on the same inputs.
+
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py [--quick] [--no-compile]
+
+SwiGLU: silu(a) * b, bf16, a and b 16M elements each.
+RoPE:   x*cos + cat(-x2, x1)*sin, bf16 x [1,32,4096,128], cos/sin [4096,128] (broadcast).
+
+Times are the best of several runs (ms). Peak memory is measured in a fresh subprocess per
+(chain, implementation): resident set after the inputs exist, then the peak (VmHWM, reset
+through /proc/self/clear_refs) while one call runs; the table shows that growth next to the
+size of the output, so "extra" is what the implementation allocates beyond its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYPATH = os.path.join(os.path.dirname(HERE), "python")
+
+
+def _setup(chain: str, quick: bool):
+    import torch
+
+    import castlab as cl
+
+    torch.manual_seed(0)
+    if chain == "swiglu":
+        n = (1 << 22) if quick else (1 << 24)
+        a = torch.randn(n).to(torch.bfloat16)
+        b = torch.randn(n).to(torch.bfloat16)
+        targs = (a, b)
+
+        def tfn(a, b):
+            return torch.nn.functional.silu(a) * b
+
+        def cfn(a, b):
+            return cl.silu(a) * b
+    else:
+        s = 1024 if quick else 4096
+        x = torch.randn(1, 32, s, 128).to(torch.bfloat16)
+        ang = torch.arange(s)[:, None] * (10000.0 ** (-torch.arange(64) / 64))[None, :]
+        ang = torch.cat([ang, ang], -1)
+        targs = (x, ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16))
+
+        def tfn(x, cos, sin):
+            x1, x2 = x.chunk(2, -1)
+            return x * cos + torch.cat([-x2, x1], -1) * sin
+
+        def cfn(x, cos, sin):
+            x1, x2 = cl.chunk(x, 2, -1)
+            return x * cos + cl.cat([-x2, x1], dim=-1) * sin
+    cargs = tuple(cl.from_dlpack(t) for t in targs)
+    return cl, torch, targs, cargs, tfn, cfn
+
+
+def _impls(cl, torch, tfn, cfn, want_compile: bool):
+    impls = {"castlab eager": ("cl", cfn), "castlab fused": ("cl", cl.jit(cfn)),
+             "torch eager": ("torch", tfn)}
+    if want_compile:
+        impls["torch.compile"] = ("torch", torch.compile(tfn))
+    return impls
+
+
+def _best(fn, args, reps: int) -> float:
+    fn(*args)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def memory_child(chain: str, impl: str, quick: bool) -> None:
+    cl, torch, targs, cargs, tfn, cfn = _setup(chain, quick)
+    kind, fn = _impls(cl, torch, tfn, cfn, impl == "torch.compile")[impl]
+    args = cargs if kind == "cl" else targs
+    if impl in ("castlab fused", "torch.compile"):
+        out = fn(*args)  # trace / compile first: not part of the steady-state peak
+        del out
+    import gc
+
+    gc.collect()
+    rss0 = _status_kb("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        reset = True
+    except OSError:
+        reset = False
+    out = fn(*args)
+    peak = _status_kb("VmHWM")
+    out_bytes = out.numel() * out.element_size() if hasattr(out, "element_size") else out.numel() * out.itemsize
+    in_bytes = sum(t.numel() * t.element_size() for t in targs)
+    print(json.dumps({"growth_mb": (peak - rss0) / 1024, "out_mb": out_bytes / 2**20,
+                      "in_mb": in_bytes / 2**20, "reset": reset}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="4x smaller inputs")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--_mem", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a._mem:
+        memory_child(a._mem[0], a._mem[1], a.quick)
+        return
+
+    import castlab as cl
+    import torch
+
+    ncpu = os.cpu_count()
+    torch.set_num_threads(ncpu)
+    print(f"castlab {cl.__version__}, torch {torch.__version__}, {ncpu} CPU threads"
+          + (" (quick sizes)" if a.quick else ""))
+    compile_ok = not a.no_compile
+    compile_note = "skipped (--no-compile)" if a.no_compile else ""
+    rows = []
+    for chain in ("swiglu", "rope"):
+        cl, torch, targs, cargs, tfn, cfn = _setup(chain, a.quick)
+        impls = _impls(cl, torch, tfn, cfn, False)
+        if compile_ok:
+            try:
+                t0 = time.perf_counter()
+                comp = torch.compile(tfn)
+                comp(*targs)
+                compile_note = f"ok (first call {time.perf_counter() - t0:.1f} s)"
+                impls["torch.compile"] = ("torch", comp)
+            except Exception as e:  # no compiler, unsupported CPU, ...
+                compile_ok = False
+                compile_note = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        # same inputs, same results (bitwise for eager; fused rounds once)
+        ref = tfn(*targs)
+        ce = impls["castlab eager"][1](*cargs)
+        same = torch.equal(torch.from_dlpack(ce).view(torch.int16), ref.view(torch.int16))
+        times = {}
+        for name, (kind, fn) in impls.items():
+            times[name] = _best(fn, cargs if kind == "cl" else targs, a.reps)
+        mem = {}
+        for name in impls:
+            try:
+                r = subprocess.run([sys.executable, __file__, "--_mem", chain, name]
+                                   + (["--quick"] if a.quick else []),
+                                   capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "PYTHONPATH": PYPATH + os.pathsep
+                                        + os.environ.get("PYTHONPATH", "")})
+                mem[name] = json.loads(r.stdout.strip().splitlines()[-1])
+            except Exception as e:  # report and continue
+                mem[name] = {"error": f"{type(e).__name__}"}
+        rows.append((chain, times, mem, same))
+
+    print(f"torch.compile: {compile_note}")
+    print()
+    hdr = (f"{'chain':7} {'implementation':15} {'time ms':>9} {'vs torch eager':>15} "
+           f"{'vs cl eager':>12} {'peak growth MB':>15} {'output MB':>10} {'extra MB':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for chain, times, mem, same in rows:
+        te, ce = times["torch eager"], times["castlab eager"]
+        for name, t in times.items():
+            m = mem.get(name, {})
+            if "growth_mb" in m:
+                g, o = m["growth_mb"], m["out_mb"]
+                mtxt = f"{g:15.1f} {o:10.1f} {g - o:9.1f}"
+            else:
+                mtxt = f"{m.get('error', '?'):>15}"
+            print(f"{chain:7} {name:15} {t:9.2f} {te / t:14.2f}x {ce / t:11.2f}x {mtxt}")
+        ins = next(iter(mem.values())).get("in_mb", float("nan"))
+        print(f"{'':7} inputs {ins:.1f} MB; castlab eager == torch eager bitwise: {same}")
+    print()
+    print("ratios > 1 mean faster than the reference column.")
+
+
+if __name__ == "__main__":
+    main()
