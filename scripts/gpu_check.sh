@@ -33,7 +33,7 @@ $PY -c 'import castlab, castlab.cuda as c; print(c.is_available(), c.info())'
 
 # ---- CUDA tests ----
 t0=$(date +%s)
-$PY -m pytest -m cuda tests/test_cuda.py -q -rfE -p no:cacheprovider --timeout=400 2>&1 | tee "$OUT/test_cuda.log" | tail -40
+$PY -m pytest -m cuda tests/test_cuda.py -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40
 echo "cuda tests: $(( $(date +%s) - t0 )) s"
 
 # ---- benchmark ----

@@ -147,6 +147,98 @@ CL_HD double rem_pio2_d(double x, double& rl, int32_t& q) {
   return rh;
 }
 
+// ---- sin/cos reduction for large |x| (Payne-Hanek) -------------------------------------
+// Word k (k >= 2) of 2/pi: bits 32(k-2)+1 .. 32(k-2)+32 after the binary point (2/pi =
+// 0.a2f9836e 4e441529 ...), words 0 and 1 are zero (so that the window below may start up
+// to 64 bits before the binary point).  1216 bits: enough for every double.  A switch
+// rather than an array so that it is a plain constant in host and device code alike.
+CL_HD uint32_t two_over_pi_word(int32_t k) {
+  switch (k) {
+    case 2: return 0xa2f9836eu; case 3: return 0x4e441529u; case 4: return 0xfc2757d1u; case 5: return 0xf534ddc0u;
+    case 6: return 0xdb629599u; case 7: return 0x3c439041u; case 8: return 0xfe5163abu; case 9: return 0xdebbc561u;
+    case 10: return 0xb7246e3au; case 11: return 0x424dd2e0u; case 12: return 0x06492eeau; case 13: return 0x09d1921cu;
+    case 14: return 0xfe1deb1cu; case 15: return 0xb129a73eu; case 16: return 0xe88235f5u; case 17: return 0x2ebb4484u;
+    case 18: return 0xe99c7026u; case 19: return 0xb45f7e41u; case 20: return 0x3991d639u; case 21: return 0x835339f4u;
+    case 22: return 0x9c845f8bu; case 23: return 0xbdf9283bu; case 24: return 0x1ff897ffu; case 25: return 0xde05980fu;
+    case 26: return 0xef2f118bu; case 27: return 0x5a0a6d1fu; case 28: return 0x6d367ecfu; case 29: return 0x27cb09b7u;
+    case 30: return 0x4f463f66u; case 31: return 0x9e5fea2du; case 32: return 0x7527bac7u; case 33: return 0xebe5f17bu;
+    case 34: return 0x3d0739f7u; case 35: return 0x8a5292eau; case 36: return 0x6bfb5fb1u; case 37: return 0x1f8d5d08u;
+    case 38: return 0x56033046u; case 39: return 0xfc7b6babu;
+    default: return 0u;
+  }
+}
+
+// x = q*pi/2 + (rh + rl), |rh| <= pi/4 (+ tiny), for finite |x| >= 2^-9 of any size; exact
+// integer arithmetic up to the final conversion.  x = M*2^e (M < 2^53 an integer).  Bits
+// of 2/pi of weight >= 2^(2-e) add multiples of 4 to x*2/pi and are skipped; the next 192
+// bits form the window W, so x*2/pi mod 4 = M*W*2^-190 mod 4 + (truncation < 2^-137).
+// The fraction f (|f| <= 1/2, |f| > 2^-63 for every double: worst case 6381956970095103 *
+// 2^797) is read from the top nonzero 128 bits, as a double-double (relative error
+// < 2^-70), and multiplied by pi/2 in double-double.
+CL_HD double rem_pio2_big(double x, double& rl, int32_t& q) {
+  uint64_t ix = cl::f64_bits(x);
+  uint64_t mant = (ix & 0x000fffffffffffffull) | 0x0010000000000000ull;
+  int32_t j = (int32_t)((ix >> 52) & 0x7ffu) - 1075 - 2 + 64;  // window start (+64)
+  int32_t k0 = j >> 5, sh = j & 31;
+  uint32_t w[6];
+  uint32_t cur = two_over_pi_word(k0);
+  for (int t = 0; t < 6; ++t) {
+    uint32_t nxt = two_over_pi_word(k0 + t + 1);
+    w[t] = (uint32_t)(((((uint64_t)cur << 32) | nxt) << sh) >> 32);
+    cur = nxt;
+  }
+  // P = M*W mod 2^192, limbs most significant first.
+  uint32_t m_lo = (uint32_t)mant, m_hi = (uint32_t)(mant >> 32);
+  uint32_t p[6];
+  uint64_t c = 0;
+  for (int t = 5; t >= 0; --t) {
+    uint64_t v = (uint64_t)m_lo * w[t] + c;
+    p[t] = (uint32_t)v;
+    c = v >> 32;
+  }
+  c = 0;
+  for (int t = 5; t >= 1; --t) {
+    uint64_t v = (uint64_t)m_hi * w[t] + p[t - 1] + c;
+    p[t - 1] = (uint32_t)v;
+    c = v >> 32;
+  }
+  // y = P*2^-190 in [0, 4): q = round(y) mod 4, f = y - round(y) in [-1/2, 1/2).
+  uint32_t top = p[0] + 0x20000000u;
+  q = (int32_t)(top >> 30);
+  int32_t g = (int32_t)(top & 0x3fffffffu) - 0x20000000;
+  bool neg = g < 0;
+  uint32_t mask = neg ? 0xffffffffu : 0u;  // |F| = ~F + 1 for F < 0
+  uint32_t m[6];
+  m[0] = (uint32_t)g ^ mask;
+  for (int t = 1; t < 6; ++t) m[t] = p[t] ^ mask;
+  c = neg ? 1u : 0u;
+  for (int t = 5; t >= 0; --t) {
+    uint64_t v = (uint64_t)m[t] + c;
+    m[t] = (uint32_t)v;
+    c = v >> 32;
+  }
+  int32_t sc = -30 - 32;  // |f| = (m0*2^32 + m1 + m2*2^-32 + m3*2^-64) * 2^sc
+  for (int i = 0; i < 4; ++i) {
+    if (m[0] != 0u) break;
+    m[0] = m[1]; m[1] = m[2]; m[2] = m[3]; m[3] = m[4]; m[4] = m[5]; m[5] = 0u;
+    sc -= 32;
+  }
+  double a = (double)m[0] * 0x1p32, b = (double)m[1];
+  double h = a + b;  // fast two-sum, a >= b (or a = 0)
+  double l = (b - (h - a)) + ((double)m[2] * 0x1p-32 + (double)m[3] * 0x1p-64);
+  double s = pow2_d(sc);
+  double fh = h * s, fl = l * s;  // exact
+  double rh = mul_d(fh, kPio2_1);
+  double re = cl::fma_d(fh, kPio2_1, -rh);
+  double rlo = cl::fma_d(fh, kPio2_2, cl::fma_d(fl, kPio2_1, re));
+  double r = rh + rlo;
+  double rr = (rh - r) + rlo;
+  bool flip = neg != (x < 0.0);  // x < 0: x = -q*pi/2 - r
+  q = x < 0.0 ? -q : q;
+  rl = flip ? -rr : rr;
+  return flip ? -r : r;
+}
+
 // sin(rh + rl), |rh| <= ~pi/4.  S minimax: 2^-56.8 relative.
 CL_HD double sin_kernel_d(double rh, double rl) {
   double z = rh * rh;
@@ -277,14 +369,20 @@ CL_HD double log_(double x) {
 namespace detail {
 CL_HD double sincos_f_core(float x, bool want_cos) {
   double xd = (double)x;
-  bool big = !(detail::abs_d(xd) < 0x1p50);  // also Inf/NaN
-  xd = big ? 0.0 : xd;  // no reduction for huge |x| (header comment)
-  double t = cl::fma_d(xd, detail::kTwoOverPi, detail::kMagic);
-  double kd = t - detail::kMagic;
-  int32_t q = detail::low_int(t) + (want_cos ? 1 : 0);
-  double r = cl::fma_d(-kd, detail::kPio2_1, xd);
-  r = cl::fma_d(-kd, detail::kPio2_2, r);
-  r = cl::fma_d(-kd, detail::kPio2_3, r);
+  double r;
+  int32_t q;
+  if (detail::abs_d(xd) < 0x1p50) {
+    double t = cl::fma_d(xd, detail::kTwoOverPi, detail::kMagic);
+    double kd = t - detail::kMagic;
+    q = detail::low_int(t);
+    r = cl::fma_d(-kd, detail::kPio2_1, xd);
+    r = cl::fma_d(-kd, detail::kPio2_2, r);
+    r = cl::fma_d(-kd, detail::kPio2_3, r);
+  } else {  // rare: |x| >= 2^50, Inf, NaN (the last two are replaced by the caller)
+    double rl;
+    r = detail::rem_pio2_big(xd, rl, q);
+  }
+  q += want_cos ? 1 : 0;
   double z = r * r;
   double s = detail::sin_kernel_f(r, z);
   double c = detail::cos_kernel_f(z);
@@ -308,11 +406,13 @@ CL_HD float cosf_(float x) {
 // selection.  Accurate for |x| < 2^31, degrading slowly up to 2^50 (header comment).
 namespace detail {
 CL_HD double sincos_d_core(double x, bool want_cos) {
-  bool big = !(detail::abs_d(x) < 0x1p50);
-  double xr = big ? 0.0 : x;  // no reduction for huge |x| (header comment)
-  double rl;
+  double rl, rh;
   int32_t q;
-  double rh = detail::rem_pio2_d(xr, rl, q);
+  if (detail::abs_d(x) < 0x1p31) {
+    rh = detail::rem_pio2_d(x, rl, q);
+  } else {  // rare: |x| >= 2^31, Inf, NaN (the last two are replaced by the caller)
+    rh = detail::rem_pio2_big(x, rl, q);
+  }
   q += want_cos ? 1 : 0;
   double v = (q & 1) ? detail::cos_kernel_d(rh, rl) : detail::sin_kernel_d(rh, rl);
   return (q & 2) ? -v : v;

@@ -28,6 +28,7 @@ def _plt():
                     and not os.environ.get("WAYLAND_DISPLAY"))
         if headless and "ipykernel" not in sys.modules and not os.environ.get("MPLBACKEND"):
             matplotlib.use("Agg")
+
     from matplotlib.figure import Figure
 
     return Figure
@@ -36,6 +37,17 @@ def _plt():
 def _new_figure(figsize):
     Figure = _plt()
     fig = Figure(figsize=figsize, layout="constrained")
+
+    def _repr_png_():
+        # Jupyter shows the returned Figure inline, whatever matplotlib backend is active
+        # (these figures are not managed by pyplot).
+        import io
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        return buf.getvalue()
+
+    fig._repr_png_ = _repr_png_
     return fig
 
 
