@@ -10,7 +10,13 @@
 #else
 // Internal linkage on the host: the CPU executor is compiled twice (baseline and
 // AVX2+FMA) and each copy must keep its own versions of these functions.
+// always_inline: the executor's loops over these functions vectorise only when the
+// bodies are inlined into them.
+#if defined(__GNUC__)
+#define CL_HD static inline __attribute__((always_inline))
+#else
 #define CL_HD static inline
+#endif
 #endif
 
 #if defined(__CUDACC_RTC__)

@@ -1,7 +1,8 @@
 #include "core/tensor.h"
 
 #include <cstdlib>
-#include <sstream>
+#include <mutex>
+#include <unordered_map>
 
 namespace cl {
 
@@ -12,21 +13,78 @@ std::string Device::str() const {
 
 namespace {
 
+// Host memory: large blocks are cached and reused instead of being returned to the
+// OS, so a fresh output does not pay a page fault per 4 KiB on every call (for a
+// memory-bound op that is most of its time). Small blocks go straight to malloc.
 struct CpuAllocator : Allocator {
+  static constexpr size_t kLarge = size_t(1) << 20;       // cache blocks of >= 1 MiB
+  static constexpr size_t kGranule = size_t(1) << 20;     // in 1 MiB size classes
+  static constexpr size_t kMaxCached = size_t(4) << 30;   // keep at most 4 GiB idle
+
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  size_t cached = 0;
+
   std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override {
     auto s = std::make_shared<Storage>();
-    const size_t rounded = ((nbytes + 63) / 64) * 64;
-    s->data = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-    if (!s->data) throw std::bad_alloc();
     s->nbytes = nbytes;
     s->device = device;
-    s->deleter = [](void* p) { std::free(p); };
+    if (nbytes < kLarge) {
+      const size_t rounded = ((nbytes + 63) / 64) * 64;
+      s->data = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+      if (!s->data) throw std::bad_alloc();
+      s->deleter = [](void* p) { std::free(p); };
+      return s;
+    }
+    const size_t cls = ((nbytes + kGranule - 1) / kGranule) * kGranule;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      auto it = free_blocks.find(cls);
+      if (it != free_blocks.end() && !it->second.empty()) {
+        s->data = it->second.back();
+        it->second.pop_back();
+        cached -= cls;
+      }
+    }
+    if (!s->data) {
+      s->data = std::aligned_alloc(4096, cls);
+      if (!s->data) {
+        empty_cache();
+        s->data = std::aligned_alloc(4096, cls);
+      }
+      if (!s->data) throw std::bad_alloc();
+    }
+    s->deleter = [this, cls](void* p) { release(p, cls); };
     return s;
+  }
+
+  void release(void* p, size_t cls) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (cached + cls <= kMaxCached) {
+        free_blocks[cls].push_back(p);
+        cached += cls;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& kv : free_blocks)
+      for (void* p : kv.second) std::free(p);
+    free_blocks.clear();
+    cached = 0;
   }
 };
 
-CpuAllocator g_cpu_allocator;
-Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
+// Leaked on purpose: storages may be released during interpreter shutdown.
+CpuAllocator& cpu_allocator() {
+  static CpuAllocator* a = new CpuAllocator();
+  return *a;
+}
+Allocator* g_allocators[2] = {nullptr, nullptr};
 
 }  // namespace
 
@@ -34,7 +92,15 @@ void register_allocator(DeviceType type, Allocator* allocator) {
   g_allocators[static_cast<int>(type)] = allocator;
 }
 
+void cpu_empty_cache() { cpu_allocator().empty_cache(); }
+
+size_t cpu_cached_bytes() {
+  std::lock_guard<std::mutex> g(cpu_allocator().mu);
+  return cpu_allocator().cached;
+}
+
 Allocator* get_allocator(DeviceType type) {
+  if (type == DeviceType::CPU) return &cpu_allocator();
   Allocator* a = g_allocators[static_cast<int>(type)];
   if (!a) throw std::runtime_error("no allocator for this device: CUDA support is not loaded");
   return a;
@@ -57,11 +123,13 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 std::string shape_str(const Shape& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
+  // Plain string building (no iostreams: they crashed in one toolchain mix we met).
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) {

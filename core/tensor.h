@@ -54,6 +54,9 @@ struct Allocator {
 };
 void register_allocator(DeviceType type, Allocator* allocator);
 Allocator* get_allocator(DeviceType type);
+// Host memory cache (large blocks are reused rather than returned to the OS).
+void cpu_empty_cache();
+size_t cpu_cached_bytes();
 
 using Shape = std::vector<int64_t>;
 

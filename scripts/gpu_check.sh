@@ -31,6 +31,38 @@ echo "build: $(( $(date +%s) - t0 )) s"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 $PY -c 'import castlab, castlab.cuda as c; print(c.is_available(), c.info())'
 
+# ---- smoke: one generated kernel; on a crash, a native backtrace and stop ----
+SMOKE='import castlab as cl, castlab.cuda as cc
+x = cl.ones(1000, device="cuda", dtype=cl.bfloat16)
+y = cl.exp(x); cc.synchronize()
+print("smoke ok", y[:2].tolist(), cc.kernel_cache_stats())'
+if ! $PY -X faulthandler -c "$SMOKE" > "$OUT/smoke.log" 2>&1; then
+  cat "$OUT/smoke.log"
+  echo "SMOKE FAILED: native backtrace follows"
+  GDB=$(command -v cuda-gdb || command -v gdb)
+  CASTLAB_CACHE_DIR=/tmp/castlab_smoke_cache $GDB -batch -ex run -ex bt -ex "info sharedlibrary" \
+      --args "$(command -v $PY)" -c "$SMOKE" >> "$OUT/smoke.log" 2>&1
+  grep -E "^#|signal|Error|error" "$OUT/smoke.log" | head -40
+  echo "--- retry with the toolkit's NVRTC"
+  for f in /usr/local/cuda/lib64/libnvrtc.so*; do echo "$f"; done
+  CASTLAB_NVRTC=$(ls /usr/local/cuda/lib64/libnvrtc.so* 2>/dev/null | head -1) CASTLAB_CACHE_DIR=/tmp/c2 \
+      $PY -X faulthandler -c "$SMOKE" 2>&1 | tail -5
+  echo "--- NVRTC through ctypes after cuInit"
+  $PY - <<'PYEOF' 2>&1 | tail -5
+import ctypes, glob
+d = ctypes.CDLL("libcuda.so.1"); print("cuInit", d.cuInit(0))
+import castlab.cuda as cc
+lib = ctypes.CDLL(cc.info()["nvrtc_path"])
+prog = ctypes.c_void_p()
+src = b'extern "C" __global__ void k(float* p){ p[threadIdx.x] = expf(p[threadIdx.x]); }'
+print("create", lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"k.cu", 0, None, None))
+opts = (ctypes.c_char_p * 2)(b"--gpu-architecture=sm_90", b"-default-device")
+print("compile", lib.nvrtcCompileProgram(prog, 2, opts))
+PYEOF
+  exit 1
+fi
+cat "$OUT/smoke.log"
+
 # ---- CUDA tests ----
 t0=$(date +%s)
 $PY -m pytest -m cuda tests/test_cuda.py -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40

@@ -22,14 +22,6 @@ NP = {cl.bfloat16: ml_dtypes.bfloat16, cl.float16: np.float16, cl.float32: np.fl
 TD = {cl.bfloat16: torch.bfloat16, cl.float16: torch.float16, cl.float32: torch.float32}
 DTYPES = [cl.bfloat16, cl.float16, cl.float32]
 PRESETS = cl.Math.presets()
-_XFAIL_EAGER_FMA = pytest.mark.xfail(
-    strict=True,
-    reason="_lower.py: under policy='eager' with an FMA preset (inductor/nvfuser/"
-    "transformer_engine) and fp32 storage, a*b+c is FMA-contracted because the eager "
-    "rounding to fp32 is a no-op; plain eager never contracts (each op is its own kernel). "
-    "Repro: f = cl.jit(lambda x, c, s: x*c + x*s); fp32 x,c,s (10000 randn): "
-    "f.run(x, c, s, policy='eager', math='inductor') differs from x*c + x*s under "
-    "cl.use_math('inductor') in 2897/10000 elements; trace says 'fma-contracted with t0'")
 POLICIES = ["eager", "fused", "fp64"]
 
 
@@ -198,7 +190,6 @@ def test_hyp_fused_equals_numpy_f32_chain_rounded_once(steps, dt):
     assert_bitwise(g64, np.asarray(r64, np.float64), "fp64 vs numpy f64")
 
 
-@_XFAIL_EAGER_FMA
 def test_eager_policy_never_contracts_fma_fp32():
     r = np.random.default_rng(0)
     x, c, s = [cl.from_numpy(r.standard_normal(10000).astype(np.float32)) for _ in range(3)]
@@ -285,10 +276,7 @@ def _seed_params():
     for case in ("swiglu", "rope"):
         for dt in DTYPES:
             for preset in PRESETS:
-                marks = ()
-                if case == "rope" and dt is cl.float32 and cl.Math.preset(preset).fma:
-                    marks = (_XFAIL_EAGER_FMA,)
-                out.append(pytest.param(case, dt, preset, marks=marks,
+                out.append(pytest.param(case, dt, preset,
                                         id=f"{case}-{dt.short}-{preset}"))
     return out
 

@@ -342,9 +342,9 @@ TF = {"exp": torch.exp, "log": torch.log, "sigmoid": torch.sigmoid,
 #   becomes many ulps of the result; torch's vectorised erf differs from glibc's erff.
 # - erf bf16 vs torch: 56%: torch CPU's bf16 erf is not the correctly rounded one (castlab
 #   matches the fp64 reference on 100% of bf16 inputs).
-# - portable sin/cos bf16: 69.4% over all patterns because math_portable.h does not reduce
-#   |x| >= 2^50 (documented there; see test_portable_sincos_huge_arguments, xfail).
-#   The rows below for portable sin/cos bf16 exclude |x| >= 2^50.
+# - portable sin/cos bf16: 100% over all patterns, huge arguments included (an earlier
+#   math_portable.h did not reduce |x| >= 2^50 and scored 69.4%; see
+#   test_portable_sincos_huge_arguments).
 MEASURED = {
     # op: {math: {dtype: (vs torch, vs fp64 ref)}}
     "exp": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9782, 99.9408)},
@@ -397,8 +397,6 @@ def _samples(dt):
 @pytest.mark.parametrize("op", list(REF64))
 def test_transcendental_exact_match_rates(op, mathv, dt):
     x = _samples(dt)
-    if dt is cl.bfloat16 and mathv == "portable" and op in ("sin", "cos"):
-        x = x[~(np.abs(x.astype(np.float64)) >= 2.0**50)]
     with cl.use_math(mathv):
         y = CLF[op](C(x)).numpy()
     assert y.dtype == x.dtype
@@ -427,9 +425,6 @@ def test_transcendental_f32_within_2ulp_of_fp64(op, mathv):
     assert ulp_dist(y[fin], r[fin]).max() <= 2
 
 
-@pytest.mark.xfail(reason="math_portable.h: sin/cos do not reduce |x| >= 2^50 (returns a "
-                   "value unrelated to sin(x)); e.g. portable sin(1e20) = 0.4794 vs 0.6566",
-                   strict=True)
 def test_portable_sincos_huge_arguments():
     x = np.array([1e20, 1e30, 3e38, 2.0**60], np.float32)
     with cl.use_math("portable"):

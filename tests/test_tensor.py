@@ -377,3 +377,9 @@ def test_write_to_readonly_dlpack_tensor_raises():
     with pytest.raises(ValueError, match="read-only"):
         t[1:] = 0.0
     assert a.tolist() == [0, 1, 2, 3]
+
+
+def test_full_integers_exact():
+    assert cl.full((1,), 2**24 + 1, dtype=cl.int32).tolist() == [2**24 + 1]
+    assert cl.full((1,), 2**31 - 1, dtype=cl.int32).tolist() == [2**31 - 1]
+    assert cl.full((1,), 2**40 + 1, dtype=cl.int64).tolist() == [2**40 + 1]

@@ -53,7 +53,9 @@ bool sym(void* lib, const char* name, F* out, std::string* missing) {
 void load_driver_locked() {
   if (g_driver_tried) return;
   g_driver_tried = true;
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  // CASTLAB_LIBCUDA: another driver library (testing with a stub driver).
+  const char* override_lib = std::getenv("CASTLAB_LIBCUDA");
+  void* lib = dlopen(override_lib && *override_lib ? override_lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   const char* e1 = lib ? nullptr : dlerror();
   const std::string first_error = e1 ? e1 : "not found";
   if (!lib) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);

@@ -4,7 +4,7 @@
 // arithmetic; loads and stores gather/scatter through the operands' strides.
 // The loops live in executor_impl.h, compiled here for the baseline ISA and in
 // executor_avx2.cpp for AVX2+FMA; run_program_cpu picks one at run time.
-#include <sstream>
+#include <string>
 
 #include "ops/program.h"
 
@@ -40,20 +40,26 @@ bool Program::uses_random() const {
 }
 
 std::string Program::str() const {
-  std::ostringstream os;
+  std::string os;
+  auto reg = [](int r) { return " r" + std::to_string(r); };
   for (const auto& i : code) {
-    os << "r" << i.dst << (i.f64 ? ":f64" : ":f32") << " = " << op_name(i.op);
-    if (i.op == kOpLoad) os << " in" << i.aux << " (" << dtype_info((DTypeCode)i.dtype).short_name << ")";
-    if (i.op == kOpConst) os << " " << i.imm;
-    if (i.a >= 0) os << " r" << i.a;
-    if (i.b >= 0) os << " r" << i.b;
-    if (i.c >= 0) os << " r" << i.c;
-    if (i.op == kOpRound) os << " -> " << dtype_info((DTypeCode)i.dtype).short_name << " mode=" << int(i.mode);
-    if (i.var) os << " var=" << int(i.var);
-    os << "\n";
+    os += "r" + std::to_string(i.dst) + (i.f64 ? ":f64" : ":f32") + " = " + op_name(i.op);
+    if (i.op == kOpLoad)
+      os += " in" + std::to_string(i.aux) + " (" +
+            dtype_info(static_cast<DTypeCode>(i.dtype)).short_name + ")";
+    if (i.op == kOpConst) os += " " + std::to_string(i.imm);
+    if (i.a >= 0) os += reg(i.a);
+    if (i.b >= 0) os += reg(i.b);
+    if (i.c >= 0) os += reg(i.c);
+    if (i.op == kOpRound)
+      os += std::string(" -> ") + dtype_info(static_cast<DTypeCode>(i.dtype)).short_name +
+            " mode=" + std::to_string(i.mode);
+    if (i.var) os += " var=" + std::to_string(i.var);
+    os += "\n";
   }
-  for (size_t k = 0; k < outputs.size(); ++k) os << "out" << k << " <- r" << outputs[k].reg << "\n";
-  return os.str();
+  for (size_t k = 0; k < outputs.size(); ++k)
+    os += "out" + std::to_string(k) + " <- r" + std::to_string(outputs[k].reg) + "\n";
+  return os;
 }
 
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,

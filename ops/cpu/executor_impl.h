@@ -5,7 +5,6 @@
 // Expects CL_EXEC_NS to name the namespace to define run() in.
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 #include <stdexcept>
 
 #include "core/parallel.h"
@@ -205,9 +204,11 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
 }
 
 // ---- arithmetic on one block ----
-template <typename T>
-void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
-  const int v = in.var;
+// IMPL is the transcendental implementation as a compile-time constant, so each loop
+// calls one function (and the portable ones vectorise).
+template <typename T, int IMPL>
+void compute_impl(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
+  const int v = (in.var & ~kVarImplMask) | IMPL;
   switch (in.op) {
     case kOpConst: {
       const T k = static_cast<T>(in.imm);
@@ -229,8 +230,24 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
     case kOpRsqrt: for (int64_t j = 0; j < n; ++j) d[j] = op_rsqrt(a[j], v); break;
     case kOpReciprocal: for (int64_t j = 0; j < n; ++j) d[j] = div_f(T(1), a[j], v); break;
     case kOpSquare: for (int64_t j = 0; j < n; ++j) d[j] = a[j] * a[j]; break;
-    case kOpCos: for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask); break;
-    case kOpSin: for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask); break;
+    case kOpCos:
+    case kOpSin:
+      if constexpr (std::is_same<T, float>::value) {
+        if ((v & kVarImplMask) == kPortable) {
+          // Two passes, the same bits as portable::sinf_/cosf_: a branch-free loop the
+          // compiler vectorises, then the rare huge or non-finite arguments.
+          const bool want_cos = in.op == kOpCos;
+          if (want_cos) for (int64_t j = 0; j < n; ++j) d[j] = portable::cosf_small_(a[j]);
+          else for (int64_t j = 0; j < n; ++j) d[j] = portable::sinf_small_(a[j]);
+          for (int64_t j = 0; j < n; ++j)
+            if (portable::sincosf_needs_full_(a[j]))
+              d[j] = want_cos ? portable::cosf_(a[j]) : portable::sinf_(a[j]);
+          break;
+        }
+      }
+      if (in.op == kOpCos) for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask);
+      else for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask);
+      break;
     case kOpErf: for (int64_t j = 0; j < n; ++j) d[j] = m_erf(a[j], v & kVarImplMask); break;
     case kOpAdd: for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j]; break;
     case kOpSub: for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j]; break;
@@ -254,6 +271,14 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
     case kOpWhere: for (int64_t j = 0; j < n; ++j) d[j] = a[j] != T(0) ? b[j] : c[j]; break;
     default:
       throw std::logic_error(std::string("cpu executor: unexpected op ") + op_name(in.op));
+  }
+}
+
+template <typename T>
+void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
+  switch (in.var & kVarImplMask) {
+    case kPortable: compute_impl<T, kPortable>(in, d, a, b, c, n); break;
+    default: compute_impl<T, kLibm>(in, d, a, b, c, n); break;
   }
 }
 

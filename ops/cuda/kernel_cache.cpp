@@ -16,11 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -160,28 +157,44 @@ const std::string& headers_hash() {
 
 bool mkdirs(const std::string& path) {
   std::string cur;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  size_t i = 0;
+  while (i <= path.size()) {
+    const size_t j = path.find('/', i);
+    const size_t end = j == std::string::npos ? path.size() : j;
+    cur = path.substr(0, end);
+    if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    if (j == std::string::npos) break;
+    i = j + 1;
   }
   return true;
 }
 
-bool read_entry(const std::string& path, std::string* kind, std::string* payload) {
-  std::ifstream f(path, std::ios::binary);
+bool read_file(const std::string& path, std::string* out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
-  std::string header;
-  if (!std::getline(f, header)) return false;
-  std::istringstream hs(header);
-  std::string magic, ver, k, sum;
-  size_t size = 0;
-  if (!(hs >> magic >> ver >> k >> size >> sum)) return false;
-  if (magic != "castlab-kernel" || ver != "1" || (k != "cubin" && k != "ptx")) return false;
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  char buf[1 << 16];
+  size_t n;
+  out->clear();
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
+  const bool ok = !std::ferror(f);
+  std::fclose(f);
+  return ok;
+}
+
+bool read_entry(const std::string& path, std::string* kind, std::string* payload) {
+  std::string all;
+  if (!read_file(path, &all)) return false;
+  const size_t nl = all.find('\n');
+  if (nl == std::string::npos || nl > 200) return false;
+  const std::string header = all.substr(0, nl);
+  char magic[32] = {0}, k[16] = {0}, sum[80] = {0};
+  int ver = 0;
+  unsigned long long size = 0;
+  if (std::sscanf(header.c_str(), "%31s %d %15s %llu %79s", magic, &ver, k, &size, sum) != 5)
+    return false;
+  if (std::string(magic) != "castlab-kernel" || ver != 1) return false;
+  if (std::string(k) != "cubin" && std::string(k) != "ptx") return false;
+  std::string data = all.substr(nl + 1);
   if (data.size() != size) return false;
   if (sha256_hex(data) != sum) return false;
   *kind = k;
@@ -194,18 +207,14 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
   if (!mkdirs(dir)) return;
   std::random_device rd;
   const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return;
-    f << "castlab-kernel 1 " << kind << " " << payload.size() << " " << sha256_hex(payload) << "\n";
-    f.write(payload.data(), static_cast<std::streamsize>(payload.size()));
-    if (!f) {
-      f.close();
-      std::remove(tmp.c_str());
-      return;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return;
+  const std::string header = "castlab-kernel 1 " + kind + " " + std::to_string(payload.size()) +
+                             " " + sha256_hex(payload) + "\n";
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  ok = ok && std::fwrite(payload.data(), 1, payload.size(), f) == payload.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
 }
 
 std::string compile(int dev, const std::string& name, const std::string& source,

@@ -3,7 +3,8 @@
 // Every function here is built only from IEEE-754 basic operations (+ - * /, each correctly
 // rounded to nearest), explicit fused multiply-adds (cl::fma_f / cl::fma_d), comparisons,
 // conversions float<->double (round to nearest) and integer/bit manipulation through the
-// cl:: bit helpers.  No std:: or CUDA math function is called, no table is used, and nothing
+// cl:: bit helpers.  No std:: or CUDA math function is called, the only table (bits of 2/pi
+// for the sin/cos reduction of large arguments) is a switch on constants, and nothing
 // depends on the FP environment beyond round-to-nearest with subnormals enabled (no FTZ).
 // Every multiply-add that matters is an explicit fma, and the products that feed an add
 // in the double functions go through detail::mul_d (__dmul_rn on the device), so device
@@ -17,7 +18,8 @@
 //    polynomials are only as long as float needs (relative error ~2^-32..2^-38), so the
 //    results are correctly rounded except for rare near-halfway cases, and all float
 //    subnormal inputs/outputs are normal doubles, which removes most special cases.  The
-//    float functions are branch-free (selects only), so loops over them vectorize.
+//    float functions are branch-free (selects only), so loops over them vectorize, except
+//    sinf_/cosf_ (a branch to the Payne-Hanek reduction for |x| >= 2^50).
 //  * The double functions use the classic reductions with double-double corrections in
 //    the places where a plain double would cost more than ~0.5 ulp.  They may branch
 //    (erf_).
@@ -29,12 +31,18 @@
 // Accuracy (measured by tests/cpp/test_math_portable.cpp; see tests/cpp/README.md):
 //  expf_ <= 1 ulp (practically correctly rounded: ~0.5 ulp), the other float functions
 //  and all double functions < 2 ulp (measured max ~0.5-1 ulp).
-//  sin/cos argument reduction: 3-part Cody-Waite with pi/2 split into three doubles, done
-//  in double-double for the double functions.  Accurate for |x| < 2^31 (~2.1e9) for double
-//  and for every float with |x| < 2^50; between 2^31 and 2^50 the double results lose
-//  accuracy gradually (measured: max 3.3 ulp, 0.007% of inputs above 2 ulp).  For
-//  finite |x| >= 2^50 there is no reduction (that would need a table of 2/pi bits): the
-//  result is that of x = 0 (sin 0, cos 1), i.e. finite and in [-1, 1] but not sin/cos(x).
+//  sin/cos argument reduction: 3-part Cody-Waite with pi/2 split into three doubles (done
+//  in double-double for the double functions) for |x| < 2^50 (float) / |x| < 2^31 (double);
+//  above that, a Payne-Hanek reduction (detail::rem_pio2_big: exact integer product of the
+//  significand with a 192-bit window of 2/pi, 1216 bits of 2/pi in a switch) taken in a
+//  branch.  So sin/cos are accurate for every finite argument: float sinf_/cosf_ <= 1 ulp
+//  (measured max 0.5001 ulp; exhaustively over all 654M floats 2^50 <= x <= FLT_MAX, the
+//  negative ones giving the mirrored bits: max 0.5001 ulp, 99.998% correctly rounded),
+//  double sin_/cos_ < 2 ulp (measured max 0.715 ulp over 1M arguments 2^31 <= |x| <= DBL_MAX
+//  against glibc's sinl/cosl, max 0.684 ulp over 220k against mpmath at 300+ bits).
+//  Cost of that branch: the float and double sin/cos are no longer branch-free, so GCC does
+//  not vectorize loops over them (measured on x86-64/AVX2: ~3.7 -> ~27 ns per sinf_, see
+//  tests/cpp/README.md); the GPU is not affected beyond the rarely taken branch.
 //
 // Host build flags: -ffp-contract=off (required for the identical bits); for speed also
 // FMA hardware (-mfma / -march=x86-64-v3: otherwise every fma is a libm call, ~10x slower)
@@ -130,7 +138,8 @@ CL_HD double log_split(double x, int32_t& k) {
 }
 
 // ---- sin/cos reduction (double) ------------------------------------------------------
-// x = q*pi/2 + (rh + rl), |rh| <= ~pi/4.  Valid for |x| < 2^50 (see the header comment).
+// x = q*pi/2 + (rh + rl), |rh| <= ~pi/4.  Used for |x| < 2^31 (accurate there; it degrades
+// slowly above, max 3.3 ulp at 2^50, hence detail::rem_pio2_big for |x| >= 2^31).
 CL_HD double rem_pio2_d(double x, double& rl, int32_t& q) {
   double t = cl::fma_d(x, kTwoOverPi, kMagic);
   double kd = t - kMagic;
@@ -364,30 +373,35 @@ CL_HD double log_(double x) {
 // =====================================================================================
 
 // sinf_/cosf_: in double: k = round(x*2/pi), r = x - k*pi/2 with pi/2 in three doubles
-// (first fma exact), both float-grade kernels evaluated, quadrant selected without
-// branches, one rounding.  Accurate for |x| < 2^50; beyond that see the header comment.
+// (first fma exact; accurate for |x| < 2^50), or for |x| >= 2^50 the Payne-Hanek reduction;
+// both float-grade kernels evaluated, quadrant selected without branches, one rounding.
 namespace detail {
-CL_HD double sincos_f_core(float x, bool want_cos) {
-  double xd = (double)x;
-  double r;
-  int32_t q;
-  if (detail::abs_d(xd) < 0x1p50) {
-    double t = cl::fma_d(xd, detail::kTwoOverPi, detail::kMagic);
-    double kd = t - detail::kMagic;
-    q = detail::low_int(t);
-    r = cl::fma_d(-kd, detail::kPio2_1, xd);
-    r = cl::fma_d(-kd, detail::kPio2_2, r);
-    r = cl::fma_d(-kd, detail::kPio2_3, r);
-  } else {  // rare: |x| >= 2^50, Inf, NaN (the last two are replaced by the caller)
-    double rl;
-    r = detail::rem_pio2_big(xd, rl, q);
-  }
+CL_HD double sincos_f_finish(double r, int32_t q, bool want_cos) {
   q += want_cos ? 1 : 0;
   double z = r * r;
   double s = detail::sin_kernel_f(r, z);
   double c = detail::cos_kernel_f(z);
   double v = (q & 1) ? c : s;
   return (q & 2) ? -v : v;
+}
+// The branch-free path, exact for |x| < 2^50 (what sincos_f_core computes there).
+CL_HD double sincos_f_small(double xd, bool want_cos) {
+  double t = cl::fma_d(xd, detail::kTwoOverPi, detail::kMagic);
+  double kd = t - detail::kMagic;
+  int32_t q = detail::low_int(t);
+  double r = cl::fma_d(-kd, detail::kPio2_1, xd);
+  r = cl::fma_d(-kd, detail::kPio2_2, r);
+  r = cl::fma_d(-kd, detail::kPio2_3, r);
+  return sincos_f_finish(r, q, want_cos);
+}
+CL_HD double sincos_f_core(float x, bool want_cos) {
+  double xd = (double)x;
+  if (detail::abs_d(xd) < 0x1p50) return sincos_f_small(xd, want_cos);
+  // rare: |x| >= 2^50, Inf, NaN (the last two are replaced by the caller)
+  double rl;
+  int32_t q;
+  double r = detail::rem_pio2_big(xd, rl, q);
+  return sincos_f_finish(r, q, want_cos);
 }
 }  // namespace detail
 CL_HD float sinf_(float x) {
@@ -401,9 +415,19 @@ CL_HD float cosf_(float x) {
   float ax = cl::f32_from_bits(cl::f32_bits(x) & 0x7fffffffu);
   return ax < detail::inf_f() ? res : detail::qnan_f();
 }
+// Vectorisable variants for CPU loops: equal to sinf_/cosf_ where |x| < 2^50 (a caller
+// fixes up the rest with sinf_/cosf_; see sincosf_needs_full_).
+CL_HD float sinf_small_(float x) {
+  float res = (float)detail::sincos_f_small((double)x, false);
+  return x == 0.0f ? x : res;
+}
+CL_HD float cosf_small_(float x) { return (float)detail::sincos_f_small((double)x, true); }
+CL_HD bool sincosf_needs_full_(float x) {
+  return !(cl::f32_from_bits(cl::f32_bits(x) & 0x7fffffffu) < 0x1p50f);
+}
 
-// sin_/cos_: double-double reduction (detail::rem_pio2_d), kernels on rh + rl, quadrant
-// selection.  Accurate for |x| < 2^31, degrading slowly up to 2^50 (header comment).
+// sin_/cos_: double-double reduction (detail::rem_pio2_d) for |x| < 2^31, Payne-Hanek
+// (detail::rem_pio2_big) above, kernels on rh + rl, quadrant selection.
 namespace detail {
 CL_HD double sincos_d_core(double x, bool want_cos) {
   double rl, rh;

@@ -185,7 +185,7 @@ def full(shape: Sequence[int] | int, fill_value: float | int | bool, dtype: Any 
 def _fill(t: Tensor, value: float) -> None:
     # fp64 register for every float format but fp32: narrow formats then round once,
     # directly from the double (no double rounding through fp32)
-    f64 = t._dtype_name != "float32" and t._dtype_name not in ("bool", "int32")
+    f64 = t._dtype_name not in ("float32", "bool")  # int32 too: > 2^24 is inexact in fp32
     prog = _C.Program([(_OP["const"], int(f64), 0, 0, 0, 0, 0, -1, -1, -1, 0, value)], 1,
                       [(0, 0, 1, 0)], 0)
     prog.run([], [t])

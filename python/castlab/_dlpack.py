@@ -39,22 +39,23 @@ _CAPSULE_TYPE = type(_C.to_dlpack(_C.empty([0], "float32", "cpu"), True))
 
 
 def _consumer_stream(device: tuple[int, int]) -> Any:
-    """The ``stream`` castlab passes to a producer on ``device`` (a DLPack device pair).
+    """The ``stream`` castlab passes to a producer on ``device`` (a DLPack device pair):
+    None on the CPU, as the array API requires; for CUDA producers castlab's own stream
+    (as an int), so the producer orders its pending work before castlab's."""
+    if device[0] != _kDLCUDA:
+        return None
+    from . import cuda
 
-    None on the CPU, as the array API requires. For CUDA producers this is where castlab's
-    current stream goes (1 for the legacy default stream, -1 for "no synchronisation", or a
-    ``cudaStream_t`` as an int); the CUDA engineer fills it in. None for now.
-    """
-    return None
+    return cuda.consumer_stream(device[1])
 
 
 def _producer_sync(tensor: Any, stream: Any) -> None:
-    """Make work queued on ``tensor`` visible to the consumer's ``stream`` (CUDA only).
+    """Make work queued on ``tensor`` visible to the consumer's ``stream`` (CUDA only):
+    an event recorded on castlab's stream that the consumer's stream waits on (no host
+    synchronisation). ``stream=-1`` means the consumer asks for no synchronisation."""
+    from . import cuda
 
-    Called by ``Tensor.__dlpack__`` for CUDA tensors; to be filled in by the CUDA backend
-    (record an event on castlab's stream and make ``stream`` wait on it). Does nothing yet.
-    """
-    return None
+    cuda.producer_sync(tensor, stream)
 
 
 # ---- helpers ---------------------------------------------------------------------------

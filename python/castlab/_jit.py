@@ -47,10 +47,11 @@ class Traced:
         self.outputs = outputs                  # output nodes
         self.structure = structure              # "single" | "tuple" | "list"
         self.plans: dict = {}
+        self.default_plan = None  # the plan under the jit's own policy and math
 
 
-def _signature(tensors: list) -> tuple:
-    return tuple((t._dtype_name, t.shape, t._strides, t._device_str) for t in tensors)
+def _signature(tensors: list) -> bytes:
+    return _C.signature(tensors)
 
 
 class JitFunction:
@@ -149,6 +150,8 @@ class JitFunction:
         if plan is None:
             plan, outs = lower(tr.outputs, all_inputs, pol, mth)
             tr.plans[key] = plan
+            if pol is self.policy and mth is self.math:
+                tr.default_plan = plan
             if _debug():
                 print(format_trace(tr, pol, mth))
                 for k, (prog, _, _) in enumerate(plan.steps):
@@ -161,6 +164,16 @@ class JitFunction:
         return tuple(outs) if tr.structure == "tuple" else list(outs)
 
     def __call__(self, *args):
+        # Fast path: a cached graph and plan for this signature under the jit's own
+        # policy and math: one dict lookup and one C++ call.
+        if all(type(a) is Tensor for a in args):
+            tensors = list(args)
+            tr = self._cache.get(_C.signature(tensors))
+            if tr is not None and tr.default_plan is not None and not tr.captured:
+                outs = tr.default_plan.run(tensors)
+                if tr.structure == "single":
+                    return outs[0]
+                return tuple(outs) if tr.structure == "tuple" else list(outs)
         return self.run(*args)
 
     def trace(self, *args, policy: Any = None, math: Any = None) -> Trace:
@@ -270,11 +283,8 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
     low = Lowering(policy, math, cuda, [])
     names: dict = {}
     lines: list = []
-    counter = [0]
-
-    def fresh() -> str:
-        counter[0] += 1
-        return f"t{counter[0] - 1}"
+    # Names: graph node k is t{k} (the index that Policy(round_after=...) takes); a value
+    # widened or rounded to another dtype gets that dtype as a suffix (t2_bf16).
 
     def emit(lhs, rhs, comment=""):
         s = f"  {lhs} = {rhs}"
@@ -317,7 +327,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         if dt is float64 and cdt is float32 or dt is not cdt:
             key = (id(a), cdt.name)
             if key not in conv:
-                t = fresh()
+                t = f"{nm}_{cdt.short}"
                 what = "widen, exact" if (dt.bits < cdt.bits) else "round to nearest even"
                 emit(t, f"convert({nm}, {cdt.short})", what)
                 conv[key] = t
@@ -333,7 +343,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
 
     for n in tr.nodes:
         if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
-            t = fresh()
+            t = f"t{n.index}"
             names[id(n)] = t
             rep[id(n)] = rep[id(n.inputs[0])]
             emit(t, f"{n.op}({names[id(n.inputs[0])]}, {_vop_args(n)})",
@@ -342,7 +352,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         if n.op == "cat":
             cdt = max((rep[id(p)][1] for p in n.inputs), key=lambda d: d.bits)
             parts = [operand(p, cdt) if rep[id(p)][1] is not cdt else names[id(p)] for p in n.inputs]
-            t = fresh()
+            t = f"t{n.index}"
             names[id(n)] = t
             kinds = {rep[id(p)][0] for p in n.inputs}
             rep[id(n)] = ("st", n.dtype) if kinds == {"st"} and cdt is n.dtype else ("cp", cdt)
@@ -353,7 +363,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         if n.op == "astype":
             src = operand(n.inputs[0], cdt)
             tgt = low.round_target(n)
-            t = fresh()
+            t = f"t{n.index}"
             names[id(n)] = t
             if tgt is not None:
                 emit(t, f"convert({src}, {tgt.short})", f"astype: {rounding}")
@@ -364,7 +374,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
                 rep[id(n)] = ("cp", cdt)
             continue
         args = [operand(a, cdt) for a in n.inputs]
-        t = fresh()
+        t = f"t{n.index}"
         names[id(n)] = t
         out_dt = n.dtype if n.op in COMPARE else cdt
         note = [_fmt_type(out_dt, n.shape)]
@@ -374,6 +384,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         if math.fma and n.op in ("add", "sub"):
             for a in n.inputs:
                 if (a.op == "mul" and users.get(id(a), 0) == 1 and low.round_target(a) is None
+                        and not policy.rounds_after(a.index, "mul")
                         and low.vt64(a) == low.vt64(n)):
                     note.append(f"fma-contracted with {names[id(a)]}")
                     break
@@ -382,7 +393,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         rep[id(n)] = ("st", n.dtype) if n.op in COMPARE else ("cp", cdt)
         tgt = low.round_target(n)
         if tgt is not None:
-            r = fresh()
+            r = f"{t}_{tgt.short}"
             emit(r, f"convert({t}, {tgt.short})", rounding)
             names[id(n)] = r
             rep[id(n)] = ("st", tgt)
@@ -395,7 +406,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         kind, dt = rep[id(n)]
         nm = names[id(n)]
         if dt is not want:
-            t = fresh()
+            t = f"{nm}_{want.short}"
             emit(t, f"convert({nm}, {want.short})",
                  f"output: {rounding}" if want.bits < dt.bits else "output: widen, exact")
             nm = t

@@ -361,16 +361,36 @@ class Lowering:
         return r
 
     # -- regions and programs -----------------------------------------------------
-    def emit_regions(self, e, out: Leaf, out_meta, temp_dt=None):
+    def regions(self, e, out: Leaf, out_meta, acc: list) -> list:
+        """Split e at its concatenations into (expr, output view, meta) regions."""
         if isinstance(e, Cat):
             d, o = e.dim, 0
             for p in e.parts:
                 s = p.shape[d]
                 sub = Leaf(out.t._slice(d, o, o + s, 1), out.src)
-                self.emit_regions(p, sub, out_meta, temp_dt)
+                self.regions(p, sub, out_meta, acc)
                 o += s
+        else:
+            acc.append((e, out, out_meta))
+        return acc
+
+    def emit_regions(self, e, out: Leaf, out_meta, temp_dt=None):
+        self.emit_grouped(self.regions(e, out, out_meta, []))
+
+    def emit_grouped(self, regs: list):
+        """One Program per group of regions of equal shape: RoPE's two halves (and several
+        outputs of one shape) become one kernel that reads each input element once.
+        Stochastic rounding keeps one Program per region, since its random stream is
+        indexed by the position in the Program's first output."""
+        if self.policy.rounding == "stochastic":
+            for e, out, meta in regs:
+                self.emit_program([e], [out], [meta])
             return
-        self.emit_program([e], [out], [out_meta])
+        groups: dict = {}
+        for r in regs:
+            groups.setdefault(tuple(r[0].shape), []).append(r)
+        for g in groups.values():
+            self.emit_program([r[0] for r in g], [r[1] for r in g], [r[2] for r in g])
 
     def emit_program(self, exprs: list, outs: list, metas: list):
         b = ProgramBuilder(self)
@@ -516,7 +536,10 @@ class ProgramBuilder:
         low = self.low
 
         def is_mul(a):
+            # A node the policy rounds after is a kernel boundary (plain eager runs every op
+            # as its own kernel), even where that rounding is a no-op (fp32 storage).
             return (isinstance(a, Elem) and a.node.op == "mul" and self._uses.get(id(a), 0) == 1
+                    and not low.policy.rounds_after(a.node.index, "mul")
                     and low.round_target(a.node) is None and low.vt64(a.node) == f64
                     and id(a) not in self._memo)
 
@@ -545,12 +568,16 @@ class ProgramBuilder:
 
 # ---------------------------------------------------------------- plans
 
+_KIND = {"in": 0, "tmp": 1, "out": 2}
+
+
 class Plan:
-    """A lowered graph: Programs to run, and how to bind fresh inputs to them."""
+    """A lowered graph: Programs to run, and how to bind fresh inputs to them.
+
+    The binding and the launches run in C++ (``_C.Plan``): one call per execution."""
 
     def __init__(self, low: Lowering, input_tensors: list, out_shapes: list, out_dtypes: list,
                  out_tensors: list):
-        self.steps = []
         base = {("in", i): t for i, t in enumerate(input_tensors)}
         for k, t in enumerate(low.temp_tensors):
             base[("tmp", k)] = t
@@ -560,32 +587,19 @@ class Plan:
         def spec(leaf: Leaf):
             b = base[leaf.src]
             t = leaf.t
-            return (leaf.src, list(t.shape), list(t._strides), t._offset - b._offset)
+            return (_KIND[leaf.src[0]], leaf.src[1], list(t.shape), list(t._strides),
+                    t._offset - b._offset)
 
-        for prog, leaves, outs in low.steps:
-            self.steps.append((prog, [spec(x) for x in leaves], [spec(x) for x in outs]))
+        self.steps = [(prog, [spec(x) for x in leaves], [spec(x) for x in outs])
+                      for prog, leaves, outs in low.steps]
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes
         self.device = low.device_str()
-
-    def run(self, inputs: list, outputs: list | None = None) -> list:
-        dev = self.device
-        if outputs is None:
-            outputs = [_C.empty(list(s), d.name, dev) for s, d in zip(self.out_shapes, self.out_dtypes)]
-        base = {("in", i): t for i, t in enumerate(inputs)}
-        for k, (s, d) in enumerate(self.temps):
-            base[("tmp", k)] = _C.empty(list(s), d.name, dev)
-        for k, t in enumerate(outputs):
-            base[("out", k)] = t
-
-        def bind(sp):
-            b = base[sp[0]]
-            return b._as_strided(sp[1], sp[2], b._offset + sp[3])
-
-        for prog, leaves, outs in self.steps:
-            prog.run([bind(x) for x in leaves], [bind(x) for x in outs])
-        return outputs
+        self._c = _C.Plan(self.steps, [(list(s), d.name) for s, d in self.temps],
+                          [(list(s), d.name) for s, d in zip(out_shapes, out_dtypes)],
+                          self.device)
+        self.run = self._c.run  # run(inputs, outputs=[]) -> outputs
 
 
 def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
@@ -628,13 +642,10 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
             n = inner
         roots.append((low.hoist(low.expr(n)), Leaf(o, ("out", k)), n))
 
-    same_shape = len({tuple(r[0].shape) for r in roots}) == 1
-    if len(roots) > 1 and same_shape and not any(isinstance(r[0], Cat) for r in roots):
-        low.emit_program([r[0] for r in roots], [r[1] for r in roots],
-                         [1_000_003 + k for k in range(len(roots))])
-    else:
-        for k, (e, out, _) in enumerate(roots):
-            low.emit_regions(e, out, 1_000_003 + k)
+    regs: list = []
+    for k, (e, out, _) in enumerate(roots):
+        low.regions(e, out, 1_000_003 + k, regs)
+    low.emit_grouped(regs)
     plan = Plan(low, inputs, out_shapes, out_dtypes, out_tensors)
     return plan, out_tensors
 

@@ -50,6 +50,20 @@ def is_available() -> bool:
         return False
 
 
+def unavailable_reason() -> str:
+    """Why CUDA is not available (empty when it is)."""
+    if is_available():
+        return ""
+    try:
+        info_d = dict(_C._cuda_info())
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    for k in ("error", "reason", "driver_error"):
+        if info_d.get(k):
+            return str(info_d[k])
+    return "no CUDA driver or GPU found"
+
+
 def device_count() -> int:
     """Number of CUDA devices (0 without a driver or GPU)."""
     try:

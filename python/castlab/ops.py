@@ -9,7 +9,6 @@ bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -26,7 +25,7 @@ TensorLike = Union["_C.Tensor", Proxy]
 Number = Union[int, float, bool]
 
 _EAGER_POLICY = Policy.eager()
-_eager_cache: OrderedDict = OrderedDict()
+_eager_cache: dict = {}
 _EAGER_CACHE_SIZE = 4096
 
 
@@ -69,38 +68,54 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
         n = elementwise(op, nodes, attrs)
         record(n)
         return Proxy(n)
-    nodes, tensors = [], []
+    # Eager: a cached plan for this op, argument signature and math variant, if any.
+    tensors = []
+    parts: list = [op]
     for a in args:
-        if isinstance(a, (bool, int, float)):
-            nodes.append(scalar_node(a, "cpu"))
-            continue
-        if isinstance(a, Proxy):
+        if type(a) is Tensor:
+            tensors.append(a)
+            parts.append(None)
+        elif isinstance(a, float):
+            parts.append(a.hex())  # distinguishes -0.0 and NaN exactly
+        elif isinstance(a, (bool, int)):
+            parts.append((type(a), a))
+        elif isinstance(a, Proxy):
             raise TypeError("a traced tensor escaped its castlab.jit function")
-        if not isinstance(a, Tensor):
-            a = _to_tensor(a)
-        nodes.append(input_node(a, len(tensors)))
-        tensors.append(a)
-    n = elementwise(op, nodes, attrs)
-    return _run_eager([n], tensors, key_extra=(op, tuple(sorted((attrs or {}).items(), key=str)),
-                                               tuple(x.value if x.op == "scalar" else _sig(x.tensor)
-                                                     for x in nodes)))[0]
-
-
-def _run_eager(outs: list[Node], tensors: list, key_extra=None) -> list:
+        else:
+            tensors.append(a if isinstance(a, Tensor) else _to_tensor(a))
+            parts.append(None)
     math = current_math()
-    key = None
-    if key_extra is not None:
-        key = (key_extra, math)
-        plan = _eager_cache.get(key)
-        if plan is not None:
-            _eager_cache.move_to_end(key)
-            return plan.run(tensors)
-    plan, result = lower(outs, tensors, _EAGER_POLICY, math)
+    key = (tuple(parts), _attrs_key(attrs), _C.signature(tensors), math)
+    plan = _eager_cache.get(key)
+    if plan is not None:
+        return plan.run(tensors)[0]
+    nodes = []
+    slot = 0
+    for a, p in zip(args, parts[1:]):
+        if p is None:
+            nodes.append(input_node(tensors[slot], slot))
+            slot += 1
+        else:
+            nodes.append(scalar_node(a, "cpu"))
+    n = elementwise(op, nodes, attrs)
+    plan, result = lower([n], tensors, _EAGER_POLICY, math)
     plan.run(tensors, result)
-    if key is not None:
-        _eager_cache[key] = plan
-        if len(_eager_cache) > _EAGER_CACHE_SIZE:
-            _eager_cache.popitem(last=False)
+    _eager_cache[key] = plan
+    if len(_eager_cache) > _EAGER_CACHE_SIZE:
+        _eager_cache.pop(next(iter(_eager_cache)))
+    return result[0]
+
+
+def _attrs_key(attrs: dict | None):
+    if not attrs:
+        return None
+    return tuple(sorted((k, v.name if isinstance(v, dtype) else v) for k, v in attrs.items()))
+
+
+def _run_eager(outs: list[Node], tensors: list) -> list:
+    """Run a small graph over concrete tensors now, under the eager policy."""
+    plan, result = lower(outs, tensors, _EAGER_POLICY, current_math())
+    plan.run(tensors, result)
     return result
 
 

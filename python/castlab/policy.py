@@ -36,7 +36,8 @@ class Policy:
     Args:
         name: "eager", "fused", "fp64" or any label for a custom policy.
         round_after: "all", "none", or node selectors: op names ("silu") or node
-            indices as printed by ``trace()`` (3).
+            indices: node k is ``t{k}`` in ``trace()``'s listing (``round_after=(2,)``
+            rounds ``t2``).
         compute: dtype to compute every op in (default: PyTorch's op-math, fp32 for
             bf16/fp16/fp8/fp32 and fp64 for fp64).
         output: dtype of the outputs (default: each output node's dtype).

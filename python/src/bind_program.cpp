@@ -8,7 +8,7 @@ using cl::Tensor;
 
 namespace {
 
-// Runs a program on the device of its operands. The CUDA executor registers itself
+// Runs a program on the device of its operands (GIL released on the CPU). The CUDA executor registers itself
 // here when castlab's CUDA support is loaded.
 std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)>
     g_cuda_runner;
@@ -34,6 +34,11 @@ void run_any(const Program& p, const std::vector<Tensor>& in, const std::vector<
 }  // namespace
 
 namespace cl {
+void run_program_any(const Program& p, const std::vector<Tensor>& in,
+                     const std::vector<Tensor>& out) {
+  run_any(p, in, out);
+}
+
 void set_cuda_runner(std::function<void(const Program&, const std::vector<Tensor>&,
                                         const std::vector<Tensor>&)> f) {
   g_cuda_runner = std::move(f);

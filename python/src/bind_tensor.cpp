@@ -47,6 +47,8 @@ void bind_tensor(py::module_& m) {
   });
   m.def("itemsize", [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
   m.def("num_threads", &cl::num_threads);
+  m.def("cpu_empty_cache", &cl::cpu_empty_cache, "return cached host memory blocks to the OS");
+  m.def("cpu_cached_bytes", &cl::cpu_cached_bytes);
   m.def("set_num_threads", &cl::set_num_threads);
   m.def("broadcast_shapes", [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
 

@@ -19,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
   });
   bind_tensor(m);
   bind_program(m);
+  bind_plan(m);
   bind_dlpack(m);
   bind_mathlib(m);
   bind_cuda(m);

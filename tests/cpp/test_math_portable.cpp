@@ -3,8 +3,12 @@
 //   * expf_: exhaustive over every float whose e^x is a finite normal float (2 threads),
 //     bound 1 ulp; subnormal results checked too (bound 1 ulp of 2^-149).
 //   * other float functions: all 65,536 bfloat16 bit patterns (as float) + 10M random
-//     floats (half uniform in the interesting range, half random bit patterns), bound 2 ulp.
-//   * double functions: 1M random inputs each against the long double (x87) libm, bound 2 ulp.
+//     floats (half uniform in the interesting range, half random bit patterns), bound 2 ulp
+//     (sinf_/cosf_: 1 ulp, over every finite float, i.e. including the Payne-Hanek range
+//     |x| >= 2^50, which the random bit patterns hit ~30% of the time).
+//   * double functions: 1M random inputs each against the long double (x87) libm, bound 2 ulp
+//     (sin_/cos_ also: 1M inputs with 2^31 <= |x| <= DBL_MAX (Payne-Hanek range, exponent
+//     uniform) and 200k next to multiples of pi/2 up to k = 2^62).
 //   * special values (NaN/Inf/zeros/saturation/subnormals) and |sin|,|cos| <= 1 everywhere.
 // References: float functions against the double-precision std:: function of the same
 // argument (its error, ~2^-53 relative, is negligible next to a float ulp), double functions
@@ -269,6 +273,15 @@ void check_specials() {
   expect_bits_d("erf(inf)", erf_(dinf), 1.0);
   expect_bits_d("erf(-inf)", erf_(-dinf), -1.0);
   expect_bits_d("erf(-7)", erf_(-7.0), -1.0);
+  // Payne-Hanek range: worst cases of the reduction (x closest to a multiple of pi/2) of
+  // float (16367173*2^72) and double (6381956970095103*2^797), and sin(1e22); expected
+  // values from mpmath (1400 bits).
+  expect_bits_f("sinf(16367173*2^72)", sinf_(16367173.0f * 0x1p72f), 1.0f);
+  expect_bits_f("cosf(16367173*2^72)", cosf_(16367173.0f * 0x1p72f), -0x1.bbdd52p-30f);
+  expect_bits_f("cosf(-16367173*2^72)", cosf_(-16367173.0f * 0x1p72f), -0x1.bbdd52p-30f);
+  expect_bits_d("sin(6381956970095103*2^797)", sin_(6381956970095103.0 * 0x1p797), 1.0);
+  expect_bits_d("cos(6381956970095103*2^797)", cos_(6381956970095103.0 * 0x1p797), -0x1.14ae72e6ba22fp-61);
+  expect_bits_d("sin(-1e22)", sin_(-1e22), 0x1.b453ab76bf397p-1);
   // sin/cos must stay finite and in [-1, 1] for every finite argument.
   for (float x : {0x1p50f, 1e20f, -3.4e38f, 3.4028235e38f, 16367173.0f * 0x1p72f}) {
     float s = sinf_(x), c = cosf_(x);
@@ -372,10 +385,11 @@ int main(int argc, char** argv) {
   using namespace cl::portable;
   check_specials();
 
-  // float: bf16 patterns + 10M random.  The accurate domain of sinf_/cosf_ is |x| < 2^50.
+  // float: bf16 patterns + 10M random (sin/cos: every finite float is in the domain; the
+  // double std::sin/cos reference reduces huge arguments exactly too).
   check_float("logf_", logf_, [](double x) { return std::log(x); }, 0.0, 4.0, 2.0, INFINITY, false);
-  check_float("sinf_", sinf_, [](double x) { return std::sin(x); }, -1e5, 1e5, 2.0, 0x1p50, true);
-  check_float("cosf_", cosf_, [](double x) { return std::cos(x); }, -1e5, 1e5, 2.0, 0x1p50, true);
+  check_float("sinf_", sinf_, [](double x) { return std::sin(x); }, -1e5, 1e5, 1.0, INFINITY, true);
+  check_float("cosf_", cosf_, [](double x) { return std::cos(x); }, -1e5, 1e5, 1.0, INFINITY, true);
   check_float("tanhf_", tanhf_, [](double x) { return std::tanh(x); }, -10.0, 10.0, 2.0, INFINITY, false);
   check_float("erff_", erff_, [](double x) { return std::erf(x); }, -5.0, 5.0, 2.0, INFINITY, false);
   check_float("expf_ (sampled)", expf_, [](double x) { return std::exp(x); }, -104.0, 89.0, 1.0, INFINITY, false);
@@ -413,10 +427,22 @@ int main(int argc, char** argv) {
   };
   check_double("sin_ near k*pi/2", sin_, [](long double x) { return std::sin(x); }, near_pio2, 200000, 2.0);
   check_double("cos_ near k*pi/2", cos_, [](long double x) { return std::cos(x); }, near_pio2, 200000, 2.0);
-  // Information only (no bound): beyond the documented accurate range |x| < 2^31.
-  check_double("sin_ 2^31<|x|<2^50 (info)", sin_, [](long double x) { return std::sin(x); },
-               [](std::mt19937_64& r) { return std::ldexp(std::uniform_real_distribution<double>(1, 2)(r), 31 + (int)(r() % 19)); },
-               200000, 1e300);
+  // Payne-Hanek range (|x| >= 2^31): exponent uniform in [31, 1023], random sign; and
+  // next to multiples of pi/2 for k up to 2^62 (glibc's sinl/cosl reduce exactly).
+  auto huge = [](std::mt19937_64& r) {
+    double x = std::ldexp(std::uniform_real_distribution<double>(1, 2)(r), 31 + (int)(r() % 993));
+    return (r() & 1) ? -x : x;
+  };
+  check_double("sin_ 2^31<=|x|<=DBL_MAX", sin_, [](long double x) { return std::sin(x); }, huge, N, 2.0);
+  check_double("cos_ 2^31<=|x|<=DBL_MAX", cos_, [](long double x) { return std::cos(x); }, huge, N, 2.0);
+  auto near_pio2_big = [](std::mt19937_64& r) {
+    long double k = (long double)(r() >> (int)(r() % 33));  // up to 2^64
+    double x = (double)(k * 1.570796326794896619231321691639751442L);
+    int d = (int)(r() % 9) - 4;
+    return d_from_bits(d_bits(x) + d);
+  };
+  check_double("sin_ near k*pi/2, k<2^64", sin_, [](long double x) { return std::sin(x); }, near_pio2_big, 200000, 2.0);
+  check_double("cos_ near k*pi/2, k<2^64", cos_, [](long double x) { return std::cos(x); }, near_pio2_big, 200000, 2.0);
   check_double("tanh_", tanh_, [](long double x) { return std::tanh(x); }, mix(-20.0, 20.0, 30.0), N, 2.0);
   check_double("erf_", erf_, [](long double x) { return std::erf(x); }, mix(-6.0, 6.0, 7.0), N, 2.0);
 
