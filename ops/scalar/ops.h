@@ -67,6 +67,7 @@ enum VariantBits : uint8_t {
   kVarApproxDiv = 0x8,      // division as CUDA's approximate div.full.f32 (GPU only)
   kVarSigmoidEx2 = 0x10,    // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
   kVarRsqrtFast = 0x20,     // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
+  kVarFmaInOp = 0x40,       // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -97,6 +98,9 @@ CL_HD float exp_neg_for_sigmoid(float x, int var) {
 }
 CL_HD double exp_neg_for_sigmoid(double x, int var) { return m_exp(-x, var & kVarImplMask); }
 
+CL_HD float fma_t(float a, float b, float c) { return fma_f(a, b, c); }
+CL_HD double fma_t(double a, double b, double c) { return fma_d(a, b, c); }
+
 // ---- unary ops (T = float or double) ----
 template <typename T>
 CL_HD T op_exp(T x, int var) {
@@ -121,7 +125,9 @@ CL_HD T op_gelu_tanh(T x, int var) {
   const T kBeta = T(0.79788456080286535588);  // M_SQRT2 * M_2_SQRTPI * 0.5
   const T kKappa = T(0.044715);
   const T x_cube = x * x * x;
-  const T inner = kBeta * (x + kKappa * x_cube);
+  // PyTorch's CUDA build contracts x + kKappa * x_cube into one fma (nvcc --fmad=true).
+  const T inner = (var & kVarFmaInOp) ? kBeta * fma_t(kKappa, x_cube, x)
+                                      : kBeta * (x + kKappa * x_cube);
   return T(0.5) * x * (T(1) + m_tanh(inner, var & kVarImplMask));
 }
 template <typename T>

@@ -516,8 +516,12 @@ class ProgramBuilder:
         else:
             var = low.math.variant_bits(op, f64, low.cuda)
             contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
+            quirk = (self._torch_cuda_kernel(e, f64, var)
+                     if low.cuda and low.math.cuda_kernels and contracted is None else None)
             if contracted is not None:
                 out = contracted
+            elif quirk is not None:
+                out = quirk
             else:
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
@@ -530,6 +534,40 @@ class ProgramBuilder:
                      sat=int(low.policy.saturate), aux=node.index + 1)
             out = r
         return (out, f64)
+
+    def _torch_cuda_kernel(self, e: Elem, f64: bool, var: int):
+        """PyTorch's eager CUDA kernels where they differ from "op-math, one rounding":
+        a division by a Python number multiplies by its reciprocal (div_true_kernel_cuda),
+        and bf16/fp16 x**3 and x**-2 compute the inner product in scalar_t
+        (pow_tensor_scalar_kernel), i.e. rounded to the storage dtype."""
+        node = e.node
+        args = e.args
+        if node.op == "div" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar):
+            import numpy as np
+
+            b = float(args[1].value)
+            inv = float(np.float64(1.0) / np.float64(b)) if f64 else float(np.float32(1.0) / np.float32(b))
+            a = self.operand(args[0], f64)
+            k = self.new()
+            self.ins(K_CONST, f64, k, imm=inv)
+            out = self.new()
+            self.ins(OP["mul"], f64, out, a, k)
+            return out
+        if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
+                and float(args[1].value) in (3.0, -2.0) and not f64
+                and node.dtype.name in ("bfloat16", "float16")):
+            x = self.operand(args[0], f64)
+            sq = self.new()
+            self.ins(OP["mul"], f64, sq, x, x)
+            r = self.new()
+            self.ins(K_ROUND, f64, r, a=sq, dtype=node.dtype.code, mode=0, sat=1)
+            out = self.new()
+            if float(args[1].value) == 3.0:
+                self.ins(OP["mul"], f64, out, r, x)
+            else:
+                self.ins(OP["reciprocal"], f64, out, r, var=var & 0x3)
+            return out
+        return None
 
     def _try_fma(self, e: Elem, f64: bool):
         """a*b + c -> fma(a, b, c) when the product is not rounded and used once."""

@@ -150,6 +150,12 @@ class Math:
         sigmoid: "ieee" for ``1 / (1 + exp(-x))`` or "ex2_approx" for Triton's tl.sigmoid
             (``ex2.approx.f32``; GPU only).
         division: "ieee" or "approx" (Triton's ``/``: ``div.full.f32``; GPU only).
+        cuda_kernels: on the GPU, also reproduce the implementation details of PyTorch's
+            eager CUDA kernels: ``rsqrt`` is CUDA's approximate ``rsqrtf``, a division by a
+            Python number multiplies by its reciprocal, ``a*b+c`` inside an op's formula
+            contracts to an fma (gelu's tanh form; PyTorch is built with nvcc
+            ``--fmad=true``), and bf16/fp16 ``x**3`` / ``x**-2`` round the inner product to
+            the storage dtype (the kernels compute in ``scalar_t``). No effect on the CPU.
 
     >>> Math.preset("inductor").division
     'approx'
@@ -161,6 +167,7 @@ class Math:
     silu: str = "div"
     sigmoid: str = "ieee"
     division: str = "ieee"
+    cuda_kernels: bool = False
 
     def __post_init__(self):
         if self.impl not in _IMPLS:
@@ -194,6 +201,11 @@ class Math:
         bits = impl
         if op == "silu" and self.silu == "mul_sigmoid":
             bits |= 0x4
+        if cuda and self.cuda_kernels:
+            if op == "rsqrt":
+                bits |= 0x20
+            if op == "gelu_tanh":
+                bits |= 0x40
         if cuda and not f64:
             if self.division == "approx" and op in ("div", "silu", "sigmoid", "reciprocal"):
                 bits |= 0x8
@@ -219,6 +231,13 @@ class Math:
         uses_div = op in ("div", "reciprocal", "sigmoid") or op == "silu"
         if uses_div and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
+        if cuda and self.cuda_kernels:
+            extra = {"rsqrt": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
+                     "gelu_tanh": "fma inside the formula (nvcc --fmad=true)",
+                     "pow": "x**3, x**-2: inner product in storage dtype (PyTorch's CUDA kernel)",
+                     "div": "by a Python number: x * (1/s) (PyTorch's CUDA kernel)"}.get(op)
+            if extra:
+                notes.append(extra)
         sig = op == "sigmoid" or (op == "silu" and self.silu == "mul_sigmoid")
         if sig and self.sigmoid == "ex2_approx":
             notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
@@ -227,7 +246,7 @@ class Math:
 
 _PRESETS = {
     # PyTorch eager CUDA kernels: precise expf, IEEE division, no contraction.
-    "torch_eager": Math("torch_eager", impl="libm", fma=False, silu="div"),
+    "torch_eager": Math("torch_eager", impl="libm", fma=False, silu="div", cuda_kernels=True),
     # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
     # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.
     "inductor": Math("inductor", impl="libm", fma=True, silu="div", sigmoid="ex2_approx",
