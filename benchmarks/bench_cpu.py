@@ -122,8 +122,9 @@ def main() -> None:
         memory_child(a._mem[0], a._mem[1], a.quick)
         return
 
-    import castlab as cl
     import torch
+
+    import castlab as cl
 
     ncpu = os.cpu_count()
     torch.set_num_threads(ncpu)

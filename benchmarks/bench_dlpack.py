@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 import timeit
 
-import castlab as cl
 import torch
+
+import castlab as cl
 from castlab import _C, _dlpack
 
 from_dlpack = getattr(cl, "from_dlpack", _dlpack.from_dlpack)

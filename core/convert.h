@@ -31,9 +31,9 @@ struct FloatFormat {
   int mant_bits;
   int exp_bits;
   int bias;
-  bool has_inf;        // false for e4m3fn: the all-ones exponent holds normals
-  uint32_t max_bits;   // bit pattern of the largest finite value (no sign)
-  uint32_t nan_bits;   // canonical NaN produced by conversions
+  bool has_inf;       // false for e4m3fn: the all-ones exponent holds normals
+  uint32_t max_bits;  // bit pattern of the largest finite value (no sign)
+  uint32_t nan_bits;  // canonical NaN produced by conversions
   uint32_t sign_bit;
 };
 
@@ -112,8 +112,8 @@ CL_HD uint32_t round_f64_to_bits(double x, int code, int mode, bool saturate, ui
     out = ((uint32_t)ebiased << f.mant_bits) | (uint32_t)(n - one);
   }
   const uint32_t max_exp_field = (1u << f.exp_bits) - 1u;
-  const bool overflow = f.has_inf ? ((uint32_t)ebiased >= max_exp_field && n >= one)
-                                  : (out > f.max_bits);
+  const bool overflow =
+      f.has_inf ? ((uint32_t)ebiased >= max_exp_field && n >= one) : (out > f.max_bits);
   if (overflow) {
     if (saturate || mode == kTowardZero) return sign | f.max_bits;
     return f.has_inf ? (sign | inf_bits) : f.nan_bits;
@@ -171,7 +171,7 @@ CL_HD uint16_t f32_to_f16_rne(float x) {
   const uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u);
   if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // >= 65520 (and Inf) -> Inf
-  if (a >= 0x38800000u) {                                    // normal fp16
+  if (a >= 0x38800000u) {                                   // normal fp16
     const uint32_t r = a - 0x38000000u;
     return (uint16_t)(sign | ((r + 0xFFFu + ((r >> 13) & 1u)) >> 13));
   }
@@ -195,7 +195,7 @@ CL_HD float widen_to_f32(uint32_t bits, int code) {
     case kBFloat16: return bf16_to_f32((uint16_t)bits);
     case kFloat16: return f16_to_f32((uint16_t)bits);
     case kBool: return bits ? 1.0f : 0.0f;
-    case kInt32: return (float)(int32_t)bits;  // rounds for |v| > 2^24, as PyTorch
+    case kInt32: return (float)(int32_t)bits;        // rounds for |v| > 2^24, as PyTorch
     default: return (float)bits_to_f64(bits, code);  // fp8: exact in float
   }
 }

@@ -84,12 +84,12 @@ struct DLDataType {
 };
 
 struct DLTensor {
-  void* data;          // base pointer; the first element is at data + byte_offset
+  void* data;  // base pointer; the first element is at data + byte_offset
   DLDevice device;
   int32_t ndim;
   DLDataType dtype;
-  int64_t* shape;      // ndim entries
-  int64_t* strides;    // ndim entries, in elements; may be NULL (compact row-major) before 1.2
+  int64_t* shape;    // ndim entries
+  int64_t* strides;  // ndim entries, in elements; may be NULL (compact row-major) before 1.2
   uint64_t byte_offset;
 };
 

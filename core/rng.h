@@ -41,8 +41,8 @@ CL_HD U32x4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint3
 
 // 32 random bits for element `index` of stream `stream` under `seed`.
 CL_HD uint32_t random_bits(uint64_t seed, uint32_t stream, uint64_t index) {
-  return philox4x32((uint32_t)index, (uint32_t)(index >> 32), stream, 0x43A57AB1u,
-                    (uint32_t)seed, (uint32_t)(seed >> 32))
+  return philox4x32((uint32_t)index, (uint32_t)(index >> 32), stream, 0x43A57AB1u, (uint32_t)seed,
+                    (uint32_t)(seed >> 32))
       .v[0];
 }
 

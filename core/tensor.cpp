@@ -17,9 +17,9 @@ namespace {
 // OS, so a fresh output does not pay a page fault per 4 KiB on every call (for a
 // memory-bound op that is most of its time). Small blocks go straight to malloc.
 struct CpuAllocator : Allocator {
-  static constexpr size_t kLarge = size_t(1) << 20;       // cache blocks of >= 1 MiB
-  static constexpr size_t kGranule = size_t(1) << 20;     // in 1 MiB size classes
-  static constexpr size_t kMaxCached = size_t(4) << 30;   // keep at most 4 GiB idle
+  static constexpr size_t kLarge = size_t(1) << 20;      // cache blocks of >= 1 MiB
+  static constexpr size_t kGranule = size_t(1) << 20;    // in 1 MiB size classes
+  static constexpr size_t kMaxCached = size_t(4) << 30;  // keep at most 4 GiB idle
 
   std::mutex mu;
   std::unordered_map<size_t, std::vector<void*>> free_blocks;
@@ -140,9 +140,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1) {
       throw std::invalid_argument("shapes " + shape_str(a) + " and " + shape_str(b) +
-                                  " do not broadcast (dimension " + std::to_string(i) +
-                                  ": " + std::to_string(da) + " vs " + std::to_string(db) +
-                                  ")");
+                                  " do not broadcast (dimension " + std::to_string(i) + ": " +
+                                  std::to_string(da) + " vs " + std::to_string(db) + ")");
     }
     out[i] = da == 1 ? db : da;
   }
@@ -200,22 +199,23 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offs
     if (shape[i] < 0) throw std::invalid_argument("as_strided: negative size");
     if (shape[i] == 0) empty = true;
     const int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0) lo += ext;
-    else hi += ext;
+    if (ext < 0)
+      lo += ext;
+    else
+      hi += ext;
   }
   const int64_t cap = static_cast<int64_t>(storage_->nbytes) / itemsize();
   if (!empty && (lo < 0 || hi >= cap)) {
-    throw std::out_of_range("as_strided: view [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "] exceeds storage of " + std::to_string(cap) +
-                            " elements");
+    throw std::out_of_range("as_strided: view [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "] exceeds storage of " + std::to_string(cap) + " elements");
   }
   return Tensor(storage_, shape, strides, offset, dtype_);
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t stop, int64_t step) const {
   dim = normalize_dim(dim);
-  if (step <= 0) throw std::invalid_argument("slice step must be positive (got " +
-                                             std::to_string(step) + ")");
+  if (step <= 0)
+    throw std::invalid_argument("slice step must be positive (got " + std::to_string(step) + ")");
   const int64_t n = shape_[dim];
   auto clamp = [n](int64_t v) {
     if (v < 0) v += n;
@@ -308,7 +308,8 @@ Tensor Tensor::expand(const Shape& shape) const {
     const int64_t j = i - (n - ndim());
     const int64_t want = shape[i];
     if (j < 0) {
-      if (want < 0) throw std::invalid_argument("expand: -1 is not allowed for a new leading dimension");
+      if (want < 0)
+        throw std::invalid_argument("expand: -1 is not allowed for a new leading dimension");
       sh[i] = want;
       st[i] = 0;
       continue;
@@ -324,8 +325,8 @@ Tensor Tensor::expand(const Shape& shape) const {
     } else {
       throw std::invalid_argument("expand: the size of dimension " + std::to_string(j) + " (" +
                                   std::to_string(have) + ") must match the target " +
-                                  std::to_string(want) + " or be 1 (tensor " +
-                                  shape_str(shape_) + " -> " + shape_str(shape) + ")");
+                                  std::to_string(want) + " or be 1 (tensor " + shape_str(shape_) +
+                                  " -> " + shape_str(shape) + ")");
     }
   }
   return Tensor(storage_, sh, st, offset_, dtype_);
@@ -341,7 +342,8 @@ Shape Tensor::infer_shape(const Shape& shape) const {
   int64_t known = 1, infer = -1;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
-      if (infer >= 0) throw std::invalid_argument("only one dimension can be -1 in " + shape_str(shape));
+      if (infer >= 0)
+        throw std::invalid_argument("only one dimension can be -1 in " + shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else if (out[i] < 0) {
       throw std::invalid_argument("invalid shape " + shape_str(shape));
@@ -366,15 +368,16 @@ Shape Tensor::infer_shape(const Shape& shape) const {
 // each chunk of old dimensions that is merged or split is itself contiguous.
 Tensor Tensor::view_or_null(const Shape& shape) const {
   const Shape newshape = infer_shape(shape);
-  if (numel() == 0) return Tensor(storage_, newshape, contiguous_strides(newshape), offset_, dtype_);
+  if (numel() == 0)
+    return Tensor(storage_, newshape, contiguous_strides(newshape), offset_, dtype_);
   Shape newstrides(newshape.size());
   int64_t view_d = static_cast<int64_t>(newshape.size()) - 1;
   int64_t chunk_base_stride = strides_.empty() ? 1 : strides_.back();
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t tensor_d = ndim() - 1; tensor_d >= 0; --tensor_d) {
     tensor_numel *= shape_[tensor_d];
-    if (tensor_d == 0 || (shape_[tensor_d - 1] != 1 &&
-                          strides_[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+    if (tensor_d == 0 ||
+        (shape_[tensor_d - 1] != 1 && strides_[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || newshape[view_d] == 1)) {
         newstrides[view_d] = view_numel * chunk_base_stride;
         view_numel *= newshape[view_d];
@@ -395,8 +398,9 @@ Tensor Tensor::view_or_null(const Shape& shape) const {
 Tensor Tensor::view(const Shape& shape) const {
   Tensor t = view_or_null(shape);
   if (!t.defined())
-    throw std::invalid_argument("view of shape " + shape_str(shape) + " is not possible for a tensor of shape " +
-                                shape_str(shape_) + " with strides " + shape_str(strides_) +
+    throw std::invalid_argument("view of shape " + shape_str(shape) +
+                                " is not possible for a tensor of shape " + shape_str(shape_) +
+                                " with strides " + shape_str(strides_) +
                                 "; use reshape(), which copies");
   return t;
 }

@@ -85,9 +85,7 @@ class Tensor {
   bool readonly() const { return storage_->readonly; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   bool defined() const { return storage_ != nullptr; }
-  void* data_ptr() const {
-    return static_cast<char*>(storage_->data) + offset_ * itemsize();
-  }
+  void* data_ptr() const { return static_cast<char*>(storage_->data) + offset_ * itemsize(); }
   bool is_contiguous() const;
   int64_t size(int64_t dim) const { return shape_[normalize_dim(dim)]; }
 
@@ -100,7 +98,7 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
   Tensor squeeze_all() const;
-  Tensor expand(const Shape& shape) const;      // -1 keeps a dimension
+  Tensor expand(const Shape& shape) const;  // -1 keeps a dimension
   Tensor broadcast_to(const Shape& shape) const;
   // A view with the new shape, or an undefined tensor when no view exists (then
   // reshape copies). One dimension may be -1.

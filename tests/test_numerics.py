@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-import castlab as cl
 import ml_dtypes
 import numpy as np
 import pytest
+
+import castlab as cl
 from castlab import numerics as nm
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
@@ -497,8 +498,9 @@ def test_bad_inputs():
 
 def test_plots(seed1234):
     pytest.importorskip("matplotlib")
-    from castlab import plot
     from matplotlib.figure import Figure
+
+    from castlab import plot
 
     sw, x = seed1234
     ys = {"eager": sw.run(x, policy="eager"), "fused": sw(x)}

@@ -16,15 +16,17 @@ namespace cl {
 
 namespace cpu_avx2 {
 bool available();
-void run(const Program& prog, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
+void run(const Program& prog, const std::vector<Tensor>& inputs,
+         const std::vector<Tensor>& outputs);
 }  // namespace cpu_avx2
 
 namespace {
 const char* const kOpNames[kOpCount] = {
-    "load", "const", "neg", "abs", "exp", "log", "sigmoid", "silu", "tanh", "gelu_erf",
-    "gelu_tanh", "sqrt", "rsqrt", "reciprocal", "square", "cos", "sin", "erf", "add", "sub",
-    "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge", "fma",
-    "where", "round", "to_f64", "to_f32", "rand_uniform", "rand_normal"};
+    "load",  "const",    "neg",       "abs",    "exp",          "log",        "sigmoid", "silu",
+    "tanh",  "gelu_erf", "gelu_tanh", "sqrt",   "rsqrt",        "reciprocal", "square",  "cos",
+    "sin",   "erf",      "add",       "sub",    "mul",          "div",        "maximum", "minimum",
+    "pow",   "eq",       "ne",        "lt",     "le",           "gt",         "ge",      "fma",
+    "where", "round",    "to_f64",    "to_f32", "rand_uniform", "rand_normal"};
 }  // namespace
 
 const char* op_name(int op) { return op >= 0 && op < kOpCount ? kOpNames[op] : "?"; }
@@ -65,8 +67,10 @@ std::string Program::str() const {
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs) {
   static const bool avx2 = cpu_avx2::available();
-  if (avx2) cpu_avx2::run(prog, inputs, outputs);
-  else cpu_base::run(prog, inputs, outputs);
+  if (avx2)
+    cpu_avx2::run(prog, inputs, outputs);
+  else
+    cpu_base::run(prog, inputs, outputs);
 }
 
 }  // namespace cl

@@ -17,8 +17,6 @@ namespace {
 
 constexpr int64_t kBlock = 512;
 
-
-
 // Iteration space shared by all operands after merging dimensions that are
 // contiguous with each other in every operand.
 struct Iter {
@@ -123,8 +121,7 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
         break;
       }
-      default:
-        throw std::invalid_argument("load: unsupported dtype");
+      default: throw std::invalid_argument("load: unsupported dtype");
     }
     j += ncols;
   }
@@ -196,8 +193,7 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
         for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<int64_t>(src[j + c]);
         break;
       }
-      default:
-        throw std::invalid_argument("store: unsupported dtype");
+      default: throw std::invalid_argument("store: unsupported dtype");
     }
     j += ncols;
   }
@@ -215,21 +211,45 @@ void compute_impl(const Instr& in, T* d, const T* a, const T* b, const T* c, int
       for (int64_t j = 0; j < n; ++j) d[j] = k;
       break;
     }
-    case kOpNeg: for (int64_t j = 0; j < n; ++j) d[j] = -a[j]; break;
+    case kOpNeg:
+      for (int64_t j = 0; j < n; ++j) d[j] = -a[j];
+      break;
     case kOpAbs:
       for (int64_t j = 0; j < n; ++j) d[j] = a[j] < T(0) ? -a[j] : (a[j] == T(0) ? T(0) : a[j]);
       break;
-    case kOpExp: for (int64_t j = 0; j < n; ++j) d[j] = op_exp(a[j], v); break;
-    case kOpLog: for (int64_t j = 0; j < n; ++j) d[j] = m_log(a[j], v & kVarImplMask); break;
-    case kOpSigmoid: for (int64_t j = 0; j < n; ++j) d[j] = op_sigmoid(a[j], v); break;
-    case kOpSilu: for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], v); break;
-    case kOpTanh: for (int64_t j = 0; j < n; ++j) d[j] = m_tanh(a[j], v & kVarImplMask); break;
-    case kOpGeluErf: for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_erf(a[j], v); break;
-    case kOpGeluTanh: for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_tanh(a[j], v); break;
-    case kOpSqrt: for (int64_t j = 0; j < n; ++j) d[j] = op_sqrt(a[j]); break;
-    case kOpRsqrt: for (int64_t j = 0; j < n; ++j) d[j] = op_rsqrt(a[j], v); break;
-    case kOpReciprocal: for (int64_t j = 0; j < n; ++j) d[j] = div_f(T(1), a[j], v); break;
-    case kOpSquare: for (int64_t j = 0; j < n; ++j) d[j] = a[j] * a[j]; break;
+    case kOpExp:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_exp(a[j], v);
+      break;
+    case kOpLog:
+      for (int64_t j = 0; j < n; ++j) d[j] = m_log(a[j], v & kVarImplMask);
+      break;
+    case kOpSigmoid:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_sigmoid(a[j], v);
+      break;
+    case kOpSilu:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], v);
+      break;
+    case kOpTanh:
+      for (int64_t j = 0; j < n; ++j) d[j] = m_tanh(a[j], v & kVarImplMask);
+      break;
+    case kOpGeluErf:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_erf(a[j], v);
+      break;
+    case kOpGeluTanh:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_tanh(a[j], v);
+      break;
+    case kOpSqrt:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_sqrt(a[j]);
+      break;
+    case kOpRsqrt:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_rsqrt(a[j], v);
+      break;
+    case kOpReciprocal:
+      for (int64_t j = 0; j < n; ++j) d[j] = div_f(T(1), a[j], v);
+      break;
+    case kOpSquare:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] * a[j];
+      break;
     case kOpCos:
     case kOpSin:
       if constexpr (std::is_same<T, float>::value) {
@@ -237,40 +257,75 @@ void compute_impl(const Instr& in, T* d, const T* a, const T* b, const T* c, int
           // Two passes, the same bits as portable::sinf_/cosf_: a branch-free loop the
           // compiler vectorises, then the rare huge or non-finite arguments.
           const bool want_cos = in.op == kOpCos;
-          if (want_cos) for (int64_t j = 0; j < n; ++j) d[j] = portable::cosf_small_(a[j]);
-          else for (int64_t j = 0; j < n; ++j) d[j] = portable::sinf_small_(a[j]);
+          if (want_cos)
+            for (int64_t j = 0; j < n; ++j) d[j] = portable::cosf_small_(a[j]);
+          else
+            for (int64_t j = 0; j < n; ++j) d[j] = portable::sinf_small_(a[j]);
           for (int64_t j = 0; j < n; ++j)
             if (portable::sincosf_needs_full_(a[j]))
               d[j] = want_cos ? portable::cosf_(a[j]) : portable::sinf_(a[j]);
           break;
         }
       }
-      if (in.op == kOpCos) for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask);
-      else for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask);
+      if (in.op == kOpCos)
+        for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask);
+      else
+        for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask);
       break;
-    case kOpErf: for (int64_t j = 0; j < n; ++j) d[j] = m_erf(a[j], v & kVarImplMask); break;
-    case kOpAdd: for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j]; break;
-    case kOpSub: for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j]; break;
-    case kOpMul: for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j]; break;
-    case kOpDiv: for (int64_t j = 0; j < n; ++j) d[j] = div_f(a[j], b[j], v); break;
-    case kOpMaximum: for (int64_t j = 0; j < n; ++j) d[j] = op_maximum(a[j], b[j]); break;
-    case kOpMinimum: for (int64_t j = 0; j < n; ++j) d[j] = op_minimum(a[j], b[j]); break;
-    case kOpPow: for (int64_t j = 0; j < n; ++j) d[j] = op_pow(a[j], b[j], v); break;
-    case kOpEq: for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? T(1) : T(0); break;
-    case kOpNe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? T(1) : T(0); break;
-    case kOpLt: for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? T(1) : T(0); break;
-    case kOpLe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? T(1) : T(0); break;
-    case kOpGt: for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? T(1) : T(0); break;
-    case kOpGe: for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? T(1) : T(0); break;
+    case kOpErf:
+      for (int64_t j = 0; j < n; ++j) d[j] = m_erf(a[j], v & kVarImplMask);
+      break;
+    case kOpAdd:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j];
+      break;
+    case kOpSub:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j];
+      break;
+    case kOpMul:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j];
+      break;
+    case kOpDiv:
+      for (int64_t j = 0; j < n; ++j) d[j] = div_f(a[j], b[j], v);
+      break;
+    case kOpMaximum:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_maximum(a[j], b[j]);
+      break;
+    case kOpMinimum:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_minimum(a[j], b[j]);
+      break;
+    case kOpPow:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_pow(a[j], b[j], v);
+      break;
+    case kOpEq:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? T(1) : T(0);
+      break;
+    case kOpNe:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? T(1) : T(0);
+      break;
+    case kOpLt:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? T(1) : T(0);
+      break;
+    case kOpLe:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? T(1) : T(0);
+      break;
+    case kOpGt:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? T(1) : T(0);
+      break;
+    case kOpGe:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? T(1) : T(0);
+      break;
     case kOpFma:
       for (int64_t j = 0; j < n; ++j) {
-        if constexpr (std::is_same<T, float>::value) d[j] = fma_f(a[j], b[j], c[j]);
-        else d[j] = fma_d(a[j], b[j], c[j]);
+        if constexpr (std::is_same<T, float>::value)
+          d[j] = fma_f(a[j], b[j], c[j]);
+        else
+          d[j] = fma_d(a[j], b[j], c[j]);
       }
       break;
-    case kOpWhere: for (int64_t j = 0; j < n; ++j) d[j] = a[j] != T(0) ? b[j] : c[j]; break;
-    default:
-      throw std::logic_error(std::string("cpu executor: unexpected op ") + op_name(in.op));
+    case kOpWhere:
+      for (int64_t j = 0; j < n; ++j) d[j] = a[j] != T(0) ? b[j] : c[j];
+      break;
+    default: throw std::logic_error(std::string("cpu executor: unexpected op ") + op_name(in.op));
   }
 }
 
@@ -285,7 +340,7 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
 }  // namespace
 
 void run(const Program& prog, const std::vector<Tensor>& inputs,
-                     const std::vector<Tensor>& outputs) {
+         const std::vector<Tensor>& outputs) {
   if (outputs.empty()) return;
   if (outputs.size() != prog.outputs.size())
     throw std::invalid_argument("program expects " + std::to_string(prog.outputs.size()) +
@@ -340,7 +395,8 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   std::vector<char*> bases(nops);
   for (int k = 0; k < nops; ++k) bases[k] = static_cast<char*>(ops[k]->data_ptr());
 
-  const int64_t work_per_block = rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
+  const int64_t work_per_block =
+      rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
 
   parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
@@ -399,7 +455,9 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
             const double* a = static_cast<const double*>(reg_ptr(in.a));
             for (int64_t j = 0; j < n; ++j)
               o[j] = round_f64_to(a[j], in.dtype, in.mode, in.saturate,
-                                  sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j])) : 0u);
+                                  sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux),
+                                                   static_cast<uint64_t>(rbits[j]))
+                                     : 0u);
           } else {
             float* o = static_cast<float*>(d);
             const float* a = static_cast<const float*>(reg_ptr(in.a));
@@ -410,7 +468,9 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
             } else {
               for (int64_t j = 0; j < n; ++j)
                 o[j] = round_f32_to(a[j], in.dtype, in.mode, in.saturate,
-                                    sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j])) : 0u);
+                                    sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux),
+                                                     static_cast<uint64_t>(rbits[j]))
+                                       : 0u);
             }
           }
           continue;
@@ -421,8 +481,10 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
             const uint64_t e = static_cast<uint64_t>(rbits[j]);
             const double v = in.op == kOpRandUniform ? rand_uniform(prog.seed, stream, e)
                                                      : rand_normal(prog.seed, stream, e);
-            if (in.f64) static_cast<double*>(d)[j] = v;
-            else static_cast<float*>(d)[j] = static_cast<float>(v);
+            if (in.f64)
+              static_cast<double*>(d)[j] = v;
+            else
+              static_cast<float*>(d)[j] = static_cast<float>(v);
           }
           continue;
         }
@@ -439,11 +501,13 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           continue;
         }
         if (in.f64)
-          compute(in, static_cast<double*>(d), static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
+          compute(in, static_cast<double*>(d),
+                  static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
                   static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
                   static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
         else
-          compute(in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
+          compute(in, static_cast<float*>(d),
+                  static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
                   static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
                   static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
       }
@@ -452,7 +516,9 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         std::vector<uint32_t> sbits;
         if (os.mode == kStochastic) {
           sbits.resize(n);
-          for (int64_t j = 0; j < n; ++j) sbits[j] = random_bits(prog.seed, static_cast<uint32_t>(os.salt), static_cast<uint64_t>(rbits[j]));
+          for (int64_t j = 0; j < n; ++j)
+            sbits[j] = random_bits(prog.seed, static_cast<uint32_t>(os.salt),
+                                   static_cast<uint64_t>(rbits[j]));
         }
         const bool rf64 = out_f64[k];
         if (rf64)

@@ -13,8 +13,7 @@ namespace cl {
 enum MathImpl : uint8_t { kPortable = 0, kLibm = 1, kFast = 2 };
 
 #if defined(__CUDA_ARCH__)
-#define CL_LIBM_F(name, fast) \
-  (impl == kFast ? fast(x) : name##f(x))
+#define CL_LIBM_F(name, fast) (impl == kFast ? fast(x) : name##f(x))
 #define CL_LIBM_D(name) name(x)
 #else
 #define CL_LIBM_F(name, fast) std::name(x)

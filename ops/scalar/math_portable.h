@@ -84,11 +84,11 @@ CL_HD double pow2_d(int32_t k) {
 // Low 32 bits of t, as an integer; with t = y + 1.5*2^52 this is round(y) for |y| < 2^31.
 CL_HD int32_t low_int(double t) { return (int32_t)(uint32_t)cl::f64_bits(t); }
 
-constexpr double kMagic = 0x1.8p52;              // 1.5 * 2^52: adding it rounds to integer
-constexpr double kInvLn2 = 0x1.71547652b82fep0;  // 1/ln2
-constexpr double kLn2 = 0x1.62e42fefa39efp-1;    // ln2 rounded to double
-constexpr double kLn2Lo = 0x1.abc9e3b39803fp-56; // ln2 - kLn2
-constexpr double kLn2Hi32 = 0x1.62e42feep-1;     // ln2 to 32 bits: k*kLn2Hi32 exact, |k| < 2^21
+constexpr double kMagic = 0x1.8p52;                 // 1.5 * 2^52: adding it rounds to integer
+constexpr double kInvLn2 = 0x1.71547652b82fep0;     // 1/ln2
+constexpr double kLn2 = 0x1.62e42fefa39efp-1;       // ln2 rounded to double
+constexpr double kLn2Lo = 0x1.abc9e3b39803fp-56;    // ln2 - kLn2
+constexpr double kLn2Hi32 = 0x1.62e42feep-1;        // ln2 to 32 bits: k*kLn2Hi32 exact, |k| < 2^21
 constexpr double kLn2Lo32 = 0x1.a39ef35793c76p-33;  // ln2 - kLn2Hi32
 constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
 constexpr double kPio2_1 = 0x1.921fb54442d18p0;  // pi/2 = kPio2_1 + kPio2_2 + kPio2_3 + O(2^-161)
@@ -163,16 +163,44 @@ CL_HD double rem_pio2_d(double x, double& rl, int32_t& q) {
 // rather than an array so that it is a plain constant in host and device code alike.
 CL_HD uint32_t two_over_pi_word(int32_t k) {
   switch (k) {
-    case 2: return 0xa2f9836eu; case 3: return 0x4e441529u; case 4: return 0xfc2757d1u; case 5: return 0xf534ddc0u;
-    case 6: return 0xdb629599u; case 7: return 0x3c439041u; case 8: return 0xfe5163abu; case 9: return 0xdebbc561u;
-    case 10: return 0xb7246e3au; case 11: return 0x424dd2e0u; case 12: return 0x06492eeau; case 13: return 0x09d1921cu;
-    case 14: return 0xfe1deb1cu; case 15: return 0xb129a73eu; case 16: return 0xe88235f5u; case 17: return 0x2ebb4484u;
-    case 18: return 0xe99c7026u; case 19: return 0xb45f7e41u; case 20: return 0x3991d639u; case 21: return 0x835339f4u;
-    case 22: return 0x9c845f8bu; case 23: return 0xbdf9283bu; case 24: return 0x1ff897ffu; case 25: return 0xde05980fu;
-    case 26: return 0xef2f118bu; case 27: return 0x5a0a6d1fu; case 28: return 0x6d367ecfu; case 29: return 0x27cb09b7u;
-    case 30: return 0x4f463f66u; case 31: return 0x9e5fea2du; case 32: return 0x7527bac7u; case 33: return 0xebe5f17bu;
-    case 34: return 0x3d0739f7u; case 35: return 0x8a5292eau; case 36: return 0x6bfb5fb1u; case 37: return 0x1f8d5d08u;
-    case 38: return 0x56033046u; case 39: return 0xfc7b6babu;
+    case 2: return 0xa2f9836eu;
+    case 3: return 0x4e441529u;
+    case 4: return 0xfc2757d1u;
+    case 5: return 0xf534ddc0u;
+    case 6: return 0xdb629599u;
+    case 7: return 0x3c439041u;
+    case 8: return 0xfe5163abu;
+    case 9: return 0xdebbc561u;
+    case 10: return 0xb7246e3au;
+    case 11: return 0x424dd2e0u;
+    case 12: return 0x06492eeau;
+    case 13: return 0x09d1921cu;
+    case 14: return 0xfe1deb1cu;
+    case 15: return 0xb129a73eu;
+    case 16: return 0xe88235f5u;
+    case 17: return 0x2ebb4484u;
+    case 18: return 0xe99c7026u;
+    case 19: return 0xb45f7e41u;
+    case 20: return 0x3991d639u;
+    case 21: return 0x835339f4u;
+    case 22: return 0x9c845f8bu;
+    case 23: return 0xbdf9283bu;
+    case 24: return 0x1ff897ffu;
+    case 25: return 0xde05980fu;
+    case 26: return 0xef2f118bu;
+    case 27: return 0x5a0a6d1fu;
+    case 28: return 0x6d367ecfu;
+    case 29: return 0x27cb09b7u;
+    case 30: return 0x4f463f66u;
+    case 31: return 0x9e5fea2du;
+    case 32: return 0x7527bac7u;
+    case 33: return 0xebe5f17bu;
+    case 34: return 0x3d0739f7u;
+    case 35: return 0x8a5292eau;
+    case 36: return 0x6bfb5fb1u;
+    case 37: return 0x1f8d5d08u;
+    case 38: return 0x56033046u;
+    case 39: return 0xfc7b6babu;
     default: return 0u;
   }
 }
@@ -229,7 +257,12 @@ CL_HD double rem_pio2_big(double x, double& rl, int32_t& q) {
   int32_t sc = -30 - 32;  // |f| = (m0*2^32 + m1 + m2*2^-32 + m3*2^-64) * 2^sc
   for (int i = 0; i < 4; ++i) {
     if (m[0] != 0u) break;
-    m[0] = m[1]; m[1] = m[2]; m[2] = m[3]; m[3] = m[4]; m[4] = m[5]; m[5] = 0u;
+    m[0] = m[1];
+    m[1] = m[2];
+    m[2] = m[3];
+    m[3] = m[4];
+    m[4] = m[5];
+    m[5] = 0u;
     sc -= 32;
   }
   double a = (double)m[0] * 0x1p32, b = (double)m[1];
@@ -338,8 +371,8 @@ CL_HD float logf_(float x) {
   double f = m - 1.0;
   double s = f / (2.0 + f);
   double z = s * s;
-  double R = z * detail::hpoly(z, 0x1.555554fdb113bp-1, 0x1.999a7a79cd9cbp-2,
-                               0x1.2438d7e9b4f6ap-2, 0x1.e2f6d6df1cb8ap-3);
+  double R = z * detail::hpoly(z, 0x1.555554fdb113bp-1, 0x1.999a7a79cd9cbp-2, 0x1.2438d7e9b4f6ap-2,
+                               0x1.e2f6d6df1cb8ap-3);
   double lm = cl::fma_d(s, R, s + s);
   float res = (float)cl::fma_d((double)k, detail::kLn2, lm);
   res = x > 0.0f ? res : (x == 0.0f ? -detail::inf_f() : detail::qnan_f());
@@ -358,9 +391,10 @@ CL_HD double log_(double x) {
   double f = m - 1.0;
   double s = f / (2.0 + f);
   double z = s * s;
-  double R = detail::mul_d(z, detail::hpoly(z, 0x1.5555555555592p-1, 0x1.999999997fdaep-2,
-                               0x1.24924941f37e4p-2, 0x1.c71c52060e49bp-3, 0x1.74663fdbd891bp-3,
-                               0x1.39a19b80efbf2p-3, 0x1.2f06de3191baep-3));
+  double R = detail::mul_d(
+      z, detail::hpoly(z, 0x1.5555555555592p-1, 0x1.999999997fdaep-2, 0x1.24924941f37e4p-2,
+                       0x1.c71c52060e49bp-3, 0x1.74663fdbd891bp-3, 0x1.39a19b80efbf2p-3,
+                       0x1.2f06de3191baep-3));
   double hfsq = detail::mul_d(0.5 * f, f);
   double res = detail::mul_d(kd, detail::kLn2Hi32) +
                (f - (hfsq - cl::fma_d(s, hfsq + R, kd * detail::kLn2Lo32)));
@@ -521,12 +555,12 @@ CL_HD float erff_(float x) {
                            0x1.d826b5c385ac8p-14, -0x1.4384135a698dap-17);
   double small = cl::fma_d(xd, e, xd);
   double u = (ax > 3.925 ? 3.925 : ax) - 2.4625;
-  double big = detail::hpoly(
-      u, 0x1.ffbee3b6c8398p-1, 0x1.57e8c9475a13ep-9, -0x1.a7701f450becdp-8, 0x1.3ee9cda24bb59p-7,
-      -0x1.42176107962b2p-7, 0x1.bb2a76ed02c10p-8, -0x1.7fec0ad8a49b3p-9, 0x1.d904f13c38d2ap-12,
-      0x1.6e188809d3ec7p-12, -0x1.24f4052eadfccp-12, 0x1.41619e21fda91p-14, 0x1.95ea7b14c7ba8p-17,
-      -0x1.24a025d079dc5p-16, 0x1.298c7567a08e8p-18, 0x1.3216f4c76f770p-20, -0x1.89845d6e51923p-21,
-      -0x1.dacc106f60bdfp-28, 0x1.5a7e67f56dba8p-25);
+  double big = detail::hpoly(u, 0x1.ffbee3b6c8398p-1, 0x1.57e8c9475a13ep-9, -0x1.a7701f450becdp-8,
+                             0x1.3ee9cda24bb59p-7, -0x1.42176107962b2p-7, 0x1.bb2a76ed02c10p-8,
+                             -0x1.7fec0ad8a49b3p-9, 0x1.d904f13c38d2ap-12, 0x1.6e188809d3ec7p-12,
+                             -0x1.24f4052eadfccp-12, 0x1.41619e21fda91p-14, 0x1.95ea7b14c7ba8p-17,
+                             -0x1.24a025d079dc5p-16, 0x1.298c7567a08e8p-18, 0x1.3216f4c76f770p-20,
+                             -0x1.89845d6e51923p-21, -0x1.dacc106f60bdfp-28, 0x1.5a7e67f56dba8p-25);
   big = xd < 0.0 ? -big : big;
   float res = (float)(ax < 1.0 ? small : big);
   return cl::isnan_f(x) ? detail::qnan_f() : res;
@@ -540,11 +574,11 @@ CL_HD double erf_(double x) {
   double ax = detail::abs_d(x);
   double res;
   if (ax < 1.0) {
-    double e = detail::hpoly(x * x, 0x1.06eba8214db68p-3, -0x1.812746b0379bdp-2,
-                             0x1.ce2f21a040d1ep-4, -0x1.b82ce311faaacp-6, 0x1.565bccf92d9fbp-8,
-                             -0x1.c02db03e29b68p-11, 0x1.f9a2bab01045fp-14, -0x1.f4ca4dd4d17abp-17,
-                             0x1.b97fd78f1e45ep-20, -0x1.5c073ca0a2427p-23, 0x1.d71b9f0b0b524p-27,
-                             -0x1.abafe686fadedp-31);
+    double e =
+        detail::hpoly(x * x, 0x1.06eba8214db68p-3, -0x1.812746b0379bdp-2, 0x1.ce2f21a040d1ep-4,
+                      -0x1.b82ce311faaacp-6, 0x1.565bccf92d9fbp-8, -0x1.c02db03e29b68p-11,
+                      0x1.f9a2bab01045fp-14, -0x1.f4ca4dd4d17abp-17, 0x1.b97fd78f1e45ep-20,
+                      -0x1.5c073ca0a2427p-23, 0x1.d71b9f0b0b524p-27, -0x1.abafe686fadedp-31);
     return cl::fma_d(x, e, x);
   } else if (ax < 5.93) {
     double F;

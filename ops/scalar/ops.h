@@ -19,8 +19,8 @@
 namespace cl {
 
 enum OpCode : uint8_t {
-  kOpLoad = 0,   // dst <- input[aux], widened exactly to the register type
-  kOpConst,      // dst <- imm
+  kOpLoad = 0,  // dst <- input[aux], widened exactly to the register type
+  kOpConst,     // dst <- imm
   kOpNeg,
   kOpAbs,
   kOpExp,
@@ -43,18 +43,18 @@ enum OpCode : uint8_t {
   kOpDiv,
   kOpMaximum,
   kOpMinimum,
-  kOpPow,        // b is a register holding the exponent
+  kOpPow,  // b is a register holding the exponent
   kOpEq,
   kOpNe,
   kOpLt,
   kOpLe,
   kOpGt,
   kOpGe,
-  kOpFma,        // a*b+c with one rounding
-  kOpWhere,      // a != 0 ? b : c
-  kOpRound,      // round a to storage format aux (mode, saturate) and back to register type
-  kOpToF64,      // f32 register -> f64 register (exact)
-  kOpToF32,      // f64 register -> f32 register (round to nearest even)
+  kOpFma,          // a*b+c with one rounding
+  kOpWhere,        // a != 0 ? b : c
+  kOpRound,        // round a to storage format aux (mode, saturate) and back to register type
+  kOpToF64,        // f32 register -> f64 register (exact)
+  kOpToF32,        // f64 register -> f32 register (round to nearest even)
   kOpRandUniform,  // dst <- uniform [0, 1) for this element (seed, stream aux)
   kOpRandNormal,   // dst <- standard normal for this element (seed, stream aux)
   kOpCount
@@ -62,12 +62,12 @@ enum OpCode : uint8_t {
 
 // Math-variant bits carried by each instruction.
 enum VariantBits : uint8_t {
-  kVarImplMask = 0x3,       // MathImpl for exp/log/sin/cos/tanh/erf
-  kVarSiluMulSigmoid = 0x4, // silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)
-  kVarApproxDiv = 0x8,      // division as CUDA's approximate div.full.f32 (GPU only)
-  kVarSigmoidEx2 = 0x10,    // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
-  kVarRsqrtFast = 0x20,     // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
-  kVarFmaInOp = 0x40,       // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
+  kVarImplMask = 0x3,        // MathImpl for exp/log/sin/cos/tanh/erf
+  kVarSiluMulSigmoid = 0x4,  // silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)
+  kVarApproxDiv = 0x8,       // division as CUDA's approximate div.full.f32 (GPU only)
+  kVarSigmoidEx2 = 0x10,     // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
+  kVarRsqrtFast = 0x20,      // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
+  kVarFmaInOp = 0x40,        // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -126,8 +126,8 @@ CL_HD T op_gelu_tanh(T x, int var) {
   const T kKappa = T(0.044715);
   const T x_cube = x * x * x;
   // PyTorch's CUDA build contracts x + kKappa * x_cube into one fma (nvcc --fmad=true).
-  const T inner = (var & kVarFmaInOp) ? kBeta * fma_t(kKappa, x_cube, x)
-                                      : kBeta * (x + kKappa * x_cube);
+  const T inner =
+      (var & kVarFmaInOp) ? kBeta * fma_t(kKappa, x_cube, x) : kBeta * (x + kKappa * x_cube);
   return T(0.5) * x * (T(1) + m_tanh(inner, var & kVarImplMask));
 }
 template <typename T>

@@ -7,17 +7,87 @@
 """
 
 from . import _C
-from ._creation import (arange, asarray, empty, empty_like, from_numpy, full, full_like, ones,
-                        ones_like, rand, randn, tensor, zeros, zeros_like)
-from ._dtype import (as_dtype, bfloat16, bool_, dtype, float8_e4m3fn, float8_e5m2, float16,
-                     float32, float64, int32, int64, promote_types)
-from ._tensor import Tensor, device
-from .ops import (abs, add, astype, broadcast_to, cat, chunk, clone, contiguous, cos, div, eq,
-                  erf, exp, expand, fma, ge, gelu, gt, le, log, lt, maximum, minimum, mul, ne,
-                  neg, permute, pow, reciprocal, reshape, rsqrt, select, sigmoid, silu, sin, split,
-                  sqrt, square, squeeze, stack, sub, tanh, transpose, unsqueeze, view, where)
+from ._creation import (
+                        arange,
+                        asarray,
+                        empty,
+                        empty_like,
+                        from_numpy,
+                        full,
+                        full_like,
+                        ones,
+                        ones_like,
+                        rand,
+                        randn,
+                        tensor,
+                        zeros,
+                        zeros_like,
+)
 from ._dlpack import from_dlpack, tensor_dlpack, tensor_dlpack_device
+from ._dtype import (
+                        as_dtype,
+                        bfloat16,
+                        bool_,
+                        dtype,
+                        float8_e4m3fn,
+                        float8_e5m2,
+                        float16,
+                        float32,
+                        float64,
+                        int32,
+                        int64,
+                        promote_types,
+)
 from ._jit import JitFunction, jit
+from ._tensor import Tensor, device
+from .ops import (
+                        abs,
+                        add,
+                        astype,
+                        broadcast_to,
+                        cat,
+                        chunk,
+                        clone,
+                        contiguous,
+                        cos,
+                        div,
+                        eq,
+                        erf,
+                        exp,
+                        expand,
+                        fma,
+                        ge,
+                        gelu,
+                        gt,
+                        le,
+                        log,
+                        lt,
+                        maximum,
+                        minimum,
+                        mul,
+                        ne,
+                        neg,
+                        permute,
+                        pow,
+                        reciprocal,
+                        reshape,
+                        rsqrt,
+                        select,
+                        sigmoid,
+                        silu,
+                        sin,
+                        split,
+                        sqrt,
+                        square,
+                        squeeze,
+                        stack,
+                        sub,
+                        tanh,
+                        transpose,
+                        unsqueeze,
+                        view,
+                        where,
+)
 from .policy import Math, Policy, use_math
 
 __version__ = _C.__version__
@@ -35,7 +105,7 @@ __all__ = [
     "minimum", "mul", "ne", "neg", "permute", "pow", "reciprocal", "reshape", "rsqrt", "select",
     "sigmoid", "silu", "sin", "split", "sqrt", "square", "squeeze", "stack", "sub", "tanh",
     "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math", "jit",
-    "JitFunction", "from_dlpack",
+    "JitFunction", "from_dlpack", "cuda", "numerics", "study",
 ]
 
-from . import cuda, numerics, study  # noqa: E402  (submodules need the names above)
+from . import cuda, numerics, study  # noqa: E402, F401  (submodules need the names above)

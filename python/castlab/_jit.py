@@ -399,7 +399,7 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
             rep[id(n)] = ("st", tgt)
 
     rets = []
-    for k, n in enumerate(tr.outputs):
+    for n in tr.outputs:
         want = n.dtype
         if policy.output is not None and want.is_floating_point:
             want = policy.output

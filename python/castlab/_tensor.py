@@ -106,7 +106,7 @@ class _ArrayHolder:
         isz = t.itemsize
         self.__array_interface__ = {
             "shape": tuple(t.shape),
-            "typestr": "|V%d" % isz,
+            "typestr": f"|V{isz}",
             "data": (t.data_ptr(), bool(t.readonly)),
             "strides": tuple(s * isz for s in t._strides),
             "version": 3,

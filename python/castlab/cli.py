@@ -274,7 +274,7 @@ def info_text() -> str:
     import ml_dtypes
     import numpy as np
 
-    from . import __version__, _C
+    from . import _C, __version__
 
     lines = [f"castlab {__version__}", f"python {platform.python_version()} ({sys.executable})",
              f"numpy {np.__version__}", f"ml_dtypes {ml_dtypes.__version__}"]

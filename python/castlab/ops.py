@@ -14,8 +14,17 @@ from typing import Any, Union
 
 from . import _C
 from ._dtype import as_dtype, bool_, dtype, promote_types
-from ._graph import (Node, Proxy, broadcast, cat_node, elementwise, record, scalar_node,
-                     tracing, view_node)
+from ._graph import (
+    Node,
+    Proxy,
+    broadcast,
+    cat_node,
+    elementwise,
+    record,
+    scalar_node,
+    tracing,
+    view_node,
+)
 from ._graph import _state as _trace_state
 from ._lower import _norm_vop, apply_view, input_node, lower, view_shape
 from .policy import Policy, current_math

@@ -58,6 +58,13 @@ class Policy:
     saturate: bool = True
     round_casts: bool = True
 
+    def __hash__(self) -> int:  # cached: policies are dictionary keys on every call
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def __post_init__(self):
         if self.rounding not in _ROUNDING:
             raise ValueError(f"unknown rounding mode {self.rounding!r}; valid: "
@@ -168,6 +175,13 @@ class Math:
     sigmoid: str = "ieee"
     division: str = "ieee"
     cuda_kernels: bool = False
+
+    def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __post_init__(self):
         if self.impl not in _IMPLS:

@@ -139,7 +139,8 @@ void export_deleter(Managed* self) {
 template <class Managed>
 Managed* make_export(const Tensor& t) {
   const int64_t ndim = t.ndim();
-  const size_t bytes = sizeof(ExportBlock<Managed>) + 2 * static_cast<size_t>(ndim) * sizeof(int64_t);
+  const size_t bytes =
+      sizeof(ExportBlock<Managed>) + 2 * static_cast<size_t>(ndim) * sizeof(int64_t);
   void* raw = ::operator new(bytes);
   auto* block = new (raw) ExportBlock<Managed>();
   block->storage = t.storage();
@@ -254,8 +255,10 @@ Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool
   for (size_t i = 0; i < ndim; ++i) {
     if (shape[i] == 0) empty = true;
     const int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0) lo += ext;
-    else hi += ext;
+    if (ext < 0)
+      lo += ext;
+    else
+      hi += ext;
   }
   if (empty) lo = hi = 0;
   char* first = static_cast<char*>(d.data) + d.byte_offset;

@@ -8,8 +8,8 @@ using cl::Tensor;
 
 namespace {
 
-// Runs a program on the device of its operands (GIL released on the CPU). The CUDA executor registers itself
-// here when castlab's CUDA support is loaded.
+// Runs a program on the device of its operands (GIL released on the CPU). The CUDA executor
+// registers itself here when castlab's CUDA support is loaded.
 std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)>
     g_cuda_runner;
 
@@ -39,8 +39,8 @@ void run_program_any(const Program& p, const std::vector<Tensor>& in,
   run_any(p, in, out);
 }
 
-void set_cuda_runner(std::function<void(const Program&, const std::vector<Tensor>&,
-                                        const std::vector<Tensor>&)> f) {
+void set_cuda_runner(
+    std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)> f) {
   g_cuda_runner = std::move(f);
 }
 }  // namespace cl
@@ -78,7 +78,8 @@ void bind_program(py::module_& m) {
                o.mode = t[1].cast<uint8_t>();
                o.saturate = t[2].cast<uint8_t>();
                o.salt = t[3].cast<int32_t>();
-               if (o.reg < 0 || o.reg >= n_regs) throw std::invalid_argument("output register out of range");
+               if (o.reg < 0 || o.reg >= n_regs)
+                 throw std::invalid_argument("output register out of range");
                p->outputs.push_back(o);
              }
              p->n_regs = n_regs;

@@ -45,27 +45,34 @@ void bind_tensor(py::module_& m) {
     for (int i = 0; i < cl::kNumDTypes; ++i) names.push_back(cl::dtype_info((cl::DTypeCode)i).name);
     return names;
   });
-  m.def("itemsize", [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
+  m.def("itemsize",
+        [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
   m.def("num_threads", &cl::num_threads);
   m.def("cpu_empty_cache", &cl::cpu_empty_cache, "return cached host memory blocks to the OS");
   m.def("cpu_cached_bytes", &cl::cpu_cached_bytes);
   m.def("set_num_threads", &cl::set_num_threads);
-  m.def("broadcast_shapes", [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
+  m.def("broadcast_shapes",
+        [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
 
   py::class_<Tensor>(m, "Tensor", py::dynamic_attr())
       .def_property_readonly("shape", [](const Tensor& t) { return to_tuple(t.shape()); })
       .def_property_readonly("_strides", [](const Tensor& t) { return to_tuple(t.strides()); })
       .def_property_readonly("_offset", &Tensor::offset)
-      .def_property_readonly("_dtype_name", [](const Tensor& t) { return std::string(cl::dtype_info(t.dtype()).name); })
+      .def_property_readonly(
+          "_dtype_name",
+          [](const Tensor& t) { return std::string(cl::dtype_info(t.dtype()).name); })
       .def_property_readonly("_device_str", [](const Tensor& t) { return t.device().str(); })
-      .def_property_readonly("_device_type", [](const Tensor& t) { return static_cast<int>(t.device().type); })
+      .def_property_readonly("_device_type",
+                             [](const Tensor& t) { return static_cast<int>(t.device().type); })
       .def_property_readonly("_device_index", [](const Tensor& t) { return t.device().index; })
       .def_property_readonly("ndim", &Tensor::ndim)
       .def("dim", &Tensor::ndim)
       .def("numel", &Tensor::numel)
       .def_property_readonly("itemsize", &Tensor::itemsize)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
-      .def_property_readonly("_storage_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage()->data); })
+      .def_property_readonly(
+          "_storage_ptr",
+          [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.storage()->data); })
       .def_property_readonly("_storage_nbytes", [](const Tensor& t) { return t.storage()->nbytes; })
       .def_property_readonly("readonly", &Tensor::readonly)
       .def("is_contiguous", &Tensor::is_contiguous)
@@ -78,16 +85,19 @@ void bind_tensor(py::module_& m) {
       .def("_squeeze", &Tensor::squeeze)
       .def("_squeeze_all", &Tensor::squeeze_all)
       .def("_expand", &Tensor::expand)
-      .def("_view_or_none", [](const Tensor& t, const Shape& s) -> py::object {
-        Tensor v = t.view_or_null(s);
-        if (!v.defined()) return py::none();
-        return py::cast(v);
-      })
+      .def("_view_or_none",
+           [](const Tensor& t, const Shape& s) -> py::object {
+             Tensor v = t.view_or_null(s);
+             if (!v.defined()) return py::none();
+             return py::cast(v);
+           })
       .def("_infer_shape", &Tensor::infer_shape)
-      .def("_same_storage", [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); })
+      .def("_same_storage",
+           [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); })
       .def("_bits", [](const Tensor& t, int64_t elem) {
         // raw bits of one element of a CPU tensor (elem: offset in elements from data_ptr)
-        if (t.device().type != cl::DeviceType::CPU) throw std::invalid_argument("_bits needs a CPU tensor");
+        if (t.device().type != cl::DeviceType::CPU)
+          throw std::invalid_argument("_bits needs a CPU tensor");
         const char* p = static_cast<const char*>(t.data_ptr()) + elem * t.itemsize();
         uint64_t v = 0;
         std::memcpy(&v, p, t.itemsize());
@@ -110,8 +120,10 @@ void bind_tensor(py::module_& m) {
         for (size_t i = 0; i < shape.size(); ++i) {
           if (shape[i] == 0) empty = true;
           const int64_t ext = (shape[i] - 1) * strides[i];
-          if (ext < 0) lo += ext;
-          else hi += ext;
+          if (ext < 0)
+            lo += ext;
+          else
+            hi += ext;
         }
         if (empty) lo = hi = 0;
         char* base = reinterpret_cast<char*>(ptr) + lo * isz;

@@ -53,34 +53,61 @@ struct Stats {
   uint64_t bad_bounded = 0;  // sin/cos outside [-1,1] or non-finite for finite x
   void add(double err, bool is_cr, double x) {
     ++n;
-    if (is_cr) ++cr;
-    else if (err <= 1.0) ++le1;
-    else if (err <= 2.0) ++le2;
-    else ++worse;
+    if (is_cr)
+      ++cr;
+    else if (err <= 1.0)
+      ++le1;
+    else if (err <= 2.0)
+      ++le2;
+    else
+      ++worse;
     if (err > max_err || std::isnan(err)) {
       max_err = std::isnan(err) ? INFINITY : err;
       worst_x = x;
     }
   }
   void merge(const Stats& o) {
-    n += o.n; cr += o.cr; le1 += o.le1; le2 += o.le2; worse += o.worse;
+    n += o.n;
+    cr += o.cr;
+    le1 += o.le1;
+    le2 += o.le2;
+    worse += o.worse;
     bad_bounded += o.bad_bounded;
-    if (o.max_err > max_err) { max_err = o.max_err; worst_x = o.worst_x; }
+    if (o.max_err > max_err) {
+      max_err = o.max_err;
+      worst_x = o.worst_x;
+    }
   }
   void report() {
     bool ok = max_err <= bound && bad_bounded == 0;
     std::printf("%-28s n=%11" PRIu64 "  CR %9.5f%%  (0.5,1] %9.5f%%  (1,2] %8.5f%%  >2 %" PRIu64
                 "  max %.4f ulp (x=%.9g)%s  %s\n",
-                name, n, 100.0 * cr / n, 100.0 * le1 / n, 100.0 * le2 / n, worse, max_err,
-                worst_x, bad_bounded ? "  OUT-OF-RANGE VALUES" : "", ok ? "ok" : "FAIL");
+                name, n, 100.0 * cr / n, 100.0 * le1 / n, 100.0 * le2 / n, worse, max_err, worst_x,
+                bad_bounded ? "  OUT-OF-RANGE VALUES" : "", ok ? "ok" : "FAIL");
     if (!ok) g_fail = 1;
   }
 };
 
-float f_from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-uint32_t f_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-uint64_t d_bits(double d) { uint64_t u; std::memcpy(&u, &d, 8); return u; }
-double d_from_bits(uint64_t u) { double d; std::memcpy(&d, &u, 8); return d; }
+float f_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t f_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+uint64_t d_bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+double d_from_bits(uint64_t u) {
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
 
 // ---- exhaustive expf_ ---------------------------------------------------------------
 void exp_range(uint32_t lo, uint32_t hi, Stats* normal, Stats* subn) {
@@ -91,8 +118,10 @@ void exp_range(uint32_t lo, uint32_t hi, Stats* normal, Stats* subn) {
     float got = cl::portable::expf_(x);
     double err = std::fabs((double)got - ref) / ulp_f(ref);
     bool cr = got == (float)ref;
-    if (ref >= 0x1p-126) normal->add(err, cr, x);
-    else subn->add(err, cr, x);
+    if (ref >= 0x1p-126)
+      normal->add(err, cr, x);
+    else
+      subn->add(err, cr, x);
   }
 }
 
@@ -162,8 +191,10 @@ void check_double(const char* name, FP fp, FR fr, GEN gen, int n, double bound) 
     }
     double rr = (double)ref;
     double err;
-    if (std::isinf(rr)) err = (got == rr) ? 0.0 : INFINITY;
-    else err = (double)(std::fabs((long double)got - ref) / ulp_d(ref));
+    if (std::isinf(rr))
+      err = (got == rr) ? 0.0 : INFINITY;
+    else
+      err = (double)(std::fabs((long double)got - ref) / ulp_d(ref));
     st.add(err, got == rr, x);
   }
   st.report();
@@ -172,8 +203,8 @@ void check_double(const char* name, FP fp, FR fr, GEN gen, int n, double bound) 
 // ---- special values ---------------------------------------------------------------
 void expect_bits_f(const char* what, float got, float want) {
   if (f_bits(got) != f_bits(want)) {
-    std::printf("SPECIAL FAIL %s: got %a (0x%08x) want %a (0x%08x)\n", what, got, f_bits(got),
-                want, f_bits(want));
+    std::printf("SPECIAL FAIL %s: got %a (0x%08x) want %a (0x%08x)\n", what, got, f_bits(got), want,
+                f_bits(want));
     g_fail = 1;
   }
 }
@@ -280,7 +311,8 @@ void check_specials() {
   expect_bits_f("cosf(16367173*2^72)", cosf_(16367173.0f * 0x1p72f), -0x1.bbdd52p-30f);
   expect_bits_f("cosf(-16367173*2^72)", cosf_(-16367173.0f * 0x1p72f), -0x1.bbdd52p-30f);
   expect_bits_d("sin(6381956970095103*2^797)", sin_(6381956970095103.0 * 0x1p797), 1.0);
-  expect_bits_d("cos(6381956970095103*2^797)", cos_(6381956970095103.0 * 0x1p797), -0x1.14ae72e6ba22fp-61);
+  expect_bits_d("cos(6381956970095103*2^797)", cos_(6381956970095103.0 * 0x1p797),
+                -0x1.14ae72e6ba22fp-61);
   expect_bits_d("sin(-1e22)", sin_(-1e22), 0x1.b453ab76bf397p-1);
   // sin/cos must stay finite and in [-1, 1] for every finite argument.
   for (float x : {0x1p50f, 1e20f, -3.4e38f, 3.4028235e38f, 16367173.0f * 0x1p72f}) {
@@ -311,16 +343,24 @@ __global__ void gpu_eval_f(const float* x, float* y, int n) {
   if (i >= n) return;
   using namespace cl::portable;
   float a = x[i];
-  y[6 * i + 0] = expf_(a); y[6 * i + 1] = logf_(a); y[6 * i + 2] = sinf_(a);
-  y[6 * i + 3] = cosf_(a); y[6 * i + 4] = tanhf_(a); y[6 * i + 5] = erff_(a);
+  y[6 * i + 0] = expf_(a);
+  y[6 * i + 1] = logf_(a);
+  y[6 * i + 2] = sinf_(a);
+  y[6 * i + 3] = cosf_(a);
+  y[6 * i + 4] = tanhf_(a);
+  y[6 * i + 5] = erff_(a);
 }
 __global__ void gpu_eval_d(const double* x, double* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   using namespace cl::portable;
   double a = x[i];
-  y[6 * i + 0] = exp_(a); y[6 * i + 1] = log_(a); y[6 * i + 2] = sin_(a);
-  y[6 * i + 3] = cos_(a); y[6 * i + 4] = tanh_(a); y[6 * i + 5] = erf_(a);
+  y[6 * i + 0] = exp_(a);
+  y[6 * i + 1] = log_(a);
+  y[6 * i + 2] = sin_(a);
+  y[6 * i + 3] = cos_(a);
+  y[6 * i + 4] = tanh_(a);
+  y[6 * i + 5] = erf_(a);
 }
 int gpu_bit_check() {
   using namespace cl::portable;
@@ -331,12 +371,16 @@ int gpu_bit_check() {
   std::mt19937_64 rng(99);
   for (int i = 0; i < 65536; ++i) xf[i] = f_from_bits((uint32_t)i << 16);
   for (int i = 65536; i < nf; ++i)
-    xf[i] = (i & 1) ? f_from_bits((uint32_t)rng()) : (float)std::uniform_real_distribution<double>(-100, 100)(rng);
+    xf[i] = (i & 1) ? f_from_bits((uint32_t)rng())
+                    : (float)std::uniform_real_distribution<double>(-100, 100)(rng);
   for (int i = 0; i < nd; ++i)
     xd[i] = (i & 1) ? d_from_bits(rng()) : std::uniform_real_distribution<double>(-800, 800)(rng);
-  float *dxf, *dyf; double *dxd, *dyd;
-  cudaMalloc(&dxf, nf * 4); cudaMalloc(&dyf, 6ull * nf * 4);
-  cudaMalloc(&dxd, nd * 8); cudaMalloc(&dyd, 6ull * nd * 8);
+  float *dxf, *dyf;
+  double *dxd, *dyd;
+  cudaMalloc(&dxf, nf * 4);
+  cudaMalloc(&dyf, 6ull * nf * 4);
+  cudaMalloc(&dxd, nd * 8);
+  cudaMalloc(&dyd, 6ull * nd * 8);
   cudaMemcpy(dxf, xf.data(), nf * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dxd, xd.data(), nd * 8, cudaMemcpyHostToDevice);
   gpu_eval_f<<<(nf + 255) / 256, 256>>>(dxf, dyf, nf);
@@ -345,27 +389,45 @@ int gpu_bit_check() {
   std::vector<double> yd(6ull * nd);
   cudaMemcpy(yf.data(), dyf, 6ull * nf * 4, cudaMemcpyDeviceToHost);
   cudaError_t err = cudaMemcpy(yd.data(), dyd, 6ull * nd * 8, cudaMemcpyDeviceToHost);
-  if (err != cudaSuccess) { std::printf("CUDA error: %s\n", cudaGetErrorString(err)); return 1; }
+  if (err != cudaSuccess) {
+    std::printf("CUDA error: %s\n", cudaGetErrorString(err));
+    return 1;
+  }
   int bad = 0;
   for (int f = 0; f < 6; ++f) {
     uint64_t mf = 0, md = 0;
     for (int i = 0; i < nf; ++i) {
       float a = xf[i], c;
-      switch (f) { case 0: c = expf_(a); break; case 1: c = logf_(a); break; case 2: c = sinf_(a); break;
-                   case 3: c = cosf_(a); break; case 4: c = tanhf_(a); break; default: c = erff_(a); }
+      switch (f) {
+        case 0: c = expf_(a); break;
+        case 1: c = logf_(a); break;
+        case 2: c = sinf_(a); break;
+        case 3: c = cosf_(a); break;
+        case 4: c = tanhf_(a); break;
+        default: c = erff_(a);
+      }
       if (f_bits(c) != f_bits(yf[6ull * i + f])) {
-        if (mf++ < 3) std::printf("  %sf mismatch x=%a cpu=%a gpu=%a\n", names[f], a, c, yf[6ull * i + f]);
+        if (mf++ < 3)
+          std::printf("  %sf mismatch x=%a cpu=%a gpu=%a\n", names[f], a, c, yf[6ull * i + f]);
       }
     }
     for (int i = 0; i < nd; ++i) {
       double a = xd[i], c;
-      switch (f) { case 0: c = exp_(a); break; case 1: c = log_(a); break; case 2: c = sin_(a); break;
-                   case 3: c = cos_(a); break; case 4: c = tanh_(a); break; default: c = erf_(a); }
+      switch (f) {
+        case 0: c = exp_(a); break;
+        case 1: c = log_(a); break;
+        case 2: c = sin_(a); break;
+        case 3: c = cos_(a); break;
+        case 4: c = tanh_(a); break;
+        default: c = erf_(a);
+      }
       if (d_bits(c) != d_bits(yd[6ull * i + f])) {
-        if (md++ < 3) std::printf("  %s mismatch x=%a cpu=%a gpu=%a\n", names[f], a, c, yd[6ull * i + f]);
+        if (md++ < 3)
+          std::printf("  %s mismatch x=%a cpu=%a gpu=%a\n", names[f], a, c, yd[6ull * i + f]);
       }
     }
-    std::printf("GPU vs CPU bits: %-5s float %d inputs, %" PRIu64 " differ; double %d inputs, %" PRIu64 " differ\n",
+    std::printf("GPU vs CPU bits: %-5s float %d inputs, %" PRIu64
+                " differ; double %d inputs, %" PRIu64 " differ\n",
                 names[f], nf, mf, nd, md);
     if (mf || md) bad = 1;
   }
@@ -390,9 +452,13 @@ int main(int argc, char** argv) {
   check_float("logf_", logf_, [](double x) { return std::log(x); }, 0.0, 4.0, 2.0, INFINITY, false);
   check_float("sinf_", sinf_, [](double x) { return std::sin(x); }, -1e5, 1e5, 1.0, INFINITY, true);
   check_float("cosf_", cosf_, [](double x) { return std::cos(x); }, -1e5, 1e5, 1.0, INFINITY, true);
-  check_float("tanhf_", tanhf_, [](double x) { return std::tanh(x); }, -10.0, 10.0, 2.0, INFINITY, false);
-  check_float("erff_", erff_, [](double x) { return std::erf(x); }, -5.0, 5.0, 2.0, INFINITY, false);
-  check_float("expf_ (sampled)", expf_, [](double x) { return std::exp(x); }, -104.0, 89.0, 1.0, INFINITY, false);
+  check_float(
+      "tanhf_", tanhf_, [](double x) { return std::tanh(x); }, -10.0, 10.0, 2.0, INFINITY, false);
+  check_float(
+      "erff_", erff_, [](double x) { return std::erf(x); }, -5.0, 5.0, 2.0, INFINITY, false);
+  check_float(
+      "expf_ (sampled)", expf_, [](double x) { return std::exp(x); }, -104.0, 89.0, 1.0, INFINITY,
+      false);
 
   // double: 1M each (mixtures of uniform ranges and random bit patterns).
   const int N = 1000000;
@@ -405,17 +471,26 @@ int main(int argc, char** argv) {
       }
     };
   };
-  check_double("exp_", exp_, [](long double x) { return std::exp(x); }, mix(-746.0, 710.0, 746.0), N, 2.0);
-  check_double("log_", log_, [](long double x) { return std::log(x); },
-               [](std::mt19937_64& r) {
-                 uint64_t u = r();
-                 if (u & 1) return std::uniform_real_distribution<double>(0.25, 4.0)(r);
-                 return std::fabs(d_from_bits(u));
-               }, N, 2.0);
-  check_double("sin_ |x|<10", sin_, [](long double x) { return std::sin(x); }, mix(-10.0, 10.0, 10.0), N, 2.0);
-  check_double("cos_ |x|<10", cos_, [](long double x) { return std::cos(x); }, mix(-10.0, 10.0, 10.0), N, 2.0);
-  check_double("sin_ |x|<1e9", sin_, [](long double x) { return std::sin(x); }, mix(-1e9, 1e9, 1e9), N, 2.0);
-  check_double("cos_ |x|<1e9", cos_, [](long double x) { return std::cos(x); }, mix(-1e9, 1e9, 1e9), N, 2.0);
+  check_double(
+      "exp_", exp_, [](long double x) { return std::exp(x); }, mix(-746.0, 710.0, 746.0), N, 2.0);
+  check_double(
+      "log_", log_, [](long double x) { return std::log(x); },
+      [](std::mt19937_64& r) {
+        uint64_t u = r();
+        if (u & 1) return std::uniform_real_distribution<double>(0.25, 4.0)(r);
+        return std::fabs(d_from_bits(u));
+      },
+      N, 2.0);
+  check_double(
+      "sin_ |x|<10", sin_, [](long double x) { return std::sin(x); }, mix(-10.0, 10.0, 10.0), N,
+      2.0);
+  check_double(
+      "cos_ |x|<10", cos_, [](long double x) { return std::cos(x); }, mix(-10.0, 10.0, 10.0), N,
+      2.0);
+  check_double(
+      "sin_ |x|<1e9", sin_, [](long double x) { return std::sin(x); }, mix(-1e9, 1e9, 1e9), N, 2.0);
+  check_double(
+      "cos_ |x|<1e9", cos_, [](long double x) { return std::cos(x); }, mix(-1e9, 1e9, 1e9), N, 2.0);
   // Arguments next to multiples of pi/2 (the hard cases of the reduction).
   auto near_pio2 = [](std::mt19937_64& r) {
     double k = (double)(r() % (1ull << 30));
@@ -425,26 +500,36 @@ int main(int argc, char** argv) {
     uint64_t b = d_bits(x) + d;
     return d_from_bits(b);
   };
-  check_double("sin_ near k*pi/2", sin_, [](long double x) { return std::sin(x); }, near_pio2, 200000, 2.0);
-  check_double("cos_ near k*pi/2", cos_, [](long double x) { return std::cos(x); }, near_pio2, 200000, 2.0);
+  check_double(
+      "sin_ near k*pi/2", sin_, [](long double x) { return std::sin(x); }, near_pio2, 200000, 2.0);
+  check_double(
+      "cos_ near k*pi/2", cos_, [](long double x) { return std::cos(x); }, near_pio2, 200000, 2.0);
   // Payne-Hanek range (|x| >= 2^31): exponent uniform in [31, 1023], random sign; and
   // next to multiples of pi/2 for k up to 2^62 (glibc's sinl/cosl reduce exactly).
   auto huge = [](std::mt19937_64& r) {
     double x = std::ldexp(std::uniform_real_distribution<double>(1, 2)(r), 31 + (int)(r() % 993));
     return (r() & 1) ? -x : x;
   };
-  check_double("sin_ 2^31<=|x|<=DBL_MAX", sin_, [](long double x) { return std::sin(x); }, huge, N, 2.0);
-  check_double("cos_ 2^31<=|x|<=DBL_MAX", cos_, [](long double x) { return std::cos(x); }, huge, N, 2.0);
+  check_double(
+      "sin_ 2^31<=|x|<=DBL_MAX", sin_, [](long double x) { return std::sin(x); }, huge, N, 2.0);
+  check_double(
+      "cos_ 2^31<=|x|<=DBL_MAX", cos_, [](long double x) { return std::cos(x); }, huge, N, 2.0);
   auto near_pio2_big = [](std::mt19937_64& r) {
     long double k = (long double)(r() >> (int)(r() % 33));  // up to 2^64
     double x = (double)(k * 1.570796326794896619231321691639751442L);
     int d = (int)(r() % 9) - 4;
     return d_from_bits(d_bits(x) + d);
   };
-  check_double("sin_ near k*pi/2, k<2^64", sin_, [](long double x) { return std::sin(x); }, near_pio2_big, 200000, 2.0);
-  check_double("cos_ near k*pi/2, k<2^64", cos_, [](long double x) { return std::cos(x); }, near_pio2_big, 200000, 2.0);
-  check_double("tanh_", tanh_, [](long double x) { return std::tanh(x); }, mix(-20.0, 20.0, 30.0), N, 2.0);
-  check_double("erf_", erf_, [](long double x) { return std::erf(x); }, mix(-6.0, 6.0, 7.0), N, 2.0);
+  check_double(
+      "sin_ near k*pi/2, k<2^64", sin_, [](long double x) { return std::sin(x); }, near_pio2_big,
+      200000, 2.0);
+  check_double(
+      "cos_ near k*pi/2, k<2^64", cos_, [](long double x) { return std::cos(x); }, near_pio2_big,
+      200000, 2.0);
+  check_double(
+      "tanh_", tanh_, [](long double x) { return std::tanh(x); }, mix(-20.0, 20.0, 30.0), N, 2.0);
+  check_double(
+      "erf_", erf_, [](long double x) { return std::erf(x); }, mix(-6.0, 6.0, 7.0), N, 2.0);
 
   if (!skip_exhaustive) check_expf_exhaustive();
   std::printf("%s\n", g_fail ? "RESULT: FAIL" : "RESULT: PASS");
