@@ -61,7 +61,13 @@ def _setup(chain: str, quick: bool):
 
 
 def _impls(cl, torch, tfn, cfn, want_compile: bool):
+    def eager_portable(*a):
+        with cl.use_math("portable"):
+            return cfn(*a)
+
     impls = {"castlab eager": ("cl", cfn), "castlab fused": ("cl", cl.jit(cfn)),
+             "cl eager portable": ("cl", eager_portable),
+             "cl fused portable": ("cl", cl.jit(cfn, math="portable")),
              "torch eager": ("torch", tfn)}
     if want_compile:
         impls["torch.compile"] = ("torch", torch.compile(tfn))
@@ -90,12 +96,13 @@ def memory_child(chain: str, impl: str, quick: bool) -> None:
     cl, torch, targs, cargs, tfn, cfn = _setup(chain, quick)
     kind, fn = _impls(cl, torch, tfn, cfn, impl == "torch.compile")[impl]
     args = cargs if kind == "cl" else targs
-    if impl in ("castlab fused", "torch.compile"):
+    if impl in ("castlab fused", "cl fused portable", "torch.compile"):
         out = fn(*args)  # trace / compile first: not part of the steady-state peak
         del out
     import gc
 
     gc.collect()
+    cl._C.cpu_empty_cache()  # castlab keeps freed blocks for reuse: count fresh memory only
     rss0 = _status_kb("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as f:

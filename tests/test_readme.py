@@ -1,0 +1,33 @@
+"""The README's quick start runs as written, and its trace listing is what castlab prints."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_quick_start_runs():
+    pytest.importorskip("torch")
+    block = re.search(r"## Quick start\n\n```python\n(.*?)```", README, re.S).group(1)
+    exec(compile(block, "README quick start", "exec"), {})
+
+
+def test_trace_listing_is_current():
+    import castlab as cl
+
+    @cl.jit
+    def swiglu(x):
+        a, b = cl.chunk(x, 2, dim=-1)
+        return cl.silu(a) * b
+
+    x = cl.randn(512, 256, seed=0, dtype=cl.bfloat16)
+    for policy in ("eager", "fused"):
+        assert str(swiglu.trace(x, policy=policy)) in README
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci/run").read_text()
+    assert "<!-- test-command -->" in ci and "<!-- test-command -->" in README
