@@ -132,6 +132,22 @@ std::string shape_str(const Shape& shape) {
   return s + "]";
 }
 
+bool strided_extent(const Shape& shape, const Shape& strides, int64_t* lo, int64_t* hi) {
+  *lo = *hi = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) {
+      *lo = *hi = 0;
+      return false;
+    }
+    const int64_t ext = (shape[i] - 1) * strides[i];
+    if (ext < 0)
+      *lo += ext;
+    else
+      *hi += ext;
+  }
+  return true;
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
   const size_t n = std::max(a.size(), b.size());
   Shape out(n);
@@ -193,17 +209,12 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offs
   // Check the view stays inside the storage.
   if (shape.size() != strides.size())
     throw std::invalid_argument("as_strided: shape and strides differ in length");
-  int64_t lo = offset, hi = offset;
-  bool empty = false;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] < 0) throw std::invalid_argument("as_strided: negative size");
-    if (shape[i] == 0) empty = true;
-    const int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0)
-      lo += ext;
-    else
-      hi += ext;
-  }
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("as_strided: negative size");
+  int64_t lo = 0, hi = 0;
+  const bool empty = !strided_extent(shape, strides, &lo, &hi);
+  lo += offset;
+  hi += offset;
   const int64_t cap = static_cast<int64_t>(storage_->nbytes) / itemsize();
   if (!empty && (lo < 0 || hi >= cap)) {
     throw std::out_of_range("as_strided: view [" + std::to_string(lo) + ", " + std::to_string(hi) +

@@ -63,6 +63,9 @@ using Shape = std::vector<int64_t>;
 int64_t numel_of(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);
+// The element offsets a strided view touches, relative to its first element: [lo, hi]
+// (strides may be negative). Returns false for an empty view (a zero-size dimension).
+bool strided_extent(const Shape& shape, const Shape& strides, int64_t* lo, int64_t* hi);
 // Broadcast two shapes as NumPy does; throws std::invalid_argument naming both.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 

@@ -105,7 +105,18 @@ __all__ = [
     "minimum", "mul", "ne", "neg", "permute", "pow", "reciprocal", "reshape", "rsqrt", "select",
     "sigmoid", "silu", "sin", "split", "sqrt", "square", "squeeze", "stack", "sub", "tanh",
     "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math", "jit",
-    "JitFunction", "from_dlpack", "cuda", "numerics", "study",
+    "JitFunction", "from_dlpack", "cuda", "numerics", "study", "info",
 ]
 
 from . import cuda, numerics, study  # noqa: E402, F401  (submodules need the names above)
+
+
+def info() -> str:
+    """Versions (castlab, Python, NumPy, ml_dtypes, torch) and the devices found (GPU
+    name, compute capability, driver and NVRTC versions), as ``castlab info`` prints them.
+
+    >>> print(cl.info())          # doctest: +SKIP
+    """
+    from .cli import info_text
+
+    return info_text()

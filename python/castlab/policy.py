@@ -17,6 +17,15 @@ from ._dtype import as_dtype, dtype, float64
 
 __all__ = ["Policy", "Math", "use_math", "current_math", "as_policy", "as_math"]
 
+def _cached_hash(obj) -> int:
+    """Hash of a frozen dataclass's fields, computed once."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(obj, f.name) for f in dataclasses.fields(obj)))
+        object.__setattr__(obj, "_hash", h)
+    return h
+
+
 _ROUNDING = {"nearest": 0, "nearest_even": 0, "toward_zero": 1, "stochastic": 2}
 
 
@@ -59,11 +68,7 @@ class Policy:
     round_casts: bool = True
 
     def __hash__(self) -> int:  # cached: policies are dictionary keys on every call
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return _cached_hash(self)
 
     def __post_init__(self):
         if self.rounding not in _ROUNDING:
@@ -177,11 +182,7 @@ class Math:
     cuda_kernels: bool = False
 
     def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return _cached_hash(self)
 
     def __post_init__(self):
         if self.impl not in _IMPLS:

@@ -251,16 +251,7 @@ Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool
   // at the lowest address, and the view's offset (in elements) points at element 0.
   const int64_t isz = cl::itemsize(code);
   int64_t lo = 0, hi = 0;
-  bool empty = false;
-  for (size_t i = 0; i < ndim; ++i) {
-    if (shape[i] == 0) empty = true;
-    const int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0)
-      lo += ext;
-    else
-      hi += ext;
-  }
-  if (empty) lo = hi = 0;
+  const bool empty = !cl::strided_extent(shape, strides, &lo, &hi);
   char* first = static_cast<char*>(d.data) + d.byte_offset;
   auto storage = std::make_shared<cl::Storage>();
   storage->data = first + lo * isz;

@@ -116,16 +116,7 @@ void bind_tensor(py::module_& m) {
         // Span of memory the view touches (strides may be negative): base the storage at
         // the lowest address so every element is inside it.
         int64_t lo = 0, hi = 0;
-        bool empty = false;
-        for (size_t i = 0; i < shape.size(); ++i) {
-          if (shape[i] == 0) empty = true;
-          const int64_t ext = (shape[i] - 1) * strides[i];
-          if (ext < 0)
-            lo += ext;
-          else
-            hi += ext;
-        }
-        if (empty) lo = hi = 0;
+        const bool empty = !cl::strided_extent(shape, strides, &lo, &hi);
         char* base = reinterpret_cast<char*>(ptr) + lo * isz;
         const size_t nbytes = static_cast<size_t>((hi - lo + 1) * isz);
         auto storage = storage_owned_by(std::move(owner), base, empty ? 0 : nbytes,
