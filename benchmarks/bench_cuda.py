@@ -120,7 +120,7 @@ def main():
     n_copy = 512 * 2**20
     src = torch.randn(n_copy, device="cuda").to(torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = device_ms(lambda: dst.copy_(src), ts, iters=10)
+    ms = device_ms(lambda: dst.copy_(src), ts, iters=10)  # noqa: F821 (src, dst freed below)
     copy_bw = gbps(2 * src.numel() * 2, ms)
     RESULTS["copy_GBps"] = copy_bw
     print(f"device-to-device copy (torch, {src.numel() * 2 / 2**30:.0f} GiB): {copy_bw:.0f} GB/s (read+write)")
@@ -137,12 +137,12 @@ def main():
         a, b = to_cl(ta), to_cl(tb)
         nbytes = 3 * n * 2
         r = {}
-        r["castlab_fused"] = device_ms(lambda: sw_cl(a, b), cs)
-        r["castlab_fused_torch_eager_math"] = device_ms(lambda: sw_cl_te(a, b), cs)
-        r["castlab_eager"] = device_ms(lambda: cl.silu(a) * b, cs)
-        r["torch_eager"] = device_ms(lambda: sw_t(ta, tb), ts)
+        r["castlab_fused"] = device_ms(lambda a=a, b=b: sw_cl(a, b), cs)
+        r["castlab_fused_torch_eager_math"] = device_ms(lambda a=a, b=b: sw_cl_te(a, b), cs)
+        r["castlab_eager"] = device_ms(lambda a=a, b=b: cl.silu(a) * b, cs)
+        r["torch_eager"] = device_ms(lambda ta=ta, tb=tb: sw_t(ta, tb), ts)
         sw_c(ta, tb)
-        r["torch_compile"] = device_ms(lambda: sw_c(ta, tb), ts)
+        r["torch_compile"] = device_ms(lambda ta=ta, tb=tb: sw_c(ta, tb), ts)
         for k, v in r.items():
             rows.append((f"swiglu bf16 2x{n >> 20}M", k, v, gbps(nbytes, v), gbps(nbytes, v) / copy_bw))
         RESULTS[f"swiglu_{n}"] = r
@@ -164,16 +164,18 @@ def main():
     ro_cl = cl.jit(rope_c, policy="fused", math="inductor")
     ro_c = torch.compile(rope_t, dynamic=False)
     nbytes = 2 * tx.numel() * 2 + 2 * tcos.numel() * 2
-    r = {"castlab_fused": device_ms(lambda: ro_cl(x, co, si), cs, iters=10),
-         "castlab_eager": device_ms(lambda: rope_c(x, co, si), cs, iters=5),
-         "torch_eager": device_ms(lambda: rope_t(tx, tcos, tsin), ts, iters=5)}
-    ro_c(tx, tcos, tsin)
-    r["torch_compile"] = device_ms(lambda: ro_c(tx, tcos, tsin), ts, iters=10)
+    cl_args, t_args = (x, co, si), (tx, tcos, tsin)
+    r = {"castlab_fused": device_ms(lambda: ro_cl(*cl_args), cs, iters=10),
+         "castlab_eager": device_ms(lambda: rope_c(*cl_args), cs, iters=5),
+         "torch_eager": device_ms(lambda: rope_t(*t_args), ts, iters=5)}
+    ro_c(*t_args)
+    r["torch_compile"] = device_ms(lambda: ro_c(*t_args), ts, iters=10)
     for k, v in r.items():
         rows.append(("rope bf16 [1,32,32768,128]", k, v, gbps(nbytes, v), gbps(nbytes, v) / copy_bw))
     RESULTS["rope"] = r
     RESULTS["rope_kernels_per_call"] = _n_steps(ro_cl)
     del tx, tcos, tsin, x, co, si
+    cl_args = t_args = None  # frees the tensors (the lambdas above refer to these names)
 
     # ---- eager op kernels vs torch's
     print()
@@ -190,8 +192,8 @@ def main():
             tp = torch.rand(n, device="cuda").to(dt) + 0.5
             p = to_cl(tp)
             for name, (fc, ft) in ops.items():
-                mc = device_ms(lambda: fc(p), cs, iters=10, reps=3)
-                mt = device_ms(lambda: ft(tp), ts, iters=10, reps=3)
+                mc = device_ms(lambda fc=fc, p=p: fc(p), cs, iters=10, reps=3)
+                mt = device_ms(lambda ft=ft, tp=tp: ft(tp), ts, iters=10, reps=3)
                 op_rows.append((name, str(dt).replace("torch.", ""), n, mc, mt, mt / mc))
             del tp, p
     RESULTS["eager_ops"] = [dict(op=a, dtype=b, n=c, castlab_ms=d, torch_ms=e, speed_ratio=f)

@@ -116,7 +116,6 @@ import torch
 
 import castlab as cl
 import castlab.numerics as nm
-import castlab.plot as cplot
 
 x = cl.tensor([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20], dtype=cl.float64)
 b = x.astype(cl.bfloat16)
@@ -207,8 +206,6 @@ rounds every intermediate to bf16, the fusers round once. Which one is right? Co
 both with an fp64 reference.
 """),
     ("code", """
-import numpy as np
-
 import castlab as cl
 import castlab.numerics as nm
 import castlab.plot as cplot

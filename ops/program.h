@@ -3,6 +3,7 @@
 // interpreter evaluates it block by block; the CUDA code generator turns it into one
 // kernel whose body is one line per instruction.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,8 +21,8 @@ struct Instr {
   uint8_t mode = 0;       // Round: RoundMode
   uint8_t saturate = 0;   // Round: saturate fp8 overflow
   int32_t dst = 0, a = -1, b = -1, c = -1;
-  int32_t aux = 0;        // Load: input index; Round: random stream (salt)
-  double imm = 0.0;       // Const
+  int32_t aux = 0;   // Load: input index; Round: random stream (salt)
+  double imm = 0.0;  // Const
 };
 
 struct OutputSpec {
@@ -31,11 +32,51 @@ struct OutputSpec {
   int32_t salt = 0;
 };
 
+// A per-Program memo for executors (the CUDA executor keeps its compiled kernels per
+// operand layout here, so a repeated launch skips keying the instructions). Entries
+// are pushed lock-free and live as long as the Program; a copy or an assignment of a
+// Program starts with an empty memo (the memo describes one object's contents, which
+// must not change once the Program has been run).
+class ExecMemo {
+ public:
+  struct Entry {
+    virtual ~Entry() = default;
+    Entry* next = nullptr;
+  };
+  ExecMemo() = default;
+  ExecMemo(const ExecMemo&) noexcept {}
+  ExecMemo& operator=(const ExecMemo&) noexcept {
+    clear();
+    return *this;
+  }
+  ~ExecMemo() { clear(); }
+  Entry* head() const noexcept { return head_.load(std::memory_order_acquire); }
+  void push(Entry* e) const noexcept {  // takes ownership
+    Entry* h = head_.load(std::memory_order_relaxed);
+    do {
+      e->next = h;
+    } while (
+        !head_.compare_exchange_weak(h, e, std::memory_order_release, std::memory_order_relaxed));
+  }
+
+ private:
+  void clear() noexcept {
+    Entry* e = head_.exchange(nullptr, std::memory_order_acq_rel);
+    while (e) {
+      Entry* n = e->next;
+      delete e;
+      e = n;
+    }
+  }
+  mutable std::atomic<Entry*> head_{nullptr};
+};
+
 struct Program {
   std::vector<Instr> code;
   int32_t n_regs = 0;
   std::vector<OutputSpec> outputs;
   uint64_t seed = 0;
+  ExecMemo memo;  // executors' per-object cache (not part of the program's meaning)
   bool uses_random() const;
   std::string str() const;  // one line per instruction (debugging)
 };

@@ -75,6 +75,16 @@ if [ "$BENCH" = 1 ]; then
   echo "bench: $(( $(date +%s) - t0 )) s"
 fi
 
+# ---- notebooks on the GPU (when this machine has a Jupyter kernel) ----
+if $PY -c 'import nbclient, nbformat, ipykernel' 2>/dev/null; then
+  t0=$(date +%s)
+  $PY -m pytest tests/test_notebooks.py -q -p no:cacheprovider 2>&1 | tail -15 > "$OUT/test_notebooks.log"
+  cat "$OUT/test_notebooks.log"
+  echo "notebooks: $(( $(date +%s) - t0 )) s"
+else
+  echo "notebooks: skipped (no nbclient/ipykernel here)"
+fi
+
 # ---- CPU tests (quick) ----
 if [ "$CPU" = 1 ]; then
   timeout 240 $PY -m pytest tests -q -m "not cuda" -x -p no:cacheprovider -n 8 2>&1 | tail -15 > "$OUT/test_cpu.log"

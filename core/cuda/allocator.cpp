@@ -18,7 +18,7 @@ namespace cuda {
 
 namespace {
 
-constexpr size_t kSmall = 1u << 20;      // below: 512-byte granularity
+constexpr size_t kSmall = 1u << 20;  // below: 512-byte granularity
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = 2u << 20;  // above: 2 MiB granularity
 constexpr int kMaxDev = 64;
@@ -30,16 +30,20 @@ size_t round_size(size_t n) {
 
 std::string human(size_t n) {
   char buf[64];
-  if (n >= (1ull << 30)) snprintf(buf, sizeof buf, "%.2f GiB", n / double(1ull << 30));
-  else if (n >= (1ull << 20)) snprintf(buf, sizeof buf, "%.2f MiB", n / double(1ull << 20));
-  else snprintf(buf, sizeof buf, "%zu bytes", n);
+  if (n >= (1ull << 30))
+    snprintf(buf, sizeof buf, "%.2f GiB", n / double(1ull << 30));
+  else if (n >= (1ull << 20))
+    snprintf(buf, sizeof buf, "%.2f MiB", n / double(1ull << 20));
+  else
+    snprintf(buf, sizeof buf, "%zu bytes", n);
   return buf;
 }
 
 class CudaCachingAllocator : public Allocator {
  public:
   std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override {
-    if (device.type != DeviceType::CUDA) throw std::logic_error("CUDA allocator: not a CUDA device");
+    if (device.type != DeviceType::CUDA)
+      throw std::logic_error("CUDA allocator: not a CUDA device");
     const int d = device.index;
     auto st = std::make_shared<Storage>();
     st->device = device;
@@ -49,7 +53,12 @@ class CudaCachingAllocator : public Allocator {
     const size_t size = round_size(nbytes);
     CUdeviceptr p = take(d, size);
     st->data = reinterpret_cast<void*>(static_cast<uintptr_t>(p));
-    st->deleter = [this, d, size](void* ptr) { give(d, reinterpret_cast<uintptr_t>(ptr), size); };
+    // 16 bytes of captures: std::function keeps them inline (no allocation per tensor).
+    const uint64_t size_dev = static_cast<uint64_t>(size) << 8 | static_cast<uint64_t>(d);
+    st->deleter = [this, size_dev](void* ptr) {
+      give(static_cast<int>(size_dev & 0xff), reinterpret_cast<uintptr_t>(ptr),
+           static_cast<size_t>(size_dev >> 8));
+    };
     return st;
   }
 

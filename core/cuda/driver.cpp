@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -19,6 +20,7 @@ std::mutex g_mu;
 // ---- driver ----
 bool g_driver_tried = false;
 bool g_driver_ok = false;
+std::atomic<bool> g_driver_ready{false};  // g_driver_ok, readable without the lock
 std::string g_driver_error;
 DriverApi g_drv{};
 int g_ndev = 0;
@@ -27,7 +29,7 @@ struct DevState {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;
   int cc_major = 0, cc_minor = 0, sms = 0;
-  std::string last_kernel;
+  std::atomic<const char*> last_kernel{nullptr};  // a name owned by the kernel cache
 };
 DevState g_dev[kMaxDevices];
 
@@ -55,14 +57,14 @@ void load_driver_locked() {
   g_driver_tried = true;
   // CASTLAB_LIBCUDA: another driver library (testing with a stub driver).
   const char* override_lib = std::getenv("CASTLAB_LIBCUDA");
-  void* lib = dlopen(override_lib && *override_lib ? override_lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void* lib =
+      dlopen(override_lib && *override_lib ? override_lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   const char* e1 = lib ? nullptr : dlerror();
   const std::string first_error = e1 ? e1 : "not found";
   if (!lib) lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     g_driver_error = std::string("the CUDA driver library libcuda.so.1 could not be loaded (") +
-                     first_error +
-                     "): install the NVIDIA driver (on a machine with an NVIDIA GPU)";
+                     first_error + "): install the NVIDIA driver (on a machine with an NVIDIA GPU)";
     return;
   }
   std::string missing;
@@ -116,6 +118,7 @@ void load_driver_locked() {
   }
   g_ndev = n < kMaxDevices ? n : kMaxDevices;
   g_driver_ok = true;
+  g_driver_ready.store(true, std::memory_order_release);
 }
 
 void load_nvrtc_locked() {
@@ -204,6 +207,7 @@ std::string unavailable_reason() {
 int device_count() { return is_available() ? g_ndev : 0; }
 
 const DriverApi& driver() {
+  if (g_driver_ready.load(std::memory_order_acquire)) return g_drv;  // hot path: no lock
   std::lock_guard<std::mutex> lk(g_mu);
   load_driver_locked();
   if (!g_driver_ok) throw std::runtime_error("CUDA is not available: " + g_driver_error);
@@ -273,13 +277,25 @@ static DevState& dev_state(int index) {
   return s;
 }
 
+// The context this thread last made current through castlab (cuCtxSetCurrent is
+// skipped when it already is).
+thread_local CUcontext t_current = nullptr;
+
 void set_device(int index) {
   DevState& s = dev_state(index);
-  thread_local CUcontext current = nullptr;
-  if (current != s.ctx) {
+  if (t_current != s.ctx) {
     check(g_drv.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
-    current = s.ctx;
+    t_current = s.ctx;
   }
+}
+
+CUstream launch_stream(int index) {
+  DevState& s = dev_state(index);
+  if (t_current != s.ctx) {
+    check(g_drv.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
+    t_current = s.ctx;
+  }
+  return s.stream;
 }
 
 CUstream stream(int index) { return dev_state(index).stream; }
@@ -294,7 +310,8 @@ void compute_capability(int index, int* major, int* minor) {
 int multiprocessor_count(int index) { return dev_state(index).sms; }
 
 void note_launch(int index, const char* kernel_name) {
-  if (index >= 0 && index < kMaxDevices) g_dev[index].last_kernel = kernel_name;
+  if (index >= 0 && index < kMaxDevices)
+    g_dev[index].last_kernel.store(kernel_name, std::memory_order_relaxed);
 }
 
 void synchronize(int index) {
@@ -306,7 +323,8 @@ void synchronize(int index) {
     set_device(i);
     CUresult r = g_drv.cuStreamSynchronize(s.stream);
     if (r != CUDA_SUCCESS) {
-      std::string k = s.last_kernel.empty() ? std::string("(none)") : s.last_kernel;
+      const char* lk = s.last_kernel.load(std::memory_order_relaxed);
+      std::string k = lk && *lk ? std::string(lk) : std::string("(none)");
       throw std::runtime_error("CUDA error at synchronisation of cuda:" + std::to_string(i) +
                                " (last kernel launched: " + k + "): " + error_string(r));
     }

@@ -67,8 +67,8 @@ struct DriverApi {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
   CUresult (*cuGetErrorName)(CUresult, const char**);
 };
@@ -114,6 +114,8 @@ std::string error_string(CUresult r);
 void set_device(int index);
 // castlab's stream on `index` (non-blocking, created once), after set_device(index).
 CUstream stream(int index);
+// set_device(index) and stream(index) in one call (the launch path).
+CUstream launch_stream(int index);
 // Compute capability of device `index`.
 void compute_capability(int index, int* major, int* minor);
 int multiprocessor_count(int index);
@@ -123,17 +125,18 @@ CUcontext context(int index);
 // from an earlier asynchronous launch is reported with the name of the last kernel
 // launched there.
 void synchronize(int index);
-// Name of the kernel last launched on device `index` (for error messages).
+// Name of the kernel last launched on device `index` (for error messages). Only the
+// pointer is kept: the name must live as long as the process (the kernel cache's do).
 void note_launch(int index, const char* kernel_name);
 
 // ---- caching allocator (allocator.cpp) ----
 struct MemoryStats {
-  uint64_t allocated = 0;       // bytes in blocks handed out (rounded sizes)
-  uint64_t reserved = 0;        // bytes obtained from cuMemAlloc (in use + cached)
+  uint64_t allocated = 0;  // bytes in blocks handed out (rounded sizes)
+  uint64_t reserved = 0;   // bytes obtained from cuMemAlloc (in use + cached)
   uint64_t peak_allocated = 0;
-  uint64_t num_allocs = 0;      // requests served
+  uint64_t num_allocs = 0;         // requests served
   uint64_t num_device_allocs = 0;  // cuMemAlloc calls
-  uint64_t cache_hits = 0;      // requests served from the cache
+  uint64_t cache_hits = 0;         // requests served from the cache
   uint64_t num_frees = 0;
   uint64_t num_ooms = 0;
 };

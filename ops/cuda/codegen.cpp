@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <stdexcept>
 
 namespace cl {
 namespace cuda {
@@ -18,11 +18,23 @@ namespace {
 // String builder (no iostreams: the generated source is plain concatenation).
 struct Out {
   std::string s;
-  Out& operator<<(const std::string& x) { s += x; return *this; }
-  Out& operator<<(const char* x) { s += x; return *this; }
-  Out& operator<<(char x) { s += x; return *this; }
+  Out& operator<<(const std::string& x) {
+    s += x;
+    return *this;
+  }
+  Out& operator<<(const char* x) {
+    s += x;
+    return *this;
+  }
+  Out& operator<<(char x) {
+    s += x;
+    return *this;
+  }
   template <typename T, typename = typename std::enable_if<std::is_integral<T>::value>::type>
-  Out& operator<<(T x) { s += std::to_string(static_cast<long long>(x)); return *this; }
+  Out& operator<<(T x) {
+    s += std::to_string(static_cast<long long>(x));
+    return *this;
+  }
   const std::string& str() const { return s; }
 };
 
@@ -99,8 +111,8 @@ std::string store_expr(int dt, bool f64, const std::string& src, int mode, bool 
              "), " + d + ", " + m + ", " + s + ", " + rb + "))";
     case kFloat8E4M3FN:
     case kFloat8E5M2:
-      return "static_cast<unsigned char>(cl::round_f64_to_bits(static_cast<double>(" + src +
-             "), " + d + ", " + m + ", " + s + ", " + rb + "))";
+      return "static_cast<unsigned char>(cl::round_f64_to_bits(static_cast<double>(" + src + "), " +
+             d + ", " + m + ", " + s + ", " + rb + "))";
     case kBool: return "(unsigned char)(" + src + " != 0 ? 1 : 0)";
     case kInt32: return "static_cast<int>(" + src + ")";
     case kInt64: return "static_cast<long long>(" + src + ")";
@@ -190,12 +202,16 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     std::string ex;
     switch (in.op) {
       case kOpLoad:
-        if (in.aux < 0 || in.aux >= nin) throw std::invalid_argument("program loads a missing input");
+        if (in.aux < 0 || in.aux >= nin)
+          throw std::invalid_argument("program loads a missing input");
         ex = load_expr(in.dtype, f64, "x" + std::to_string(in.aux));
         break;
       case kOpConst: ex = "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
       case kOpNeg: ex = "-" + a; break;
-      case kOpAbs: ex = "(" + a + " < " + t + "(0) ? -" + a + " : (" + a + " == " + t + "(0) ? " + t + "(0) : " + a + "))"; break;
+      case kOpAbs:
+        ex = "(" + a + " < " + t + "(0) ? -" + a + " : (" + a + " == " + t + "(0) ? " + t +
+             "(0) : " + a + "))";
+        break;
       case kOpExp: ex = "cl::op_exp(" + a + ", " + v + ")"; break;
       case kOpLog: ex = "cl::m_log(" + a + ", " + impl + ")"; break;
       case kOpSigmoid: ex = "cl::op_sigmoid(" + a + ", " + v + ")"; break;
@@ -223,12 +239,15 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
       case kOpLe: ex = "(" + a + " <= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
       case kOpGt: ex = "(" + a + " > " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
       case kOpGe: ex = "(" + a + " >= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpFma: ex = std::string(f64 ? "cl::fma_d(" : "cl::fma_f(") + a + ", " + bb + ", " + c + ")"; break;
+      case kOpFma:
+        ex = std::string(f64 ? "cl::fma_d(" : "cl::fma_f(") + a + ", " + bb + ", " + c + ")";
+        break;
       case kOpWhere: ex = "(" + a + " != " + t + "(0) ? " + bb + " : " + c + ")"; break;
       case kOpRound: {
-        const std::string rb = in.mode == kStochastic
-                                   ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e)"
-                                   : std::string("0u");
+        const std::string rb =
+            in.mode == kStochastic
+                ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e)"
+                : std::string("0u");
         ex = std::string(f64 ? "cl::round_f64_to(" : "cl::round_f32_to(") + a + ", " +
              std::to_string(in.dtype) + ", " + std::to_string(in.mode) + ", " +
              (in.saturate ? "true" : "false") + ", " + rb + ")";
@@ -237,13 +256,14 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
       case kOpToF64: ex = "static_cast<double>(" + a + ")"; break;
       case kOpToF32: ex = "static_cast<float>(" + a + ")"; break;
       case kOpRandUniform:
-        ex = "static_cast<" + t + ">(cl::rand_uniform(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
+        ex = "static_cast<" + t + ">(cl::rand_uniform(seed, " +
+             std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
         break;
       case kOpRandNormal:
-        ex = "static_cast<" + t + ">(cl::rand_normal(seed, " + std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
+        ex = "static_cast<" + t + ">(cl::rand_normal(seed, " +
+             std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
         break;
-      default:
-        throw std::logic_error(std::string("CUDA codegen: unexpected op ") + op_name(in.op));
+      default: throw std::logic_error(std::string("CUDA codegen: unexpected op ") + op_name(in.op));
     }
     b << "  ";
     if (!declared[in.dst]) {
@@ -255,11 +275,12 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
   for (int k = 0; k < nout; ++k) {
     const OutputSpec& os = prog.outputs[k];
     const bool rf64 = rtype[os.reg] == 1;
-    const std::string rb = os.mode == kStochastic
-                               ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
-                               : std::string("0u");
-    b << "  y" << k << " = " << store_expr(L.dtypes[k], rf64, R(os.reg), os.mode, os.saturate != 0, rb)
-      << ";\n";
+    const std::string rb =
+        os.mode == kStochastic
+            ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
+            : std::string("0u");
+    b << "  y" << k << " = "
+      << store_expr(L.dtypes[k], rf64, R(os.reg), os.mode, os.saturate != 0, rb) << ";\n";
   }
   b << "}\n";
 
@@ -288,13 +309,14 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     return c.str();
   };
   if (L.contig) {
-    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < (n + V - 1) / V; v += lanes) {\n";
+    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < (n + V "
+         "- 1) / V; v += lanes) {\n";
     s << "    const idx_t i0 = v * V;\n";
     if (V > 1) {
       s << "    if (i0 + V <= n) {\n";
       for (int k = 0; k < nin; ++k)
-        s << "      alignas(16) " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const " << in_t(k)
-          << "*)P.ptr[" << nout + k << "]) + i0);\n";
+        s << "      alignas(16) " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const "
+          << in_t(k) << "*)P.ptr[" << nout + k << "]) + i0);\n";
       for (int k = 0; k < nout; ++k) s << "      alignas(16) " << out_t(k) << " b" << k << "[V];\n";
       s << "#pragma unroll\n      for (int j = 0; j < V; ++j) "
         << call("(unsigned long long)(P.rbase + (long long)i0 + j)", "[j]", "[j]") << "\n";
@@ -314,14 +336,16 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
   } else {
     // n-D: decompose the (vector) index once per lane; with V > 1 every operand's innermost
     // stride is 1 (or 0: one value for the whole vector) and the vector lies in one row.
-    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / V; v += lanes) {\n";
+    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / V; "
+         "v += lanes) {\n";
     s << "    idx_t rem = v * V;\n";
     for (int k = 0; k < nops; ++k) s << "    idx_t o" << k << " = 0;\n";
     for (int dd = nd - 1; dd >= 0; --dd) {
       s << "    {\n";
       if (dd > 0) {
         s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
-        s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = q;\n";
+        s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = "
+             "q;\n";
       } else {
         s << "      const idx_t id = rem;\n";
       }
@@ -335,15 +359,18 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
         const int op = nout + k;
         s << "    alignas(16) " << in_t(k) << " a" << k << "[V];\n";
         s << "    if (P.stride[" << op << "][" << nd - 1 << "] == 0) {\n"
-          << "      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op << "])[o" << op << "];\n"
+          << "      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op << "])[o"
+          << op << "];\n"
           << "#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k << "[j] = t;\n"
           << "    } else {\n      cl_vload(a" << k << ", ((const " << in_t(k) << "*)P.ptr[" << op
           << "]) + o" << op << ");\n    }\n";
       }
       for (int k = 0; k < nout; ++k) s << "    alignas(16) " << out_t(k) << " b" << k << "[V];\n";
-      s << "#pragma unroll\n    for (int j = 0; j < V; ++j) " << call("e0 + j", "[j]", "[j]") << "\n";
+      s << "#pragma unroll\n    for (int j = 0; j < V; ++j) " << call("e0 + j", "[j]", "[j]")
+        << "\n";
       for (int k = 0; k < nout; ++k)
-        s << "    cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + o" << k << ", b" << k << ");\n";
+        s << "    cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + o" << k << ", b" << k
+          << ");\n";
     } else {
       for (int k = 0; k < nin; ++k)
         s << "    const " << in_t(k) << " a" << k << " = ((const " << in_t(k) << "*)P.ptr["

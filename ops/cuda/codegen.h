@@ -20,10 +20,10 @@ namespace cuda {
 struct KernelLayout {
   std::vector<uint8_t> dtypes;  // per operand (outputs then inputs)
   int n_out = 0;
-  int nd = 1;        // collapsed dimensions
+  int nd = 1;           // collapsed dimensions
   bool contig = false;  // nd == 1 and every stride is 1: plain 1-D indexing
-  int vec = 1;       // elements per lane (vectorised loads/stores when > 1)
-  bool idx32 = false;  // every index and offset fits in int32
+  int vec = 1;          // elements per lane (vectorised loads/stores when > 1)
+  bool idx32 = false;   // every index and offset fits in int32
 };
 
 // The parameter block, one struct by value. Field order is fixed: operand pointers,
@@ -58,6 +58,9 @@ std::string cache_dir();
 // ---- executor.cpp ----
 void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
                       const std::vector<Tensor>& outputs);
+// The same on borrowed operands (no Tensor copies: the launch path of cached plans).
+void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n_in,
+                         const Tensor* const* outputs, int n_out);
 // Copies src into dst: same shape and dtype, both contiguous, any pair of devices.
 // Host -> device returns once the source is staged; device -> host waits for the data.
 void copy_tensor(const Tensor& src, const Tensor& dst);

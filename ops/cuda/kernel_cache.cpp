@@ -83,7 +83,14 @@ struct Sha256 {
       b = a;
       a = t1 + t2;
     }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
   }
 
   void update(const void* data, size_t n) {
@@ -226,11 +233,12 @@ std::string compile(int dev, const std::string& name, const std::string& source,
     htexts.push_back(kEmbeddedHeaders[i].second);
   }
   nvrtcProgram prog = nullptr;
-  nvrtcResult res = r.nvrtcCreateProgram(&prog, source.c_str(), (name + ".cu").c_str(),
-                                         static_cast<int>(hnames.size()), htexts.data(),
-                                         hnames.data());
+  nvrtcResult res =
+      r.nvrtcCreateProgram(&prog, source.c_str(), (name + ".cu").c_str(),
+                           static_cast<int>(hnames.size()), htexts.data(), hnames.data());
   if (res != 0)
-    throw std::runtime_error(std::string("nvrtcCreateProgram failed: ") + r.nvrtcGetErrorString(res));
+    throw std::runtime_error(std::string("nvrtcCreateProgram failed: ") +
+                             r.nvrtcGetErrorString(res));
   std::vector<const char*> o;
   for (const auto& s : opts) o.push_back(s.c_str());
   res = r.nvrtcCompileProgram(prog, static_cast<int>(o.size()), o.data());
@@ -307,7 +315,7 @@ std::vector<std::string> nvrtc_options(int dev, bool* ptx_only) {
     arch = "--gpu-architecture=compute_" + std::to_string(cc < max_arch ? cc : max_arch);
     *ptx_only = true;
   }
-  return {"--std=c++17", arch, "-default-device", "--ftz=false", "--prec-div=true",
+  return {"--std=c++17",      arch,          "-default-device", "--ftz=false", "--prec-div=true",
           "--prec-sqrt=true", "--fmad=false"};
 }
 

@@ -33,9 +33,12 @@ void bind_cuda(py::module_& m) {
   m.def("_cuda_is_available", [] { return cu::is_available(); });
   m.def("_cuda_unavailable_reason", [] { return cu::unavailable_reason(); });
   m.def("_cuda_device_count", [] { return cu::device_count(); });
-  m.def("_cuda_init", [](const std::vector<std::string>& nvrtc_candidates) {
-    cu::set_nvrtc_candidates(nvrtc_candidates);
-  }, py::arg("nvrtc_candidates") = std::vector<std::string>{});
+  m.def(
+      "_cuda_init",
+      [](const std::vector<std::string>& nvrtc_candidates) {
+        cu::set_nvrtc_candidates(nvrtc_candidates);
+      },
+      py::arg("nvrtc_candidates") = std::vector<std::string>{});
   m.def("_cuda_info", [] {
     py::dict info;
     info["available"] = cu::is_available();
@@ -80,42 +83,52 @@ void bind_cuda(py::module_& m) {
     info["kernel_cache_dir"] = cu::cache_dir();
     return info;
   });
-  m.def("_cuda_synchronize", [](int device) {
-    py::gil_scoped_release nogil;
-    cu::synchronize(device);
-  }, py::arg("device") = -1);
+  m.def(
+      "_cuda_synchronize",
+      [](int device) {
+        py::gil_scoped_release nogil;
+        cu::synchronize(device);
+      },
+      py::arg("device") = -1);
   m.def("_cuda_memory_stats", &memory_stats_dict, py::arg("device") = 0);
   m.def("_cuda_empty_cache", [] {
     py::gil_scoped_release nogil;
     cu::empty_cache();
   });
-  m.def("_cuda_stream_ptr", [](int device) {
-    return reinterpret_cast<uintptr_t>(cu::stream(device));
-  }, py::arg("device") = 0);
+  m.def(
+      "_cuda_stream_ptr",
+      [](int device) { return reinterpret_cast<uintptr_t>(cu::stream(device)); },
+      py::arg("device") = 0);
   m.def("_cuda_copy", [](const cl::Tensor& src, const cl::Tensor& dst) {
     py::gil_scoped_release nogil;
     cu::copy_tensor(src, dst);
   });
   // The consumer's stream waits for everything castlab has queued on `device` so far.
-  m.def("_cuda_stream_wait_for", [](uintptr_t consumer, int device) {
-    const cu::DriverApi& d = cu::driver();
-    cu::set_device(device);
-    cu::CUevent ev = nullptr;
-    cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    cu::check(d.cuEventRecord(ev, cu::stream(device)), "cuEventRecord");
-    cu::check(d.cuStreamWaitEvent(as_stream(consumer), ev, 0), "cuStreamWaitEvent");
-    cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
-  }, py::arg("consumer_stream"), py::arg("device") = 0);
+  m.def(
+      "_cuda_stream_wait_for",
+      [](uintptr_t consumer, int device) {
+        const cu::DriverApi& d = cu::driver();
+        cu::set_device(device);
+        cu::CUevent ev = nullptr;
+        cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        cu::check(d.cuEventRecord(ev, cu::stream(device)), "cuEventRecord");
+        cu::check(d.cuStreamWaitEvent(as_stream(consumer), ev, 0), "cuStreamWaitEvent");
+        cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+      },
+      py::arg("consumer_stream"), py::arg("device") = 0);
   // castlab's stream on `device` waits for the producer stream's work queued so far.
-  m.def("_cuda_wait_on_stream", [](uintptr_t producer, int device) {
-    const cu::DriverApi& d = cu::driver();
-    cu::set_device(device);
-    cu::CUevent ev = nullptr;
-    cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    cu::check(d.cuEventRecord(ev, as_stream(producer)), "cuEventRecord");
-    cu::check(d.cuStreamWaitEvent(cu::stream(device), ev, 0), "cuStreamWaitEvent");
-    cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
-  }, py::arg("producer_stream"), py::arg("device") = 0);
+  m.def(
+      "_cuda_wait_on_stream",
+      [](uintptr_t producer, int device) {
+        const cu::DriverApi& d = cu::driver();
+        cu::set_device(device);
+        cu::CUevent ev = nullptr;
+        cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        cu::check(d.cuEventRecord(ev, as_stream(producer)), "cuEventRecord");
+        cu::check(d.cuStreamWaitEvent(cu::stream(device), ev, 0), "cuStreamWaitEvent");
+        cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+      },
+      py::arg("producer_stream"), py::arg("device") = 0);
   m.def("_cuda_kernel_cache_stats", [] {
     const cu::CacheStats s = cu::cache_stats();
     py::dict d;
