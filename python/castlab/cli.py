@@ -246,7 +246,7 @@ def write_plots(df, out: str) -> list[str]:
                                  ("rel_rmse", "relative RMSE vs fp64 (lower is better)", "rel_rmse.png")]:
         groups = list(df.groupby(["chain", "dtype"], sort=False))
         labels = list(dict.fromkeys(df["label"]))
-        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 3.6))
+        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4.4))
         w = 0.8 / max(1, len(labels))
         for li, lab in enumerate(labels):
             xs, ys = [], []
@@ -256,12 +256,13 @@ def write_plots(df, out: str) -> list[str]:
                     xs.append(gi + li * w)
                     ys.append(float(v.iloc[0]))
             ax.bar(xs, ys, width=w, label=lab)
-        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(groups))])
+        ax.set_xticks([i + (len(labels) - 1) * w / 2 for i in range(len(groups))])
         ax.set_xticklabels([f"{c}\n{d}" for (c, d), _ in groups], fontsize=8)
         ax.set_title(title, fontsize=10)
         if metric == "rel_rmse":
             ax.set_yscale("log")
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  frameon=False)
         fig.tight_layout()
         path = os.path.join(out, fname)
         fig.savefig(path, dpi=110)
