@@ -543,3 +543,18 @@ def test_async_error_names_kernel_at_sync():
     """
     r = _run_child(code, {})
     assert "ERR" in r.stdout and "castlab_k" in r.stdout, r.stdout + r.stderr
+
+
+def test_cuda_fast_math_variant_uses_intrinsics():
+    """impl="cuda_fast" computes exp with CUDA's __expf: not the precise expf, but within
+    the programming guide's bound (2 + floor(|1.173 x|) ulp)."""
+    rng = np.random.default_rng(5)
+    xs = rng.uniform(-10, 10, 1 << 20).astype(np.float32)
+    x = cl.from_numpy(xs).cuda()
+    precise = cl.exp(x).cpu().numpy()
+    with cl.use_math(cl.Math(impl="cuda_fast")):
+        fast = cl.exp(x).cpu().numpy()
+    clcuda.synchronize()
+    diff = np.abs(fast.view(np.int32).astype(np.int64) - precise.view(np.int32).astype(np.int64))
+    assert (diff > 0).sum() > 1000, "cuda_fast should differ from the precise expf"
+    assert diff.max() <= 2 + int(1.173 * 10) + 2  # vs the precise expf (itself <= 2 ulp)

@@ -336,21 +336,60 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
   } else {
     // n-D: decompose the (vector) index once per lane; with V > 1 every operand's innermost
     // stride is 1 (or 0: one value for the whole vector) and the vector lies in one row.
-    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / V; "
-         "v += lanes) {\n";
-    s << "    idx_t rem = v * V;\n";
+    // Static layouts name the shape and strides as constants (unsigned decomposition:
+    // the index is never negative, so division by a constant is a multiply and shift).
+    const bool stat = !L.shape.empty();
+    if (stat &&
+        (static_cast<int>(L.shape.size()) != nd || static_cast<int>(L.strides.size()) != nops * nd))
+      throw std::logic_error("CUDA codegen: static layout size mismatch");
+    auto stv = [&](int k, int dd) { return L.strides[static_cast<size_t>(k) * nd + dd]; };
+    if (stat) {
+      s << "  // static layout: shape";
+      for (int dd = 0; dd < nd; ++dd) s << (dd ? " x " : " ") << L.shape[dd];
+      s << "\n";
+      s << "  (void)n;\n  typedef " << (L.idx32 ? "unsigned int" : "unsigned long long")
+        << " uidx_t;\n";
+      int64_t nel = 1;
+      for (int dd = 0; dd < nd; ++dd) nel *= L.shape[dd];
+      s << "  constexpr uidx_t NV = " << nel / V << (L.idx32 ? "u" : "ull") << ";\n";
+      for (int dd = 1; dd < nd; ++dd)
+        s << "  constexpr uidx_t SH" << dd << " = " << L.shape[dd] << (L.idx32 ? "u" : "ull")
+          << ";\n";
+      for (int k = 0; k < nops; ++k)
+        for (int dd = 0; dd < nd; ++dd)
+          s << "  constexpr idx_t ST" << k << "_" << dd << " = " << stv(k, dd) << ";\n";
+      s << "  for (uidx_t v = (uidx_t)blockIdx.x * (uidx_t)blockDim.x + (uidx_t)threadIdx.x; v < "
+           "NV; v += (uidx_t)lanes) {\n";
+      s << "    uidx_t rem = v * V;\n";
+    } else {
+      s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / "
+           "V; v += lanes) {\n";
+      s << "    idx_t rem = v * V;\n";
+    }
     for (int k = 0; k < nops; ++k) s << "    idx_t o" << k << " = 0;\n";
     for (int dd = nd - 1; dd >= 0; --dd) {
       s << "    {\n";
-      if (dd > 0) {
-        s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
-        s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = "
-             "q;\n";
+      if (stat) {
+        if (dd > 0) {
+          s << "      const uidx_t q = rem / SH" << dd
+            << ";\n      const idx_t id = (idx_t)(rem - q * SH" << dd << ");\n      rem = q;\n";
+        } else {
+          s << "      const idx_t id = (idx_t)rem;\n";
+        }
+        for (int k = 0; k < nops; ++k)
+          if (stv(k, dd) != 0) s << "      o" << k << " += id * ST" << k << "_" << dd << ";\n";
+        s << "      (void)id;\n";
       } else {
-        s << "      const idx_t id = rem;\n";
+        if (dd > 0) {
+          s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
+          s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = "
+               "q;\n";
+        } else {
+          s << "      const idx_t id = rem;\n";
+        }
+        for (int k = 0; k < nops; ++k)
+          s << "      o" << k << " += id * (idx_t)P.stride[" << k << "][" << dd << "];\n";
       }
-      for (int k = 0; k < nops; ++k)
-        s << "      o" << k << " += id * (idx_t)P.stride[" << k << "][" << dd << "];\n";
       s << "    }\n";
     }
     s << "    const unsigned long long e0 = (unsigned long long)(P.rbase + (long long)o0);\n";
@@ -358,6 +397,16 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
       for (int k = 0; k < nin; ++k) {
         const int op = nout + k;
         s << "    alignas(16) " << in_t(k) << " a" << k << "[V];\n";
+        if (stat) {
+          if (stv(op, nd - 1) == 0)
+            s << "    {\n      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op
+              << "])[o" << op << "];\n#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k
+              << "[j] = t;\n    }\n";
+          else
+            s << "    cl_vload(a" << k << ", ((const " << in_t(k) << "*)P.ptr[" << op << "]) + o"
+              << op << ");\n";
+          continue;
+        }
         s << "    if (P.stride[" << op << "][" << nd - 1 << "] == 0) {\n"
           << "      const " << in_t(k) << " t = ((const " << in_t(k) << "*)P.ptr[" << op << "])[o"
           << op << "];\n"

@@ -24,6 +24,11 @@ struct KernelLayout {
   bool contig = false;  // nd == 1 and every stride is 1: plain 1-D indexing
   int vec = 1;          // elements per lane (vectorised loads/stores when > 1)
   bool idx32 = false;   // every index and offset fits in int32
+  // n-D kernels specialised to one collapsed shape (large, shape-stable launches): the
+  // shape[nd] and strides[nops * nd] (operand-major) become compile-time constants, so
+  // the index decomposition divides by constants and the offset products fold. Empty:
+  // read from the parameter block (which is filled the same way either way).
+  std::vector<int64_t> shape, strides;
 };
 
 // The parameter block, one struct by value. Field order is fixed: operand pointers,

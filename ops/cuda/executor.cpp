@@ -160,25 +160,41 @@ std::mutex g_mu;
 auto* g_fast = new std::unordered_map<std::string, CompiledKernel>();
 
 // The layout part of a launch, compared bytewise against the Program's memo.
-constexpr int kMemoOps = 30;
+constexpr int kMemoOps = 29;
 struct LaunchKey {
   int32_t dev = 0;
-  uint8_t nops = 0, n_out = 0, nd = 0, contig = 0, vec = 0, idx32 = 0;
+  uint8_t nops = 0, n_out = 0, nd = 0, contig = 0, vec = 0, idx32 = 0, stat = 0;
   uint8_t dtypes[kMemoOps] = {};
 };
 static_assert(sizeof(LaunchKey) == 40, "LaunchKey has no padding");
 constexpr int kMemoMax = 16;  // entries per Program (past that: the global map)
 
+// n-D launches of at least this many elements get a kernel specialised to their
+// collapsed shape and strides (compile-time constants: the index decomposition divides
+// by constants). Large launches are shape-stable in practice (a model's layers); small
+// and eager-varied ones keep the runtime-shape kernel so they don't compile per shape.
+constexpr int64_t kStaticNumel = int64_t(1) << 20;
+
 struct KernelMemo : ExecMemo::Entry {
   LaunchKey key;
+  std::vector<int64_t> dims;  // static layouts: shape[nd] then strides[nops * nd]
   const CompiledKernel* kern = nullptr;
 };
 
-const CompiledKernel* find_memo(const Program& prog, const LaunchKey& key, int* count) {
+bool same_dims(const std::vector<int64_t>& dims, const Iter& it) {
+  const size_t nd = it.shape.size();
+  return dims.size() == nd + it.st.size() &&
+         std::equal(it.shape.begin(), it.shape.end(), dims.begin()) &&
+         std::equal(it.st.begin(), it.st.end(), dims.begin() + static_cast<std::ptrdiff_t>(nd));
+}
+
+const CompiledKernel* find_memo(const Program& prog, const LaunchKey& key, const Iter& it,
+                                int* count) {
   int n = 0;
   for (ExecMemo::Entry* e = prog.memo.head(); e; e = e->next, ++n) {
     const auto* m = static_cast<const KernelMemo*>(e);
-    if (std::memcmp(&m->key, &key, sizeof key) == 0) return m->kern;
+    if (std::memcmp(&m->key, &key, sizeof key) == 0 && (!key.stat || same_dims(m->dims, it)))
+      return m->kern;
   }
   *count = n;
   return nullptr;
@@ -279,6 +295,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     return true;
   };
   while (vec > 1 && !ok_for(vec)) vec /= 2;
+  const bool stat = !contig && numel >= kStaticNumel;
 
   // The kernel: from the Program's memo (no hashing of the instructions), else from the
   // global map keyed by the instructions and the layout, else generated and compiled.
@@ -294,8 +311,9 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     lk.contig = contig;
     lk.vec = static_cast<uint8_t>(vec);
     lk.idx32 = idx32;
+    lk.stat = stat;
     for (int k = 0; k < nops; ++k) lk.dtypes[k] = static_cast<uint8_t>(ops[k]->dtype());
-    kern = find_memo(prog, lk, &memo_count);
+    kern = find_memo(prog, lk, it, &memo_count);
   }
   if (!kern) {
     // Validation (a memo hit implies it: same operand count and dtypes as a launch
@@ -313,6 +331,10 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     L.contig = contig;
     L.vec = vec;
     L.idx32 = idx32;
+    if (stat) {
+      L.shape = it.shape;
+      L.strides = it.st;
+    }
     std::string key;
     key.reserve(32 * (prog.code.size() + 4));
     put(key, dev.index);
@@ -343,6 +365,9 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     put(key, L.contig);
     put(key, L.vec);
     put(key, L.idx32);
+    put(key, stat);
+    for (int64_t x : L.shape) put(key, x);
+    for (int64_t x : L.strides) put(key, x);
     {
       std::lock_guard<std::mutex> lk2(g_mu);
       auto f = g_fast->find(key);
@@ -357,6 +382,10 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     if (memo_ok && memo_count < kMemoMax) {
       auto* m = new KernelMemo;
       m->key = lk;
+      if (stat) {
+        m->dims = it.shape;
+        m->dims.insert(m->dims.end(), it.st.begin(), it.st.end());
+      }
       m->kern = kern;
       prog.memo.push(m);
     }
