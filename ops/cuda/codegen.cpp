@@ -357,7 +357,8 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
           << ";\n";
       for (int k = 0; k < nops; ++k)
         for (int dd = 0; dd < nd; ++dd)
-          s << "  constexpr idx_t ST" << k << "_" << dd << " = " << stv(k, dd) << ";\n";
+          if (stv(k, dd) != 0)
+            s << "  constexpr idx_t ST" << k << "_" << dd << " = " << stv(k, dd) << ";\n";
       s << "  for (uidx_t v = (uidx_t)blockIdx.x * (uidx_t)blockDim.x + (uidx_t)threadIdx.x; v < "
            "NV; v += (uidx_t)lanes) {\n";
       s << "    uidx_t rem = v * V;\n";
