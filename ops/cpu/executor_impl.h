@@ -227,7 +227,14 @@ void compute_impl(const Instr& in, T* d, const T* a, const T* b, const T* c, int
       for (int64_t j = 0; j < n; ++j) d[j] = op_sigmoid(a[j], v);
       break;
     case kOpSilu:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], v);
+      // The formula bit is loop-invariant: one branch-free loop per formula.
+      if (v & kVarSiluMulSigmoid) {
+        const int vv = v | kVarSiluMulSigmoid;
+        for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], vv);
+      } else {
+        const int vv = (in.var & ~(kVarImplMask | kVarSiluMulSigmoid)) | IMPL;
+        for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], vv);
+      }
       break;
     case kOpTanh:
       for (int64_t j = 0; j < n; ++j) d[j] = m_tanh(a[j], v & kVarImplMask);

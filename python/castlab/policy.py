@@ -143,7 +143,7 @@ def as_policy(p: Any) -> Policy:
     raise TypeError(f"policy must be a name or castlab.Policy, not {type(p).__name__}")
 
 
-_IMPLS = {"portable": 0, "libm": 1, "cuda": 1, "cuda_fast": 2, "fast": 2}
+_IMPLS = {"portable": 0, "libm": 1, "cuda": 3, "cuda_fast": 2, "fast": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +152,11 @@ class Math:
 
     Args:
         impl: exp/log/sin/cos/tanh/erf implementation: "portable" (castlab's own, the
-            same bits on every device), "libm" (the C library on the CPU, CUDA's precise
-            functions on the GPU; "cuda" is an alias), or "cuda_fast" (``__expf`` and
-            friends, GPU only).
+            same bits on every device), "libm" (the platform's: the C library on the
+            CPU, CUDA's precise functions on the GPU), "cuda" (CUDA's precise functions on
+            the GPU; on the CPU, where they do not exist, the portable ones stand in: like
+            SLEEF in PyTorch's CPU kernels they are vectorised and within 1 ulp, here
+            <= 0.51 ulp), or "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
             between them (as nvcc and Triton do by default).
         silu: "div" for ``x / (1 + exp(-x))`` (PyTorch eager, Inductor) or "mul_sigmoid"
@@ -211,6 +213,8 @@ class Math:
     def variant_bits(self, op: str, f64: bool, cuda: bool) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op."""
         impl = _IMPLS[self.impl]
+        if impl == 3:  # "cuda": precise CUDA functions; portable ones on the CPU
+            impl = 1 if cuda else 0
         if impl == 2 and not cuda:
             impl = 1
         bits = impl
@@ -232,8 +236,8 @@ class Math:
     def describe_op(self, op: str, cuda: bool) -> str:
         """Human-readable variant of one op, as shown in traces."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
-        if impl == "cuda":
-            impl = "libm"
+        if impl == "cuda" and not cuda:
+            impl = "portable (CPU stand-in for cuda)"
         notes = []
         if op in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_tanh", "pow"):
             notes.append(f"impl={impl}")
@@ -261,15 +265,15 @@ class Math:
 
 _PRESETS = {
     # PyTorch eager CUDA kernels: precise expf, IEEE division, no contraction.
-    "torch_eager": Math("torch_eager", impl="libm", fma=False, silu="div", cuda_kernels=True),
+    "torch_eager": Math("torch_eager", impl="cuda", fma=False, silu="div", cuda_kernels=True),
     # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
     # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.
-    "inductor": Math("inductor", impl="libm", fma=True, silu="div", sigmoid="ex2_approx",
+    "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
                      division="approx"),
     # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
-    "nvfuser": Math("nvfuser", impl="libm", fma=True, silu="mul_sigmoid"),
+    "nvfuser": Math("nvfuser", impl="cuda", fma=True, silu="mul_sigmoid"),
     # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.
-    "transformer_engine": Math("transformer_engine", impl="libm", fma=True, silu="mul_sigmoid"),
+    "transformer_engine": Math("transformer_engine", impl="cuda", fma=True, silu="mul_sigmoid"),
     # castlab's own functions: identical bits on CPU and GPU.
     "portable": Math("portable", impl="portable", fma=False, silu="div"),
 }
