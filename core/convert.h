@@ -146,9 +146,17 @@ CL_HD float bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
 
 // fp32 -> bf16, round to nearest even. NaN -> 0x7FC0 (as PyTorch).
 CL_HD uint16_t f32_to_bf16_rne(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // The hardware conversion (one instruction; round to nearest even, subnormals kept),
+  // with castlab's NaN (0x7FC0) so that every device gives the same bits.
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return x != x ? (uint16_t)0x7FC0 : (uint16_t)h;
+#else
   const uint32_t u = f32_bits(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 CL_HD float f16_to_f32(uint16_t h) {
@@ -166,6 +174,13 @@ CL_HD float f16_to_f32(uint16_t h) {
 
 // fp32 -> fp16, round to nearest even. NaN keeps its sign, payload becomes quiet 0x200.
 CL_HD uint16_t f32_to_f16_rne(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530
+  // Hardware conversion (round to nearest even, subnormals kept); NaN as on the host:
+  // the sign kept, quiet payload 0x200.
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return x != x ? (uint16_t)(((f32_bits(x) >> 16) & 0x8000u) | 0x7E00u) : (uint16_t)h;
+#endif
   const uint32_t u = f32_bits(x);
   const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7FFFFFFFu;
