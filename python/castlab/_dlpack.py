@@ -12,7 +12,6 @@ legacy (unversioned) capsule, which has no way to say so.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -87,26 +86,9 @@ def _normalize_device(device: Any) -> tuple[int, int]:
     raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda', 'cuda:N' or a DLPack pair)")
 
 
-def _raw_numpy_view(t: Any) -> np.ndarray:
-    """A NumPy view of a CPU tensor's bits (unsigned ints of the tensor's itemsize)."""
-    isz = t.itemsize
-    nbytes = t._storage_nbytes
-    if nbytes == 0 or t.numel() == 0:
-        return np.empty(t.shape, dtype=f"u{isz}")
-    buf = (ctypes.c_char * nbytes).from_address(t._storage_ptr)
-    return np.ndarray(tuple(t.shape), dtype=f"u{isz}", buffer=buf, offset=t._offset * isz,
-                      strides=tuple(s * isz for s in t._strides))
-
-
 def _copy_cpu(t: Any) -> Any:
-    """A contiguous, writable copy of a CPU tensor (bit-exact)."""
-    # TODO: use Tensor.clone() once the tensor API has it (it will also cover CUDA).
-    if t._device_type != _CL_CPU:
-        raise BufferError("copying a CUDA tensor through DLPack is not supported yet")
-    out = _C.empty(list(t.shape), t._dtype_name, "cpu")
-    if t.numel():
-        np.copyto(_raw_numpy_view(out), _raw_numpy_view(t), casting="no")
-    return out
+    """A contiguous, writable copy of a tensor on its own device (bit-exact)."""
+    return t.clone()
 
 
 _ML_DTYPE_NAMES = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
@@ -196,7 +178,7 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
     A versioned capsule ("dltensor_versioned", DLPack 1.1) when ``max_version[0] >= 1``,
     else a legacy "dltensor" one. ``copy=True`` exports a copy (flag IS_COPIED); otherwise
     the capsule shares the tensor's memory. ``dl_device`` other than the tensor's device
-    raises BufferError (cross-device copies are not supported yet).
+    raises BufferError, except a copy to the CPU (``dl_device=(1, 0)``, not ``copy=False``).
     """
     versioned = max_version is not None and int(max_version[0]) >= 1
     here = _device_pair(self)
@@ -206,7 +188,9 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
             if copy is False:
                 raise BufferError(f"cannot export to DLPack device {want} without a copy "
                                   f"(tensor is on {here}) and copy=False was given")
-            # TODO: copy=True to (kDLCPU, 0) from CUDA once castlab can copy device -> host.
+            if want == (_kDLCPU, 0) and here[0] == _kDLCUDA:
+                # A host copy (the device -> host copy waits for castlab's pending work).
+                return _C.to_dlpack(self.cpu(), versioned, copied=True)
             raise BufferError(f"unsupported device requested: {want} (tensor is on {here})")
     if here[0] == _kDLCPU:
         if stream is not None and stream != -1:

@@ -11,7 +11,6 @@ void bind_tensor(py::module_& m);
 void bind_program(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_dlpack(py::module_& m);
-void bind_mathlib(py::module_& m);
 void bind_cuda(py::module_& m);
 
 namespace cl {

@@ -21,6 +21,5 @@ PYBIND11_MODULE(_C, m) {
   bind_program(m);
   bind_plan(m);
   bind_dlpack(m);
-  bind_mathlib(m);
   bind_cuda(m);
 }
