@@ -83,6 +83,28 @@ struct Program {
 
 // Run `prog` on the CPU. All inputs and outputs have the same shape (inputs already
 // broadcast by stride-0 views); outputs are written in place.
+// ---- shared by the executors (ops/operands.cpp) ----
+
+// The checks every executor makes before running `prog`: output count, one shape for all
+// operands, writable outputs. Lists the operands, outputs first, into `ops`.
+void gather_operands(const Program& prog, const Tensor* const* inputs, int n_in,
+                     const Tensor* const* outputs, int n_out, std::vector<const Tensor*>* ops);
+// Every load names an existing input of the dtype the program was built for.
+void check_loads(const Program& prog, const Tensor* const* inputs, int n_in);
+
+// The iteration space of a program's operands: size-1 dimensions dropped, and a
+// dimension merged into the next where it is contiguous with it in every operand.
+// Operand k's stride along collapsed dimension d is st[k * nd + d].
+struct Iter {
+  int nd = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> st;
+  int64_t stride(int k, int d) const { return st[static_cast<size_t>(k) * nd + d]; }
+};
+// `scratch` is reused between calls, so a warm caller allocates nothing.
+void collapse_dims(const Shape& shape, const Tensor* const* ops, int nops, Iter* it,
+                   std::vector<int64_t>* scratch);
+
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs);
 

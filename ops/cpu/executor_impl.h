@@ -17,48 +17,6 @@ namespace {
 
 constexpr int64_t kBlock = 512;
 
-// Iteration space shared by all operands after merging dimensions that are
-// contiguous with each other in every operand.
-struct Iter {
-  std::vector<int64_t> shape;                 // collapsed, innermost last
-  std::vector<std::vector<int64_t>> strides;  // per operand (in elements)
-};
-
-Iter make_iter(const Shape& shape, const std::vector<const Tensor*>& ops) {
-  Iter it;
-  std::vector<int64_t> sh;
-  std::vector<std::vector<int64_t>> st(ops.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    sh.push_back(shape[d]);
-    for (size_t k = 0; k < ops.size(); ++k) st[k].push_back(ops[k]->strides()[d]);
-  }
-  if (sh.empty()) {
-    sh.push_back(1);
-    for (auto& s : st) s.push_back(0);
-  }
-  // merge d into d+1 when stride[d] == stride[d+1] * shape[d+1] for every operand
-  it.shape.push_back(sh[0]);
-  for (size_t k = 0; k < ops.size(); ++k) it.strides.push_back({st[k][0]});
-  for (size_t d = 1; d < sh.size(); ++d) {
-    bool merge = true;
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (it.strides[k].back() != st[k][d] * sh[d]) {
-        merge = false;
-        break;
-      }
-    }
-    if (merge) {
-      it.shape.back() *= sh[d];
-      for (size_t k = 0; k < ops.size(); ++k) it.strides[k].back() = st[k][d];
-    } else {
-      it.shape.push_back(sh[d]);
-      for (size_t k = 0; k < ops.size(); ++k) it.strides[k].push_back(st[k][d]);
-    }
-  }
-  return it;
-}
-
 template <typename T>
 inline T reg_value(const void* p, int64_t j) {
   return static_cast<const T*>(p)[j];
@@ -349,36 +307,24 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
 void run(const Program& prog, const std::vector<Tensor>& inputs,
          const std::vector<Tensor>& outputs) {
   if (outputs.empty()) return;
-  if (outputs.size() != prog.outputs.size())
-    throw std::invalid_argument("program expects " + std::to_string(prog.outputs.size()) +
-                                " outputs");
-  const Shape& shape = outputs[0].shape();
-  std::vector<const Tensor*> ops;
-  for (const auto& t : outputs) {
-    if (t.shape() != shape) throw std::invalid_argument("program outputs differ in shape");
-    if (t.readonly()) throw std::invalid_argument("cannot write to a read-only tensor");
-    ops.push_back(&t);
-  }
-  for (const auto& t : inputs) {
-    if (t.shape() != shape)
-      throw std::invalid_argument("program input of shape " + shape_str(t.shape()) +
-                                  " does not match output shape " + shape_str(shape));
-    ops.push_back(&t);
-  }
+  std::vector<const Tensor*> in_ptrs, out_ptrs, ops;
+  for (const auto& t : inputs) in_ptrs.push_back(&t);
+  for (const auto& t : outputs) out_ptrs.push_back(&t);
+  const int n_in = static_cast<int>(in_ptrs.size());
+  gather_operands(prog, in_ptrs.data(), n_in, out_ptrs.data(), static_cast<int>(out_ptrs.size()),
+                  &ops);
   for (const auto* t : ops)
     if (t->device().type != DeviceType::CPU)
       throw std::invalid_argument("CPU executor got a tensor on " + t->device().str());
-  for (const auto& in : prog.code) {
-    if (in.op == kOpLoad && (in.aux < 0 || in.aux >= static_cast<int>(inputs.size())))
-      throw std::invalid_argument("program loads a missing input");
-    if (in.op == kOpLoad && in.dtype != inputs[in.aux].dtype())
-      throw std::invalid_argument("program input dtype mismatch");
-  }
+  check_loads(prog, in_ptrs.data(), n_in);
+  const Shape& shape = outputs[0].shape();
   const int64_t numel = numel_of(shape);
   if (numel == 0) return;
 
-  const Iter it = make_iter(shape, ops);
-  const int nd = static_cast<int>(it.shape.size());
+  Iter it;
+  std::vector<int64_t> scratch;
+  collapse_dims(shape, ops.data(), static_cast<int>(ops.size()), &it, &scratch);
+  const int nd = it.nd;
   const int64_t inner = it.shape[nd - 1];
   int64_t rows = 1;
   for (int d = 0; d < nd - 1; ++d) rows *= it.shape[d];
@@ -428,7 +374,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       for (int64_t r = 0; r < nrows; ++r) {
         for (int k = 0; k < nops; ++k) {
           int64_t off = 0;
-          for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.strides[k][d];
+          for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.stride(k, d);
           row_off[k * rows_per_block + r] = off;
         }
         for (int d = nd - 2; d >= 0; --d) {
@@ -438,7 +384,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       }
       if (random) {
         int64_t j = 0;
-        const int64_t cs = it.strides[0][nd - 1];
+        const int64_t cs = it.stride(0, nd - 1);
         for (int64_t r = 0; r < nrows; ++r)
           for (int64_t c = 0; c < ncols; ++c, ++j)
             rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
@@ -449,10 +395,10 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           const int k = nout + in.aux;
           if (in.f64)
             load_rows(static_cast<double*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
-                      nrows, c0, ncols, it.strides[k][nd - 1]);
+                      nrows, c0, ncols, it.stride(k, nd - 1));
           else
             load_rows(static_cast<float*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
-                      nrows, c0, ncols, it.strides[k][nd - 1]);
+                      nrows, c0, ncols, it.stride(k, nd - 1));
           continue;
         }
         if (in.op == kOpRound) {
@@ -530,11 +476,11 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         const bool rf64 = out_f64[k];
         if (rf64)
           store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(reg_ptr(os.reg)),
-                     &row_off[k * rows_per_block], nrows, c0, ncols, it.strides[k][nd - 1], os.mode,
+                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());
         else
           store_rows(bases[k], outputs[k].dtype(), static_cast<const float*>(reg_ptr(os.reg)),
-                     &row_off[k * rows_per_block], nrows, c0, ncols, it.strides[k][nd - 1], os.mode,
+                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());
       }
     }

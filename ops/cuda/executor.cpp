@@ -23,70 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Collapsed iteration space: shape[nd] and, per operand k, strides st[k * nd + d].
-// Lives in thread-local scratch so that a launch allocates nothing once warm.
-struct Iter {
-  int nd = 0;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> st;
-  int64_t stride(int k, int d) const { return st[static_cast<size_t>(k) * nd + d]; }
-};
-
-// Same collapsing as the CPU executor's make_iter: drop size-1 dimensions, merge a
-// dimension into the next when it is contiguous with it in every operand.
-void make_iter(const Shape& shape, const Tensor* const* ops, int nops, Iter* it,
-               std::vector<int64_t>* scratch) {
-  // kept dims first (into scratch: [sh(D) | st(nops * D)])
-  const int D0 = static_cast<int>(shape.size());
-  const int D = std::max(D0, 1);
-  scratch->assign(static_cast<size_t>(D) * (nops + 1), 0);
-  int64_t* sh = scratch->data();
-  int64_t* st = sh + D;
-  int n = 0;
-  for (int d = 0; d < D0; ++d) {
-    if (shape[d] == 1) continue;
-    sh[n] = shape[d];
-    for (int k = 0; k < nops; ++k) st[k * D + n] = ops[k]->strides()[d];
-    ++n;
-  }
-  if (n == 0) {
-    sh[0] = 1;
-    for (int k = 0; k < nops; ++k) st[k * D] = 0;
-    n = 1;
-  }
-  // merge (at most n output dims)
-  it->shape.assign(n, 0);
-  it->st.assign(static_cast<size_t>(n) * nops, 0);
-  int m = 0;
-  it->shape[0] = sh[0];
-  for (int k = 0; k < nops; ++k) it->st[static_cast<size_t>(k) * n] = st[k * D];
-  for (int d = 1; d < n; ++d) {
-    bool merge = true;
-    for (int k = 0; k < nops; ++k)
-      if (it->st[static_cast<size_t>(k) * n + m] != st[k * D + d] * sh[d]) {
-        merge = false;
-        break;
-      }
-    if (merge) {
-      it->shape[m] *= sh[d];
-      for (int k = 0; k < nops; ++k) it->st[static_cast<size_t>(k) * n + m] = st[k * D + d];
-    } else {
-      ++m;
-      it->shape[m] = sh[d];
-      for (int k = 0; k < nops; ++k) it->st[static_cast<size_t>(k) * n + m] = st[k * D + d];
-    }
-  }
-  const int nd = m + 1;
-  if (nd != n) {  // compact the strides to row length nd
-    for (int k = 0; k < nops; ++k)
-      for (int d = 0; d < nd; ++d)
-        it->st[static_cast<size_t>(k) * nd + d] = it->st[static_cast<size_t>(k) * n + d];
-    it->shape.resize(nd);
-    it->st.resize(static_cast<size_t>(nd) * nops);
-  }
-  it->nd = nd;
-}
-
 // Iteration order of the outer dimensions (n-D kernels): a dimension along which an
 // input is broadcast (stride 0) is walked inside the others, so that the lanes that
 // read the same broadcast element run together and find it in L2 (RoPE: cos/sin
@@ -228,35 +164,19 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   thread_local Scratch S;
   const Shape& shape = outputs[0]->shape();
   auto& ops = S.ops;
-  ops.clear();
-  for (int k = 0; k < n_out; ++k) {
-    const Tensor& t = *outputs[k];
-    if (t.shape() != shape) throw std::invalid_argument("program outputs differ in shape");
-    if (t.readonly()) throw std::invalid_argument("cannot write to a read-only tensor");
-    ops.push_back(&t);
-  }
-  for (int k = 0; k < n_in; ++k) {
-    const Tensor& t = *inputs[k];
-    if (t.shape() != shape)
-      throw std::invalid_argument("program input of shape " + shape_str(t.shape()) +
-                                  " does not match output shape " + shape_str(shape));
-    ops.push_back(&t);
-  }
+  gather_operands(prog, inputs, n_in, outputs, n_out, &ops);
   const int nops = static_cast<int>(ops.size());
   Device dev;
   check_same_device(ops.data(), nops, &dev);
   const int64_t numel = numel_of(shape);
   if (numel == 0) {
-    for (const Instr& in : prog.code)  // same validation as a real launch
-      if (in.op == kOpLoad && (in.aux < 0 || in.aux >= n_in || in.dtype != inputs[in.aux]->dtype()))
-        throw std::invalid_argument(in.aux < 0 || in.aux >= n_in ? "program loads a missing input"
-                                                                 : "program input dtype mismatch");
+    check_loads(prog, inputs, n_in);  // same validation as a real launch
     return;
   }
   const CUstream stream_ = launch_stream(dev.index);
 
   Iter& it = S.it;
-  make_iter(shape, ops.data(), nops, &it, &S.tmp);
+  collapse_dims(shape, ops.data(), nops, &it, &S.tmp);
   order_for_broadcast(&it, ops.data(), nops, n_out, &S.tmp);
   const int nd = it.nd;
 
@@ -318,12 +238,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   if (!kern) {
     // Validation (a memo hit implies it: same operand count and dtypes as a launch
     // that passed it).
-    for (const Instr& in : prog.code) {
-      if (in.op == kOpLoad && (in.aux < 0 || in.aux >= n_in))
-        throw std::invalid_argument("program loads a missing input");
-      if (in.op == kOpLoad && in.dtype != inputs[in.aux]->dtype())
-        throw std::invalid_argument("program input dtype mismatch");
-    }
+    check_loads(prog, inputs, n_in);
     KernelLayout L;
     L.n_out = n_out;
     L.nd = nd;
