@@ -311,34 +311,28 @@ def _neighbours_np(r: np.ndarray, f: _Fmt) -> tuple:
 
 
 def _round_np(r: np.ndarray, f: _Fmt, saturate: bool | None = None) -> np.ndarray:
-    """Round fp64 values once, directly, to format f (nearest, ties to even) and return
-    them as float64 (exactly representable in f). Overflow gives inf (bf16, fp16, fp32,
-    e5m2 unless saturate) or, for fp8, the largest finite value (saturate, castlab's
-    default) / NaN (e4m3fn without saturation)."""
-    r = np.asarray(r, dtype=np.float64)
+    """Round fp64 values once, directly, to format f (nearest, ties to even) with castlab's
+    own conversion (core/convert.h) and return them as float64. Overflow gives inf (bf16,
+    fp16, fp32, e5m2 unless saturated) or, for fp8, the largest finite value (saturate,
+    castlab's default) / NaN (e4m3fn without saturation)."""
+    from ._creation import from_numpy
+    from ._graph import elementwise
+    from ._lower import input_node, lower
+    from .policy import Policy, current_math
+
+    r = np.ascontiguousarray(r, dtype=np.float64)
     if f.bits == 64:
         return r.copy()
-    if saturate is None:
-        saturate = f.bits == 8
-    a = np.abs(r)
-    with np.errstate(all="ignore"):
-        u = _ulp_np(a, f)
-        s = a / u
-        q = np.floor(s)
-        t = s - q
-        odd = np.fmod(q, 2.0) == 1.0
-        up = (t > 0.5) | ((t == 0.5) & odd)
-        m = (q + up) * u
-        over = (m > f.max) & np.isfinite(a)
-        if saturate:
-            m = np.where(over, f.max, m)
-        elif f.has_inf:
-            m = np.where(over, np.inf, m)
-        else:
-            m = np.where(over, np.nan, m)
-        m = np.where(np.isinf(a), (f.max if saturate else (np.inf if f.has_inf else np.nan)), m)
-        m = np.where(np.isnan(a), np.nan, m)
-    return np.copysign(m, r)
+    t = from_numpy(r)
+    node = elementwise("astype", [input_node(t, 0)], {"dtype": f.dt})
+    policy = Policy.eager(saturate=True if saturate is None else bool(saturate))
+    plan, out = lower([node], [t], policy, current_math())
+    plan.run([t], out)
+    m = out[0].numpy().astype(np.float64)
+    if saturate and f.bits != 8:
+        # castlab's conversion saturates fp8 only; saturate=True clamps any format.
+        m = np.where(np.isinf(m), np.copysign(f.max, m), m)
+    return m
 
 
 def round_to(ref: Any, dtype: Any, *, saturate: bool | None = None) -> Tensor:
