@@ -381,11 +381,9 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         desc = math.describe_op(n.op, cuda)
         if desc:
             note.append(desc)
-        if math.fma and n.op in ("add", "sub"):
+        if n.op in ("add", "sub"):
             for a in n.inputs:
-                if (a.op == "mul" and users.get(id(a), 0) == 1 and low.round_target(a) is None
-                        and not policy.rounds_after(a.index, "mul")
-                        and low.vt64(a) == low.vt64(n)):
+                if low.contracts(a, low.vt64(n), users.get(id(a), 0)):
                     note.append(f"fma-contracted with {names[id(a)]}")
                     break
         opname = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}.get(n.op, n.op)

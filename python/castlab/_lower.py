@@ -179,6 +179,15 @@ class Lowering:
             return None
         return target
 
+    def contracts(self, mul: Node, f64: bool, uses: int) -> bool:
+        """Does this product contract into the fma of the add/sub (in f64 or not) that
+        uses it? Only when the math asks for contraction, the product has that one use,
+        and the policy neither rounds it nor treats it as a kernel boundary (plain eager
+        runs every op as its own kernel, even where its rounding is a no-op)."""
+        return (self.math.fma and mul.op == "mul" and uses == 1
+                and not self.policy.rounds_after(mul.index, "mul")
+                and self.round_target(mul) is None and self.vt64(mul) == f64)
+
     # -- expression building -----------------------------------------------------
     def expr(self, node: Node):
         key = id(node)
@@ -574,12 +583,8 @@ class ProgramBuilder:
         low = self.low
 
         def is_mul(a):
-            # A node the policy rounds after is a kernel boundary (plain eager runs every op
-            # as its own kernel), even where that rounding is a no-op (fp32 storage).
-            return (isinstance(a, Elem) and a.node.op == "mul" and self._uses.get(id(a), 0) == 1
-                    and not low.policy.rounds_after(a.node.index, "mul")
-                    and low.round_target(a.node) is None and low.vt64(a.node) == f64
-                    and id(a) not in self._memo)
+            return (isinstance(a, Elem) and id(a) not in self._memo
+                    and low.contracts(a.node, f64, self._uses.get(id(a), 0)))
 
         x, y = e.args
         op = e.node.op
