@@ -179,7 +179,17 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
   b << "__device__ __forceinline__ void cl_body(const unsigned long long seed, "
        "const unsigned long long e";
   for (int k = 0; k < nin; ++k) b << ", const " << raw_type(L.dtypes[nout + k]) << " x" << k;
-  for (int k = 0; k < nout; ++k) b << ", " << raw_type(L.dtypes[k]) << "& y" << k;
+  // Outputs stored as bf16/fp16 rounded to nearest from a float register leave the body
+  // unrounded: the kernel converts them in pairs (f32x2_to_*16x2_rne) where it stores a
+  // vector, and one at a time in the tail.
+  std::vector<bool> paired(nout, false);
+  for (int k = 0; k < nout; ++k) {
+    const OutputSpec& os = prog.outputs[k];
+    paired[k] = (L.dtypes[k] == kBFloat16 || L.dtypes[k] == kFloat16) && rtype[os.reg] == 0 &&
+                os.mode == kNearestEven;
+  }
+  for (int k = 0; k < nout; ++k)
+    b << ", " << (paired[k] ? "float" : raw_type(L.dtypes[k])) << "& y" << k;
   b << ") {\n";
   b << "  (void)seed; (void)e;\n";
   // registers written more than once (or never) are declared up front
@@ -279,6 +289,10 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
         os.mode == kStochastic
             ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
             : std::string("0u");
+    if (paired[k]) {
+      b << "  y" << k << " = " << R(os.reg) << ";\n";
+      continue;
+    }
     b << "  y" << k << " = "
       << store_expr(L.dtypes[k], rf64, R(os.reg), os.mode, os.saturate != 0, rb) << ";\n";
   }
@@ -294,12 +308,46 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     << "];\n  long long stride[" << nops << "][" << nd
     << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n};\n";
   s << b.str();
-  s << "extern \"C\" __global__ void __launch_bounds__(256) KERNEL_NAME(const Params P) {\n";
+  // One lane (thread) per vector of V elements, no grid-stride loop: the launch covers
+  // every lane (as PyTorch's and Triton's pointwise kernels). A loop the compiler cannot
+  // prove runs once costs registers and, in sinf's slow path, up to 30% of the time.
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kThreadsPerBlock
+    << ") KERNEL_NAME(const Params P) {\n";
   s << "  const idx_t n = (idx_t)P.numel;\n";
-  s << "  const idx_t lanes = (idx_t)gridDim.x * (idx_t)blockDim.x;\n";
   s << "  constexpr int V = " << V << ";\n";
   auto in_t = [&](int k) { return std::string(raw_type(L.dtypes[nout + k])); };
   auto out_t = [&](int k) { return std::string(raw_type(L.dtypes[k])); };
+  auto body_t = [&](int k) { return paired[k] ? std::string("float") : out_t(k); };
+  // Stores of the body's outputs: the vector `arr` at `dst`, or one element b<k> to `lv`.
+  auto vstore = [&](int k, const std::string& ind, const std::string& dst, const std::string& arr) {
+    Out c;
+    if (!paired[k]) {
+      c << ind << "cl_vstore(" << dst << ", " << arr << ");\n";
+      return c.str();
+    }
+    const bool bf = L.dtypes[k] == kBFloat16;
+    c << ind << "{\n" << ind << "  alignas(16) unsigned short c[V];\n" << ind << "#pragma unroll\n";
+    if (V % 2 == 0)
+      c << ind
+        << "  for (int j = 0; j < V; j += 2) reinterpret_cast<unsigned int*>(c)[j / 2] = cl::"
+        << (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") << "(" << arr << "[j], " << arr
+        << "[j + 1]);\n";
+    else
+      c << ind << "  for (int j = 0; j < V; ++j) c[j] = cl::"
+        << (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") << "(" << arr << "[j]);\n";
+    c << ind << "  cl_vstore(" << dst << ", c);\n" << ind << "}\n";
+    return c.str();
+  };
+  auto sstore = [&](int k, const std::string& ind, const std::string& lv) {
+    Out c;
+    c << ind << lv << " = ";
+    if (paired[k])
+      c << "cl::" << (L.dtypes[k] == kBFloat16 ? "f32_to_bf16_rne" : "f32_to_f16_rne") << "(b" << k
+        << ");\n";
+    else
+      c << "b" << k << ";\n";
+    return c.str();
+  };
   auto call = [&](const std::string& e, const std::string& jx, const std::string& jy) {
     Out c;
     c << "cl_body(P.seed, " << e;
@@ -308,30 +356,60 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     c << ");";
     return c.str();
   };
+  auto in_ptr = [&](int k) {
+    return "((const " + in_t(k) + "*)P.ptr[" + std::to_string(nout + k) + "])";
+  };
+  auto out_ptr = [&](int k) { return "((" + out_t(k) + "*)P.ptr[" + std::to_string(k) + "])"; };
   if (L.contig) {
-    s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < (n + V "
-         "- 1) / V; v += lanes) {\n";
-    s << "    const idx_t i0 = v * V;\n";
+    // Each lane takes U vectors of V elements, 128 * V elements apart (each warp access
+    // stays one contiguous run). When all U are inside the tensor, every load is issued
+    // before any arithmetic; otherwise the vectors are taken one at a time up to the end.
+    // (idx32 leaves 2^26 of headroom: the indices of the last lanes cannot overflow.)
+    const int U = L.unroll;
+    const int T = kThreadsPerBlock;
+    s << "  constexpr int U = " << U << ";\n";
+    s << "  const idx_t base = (idx_t)blockIdx.x * (U * " << T
+      << " * V) + (idx_t)threadIdx.x * V;\n";
+    s << "  if (base + (U - 1) * " << T << " * V + V <= n) {\n";
+    for (int k = 0; k < nin; ++k) {
+      s << "    alignas(16) " << in_t(k) << " a" << k << "[U][V];\n";
+      s << "#pragma unroll\n    for (int u = 0; u < U; ++u) cl_vload(a" << k << "[u], " << in_ptr(k)
+        << " + base + u * " << T << " * V);\n";
+    }
+    for (int k = 0; k < nout; ++k) s << "    alignas(16) " << body_t(k) << " b" << k << "[U][V];\n";
+    s << "#pragma unroll\n    for (int u = 0; u < U; ++u)\n#pragma unroll\n"
+      << "      for (int j = 0; j < V; ++j) "
+      << call("(unsigned long long)(P.rbase + (long long)(base + u * " + std::to_string(T) +
+                  " * V + j))",
+              "[u][j]", "[u][j]")
+      << "\n";
+    s << "#pragma unroll\n    for (int u = 0; u < U; ++u) {\n";
+    for (int k = 0; k < nout; ++k)
+      s << vstore(k, "      ", out_ptr(k) + " + base + u * " + std::to_string(T) + " * V",
+                  "b" + std::to_string(k) + "[u]");
+    s << "    }\n    return;\n  }\n";
+    s << "  for (int u = 0; u < U; ++u) {\n";
+    s << "    const idx_t i0 = base + u * " << T << " * V;\n";
+    s << "    if (i0 >= n) return;\n";
     if (V > 1) {
       s << "    if (i0 + V <= n) {\n";
       for (int k = 0; k < nin; ++k)
-        s << "      alignas(16) " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", ((const "
-          << in_t(k) << "*)P.ptr[" << nout + k << "]) + i0);\n";
-      for (int k = 0; k < nout; ++k) s << "      alignas(16) " << out_t(k) << " b" << k << "[V];\n";
+        s << "      alignas(16) " << in_t(k) << " a" << k << "[V]; cl_vload(a" << k << ", "
+          << in_ptr(k) << " + i0);\n";
+      for (int k = 0; k < nout; ++k)
+        s << "      alignas(16) " << body_t(k) << " b" << k << "[V];\n";
       s << "#pragma unroll\n      for (int j = 0; j < V; ++j) "
         << call("(unsigned long long)(P.rbase + (long long)i0 + j)", "[j]", "[j]") << "\n";
       for (int k = 0; k < nout; ++k)
-        s << "      cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + i0, b" << k << ");\n";
+        s << vstore(k, "      ", out_ptr(k) + " + i0", "b" + std::to_string(k));
       s << "      continue;\n    }\n";
     }
-    s << "    for (idx_t i = i0; i < n && i < i0 + V; ++i) {\n";
+    s << "    for (idx_t i = i0; i < n && i < i0 + V; ++i) {  // the tail: fewer than V\n";
     for (int k = 0; k < nin; ++k)
-      s << "      const " << in_t(k) << " a" << k << " = ((const " << in_t(k) << "*)P.ptr["
-        << nout + k << "])[i];\n";
-    for (int k = 0; k < nout; ++k) s << "      " << out_t(k) << " b" << k << ";\n";
+      s << "      const " << in_t(k) << " a" << k << " = " << in_ptr(k) << "[i];\n";
+    for (int k = 0; k < nout; ++k) s << "      " << body_t(k) << " b" << k << ";\n";
     s << "      " << call("(unsigned long long)(P.rbase + (long long)i)", "", "") << "\n";
-    for (int k = 0; k < nout; ++k)
-      s << "      ((" << out_t(k) << "*)P.ptr[" << k << "])[i] = b" << k << ";\n";
+    for (int k = 0; k < nout; ++k) s << sstore(k, "      ", out_ptr(k) + "[i]");
     s << "    }\n  }\n}\n";
   } else {
     // n-D: decompose the (vector) index once per lane; with V > 1 every operand's innermost
@@ -359,13 +437,15 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
         for (int dd = 0; dd < nd; ++dd)
           if (stv(k, dd) != 0)
             s << "  constexpr idx_t ST" << k << "_" << dd << " = " << stv(k, dd) << ";\n";
-      s << "  for (uidx_t v = (uidx_t)blockIdx.x * (uidx_t)blockDim.x + (uidx_t)threadIdx.x; v < "
-           "NV; v += (uidx_t)lanes) {\n";
-      s << "    uidx_t rem = v * V;\n";
+      s << "  const uidx_t v = (uidx_t)blockIdx.x * " << kThreadsPerBlock
+        << "u + (uidx_t)threadIdx.x;\n";
+      s << "  if (v >= NV) return;\n";
+      s << "  {\n    uidx_t rem = v * V;\n";
     } else {
-      s << "  for (idx_t v = (idx_t)blockIdx.x * (idx_t)blockDim.x + (idx_t)threadIdx.x; v < n / "
-           "V; v += lanes) {\n";
-      s << "    idx_t rem = v * V;\n";
+      s << "  const idx_t v = (idx_t)blockIdx.x * " << kThreadsPerBlock
+        << " + (idx_t)threadIdx.x;\n";
+      s << "  if (v >= n / V) return;\n";
+      s << "  {\n    idx_t rem = v * V;\n";
     }
     for (int k = 0; k < nops; ++k) s << "    idx_t o" << k << " = 0;\n";
     for (int dd = nd - 1; dd >= 0; --dd) {
@@ -415,20 +495,21 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
           << "    } else {\n      cl_vload(a" << k << ", ((const " << in_t(k) << "*)P.ptr[" << op
           << "]) + o" << op << ");\n    }\n";
       }
-      for (int k = 0; k < nout; ++k) s << "    alignas(16) " << out_t(k) << " b" << k << "[V];\n";
+      for (int k = 0; k < nout; ++k) s << "    alignas(16) " << body_t(k) << " b" << k << "[V];\n";
       s << "#pragma unroll\n    for (int j = 0; j < V; ++j) " << call("e0 + j", "[j]", "[j]")
         << "\n";
       for (int k = 0; k < nout; ++k)
-        s << "    cl_vstore(((" << out_t(k) << "*)P.ptr[" << k << "]) + o" << k << ", b" << k
-          << ");\n";
+        s << vstore(k, "    ", out_ptr(k) + " + o" + std::to_string(k), "b" + std::to_string(k));
     } else {
       for (int k = 0; k < nin; ++k)
         s << "    const " << in_t(k) << " a" << k << " = ((const " << in_t(k) << "*)P.ptr["
           << nout + k << "])[o" << nout + k << "];\n";
-      for (int k = 0; k < nout; ++k) s << "    " << out_t(k) << " b" << k << ";\n";
+      for (int k = 0; k < nout; ++k) s << "    " << body_t(k) << " b" << k << ";\n";
       s << "    " << call("e0", "", "") << "\n";
       for (int k = 0; k < nout; ++k)
-        s << "    ((" << out_t(k) << "*)P.ptr[" << k << "])[o" << k << "] = b" << k << ";\n";
+        s << sstore(
+            k, "    ",
+            "((" + out_t(k) + "*)P.ptr[" + std::to_string(k) + "])[o" + std::to_string(k) + "]");
     }
     s << "  }\n}\n";
   }
