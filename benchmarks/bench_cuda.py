@@ -188,7 +188,7 @@ def main():
     }
     op_rows = []
     for n in ([2**24, 2**28] if not args.quick else [2**24]):
-        for dt in (torch.bfloat16, torch.float32):
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
             tp = torch.rand(n, device="cuda").to(dt) + 0.5
             p = to_cl(tp)
             for name, (fc, ft) in ops.items():

@@ -308,7 +308,7 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     << "];\n  long long stride[" << nops << "][" << nd
     << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n};\n";
   s << b.str();
-  // One lane (thread) per vector of V elements, no grid-stride loop: the launch covers
+  // One thread per lane (U vectors of V elements), no grid-stride loop: the launch covers
   // every lane (as PyTorch's and Triton's pointwise kernels). A loop the compiler cannot
   // prove runs once costs registers and, in sinf's slow path, up to 30% of the time.
   s << "extern \"C\" __global__ void __launch_bounds__(" << kThreadsPerBlock
