@@ -127,15 +127,22 @@ template <> struct cl_word<8> { typedef uint2 T; };
 template <> struct cl_word<4> { typedef unsigned int T; };
 template <> struct cl_word<2> { typedef unsigned short T; };
 template <> struct cl_word<1> { typedef unsigned char T; };
-// N consecutive elements, in 16-byte (or smaller) words; the caller checked alignment.
-template <typename T, int N>
-__device__ __forceinline__ void cl_vload(T (&dst)[N], const T* src) {
-  constexpr int B = (int)sizeof(T) * N;
+// B bytes in 16-byte (or smaller) words; the caller checked alignment.
+template <int B>
+__device__ __forceinline__ void cl_copy_words(void* dst, const void* src) {
   constexpr int C = B >= 16 ? 16 : B;
   typedef typename cl_word<C>::T W;
 #pragma unroll
-  for (int c = 0; c < B / C; ++c)
-    reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
+  for (int c = 0; c < B / C; ++c) reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
+}
+// N consecutive elements between memory and an array.
+template <typename T, int N>
+__device__ __forceinline__ void cl_vload(T (&dst)[N], const T* src) {
+  cl_copy_words<(int)sizeof(T) * N>(dst, src);
+}
+template <typename T, int N>
+__device__ __forceinline__ void cl_vstore(T* dst, const T (&src)[N]) {
+  cl_copy_words<(int)sizeof(T) * N>(dst, src);
 }
 // N fp16 values widened to float, exactly. The hardware conversion (one instruction each,
 // subnormals kept) unless one of them is a NaN: castlab keeps NaN sign and payload bit for
@@ -156,15 +163,6 @@ __device__ __forceinline__ void cl_f16v_to_f32(const unsigned short (&h)[N], flo
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) f[j] = cl::f16_to_f32(h[j]);
-}
-template <typename T, int N>
-__device__ __forceinline__ void cl_vstore(T* dst, const T (&src)[N]) {
-  constexpr int B = (int)sizeof(T) * N;
-  constexpr int C = B >= 16 ? 16 : B;
-  typedef typename cl_word<C>::T W;
-#pragma unroll
-  for (int c = 0; c < B / C; ++c)
-    reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
 }
 )";
 
@@ -368,15 +366,15 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     return c.str();
   };
   auto sstore = [&](int k, const std::string& ind, const std::string& lv) {
-    Out c;
-    c << ind << lv << " = ";
-    if (paired[k])
-      c << "cl::" << (L.dtypes[k] == kBFloat16 ? "f32_to_bf16_rne" : "f32_to_f16_rne") << "(b" << k
-        << ");\n";
-    else
-      c << "b" << k << ";\n";
-    return c.str();
+    // paired outputs: the rounding the body left out (the same store_expr, mode nearest)
+    const OutputSpec& os = prog.outputs[k];
+    return ind + lv + " = " +
+           (paired[k] ? store_expr(L.dtypes[k], false, "b" + std::to_string(k), os.mode,
+                                   os.saturate != 0, "0u")
+                      : "b" + std::to_string(k)) +
+           ";\n";
   };
+
   // The body call. Vector paths pass the widened arrays w<k> of fp16 inputs (see widen).
   auto call = [&](const std::string& e, const std::string& jx, const std::string& jy) {
     Out c;

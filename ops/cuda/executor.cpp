@@ -21,8 +21,6 @@ namespace cuda {
 
 namespace {
 
-constexpr int kThreads = kThreadsPerBlock;
-
 // Rough cost of an instruction in SASS instructions per element (CUDA's precise float
 // functions; double and the fast variants are not told apart). Only the ratio below
 // uses it.
@@ -374,14 +372,14 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
 
   const int64_t lanes = contig ? (numel + vec - 1) / vec : numel / vec;
   // Every lane launched (the kernel has no grid-stride loop).
-  const int64_t per_block = int64_t(kThreads) * kern->unroll;
+  const int64_t per_block = int64_t(kThreadsPerBlock) * kern->unroll;
   const int64_t blocks = std::max<int64_t>(1, (lanes + per_block - 1) / per_block);
   if (blocks > int64_t(0x7FFFFFFF))
     throw std::invalid_argument("CUDA executor: " + std::to_string(numel) +
                                 " elements need more thread blocks than a launch allows");
   void* args[] = {buf};
-  CUresult r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1, kThreads,
-                                       1, 1, 0, stream_, args, nullptr);
+  CUresult r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1,
+                                       kThreadsPerBlock, 1, 1, 0, stream_, args, nullptr);
   note_launch(dev.index, kern->kern.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching " + kern->kern.name + ": " + error_string(r));
