@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "ops/scalar/ops.h"
+#include "ops/op_table.h"
 
 namespace cl {
 
 struct Instr {
   uint8_t op = kOpConst;  // OpCode
   uint8_t f64 = 0;        // register type of dst (0: float, 1: double)
-  uint8_t var = 0;        // VariantBits
   uint8_t dtype = 0;      // Load: input's storage dtype; Round: target format
   uint8_t mode = 0;       // Round: RoundMode
   uint8_t saturate = 0;   // Round: saturate fp8 overflow
+  uint32_t var = 0;       // VariantBits
   int32_t dst = 0, a = -1, b = -1, c = -1;
   int32_t aux = 0;   // Load: input index; Round: random stream (salt)
   double imm = 0.0;  // Const
@@ -31,6 +31,28 @@ struct OutputSpec {
   uint8_t saturate = 1;
   int32_t salt = 0;
 };
+
+// The fields of the IR, in one list: the Python bindings (named attributes) and the
+// serializer (kernel keys) are both generated from it.
+// CL_FIELD(name, comment)
+#define CL_INSTR_FIELDS(X)                                                      \
+  X(op, "opcode (castlab._C.op_table())")                                       \
+  X(f64, "register type of dst: 0 float, 1 double")                             \
+  X(var, "math-variant bits (castlab._C.VARIANT_BITS)")                         \
+  X(dtype, "load: the input's storage dtype; round: target format")             \
+  X(mode, "round: rounding mode (0 nearest even, 1 toward zero, 2 stochastic)") \
+  X(saturate, "round: fp8 overflow saturates")                                  \
+  X(dst, "destination register")                                                \
+  X(a, "first operand register (-1: none)")                                     \
+  X(b, "second operand register (-1: none)")                                    \
+  X(c, "third operand register (-1: none)")                                     \
+  X(aux, "load: input index; round and random ops: stream")                     \
+  X(imm, "const: the value")
+#define CL_OUTPUT_FIELDS(X)                \
+  X(reg, "register stored to this output") \
+  X(mode, "rounding mode of the store")    \
+  X(saturate, "fp8 overflow saturates")    \
+  X(salt, "random stream of stochastic rounding")
 
 // A per-Program memo for executors (the CUDA executor keeps its compiled kernels per
 // operand layout here, so a repeated launch skips keying the instructions). Entries
@@ -79,6 +101,11 @@ struct Program {
   ExecMemo memo;  // executors' per-object cache (not part of the program's meaning)
   bool uses_random() const;
   std::string str() const;  // one line per instruction (debugging)
+  // Appends every field that determines the generated code (kernel keys; the seed is
+  // a launch parameter, not part of the code).
+  void serialize(std::string* out) const;
+  // Throws std::invalid_argument unless every opcode, register, dtype and mode is valid.
+  void validate() const;
 };
 
 // Run `prog` on the CPU. All inputs and outputs have the same shape (inputs already
@@ -107,7 +134,5 @@ void collapse_dims(const Shape& shape, const Tensor* const* ops, int nops, Iter*
 
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs);
-
-const char* op_name(int op);
 
 }  // namespace cl

@@ -378,6 +378,15 @@ def _bound(measured: float) -> float:
     return measured - max(0.005, 0.05 * (100 - measured))
 
 
+def _torch_bound(measured: float) -> float:
+    """castlab's agreement with torch CPU: exact claims (100%) hold everywhere; other rates
+    depend on which kernel torch's CPU dispatch picks on this machine's ISA (gelu bf16:
+    99.9954% on one x86-64 machine, 98.99% on an AMD EPYC), so they get a margin that no
+    ISA-dependent difference should exceed. castlab's own accuracy (the fp64 reference
+    rate) is asserted without that margin: it does not depend on the CPU."""
+    return 100.0 if measured == 100 else measured - max(1.5, 0.5 * (100 - measured))
+
+
 _SAMPLES = {}
 
 
@@ -409,7 +418,7 @@ def test_transcendental_exact_match_rates(op, mathv, dt):
     rate_t = 100 * (ulp_dist(y[fin], yt[fin]) == 0).mean()
     rate_r = 100 * (ulp_dist(y[fin], yr[fin]) == 0).mean()
     mt, mr = MEASURED[op][mathv][dt.short]
-    assert rate_t >= _bound(mt), f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})"
+    assert rate_t >= _torch_bound(mt), f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})"
     assert rate_r >= _bound(mr), f"{op}/{mathv}/{dt.short}: {rate_r:.4f}% == fp64 ref (measured {mr})"
 
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -157,149 +159,78 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
   }
 }
 
-// ---- arithmetic on one block ----
-// IMPL is the transcendental implementation as a compile-time constant, so each loop
-// calls one function (and the portable ones vectorise).
-template <typename T, int IMPL>
-void compute_impl(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
-  const int v = (in.var & ~kVarImplMask) | IMPL;
+// ---- arithmetic on one block: the op table's scalar functions, one loop per op ----
+template <typename T, typename F>
+inline __attribute__((always_inline)) void block_loop(std::integral_constant<int, 1>, T* d,
+                                                      const T* a, const T*, const T*, int64_t n,
+                                                      F f) {
+  for (int64_t j = 0; j < n; ++j) d[j] = f(a[j]);
+}
+template <typename T, typename F>
+inline __attribute__((always_inline)) void block_loop(std::integral_constant<int, 2>, T* d,
+                                                      const T* a, const T* b, const T*, int64_t n,
+                                                      F f) {
+  for (int64_t j = 0; j < n; ++j) d[j] = f(a[j], b[j]);
+}
+template <typename T, typename F>
+inline __attribute__((always_inline)) void block_loop(std::integral_constant<int, 3>, T* d,
+                                                      const T* a, const T* b, const T* c, int64_t n,
+                                                      F f) {
+  for (int64_t j = 0; j < n; ++j) d[j] = f(a[j], b[j], c[j]);
+}
+
+// The variant bits that matter on the CPU (the transcendental implementation and
+// silu's formula) arrive as the compile-time constant VAR, so no loop branches on them
+// and the portable functions vectorise.
+constexpr uint32_t kCpuVarMask = kVarImplMask | kVarSiluMulSigmoid;
+
+template <typename T, int VAR>
+void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
+  const int v = VAR | static_cast<int>(in.var & ~kCpuVarMask);
+  if constexpr (std::is_same<T, float>::value && (VAR & kVarImplMask) == kPortable) {
+    if (in.op == kOpSin || in.op == kOpCos) {
+      // The same bits as portable::sinf_/cosf_, in two passes: a branch-free loop the
+      // compiler vectorises, then the rare huge or non-finite arguments.
+      const bool want_cos = in.op == kOpCos;
+      if (want_cos)
+        for (int64_t j = 0; j < n; ++j) d[j] = portable::cosf_small_(a[j]);
+      else
+        for (int64_t j = 0; j < n; ++j) d[j] = portable::sinf_small_(a[j]);
+      for (int64_t j = 0; j < n; ++j)
+        if (portable::sincosf_needs_full_(a[j]))
+          d[j] = want_cos ? portable::cosf_(a[j]) : portable::sinf_(a[j]);
+      return;
+    }
+  }
   switch (in.op) {
     case kOpConst: {
       const T k = static_cast<T>(in.imm);
       for (int64_t j = 0; j < n; ++j) d[j] = k;
       break;
     }
-    case kOpNeg:
-      for (int64_t j = 0; j < n; ++j) d[j] = -a[j];
-      break;
-    case kOpAbs:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] < T(0) ? -a[j] : (a[j] == T(0) ? T(0) : a[j]);
-      break;
-    case kOpExp:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_exp(a[j], v);
-      break;
-    case kOpLog:
-      for (int64_t j = 0; j < n; ++j) d[j] = m_log(a[j], v & kVarImplMask);
-      break;
-    case kOpSigmoid:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_sigmoid(a[j], v);
-      break;
-    case kOpSilu:
-      // The formula bit is loop-invariant: one branch-free loop per formula.
-      if (v & kVarSiluMulSigmoid) {
-        const int vv = v | kVarSiluMulSigmoid;
-        for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], vv);
-      } else {
-        const int vv = (in.var & ~(kVarImplMask | kVarSiluMulSigmoid)) | IMPL;
-        for (int64_t j = 0; j < n; ++j) d[j] = op_silu(a[j], vv);
-      }
-      break;
-    case kOpTanh:
-      for (int64_t j = 0; j < n; ++j) d[j] = m_tanh(a[j], v & kVarImplMask);
-      break;
-    case kOpGeluErf:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_erf(a[j], v);
-      break;
-    case kOpGeluTanh:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_gelu_tanh(a[j], v);
-      break;
-    case kOpSqrt:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_sqrt(a[j]);
-      break;
-    case kOpRsqrt:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_rsqrt(a[j], v);
-      break;
-    case kOpReciprocal:
-      for (int64_t j = 0; j < n; ++j) d[j] = div_f(T(1), a[j], v);
-      break;
-    case kOpSquare:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] * a[j];
-      break;
-    case kOpCos:
-    case kOpSin:
-      if constexpr (std::is_same<T, float>::value) {
-        if ((v & kVarImplMask) == kPortable) {
-          // Two passes, the same bits as portable::sinf_/cosf_: a branch-free loop the
-          // compiler vectorises, then the rare huge or non-finite arguments.
-          const bool want_cos = in.op == kOpCos;
-          if (want_cos)
-            for (int64_t j = 0; j < n; ++j) d[j] = portable::cosf_small_(a[j]);
-          else
-            for (int64_t j = 0; j < n; ++j) d[j] = portable::sinf_small_(a[j]);
-          for (int64_t j = 0; j < n; ++j)
-            if (portable::sincosf_needs_full_(a[j]))
-              d[j] = want_cos ? portable::cosf_(a[j]) : portable::sinf_(a[j]);
-          break;
-        }
-      }
-      if (in.op == kOpCos)
-        for (int64_t j = 0; j < n; ++j) d[j] = m_cos(a[j], v & kVarImplMask);
-      else
-        for (int64_t j = 0; j < n; ++j) d[j] = m_sin(a[j], v & kVarImplMask);
-      break;
-    case kOpErf:
-      for (int64_t j = 0; j < n; ++j) d[j] = m_erf(a[j], v & kVarImplMask);
-      break;
-    case kOpAdd:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] + b[j];
-      break;
-    case kOpSub:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] - b[j];
-      break;
-    case kOpMul:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] * b[j];
-      break;
-    case kOpDiv:
-      for (int64_t j = 0; j < n; ++j) d[j] = div_f(a[j], b[j], v);
-      break;
-    case kOpMaximum:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_maximum(a[j], b[j]);
-      break;
-    case kOpMinimum:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_minimum(a[j], b[j]);
-      break;
-    case kOpPow:
-      for (int64_t j = 0; j < n; ++j) d[j] = op_pow(a[j], b[j], v);
-      break;
-    case kOpEq:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] == b[j] ? T(1) : T(0);
-      break;
-    case kOpNe:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] != b[j] ? T(1) : T(0);
-      break;
-    case kOpLt:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] < b[j] ? T(1) : T(0);
-      break;
-    case kOpLe:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] <= b[j] ? T(1) : T(0);
-      break;
-    case kOpGt:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] > b[j] ? T(1) : T(0);
-      break;
-    case kOpGe:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] >= b[j] ? T(1) : T(0);
-      break;
-    case kOpFma:
-      for (int64_t j = 0; j < n; ++j) {
-        if constexpr (std::is_same<T, float>::value)
-          d[j] = fma_f(a[j], b[j], c[j]);
-        else
-          d[j] = fma_d(a[j], b[j], c[j]);
-      }
-      break;
-    case kOpWhere:
-      for (int64_t j = 0; j < n; ++j) d[j] = a[j] != T(0) ? b[j] : c[j];
-      break;
+#define CL_CPU_CASE(E, name, arity, cat, factors, cost, cost_fast, fn, py, formula)    \
+  case kOp##E:                                                                         \
+    block_loop(std::integral_constant<int, arity>(), d, a, b, c, n,                    \
+               [v](auto... x) __attribute__((always_inline)) { return fn(x..., v); }); \
+    break;
+      CL_ELEMENTWISE_OPS(CL_CPU_CASE)
+#undef CL_CPU_CASE
     default: throw std::logic_error(std::string("cpu executor: unexpected op ") + op_name(in.op));
   }
 }
 
 template <typename T>
 void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
-  switch (in.var & kVarImplMask) {
-    case kPortable: compute_impl<T, kPortable>(in, d, a, b, c, n); break;
-    default: compute_impl<T, kLibm>(in, d, a, b, c, n); break;
-  }
+  const bool portable = (in.var & kVarImplMask) == kPortable;
+  const bool mul_sigmoid = (in.var & kVarSiluMulSigmoid) != 0;
+  if (portable && !mul_sigmoid)
+    compute_var<T, kPortable>(in, d, a, b, c, n);
+  else if (portable)
+    compute_var<T, kPortable | kVarSiluMulSigmoid>(in, d, a, b, c, n);
+  else if (!mul_sigmoid)
+    compute_var<T, kLibm>(in, d, a, b, c, n);
+  else
+    compute_var<T, kLibm | kVarSiluMulSigmoid>(in, d, a, b, c, n);
 }
 
 }  // namespace

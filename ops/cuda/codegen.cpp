@@ -232,7 +232,6 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
     const std::string bb = in.b >= 0 ? R(in.b) : d;
     const std::string c = in.c >= 0 ? R(in.c) : d;
     const std::string v = std::to_string(static_cast<int>(in.var));
-    const std::string impl = std::to_string(static_cast<int>(in.var & kVarImplMask));
     std::string ex;
     switch (in.op) {
       case kOpLoad:
@@ -244,42 +243,6 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
           ex = load_expr(in.dtype, f64, "x" + std::to_string(in.aux));
         break;
       case kOpConst: ex = "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
-      case kOpNeg: ex = "-" + a; break;
-      case kOpAbs:
-        ex = "(" + a + " < " + t + "(0) ? -" + a + " : (" + a + " == " + t + "(0) ? " + t +
-             "(0) : " + a + "))";
-        break;
-      case kOpExp: ex = "cl::op_exp(" + a + ", " + v + ")"; break;
-      case kOpLog: ex = "cl::m_log(" + a + ", " + impl + ")"; break;
-      case kOpSigmoid: ex = "cl::op_sigmoid(" + a + ", " + v + ")"; break;
-      case kOpSilu: ex = "cl::op_silu(" + a + ", " + v + ")"; break;
-      case kOpTanh: ex = "cl::m_tanh(" + a + ", " + impl + ")"; break;
-      case kOpGeluErf: ex = "cl::op_gelu_erf(" + a + ", " + v + ")"; break;
-      case kOpGeluTanh: ex = "cl::op_gelu_tanh(" + a + ", " + v + ")"; break;
-      case kOpSqrt: ex = "cl::op_sqrt(" + a + ")"; break;
-      case kOpRsqrt: ex = "cl::op_rsqrt(" + a + ", " + v + ")"; break;
-      case kOpReciprocal: ex = "cl::div_f(" + t + "(1), " + a + ", " + v + ")"; break;
-      case kOpSquare: ex = a + " * " + a; break;
-      case kOpCos: ex = "cl::m_cos(" + a + ", " + impl + ")"; break;
-      case kOpSin: ex = "cl::m_sin(" + a + ", " + impl + ")"; break;
-      case kOpErf: ex = "cl::m_erf(" + a + ", " + impl + ")"; break;
-      case kOpAdd: ex = a + " + " + bb; break;
-      case kOpSub: ex = a + " - " + bb; break;
-      case kOpMul: ex = a + " * " + bb; break;
-      case kOpDiv: ex = "cl::div_f(" + a + ", " + bb + ", " + v + ")"; break;
-      case kOpMaximum: ex = "cl::op_maximum(" + a + ", " + bb + ")"; break;
-      case kOpMinimum: ex = "cl::op_minimum(" + a + ", " + bb + ")"; break;
-      case kOpPow: ex = "cl::op_pow(" + a + ", " + bb + ", " + v + ")"; break;
-      case kOpEq: ex = "(" + a + " == " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpNe: ex = "(" + a + " != " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpLt: ex = "(" + a + " < " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpLe: ex = "(" + a + " <= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpGt: ex = "(" + a + " > " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpGe: ex = "(" + a + " >= " + bb + " ? " + t + "(1) : " + t + "(0))"; break;
-      case kOpFma:
-        ex = std::string(f64 ? "cl::fma_d(" : "cl::fma_f(") + a + ", " + bb + ", " + c + ")";
-        break;
-      case kOpWhere: ex = "(" + a + " != " + t + "(0) ? " + bb + " : " + c + ")"; break;
       case kOpRound: {
         const std::string rb =
             in.mode == kStochastic
@@ -300,7 +263,16 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
         ex = "static_cast<" + t + ">(cl::rand_normal(seed, " +
              std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";
         break;
-      default: throw std::logic_error(std::string("CUDA codegen: unexpected op ") + op_name(in.op));
+      default: {
+        // An op of the table: its scalar function, operands, variant bits.
+        const OpInfo& info = op_info(in.op);
+        if (info.category == kCatInternal)
+          throw std::logic_error(std::string("CUDA codegen: unexpected op ") + info.name);
+        ex = std::string(info.cuda_fn) + "(" + a;
+        if (info.arity > 1) ex += ", " + bb;
+        if (info.arity > 2) ex += ", " + c;
+        ex += ", " + v + ")";
+      }
     }
     b << "  ";
     if (!declared[in.dst]) {

@@ -21,33 +21,6 @@ namespace cuda {
 
 namespace {
 
-// Rough cost of an instruction in SASS instructions per element (CUDA's precise float
-// functions; double and the fast variants are not told apart). Only the ratio below
-// uses it.
-int instr_cost(const Instr& in) {
-  switch (in.op) {
-    case kOpExp: return 8;
-    case kOpLog:
-    case kOpSin:
-    case kOpCos:
-    case kOpPow:
-    case kOpGeluErf: return 24;
-    case kOpGeluTanh: return 22;
-    case kOpErf: return 20;
-    case kOpSigmoid:
-    case kOpSilu: return 18;
-    case kOpTanh: return 16;
-    case kOpDiv:
-    case kOpReciprocal: return (in.var & kVarApproxDiv) ? 3 : 8;
-    case kOpSqrt: return 6;
-    case kOpRsqrt: return 4;
-    case kOpRound: return in.mode == kStochastic ? 12 : 3;
-    case kOpRandUniform: return 12;
-    case kOpRandNormal: return 30;
-    default: return 1;
-  }
-}
-
 // Vectors per lane of a contiguous kernel. Two (each lane's per-lane index work spread
 // over twice the elements, and twice the independent work in flight) when the program
 // costs at least 4 instructions per byte it moves; one otherwise. Measured on the H200
@@ -59,7 +32,7 @@ int instr_cost(const Instr& in) {
 // warp's accesses are strided) lost 10% on memory-bound bf16 and up to 26% on fp32.
 int contig_unroll(const Program& prog, int bytes_per_element) {
   int cost = 0;
-  for (const Instr& in : prog.code) cost += instr_cost(in);
+  for (const Instr& in : prog.code) cost += instr_cost(in.op, in.var, in.mode);
   return cost >= 4 * bytes_per_element ? 2 : 1;
 }
 
@@ -303,27 +276,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     std::string key;
     key.reserve(32 * (prog.code.size() + 4));
     put(key, dev.index);
-    for (const Instr& in : prog.code) {
-      put(key, in.op);
-      put(key, in.f64);
-      put(key, in.var);
-      put(key, in.dtype);
-      put(key, in.mode);
-      put(key, in.saturate);
-      put(key, in.dst);
-      put(key, in.a);
-      put(key, in.b);
-      put(key, in.c);
-      put(key, in.aux);
-      put(key, in.imm);
-    }
-    put(key, prog.n_regs);
-    for (const OutputSpec& o : prog.outputs) {
-      put(key, o.reg);
-      put(key, o.mode);
-      put(key, o.saturate);
-      put(key, o.salt);
-    }
+    prog.serialize(&key);
     key.append(reinterpret_cast<const char*>(L.dtypes.data()), L.dtypes.size());
     put(key, L.n_out);
     put(key, L.nd);

@@ -5,7 +5,7 @@
 // double for fp64). Rounding to a storage format is never done here: it is an explicit
 // step (kOpRound) that the policy places in the graph.
 //
-// Formulas follow PyTorch's CUDA kernels (see shared reference notes):
+// Formulas follow PyTorch's CUDA kernels:
 //   silu     x / (1 + exp(-x))            aten/src/ATen/native/cuda/ActivationSiluKernel.cu
 //   sigmoid  1 / (1 + exp(-x))            aten/src/ATen/native/cuda/UnarySpecialOpsKernel.cu
 //   gelu     x * 0.5 * (1 + erf(x / sqrt2))   and the tanh form, ActivationGeluKernel.cu
@@ -18,56 +18,16 @@
 
 namespace cl {
 
-enum OpCode : uint8_t {
-  kOpLoad = 0,  // dst <- input[aux], widened exactly to the register type
-  kOpConst,     // dst <- imm
-  kOpNeg,
-  kOpAbs,
-  kOpExp,
-  kOpLog,
-  kOpSigmoid,
-  kOpSilu,
-  kOpTanh,
-  kOpGeluErf,
-  kOpGeluTanh,
-  kOpSqrt,
-  kOpRsqrt,
-  kOpReciprocal,
-  kOpSquare,
-  kOpCos,
-  kOpSin,
-  kOpErf,
-  kOpAdd,
-  kOpSub,
-  kOpMul,
-  kOpDiv,
-  kOpMaximum,
-  kOpMinimum,
-  kOpPow,  // b is a register holding the exponent
-  kOpEq,
-  kOpNe,
-  kOpLt,
-  kOpLe,
-  kOpGt,
-  kOpGe,
-  kOpFma,          // a*b+c with one rounding
-  kOpWhere,        // a != 0 ? b : c
-  kOpRound,        // round a to storage format aux (mode, saturate) and back to register type
-  kOpToF64,        // f32 register -> f64 register (exact)
-  kOpToF32,        // f64 register -> f32 register (round to nearest even)
-  kOpRandUniform,  // dst <- uniform [0, 1) for this element (seed, stream aux)
-  kOpRandNormal,   // dst <- standard normal for this element (seed, stream aux)
-  kOpCount
-};
-
-// Math-variant bits carried by each instruction.
-enum VariantBits : uint8_t {
-  kVarImplMask = 0x3,        // MathImpl for exp/log/sin/cos/tanh/erf
-  kVarSiluMulSigmoid = 0x4,  // silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)
-  kVarApproxDiv = 0x8,       // division as CUDA's approximate div.full.f32 (GPU only)
-  kVarSigmoidEx2 = 0x10,     // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
-  kVarRsqrtFast = 0x20,      // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
-  kVarFmaInOp = 0x40,        // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
+// Math-variant bits carried by each instruction (ops/op_table.h lists which bits each
+// op's formula reads). 32 bits wide: room for the factors still to come.
+enum VariantBits : uint32_t {
+  kVarImplMask = 0x3,          // MathImpl for exp/log/sin/cos/tanh/erf
+  kVarSiluMulSigmoid = 0x4,    // silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)
+  kVarApproxDiv = 0x8,         // division as CUDA's approximate div.full.f32 (GPU only)
+  kVarSigmoidEx2 = 0x10,       // sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)
+  kVarRsqrtFast = 0x20,        // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
+  kVarFmaInOp = 0x40,          // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
+  kVarHardswishRecip6 = 0x80,  // hardswish multiplies by 1/6 (PyTorch CUDA) instead of / 6 (CPU)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -101,10 +61,31 @@ CL_HD double exp_neg_for_sigmoid(double x, int var) { return m_exp(-x, var & kVa
 CL_HD float fma_t(float a, float b, float c) { return fma_f(a, b, c); }
 CL_HD double fma_t(double a, double b, double c) { return fma_d(a, b, c); }
 
-// ---- unary ops (T = float or double) ----
+// ---- the ops of ops/op_table.h: fn(operands..., var), T = float or double ----
+template <typename T>
+CL_HD T sqrt_t(T x) {
+#if defined(__CUDA_ARCH__)
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+template <typename T>
+CL_HD T op_neg(T x, int) {
+  return -x;
+}
+template <typename T>
+CL_HD T op_abs(T x, int) {
+  return x < T(0) ? -x : (x == T(0) ? T(0) : x);
+}
 template <typename T>
 CL_HD T op_exp(T x, int var) {
   return m_exp(x, var & kVarImplMask);
+}
+template <typename T>
+CL_HD T op_log(T x, int var) {
+  return m_log(x, var & kVarImplMask);
 }
 template <typename T>
 CL_HD T op_sigmoid(T x, int var) {
@@ -116,7 +97,11 @@ CL_HD T op_silu(T x, int var) {
   return div_f(x, T(1) + m_exp(-x, var & kVarImplMask), var);
 }
 template <typename T>
-CL_HD T op_gelu_erf(T x, int var) {
+CL_HD T op_tanh(T x, int var) {
+  return m_tanh(x, var & kVarImplMask);
+}
+template <typename T>
+CL_HD T op_gelu(T x, int var) {                // erf form
   const T kAlpha = T(0.70710678118654752440);  // M_SQRT1_2
   return x * T(0.5) * (T(1) + m_erf(x * kAlpha, var & kVarImplMask));
 }
@@ -131,28 +116,72 @@ CL_HD T op_gelu_tanh(T x, int var) {
   return T(0.5) * x * (T(1) + m_tanh(inner, var & kVarImplMask));
 }
 template <typename T>
-CL_HD T op_sqrt(T x) {
-#if defined(__CUDA_ARCH__)
-  return sqrt(x);
-#else
-  return std::sqrt(x);
-#endif
+CL_HD T op_sqrt(T x, int) {
+  return sqrt_t(x);
 }
 template <typename T>
 CL_HD T op_rsqrt(T x, int var) {
 #if defined(__CUDA_ARCH__)
   if (var & kVarRsqrtFast) return rsqrt(x);
 #endif
-  return T(1) / op_sqrt(x);
+  return T(1) / sqrt_t(x);
 }
 template <typename T>
-CL_HD T op_maximum(T a, T b) {  // NaN-propagating, as torch.maximum
+CL_HD T op_reciprocal(T x, int var) {
+  return div_f(T(1), x, var);
+}
+template <typename T>
+CL_HD T op_square(T x, int) {
+  return x * x;
+}
+template <typename T>
+CL_HD T op_cos(T x, int var) {
+  return m_cos(x, var & kVarImplMask);
+}
+template <typename T>
+CL_HD T op_sin(T x, int var) {
+  return m_sin(x, var & kVarImplMask);
+}
+template <typename T>
+CL_HD T op_erf(T x, int var) {
+  return m_erf(x, var & kVarImplMask);
+}
+// PyTorch: CPU kernels divide by 6 (Activation.cpp hardswish_kernel); the CUDA kernel
+// multiplies by one_sixth = 1.0f/6.0f (ActivationHardswishKernel.cu). std::min/max order:
+// a NaN input propagates.
+template <typename T>
+CL_HD T op_hardswish(T x, int var) {
+  T c = x + T(3);
+  c = c < T(0) ? T(0) : c;  // std::max(c, 0): keeps c when c is NaN
+  c = T(6) < c ? T(6) : c;  // std::min(c, 6)
+  if (var & kVarHardswishRecip6) return x * c * (T(1) / T(6));
+  return x * c / T(6);
+}
+
+template <typename T>
+CL_HD T op_add(T a, T b, int) {
+  return a + b;
+}
+template <typename T>
+CL_HD T op_sub(T a, T b, int) {
+  return a - b;
+}
+template <typename T>
+CL_HD T op_mul(T a, T b, int) {
+  return a * b;
+}
+template <typename T>
+CL_HD T op_div(T a, T b, int var) {
+  return div_f(a, b, var);
+}
+template <typename T>
+CL_HD T op_maximum(T a, T b, int) {  // NaN-propagating, as torch.maximum
   if (a != a) return a;
   if (b != b) return b;
   return a > b ? a : b;
 }
 template <typename T>
-CL_HD T op_minimum(T a, T b) {
+CL_HD T op_minimum(T a, T b, int) {
   if (a != a) return a;
   if (b != b) return b;
   return a < b ? a : b;
@@ -162,8 +191,8 @@ CL_HD T op_pow(T x, T y, int var) {
   // Exponents PyTorch's pow_tensor_scalar kernels special-case.
   if (y == T(2)) return x * x;
   if (y == T(3)) return x * x * x;
-  if (y == T(0.5)) return op_sqrt(x);
-  if (y == T(-0.5)) return T(1) / op_sqrt(x);
+  if (y == T(0.5)) return sqrt_t(x);
+  if (y == T(-0.5)) return T(1) / sqrt_t(x);
   if (y == T(-1)) return T(1) / x;
   if (y == T(-2)) return T(1) / (x * x);
   if (y == T(1)) return x;
@@ -185,6 +214,38 @@ CL_HD T op_pow(T x, T y, int var) {
   const double r = m_exp(dy * m_log(ax, impl), impl);
   return T((dx < 0 && y_odd) ? -r : r);
 }
+template <typename T>
+CL_HD T op_eq(T a, T b, int) {
+  return a == b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_ne(T a, T b, int) {
+  return a != b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_lt(T a, T b, int) {
+  return a < b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_le(T a, T b, int) {
+  return a <= b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_gt(T a, T b, int) {
+  return a > b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_ge(T a, T b, int) {
+  return a >= b ? T(1) : T(0);
+}
+template <typename T>
+CL_HD T op_fma(T a, T b, T c, int) {
+  return fma_t(a, b, c);
+}
+template <typename T>
+CL_HD T op_where(T cond, T a, T b, int) {
+  return cond != T(0) ? a : b;
+}
 
 // ---- counter-based random numbers: a function of (seed, stream, element index) only ----
 CL_HD double rand_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
@@ -198,7 +259,7 @@ CL_HD double rand_normal(uint64_t seed, uint32_t stream, uint64_t index) {
                              (uint32_t)seed, (uint32_t)(seed >> 32));
   const double u1 = 1.0 - uniform_f64(r.v[0], r.v[1]);  // (0, 1]
   const double u2 = uniform_f64(r.v[2], r.v[3]);
-  const double rad = op_sqrt(-2.0 * portable::log_(u1));
+  const double rad = sqrt_t(-2.0 * portable::log_(u1));
   return rad * portable::cos_(6.283185307179586 * u2);
 }
 

@@ -40,54 +40,8 @@ from ._dtype import (
 )
 from ._jit import JitFunction, jit
 from ._tensor import Tensor, device
-from .ops import (
-                        abs,
-                        add,
-                        astype,
-                        broadcast_to,
-                        cat,
-                        chunk,
-                        clone,
-                        contiguous,
-                        cos,
-                        div,
-                        eq,
-                        erf,
-                        exp,
-                        expand,
-                        fma,
-                        ge,
-                        gelu,
-                        gt,
-                        le,
-                        log,
-                        lt,
-                        maximum,
-                        minimum,
-                        mul,
-                        ne,
-                        neg,
-                        permute,
-                        pow,
-                        reciprocal,
-                        reshape,
-                        rsqrt,
-                        select,
-                        sigmoid,
-                        silu,
-                        sin,
-                        split,
-                        sqrt,
-                        square,
-                        squeeze,
-                        stack,
-                        sub,
-                        tanh,
-                        transpose,
-                        unsqueeze,
-                        view,
-                        where,
-)
+from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
+from .ops import __all__ as _ops_all
 from .policy import Math, Policy, use_math
 
 __version__ = _C.__version__
@@ -100,12 +54,9 @@ __all__ = [
     "float8_e5m2", "bool", "int32", "int64", "as_dtype", "promote_types",
     "tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange", "rand",
     "randn", "empty_like", "zeros_like", "ones_like", "full_like",
-    "abs", "add", "astype", "broadcast_to", "cat", "chunk", "clone", "contiguous", "cos", "div",
-    "eq", "erf", "exp", "expand", "fma", "ge", "gelu", "gt", "le", "log", "lt", "maximum",
-    "minimum", "mul", "ne", "neg", "permute", "pow", "reciprocal", "reshape", "rsqrt", "select",
-    "sigmoid", "silu", "sin", "split", "sqrt", "square", "squeeze", "stack", "sub", "tanh",
-    "transpose", "unsqueeze", "view", "where", "Math", "Policy", "use_math", "jit",
-    "JitFunction", "from_dlpack", "cuda", "numerics", "study", "info",
+    *(n for n in _ops_all if n != "copy_"),
+    "Math", "Policy", "use_math", "jit", "JitFunction", "from_dlpack", "cuda", "numerics",
+    "study", "info",
 ]
 
 from . import cuda, numerics, study  # noqa: E402, F401  (submodules need the names above)

@@ -10,13 +10,13 @@ import numpy as np
 
 from . import _C
 from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
+from ._optable import instr, output
 
 Tensor = _C.Tensor
 
 __all__ = ["tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange",
            "rand", "randn", "empty_like", "zeros_like", "ones_like", "full_like"]
 
-_OP = _C.OPCODES
 
 
 def _device_str(device: Any) -> str:
@@ -186,8 +186,7 @@ def _fill(t: Tensor, value: float) -> None:
     # fp64 register for every float format but fp32: narrow formats then round once,
     # directly from the double (no double rounding through fp32)
     f64 = t._dtype_name not in ("float32", "bool")  # int32 too: > 2^24 is inexact in fp32
-    prog = _C.Program([(_OP["const"], int(f64), 0, 0, 0, 0, 0, -1, -1, -1, 0, value)], 1,
-                      [(0, 0, 1, 0)], 0)
+    prog = _C.Program([instr("const", f64, 0, imm=value)], 1, [output(0)], 0)
     prog.run([], [t])
 
 
@@ -250,9 +249,9 @@ def _random(shape: tuple, kind: str, seed: int, dtype: Any, device: Any) -> Tens
     if not isinstance(seed, int) or seed < 0 or seed >= 2**64:
         raise ValueError("seed must be an integer in [0, 2**64)")
     t = _C.empty(_shape_arg(shape), dt.name, _device_str(device))
-    op = _OP["rand_uniform"] if kind == "rand" else _OP["rand_normal"]
+    op = "rand_uniform" if kind == "rand" else "rand_normal"
     mode = 1 if kind == "rand" else 0  # uniform: round toward zero, so 1.0 never appears
-    prog = _C.Program([(op, 1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0.0)], 1, [(0, mode, 1, 0)], seed)
+    prog = _C.Program([instr(op, True, 0)], 1, [output(0, mode)], seed)
     prog.run([], [t])
     return t
 

@@ -13,17 +13,18 @@ from typing import Any
 
 from . import _C
 from ._dtype import as_dtype, bool_, dtype, float32, int64, promote_types
+from ._optable import names
 
-UNARY_FLOAT = ("exp", "log", "sigmoid", "silu", "tanh", "gelu", "gelu_tanh", "sqrt", "rsqrt",
-               "reciprocal", "cos", "sin", "erf")
-UNARY_SIGNED = ("neg", "abs", "square")
-BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum", "pow")
-COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-ELEMENTWISE = set(UNARY_FLOAT + UNARY_SIGNED + BINARY_ARITH + COMPARE + ("fma", "where", "astype"))
+# Op categories, from the op table (ops/op_table.h).
+UNARY_FLOAT = names("unary_float")
+UNARY_SIGNED = names("unary_signed")
+BINARY_ARITH = names("binary")
+COMPARE = names("compare")
+TERNARY = names("ternary")
+CONDITIONAL = names("conditional")
+ELEMENTWISE = set(names("unary_float", "unary_signed", "binary", "compare", "ternary",
+                        "conditional") + ("astype",))
 VIEW_OPS = ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze")
-
-# op name in the graph -> opcode name in ops/scalar/ops.h
-OPCODE = {"gelu": "gelu_erf", "gelu_tanh": "gelu_tanh"}
 
 
 class Node:
@@ -242,7 +243,7 @@ def elementwise(op: str, args: list[Node], attrs: dict | None = None) -> Node:
             raise TypeError(f"{op} is not supported for {d.name} tensors in castlab "
                             "(castlab computes floating-point ops; cast with .astype(cl.float32))")
         out = d
-    elif op in BINARY_ARITH or op == "fma":
+    elif op in BINARY_ARITH or op in TERNARY:
         rt = result_type(args)
         if not rt.is_floating_point:
             if op == "div":
@@ -254,10 +255,10 @@ def elementwise(op: str, args: list[Node], attrs: dict | None = None) -> Node:
     elif op in COMPARE:
         result_type(args)  # validates promotion
         out = bool_
-    elif op == "where":
+    elif op in CONDITIONAL:
         cond = args[0]
         if cond.op == "scalar" or cond.dtype is not bool_:
-            raise TypeError("where: the condition must be a bool tensor (e.g. from a comparison)")
+            raise TypeError(f"{op}: the condition must be a bool tensor (e.g. from a comparison)")
         out = result_type(args[1:])
     elif op == "astype":
         out = as_dtype(attrs["dtype"])

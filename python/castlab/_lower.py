@@ -19,12 +19,11 @@ from typing import Any
 
 from . import _C
 from ._dtype import _BY_CODE, as_dtype, bool_, dtype, float32, float64, int64
-from ._graph import COMPARE, OPCODE, Node
+from ._graph import COMPARE, Node
+from ._optable import OPCODE, ROUND_MODES, instr, output
 from .policy import Math, Policy
 
-OP = _C.OPCODES
-K_ROUND, K_TOF64, K_TOF32, K_LOAD, K_CONST = (OP["round"], OP["to_f64"], OP["to_f32"],
-                                              OP["load"], OP["const"])
+K_ROUND = OPCODE["round"]
 
 
 # ---------------------------------------------------------------- expressions
@@ -408,9 +407,9 @@ class Lowering:
         specs = []
         for r, m in zip(regs, metas):
             if m is None:
-                specs.append((r, 0, 1, 0))
+                specs.append(output(r))
             else:
-                specs.append((r, self.policy.rounding_code, int(self.policy.saturate), m))
+                specs.append(output(r, self.policy.rounding_code, int(self.policy.saturate), m))
         if any(isinstance(e, Scalar) for e in exprs):
             raise ValueError("an output that is a plain Python number is not supported")
         prog = _C.Program(b.code, b.nregs, specs, self.policy.seed)
@@ -437,23 +436,25 @@ class ProgramBuilder:
     def elide_final_round(self, reg: int, out: Leaf) -> int:
         """A deterministic rounding to the output's own dtype right before the store is
         done by the store itself: skip the separate step (same bits, less work)."""
-        ins = next((i for i in self.code if i[6] == reg), None)
-        if ins is None or ins[0] != K_ROUND or ins[4] == 2 or ins[3] != _dtype_code(out.t):
+        ins = next((i for i in self.code if i.dst == reg), None)
+        if (ins is None or ins.op != K_ROUND or ins.mode == ROUND_MODES["stochastic"]
+                or ins.dtype != _dtype_code(out.t)):
             return reg
-        if self.low.policy.rounding_code != ins[4]:
+        if self.low.policy.rounding_code != ins.mode:
             return reg
-        if any(reg in (i[7], i[8], i[9]) for i in self.code):
+        if any(reg in (i.a, i.b, i.c) for i in self.code):
             return reg
         self.code.remove(ins)
-        return ins[7]
+        return ins.a
 
     def new(self) -> int:
         self.nregs += 1
         return self.nregs - 1
 
-    def ins(self, op: int, f64: bool, dst: int, a=-1, b=-1, c=-1, var=0, dtype=0, mode=0,
+    def ins(self, op: str, f64: bool, dst: int, a=-1, b=-1, c=-1, var=0, dtype=0, mode=0,
             sat=0, aux=0, imm=0.0):
-        self.code.append((op, int(f64), var, dtype, mode, sat, dst, a, b, c, aux, float(imm)))
+        self.code.append(instr(op, f64, dst, a, b, c, var=var, dtype=dtype, mode=mode,
+                               saturate=sat, aux=aux, imm=imm))
 
     def value(self, e) -> int:
         self._count_uses(e)
@@ -482,7 +483,7 @@ class ProgramBuilder:
                 f64 = (self.low.policy.compute is float64) or (
                     self.low.policy.compute is None and code in (float64.code, int64.code))
                 reg = self.new()
-                self.ins(K_LOAD, f64, reg, dtype=code, aux=len(self.leaves))
+                self.ins("load", f64, reg, dtype=code, aux=len(self.leaves))
                 self.leaves.append(e)
                 r = (reg, f64)
                 self._leaf_regs[key] = r
@@ -499,7 +500,7 @@ class ProgramBuilder:
             r = self._conv.get(key)
             if r is None:
                 r = self.new()
-                self.ins(K_CONST, f64, r, imm=float(e.value))
+                self.ins("const", f64, r, imm=float(e.value))
                 self._conv[key] = r
             return r
         reg, is64 = self._value(e)
@@ -509,7 +510,7 @@ class ProgramBuilder:
         r = self._conv.get(key)
         if r is None:
             r = self.new()
-            self.ins(K_TOF64 if f64 else K_TOF32, f64, r, a=reg)
+            self.ins("to_f64" if f64 else "to_f32", f64, r, a=reg)
             self._conv[key] = r
         return r
 
@@ -534,12 +535,11 @@ class ProgramBuilder:
             else:
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
-                opc = OP[OPCODE.get(op, op)]
-                self.ins(opc, f64, out, *(regs + [-1, -1, -1])[:3], var=var)
+                self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
-            self.ins(K_ROUND, f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,
+            self.ins("round", f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,
                      sat=int(low.policy.saturate), aux=node.index + 1)
             out = r
         return (out, f64)
@@ -558,23 +558,23 @@ class ProgramBuilder:
             inv = float(np.float64(1.0) / np.float64(b)) if f64 else float(np.float32(1.0) / np.float32(b))
             a = self.operand(args[0], f64)
             k = self.new()
-            self.ins(K_CONST, f64, k, imm=inv)
+            self.ins("const", f64, k, imm=inv)
             out = self.new()
-            self.ins(OP["mul"], f64, out, a, k)
+            self.ins("mul", f64, out, a, k)
             return out
         if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
                 and float(args[1].value) in (3.0, -2.0) and not f64
                 and node.dtype.name in ("bfloat16", "float16")):
             x = self.operand(args[0], f64)
             sq = self.new()
-            self.ins(OP["mul"], f64, sq, x, x)
+            self.ins("mul", f64, sq, x, x)
             r = self.new()
-            self.ins(K_ROUND, f64, r, a=sq, dtype=node.dtype.code, mode=0, sat=1)
+            self.ins("round", f64, r, a=sq, dtype=node.dtype.code, mode=0, sat=1)
             out = self.new()
             if float(args[1].value) == 3.0:
-                self.ins(OP["mul"], f64, out, r, x)
+                self.ins("mul", f64, out, r, x)
             else:
-                self.ins(OP["reciprocal"], f64, out, r, var=var & 0x3)
+                self.ins("reciprocal", f64, out, r)
             return out
         return None
 
@@ -593,19 +593,19 @@ class ProgramBuilder:
             c = self.operand(y, f64)
             if op == "sub":
                 n = self.new()
-                self.ins(OP["neg"], f64, n, a=c)
+                self.ins("neg", f64, n, a=c)
                 c = n
         elif is_mul(y):
             ma, mb = (self.operand(a, f64) for a in y.args)
             c = self.operand(x, f64)
             if op == "sub":
                 n = self.new()
-                self.ins(OP["neg"], f64, n, a=ma)
+                self.ins("neg", f64, n, a=ma)
                 ma = n
         else:
             return None
         out = self.new()
-        self.ins(OP["fma"], f64, out, ma, mb, c)
+        self.ins("fma", f64, out, ma, mb, c)
         return out
 
 

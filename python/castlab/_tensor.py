@@ -10,6 +10,7 @@ import numpy as np
 from . import _C, ops
 from ._dtype import as_dtype, dtype
 from ._graph import Proxy
+from ._optable import OPS
 
 Tensor = _C.Tensor
 
@@ -246,15 +247,14 @@ def _install(cls, concrete: bool):
         "transpose": ops.transpose, "unsqueeze": ops.unsqueeze, "squeeze": ops.squeeze,
         "expand": ops.expand, "broadcast_to": ops.broadcast_to, "chunk": ops.chunk,
         "split": ops.split, "contiguous": ops.contiguous, "clone": ops.clone,
-        "neg": ops.neg, "abs": ops.abs, "exp": ops.exp, "log": ops.log, "sigmoid": ops.sigmoid,
-        "silu": ops.silu, "tanh": ops.tanh, "sqrt": ops.sqrt, "rsqrt": ops.rsqrt,
-        "reciprocal": ops.reciprocal, "square": ops.square, "cos": ops.cos, "sin": ops.sin,
-        "erf": ops.erf, "gelu": ops.gelu, "pow": ops.pow, "maximum": ops.maximum,
-        "minimum": ops.minimum, "add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div,
         "select": ops.select,
         "t": lambda self: ops.transpose(self, 0, 1) if len(self.shape) == 2 else self,
         "flatten": lambda self: ops.reshape(self, -1),
     }
+    # Every public elementwise op of the op table is a method too (x.exp(), x.add(y)).
+    for name, fn in ops.ELEMENTWISE_FUNCTIONS.items():
+        if OPS[name].arity <= 2:
+            m.setdefault(name, fn)
     for k, v in m.items():
         setattr(cls, k, v)
     cls.__hash__ = object.__hash__

@@ -8,12 +8,11 @@ bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any, Union
 
 from . import _C
-from ._dtype import as_dtype, bool_, dtype, promote_types
+from ._dtype import as_dtype, dtype, promote_types
 from ._graph import (
     Node,
     Proxy,
@@ -26,7 +25,8 @@ from ._graph import (
     view_node,
 )
 from ._graph import _state as _trace_state
-from ._lower import _norm_vop, apply_view, input_node, lower, view_shape
+from ._lower import _norm_vop, apply_view, input_node, lower
+from ._optable import OPS, OpInfo
 from .policy import Policy, current_math
 
 Tensor = _C.Tensor
@@ -130,33 +130,40 @@ def _run_eager(outs: list[Node], tensors: list) -> list:
 
 # ---------------------------------------------------------------- elementwise ops
 
-def _unary(op: str, doc: str):
-    def f(x: TensorLike) -> TensorLike:
-        return _apply(op, [x])
+_EXAMPLES = {
+    1: ">>> y = cl.{name}(cl.tensor([0.5, 2.0]))",
+    2: ">>> y = cl.{name}(cl.tensor([0.5, 2.0]), 2.0)",
+    3: ">>> y = cl.{name}(cl.tensor([0.5, 2.0]), 2.0, 1.0)",
+}
+_CONDITIONAL_EXAMPLE = """>>> x = cl.tensor([-1.0, 2.0])
+>>> cl.{name}(x > 0, x, 0.0).tolist()
+[0.0, 2.0]"""
 
-    f.__name__ = op
-    f.__qualname__ = op
-    f.__doc__ = doc
+
+def _elementwise_function(info: OpInfo):
+    """The public function of one op-table entry: eager on tensors, recorded when traced."""
+    name = info.name
+    if info.arity == 1:
+        def f(x: TensorLike) -> TensorLike:
+            return _apply(name, [x])
+    elif info.arity == 2:
+        def f(a: TensorLike | Number, b: TensorLike | Number) -> TensorLike:
+            return _apply(name, [a, b])
+    else:
+        def f(a: TensorLike | Number, b: TensorLike | Number,
+              c: TensorLike | Number) -> TensorLike:
+            return _apply(name, [a, b, c])
+    f.__name__ = f.__qualname__ = name
+    example = (_CONDITIONAL_EXAMPLE if info.category == "conditional"
+               else _EXAMPLES[info.arity]).format(name=name)
+    result = "bool" if info.category == "compare" else "computed in op-math, rounded once"
+    f.__doc__ = f"{info.formula} ({result}).\n\n{example}\n"
     return f
 
 
-neg = _unary("neg", "-x, exact.\n\n>>> cl.neg(cl.tensor([1.5])).tolist()\n[-1.5]")
-abs = _unary("abs", "|x|, exact.\n\n>>> cl.abs(cl.tensor([-2.0])).tolist()\n[2.0]")  # noqa: A001
-exp = _unary("exp", "e**x in op-math, rounded once.\n\n>>> cl.exp(cl.zeros(2)).tolist()\n[1.0, 1.0]")
-log = _unary("log", "Natural log.\n\n>>> cl.log(cl.ones(1)).tolist()\n[0.0]")
-sigmoid = _unary("sigmoid", "1 / (1 + exp(-x)) (PyTorch's CUDA formula).\n\n"
-                 ">>> cl.sigmoid(cl.zeros(1)).tolist()\n[0.5]")
-silu = _unary("silu", "x / (1 + exp(-x)) (PyTorch's formula; the Math variant may pick "
-              "x * sigmoid(x)).\n\n>>> cl.silu(cl.zeros(1)).tolist()\n[0.0]")
-tanh = _unary("tanh", "Hyperbolic tangent.\n\n>>> cl.tanh(cl.zeros(1)).tolist()\n[0.0]")
-sqrt = _unary("sqrt", "IEEE square root (correctly rounded in op-math).\n\n"
-              ">>> cl.sqrt(cl.tensor([4.0])).tolist()\n[2.0]")
-rsqrt = _unary("rsqrt", "1 / sqrt(x).\n\n>>> cl.rsqrt(cl.tensor([4.0])).tolist()\n[0.5]")
-reciprocal = _unary("reciprocal", "1 / x.\n\n>>> cl.reciprocal(cl.tensor([4.0])).tolist()\n[0.25]")
-square = _unary("square", "x * x.\n\n>>> cl.square(cl.tensor([3.0])).tolist()\n[9.0]")
-cos = _unary("cos", "Cosine.\n\n>>> cl.cos(cl.zeros(1)).tolist()\n[1.0]")
-sin = _unary("sin", "Sine.\n\n>>> cl.sin(cl.zeros(1)).tolist()\n[0.0]")
-erf = _unary("erf", "Error function.\n\n>>> cl.erf(cl.zeros(1)).tolist()\n[0.0]")
+#: The elementwise functions of the op table (ops/op_table.h), by name.
+ELEMENTWISE_FUNCTIONS: dict[str, Any] = {o.name: _elementwise_function(o)
+                                         for o in OPS.values() if o.public}
 
 
 def gelu(x: TensorLike, approximate: str = "none") -> TensorLike:
@@ -172,52 +179,8 @@ def gelu(x: TensorLike, approximate: str = "none") -> TensorLike:
     raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-def _binary(op: str, doc: str):
-    def f(a: TensorLike | Number, b: TensorLike | Number) -> TensorLike:
-        return _apply(op, [a, b])
-
-    f.__name__ = op
-    f.__qualname__ = op
-    f.__doc__ = doc
-    return f
-
-
-add = _binary("add", "a + b, one rounding.\n\n>>> cl.add(cl.ones(2), 1).tolist()\n[2.0, 2.0]")
-sub = _binary("sub", "a - b.\n\n>>> cl.sub(cl.ones(1), 1).tolist()\n[0.0]")
-mul = _binary("mul", "a * b.\n\n>>> cl.mul(cl.ones(1), 3).tolist()\n[3.0]")
-div = _binary("div", "a / b (true division; IEEE unless the Math variant says otherwise).\n\n"
-              ">>> cl.div(cl.ones(1), 4).tolist()\n[0.25]")
-maximum = _binary("maximum", "Elementwise max, NaN-propagating.\n\n"
-                  ">>> cl.maximum(cl.tensor([1.0]), cl.tensor([2.0])).tolist()\n[2.0]")
-minimum = _binary("minimum", "Elementwise min, NaN-propagating.\n\n"
-                  ">>> cl.minimum(cl.tensor([1.0]), cl.tensor([2.0])).tolist()\n[1.0]")
-pow = _binary("pow", "a ** b (special exponents as PyTorch: 2 -> a*a, 0.5 -> sqrt, ...).\n\n"  # noqa: A001
-              ">>> cl.pow(cl.tensor([3.0]), 2).tolist()\n[9.0]")
-eq = _binary("eq", "a == b (bool).\n\n>>> cl.eq(cl.ones(1), 1).tolist()\n[True]")
-ne = _binary("ne", "a != b (bool).\n\n>>> cl.ne(cl.ones(1), 1).tolist()\n[False]")
-lt = _binary("lt", "a < b (bool).\n\n>>> cl.lt(cl.ones(1), 2).tolist()\n[True]")
-le = _binary("le", "a <= b (bool).\n\n>>> cl.le(cl.ones(1), 1).tolist()\n[True]")
-gt = _binary("gt", "a > b (bool).\n\n>>> cl.gt(cl.ones(1), 2).tolist()\n[False]")
-ge = _binary("ge", "a >= b (bool).\n\n>>> cl.ge(cl.ones(1), 1).tolist()\n[True]")
-
-
-def fma(a: TensorLike | Number, b: TensorLike | Number, c: TensorLike | Number) -> TensorLike:
-    """a * b + c with a single rounding in op-math.
-
-    >>> cl.fma(cl.tensor([2.0]), 3, 1).tolist()
-    [7.0]
-    """
-    return _apply("fma", [a, b, c])
-
-
-def where(cond: TensorLike, a: TensorLike | Number, b: TensorLike | Number) -> TensorLike:
-    """Pick a where cond is True, else b (broadcasting).
-
-    >>> x = cl.tensor([-1.0, 2.0])
-    >>> cl.where(x > 0, x, 0.0).tolist()
-    [0.0, 2.0]
-    """
-    return _apply("where", [cond, a, b])
+ELEMENTWISE_FUNCTIONS["gelu"] = gelu
+globals().update({k: v for k, v in ELEMENTWISE_FUNCTIONS.items() if k != "gelu"})
 
 
 def astype(x: TensorLike, dt: Any) -> TensorLike:
@@ -528,11 +491,9 @@ def copy_(dst, src) -> None:
     plan.run([src], [dst])
 
 
-__all__ = [
-    "neg", "abs", "exp", "log", "sigmoid", "silu", "tanh", "gelu", "sqrt", "rsqrt", "reciprocal",
-    "square", "cos", "sin", "erf", "add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq",
-    "ne", "lt", "le", "gt", "ge", "fma", "where", "astype", "reshape", "view", "permute",
-    "transpose", "unsqueeze", "squeeze", "expand", "broadcast_to", "select", "split", "chunk",
-    "cat", "stack", "contiguous", "clone", "copy_",
-]
-_ = (functools, bool_, view_shape)
+#: Shape and conversion functions (the elementwise ones come from the op table).
+SHAPE_FUNCTIONS = (
+    "astype", "reshape", "view", "permute", "transpose", "unsqueeze", "squeeze", "expand",
+    "broadcast_to", "select", "split", "chunk", "cat", "stack", "contiguous", "clone",
+)
+__all__ = [*ELEMENTWISE_FUNCTIONS, *SHAPE_FUNCTIONS, "copy_"]

@@ -14,6 +14,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._dtype import as_dtype, dtype, float64
+from ._optable import (
+    APPROX_DIV,
+    BITS,
+    IMPL_MASK,
+    MATH_IMPLS,
+    OPS,
+    SIGMOID_EX2,
+    SILU_MUL_SIGMOID,
+    TORCH_CUDA_BITS,
+)
 
 __all__ = ["Policy", "Math", "use_math", "current_math", "as_policy", "as_math"]
 
@@ -143,7 +153,7 @@ def as_policy(p: Any) -> Policy:
     raise TypeError(f"policy must be a name or castlab.Policy, not {type(p).__name__}")
 
 
-_IMPLS = {"portable": 0, "libm": 1, "cuda": 3, "cuda_fast": 2, "fast": 2}
+_IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,57 +220,74 @@ class Math:
             raise ValueError(f"unknown math preset {name!r}; valid: "
                              + ", ".join(_PRESETS)) from None
 
+    def _impl_code(self, cuda: bool) -> int:
+        name = "fast" if self.impl == "cuda_fast" else self.impl
+        if name == "cuda":  # precise CUDA functions; portable ones on the CPU
+            name = "libm" if cuda else "portable"
+        if name == "fast" and not cuda:
+            name = "libm"
+        return MATH_IMPLS[name]
+
     def variant_bits(self, op: str, f64: bool, cuda: bool) -> int:
-        """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op."""
-        impl = _IMPLS[self.impl]
-        if impl == 3:  # "cuda": precise CUDA functions; portable ones on the CPU
-            impl = 1 if cuda else 0
-        if impl == 2 and not cuda:
-            impl = 1
-        bits = impl
-        if op == "silu" and self.silu == "mul_sigmoid":
-            bits |= 0x4
+        """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
+        factors the op table lists for it, so two runs differ in an op's bits exactly
+        when they compute it differently."""
+        f = OPS[op].factors
+        bits = self._impl_code(cuda) if f & IMPL_MASK else 0
+        if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
+            bits |= SILU_MUL_SIGMOID
         if cuda and self.cuda_kernels:
-            if op == "rsqrt":
-                bits |= 0x20
-            if op == "gelu_tanh":
-                bits |= 0x40
+            bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
-            if self.division == "approx" and op in ("div", "silu", "sigmoid", "reciprocal"):
-                bits |= 0x8
-            if self.sigmoid == "ex2_approx" and (op == "sigmoid" or
-                                                  (op == "silu" and self.silu == "mul_sigmoid")):
-                bits |= 0x10
+            if self.division == "approx":
+                bits |= f & APPROX_DIV
+            if self.sigmoid == "ex2_approx" and self._computes_sigmoid(f):
+                bits |= f & SIGMOID_EX2
         return bits
+
+    def _computes_sigmoid(self, factors: int) -> bool:
+        # silu reaches a sigmoid only in its x*sigmoid(x) form
+        return not factors & SILU_MUL_SIGMOID or self.silu == "mul_sigmoid"
 
     def describe_op(self, op: str, cuda: bool) -> str:
         """Human-readable variant of one op, as shown in traces."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
         if impl == "cuda" and not cuda:
             impl = "portable (CPU stand-in for cuda)"
+        info = OPS.get(op)
+        f = info.factors if info is not None else 0
         notes = []
-        if op in ("exp", "log", "sin", "cos", "tanh", "erf", "gelu", "gelu_tanh", "pow"):
+        if f & SILU_MUL_SIGMOID:
+            notes.append(info.formula if self.silu == "div" else "x*sigmoid(x)")
+            notes.append(f"exp={impl}")
+        elif f & SIGMOID_EX2:
+            notes.append(info.formula)
+            notes.append(f"exp={impl}")
+        elif f & IMPL_MASK:
             notes.append(f"impl={impl}")
-        if op == "silu":
-            notes.append("x/(1+exp(-x))" if self.silu == "div" else "x*sigmoid(x)")
-            notes.append(f"exp={impl}")
-        if op == "sigmoid":
-            notes.append("1/(1+exp(-x))")
-            notes.append(f"exp={impl}")
-        uses_div = op in ("div", "reciprocal", "sigmoid") or op == "silu"
-        if uses_div and self.division == "approx":
+        if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
         if cuda and self.cuda_kernels:
-            extra = {"rsqrt": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
-                     "gelu_tanh": "fma inside the formula (nvcc --fmad=true)",
-                     "pow": "x**3, x**-2: inner product in storage dtype (PyTorch's CUDA kernel)",
-                     "div": "by a Python number: x * (1/s) (PyTorch's CUDA kernel)"}.get(op)
-            if extra:
-                notes.append(extra)
-        sig = op == "sigmoid" or (op == "silu" and self.silu == "mul_sigmoid")
-        if sig and self.sigmoid == "ex2_approx":
+            for bit, text in _TORCH_CUDA_NOTES.items():
+                if f & BITS[bit]:
+                    notes.append(text)
+            if op in _TORCH_CUDA_LOWERING:
+                notes.append(_TORCH_CUDA_LOWERING[op])
+        if f & SIGMOID_EX2 and self._computes_sigmoid(f) and self.sigmoid == "ex2_approx":
             notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
         return " ".join(notes)
+
+
+# What Math.cuda_kernels changes, per variant bit and per lowering rule.
+_TORCH_CUDA_NOTES = {
+    "rsqrt_fast": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
+    "fma_in_op": "fma inside the formula (nvcc --fmad=true)",
+    "hardswish_recip6": "x*c*(1/6) (PyTorch's CUDA kernel)",
+}
+_TORCH_CUDA_LOWERING = {
+    "pow": "x**3, x**-2: inner product in storage dtype (PyTorch's CUDA kernel)",
+    "div": "by a Python number: x * (1/s) (PyTorch's CUDA kernel)",
+}
 
 
 _PRESETS = {

@@ -1,3 +1,5 @@
+#include <type_traits>
+
 #include "ops/program.h"
 #include "python/src/bindings.h"
 
@@ -45,52 +47,146 @@ void set_cuda_runner(
 }
 }  // namespace cl
 
+namespace {
+
+template <typename S>
+void set_fields_from_kwargs(S* obj, const py::kwargs& kw, const char* what);
+
+template <>
+void set_fields_from_kwargs(Instr* in, const py::kwargs& kw, const char* what) {
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    bool found = false;
+#define CL_SET_FIELD(f, doc)                     \
+  if (k == #f) {                                 \
+    in->f = item.second.cast<decltype(in->f)>(); \
+    found = true;                                \
+  }
+    CL_INSTR_FIELDS(CL_SET_FIELD)
+#undef CL_SET_FIELD
+    if (!found) throw py::type_error(std::string(what) + ": unknown field '" + k + "'");
+  }
+}
+
+template <>
+void set_fields_from_kwargs(OutputSpec* o, const py::kwargs& kw, const char* what) {
+  for (auto item : kw) {
+    const std::string k = py::str(item.first);
+    bool found = false;
+#define CL_SET_FIELD(f, doc)                   \
+  if (k == #f) {                               \
+    o->f = item.second.cast<decltype(o->f)>(); \
+    found = true;                              \
+  }
+    CL_OUTPUT_FIELDS(CL_SET_FIELD)
+#undef CL_SET_FIELD
+    if (!found) throw py::type_error(std::string(what) + ": unknown field '" + k + "'");
+  }
+}
+
+const char* category_name(cl::OpCategory c) {
+  switch (c) {
+    case cl::kCatInternal: return "internal";
+    case cl::kCatUnaryFloat: return "unary_float";
+    case cl::kCatUnarySigned: return "unary_signed";
+    case cl::kCatBinary: return "binary";
+    case cl::kCatCompare: return "compare";
+    case cl::kCatTernary: return "ternary";
+    case cl::kCatSelect: return "conditional";
+  }
+  return "?";
+}
+
+}  // namespace
+
 void bind_program(py::module_& m) {
+  py::class_<Instr> instr(m, "Instr", "One instruction of a Program (fields as in ops/program.h).");
+  instr
+      .def(py::init([](const py::kwargs& kw) {
+        Instr in;
+        set_fields_from_kwargs(&in, kw, "Instr");
+        return in;
+      }))
+      .def("__repr__", [](const Instr& in) {
+        std::string r = "Instr(";
+        bool first = true;
+#define CL_REPR_FIELD(f, doc)                                             \
+  r += std::string(first ? "" : ", ") + #f "=" +                          \
+       (std::is_floating_point<decltype(in.f)>::value                     \
+            ? std::string(py::str(py::float_(static_cast<double>(in.f)))) \
+            : std::to_string(static_cast<long long>(in.f)));              \
+  first = false;
+        CL_INSTR_FIELDS(CL_REPR_FIELD)
+#undef CL_REPR_FIELD
+        return r + ")";
+      });
+#define CL_BIND_FIELD(f, doc) instr.def_readwrite(#f, &Instr::f, doc);
+  CL_INSTR_FIELDS(CL_BIND_FIELD)
+#undef CL_BIND_FIELD
+
+  py::class_<OutputSpec> outspec(m, "OutputSpec", "How a Program stores one output.");
+  outspec.def(py::init([](const py::kwargs& kw) {
+    OutputSpec o;
+    set_fields_from_kwargs(&o, kw, "OutputSpec");
+    return o;
+  }));
+#define CL_BIND_FIELD(f, doc) outspec.def_readwrite(#f, &OutputSpec::f, doc);
+  CL_OUTPUT_FIELDS(CL_BIND_FIELD)
+#undef CL_BIND_FIELD
+
   py::class_<Program, std::shared_ptr<Program>>(m, "Program")
-      .def(py::init([](const std::vector<py::tuple>& code, int n_regs,
-                       const std::vector<py::tuple>& outputs, uint64_t seed) {
+      .def(py::init([](const std::vector<Instr>& code, int n_regs,
+                       const std::vector<OutputSpec>& outputs, uint64_t seed) {
              auto p = std::make_shared<Program>();
-             for (const auto& t : code) {
-               // (op, f64, var, dtype, mode, saturate, dst, a, b, c, aux, imm)
-               if (t.size() != 12) throw std::invalid_argument("instruction tuple needs 12 fields");
-               Instr in;
-               in.op = t[0].cast<uint8_t>();
-               if (in.op >= cl::kOpCount) throw std::invalid_argument("bad opcode");
-               in.f64 = t[1].cast<uint8_t>();
-               in.var = t[2].cast<uint8_t>();
-               in.dtype = t[3].cast<uint8_t>();
-               in.mode = t[4].cast<uint8_t>();
-               in.saturate = t[5].cast<uint8_t>();
-               in.dst = t[6].cast<int32_t>();
-               in.a = t[7].cast<int32_t>();
-               in.b = t[8].cast<int32_t>();
-               in.c = t[9].cast<int32_t>();
-               in.aux = t[10].cast<int32_t>();
-               in.imm = t[11].cast<double>();
-               for (int32_t r : {in.dst, in.a, in.b, in.c})
-                 if (r >= n_regs) throw std::invalid_argument("register out of range");
-               if (in.dst < 0) throw std::invalid_argument("negative destination register");
-               p->code.push_back(in);
-             }
-             for (const auto& t : outputs) {
-               OutputSpec o;
-               o.reg = t[0].cast<int32_t>();
-               o.mode = t[1].cast<uint8_t>();
-               o.saturate = t[2].cast<uint8_t>();
-               o.salt = t[3].cast<int32_t>();
-               if (o.reg < 0 || o.reg >= n_regs)
-                 throw std::invalid_argument("output register out of range");
-               p->outputs.push_back(o);
-             }
+             p->code = code;
              p->n_regs = n_regs;
+             p->outputs = outputs;
              p->seed = seed;
+             p->validate();
              return p;
            }),
            py::arg("code"), py::arg("n_regs"), py::arg("outputs"), py::arg("seed") = 0)
+      .def_property_readonly("code", [](const Program& p) { return p.code; })
+      .def_property_readonly("outputs", [](const Program& p) { return p.outputs; })
+      .def_property_readonly("n_regs", [](const Program& p) { return p.n_regs; })
+      .def_property_readonly("seed", [](const Program& p) { return p.seed; })
       .def("__str__", &Program::str)
       .def("run", &run_any, py::arg("inputs"), py::arg("outputs"));
 
-  py::dict codes;
-  for (int i = 0; i < cl::kOpCount; ++i) codes[cl::op_name(i)] = i;
-  m.attr("OPCODES") = codes;
+  // The op table, for Python's op lists (castlab._graph).
+  py::list table;
+  for (int i = 0; i < cl::kOpCount; ++i) {
+    const cl::OpInfo& o = cl::op_info(i);
+    py::dict d;
+    d["name"] = o.name;
+    d["opcode"] = i;
+    d["arity"] = o.arity;
+    d["category"] = category_name(o.category);
+    d["factors"] = o.factors;
+    d["cost"] = o.cost;
+    d["public"] = o.py;
+    d["formula"] = o.formula;
+    table.append(d);
+  }
+  m.attr("OP_TABLE") = table;
+
+  py::dict bits;
+  bits["impl_mask"] = static_cast<uint32_t>(cl::kVarImplMask);
+  bits["silu_mul_sigmoid"] = static_cast<uint32_t>(cl::kVarSiluMulSigmoid);
+  bits["approx_div"] = static_cast<uint32_t>(cl::kVarApproxDiv);
+  bits["sigmoid_ex2"] = static_cast<uint32_t>(cl::kVarSigmoidEx2);
+  bits["rsqrt_fast"] = static_cast<uint32_t>(cl::kVarRsqrtFast);
+  bits["fma_in_op"] = static_cast<uint32_t>(cl::kVarFmaInOp);
+  bits["hardswish_recip6"] = static_cast<uint32_t>(cl::kVarHardswishRecip6);
+  m.attr("VARIANT_BITS") = bits;
+  py::dict impls;
+  impls["portable"] = static_cast<int>(cl::kPortable);
+  impls["libm"] = static_cast<int>(cl::kLibm);
+  impls["fast"] = static_cast<int>(cl::kFast);
+  m.attr("MATH_IMPLS") = impls;
+  py::dict modes;
+  modes["nearest"] = static_cast<int>(cl::kNearestEven);
+  modes["toward_zero"] = static_cast<int>(cl::kTowardZero);
+  modes["stochastic"] = static_cast<int>(cl::kStochastic);
+  m.attr("ROUND_MODES") = modes;
 }

@@ -1,0 +1,58 @@
+"""castlab's op table as Python sees it: read from the C++ table (ops/op_table.h) through
+``castlab._C``. No op list is kept on the Python side; categories, variant factors and the
+functions castlab exports all come from here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import _C
+
+
+class OpInfo(NamedTuple):
+    """One entry of the op table."""
+
+    name: str
+    opcode: int
+    arity: int
+    category: str    # internal, unary_float, unary_signed, binary, compare, ternary,
+                     # conditional
+    factors: int     # the VariantBits the op's formula reads
+    cost: int        # rough GPU instructions per element
+    public: bool     # exported as castlab.<name> and Tensor.<name>
+    formula: str
+
+
+TABLE: tuple[OpInfo, ...] = tuple(OpInfo(**d) for d in _C.OP_TABLE)
+OPS: dict[str, OpInfo] = {o.name: o for o in TABLE if o.category != "internal"}
+OPCODE: dict[str, int] = {o.name: o.opcode for o in TABLE}
+
+# Variant bits (ops/scalar/ops.h VariantBits), by name.
+BITS: dict[str, int] = dict(_C.VARIANT_BITS)
+IMPL_MASK = BITS["impl_mask"]
+SILU_MUL_SIGMOID = BITS["silu_mul_sigmoid"]
+APPROX_DIV = BITS["approx_div"]
+SIGMOID_EX2 = BITS["sigmoid_ex2"]
+# Implementation details of PyTorch's eager CUDA kernels (Math.cuda_kernels).
+TORCH_CUDA_BITS = BITS["rsqrt_fast"] | BITS["fma_in_op"] | BITS["hardswish_recip6"]
+MATH_IMPLS: dict[str, int] = dict(_C.MATH_IMPLS)
+ROUND_MODES: dict[str, int] = dict(_C.ROUND_MODES)
+
+
+def names(*categories: str) -> tuple[str, ...]:
+    """Names of the ops in the given categories, in table order."""
+    return tuple(o.name for o in OPS.values() if o.category in categories)
+
+
+def instr(op: str, f64: bool, dst: int, a: int = -1, b: int = -1, c: int = -1, var: int = 0,
+          dtype: int = 0, mode: int = 0, saturate: int = 0, aux: int = 0,
+          imm: float = 0.0):
+    """A ``_C.Instr`` for op `op` (a table name or an internal instruction name)."""
+    return _C.Instr(op=OPCODE[op], f64=int(f64), dst=dst, a=a, b=b, c=c, var=var, dtype=dtype,
+                    mode=mode, saturate=saturate, aux=aux, imm=float(imm))
+
+
+def output(reg: int, mode: int = 0, saturate: int = 1, salt: int = 0):
+    """A ``_C.OutputSpec``: store register `reg`, rounding with `mode`."""
+    return _C.OutputSpec(reg=reg, mode=mode, saturate=saturate, salt=salt)

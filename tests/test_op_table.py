@@ -1,0 +1,149 @@
+"""The op table (ops/op_table.h) and what is derived from it; hardswish, the op added
+through it (its table line, its scalar function, and this file)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import castlab as cl
+import castlab.cuda as clcuda
+from castlab import _C
+from castlab._optable import OPS, TABLE
+
+torch = pytest.importorskip("torch")
+
+
+def test_opcodes_names_and_categories_are_consistent():
+    names = [o.name for o in TABLE]
+    assert len(set(names)) == len(names)
+    assert [o.opcode for o in TABLE] == list(range(len(TABLE)))
+    cats = {o.category for o in TABLE}
+    assert cats == {"internal", "unary_float", "unary_signed", "binary", "compare", "ternary",
+                    "conditional"}
+    for o in TABLE:
+        assert (o.arity == 0) == (o.category == "internal"), o
+        assert o.cost >= 1 or o.category == "internal", o
+
+
+def test_every_public_op_is_exported_and_a_method():
+    for o in OPS.values():
+        if not o.public:
+            continue
+        assert o.name in cl.__all__, o.name
+        f = getattr(cl, o.name)
+        assert f.__name__ == o.name and f.__doc__
+        if o.arity <= 2:
+            assert callable(getattr(cl.Tensor, o.name)), o.name
+    assert "gelu_tanh" not in cl.__all__  # reached through gelu(approximate="tanh")
+
+
+def test_trace_and_describe_come_from_the_table():
+    @cl.jit
+    def f(x):
+        return cl.hardswish(x) * 2
+
+    x = cl.randn(8, dtype=cl.bfloat16)
+    tr = f.trace(x, policy="eager")
+    assert "hardswish(" in tr
+    # a variant factor only shows where the op listens to it
+    m = cl.Math(silu="mul_sigmoid", sigmoid="ex2_approx")
+    assert m.variant_bits("add", False, True) == 0
+    bits = _C.VARIANT_BITS
+    assert m.variant_bits("silu", False, True) & bits["sigmoid_ex2"]
+    assert not cl.Math(sigmoid="ex2_approx").variant_bits("silu", False, True) & bits["sigmoid_ex2"]
+    assert cl.Math.preset("torch_eager").variant_bits("hardswish", False, True) == \
+        bits["hardswish_recip6"]
+    assert cl.Math.preset("torch_eager").variant_bits("hardswish", False, False) == 0
+
+
+def test_instr_and_program_have_named_fields_and_are_checked():
+    i = _C.Instr(op=OPS["exp"].opcode, f64=0, dst=1, a=0, var=1)
+    assert (i.op, i.dst, i.a, i.b, i.var) == (OPS["exp"].opcode, 1, 0, -1, 1)
+    assert "dst=1" in repr(i)
+    with pytest.raises(TypeError, match="unknown field 'dest'"):
+        _C.Instr(dest=1)
+    load = _C.Instr(op=_C.OP_TABLE[0]["opcode"], dst=0, dtype=1)  # load input 0
+    out = _C.OutputSpec(reg=1)
+    p = _C.Program([load, i], 2, [out])
+    assert [c.op for c in p.code] == [load.op, i.op] and p.outputs[0].reg == 1
+    with pytest.raises(ValueError, match="out of range"):
+        _C.Program([load, _C.Instr(op=i.op, dst=5, a=0)], 2, [out])
+    with pytest.raises(ValueError, match="unknown opcode"):
+        _C.Program([_C.Instr(op=250, dst=0)], 1, [_C.OutputSpec(reg=0)])
+    with pytest.raises(ValueError, match="needs 2 operands"):
+        _C.Program([load, _C.Instr(op=OPS["add"].opcode, dst=1, a=0)], 2, [out])
+    with pytest.raises(ValueError, match="unknown dtype code"):
+        _C.Program([_C.Instr(op=load.op, dst=0, dtype=99)], 1, [_C.OutputSpec(reg=0)])
+
+
+# ---------------------------------------------------------------- hardswish vs PyTorch
+
+def _patterns(tdt):
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    return bits.view(tdt)
+
+
+def _same_bits(a, b) -> int:
+    """Number of elements whose bits differ (any NaN matches any NaN)."""
+    a, b = a.cpu(), b.cpu()
+    nan = torch.isnan(a) & torch.isnan(b)
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return int(((a.view(width) != b.view(width)) & ~nan).sum())
+
+
+def _specials(t):
+    t[:7] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -3.0, 3.0])
+    return t
+
+
+@pytest.mark.parametrize("tdt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_hardswish_exhaustive_vs_torch_cpu(tdt):
+    t = _patterns(tdt)
+    got = torch.from_dlpack(cl.hardswish(cl.from_dlpack(t)))
+    assert _same_bits(got, torch.nn.functional.hardswish(t)) == 0
+
+
+@pytest.mark.parametrize("tdt", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_hardswish_random_strided_vs_torch_cpu(tdt):
+    g = torch.Generator().manual_seed(0)
+    t = _specials(torch.randn(300_001, generator=g, dtype=torch.float64).mul(5).to(tdt))
+    want = torch.nn.functional.hardswish(t)
+    assert _same_bits(torch.from_dlpack(cl.hardswish(cl.from_dlpack(t))), want) == 0
+    assert _same_bits(torch.from_dlpack(cl.hardswish(cl.from_dlpack(t[::3]))), want[::3]) == 0
+
+
+def test_hardswish_fused_and_traced():
+    x = cl.from_dlpack(torch.randn(64, 32).to(torch.bfloat16))
+
+    @cl.jit
+    def f(x):
+        return cl.hardswish(x) * x
+
+    eager = f.run(x, policy="eager")
+    plain = cl.hardswish(x) * x
+    assert np.array_equal(eager.numpy().view(np.uint16), plain.numpy().view(np.uint16))
+    fused = f(x)
+    ref = f.run(x, policy="fp64")
+    assert fused.dtype == cl.bfloat16 and ref.dtype == cl.float64
+    with pytest.raises(TypeError, match="bool"):
+        cl.hardswish(cl.tensor([True]))
+    assert cl.hardswish(cl.tensor([3], dtype=cl.int32)).dtype == cl.float32
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+@pytest.mark.parametrize("tdt", [torch.bfloat16, torch.float16, torch.float32, torch.float64],
+                         ids=["bf16", "f16", "f32", "f64"])
+def test_hardswish_vs_torch_cuda(tdt):
+    if tdt in (torch.bfloat16, torch.float16):
+        t = _patterns(tdt).cuda()
+    else:
+        g = torch.Generator().manual_seed(1)
+        t = _specials(torch.randn(1 << 20, generator=g, dtype=torch.float64).mul(5).to(tdt)).cuda()
+    want = torch.nn.functional.hardswish(t)
+    got = torch.from_dlpack(cl.hardswish(cl.from_dlpack(t)))
+    assert _same_bits(got, want) == 0
+    x = cl.from_dlpack(t)
+    fused = cl.jit(lambda x: cl.hardswish(x))(x)
+    assert _same_bits(torch.from_dlpack(fused), want) == 0
