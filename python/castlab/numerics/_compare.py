@@ -63,10 +63,12 @@ class Comparison:
 
     @property
     def values(self) -> dict:
+        """``{name: float64 NumPy array}``: each result (broadcast to the common shape)."""
         return {n: v.f64 for n, v in zip(self.names, self._vals)}
 
     @property
     def ref_values(self):
+        """The reference as a float64 NumPy array (None without a reference)."""
         return None if self._ref is None else self._ref.f64
 
     def __getitem__(self, name) -> dict:
@@ -87,7 +89,17 @@ class Comparison:
                              rtol: float | None = None, atol: float | None = None) -> str | None:
         """The ``torch.testing.assert_close`` message for result `i` (index or name)
         against the first result (``against="first"``) or the reference
-        (``against="ref"``), with PyTorch's default tolerances; None when close."""
+        (``against="ref"``), with PyTorch's default tolerances; None when close.
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> c = nm.compare(cl.tensor([1.0, 2.0]), cl.tensor([1.0, 2.5]), names=["a", "b"])
+        >>> print(c.assert_close_message("b"))
+        Tensor-likes are not close!
+        <BLANKLINE>
+        Mismatched elements: 1 / 2 (50.0%)
+        Greatest absolute difference: 0.5 at index (1,) (up to 1e-05 allowed)
+        Greatest relative difference: 0.25 at index (1,) (up to 1.3e-06 allowed)
+        """
         k = self._index(i)
         if against == "first":
             exp = self._vals[0]
@@ -101,7 +113,13 @@ class Comparison:
 
     def to_dict(self) -> dict:
         """``{name: {metric: value}}`` with plain Python values; ``same`` is a bool
-        (None for the baseline) and ``same_detail`` the verdict's explanation."""
+        (None for the baseline) and ``same_detail`` the verdict's explanation.
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> d = nm.compare(cl.tensor([1.0, 2.0]), cl.tensor([1.0, 2.5]), names=["a", "b"]).to_dict()
+        >>> d["a"]["same"], d["b"]["same"], d["b"]["same_detail"]
+        (None, False, 'FAIL (not allclose (tol=0.0001); no fp64 reference)')
+        """
         out = {}
         for n, r in zip(self.names, self.rows):
             d = dict(r)
@@ -112,7 +130,13 @@ class Comparison:
         return out
 
     def to_frame(self):
-        """The table as a pandas DataFrame (index: result names)."""
+        """The table as a pandas DataFrame (index: result names).
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> df = nm.compare(cl.tensor([1.0, 2.0]), cl.tensor([1.0, 2.5]), names=["a", "b"]).to_frame()
+        >>> list(df.index), df["mismatches"].tolist()
+        (['a', 'b'], [0, 1])
+        """
         import pandas as pd
 
         return pd.DataFrame.from_dict(self.to_dict(), orient="index")

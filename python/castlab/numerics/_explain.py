@@ -186,6 +186,17 @@ class Explanation:
     of dicts: node label, then per combination the value, exact decimal and hex bits),
     ``outcomes`` (per combination: value before rounding, rounded output, position
     relative to the midpoint, direction, correct or not), ``why`` (str).
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> @cl.jit
+    ... def swiglu(x):
+    ...     a, b = cl.chunk(x, 2, dim=-1)
+    ...     return cl.silu(a) * b
+    >>> e = nm.explain(swiglu, (cl.rand(8, 8, seed=0, dtype=cl.bfloat16),), (1, 2))
+    >>> e.dtype.name, e.lo <= e.exact <= e.hi, e.correctly_rounded
+    ('bfloat16', True, 0.181640625)
+    >>> e.why.startswith("the exact value 0.18154408107851546794")
+    True
     """
 
     def __init__(self, **kw):
@@ -258,6 +269,17 @@ class Explanation:
         return "".join(h)
 
     def to_dict(self) -> dict:
+        """The explanation as plain Python values (dtypes by name), e.g. for JSON.
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> @cl.jit
+        ... def swiglu(x):
+        ...     a, b = cl.chunk(x, 2, dim=-1)
+        ...     return cl.silu(a) * b
+        >>> d = nm.explain(swiglu, (cl.rand(8, 8, seed=0, dtype=cl.bfloat16),), (1, 2)).to_dict()
+        >>> d["index"], d["dtype"], [o["label"] for o in d["outcomes"]]
+        ((1, 2), 'bfloat16', ['eager/torch_eager', 'fused/torch_eager'])
+        """
         return {"index": self.index, "dtype": self.dtype.name, "exact": self.exact, "lo": self.lo,
                 "hi": self.hi, "midpoint": self.midpoint,
                 "correctly_rounded": self.correctly_rounded,
@@ -303,8 +325,17 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
     ...     a, b = cl.chunk(x, 2, dim=-1)
     ...     return cl.silu(a) * b
     >>> x = cl.rand(8, 8, seed=0, dtype=cl.bfloat16)
-    >>> print(nm.explain(swiglu, (x,), (1, 2), policies="fused",
-    ...                  maths=("inductor", "transformer_engine")))   # doctest: +SKIP
+    >>> e = nm.explain(swiglu, (x,), (1, 2), policies="fused",
+    ...                maths=("inductor", "transformer_engine"))
+    >>> [(o.label, o.direction, o.correct) for o in e.outcomes]
+    [('fused/inductor', 'up', True), ('fused/transformer_engine', 'up', True)]
+    >>> print(e)                                             # doctest: +ELLIPSIS
+    castlab explain: swiglu at output index (1, 2)
+    output %3 = mul(%2, %1)  bfloat16 at (1, 2)
+      exact (fp64 reference)   0.18154408107851546794186958777572726830840110778808593...
+      bf16 neighbours           0.1806640625 (0x3E39)  and  0.181640625 (0x3E3A)
+      midpoint                 0.18115234375
+    ...
     """
     jf = _as_jit(fn)
     args = _bind_args(args)
@@ -442,7 +473,15 @@ def _why(outcomes, exact, lo, hi, mid, cr, odt) -> str:
 
 @dataclasses.dataclass
 class Divergence:
-    """The first node at which the policy/math combinations' values differ."""
+    """The first node at which the policy/math combinations' values differ
+    (:attr:`Drift.first_divergence`).
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
+    >>> fd = nm.drift(sw, (cl.randn(32, 32, seed=0, dtype=cl.bfloat16),)).first_divergence
+    >>> fd.op, fd.mismatches, fd.numel, fd.combos
+    ('silu', 512, 512, ('fused/torch_eager',))
+    """
 
     index: int        # node.index in the trace (-1 for the output row)
     op: str
@@ -459,7 +498,16 @@ class Divergence:
 class Drift:
     """Result of :func:`drift`: ``rows`` (one dict per node and combination: node, op,
     dtype, combo, max_ulp, mean_ulp, rel_rmse, correctly_rounded), ``first_divergence``
-    (:class:`Divergence` or None), ``combos`` (labels); ``to_frame()``, text and HTML."""
+    (:class:`Divergence` or None), ``combos`` (labels); ``to_frame()``, text and HTML.
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
+    >>> d = nm.drift(sw, (cl.randn(32, 32, seed=0, dtype=cl.bfloat16),))
+    >>> d.combos
+    ['eager/torch_eager', 'fused/torch_eager']
+    >>> [r["correctly_rounded"] for r in d.rows if r["op"] == "output"]
+    [0.740234375, 1.0]
+    """
 
     def __init__(self, fn_name, combos, rows, first_divergence, node_labels):
         self.fn_name = fn_name
@@ -469,11 +517,27 @@ class Drift:
         self.node_labels = node_labels
 
     def to_frame(self):
+        """The rows as a pandas DataFrame (one row per node and combination).
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
+        >>> df = nm.drift(sw, (cl.randn(32, 32, seed=0, dtype=cl.bfloat16),)).to_frame()
+        >>> df.shape, list(df.columns[:5])
+        ((6, 9), ['node', 'index', 'op', 'dtype', 'combo'])
+        """
         import pandas as pd
 
         return pd.DataFrame(self.rows)
 
     def to_dict(self) -> dict:
+        """The result as plain Python values (combos, rows, first_divergence), e.g. for JSON.
+
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
+        >>> d = nm.drift(sw, (cl.randn(32, 32, seed=0, dtype=cl.bfloat16),)).to_dict()
+        >>> d["first_divergence"]["label"], len(d["rows"])
+        ('%2 = silu(%0)', 6)
+        """
         return {"combos": list(self.combos), "rows": [dict(r) for r in self.rows],
                 "first_divergence": None if self.first_divergence is None
                 else dataclasses.asdict(self.first_divergence)}

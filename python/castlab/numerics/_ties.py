@@ -26,7 +26,16 @@ __all__ = ["near_ties", "NearTies", "TieSplit"]
 # ================================================================ near ties
 
 class TieSplit(NamedTuple):
-    """Mismatches of two results inside vs outside a near-tie set."""
+    """Mismatches of two results inside vs outside a near-tie set, from
+    :meth:`NearTies.mismatch_rate`.
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> s = nm.TieSplit(inside_mismatches=1, inside_count=2, outside_mismatches=0, outside_count=1)
+    >>> s.inside_rate, s.outside_rate, s.share_inside
+    (0.5, 0.0, 1.0)
+    >>> print(s)
+    near ties: 1/2 mismatched (50%); elsewhere: 0/1 (0%); 100% of mismatches are near ties
+    """
 
     inside_mismatches: int
     inside_count: int
@@ -61,6 +70,14 @@ class NearTies:
     distance of the exact value from the nearest rounding midpoint, in ulps of `dtype`;
     positive = above the midpoint in magnitude), ``count``, ``fraction``, ``dtype``,
     ``within``.
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> r = cl.tensor([1 + 2**-8, 1 + 2**-8 + 2**-20, 1.25], dtype=cl.float64)
+    >>> nt = nm.near_ties(r, cl.bfloat16, within=0.01)
+    >>> nt.count, nt.distance.tolist()
+    (2, [0.0, 0.0001220703125, -0.5])
+    >>> print(nt)
+    2 of 3 elements (66.67%) lie within 0.01 ulp of a bfloat16 rounding midpoint
     """
 
     def __init__(self, mask: np.ndarray, dist: np.ndarray, dt: dtype, within: float, device: str):
@@ -89,7 +106,13 @@ class NearTies:
     def mismatch_rate(self, a: Any, b: Any) -> TieSplit:
         """Split the mismatches between results `a` and `b` into inside vs outside.
 
-        >>> # nt = nm.near_ties(ref, cl.bfloat16, within=0.01); print(nt.mismatch_rate(y1, y2))
+        >>> import castlab as cl, castlab.numerics as nm
+        >>> r = cl.tensor([1 + 2**-8, 1 + 2**-8 + 2**-20, 1.25], dtype=cl.float64)
+        >>> nt = nm.near_ties(r, cl.bfloat16, within=0.01)
+        >>> y1 = cl.tensor([1.0, 1.0078125, 1.25], dtype=cl.bfloat16)
+        >>> y2 = cl.tensor([1.0078125, 1.0078125, 1.25], dtype=cl.bfloat16)
+        >>> nt.mismatch_rate(y1, y2)
+        TieSplit(inside_mismatches=1, inside_count=2, outside_mismatches=0, outside_count=1)
         """
         va, vb = _float_val(a, "a"), _float_val(b, "b")
         _check_devices([va, vb], ["a", "b"])

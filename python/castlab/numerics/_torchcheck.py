@@ -132,7 +132,16 @@ def assert_close_message(actual: Any, expected: Any, *, rtol: float | None = Non
 @dataclasses.dataclass
 class SameVerdict:
     """PyTorch's ``torch._dynamo.utils.same(baseline, result, fp64_ref)`` outcome, with
-    the numbers behind it."""
+    the numbers behind it; truthy when it passes. Returned by :func:`same` and in the
+    ``same`` column of :func:`compare`.
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> v = nm.same(cl.tensor([1.0, 2.0]), cl.tensor([1.0, 2.5]))
+    >>> bool(v), v.reason
+    (False, 'not allclose (tol=0.0001); no fp64 reference')
+    >>> print(v)
+    FAIL (not allclose (tol=0.0001); no fp64 reference)
+    """
 
     passed: bool
     reason: str                    # "allclose", "rmse", "dtype mismatch", ...
