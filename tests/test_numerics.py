@@ -13,6 +13,7 @@ import pytest
 
 import castlab as cl
 from castlab import numerics as nm
+from castlab.numerics import _formats as nmf  # private helpers: _fmt, _round_np, _Val
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
 
@@ -43,7 +44,7 @@ def ref_round(r: float, table: np.ndarray, dt, saturate: bool) -> float:
     if i < len(finite) and finite[i] == r:
         return r
     if i == 0 or i == len(finite):  # beyond the largest finite value
-        fr = nm._fmt(dt)
+        fr = nmf._fmt(dt)
         umax = math.ldexp(1.0, fr.emax - fr.p)
         thr = Fraction(mx) + Fraction(umax) / 2
         a = Fraction(abs(r))
@@ -196,7 +197,7 @@ def test_round_to_vs_exact_rationals(dt):
     r = np.concatenate([rng.uniform(finite[0], finite[-1], 700), mids, np.nextafter(mids, np.inf),
                         np.nextafter(mids, -np.inf), finite[-1] * np.array([1.01, 1.03, 1.2, -1.04])])
     for sat in (True, False):
-        got = nm._round_np(r, nm._fmt(dt), saturate=sat)
+        got = nmf._round_np(r, nmf._fmt(dt), saturate=sat)
         want = np.array([ref_round(float(x), table, dt, sat) for x in r])
         np.testing.assert_array_equal(got, want)
 
@@ -485,7 +486,7 @@ def test_bad_inputs():
         nm.compare(cl.zeros(3), ref=cl.zeros(3, dtype=cl.bfloat16))
     with pytest.raises(ValueError, match="less precise"):
         nm.ulp_error(cl.zeros(3, dtype=cl.bfloat16), cl.zeros(3, dtype=cl.float16))
-    fake_gpu = nm._Val(np.zeros((3, 4), ml_dtypes.bfloat16), cl.bfloat16, "cuda:0")
+    fake_gpu = nmf._Val(np.zeros((3, 4), ml_dtypes.bfloat16), cl.bfloat16, "cuda:0")
     with pytest.raises(ValueError, match="different devices"):
         nm.compare(a, fake_gpu)
     with pytest.raises(TypeError, match="expected a castlab"):

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .numerics import Comparison, Drift, compare, ulp
+
 __all__ = ["ulp_histogram", "error_vs_magnitude", "drift_chart"]
 
 
@@ -60,8 +62,6 @@ def ulp_histogram(*results: Any, ref: Any = None, names: Any = None, bins: int =
 
     >>> fig = ulp_histogram(y_eager, y_fused, ref=y_ref, names=["eager", "fused"])  # doctest: +SKIP
     """
-    from .numerics import Comparison, compare
-
     if len(results) == 1 and isinstance(results[0], Comparison):
         c = results[0]
     else:
@@ -96,8 +96,6 @@ def error_vs_magnitude(result: Any, ref: Any, *, name: str | None = None, ulp_li
 
     >>> fig = error_vs_magnitude({"eager": y_eager, "fused": y_fused}, y_ref)  # doctest: +SKIP
     """
-    from .numerics import _float_val, _fmt, _ulp_np, compare
-
     items = result.items() if isinstance(result, dict) else [(name or "result", result)]
     c = compare(*[v for _, v in items], ref=ref, names=[k for k, _ in items])
     r = np.abs(c.ref_values).reshape(-1)
@@ -115,8 +113,7 @@ def error_vs_magnitude(result: Any, ref: Any, *, name: str | None = None, ulp_li
         pos = r[(r > 0) & np.isfinite(r)]
         if pos.size:
             xs = np.geomspace(pos.min(), pos.max(), 400)
-            f = _fmt(_float_val(next(iter(items))[1], "result").dt)
-            u = _ulp_np(xs, f)
+            u = ulp(xs, c[0]["dtype"]).numpy()  # ulps of the first result's dtype
             ax.plot(xs, 0.5 * u, color="gray", linestyle=":", linewidth=1, label="0.5 ulp")
             ax.plot(xs, u, color="gray", linestyle="--", linewidth=1, label="1 ulp")
     ax.set_xscale("log")
@@ -136,8 +133,6 @@ def drift_chart(drift_result: Any, *, metric: str = "max_ulp"):
 
     >>> fig = drift_chart(nm.drift(swiglu, (x,)))  # doctest: +SKIP
     """
-    from .numerics import Drift
-
     if not isinstance(drift_result, Drift):
         raise TypeError(f"drift_chart takes the result of castlab.numerics.drift(), got "
                         f"{type(drift_result).__name__}")
