@@ -1,5 +1,7 @@
 // The CUDA executor: runs a Program as one generated kernel on castlab's stream of the
 // operands' device (asynchronously), and copies tensors between devices.
+#include "ops/cuda/executor.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -10,6 +12,7 @@
 
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
+#include "ops/cuda/kernel_cache.h"
 #include "ops/program.h"
 
 namespace cl {

@@ -2,6 +2,8 @@
 // driver until called, so importing castlab works without a GPU or CUDA libraries.
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
+#include "ops/cuda/executor.h"
+#include "ops/cuda/kernel_cache.h"
 #include "python/src/bindings.h"
 
 namespace cu = cl::cuda;
