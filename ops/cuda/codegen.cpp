@@ -40,6 +40,7 @@ struct Out {
   const std::string& str() const { return s; }
 };
 
+// The C++ type a dtype is stored as (kernel parameters and loads/stores).
 const char* raw_type(int dt) {
   switch (dt) {
     case kFloat64: return "double";
