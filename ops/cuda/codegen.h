@@ -1,22 +1,21 @@
-// Program -> CUDA C++ source, and the kernel cache (memory + disk) that compiles it with
-// NVRTC. The generated kernel evaluates one output element per (vector) lane with one
-// line per Program instruction, calling the same scalar functions (ops/scalar/ops.h,
-// core/convert.h, core/rng.h) the CPU interpreter calls; those headers are handed to
-// NVRTC verbatim from the embedded copies.
+// Program -> CUDA C++ source. The generated kernel evaluates one output element per
+// (vector) lane with one line per Program instruction, calling the same scalar functions
+// (ops/scalar/ops.h, core/convert.h, core/rng.h) the CPU interpreter calls; those headers
+// and the device prelude (ops/cuda/prelude.cuh) are handed to NVRTC verbatim from the
+// embedded copies. Compiling and caching: kernel_cache.h; launching: executor.h.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "core/cuda/driver.h"
 #include "ops/program.h"
 
 namespace cl {
 namespace cuda {
 
 // Threads per block of every generated kernel (its __launch_bounds__ and the launch).
-// 128, as PyTorch's elementwise kernels: 256 was 1-3% slower on compute-bound ops.
+// 128, as PyTorch's elementwise kernels (256 measured slower: benchmarks/RESULTS.md).
 constexpr int kThreadsPerBlock = 128;
 
 // How the kernel walks its operands (outputs first, then inputs), decided on the host
@@ -46,34 +45,6 @@ struct GeneratedKernel {
   std::string source;
 };
 GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L);
-
-// ---- kernel cache (kernel_cache.cpp) ----
-struct CompiledKernel {
-  CUfunction fn = nullptr;
-  std::string name;
-};
-// Compiles (or finds in memory / on disk) `source` for device `dev`; throws with the
-// NVRTC log and the source on failure.
-CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source);
-// NVRTC options used for `dev` (for reporting and the cache key).
-std::vector<std::string> nvrtc_options(int dev, bool* ptx_only);
-std::string sha256_hex(const std::string& data);
-struct CacheStats {
-  uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
-  double compile_seconds = 0;
-};
-CacheStats cache_stats();
-std::string cache_dir();
-
-// ---- executor.cpp ----
-void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
-                      const std::vector<Tensor>& outputs);
-// The same on borrowed operands (no Tensor copies: the launch path of cached plans).
-void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n_in,
-                         const Tensor* const* outputs, int n_out);
-// Copies src into dst: same shape and dtype, both contiguous, any pair of devices.
-// Host -> device returns once the source is staged; device -> host waits for the data.
-void copy_tensor(const Tensor& src, const Tensor& dst);
 
 }  // namespace cuda
 }  // namespace cl

@@ -1,5 +1,7 @@
 // The CUDA executor: runs a Program as one generated kernel on castlab's stream of the
 // operands' device (asynchronously), and copies tensors between devices.
+#include "ops/cuda/executor.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -10,6 +12,7 @@
 
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
+#include "ops/cuda/kernel_cache.h"
 #include "ops/program.h"
 
 namespace cl {
@@ -21,30 +24,20 @@ namespace cuda {
 
 namespace {
 
-// Vectors per lane of a contiguous kernel. Two (each lane's per-lane index work spread
-// over twice the elements, and twice the independent work in flight) when the program
-// costs at least 4 instructions per byte it moves; one otherwise. Measured on the H200
-// at 256M elements (torch time / castlab time, one vector -> two): bf16 log 0.94 -> 1.10,
-// tanh 0.98 -> 1.03, sin 1.00 -> 1.13, gelu 1.01 -> 1.09; but memory-bound kernels lose
-// about 1% (bf16 neg and exp 0.999 -> 0.990, mul 1.039 -> 1.030, every fp32 op 1.010 ->
-// 1.000, fused SwiGLU 103.8% -> 103.4% of copy bandwidth). Four per lane: up to 5% lost
-// on memory-bound kernels. The 32-byte-per-lane alternative (two adjacent vectors, so a
-// warp's accesses are strided) lost 10% on memory-bound bf16 and up to 26% on fp32.
+// Vectors per lane of a contiguous kernel: two (twice the independent work in flight)
+// when the program costs at least 4 instructions per byte it moves, else one; compute-bound
+// kernels gain, memory-bound ones would lose (benchmarks/RESULTS.md, design notes).
 int contig_unroll(const Program& prog, int bytes_per_element) {
   int cost = 0;
   for (const Instr& in : prog.code) cost += instr_cost(in.op, in.var, in.mode);
   return cost >= 4 * bytes_per_element ? 2 : 1;
 }
 
-// Iteration order of the outer dimensions (n-D kernels): a dimension along which an
-// input is broadcast (stride 0) is walked inside the others, so that the lanes that
-// read the same broadcast element run together and find it in L2 (RoPE: cos/sin
-// [seq, d] broadcast over the heads are read once per position for all heads, not
-// once per head after streaming through the whole x). The innermost dimension stays
-// in place (vector loads), and it must span at least a 128-byte line per operand so
-// that the reordered walk still reads and writes whole lines. Only done when the
-// broadcast inputs are large (small ones stay in L2 anyway). The order does not change
-// what is computed: every element's offsets and random-stream index are the same.
+// Iteration order of the outer dimensions (n-D kernels): dimensions along which a large
+// input is broadcast are walked innermost (but for the vector dimension, which must span
+// a 128-byte line per operand), so lanes reading the same broadcast element run together
+// and hit L2 (RoPE; benchmarks/RESULTS.md, design notes). Offsets and random-stream
+// indices are unchanged: only the order differs.
 void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out,
                          std::vector<int64_t>* scratch) {
   const int nd = it->nd;
@@ -212,10 +205,8 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   }
   const bool idx32 = max_off < (int64_t(1) << 31) - (int64_t(1) << 26);
 
-  // Vector width: 16-byte accesses for the narrowest operand where alignment allows.
-  // (Capping transcendental programs at 4 elements per lane was measured slower on the
-  // H200: fused SwiGLU 93.8% -> 84.0% of copy bandwidth, bf16 eager exp/silu/tanh
-  // 0.75-0.89x -> 0.65-0.78x of torch's time.)
+  // Vector width: 16-byte accesses for the narrowest operand where alignment allows,
+  // transcendental programs included (a cap at 4 measured slower: RESULTS.md).
   int vec = std::min(8, 16 / std::max(1, min_isz));
   auto ok_for = [&](int v) {
     if (v <= 1) return true;

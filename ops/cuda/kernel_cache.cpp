@@ -7,6 +7,8 @@
 // <sha256 of the payload>") followed by the payload; it is written to a temporary file and
 // renamed into place, and a file whose header, size or checksum does not match is ignored
 // (and replaced by a fresh compile).
+#include "ops/cuda/kernel_cache.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,8 +23,6 @@
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
-
-#include "ops/cuda/codegen.h"
 
 #ifndef CASTLAB_VERSION
 #define CASTLAB_VERSION "0.0.0"

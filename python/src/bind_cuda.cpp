@@ -2,6 +2,8 @@
 // driver until called, so importing castlab works without a GPU or CUDA libraries.
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
+#include "ops/cuda/executor.h"
+#include "ops/cuda/kernel_cache.h"
 #include "python/src/bindings.h"
 
 namespace cu = cl::cuda;
@@ -143,16 +145,27 @@ void bind_cuda(py::module_& m) {
   m.def("_cuda_sha256", [](const py::bytes& b) { return cu::sha256_hex(std::string(b)); });
   // The source the code generator writes for a program on given operands (debugging and
   // tests; needs no GPU).
-  m.def("_cuda_generate", [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out,
-                             int nd, bool contig, int vec, bool idx32) {
-    cu::KernelLayout L;
-    L.dtypes = dtypes;
-    L.n_out = n_out;
-    L.nd = nd;
-    L.contig = contig;
-    L.vec = vec;
-    L.idx32 = idx32;
-    const cu::GeneratedKernel g = cu::generate_kernel(p, L);
-    return py::make_tuple(g.name, g.source);
-  });
+  // unroll, shape and strides are optional (KernelLayout's fields of the same names: the
+  // contiguous path's vectors per lane, an n-D kernel's static layout).
+  m.def(
+      "_cuda_generate",
+      [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out, int nd, bool contig,
+         int vec, bool idx32, int unroll, const std::vector<int64_t>& shape,
+         const std::vector<int64_t>& strides) {
+        cu::KernelLayout L;
+        L.dtypes = dtypes;
+        L.n_out = n_out;
+        L.nd = nd;
+        L.contig = contig;
+        L.vec = vec;
+        L.idx32 = idx32;
+        L.unroll = unroll;
+        L.shape = shape;
+        L.strides = strides;
+        const cu::GeneratedKernel g = cu::generate_kernel(p, L);
+        return py::make_tuple(g.name, g.source);
+      },
+      py::arg("program"), py::arg("dtypes"), py::arg("n_out"), py::arg("nd"), py::arg("contig"),
+      py::arg("vec"), py::arg("idx32"), py::arg("unroll") = 1,
+      py::arg("shape") = std::vector<int64_t>{}, py::arg("strides") = std::vector<int64_t>{});
 }

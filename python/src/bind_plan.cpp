@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ops/cuda/codegen.h"
+#include "ops/cuda/executor.h"
 #include "ops/program.h"
 #include "python/src/bindings.h"
 

@@ -1,0 +1,22 @@
+// The CUDA executor: runs a Program as one generated kernel on castlab's stream of the
+// operands' device (asynchronously), and copies tensors between devices.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/program.h"
+
+namespace cl {
+namespace cuda {
+
+void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& outputs);
+// The same on borrowed operands (no Tensor copies: the launch path of cached plans).
+void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n_in,
+                         const Tensor* const* outputs, int n_out);
+// Copies src into dst: same shape and dtype, both contiguous, any pair of devices.
+// Host -> device returns once the source is staged; device -> host waits for the data.
+void copy_tensor(const Tensor& src, const Tensor& dst);
+
+}  // namespace cuda
+}  // namespace cl

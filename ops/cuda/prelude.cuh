@@ -1,0 +1,51 @@
+// Device helpers of every generated kernel (ops/cuda/codegen.cpp). Never compiled by the
+// host compiler: embedded as text at build time (CASTLAB_EMBEDDED_HEADERS) and handed to
+// NVRTC, which the generated source asks for with #include "ops/cuda/prelude.cuh".
+#pragma once
+#include "ops/scalar/ops.h"
+
+// clang-format off
+template <int B> struct cl_word;
+template <> struct cl_word<16> { typedef uint4 T; };
+template <> struct cl_word<8> { typedef uint2 T; };
+template <> struct cl_word<4> { typedef unsigned int T; };
+template <> struct cl_word<2> { typedef unsigned short T; };
+template <> struct cl_word<1> { typedef unsigned char T; };
+// clang-format on
+// B bytes in 16-byte (or smaller) words; the caller checked alignment.
+template <int B>
+__device__ __forceinline__ void cl_copy_words(void* dst, const void* src) {
+  constexpr int C = B >= 16 ? 16 : B;
+  typedef typename cl_word<C>::T W;
+#pragma unroll
+  for (int c = 0; c < B / C; ++c) reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
+}
+// N consecutive elements between memory and an array.
+template <typename T, int N>
+__device__ __forceinline__ void cl_vload(T (&dst)[N], const T* src) {
+  cl_copy_words<(int)sizeof(T) * N>(dst, src);
+}
+template <typename T, int N>
+__device__ __forceinline__ void cl_vstore(T* dst, const T (&src)[N]) {
+  cl_copy_words<(int)sizeof(T) * N>(dst, src);
+}
+// N fp16 values widened to float, exactly. The hardware conversion (one instruction each,
+// subnormals kept) unless one of them is a NaN: castlab keeps NaN sign and payload bit for
+// bit (as NumPy), which cl::f16_to_f32 does and the hardware need not (see
+// benchmarks/RESULTS.md, "Design notes from kernel experiments").
+template <int N>
+__device__ __forceinline__ void cl_f16v_to_f32(const unsigned short (&h)[N], float (&f)[N]) {
+  if constexpr (N % 2 == 0) {
+    unsigned int m = 0;
+#pragma unroll
+    for (int c = 0; c < N / 2; ++c)
+      m = __vmaxu2(m, reinterpret_cast<const unsigned int*>(h)[c] & 0x7FFF7FFFu);
+    if (__vmaxu2(m, 0x7C007C00u) == 0x7C007C00u) {  // no magnitude above Inf: no NaN
+#pragma unroll
+      for (int j = 0; j < N; ++j) asm("cvt.f32.f16 %0, %1;" : "=f"(f[j]) : "h"(h[j]));
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) f[j] = cl::f16_to_f32(h[j]);
+}
