@@ -65,7 +65,7 @@ cat "$OUT/smoke.log"
 
 # ---- CUDA tests ----
 t0=$(date +%s)
-$PY -m pytest -m cuda tests/test_cuda.py -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40
+$PY -m pytest -m cuda tests -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40
 echo "cuda tests: $(( $(date +%s) - t0 )) s"
 
 # ---- benchmark ----
