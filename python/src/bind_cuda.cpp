@@ -142,17 +142,51 @@ void bind_cuda(py::module_& m) {
   m.def("_cuda_kernel_cache_dir", [] { return cu::cache_dir(); });
   m.def("_cuda_sha256", [](const py::bytes& b) { return cu::sha256_hex(std::string(b)); });
   // The source the code generator writes for a program on given operands (debugging and
-  // tests; needs no GPU).
-  m.def("_cuda_generate", [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out,
-                             int nd, bool contig, int vec, bool idx32) {
-    cu::KernelLayout L;
-    L.dtypes = dtypes;
-    L.n_out = n_out;
-    L.nd = nd;
-    L.contig = contig;
-    L.vec = vec;
-    L.idx32 = idx32;
-    const cu::GeneratedKernel g = cu::generate_kernel(p, L);
-    return py::make_tuple(g.name, g.source);
+  // tests; needs no GPU). shape/strides (operand-major, nd each): a static n-D layout.
+  m.def(
+      "_cuda_generate",
+      [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out, int nd, bool contig,
+         int vec, bool idx32, int unroll, const std::vector<int64_t>& shape,
+         const std::vector<int64_t>& strides) {
+        cu::KernelLayout L;
+        L.dtypes = dtypes;
+        L.n_out = n_out;
+        L.nd = nd;
+        L.contig = contig;
+        L.vec = vec;
+        L.idx32 = idx32;
+        L.unroll = unroll;
+        L.shape = shape;
+        L.strides = strides;
+        const cu::GeneratedKernel g = cu::generate_kernel(p, L);
+        return py::make_tuple(g.name, g.source);
+      },
+      py::arg("program"), py::arg("dtypes"), py::arg("n_out"), py::arg("nd"), py::arg("contig"),
+      py::arg("vec"), py::arg("idx32"), py::arg("unroll") = 1,
+      py::arg("shape") = std::vector<int64_t>{}, py::arg("strides") = std::vector<int64_t>{});
+  // NVRTC alone (no driver, no GPU): where it was found, its version and architectures.
+  // Raises with advice when NVRTC cannot be loaded.
+  m.def("_nvrtc_info", [] {
+    py::dict info;
+    int a = 0, b = 0;
+    cu::nvrtc_version(&a, &b);
+    info["version"] = py::make_tuple(a, b);
+    info["path"] = cu::nvrtc_path();
+    info["archs"] = cu::nvrtc_supported_archs();
+    return info;
   });
+  // Compiles generated source for `arch` ("sm_90", "compute_90") exactly as the kernel
+  // cache would (same options, same embedded headers) and drops the result: (ok, log).
+  m.def(
+      "_nvrtc_compile_check",
+      [](const std::string& source, const std::string& arch, const std::string& name) {
+        cu::NvrtcCheck c;
+        {
+          py::gil_scoped_release nogil;
+          c = cu::nvrtc_compile_check(source, arch, name);
+        }
+        return py::make_tuple(c.ok, c.log);
+      },
+      py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
+  m.def("_nvrtc_options", &cu::nvrtc_options_for_arch, py::arg("arch"));
 }
