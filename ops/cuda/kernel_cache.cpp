@@ -224,8 +224,13 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
 }
 
-std::string compile(int dev, const std::string& name, const std::string& source,
-                    const std::vector<std::string>& opts, bool ptx_only, std::string* kind) {
+// Compiles `source` with NVRTC, handing it the embedded headers. On success returns true
+// and, unless `image` is null, the CUBIN (or the PTX when ptx_only or when NVRTC cannot
+// give a CUBIN) in *image and its kind in *kind. *log gets NVRTC's log either way; on
+// failure *error names NVRTC's error.
+bool nvrtc_compile(const std::string& name, const std::string& source,
+                   const std::vector<std::string>& opts, bool ptx_only, std::string* image,
+                   std::string* kind, std::string* log, std::string* error) {
   const NvrtcApi& r = nvrtc();
   std::vector<const char*> hnames, htexts;
   for (int i = 0; kEmbeddedHeaders[i].first; ++i) {
@@ -244,32 +249,42 @@ std::string compile(int dev, const std::string& name, const std::string& source,
   res = r.nvrtcCompileProgram(prog, static_cast<int>(o.size()), o.data());
   size_t log_size = 0;
   r.nvrtcGetProgramLogSize(prog, &log_size);
-  std::string log(log_size, '\0');
-  if (log_size) r.nvrtcGetProgramLog(prog, &log[0]);
+  log->assign(log_size, '\0');
+  if (log_size) r.nvrtcGetProgramLog(prog, &(*log)[0]);
+  while (!log->empty() && log->back() == '\0') log->pop_back();
   if (res != 0) {
     r.nvrtcDestroyProgram(&prog);
-    std::string opt_str;
-    for (const auto& s : opts) opt_str += " " + s;
-    throw std::runtime_error("NVRTC failed to compile castlab kernel " + name + " (" +
-                             r.nvrtcGetErrorString(res) + ", options:" + opt_str +
-                             ")\n--- NVRTC log ---\n" + log + "\n--- generated source ---\n" +
-                             source);
+    *error = r.nvrtcGetErrorString(res);
+    return false;
   }
-  std::string out;
-  size_t n = 0;
-  if (!ptx_only && r.nvrtcGetCUBINSize && r.nvrtcGetCUBIN) {
-    r.nvrtcGetCUBINSize(prog, &n);
-    out.resize(n);
-    r.nvrtcGetCUBIN(prog, &out[0]);
-    *kind = "cubin";
-  } else {
-    r.nvrtcGetPTXSize(prog, &n);
-    out.resize(n);
-    r.nvrtcGetPTX(prog, &out[0]);
-    *kind = "ptx";
+  if (image) {
+    size_t n = 0;
+    if (!ptx_only && r.nvrtcGetCUBINSize && r.nvrtcGetCUBIN) {
+      r.nvrtcGetCUBINSize(prog, &n);
+      image->resize(n);
+      r.nvrtcGetCUBIN(prog, &(*image)[0]);
+      *kind = "cubin";
+    } else {
+      r.nvrtcGetPTXSize(prog, &n);
+      image->resize(n);
+      r.nvrtcGetPTX(prog, &(*image)[0]);
+      *kind = "ptx";
+    }
   }
   r.nvrtcDestroyProgram(&prog);
-  (void)dev;
+  return true;
+}
+
+std::string compile(const std::string& name, const std::string& source,
+                    const std::vector<std::string>& opts, bool ptx_only, std::string* kind) {
+  std::string out, log, error;
+  if (!nvrtc_compile(name, source, opts, ptx_only, &out, kind, &log, &error)) {
+    std::string opt_str;
+    for (const auto& s : opts) opt_str += " " + s;
+    throw std::runtime_error("NVRTC failed to compile castlab kernel " + name + " (" + error +
+                             ", options:" + opt_str + ")\n--- NVRTC log ---\n" + log +
+                             "\n--- generated source ---\n" + source);
+  }
   return out;
 }
 
@@ -282,41 +297,71 @@ std::string cache_dir() {
   return "/tmp/castlab-kernels";
 }
 
-std::vector<std::string> nvrtc_options(int dev, bool* ptx_only) {
-  int major = 0, minor = 0;
-  compute_capability(dev, &major, &minor);
-  const int cc = major * 10 + minor;
+std::vector<int> nvrtc_supported_archs() {
   const NvrtcApi& r = nvrtc();
-  bool supported = true;
-  int max_arch = cc;
+  std::vector<int> archs;
   if (r.nvrtcGetNumSupportedArchs && r.nvrtcGetSupportedArchs) {
     int na = 0;
     r.nvrtcGetNumSupportedArchs(&na);
-    std::vector<int> archs(na > 0 ? na : 0);
+    archs.resize(na > 0 ? na : 0);
     if (na > 0) r.nvrtcGetSupportedArchs(archs.data());
-    supported = false;
-    max_arch = 0;
-    for (int a : archs) {
-      if (a == cc) supported = true;
-      if (a > max_arch) max_arch = a;
-    }
-    if (archs.empty()) {
-      supported = true;
-      max_arch = cc;
-    }
   }
-  std::string arch;
-  if (supported) {
-    arch = "--gpu-architecture=sm_" + std::to_string(cc);
-    *ptx_only = false;
-  } else {
-    // NVRTC older than the device: PTX for the newest architecture it knows; the driver
-    // compiles it for the device when the module loads.
-    arch = "--gpu-architecture=compute_" + std::to_string(cc < max_arch ? cc : max_arch);
-    *ptx_only = true;
+  return archs;
+}
+
+std::string nvrtc_arch(int cc, bool* ptx_only) {
+  const std::vector<int> archs = nvrtc_supported_archs();
+  bool supported = archs.empty();  // NVRTC cannot say: assume it knows the device
+  int max_arch = archs.empty() ? cc : 0;
+  for (int a : archs) {
+    if (a == cc) supported = true;
+    if (a > max_arch) max_arch = a;
   }
-  return {"--std=c++17",      arch,          "-default-device", "--ftz=false", "--prec-div=true",
-          "--prec-sqrt=true", "--fmad=false"};
+  *ptx_only = !supported;
+  // NVRTC older than the device: PTX for the newest architecture it knows; the driver
+  // compiles it for the device when the module loads.
+  if (!supported) return "compute_" + std::to_string(cc < max_arch ? cc : max_arch);
+  return "sm_" + std::to_string(cc);
+}
+
+std::vector<std::string> nvrtc_options_for_arch(const std::string& arch) {
+  return {"--std=c++17",     "--gpu-architecture=" + arch, "-default-device", "--ftz=false",
+          "--prec-div=true", "--prec-sqrt=true",           "--fmad=false"};
+}
+
+std::vector<std::string> nvrtc_options(int dev, bool* ptx_only) {
+  int major = 0, minor = 0;
+  compute_capability(dev, &major, &minor);
+  return nvrtc_options_for_arch(nvrtc_arch(major * 10 + minor, ptx_only));
+}
+
+NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
+                               const std::string& name) {
+  // "sm_<n>" (a CUBIN, as the cache builds for a device NVRTC knows) or "compute_<n>"
+  // (PTX, as for a device newer than NVRTC).
+  const bool sm = arch.rfind("sm_", 0) == 0;
+  const size_t digits = sm ? 3 : arch.rfind("compute_", 0) == 0 ? 8 : 0;
+  if (digits == 0 || arch.size() == digits ||
+      arch.find_first_not_of("0123456789", digits) != std::string::npos)
+    throw std::invalid_argument("architecture must be sm_<n> or compute_<n> (e.g. sm_90), not '" +
+                                arch + "'");
+  const int cc = std::stoi(arch.substr(digits));
+  const std::vector<int> archs = nvrtc_supported_archs();
+  if (!archs.empty() && std::find(archs.begin(), archs.end(), cc) == archs.end()) {
+    std::string list;
+    for (int a : archs) list += " " + std::to_string(a);
+    int vmaj = 0, vmin = 0;
+    nvrtc_version(&vmaj, &vmin);
+    throw std::invalid_argument("NVRTC " + std::to_string(vmaj) + "." + std::to_string(vmin) +
+                                " (" + nvrtc_path() + ") cannot compile for " + arch +
+                                "; it supports:" + list);
+  }
+  NvrtcCheck out;
+  std::string error;
+  out.ok = nvrtc_compile(name, source, nvrtc_options_for_arch(arch), !sm, nullptr, nullptr,
+                         &out.log, &error);
+  if (!out.ok) out.log = "NVRTC: " + error + "\n" + out.log;
+  return out;
 }
 
 CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source) {
@@ -351,7 +396,7 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
     struct stat st;
     if (stat(path.c_str(), &st) == 0) g_stats.disk_rejects++;  // present but broken
     const auto t0 = std::chrono::steady_clock::now();
-    image = compile(dev, name, source, opts, ptx_only, &kind);
+    image = compile(name, source, opts, ptx_only, &kind);
     g_stats.compile_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     g_stats.compiles++;

@@ -17,8 +17,27 @@ struct CompiledKernel {
 // Compiles (or finds in memory / on disk) `source` for device `dev`; throws with the
 // NVRTC log and the source on failure.
 CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source);
-// NVRTC options used for `dev` (for reporting and the cache key).
+// NVRTC options used for `dev` (for reporting and the cache key): those of
+// nvrtc_options_for_arch for the device's architecture, nvrtc_arch(cc).
 std::vector<std::string> nvrtc_options(int dev, bool* ptx_only);
+// The architectures NVRTC can compile for (e.g. 90 for sm_90); empty when it cannot say.
+std::vector<int> nvrtc_supported_archs();
+// The NVRTC options for an explicit architecture ("sm_90", "compute_90"); no device needed.
+std::vector<std::string> nvrtc_options_for_arch(const std::string& arch);
+// The architecture the cache compiles for on a device of compute capability `cc` (e.g. 90):
+// "sm_<cc>" when NVRTC knows it, else PTX ("compute_<n>", *ptx_only set) for the newest
+// architecture NVRTC knows.
+std::string nvrtc_arch(int cc, bool* ptx_only);
+// Compiles `source` as the kernel cache would for `arch` ("sm_<n>": to a CUBIN;
+// "compute_<n>": to PTX), with the same options and embedded headers, and drops the result
+// (tests of the code generator; loads NVRTC but neither the driver nor a GPU). Throws
+// std::invalid_argument for an architecture NVRTC does not support.
+struct NvrtcCheck {
+  bool ok = false;
+  std::string log;  // NVRTC's log (warnings too); on failure it starts with NVRTC's error
+};
+NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
+                               const std::string& name = "castlab_check");
 std::string sha256_hex(const std::string& data);
 struct CacheStats {
   uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;

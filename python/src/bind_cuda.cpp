@@ -168,4 +168,29 @@ void bind_cuda(py::module_& m) {
       py::arg("program"), py::arg("dtypes"), py::arg("n_out"), py::arg("nd"), py::arg("contig"),
       py::arg("vec"), py::arg("idx32"), py::arg("unroll") = 1,
       py::arg("shape") = std::vector<int64_t>{}, py::arg("strides") = std::vector<int64_t>{});
+  // NVRTC alone (no driver, no GPU): where it was found, its version and architectures.
+  // Raises with advice when NVRTC cannot be loaded.
+  m.def("_nvrtc_info", [] {
+    py::dict info;
+    int a = 0, b = 0;
+    cu::nvrtc_version(&a, &b);
+    info["version"] = py::make_tuple(a, b);
+    info["path"] = cu::nvrtc_path();
+    info["archs"] = cu::nvrtc_supported_archs();
+    return info;
+  });
+  // Compiles generated source for `arch` ("sm_90", "compute_90") exactly as the kernel
+  // cache would (same options, same embedded headers) and drops the result: (ok, log).
+  m.def(
+      "_nvrtc_compile_check",
+      [](const std::string& source, const std::string& arch, const std::string& name) {
+        cu::NvrtcCheck c;
+        {
+          py::gil_scoped_release nogil;
+          c = cu::nvrtc_compile_check(source, arch, name);
+        }
+        return py::make_tuple(c.ok, c.log);
+      },
+      py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
+  m.def("_nvrtc_options", &cu::nvrtc_options_for_arch, py::arg("arch"));
 }

@@ -1,0 +1,456 @@
+"""The CUDA code generator, compiled with NVRTC on any machine: no GPU, no driver.
+
+Every kernel shape the generator can emit (each opcode, the math-variant bits, f32 and
+f64 registers, every storage dtype loaded and stored, each rounding mode with and
+without saturation, contiguous layouts with each vector width and unroll, n-D layouts
+with a run-time or a static shape, 32- and 64-bit indices, one to three outputs, and
+eager- and fused-style programs) is generated with ``_C._cuda_generate`` and compiled
+with ``_C._nvrtc_compile_check``: the options and embedded headers of the real kernel
+cache, for ``sm_90`` (set CASTLAB_NVRTC_ARCH for another, e.g. ``compute_90`` or
+``sm_120``). NVRTC comes from the ``nvidia-cuda-nvrtc-cu12`` wheel (the ``test`` extra)
+or a CUDA toolkit; without it the test is skipped.
+
+To keep CI fast, kernels are compiled in batches: several generated kernels, each in its
+own namespace (their ``extern "C"`` names differ), in one translation unit. A failing
+batch is recompiled kernel by kernel, unmodified, to name the culprit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from castlab import _C
+from castlab._optable import OPCODE, OPS, TABLE
+from castlab.policy import Math
+
+ARCH = os.environ.get("CASTLAB_NVRTC_ARCH", "sm_90")
+
+
+# ---------------------------------------------------------------- Program construction
+# The one place that knows how castlab._C builds a Program (adapt here if that API changes).
+
+def make_program(code: list[dict], n_regs: int, outputs: list[dict], seed: int = 0):
+    """A _C.Program from instructions given as dicts (op: name, f64, dst, a, b, c, var,
+    dtype, mode, sat, aux, imm) and outputs as dicts (reg, mode, sat, salt)."""
+    instrs = [_C.Instr(op=OPCODE[i["op"]], f64=int(i.get("f64", 0)), var=i.get("var", 0),
+                       dtype=i.get("dtype", 0), mode=i.get("mode", 0), saturate=i.get("sat", 0),
+                       dst=i["dst"], a=i.get("a", -1), b=i.get("b", -1), c=i.get("c", -1),
+                       aux=i.get("aux", 0), imm=float(i.get("imm", 0.0))) for i in code]
+    outs = [_C.OutputSpec(reg=o["reg"], mode=o.get("mode", 0), saturate=o.get("sat", 1),
+                          salt=o.get("salt", 0)) for o in outputs]
+    return _C.Program(instrs, n_regs, outs, seed)
+
+
+# ---------------------------------------------------------------- vocabulary
+
+DTYPES = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "float8_e4m3fn": 4,
+          "float8_e5m2": 5, "bool": 6, "int32": 7, "int64": 8}
+ITEMSIZE = {0: 8, 1: 4, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 4, 8: 8}
+MODES = {"nearest": 0, "toward_zero": 1, "stochastic": 2}
+
+# From the op table (ops/op_table.h): a new op is compiled here without editing this file.
+UNARY = [o.name for o in OPS.values() if o.arity == 1]
+BINARY = [o.name for o in OPS.values() if o.arity == 2]
+TERNARY = [o.name for o in OPS.values() if o.arity == 3]
+SPECIAL = [o.name for o in TABLE if o.category == "internal"]
+# Ops whose code depends on the variant bits (ops/scalar/ops.h VariantBits).
+VARIANT_OPS = [o.name for o in OPS.values() if o.factors]
+IMPLS = sorted(_C.MATH_IMPLS.values())
+FLAG_BITS = [v for k, v in _C.VARIANT_BITS.items() if k != "impl_mask"]
+
+
+def variants(f64: bool) -> list[int]:
+    """Variant bits worth compiling: each impl with no flag and with every flag (so each
+    branch a flag selects is compiled both ways), and (fp32) each flag alone. The presets'
+    per-op bits are compiled by the recipes below."""
+    out = {impl | extra for impl in IMPLS for extra in (0, sum(FLAG_BITS))}
+    if not f64:
+        out |= {1 | bit for bit in FLAG_BITS}
+    return sorted(out)
+
+
+class PB:
+    """A small program builder: one register per value, loads numbered in order."""
+
+    def __init__(self, f64: bool = False):
+        self.f64 = f64
+        self.code: list[dict] = []
+        self.n = 0
+        self.in_dtypes: list[int] = []
+        self.outs: list[dict] = []
+        self.out_dtypes: list[int] = []
+
+    def ins(self, op, a=-1, b=-1, c=-1, f64=None, **kw) -> int:
+        r = self.n
+        self.n += 1
+        self.code.append(dict(op=op, f64=self.f64 if f64 is None else f64, dst=r, a=a, b=b, c=c,
+                              **kw))
+        return r
+
+    def load(self, dtype: int, f64=None) -> int:
+        self.in_dtypes.append(dtype)
+        return self.ins("load", dtype=dtype, aux=len(self.in_dtypes) - 1, f64=f64)
+
+    def const(self, v: float, f64=None) -> int:
+        return self.ins("const", imm=v, f64=f64)
+
+    def round(self, a: int, dtype: int, mode: int = 0, sat: int = 1, salt: int = 0) -> int:
+        return self.ins("round", a, dtype=dtype, mode=mode, sat=sat, aux=salt)
+
+    def out(self, reg: int, dtype: int, mode: int = 0, sat: int = 1, salt: int = 0):
+        self.outs.append(dict(reg=reg, mode=mode, sat=sat, salt=salt))
+        self.out_dtypes.append(dtype)
+
+    def program(self, seed: int = 1234):
+        return make_program(self.code, self.n, self.outs, seed)
+
+
+# ---------------------------------------------------------------- layouts
+
+def layouts() -> list[dict]:
+    """Every walk the generator writes: contiguous (vec x unroll), n-D with a run-time
+    shape, n-D with a static shape and strides; 32- and 64-bit indices alternate."""
+    out = []
+    for vec, unroll in itertools.product((1, 2, 4, 8), (1, 2, 4)):
+        out.append(dict(kind="contig", vec=vec, unroll=unroll))
+    for nd, vec in itertools.product((1, 2, 3), (1, 2, 4, 8)):
+        out.append(dict(kind="nd", nd=nd, vec=vec))
+    for nd, vec in itertools.product((1, 2, 3), (1, 4, 8)):
+        out.append(dict(kind="static", nd=nd, vec=vec))
+    for i, lay in enumerate(out):
+        lay["idx32"] = i % 2 == 0
+    return out
+
+
+def gen_args(pb: PB, lay: dict) -> dict:
+    """_cuda_generate's arguments for a program built by `pb` under layout `lay`."""
+    dtypes = pb.out_dtypes + pb.in_dtypes
+    nops, n_out = len(dtypes), len(pb.out_dtypes)
+    kw = dict(dtypes=dtypes, n_out=n_out, vec=lay["vec"], idx32=lay["idx32"])
+    if lay["kind"] == "contig":
+        return dict(kw, nd=1, contig=True, unroll=lay["unroll"])
+    nd = lay["nd"]
+    kw.update(nd=nd, contig=False)
+    if lay["kind"] == "static":
+        shape = [3, 5, 16 * lay["vec"]][-nd:]
+        strides = []
+        for k in range(nops):
+            row = [0] * nd
+            step = 1
+            for d in reversed(range(nd)):
+                row[d] = step
+                step *= shape[d]
+            if k >= n_out and k % 3 == 1:  # some inputs broadcast along the vector
+                row[-1] = 0
+            if k >= n_out and k % 3 == 2 and nd > 1:  # and some along an outer dimension
+                row[0] = 0
+            strides += row
+        kw.update(shape=shape, strides=strides)
+    return kw
+
+
+# ---------------------------------------------------------------- the kernels
+
+# The per-element body does not depend on the layout, nor the walk on the body: op and
+# math sweeps use one cheap layout, layout sweeps a small body. (A large body in a wide
+# layout is slow to compile: each lane inlines it vec x unroll times.)
+SCALAR = dict(kind="contig", vec=1, unroll=1, idx32=True)
+CHEAP = [SCALAR, dict(kind="contig", vec=2, unroll=1, idx32=False),
+         dict(kind="nd", nd=2, vec=1, idx32=True), dict(kind="static", nd=3, vec=1, idx32=False)]
+
+
+def _ops_program(use64: bool, ops: list[str], var: int) -> PB:
+    """Every op of `ops` applied to loaded values, the results summed into one output."""
+    st = DTYPES["float64" if use64 else "float32"]
+    pb = PB(use64)
+    x, y, z = pb.load(st), pb.load(st), pb.load(st)
+    acc = pb.ins("add", pb.ins("add", x, y), z)
+    for op in ops:
+        arity = 1 if op in UNARY else 2 if op in BINARY else 3
+        acc = pb.ins("add", acc, pb.ins(op, *[x, y, z][:arity], var=var))
+    pb.out(acc, st)
+    return pb
+
+
+def cases():
+    """(label, program builder, layout) for every kernel the test compiles."""
+    f32, f64 = DTYPES["float32"], DTYPES["float64"]
+    all_dt = list(DTYPES.values())
+
+    for use64 in (False, True):
+        st = f64 if use64 else f32
+        # Each opcode, with each variant (several ops to a kernel).
+        plain = [op for op in UNARY + BINARY + TERNARY if op not in VARIANT_OPS]
+        yield f"ops {plain} f64={use64}", _ops_program(use64, plain, 0), SCALAR
+        for var in variants(use64):
+            yield (f"ops {VARIANT_OPS} f64={use64} var={var:#x}",
+                   _ops_program(use64, VARIANT_OPS, var), SCALAR)
+        # pow with a constant exponent (the lowering's x**s) and special constants (NaN
+        # and Inf are written from their bits)
+        pb = PB(use64)
+        x = pb.load(st)
+        acc = x
+        for e in (2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0, 1.7):
+            acc = pb.ins("add", acc, pb.ins("pow", x, pb.const(e), var=1))
+        # (Constants outside float's range in float registers are left out: NVRTC warns
+        # "floating-point value does not fit" on static_cast<float>(1e300), which is
+        # undefined behaviour in C++.)
+        specials = [0.0, -0.0, 1.5, float("inf"), -float("inf"), float("nan"),
+                    3.4028234663852886e38, 1.401298464324817e-45, -1.1754943508222875e-38]
+        if use64:
+            specials += [1e-300, 5e-324, 1e300, 1.7976931348623157e308]
+        for v in specials:
+            acc = pb.ins("add", acc, pb.const(v))
+        pb.out(acc, st)
+        yield f"pow by constants, special constants f64={use64}", pb, SCALAR
+        # register conversions and random numbers
+        pb = PB(use64)
+        x = pb.load(st)
+        y = pb.ins("to_f32", x, f64=False) if use64 else pb.ins("to_f64", x, f64=True)
+        z = pb.ins("to_f64", y, f64=True) if use64 else pb.ins("to_f32", y, f64=False)
+        u = pb.ins("rand_uniform", aux=7)
+        n = pb.ins("rand_normal", aux=-1)  # stream 0xffffffff
+        pb.out(pb.ins("fma", z, u, n), st, MODES["stochastic"], 0, 3)
+        yield f"convert+random f64={use64}", pb, SCALAR
+        # Every rounding step: target dtype x mode x saturate.
+        for mode in MODES.values():
+            pb = PB(use64)
+            r = pb.load(st)
+            for i, (dt, sat) in enumerate(itertools.product(all_dt, (0, 1))):
+                r = pb.round(r, dt, mode, sat, salt=i)
+            pb.out(r, st)
+            yield f"round chain f64={use64} mode={mode}", pb, SCALAR
+        # Every store: dtype x mode x saturate (three outputs to a kernel).
+        for (mode, sat), part in itertools.product(((0, 1), (0, 0), (1, 1), (2, 0), (2, 1)),
+                                                   range(3)):
+            pb = PB(use64)
+            x = pb.load(st)
+            for k, dt in enumerate(all_dt[3 * part:3 * part + 3]):
+                pb.out(pb.ins("mul", x, pb.const(k + 1)), dt, mode, sat, salt=k)
+            yield f"stores f64={use64} mode={mode} sat={sat} part={part}", pb, SCALAR
+
+    # Every layout with loads and stores of every dtype, in kernels of one to three
+    # outputs: (f64 registers, store mode, saturate, loaded dtypes, stored dtypes). The
+    # first has the widened fp16 vector loads and the paired bf16/fp16 stores.
+    D = DTYPES
+    groups = [(False, 0, 1, ["float16", "bfloat16", "float32"],
+               ["bfloat16", "float16", "float8_e4m3fn"]),
+              (True, 2, 0, ["float64", "int64", "float8_e4m3fn"], ["float64", "int64", "int32"]),
+              (False, 1, 1, ["bool", "int32", "float8_e5m2"], ["bool", "float8_e5m2"]),
+              (False, 0, 1, ["float16"], ["float32"])]
+    for lay in layouts():
+        for use64, mode, sat, ins, outs in groups:
+            pb = PB(use64)
+            acc = None
+            for dt in ins:
+                r = pb.load(D[dt])
+                acc = r if acc is None else pb.ins("add", acc, r)
+            for k, dt in enumerate(outs):
+                pb.out(acc if k == 0 else pb.ins("mul", acc, pb.const(k + 1)), D[dt], mode, sat,
+                       salt=k)
+            yield f"layout {lay} loads {ins} stores {outs} f64={use64}", pb, lay
+
+    # Eager- and fused-style programs, as the lowering writes them: every recipe under
+    # each policy, storage dtype and math preset.
+    # (Each combination gets one of the two recipe groups and one preset, in turn.)
+    combos = [("eager", "bfloat16"), ("eager", "float16"), ("eager", "float8_e4m3fn"),
+              ("eager", "float32"), ("fused", "bfloat16"), ("fused", "float16"),
+              ("fused", "float8_e5m2"), ("fp64", "bfloat16"), ("fp64", "float64"),
+              ("stochastic", "bfloat16"), ("stochastic", "float8_e4m3fn")]
+    groups = (["swiglu", "gelu_bias", "rope"], ["norm", "softmax", "misc"])
+    presets = Math.presets()
+    for i, (policy, st) in enumerate(combos):
+        names, preset = groups[i % 2], presets[i % len(presets)]
+        pb = PB(policy == "fp64")
+        s = Styled(pb, DTYPES[st], policy, Math.preset(preset))
+        for name in names:
+            RECIPES[name](s)
+        s.flush()
+        yield f"{names} {policy} {st} {preset}", pb, CHEAP[i % len(CHEAP)]
+    # The kernels castlab launches most: eager and fused SwiGLU on bf16 in the widest
+    # layouts.
+    for policy, lay in itertools.product(
+            ("eager", "fused"), (dict(kind="contig", vec=8, unroll=2, idx32=True),
+                                 dict(kind="static", nd=2, vec=8, idx32=True))):
+        pb = PB(False)
+        s = Styled(pb, DTYPES["bfloat16"], policy, Math.preset("torch_eager"))
+        _swiglu(s)
+        s.flush()
+        yield f"swiglu {policy} bfloat16 {lay}", pb, lay
+
+
+class Styled:
+    """Builds a recipe the way the lowering would under a policy: eager rounds after every
+    op, fused only at the store, fp64 computes in double; stochastic rounds at random."""
+
+    def __init__(self, pb: PB, st: int, policy: str, math: Math):
+        self.pb, self.st, self.policy, self.math = pb, st, policy, math
+        self.mode = MODES["stochastic"] if policy == "stochastic" else 0
+        self.salt = 0
+        self.pending: list[int] = []
+
+    def x(self) -> int:
+        return self.pb.load(self.st)
+
+    def c(self, v: float) -> int:
+        return self.pb.const(v)
+
+    def op(self, name: str, *args: int) -> int:
+        var = self.math.variant_bits(name, self.pb.f64, True)
+        r = self.pb.ins(name, *args, var=var)
+        if self.policy in ("eager", "stochastic"):
+            self.salt += 1
+            r = self.pb.round(r, self.st, self.mode, 1, self.salt)
+        return r
+
+    def out(self, r: int):
+        self.pending.append(r)
+
+    def flush(self):
+        """The outputs: up to three, the later results summed into the third."""
+        rs = self.pending
+        if len(rs) > 3:
+            acc = rs[2]
+            for r in rs[3:]:
+                acc = self.op("add", acc, r)
+            rs = rs[:2] + [acc]
+        for r in rs:
+            self.pb.out(r, self.st, self.mode, 1, 100 + len(self.pb.outs))
+        self.pending = []
+
+
+def _swiglu(s):
+    s.out(s.op("mul", s.op("silu", s.x()), s.x()))
+
+
+def _gelu_bias(s):
+    x = s.op("add", s.x(), s.x())
+    s.out(s.op("gelu_tanh", x))
+    s.out(s.op("gelu", x))
+
+
+def _rope(s):
+    x1, x2, cos, sin = s.x(), s.x(), s.x(), s.x()
+    s.out(s.op("sub", s.op("mul", x1, cos), s.op("mul", x2, sin)))
+    s.out(s.op("add", s.op("mul", x2, cos), s.op("mul", x1, sin)))
+
+
+def _norm_scale(s):
+    x, v, w = s.x(), s.x(), s.x()
+    r = s.op("rsqrt", s.op("add", v, s.c(1e-6)))
+    s.out(s.op("mul", s.op("mul", x, r), w))
+
+
+def _softmax_parts(s):
+    x, m, z = s.x(), s.x(), s.x()
+    e = s.op("exp", s.op("sub", x, m))
+    s.out(s.op("div", e, z))
+    s.out(s.op("log", s.op("sigmoid", x)))
+    s.out(s.op("where", s.op("gt", x, m), s.op("pow", x, s.c(3.0)), s.op("tanh", x)))
+
+
+def _misc(s):
+    x, y = s.x(), s.x()
+    a = s.op("fma", x, y, s.op("square", x))
+    b = s.op("maximum", s.op("abs", a), s.op("minimum", s.op("sin", x), s.op("cos", y)))
+    c = s.op("reciprocal", s.op("sqrt", s.op("add", s.op("erf", b), s.c(2.0))))
+    s.out(s.op("pow", c, s.op("neg", y)))
+
+
+RECIPES = {"swiglu": _swiglu, "gelu_bias": _gelu_bias, "rope": _rope, "norm": _norm_scale,
+           "softmax": _softmax_parts, "misc": _misc}
+
+
+# ---------------------------------------------------------------- compiling
+
+def _nvrtc_or_skip() -> dict:
+    try:
+        info = dict(_C._nvrtc_info())
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC not found (pip install nvidia-cuda-nvrtc-cu12, or castlab[test]): {e}")
+    digits = ARCH.split("_")[-1]
+    if info["archs"] and int(digits) not in info["archs"]:
+        pytest.skip(f"NVRTC {info['version']} at {info['path']} cannot compile for {ARCH}")
+    return info
+
+
+def batch_source(sources: list[str]) -> str:
+    """One translation unit from several generated kernels: their #include lines once, at
+    the top; each kernel's text in its own namespace."""
+    includes: list[str] = []
+    bodies = []
+    for i, src in enumerate(sources):
+        lines = src.splitlines()
+        for ln in lines:
+            if ln.startswith("#include") and ln not in includes:
+                includes.append(ln)
+        body = "\n".join(ln for ln in lines if not ln.startswith("#include"))
+        bodies.append(f"namespace cl_batch_{i} {{\n{body}\n}}  // namespace cl_batch_{i}\n")
+    return "\n".join(includes) + "\n" + "\n".join(bodies)
+
+
+def _check(item):
+    name, src = item
+    ok, log = _C._nvrtc_compile_check(src, ARCH, name)
+    return ok, log
+
+
+def test_nvrtc_compiles_every_generated_kernel():
+    info = _nvrtc_or_skip()
+    t0 = time.perf_counter()
+    kernels: dict[str, tuple[str, str]] = {}  # kernel name -> (label, source)
+    ops_seen: set[str] = set()
+    for label, pb, lay in cases():
+        name, src = _C._cuda_generate(pb.program(), **gen_args(pb, lay))
+        kernels.setdefault(name, (label, src))
+        ops_seen.update(i["op"] for i in pb.code)
+    assert ops_seen == set(OPCODE), f"opcodes never generated: {set(OPCODE) - ops_seen}"
+    assert set(OPCODE) == set(UNARY + BINARY + TERNARY + SPECIAL)
+    t_gen = time.perf_counter() - t0
+
+    # Batches of a few kernels, the longest first, so that the threads finish together.
+    names = sorted(kernels, key=lambda n: (-len(kernels[n][1]), n))
+    per_batch = 6
+    batches = [names[i:i + per_batch] for i in range(0, len(names), per_batch)]
+    items = [(f"castlab_batch{i}", batch_source([kernels[n][1] for n in b]))
+             for i, b in enumerate(batches)]
+    # Two kernels alone, exactly as generated (no batching).
+    items += [(n, kernels[n][1]) for n in (names[len(names) // 2], names[-1])]
+    workers = min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(_check, items))
+    failures, warnings = [], []
+    for (name, _), (ok, log), i in zip(items, results, itertools.count()):
+        if ok:
+            if log.strip():
+                warnings.append(f"{name}: {log}")
+            continue
+        if i >= len(batches):
+            failures.append(f"{kernels[name][0]} ({name}):\n{log}")
+            continue
+        for n in batches[i]:  # the culprits, compiled alone
+            ok1, log1 = _check((n, kernels[n][1]))
+            if not ok1:
+                failures.append(f"{kernels[n][0]} ({n}):\n{log1}\n--- source ---\n{kernels[n][1]}")
+        if not failures:
+            failures.append(f"batch {name} failed, yet each kernel compiles alone:\n{log}")
+    dt = time.perf_counter() - t0
+    print(f"\nNVRTC {info['version']} ({info['path']}), {ARCH}: {len(kernels)} kernels in "
+          f"{len(items)} compiles, {dt:.1f} s ({t_gen:.1f} s generating, {workers} threads)")
+    assert not failures, f"{len(failures)} kernels fail to compile:\n" + "\n\n".join(failures[:5])
+    assert not warnings, "NVRTC warnings:\n" + "\n".join(warnings[:5])
+
+
+def test_nvrtc_compile_check_reports_errors():
+    _nvrtc_or_skip()
+    ok, log = _C._nvrtc_compile_check("__global__ void k() { undefined_name; }", ARCH)
+    assert not ok and "undefined_name" in log
+    with pytest.raises(ValueError, match="sm_<n>"):
+        _C._nvrtc_compile_check("", "90")
+    opts = _C._nvrtc_options(ARCH)
+    assert f"--gpu-architecture={ARCH}" in opts and "--fmad=false" in opts
