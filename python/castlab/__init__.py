@@ -6,7 +6,7 @@
 >>> y = cl.silu(a) * b          # eager: rounds to bf16 after each op
 """
 
-from . import _C
+from . import _C, _debug
 from ._creation import (
                         arange,
                         asarray,
@@ -45,6 +45,7 @@ from .ops import __all__ as _ops_all
 from .policy import Math, Policy, use_math
 
 __version__ = _C.__version__
+_debug.level()  # pass CASTLAB_DEBUG on to C++
 Tensor.__dlpack__ = tensor_dlpack
 Tensor.__dlpack_device__ = tensor_dlpack_device
 bool = bool_  # noqa: A001  (castlab.bool, as torch.bool)

@@ -26,6 +26,75 @@ from .policy import Math, Policy
 K_ROUND = OPCODE["round"]
 
 
+# ---------------------------------------------------------------- the record
+
+class Decision:
+    """What the lowering decided for one graph node; the trace listing prints these.
+
+    index, op: the node (t{index} in the listing); compute: "f32" or "f64" (its register
+    type); variant: the math variant bits its instruction carries (description: their
+    reading); fma_with: the product node contracted into this add/sub's fma (fma_into:
+    on that product, the add/sub it went into); quirk: the PyTorch CUDA kernel detail
+    expanded in its place, in words; round_to, round_mode: the rounding inserted after it
+    (None: none); round_elided: that rounding is done by the output store."""
+
+    __slots__ = ("node", "index", "op", "compute", "variant", "description", "fma_with",
+                 "fma_into", "quirk", "round_to", "round_mode", "round_elided")
+
+    def __init__(self, node: Node, compute: str):
+        self.node = node
+        self.index = node.index
+        self.op = node.op
+        self.compute = compute
+        self.variant = 0
+        self.description = ""
+        self.fma_with: Node | None = None
+        self.fma_into: Node | None = None
+        self.quirk = ""
+        self.round_to: dtype | None = None
+        self.round_mode = ""
+        self.round_elided = False
+
+    def __repr__(self) -> str:
+        facts = [f"t{self.index} {self.op} {self.compute}"]
+        if self.variant:
+            facts.append(f"variant={self.variant:#x}")
+        if self.fma_with is not None:
+            facts.append(f"fma with t{self.fma_with.index}")
+        if self.fma_into is not None:
+            facts.append(f"contracted into t{self.fma_into.index}")
+        if self.quirk:
+            facts.append(f"quirk: {self.quirk}")
+        if self.round_to is not None:
+            facts.append(f"round to {self.round_to.short} ({self.round_mode})"
+                         + (", by the store" if self.round_elided else ""))
+        return f"Decision({'; '.join(facts)})"
+
+
+class Record:
+    """The lowering's own record of one graph under one policy, math and device: one
+    :class:`Decision` per node it computed (``decisions``, in order; ``of(node)``)."""
+
+    def __init__(self, policy: Policy, math: Math, cuda: bool):
+        self.policy = policy
+        self.math = math
+        self.cuda = cuda
+        self._by_node: dict = {}
+
+    @property
+    def decisions(self) -> list:
+        return list(self._by_node.values())
+
+    def of(self, node: Node) -> Decision | None:
+        return self._by_node.get(id(node))
+
+    def decide(self, node: Node, f64: bool) -> Decision:
+        d = self._by_node.get(id(node))
+        if d is None:
+            d = self._by_node[id(node)] = Decision(node, "f64" if f64 else "f32")
+        return d
+
+
 # ---------------------------------------------------------------- expressions
 
 class Leaf:
@@ -145,6 +214,7 @@ class Lowering:
         self._expr_memo: dict = {}
         self._view_memo: dict = {}
         self._hoist_memo: dict = {}
+        self.record = Record(policy, math, cuda)  # what was decided, per node
 
     # -- value types -------------------------------------------------------------
     def vt64(self, node: Node) -> bool:
@@ -432,6 +502,7 @@ class ProgramBuilder:
         self._memo: dict = {}
         self._conv: dict = {}
         self._uses: dict = {}
+        self._round_of: dict = {}   # register of an inserted rounding -> its Decision
 
     def elide_final_round(self, reg: int, out: Leaf) -> int:
         """A deterministic rounding to the output's own dtype right before the store is
@@ -445,6 +516,9 @@ class ProgramBuilder:
         if any(reg in (i.a, i.b, i.c) for i in self.code):
             return reg
         self.code.remove(ins)
+        d = self._round_of.get(reg)
+        if d is not None:
+            d.round_elided = True
         return ins.a
 
     def new(self) -> int:
@@ -520,16 +594,22 @@ class ProgramBuilder:
         op = node.op
         f64 = low.vt64(node)
         args = e.args
+        d = low.record.decide(node, f64)
         if op == "astype":
             src = self.operand(args[0], f64)
             out = src
         else:
             var = low.math.variant_bits(op, f64, low.cuda)
+            if var != d.variant or not d.description:
+                d.variant = var
+                d.description = low.math.describe_op(op, low.cuda) or ""
             contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
             quirk = (self._torch_cuda_kernel(e, f64, var)
                      if low.cuda and low.math.cuda_kernels and contracted is None else None)
             if contracted is not None:
-                out = contracted
+                out, mul = contracted
+                d.fma_with = mul
+                low.record.decide(mul, f64).fma_into = node
             elif quirk is not None:
                 out = quirk
             else:
@@ -542,6 +622,8 @@ class ProgramBuilder:
             self.ins("round", f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,
                      sat=int(low.policy.saturate), aux=node.index + 1)
             out = r
+            d.round_to, d.round_mode = tgt, low.policy.rounding
+            self._round_of[r] = d
         return (out, f64)
 
     def _torch_cuda_kernel(self, e: Elem, f64: bool, var: int):
@@ -561,6 +643,9 @@ class ProgramBuilder:
             self.ins("const", f64, k, imm=inv)
             out = self.new()
             self.ins("mul", f64, out, a, k)
+            self.low.record.decide(node, f64).quirk = (
+                f"PyTorch CUDA: division by a Python number as a multiply by its reciprocal "
+                f"{inv!r} (div_true_kernel_cuda)")
             return out
         if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
                 and float(args[1].value) in (3.0, -2.0) and not f64
@@ -573,8 +658,12 @@ class ProgramBuilder:
             out = self.new()
             if float(args[1].value) == 3.0:
                 self.ins("mul", f64, out, r, x)
+                form = "x*x rounded to {0}, times x"
             else:
                 self.ins("reciprocal", f64, out, r)
+                form = "1/(x*x rounded to {0})"
+            self.low.record.decide(node, f64).quirk = (
+                f"PyTorch CUDA: {form.format(node.dtype.short)} (pow_tensor_scalar_kernel)")
             return out
         return None
 
@@ -588,6 +677,7 @@ class ProgramBuilder:
 
         x, y = e.args
         op = e.node.op
+        mul = x if is_mul(x) else y
         if is_mul(x):
             ma, mb = (self.operand(a, f64) for a in x.args)
             c = self.operand(y, f64)
@@ -606,7 +696,7 @@ class ProgramBuilder:
             return None
         out = self.new()
         self.ins("fma", f64, out, ma, mb, c)
-        return out
+        return out, mul.node
 
 
 # ---------------------------------------------------------------- plans
@@ -690,6 +780,7 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
         low.regions(e, out, 1_000_003 + k, regs)
     low.emit_grouped(regs)
     plan = Plan(low, inputs, out_shapes, out_dtypes, out_tensors)
+    plan.record = low.record
     return plan, out_tensors
 
 
