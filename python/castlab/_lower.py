@@ -15,10 +15,8 @@ Three steps:
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _C
-from ._dtype import _BY_CODE, as_dtype, bool_, dtype, float32, float64, int64
+from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
 from ._optable import OPCODE, ROUND_MODES, instr, output
 from .policy import Math, Policy
@@ -73,7 +71,21 @@ class Decision:
 
 class Record:
     """The lowering's own record of one graph under one policy, math and device: one
-    :class:`Decision` per node it computed (``decisions``, in order; ``of(node)``)."""
+    :class:`Decision` per node it computed (``decisions``, by node index; ``of(node)``).
+    A jit plan carries it as ``plan.record``; ``trace()`` prints it.
+
+    >>> f = cl.jit(lambda x: cl.silu(x) * x, policy="eager")
+    >>> x = cl.randn(8, seed=0, dtype=cl.bfloat16)
+    >>> y = f(x)
+    >>> for d in f.graph(x).default_plan.record.decisions:
+    ...     print(d)
+    Decision(t0 silu f32; round to bf16 (nearest))
+    Decision(t1 mul f32; round to bf16 (nearest), by the store)
+    >>> g = cl.jit(lambda x: x * x + x, math="inductor")
+    >>> print(g.trace(cl.randn(8, seed=0)).splitlines()[2:4])  # doctest: +NORMALIZE_WHITESPACE
+    ['  t0 = mul(x, x)                              # f32[8]  product kept exact for the fma of t1  # <doctest castlab._lower.Record[4]>:1',
+     '  t1 = add(t0, x)                             # f32[8]  fma-contracted with t0  # <doctest castlab._lower.Record[4]>:1']
+    """
 
     def __init__(self, policy: Policy, math: Math, cuda: bool):
         self.policy = policy
@@ -83,7 +95,7 @@ class Record:
 
     @property
     def decisions(self) -> list:
-        return list(self._by_node.values())
+        return sorted(self._by_node.values(), key=lambda d: d.index)
 
     def of(self, node: Node) -> Decision | None:
         return self._by_node.get(id(node))
@@ -392,7 +404,7 @@ class Lowering:
         dev = self.device_str()
         t = _C.empty(list(e.shape), dt.name, dev)
         self.temp_tensors.append(t)
-        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None, temp_dt=dt)
+        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
     def device_str(self) -> str:
@@ -452,7 +464,7 @@ class Lowering:
             acc.append((e, out, out_meta))
         return acc
 
-    def emit_regions(self, e, out: Leaf, out_meta, temp_dt=None):
+    def emit_regions(self, e, out: Leaf, out_meta):
         self.emit_grouped(self.regions(e, out, out_meta, []))
 
     def emit_grouped(self, regs: list):
@@ -604,7 +616,7 @@ class ProgramBuilder:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda) or ""
             contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
-            quirk = (self._torch_cuda_kernel(e, f64, var)
+            quirk = (self._torch_cuda_kernel(e, f64)
                      if low.cuda and low.math.cuda_kernels and contracted is None else None)
             if contracted is not None:
                 out, mul = contracted
@@ -626,7 +638,7 @@ class ProgramBuilder:
             self._round_of[r] = d
         return (out, f64)
 
-    def _torch_cuda_kernel(self, e: Elem, f64: bool, var: int):
+    def _torch_cuda_kernel(self, e: Elem, f64: bool):
         """PyTorch's eager CUDA kernels where they differ from "op-math, one rounding":
         a division by a Python number multiplies by its reciprocal (div_true_kernel_cuda),
         and bf16/fp16 x**3 and x**-2 compute the inner product in scalar_t
@@ -790,8 +802,4 @@ def input_node(t, slot: int) -> Node:
     return n
 
 
-def _dt(x: Any) -> dtype:
-    return as_dtype(x)
-
-
-__all__ = ["lower", "Plan", "input_node", "bool_"]
+__all__ = ["lower", "Plan", "Record", "Decision", "input_node"]
