@@ -656,8 +656,7 @@ class ProgramBuilder:
             out = self.new()
             self.ins("mul", f64, out, a, k)
             self.low.record.decide(node, f64).quirk = (
-                f"PyTorch CUDA: division by a Python number as a multiply by its reciprocal "
-                f"{inv!r} (div_true_kernel_cuda)")
+                f"expanded as x * {inv!r} (div_true_kernel_cuda)")
             return out
         if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
                 and float(args[1].value) in (3.0, -2.0) and not f64
@@ -670,12 +669,12 @@ class ProgramBuilder:
             out = self.new()
             if float(args[1].value) == 3.0:
                 self.ins("mul", f64, out, r, x)
-                form = "x*x rounded to {0}, times x"
+                form = "round(x*x, {0}) * x"
             else:
                 self.ins("reciprocal", f64, out, r)
-                form = "1/(x*x rounded to {0})"
+                form = "1 / round(x*x, {0})"
             self.low.record.decide(node, f64).quirk = (
-                f"PyTorch CUDA: {form.format(node.dtype.short)} (pow_tensor_scalar_kernel)")
+                f"expanded as {form.format(node.dtype.short)} (pow_tensor_scalar_kernel)")
             return out
         return None
 
