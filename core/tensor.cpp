@@ -94,11 +94,6 @@ void register_allocator(DeviceType type, Allocator* allocator) {
 
 void cpu_empty_cache() { cpu_allocator().empty_cache(); }
 
-size_t cpu_cached_bytes() {
-  std::lock_guard<std::mutex> g(cpu_allocator().mu);
-  return cpu_allocator().cached;
-}
-
 Allocator* get_allocator(DeviceType type) {
   if (type == DeviceType::CPU) return &cpu_allocator();
   Allocator* a = g_allocators[static_cast<int>(type)];
@@ -298,17 +293,6 @@ Tensor Tensor::squeeze(int64_t dim) const {
   return Tensor(storage_, sh, st, offset_, dtype_);
 }
 
-Tensor Tensor::squeeze_all() const {
-  Shape sh, st;
-  for (int64_t i = 0; i < ndim(); ++i) {
-    if (shape_[i] != 1) {
-      sh.push_back(shape_[i]);
-      st.push_back(strides_[i]);
-    }
-  }
-  return Tensor(storage_, sh, st, offset_, dtype_);
-}
-
 Tensor Tensor::expand(const Shape& shape) const {
   const int64_t n = static_cast<int64_t>(shape.size());
   if (n < ndim())
@@ -341,11 +325,6 @@ Tensor Tensor::expand(const Shape& shape) const {
     }
   }
   return Tensor(storage_, sh, st, offset_, dtype_);
-}
-
-Tensor Tensor::broadcast_to(const Shape& shape) const {
-  broadcast_shapes(shape_, shape);  // validates
-  return expand(shape);
 }
 
 Shape Tensor::infer_shape(const Shape& shape) const {
@@ -414,13 +393,6 @@ Tensor Tensor::view(const Shape& shape) const {
                                 " with strides " + shape_str(strides_) +
                                 "; use reshape(), which copies");
   return t;
-}
-
-Tensor Tensor::with_readonly(bool readonly) const {
-  if (readonly == storage_->readonly) return *this;
-  // Readonly is a property of the storage; a writable view of read-only memory is refused.
-  if (!readonly) throw std::invalid_argument("cannot make a view of read-only memory writable");
-  return *this;
 }
 
 }  // namespace cl

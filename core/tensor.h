@@ -56,7 +56,6 @@ void register_allocator(DeviceType type, Allocator* allocator);
 Allocator* get_allocator(DeviceType type);
 // Host memory cache (large blocks are reused rather than returned to the OS).
 void cpu_empty_cache();
-size_t cpu_cached_bytes();
 
 using Shape = std::vector<int64_t>;
 
@@ -100,15 +99,12 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
-  Tensor squeeze_all() const;
   Tensor expand(const Shape& shape) const;  // -1 keeps a dimension
-  Tensor broadcast_to(const Shape& shape) const;
   // A view with the new shape, or an undefined tensor when no view exists (then
   // reshape copies). One dimension may be -1.
   Tensor view_or_null(const Shape& shape) const;
   Tensor view(const Shape& shape) const;  // throws when impossible
   Shape infer_shape(const Shape& shape) const;
-  Tensor with_readonly(bool readonly) const;
 
   int64_t normalize_dim(int64_t dim, int64_t ndim_plus = 0) const;
 

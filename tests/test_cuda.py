@@ -183,28 +183,6 @@ UNARY = {
 }
 
 
-# Measured on an H200 (torch 2.11+cu130, 2026-11-30): formulas where castlab's op definitions
-# differ from PyTorch's CUDA kernels. Not backend bugs (the same programs give CPU == GPU):
-#  * pow 3 / -2 on bf16/fp16: PyTorch's pow_tensor_scalar_optimized_kernel computes
-#    base*base(*base) in c10::BFloat16/Half arithmetic (rounding after each product);
-#    castlab rounds once (4762/5176 and 8746/17948 of 65536 differ).
-#  * rsqrt fp32: PyTorch calls CUDA's rsqrtf (approximate); castlab's torch_eager preset does
-#    not set the kVarRsqrtFast variant (178206 of 1M differ; bf16 is exact).
-#  * x / scalar fp32: PyTorch multiplies by the fp32 reciprocal of a CPU scalar
-#    (BinaryDivTrueKernel.cu); castlab divides (338994 of 1M differ; bf16/fp16 exact).
-#  * gelu tanh fp32: PyTorch's kernel is built with nvcc's default --fmad=true, so
-#    x + kKappa*x_cube becomes an fma; castlab's op has no fma (5480 of 1M differ).
-# (op, dtype) pairs where castlab's torch_eager formula is known to differ from PyTorch's
-# CUDA kernel. Empty since Math(cuda_kernels=True) reproduces the kernels' details.
-KNOWN_FORMULA_GAPS: set = set()
-
-
-def _known_gap(op, dtype):
-    if (op, dtype) in KNOWN_FORMULA_GAPS:
-        pytest.xfail(f"{op} {dtype}: castlab's op formula differs from PyTorch's kernel "
-                     "(see KNOWN_FORMULA_GAPS)")
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("op", list(UNARY))
 def test_unary_exhaustive_vs_torch(op, dtype):
@@ -214,8 +192,6 @@ def test_unary_exhaustive_vs_torch(op, dtype):
     want = f_t(t)
     n = mismatches(got, want)
     report(test="unary_exhaustive", op=op, dtype=dtype, mismatches=n, total=65536)
-    if n:
-        _known_gap(op, dtype)
     assert n == 0, f"{op} {dtype}: {n} of 65536 differ from torch eager"
 
 
@@ -225,8 +201,6 @@ def test_unary_fp32_random_vs_torch(op):
     f_cl, f_t = UNARY[op]
     n = mismatches(f_cl(x), f_t(t))
     report(test="unary_fp32", op=op, mismatches=n, total=1 << 20)
-    if n:
-        _known_gap(op, "float32")
     assert n == 0, f"{op} fp32: {n} of {1 << 20} differ from torch eager"
 
 

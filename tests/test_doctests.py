@@ -1,4 +1,5 @@
-"""The examples in castlab.numerics's docstrings run and show what they print."""
+"""The examples in castlab's docstrings (every module, public and internal) run and show
+what they print."""
 
 import doctest
 import importlib
@@ -10,17 +11,26 @@ import pytest
 import castlab
 import castlab.numerics
 
-MODULES = ["castlab.numerics"] + sorted(
-    f"castlab.numerics.{m.name}" for m in pkgutil.iter_modules(castlab.numerics.__path__))
+MODULES = ["castlab"] + sorted(
+    m.name for m in pkgutil.walk_packages(castlab.__path__, "castlab.")
+    if m.name != "castlab.__main__")  # importing __main__ runs the command line
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
 @pytest.mark.parametrize("name", MODULES)
-def test_numerics_doctests(name):
+def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, globs={"cl": castlab, "castlab": castlab, "np": np},
                           report=False)
     assert res.failed == 0, f"{res.failed} of {res.attempted} doctest examples failed in {name}"
+
+
+def test_public_modules_have_examples():
+    for name in ("castlab", "castlab.ops", "castlab._creation", "castlab.policy", "castlab._jit",
+                 "castlab.cuda", "castlab.study", "castlab.plot", "castlab.numerics"):
+        finder = doctest.DocTestFinder()
+        n = sum(len(t.examples) for t in finder.find(importlib.import_module(name)))
+        assert n > 0, f"{name} has no docstring examples"
 
 
 def test_numerics_public_names_have_examples():

@@ -530,12 +530,12 @@ def test_castlab_debug_prints_trace(monkeypatch, capsys):
     monkeypatch.setenv("CASTLAB_DEBUG", "1")
     f = cl.jit(swiglu)
     f(rnd((4, 8), cl.bfloat16, 1))
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "castlab trace" in out and "silu(" in out
     monkeypatch.setenv("CASTLAB_DEBUG", "0")
     g = cl.jit(swiglu)
     g(rnd((4, 8), cl.bfloat16, 1))
-    assert "castlab trace" not in capsys.readouterr().out
+    assert "castlab trace" not in capsys.readouterr().err
 
 
 def test_jit_defaults_and_repr():
@@ -546,3 +546,127 @@ def test_jit_defaults_and_repr():
     assert_bitwise(f(x).numpy(), ref.numpy())
     assert "policy=eager" in repr(f) and "portable" in repr(f)
     assert set(PRESETS) == {"torch_eager", "inductor", "nvfuser", "transformer_engine", "portable"}
+
+
+DEBUG_SCRIPT = """
+import castlab as cl
+
+@cl.jit
+def swiglu(x):
+    a, b = cl.chunk(x, 2, dim=-1)
+    return cl.silu(a) * b
+
+swiglu(cl.randn(4, 8, seed=0, dtype=cl.bfloat16))
+print("done")
+"""
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_castlab_debug_levels_on_stderr(level, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "swiglu_debug.py"
+    script.write_text(DEBUG_SCRIPT)
+    env = dict(os.environ, CASTLAB_DEBUG=str(level))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "done"
+    err = r.stderr
+    assert ("# castlab trace: policy=fused" in err) == (level >= 1), err
+    assert ("silu(" in err and "swiglu_debug.py:7" in err) == (level >= 1)
+    assert ("# program 0" in err) == (level >= 2), err
+    if level == 0:
+        assert err == ""
+
+
+def test_debug_level_is_passed_to_cpp(monkeypatch):
+    from castlab import _C, _debug
+
+    monkeypatch.setenv("CASTLAB_DEBUG", "3")
+    assert _debug.level() == 3 and _C._debug_level() == 3
+    _debug.set_level(4)
+    assert _debug.level() == 4 and _C._debug_level() == 4
+    _debug.set_level(None)
+    monkeypatch.setenv("CASTLAB_DEBUG", "0")
+    assert _debug.level() == 0 and _C._debug_level() == 0
+
+
+def test_node_where_is_the_user_line():
+    f = cl.jit(swiglu)
+    g = f.graph(rnd((4, 8), cl.bfloat16, 1))
+    import inspect
+
+    src, first = inspect.getsourcelines(swiglu)
+    for n in g.nodes:
+        fn, line, text = n.where
+        assert fn == __file__ and first <= line < first + len(src), n.where
+        assert text and text in "".join(src)
+    tr = str(f.trace(rnd((4, 8), cl.bfloat16, 1)))
+    assert f"# test_jit.py:{g.nodes[-1].where[1]}" in tr
+
+
+def test_user_code_in_a_folder_named_castlab_is_user_code(tmp_path):
+    import importlib.util
+
+    d = tmp_path / "castlab"
+    d.mkdir()
+    (d / "model.py").write_text(
+        "import castlab as cl\n\n"
+        "def f(x):\n"
+        "    y = cl.exp(x)\n"
+        "    if y > 0:\n"
+        "        return y\n"
+        "    return x\n")
+    spec = importlib.util.spec_from_file_location("user_model_in_castlab_dir", d / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = cl.jit(lambda x: mod.f(x) * 2)
+    x = rnd((4,), cl.float32, 1)
+    with pytest.raises(TypeError, match=r"model.py:5: if y > 0:"):
+        g(x)
+    k = cl.jit(_load_exp(d))
+    n = k.graph(x).nodes[0]
+    assert n.where[0] == str(d / "exp_user.py") and n.where[1] == 4
+
+
+def _load_exp(d):
+    import importlib.util
+
+    (d / "exp_user.py").write_text("import castlab as cl\n\ndef f(x):\n    return cl.exp(x)\n")
+    spec = importlib.util.spec_from_file_location("exp_user_in_castlab_dir", d / "exp_user.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.f
+
+
+def test_trace_prints_the_recorded_cuda_quirks_and_fma():
+    """The listing prints what the lowering decided: PyTorch CUDA kernel expansions (here
+    lowered for CUDA without a GPU, straight through Lowering) and fma contractions."""
+    from castlab._jit import format_trace
+    from castlab._lower import Lowering, ProgramBuilder
+
+    def fn(x):
+        return (x / 3) * x ** 3 + x
+
+    f = cl.jit(fn, math="torch_eager")
+    x = rnd((8,), cl.bfloat16, 1)
+    tr = f.graph(x)
+    low = Lowering(cl.Policy("fused"), cl.Math.preset("torch_eager"), True, [x])
+    b = ProgramBuilder(low)
+    b.value(low.hoist(low.expr(tr.outputs[0])))
+    rec = low.record
+    div, pow_ = (next(d for d in rec.decisions if d.op == op) for op in ("div", "pow"))
+    assert "x * 0.3333333" in div.quirk and "div_true_kernel_cuda" in div.quirk
+    assert "round(x*x, bf16) * x" in pow_.quirk
+    listing = format_trace(tr, rec)
+    assert "device=cuda" in listing
+    assert "div_true_kernel_cuda" in listing and "pow_tensor_scalar_kernel" in listing
+    # CPU, inductor: the product contracts into the add's fma, and the listing says so
+    t = str(f.trace(x, math="inductor"))
+    mul = next(d for d in f.graph(x).plans[(f.policy, cl.Math.preset("inductor"))].record.decisions
+               if d.op == "mul")
+    assert mul.fma_into is not None and f"fma-contracted with t{mul.index}" in t
+    assert "div_true_kernel_cuda" not in t

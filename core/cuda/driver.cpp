@@ -307,8 +307,6 @@ void compute_capability(int index, int* major, int* minor) {
   *minor = s.cc_minor;
 }
 
-int multiprocessor_count(int index) { return dev_state(index).sms; }
-
 void note_launch(int index, const char* kernel_name) {
   if (index >= 0 && index < kMaxDevices)
     g_dev[index].last_kernel.store(kernel_name, std::memory_order_relaxed);

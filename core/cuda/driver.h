@@ -118,7 +118,6 @@ CUstream stream(int index);
 CUstream launch_stream(int index);
 // Compute capability of device `index`.
 void compute_capability(int index, int* major, int* minor);
-int multiprocessor_count(int index);
 CUcontext context(int index);
 
 // Wait for all of castlab's work on `index` (or every device when index < 0); an error

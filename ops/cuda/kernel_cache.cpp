@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/debug.h"
+
 #ifndef CASTLAB_VERSION
 #define CASTLAB_VERSION "0.0.0"
 #endif
@@ -143,11 +145,6 @@ std::unordered_map<std::string, CompiledKernel> g_mem;  // key -> function (per 
 std::unordered_set<std::string> g_printed;
 CacheStats g_stats;
 
-bool debug_on() {
-  const char* e = std::getenv("CASTLAB_DEBUG");
-  return e && *e && std::strcmp(e, "0") != 0;
-}
-
 const std::string& headers_hash() {
   static const std::string h = [] {
     std::string all;
@@ -256,6 +253,18 @@ bool nvrtc_compile(const std::string& name, const std::string& source,
     r.nvrtcDestroyProgram(&prog);
     *error = r.nvrtcGetErrorString(res);
     return false;
+  }
+  if (debug_level() >= 4) {
+    std::string ptx;
+    size_t np = 0;
+    if (r.nvrtcGetPTXSize(prog, &np) == 0 && np > 0) {
+      ptx.resize(np);
+      if (r.nvrtcGetPTX(prog, &ptx[0]) != 0) ptx.clear();
+    }
+    std::fprintf(stderr, "# castlab NVRTC log %s\n%s\n# castlab PTX %s\n%s\n", name.c_str(),
+                 log->empty() ? "(empty)" : log->c_str(), name.c_str(),
+                 ptx.empty() ? "(not available: compiled to a cubin directly)" : ptx.c_str());
+    std::fflush(stderr);
   }
   if (image) {
     size_t n = 0;
@@ -372,9 +381,9 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
     g_stats.memory_hits++;
     return it->second;
   }
-  if (debug_on() && g_printed.insert(name).second) {
-    std::fprintf(stdout, "# castlab CUDA kernel %s\n%s\n", name.c_str(), source.c_str());
-    std::fflush(stdout);
+  if (debug_level() >= 3 && g_printed.insert(name).second) {
+    std::fprintf(stderr, "# castlab CUDA kernel %s\n%s\n", name.c_str(), source.c_str());
+    std::fflush(stderr);
   }
   bool ptx_only = false;
   const std::vector<std::string> opts = nvrtc_options(dev, &ptx_only);

@@ -6,7 +6,7 @@
 >>> y = cl.silu(a) * b          # eager: rounds to bf16 after each op
 """
 
-from . import _C
+from . import _C, _debug
 from ._creation import (
                         arange,
                         asarray,
@@ -23,11 +23,12 @@ from ._creation import (
                         zeros,
                         zeros_like,
 )
-from ._dlpack import from_dlpack, tensor_dlpack, tensor_dlpack_device
+from ._dlpack import from_dlpack
+from ._dlpack import tensor_dlpack as _tensor_dlpack
+from ._dlpack import tensor_dlpack_device as _tensor_dlpack_device
 from ._dtype import (
                         as_dtype,
                         bfloat16,
-                        bool_,
                         dtype,
                         float8_e4m3fn,
                         float8_e5m2,
@@ -38,6 +39,7 @@ from ._dtype import (
                         int64,
                         promote_types,
 )
+from ._dtype import bool_ as _bool
 from ._jit import JitFunction, jit
 from ._tensor import Tensor, device
 from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
@@ -45,9 +47,10 @@ from .ops import __all__ as _ops_all
 from .policy import Math, Policy, use_math
 
 __version__ = _C.__version__
-Tensor.__dlpack__ = tensor_dlpack
-Tensor.__dlpack_device__ = tensor_dlpack_device
-bool = bool_  # noqa: A001  (castlab.bool, as torch.bool)
+_debug.level()  # pass CASTLAB_DEBUG on to C++
+Tensor.__dlpack__ = _tensor_dlpack
+Tensor.__dlpack_device__ = _tensor_dlpack_device
+bool = _bool  # noqa: A001  (castlab.bool, as torch.bool)
 
 __all__ = [
     "Tensor", "device", "dtype", "float64", "float32", "float16", "bfloat16", "float8_e4m3fn",

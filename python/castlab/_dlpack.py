@@ -86,7 +86,7 @@ def _normalize_device(device: Any) -> tuple[int, int]:
     raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda', 'cuda:N' or a DLPack pair)")
 
 
-def _copy_cpu(t: Any) -> Any:
+def _clone(t: Any) -> Any:
     """A contiguous, writable copy of a tensor on its own device (bit-exact)."""
     return t.clone()
 
@@ -132,7 +132,7 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
         src = _device_pair(t)
         if device is not None and _normalize_device(device) != src:
             raise BufferError(f"cannot import a DLPack tensor on device {src} to device {device!r}")
-        return _copy_cpu(t) if copy else t
+        return _clone(t) if copy else t
 
     if not hasattr(x, "__dlpack__"):
         raise TypeError(f"from_dlpack needs an object with __dlpack__ or a DLPack capsule, "
@@ -156,16 +156,16 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
         except BufferError:
             if isinstance(x, np.ndarray) and x.dtype.name in _ML_DTYPE_NAMES:
                 t = _from_numpy_fallback(x)
-                return _copy_cpu(t) if copy else t
+                return _clone(t) if copy else t
             raise
     except BufferError:
         # NumPy cannot export ml_dtypes (bfloat16, fp8) through DLPack.
         if isinstance(x, np.ndarray) and x.dtype.name in _ML_DTYPE_NAMES:
             t = _from_numpy_fallback(x)
-            return _copy_cpu(t) if copy else t
+            return _clone(t) if copy else t
         raise
     t = _C.from_dlpack_capsule(capsule)
-    return _copy_cpu(t) if copy else t
+    return _clone(t) if copy else t
 
 
 # ---- producer --------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
     else:
         _producer_sync(self, stream)
     if copy:
-        return _C.to_dlpack(_copy_cpu(self), versioned, copied=True)
+        return _C.to_dlpack(_clone(self), versioned, copied=True)
     return _C.to_dlpack(self, versioned)
 
 

@@ -94,7 +94,7 @@ _BY_NP = {d._np: d for d in _ALL}
 def as_dtype(x: Any) -> dtype:
     """Turn a castlab/NumPy/ml_dtypes/torch dtype, a Python type, or a name into a castlab dtype.
 
-    >>> as_dtype("bf16"), as_dtype(np.float16)
+    >>> cl.as_dtype("bf16"), cl.as_dtype(np.float16)
     (castlab.bfloat16, castlab.float16)
     """
     if isinstance(x, dtype):
@@ -137,7 +137,7 @@ def _category(d: dtype) -> int:
 def promote_types(a: dtype, b: dtype) -> dtype:
     """PyTorch's promotion of two tensor dtypes (bf16 with fp16 gives fp32, ...).
 
-    >>> promote_types(bfloat16, float16)
+    >>> cl.promote_types(cl.bfloat16, cl.float16)
     castlab.float32
     """
     if a is b:

@@ -8,6 +8,9 @@ the node to the graph being recorded.
 
 from __future__ import annotations
 
+import linecache
+import os
+import sys
 import threading
 from typing import Any
 
@@ -44,7 +47,7 @@ class Node:
         self.index = -1       # position in the traced graph
         self.tensor = None    # 'input' nodes: the concrete tensor (eager or example input)
         self.value = None     # 'scalar' nodes: the Python number
-        self.where = None     # source location that created the node (traces)
+        self.where = None     # (file, line, source text) of the user code that recorded it
 
     def __repr__(self) -> str:
         return f"Node({self.op}, {self.dtype}, {list(self.shape)})"
@@ -109,14 +112,8 @@ class Proxy:
         return f"Proxy(t{self.node.index}: {self.node.dtype.short}{list(self.node.shape)})"
 
     def _value_error(self, what: str):
-        import traceback
-
-        frame = None
-        for fs in reversed(traceback.extract_stack()[:-2]):
-            if "/castlab/" not in fs.filename.replace("\\", "/"):
-                frame = fs
-                break
-        loc = f" at {frame.filename}:{frame.lineno}: {frame.line}" if frame else ""
+        w = user_location()
+        loc = f" at {w[0]}:{w[1]}: {w[2]}" if w else ""
         raise TypeError(
             f"{what} of a traced tensor is not available while castlab.jit traces{loc}. "
             "A traced function may not branch on tensor values (Python control flow on "
@@ -156,9 +153,32 @@ class Proxy:
             yield self[i]
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _in_package(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    d = os.path.dirname(os.path.abspath(filename))
+    return d == _PACKAGE_DIR or d.startswith(_PACKAGE_DIR + os.sep)
+
+
+def user_location() -> tuple | None:
+    """(file, line, source text) of the innermost frame outside castlab's package
+    directory: the user's code (even in a folder that happens to be named castlab)."""
+    f = sys._getframe(1)
+    while f is not None and _in_package(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return None
+    fn, ln = f.f_code.co_filename, f.f_lineno
+    return (fn, ln, linecache.getline(fn, ln).strip())
+
+
 def record(node: Node) -> Node:
     g = _state.graph
     node.index = len(g)
+    node.where = user_location()
     g.append(node)
     return node
 

@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import _C
+from . import _C, _debug
 from ._creation import asarray
-from ._dtype import as_dtype, float32, float64
+from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
-from ._lower import Lowering, input_node, lower
+from ._lower import Lowering, Record, input_node, lower
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["jit", "JitFunction", "Trace"]
 
 Tensor = _C.Tensor
-
-
-def _debug() -> bool:
-    return os.environ.get("CASTLAB_DEBUG", "") not in ("", "0")
 
 
 class Traced:
@@ -133,9 +130,26 @@ class JitFunction:
         tr = Traced(getattr(self.fn, "__name__", "fn"), nodes, inputs, captured, captured_nodes,
                     out_nodes, structure)
         tr.arg_names = _arg_names(self.fn, len(tensors))
-        if _debug():
-            print(format_trace(tr, self.policy, self.math))
         return tr
+
+    def _plan(self, tr: Traced, all_inputs: list, pol: Policy, mth: Math):
+        """The plan of `tr` under `pol` and `mth`, lowered on first use: (plan, fresh
+        outputs to run it into, or None when the plan was cached)."""
+        key = (pol, mth)
+        plan = tr.plans.get(key)
+        if plan is not None:
+            return plan, None
+        plan, outs = lower(tr.outputs, all_inputs, pol, mth)
+        tr.plans[key] = plan
+        if pol is self.policy and mth is self.math:
+            tr.default_plan = plan
+        level = _debug.level()
+        if level >= 1:
+            print(format_trace(tr, plan.record), file=sys.stderr)
+        if level >= 2:
+            for k, (prog, _, _) in enumerate(plan.steps):
+                print(f"# program {k}\n{prog}", file=sys.stderr)
+        return plan, outs
 
     # -- running ---------------------------------------------------------------------
     def run(self, *args, policy: Any = None, math: Any = None):
@@ -145,17 +159,8 @@ class JitFunction:
         tensors = self._bind(args)
         tr = self._traced(tensors)
         all_inputs = tensors + tr.captured
-        key = (pol, mth)
-        plan = tr.plans.get(key)
-        if plan is None:
-            plan, outs = lower(tr.outputs, all_inputs, pol, mth)
-            tr.plans[key] = plan
-            if pol is self.policy and mth is self.math:
-                tr.default_plan = plan
-            if _debug():
-                print(format_trace(tr, pol, mth))
-                for k, (prog, _, _) in enumerate(plan.steps):
-                    print(f"# program {k}\n{prog}")
+        plan, outs = self._plan(tr, all_inputs, pol, mth)
+        if outs is not None:
             plan.run(all_inputs, outs)
         else:
             outs = plan.run(all_inputs)
@@ -178,11 +183,15 @@ class JitFunction:
 
     def trace(self, *args, policy: Any = None, math: Any = None) -> Trace:
         """The readable listing of the graph under `policy` and `math`: one line per op,
-        every widening and rounding the policy inserts shown as ``convert``."""
+        every widening and rounding the policy inserts shown as ``convert``. It prints the
+        lowering's own record (``_lower.Record``): the graph is lowered (not run) for the
+        device of `args`, and that plan is kept for later runs."""
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
-        tr = self._traced(self._bind(args))
-        return Trace(format_trace(tr, pol, mth))
+        tensors = self._bind(args)
+        tr = self._traced(tensors)
+        plan, _ = self._plan(tr, tensors + tr.captured, pol, mth)
+        return Trace(format_trace(tr, plan.record))
 
     def node_values(self, *args, policy: Any = None, math: Any = None) -> list:
         """The value of every op node of the trace under `policy`/`math`, exactly as the
@@ -277,22 +286,30 @@ def _vop_args(node: Node) -> str:
     return f"dim={v[1]}"
 
 
-def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
-    """Render a traced graph under a policy, Thunder style."""
-    cuda = bool(tr.outputs) and tr.outputs[0].device.startswith("cuda")
-    low = Lowering(policy, math, cuda, [])
+def _where(node: Node) -> str:
+    """``file.py:LINE`` of the user code that recorded `node` (empty when unknown)."""
+    w = node.where
+    return f"{os.path.basename(w[0])}:{w[1]}" if w else ""
+
+
+def format_trace(tr: Traced, record: Record) -> str:
+    """Render a traced graph, Thunder style, from the lowering's record of it under one
+    policy, math and device (``lower(...)[0].record``): every convert, fma contraction,
+    PyTorch kernel quirk and rounding shown is one the lowering made."""
+    policy, math, cuda = record.policy, record.math, record.cuda
     names: dict = {}
     lines: list = []
     # Names: graph node k is t{k} (the index that Policy(round_after=...) takes); a value
     # widened or rounded to another dtype gets that dtype as a suffix (t2_bf16).
 
-    def emit(lhs, rhs, comment=""):
+    def emit(lhs, rhs, comment="", where=""):
         s = f"  {lhs} = {rhs}"
         if comment:
             s = s.ljust(44) + "  # " + comment
+        if where:
+            s = (s + "  # " + where) if comment else (s.ljust(44) + "  # " + where)
         lines.append(s)
 
-    arg_names = []
     arg_decl: list = []
     arg_names = getattr(tr, "arg_names", None) or _arg_names(lambda: None, len(tr.inputs))
     for i, n in enumerate(tr.inputs):
@@ -313,41 +330,43 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
     conv: dict = {}
     for n in tr.inputs + tr.captured_nodes:
         rep[id(n)] = ("st", n.dtype)
+    unlowered = Lowering(policy, math, cuda, [])  # register types of nodes never computed
 
     def comp_dt(node) -> Any:
-        return float64 if low.vt64(node) else float32
+        d = record.of(node)
+        f64 = d.compute == "f64" if d is not None else unlowered.vt64(node)
+        return float64 if f64 else float32
 
     def operand(a: Node, cdt) -> str:
         if a.op == "scalar":
             return repr(a.value)
         nm = names[id(a)]
-        kind, dt = rep[id(a)]
-        if dt is cdt or (kind == "cp" and dt is cdt):
+        _, dt = rep[id(a)]
+        if dt is cdt:
             return nm
-        if dt is float64 and cdt is float32 or dt is not cdt:
-            key = (id(a), cdt.name)
-            if key not in conv:
-                t = f"{nm}_{cdt.short}"
-                what = "widen, exact" if (dt.bits < cdt.bits) else "round to nearest even"
-                emit(t, f"convert({nm}, {cdt.short})", what)
-                conv[key] = t
-            return conv[key]
-        return nm
+        key = (id(a), cdt.name)
+        if key not in conv:
+            t = f"{nm}_{cdt.short}"
+            what = "widen, exact" if (dt.bits < cdt.bits) else "round to nearest even"
+            emit(t, f"convert({nm}, {cdt.short})", what)
+            conv[key] = t
+        return conv[key]
 
     rounding = {"nearest": "round to nearest even", "toward_zero": "round toward zero",
                 "stochastic": f"stochastic rounding, seed={policy.seed}"}[policy.rounding]
-    users: dict = {}
-    for n in tr.nodes:
-        for a in n.inputs:
-            users[id(a)] = users.get(id(a), 0) + 1
+
+    def round_note(d) -> str:
+        return rounding + ("; done by the output store" if d.round_elided else "")
 
     for n in tr.nodes:
+        where = _where(n)
         if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
             t = f"t{n.index}"
             names[id(n)] = t
             rep[id(n)] = rep[id(n.inputs[0])]
             emit(t, f"{n.op}({names[id(n.inputs[0])]}, {_vop_args(n)})",
-                 f"{_fmt_type(rep[id(n)][1] if rep[id(n)][0] == 'cp' else n.dtype, n.shape)}  view")
+                 f"{_fmt_type(rep[id(n)][1] if rep[id(n)][0] == 'cp' else n.dtype, n.shape)}  view",
+                 where)
             continue
         if n.op == "cat":
             cdt = max((rep[id(p)][1] for p in n.inputs), key=lambda d: d.bits)
@@ -357,42 +376,45 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
             kinds = {rep[id(p)][0] for p in n.inputs}
             rep[id(n)] = ("st", n.dtype) if kinds == {"st"} and cdt is n.dtype else ("cp", cdt)
             emit(t, f"cat([{', '.join(parts)}], dim={n.attrs['dim']})",
-                 f"{_fmt_type(rep[id(n)][1], n.shape)}  data movement, exact")
+                 f"{_fmt_type(rep[id(n)][1], n.shape)}  data movement, exact", where)
             continue
+        d = record.of(n)
         cdt = comp_dt(n)
+        t = f"t{n.index}"
         if n.op == "astype":
             src = operand(n.inputs[0], cdt)
-            tgt = low.round_target(n)
-            t = f"t{n.index}"
             names[id(n)] = t
+            tgt = d.round_to if d is not None else None
             if tgt is not None:
-                emit(t, f"convert({src}, {tgt.short})", f"astype: {rounding}")
+                emit(t, f"convert({src}, {tgt.short})", f"astype: {round_note(d)}", where)
                 rep[id(n)] = ("st", tgt)
             else:
                 emit(t, f"astype({src}, {n.dtype.short})",
-                     "kept exact (fp64 policy)" if policy.name == "fp64" else "no rounding")
+                     ("kept exact (fp64 policy)" if policy.name == "fp64" else "no rounding")
+                     + ("" if d is not None else "; not computed (unused)"), where)
                 rep[id(n)] = ("cp", cdt)
             continue
         args = [operand(a, cdt) for a in n.inputs]
-        t = f"t{n.index}"
         names[id(n)] = t
         out_dt = n.dtype if n.op in COMPARE else cdt
         note = [_fmt_type(out_dt, n.shape)]
-        desc = math.describe_op(n.op, cuda)
-        if desc:
-            note.append(desc)
-        if n.op in ("add", "sub"):
-            for a in n.inputs:
-                if low.contracts(a, low.vt64(n), users.get(id(a), 0)):
-                    note.append(f"fma-contracted with {names[id(a)]}")
-                    break
-        opname = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}.get(n.op, n.op)
-        emit(t, f"{opname}({', '.join(args)})", "  ".join(note))
+        if d is None:
+            note.append("not computed (unused)")
+        else:
+            if d.description:
+                note.append(d.description)
+            if d.fma_with is not None:
+                note.append(f"fma-contracted with {names[id(d.fma_with)]}")
+            if d.fma_into is not None:
+                note.append(f"product kept exact for the fma of t{d.fma_into.index}")
+            if d.quirk:
+                note.append(d.quirk)
+        emit(t, f"{n.op}({', '.join(args)})", "  ".join(note), where)
         rep[id(n)] = ("st", n.dtype) if n.op in COMPARE else ("cp", cdt)
-        tgt = low.round_target(n)
-        if tgt is not None:
+        if d is not None and d.round_to is not None:
+            tgt = d.round_to
             r = f"{t}_{tgt.short}"
-            emit(r, f"convert({t}, {tgt.short})", rounding)
+            emit(r, f"convert({t}, {tgt.short})", round_note(d))
             names[id(n)] = r
             rep[id(n)] = ("st", tgt)
 
@@ -411,6 +433,3 @@ def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
         rets.append(nm)
     lines.append("  return " + ", ".join(rets))
     return "\n".join(lines)
-
-
-_ = (as_dtype,)

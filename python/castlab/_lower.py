@@ -15,15 +15,96 @@ Three steps:
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import _C
-from ._dtype import _BY_CODE, as_dtype, bool_, dtype, float32, float64, int64
+from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
 from ._optable import OPCODE, ROUND_MODES, instr, output
 from .policy import Math, Policy
 
 K_ROUND = OPCODE["round"]
+
+
+# ---------------------------------------------------------------- the record
+
+class Decision:
+    """What the lowering decided for one graph node; the trace listing prints these.
+
+    index, op: the node (t{index} in the listing); compute: "f32" or "f64" (its register
+    type); variant: the math variant bits its instruction carries (description: their
+    reading); fma_with: the product node contracted into this add/sub's fma (fma_into:
+    on that product, the add/sub it went into); quirk: the PyTorch CUDA kernel detail
+    expanded in its place, in words; round_to, round_mode: the rounding inserted after it
+    (None: none); round_elided: that rounding is done by the output store."""
+
+    __slots__ = ("node", "index", "op", "compute", "variant", "description", "fma_with",
+                 "fma_into", "quirk", "round_to", "round_mode", "round_elided")
+
+    def __init__(self, node: Node, compute: str):
+        self.node = node
+        self.index = node.index
+        self.op = node.op
+        self.compute = compute
+        self.variant = 0
+        self.description = ""
+        self.fma_with: Node | None = None
+        self.fma_into: Node | None = None
+        self.quirk = ""
+        self.round_to: dtype | None = None
+        self.round_mode = ""
+        self.round_elided = False
+
+    def __repr__(self) -> str:
+        facts = [f"t{self.index} {self.op} {self.compute}"]
+        if self.variant:
+            facts.append(f"variant={self.variant:#x}")
+        if self.fma_with is not None:
+            facts.append(f"fma with t{self.fma_with.index}")
+        if self.fma_into is not None:
+            facts.append(f"contracted into t{self.fma_into.index}")
+        if self.quirk:
+            facts.append(f"quirk: {self.quirk}")
+        if self.round_to is not None:
+            facts.append(f"round to {self.round_to.short} ({self.round_mode})"
+                         + (", by the store" if self.round_elided else ""))
+        return f"Decision({'; '.join(facts)})"
+
+
+class Record:
+    """The lowering's own record of one graph under one policy, math and device: one
+    :class:`Decision` per node it computed (``decisions``, by node index; ``of(node)``).
+    A jit plan carries it as ``plan.record``; ``trace()`` prints it.
+
+    >>> f = cl.jit(lambda x: cl.silu(x) * x, policy="eager")
+    >>> x = cl.randn(8, seed=0, dtype=cl.bfloat16)
+    >>> y = f(x)
+    >>> for d in f.graph(x).default_plan.record.decisions:
+    ...     print(d)
+    Decision(t0 silu f32; round to bf16 (nearest))
+    Decision(t1 mul f32; round to bf16 (nearest), by the store)
+    >>> g = cl.jit(lambda x: x * x + x, math="inductor")
+    >>> print(g.trace(cl.randn(8, seed=0)).splitlines()[2:4])  # doctest: +NORMALIZE_WHITESPACE
+    ['  t0 = mul(x, x)                              # f32[8]  product kept exact for the fma of t1  # <doctest castlab._lower.Record[4]>:1',
+     '  t1 = add(t0, x)                             # f32[8]  fma-contracted with t0  # <doctest castlab._lower.Record[4]>:1']
+    """
+
+    def __init__(self, policy: Policy, math: Math, cuda: bool):
+        self.policy = policy
+        self.math = math
+        self.cuda = cuda
+        self._by_node: dict = {}
+
+    @property
+    def decisions(self) -> list:
+        return sorted(self._by_node.values(), key=lambda d: d.index)
+
+    def of(self, node: Node) -> Decision | None:
+        return self._by_node.get(id(node))
+
+    def decide(self, node: Node, f64: bool) -> Decision:
+        d = self._by_node.get(id(node))
+        if d is None:
+            d = self._by_node[id(node)] = Decision(node, "f64" if f64 else "f32")
+        return d
 
 
 # ---------------------------------------------------------------- expressions
@@ -145,6 +226,7 @@ class Lowering:
         self._expr_memo: dict = {}
         self._view_memo: dict = {}
         self._hoist_memo: dict = {}
+        self.record = Record(policy, math, cuda)  # what was decided, per node
 
     # -- value types -------------------------------------------------------------
     def vt64(self, node: Node) -> bool:
@@ -322,7 +404,7 @@ class Lowering:
         dev = self.device_str()
         t = _C.empty(list(e.shape), dt.name, dev)
         self.temp_tensors.append(t)
-        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None, temp_dt=dt)
+        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
     def device_str(self) -> str:
@@ -382,7 +464,7 @@ class Lowering:
             acc.append((e, out, out_meta))
         return acc
 
-    def emit_regions(self, e, out: Leaf, out_meta, temp_dt=None):
+    def emit_regions(self, e, out: Leaf, out_meta):
         self.emit_grouped(self.regions(e, out, out_meta, []))
 
     def emit_grouped(self, regs: list):
@@ -432,6 +514,7 @@ class ProgramBuilder:
         self._memo: dict = {}
         self._conv: dict = {}
         self._uses: dict = {}
+        self._round_of: dict = {}   # register of an inserted rounding -> its Decision
 
     def elide_final_round(self, reg: int, out: Leaf) -> int:
         """A deterministic rounding to the output's own dtype right before the store is
@@ -445,6 +528,9 @@ class ProgramBuilder:
         if any(reg in (i.a, i.b, i.c) for i in self.code):
             return reg
         self.code.remove(ins)
+        d = self._round_of.get(reg)
+        if d is not None:
+            d.round_elided = True
         return ins.a
 
     def new(self) -> int:
@@ -520,16 +606,22 @@ class ProgramBuilder:
         op = node.op
         f64 = low.vt64(node)
         args = e.args
+        d = low.record.decide(node, f64)
         if op == "astype":
             src = self.operand(args[0], f64)
             out = src
         else:
             var = low.math.variant_bits(op, f64, low.cuda)
+            if var != d.variant or not d.description:
+                d.variant = var
+                d.description = low.math.describe_op(op, low.cuda) or ""
             contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
-            quirk = (self._torch_cuda_kernel(e, f64, var)
+            quirk = (self._torch_cuda_kernel(e, f64)
                      if low.cuda and low.math.cuda_kernels and contracted is None else None)
             if contracted is not None:
-                out = contracted
+                out, mul = contracted
+                d.fma_with = mul
+                low.record.decide(mul, f64).fma_into = node
             elif quirk is not None:
                 out = quirk
             else:
@@ -542,9 +634,11 @@ class ProgramBuilder:
             self.ins("round", f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,
                      sat=int(low.policy.saturate), aux=node.index + 1)
             out = r
+            d.round_to, d.round_mode = tgt, low.policy.rounding
+            self._round_of[r] = d
         return (out, f64)
 
-    def _torch_cuda_kernel(self, e: Elem, f64: bool, var: int):
+    def _torch_cuda_kernel(self, e: Elem, f64: bool):
         """PyTorch's eager CUDA kernels where they differ from "op-math, one rounding":
         a division by a Python number multiplies by its reciprocal (div_true_kernel_cuda),
         and bf16/fp16 x**3 and x**-2 compute the inner product in scalar_t
@@ -561,6 +655,8 @@ class ProgramBuilder:
             self.ins("const", f64, k, imm=inv)
             out = self.new()
             self.ins("mul", f64, out, a, k)
+            self.low.record.decide(node, f64).quirk = (
+                f"expanded as x * {inv!r} (div_true_kernel_cuda)")
             return out
         if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
                 and float(args[1].value) in (3.0, -2.0) and not f64
@@ -573,8 +669,12 @@ class ProgramBuilder:
             out = self.new()
             if float(args[1].value) == 3.0:
                 self.ins("mul", f64, out, r, x)
+                form = "round(x*x, {0}) * x"
             else:
                 self.ins("reciprocal", f64, out, r)
+                form = "1 / round(x*x, {0})"
+            self.low.record.decide(node, f64).quirk = (
+                f"expanded as {form.format(node.dtype.short)} (pow_tensor_scalar_kernel)")
             return out
         return None
 
@@ -588,6 +688,7 @@ class ProgramBuilder:
 
         x, y = e.args
         op = e.node.op
+        mul = x if is_mul(x) else y
         if is_mul(x):
             ma, mb = (self.operand(a, f64) for a in x.args)
             c = self.operand(y, f64)
@@ -606,7 +707,7 @@ class ProgramBuilder:
             return None
         out = self.new()
         self.ins("fma", f64, out, ma, mb, c)
-        return out
+        return out, mul.node
 
 
 # ---------------------------------------------------------------- plans
@@ -690,6 +791,7 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
         low.regions(e, out, 1_000_003 + k, regs)
     low.emit_grouped(regs)
     plan = Plan(low, inputs, out_shapes, out_dtypes, out_tensors)
+    plan.record = low.record
     return plan, out_tensors
 
 
@@ -699,8 +801,4 @@ def input_node(t, slot: int) -> Node:
     return n
 
 
-def _dt(x: Any) -> dtype:
-    return as_dtype(x)
-
-
-__all__ = ["lower", "Plan", "input_node", "bool_"]
+__all__ = ["lower", "Plan", "Record", "Decision", "input_node"]

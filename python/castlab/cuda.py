@@ -19,7 +19,7 @@ from . import _C
 
 __all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
            "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
-           "kernel_cache_stats"]
+           "kernel_cache_stats", "unavailable_reason", "wait_on_stream"]
 
 
 def _nvrtc_candidates() -> list[str]:
@@ -163,3 +163,8 @@ def consumer_stream(device_index: int) -> int:
 def wait_on_stream(producer_stream: int, device_index: int = 0) -> None:
     """Make castlab's stream wait for the work queued so far on ``producer_stream``."""
     _C._cuda_wait_on_stream(int(producer_stream), int(device_index))
+
+
+def __dir__() -> list:
+    """The public API only (not the helpers this module imports)."""
+    return sorted(__all__)

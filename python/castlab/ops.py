@@ -55,7 +55,6 @@ def _trace_input(t) -> Node:
         if c is t:
             return st.captured_nodes[i]
     n = input_node(t, st.n_inputs + len(st.captured))
-    n.attrs["captured"] = True
     st.captured.append(t)
     st.captured_nodes.append(n)
     return n

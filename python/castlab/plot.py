@@ -160,3 +160,8 @@ def drift_chart(drift_result: Any, *, metric: str = "max_ulp"):
     ax.set_title(f"{d.fn_name}: error vs fp64 per node")
     ax.legend(fontsize=8)
     return fig
+
+
+def __dir__() -> list:
+    """The public API only (not the helpers this module imports)."""
+    return sorted(__all__)

@@ -49,8 +49,10 @@ class Policy:
     golden reference). A custom policy rounds after chosen nodes and/or computes in a
     chosen dtype.
 
-    >>> Policy("custom", round_after=("silu",))            # round only silu's result
-    >>> Policy("custom", compute="float64", round_after="all")  # fp64 math, bf16 rounding
+    >>> p = cl.Policy("custom", round_after=("silu",))            # round only silu's result
+    >>> p = cl.Policy("custom", compute="float64", round_after="all")  # fp64 math, bf16 rounding
+    >>> p.describe()
+    'custom round_after=all compute=f64'
 
     Args:
         name: "eager", "fused", "fp64" or any label for a custom policy.
@@ -181,7 +183,7 @@ class Math:
             ``--fmad=true``), and bf16/fp16 ``x**3`` / ``x**-2`` round the inner product to
             the storage dtype (the kernels compute in ``scalar_t``). No effect on the CPU.
 
-    >>> Math.preset("inductor").division
+    >>> cl.Math.preset("inductor").division
     'approx'
     """
 
@@ -340,3 +342,8 @@ def use_math(m: Any) -> Iterator[Math]:
             del _local.math
         else:
             _local.math = prev
+
+
+def __dir__() -> list:
+    """The public API only (not the helpers this module imports)."""
+    return sorted(__all__)

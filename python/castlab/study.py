@@ -9,17 +9,15 @@ each compared with the fp64 golden reference.
 from __future__ import annotations
 
 import dataclasses
-import math as _math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _C
 from ._creation import rand, randn, tensor
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, jit
 from .ops import cat, chunk, gelu, reshape, silu, stack
-from .policy import Math, Policy, as_math, as_policy
+from .policy import Policy, as_math, as_policy
 
 __all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns"]
 
@@ -304,4 +302,6 @@ def _bar(i: int, n: int, label: str) -> None:
     sys.stderr.flush()
 
 
-_ = (_math, Iterable, Math, _C)
+def __dir__() -> list:
+    """The public API only (not the helpers this module imports)."""
+    return sorted(__all__)

@@ -33,7 +33,6 @@ void bind_cuda(py::module_& m) {
   cu::register_cuda_runner();
 
   m.def("_cuda_is_available", [] { return cu::is_available(); });
-  m.def("_cuda_unavailable_reason", [] { return cu::unavailable_reason(); });
   m.def("_cuda_device_count", [] { return cu::device_count(); });
   m.def(
       "_cuda_init",
@@ -141,8 +140,6 @@ void bind_cuda(py::module_& m) {
     d["compile_seconds"] = s.compile_seconds;
     return d;
   });
-  m.def("_cuda_kernel_cache_dir", [] { return cu::cache_dir(); });
-  m.def("_cuda_sha256", [](const py::bytes& b) { return cu::sha256_hex(std::string(b)); });
   // The source the code generator writes for a program on given operands (debugging and
   // tests; needs no GPU).
   // unroll, shape and strides are optional (KernelLayout's fields of the same names: the

@@ -40,16 +40,10 @@ py::tuple to_tuple(const Shape& s) {
 }  // namespace
 
 void bind_tensor(py::module_& m) {
-  m.def("dtype_names", [] {
-    std::vector<std::string> names;
-    for (int i = 0; i < cl::kNumDTypes; ++i) names.push_back(cl::dtype_info((cl::DTypeCode)i).name);
-    return names;
-  });
   m.def("itemsize",
         [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
   m.def("num_threads", &cl::num_threads);
   m.def("cpu_empty_cache", &cl::cpu_empty_cache, "return cached host memory blocks to the OS");
-  m.def("cpu_cached_bytes", &cl::cpu_cached_bytes);
   m.def("set_num_threads", &cl::set_num_threads);
   m.def("broadcast_shapes",
         [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
@@ -76,14 +70,12 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("_storage_nbytes", [](const Tensor& t) { return t.storage()->nbytes; })
       .def_property_readonly("readonly", &Tensor::readonly)
       .def("is_contiguous", &Tensor::is_contiguous)
-      .def("_as_strided", &Tensor::as_strided)
       .def("_slice", &Tensor::slice)
       .def("_select", &Tensor::select)
       .def("_permute", &Tensor::permute)
       .def("_transpose", &Tensor::transpose)
       .def("_unsqueeze", &Tensor::unsqueeze)
       .def("_squeeze", &Tensor::squeeze)
-      .def("_squeeze_all", &Tensor::squeeze_all)
       .def("_expand", &Tensor::expand)
       .def("_view_or_none",
            [](const Tensor& t, const Shape& s) -> py::object {

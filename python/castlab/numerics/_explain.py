@@ -145,7 +145,7 @@ def _map_index(shape: tuple, out_shape: tuple, index: tuple):
     return tuple(0 if s == 1 else index[off + k] for k, s in enumerate(shape))
 
 
-def _source_index(n, tr, index_in_n: tuple):
+def _source_index(n, index_in_n: tuple):
     """For a view node, (input name, index into the input) reached through views."""
     chain = []
     cur = n
@@ -414,7 +414,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         label = _node_expr(n, names)
         at = "-"
         if idx is not None and n.op in _VIEWS:
-            src = _source_index(n, tr, idx)
+            src = _source_index(n, idx)
             if src is not None:
                 at = f"{names[id(src[0])]}{list(src[1])}"
         elif idx is not None:
