@@ -197,7 +197,7 @@ class JitFunction:
         tensors = self._bind(args)
         tr = self._traced(tensors)
         all_inputs = tensors + tr.captured
-        low = Lowering(pol, mth, False, [])
+        low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
         out = [(n, t) for n, t in zip(tr.inputs, tensors)]
         for n in tr.nodes:
             if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
@@ -279,8 +279,8 @@ def _vop_args(node: Node) -> str:
 
 def format_trace(tr: Traced, policy: Policy, math: Math) -> str:
     """Render a traced graph under a policy, Thunder style."""
-    cuda = bool(tr.outputs) and tr.outputs[0].device.startswith("cuda")
-    low = Lowering(policy, math, cuda, [])
+    low = Lowering(policy, math, tr.outputs[0].device if tr.outputs else None, [])
+    cuda = low.cuda
     names: dict = {}
     lines: list = []
     # Names: graph node k is t{k} (the index that Policy(round_after=...) takes); a value

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _C
+from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, bool_, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
 from ._optable import OPCODE, ROUND_MODES, instr, output
@@ -134,10 +135,11 @@ def _norm_vop(vop, shape):
 class Lowering:
     """Builds expressions and regions for one graph under one policy and math."""
 
-    def __init__(self, policy: Policy, math: Math, cuda: bool, inputs: list):
+    def __init__(self, policy: Policy, math: Math, device: Any, inputs: list):
         self.policy = policy
         self.math = math
-        self.cuda = cuda
+        self.device = as_device(device)   # the graph's device: temporaries and outputs
+        self.cuda = self.device.is_cuda
         self.inputs = inputs          # concrete tensors bound to 'input' nodes
         self.temps: list = []         # (shape, dtype) of temporaries
         self.temp_tensors: list = []
@@ -319,14 +321,10 @@ class Lowering:
             dt = float64 if self._expr_f64(e) else float32
         k = len(self.temps)
         self.temps.append((tuple(e.shape), dt))
-        dev = self.device_str()
-        t = _C.empty(list(e.shape), dt.name, dev)
+        t = _C.empty(list(e.shape), dt.name, str(self.device))
         self.temp_tensors.append(t)
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None, temp_dt=dt)
         return Leaf(t, ("tmp", k))
-
-    def device_str(self) -> str:
-        return "cuda:0" if self.cuda else "cpu"
 
     def _expr_f64(self, e) -> bool:
         if isinstance(e, Leaf):
@@ -638,7 +636,7 @@ class Plan:
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes
-        self.device = low.device_str()
+        self.device = str(low.device)
         self._c = _C.Plan(self.steps, [(list(s), d.name) for s, d in self.temps],
                           [(list(s), d.name) for s, d in zip(out_shapes, out_dtypes)],
                           self.device)
@@ -651,9 +649,8 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
 
     `out_dtypes` overrides the output dtypes (used to observe intermediate values in
     their register precision, without an extra rounding)."""
-    device = outputs[0].device if outputs else "cpu"
-    cuda = device.startswith("cuda")
-    low = Lowering(policy, math, cuda, inputs)
+    device = str(outputs[0].device) if outputs else "cpu"
+    low = Lowering(policy, math, device, inputs)
     if out_dtypes is None:
         out_dtypes = []
         for n in outputs:
