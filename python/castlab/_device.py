@@ -78,7 +78,7 @@ def _parse(spec: str) -> tuple[str, int | None]:
         if idx is not None and int(idx) != 0:
             raise ValueError(f"unknown device {spec!r}: cpu has no index other than 0")
         return "cpu", None
-    return "cuda", int(idx) if idx is not None else 0
+    return "cuda", int(idx) if idx is not None else None  # bare "cuda": cuda:0 (or the index given)
 
 
 @functools.lru_cache(maxsize=64)
