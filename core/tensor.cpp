@@ -11,6 +11,17 @@ std::string Device::str() const {
   return "cuda:" + std::to_string(index);
 }
 
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return {DeviceType::CPU, 0};
+  if (s == "cuda") return {DeviceType::CUDA, 0};
+  if (s.size() > 5 && s.size() <= 14 && s.compare(0, 5, "cuda:") == 0 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos)
+    return {DeviceType::CUDA, static_cast<int32_t>(std::stol(s.substr(5)))};
+  throw std::invalid_argument("unknown device '" + s +
+                              "' (expected 'cpu', 'cuda' or 'cuda:N' with N a non-negative "
+                              "integer)");
+}
+
 namespace {
 
 // Host memory: large blocks are cached and reused instead of being returned to the

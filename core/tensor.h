@@ -28,6 +28,9 @@ struct Device {
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const;
+  // "cpu", "cuda" (= cuda:0) or "cuda:N" with N a non-negative integer; anything else
+  // throws std::invalid_argument.
+  static Device parse(const std::string& s);
 };
 
 // A block of memory. It frees itself (through `deleter`) when the last tensor viewing

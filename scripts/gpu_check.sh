@@ -68,6 +68,11 @@ t0=$(date +%s)
 $PY -m pytest -m cuda tests -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40
 echo "cuda tests: $(( $(date +%s) - t0 )) s"
 
+# ---- multi-GPU tests (skipped on a machine with one GPU) ----
+t0=$(date +%s)
+$PY -m pytest -m cuda tests/test_multi_gpu.py -q -rfEs -p no:cacheprovider --timeout=400 2>&1 | tee "$OUT/test_multi_gpu.log" | tail -20
+echo "multi-GPU tests: $(( $(date +%s) - t0 )) s"
+
 # ---- benchmark ----
 if [ "$BENCH" = 1 ]; then
   t0=$(date +%s)

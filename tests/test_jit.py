@@ -654,7 +654,7 @@ def test_trace_prints_the_recorded_cuda_quirks_and_fma():
     f = cl.jit(fn, math="torch_eager")
     x = rnd((8,), cl.bfloat16, 1)
     tr = f.graph(x)
-    low = Lowering(cl.Policy("fused"), cl.Math.preset("torch_eager"), True, [x])
+    low = Lowering(cl.Policy("fused"), cl.Math.preset("torch_eager"), "cuda:0", [x])
     b = ProgramBuilder(low)
     b.value(low.hoist(low.expr(tr.outputs[0])))
     rec = low.record

@@ -277,24 +277,21 @@ static DevState& dev_state(int index) {
   return s;
 }
 
-// The context this thread last made current through castlab (cuCtxSetCurrent is
-// skipped when it already is).
-thread_local CUcontext t_current = nullptr;
-
-void set_device(int index) {
-  DevState& s = dev_state(index);
-  if (t_current != s.ctx) {
+// Makes the device's primary context current unless it already is. The driver is asked
+// (cuCtxGetCurrent, a thread-local read) rather than a cache of castlab's own: other
+// libraries in the process (PyTorch, CuPy) switch the current device too, and a launch
+// on cuda:1 with cuda:0's context current fails with an invalid-handle error.
+static void make_current(const DevState& s) {
+  CUcontext cur = nullptr;
+  if (g_drv.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != s.ctx)
     check(g_drv.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
-    t_current = s.ctx;
-  }
 }
+
+void set_device(int index) { make_current(dev_state(index)); }
 
 CUstream launch_stream(int index) {
   DevState& s = dev_state(index);
-  if (t_current != s.ctx) {
-    check(g_drv.cuCtxSetCurrent(s.ctx), "cuCtxSetCurrent");
-    t_current = s.ctx;
-  }
+  make_current(s);
   return s.stream;
 }
 

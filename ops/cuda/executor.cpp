@@ -14,11 +14,9 @@
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/kernel_cache.h"
 #include "ops/program.h"
+#include "ops/runtime.h"
 
 namespace cl {
-
-void set_cuda_runner(
-    std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)> f);
 
 namespace cuda {
 
@@ -385,6 +383,14 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
   set_device(dd.index);
   check(drv.cuMemcpyPeerAsync(dp, context(dd.index), sp, context(sd.index), n, stream(dd.index)),
         "cuMemcpyPeerAsync");
+  // The source's stream waits for the copy: a source block freed after this call goes back
+  // to its device's free list, and the next kernel there must not overwrite it mid-copy.
+  CUevent ev = nullptr;
+  check(drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  check(drv.cuEventRecord(ev, stream(dd.index)), "cuEventRecord");
+  set_device(sd.index);
+  check(drv.cuStreamWaitEvent(stream(sd.index), ev, 0), "cuStreamWaitEvent");
+  check(drv.cuEventDestroy(ev), "cuEventDestroy");
 }
 
 void register_cuda_runner() {

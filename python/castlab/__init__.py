@@ -6,42 +6,56 @@
 >>> y = cl.silu(a) * b          # eager: rounds to bf16 after each op
 """
 
-from . import _C, _debug
+# Layers (each module imports only from layers below it; no import inside a function
+# targets a castlab module; tests/test_layering.py checks this):
+#   0  _C, _debug, _dtype, _device, _optable  leaves (C++ core, debug level, dtypes, devices, ops)
+#   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
+#   2  _lower                                 graph -> Programs -> a Plan
+#   3  _dlpack -> _creation -> ops            interchange, creation, the op functions
+#   4  _tensor                                Tensor/Proxy methods (operators, .to, printing)
+#   5  _jit                                   tracing and fused execution
+#   6  numerics -> study, plot -> cli         analysis, studies, plots, the command line
+#   7  castlab (this file), __main__
+# Tensor methods are installed by _tensor; modules below it may call them on tensors
+# (t.clone(), t.astype()) at run time, but never import it.
+
+from . import _C, _debug, cli, cuda, numerics, study
 from ._creation import (
-                        arange,
-                        asarray,
-                        empty,
-                        empty_like,
-                        from_numpy,
-                        full,
-                        full_like,
-                        ones,
-                        ones_like,
-                        rand,
-                        randn,
-                        tensor,
-                        zeros,
-                        zeros_like,
+    arange,
+    asarray,
+    empty,
+    empty_like,
+    from_numpy,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
 )
+from ._device import device
 from ._dlpack import from_dlpack
 from ._dlpack import tensor_dlpack as _tensor_dlpack
 from ._dlpack import tensor_dlpack_device as _tensor_dlpack_device
 from ._dtype import (
-                        as_dtype,
-                        bfloat16,
-                        dtype,
-                        float8_e4m3fn,
-                        float8_e5m2,
-                        float16,
-                        float32,
-                        float64,
-                        int32,
-                        int64,
-                        promote_types,
+    as_dtype,
+    bfloat16,
+    dtype,
+    float8_e4m3fn,
+    float8_e5m2,
+    float16,
+    float32,
+    float64,
+    int32,
+    int64,
+    promote_types,
 )
 from ._dtype import bool_ as _bool
 from ._jit import JitFunction, jit
-from ._tensor import Tensor, device
+from ._tensor import Tensor
 from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
 from .ops import __all__ as _ops_all
 from .policy import Math, Policy, use_math
@@ -62,8 +76,6 @@ __all__ = [
     "study", "info",
 ]
 
-from . import cuda, numerics, study  # noqa: E402, F401  (submodules need the names above)
-
 
 def info() -> str:
     """Versions (castlab, Python, NumPy, ml_dtypes, torch) and the devices found (GPU
@@ -71,6 +83,4 @@ def info() -> str:
 
     >>> print(cl.info())          # doctest: +SKIP
     """
-    from .cli import info_text
-
-    return info_text()
+    return cli.info_text()

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _C
+from . import _C, cuda
+from ._device import as_device
+from ._dlpack import from_dlpack
 from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
 from ._optable import instr, output
 
@@ -20,14 +22,8 @@ __all__ = ["tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", 
 
 
 def _device_str(device: Any) -> str:
-    if device is None:
-        return "cpu"
-    s = str(device)
-    if s == "cuda":
-        return "cuda:0"
-    if s == "cpu" or s.startswith("cuda:"):
-        return s
-    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
+    """"cpu" or "cuda:N" for a device given in any form castlab accepts (None: the CPU)."""
+    return str(as_device(device))
 
 
 def _shape_arg(shape: tuple) -> list[int]:
@@ -44,11 +40,7 @@ def _shape_arg(shape: tuple) -> list[int]:
 
 
 def _to_device(t, device: str):
-    if device == "cpu":
-        return t
-    from . import cuda as _cuda
-
-    return _cuda.to_device(t, device)
+    return cuda.to_device(t, device)
 
 
 def from_numpy(a: np.ndarray) -> Tensor:
@@ -110,8 +102,6 @@ def tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
             t = t.astype(dt)
         return t.to(dev)
     if hasattr(data, "__dlpack__") and not isinstance(data, np.ndarray):
-        from ._dlpack import from_dlpack
-
         t = from_dlpack(data).clone()
         return (t.astype(dt) if dt is not None else t).to(dev)
     if isinstance(data, np.ndarray) and dt is None:
@@ -143,8 +133,6 @@ def asarray(x: Any, dtype: Any = None, device: Any = None) -> Tensor:
         except TypeError:
             t = tensor(x)
     elif hasattr(x, "__dlpack__"):
-        from ._dlpack import from_dlpack
-
         t = from_dlpack(x)
     else:
         t = tensor(x)

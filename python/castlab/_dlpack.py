@@ -12,11 +12,14 @@ legacy (unversioned) capsule, which has no way to say so.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any
 
 import numpy as np
 
-from . import _C
+from . import _C, cuda
+from ._device import as_device
 
 __all__ = ["from_dlpack", "tensor_dlpack", "tensor_dlpack_device"]
 
@@ -43,8 +46,6 @@ def _consumer_stream(device: tuple[int, int]) -> Any:
     (as an int), so the producer orders its pending work before castlab's."""
     if device[0] != _kDLCUDA:
         return None
-    from . import cuda
-
     return cuda.consumer_stream(device[1])
 
 
@@ -52,8 +53,6 @@ def _producer_sync(tensor: Any, stream: Any) -> None:
     """Make work queued on ``tensor`` visible to the consumer's ``stream`` (CUDA only):
     an event recorded on castlab's stream that the consumer's stream waits on (no host
     synchronisation). ``stream=-1`` means the consumer asks for no synchronisation."""
-    from . import cuda
-
     cuda.producer_sync(tensor, stream)
 
 
@@ -72,18 +71,8 @@ def _normalize_device(device: Any) -> tuple[int, int]:
         return (int(device[0]), int(device[1]))
     if hasattr(device, "__dlpack_device__"):
         return tuple(device.__dlpack_device__())
-    typ = getattr(device, "type", None)
-    if isinstance(typ, str):  # torch.device-like, or castlab's device object
-        idx = getattr(device, "index", None)
-        device = typ if idx is None else f"{typ}:{idx}"
-    s = str(device)
-    if s == "cpu":
-        return (_kDLCPU, 0)
-    if s == "cuda":
-        return (_kDLCUDA, 0)
-    if s.startswith("cuda:"):
-        return (_kDLCUDA, int(s[5:]))
-    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda', 'cuda:N' or a DLPack pair)")
+    d = as_device(device)
+    return (_kDLCPU, 0) if d.type == "cpu" else (_kDLCUDA, d.index)
 
 
 def _clone(t: Any) -> Any:
@@ -96,10 +85,6 @@ _ML_DTYPE_NAMES = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
 
 def _from_numpy_fallback(a: np.ndarray) -> Any:
     """Zero-copy import of a NumPy array NumPy cannot export through DLPack (ml_dtypes)."""
-    import castlab
-
-    if hasattr(castlab, "from_numpy"):
-        return castlab.from_numpy(a)
     name = a.dtype.name
     if name not in _ML_DTYPE_NAMES:
         raise TypeError(f"unsupported NumPy dtype {a.dtype} for castlab.from_dlpack")
@@ -108,6 +93,23 @@ def _from_numpy_fallback(a: np.ndarray) -> Any:
         raise BufferError("array strides are not a multiple of the itemsize")
     return _C.from_pointer(a.ctypes.data, list(a.shape), [s // isz for s in a.strides], name,
                            a, not a.flags.writeable, "cpu")
+
+
+def _producer_device(x: Any, src: tuple[int, int]) -> Any:
+    """A context in which ``x``'s library has ``x``'s CUDA device current, for the
+    ``__dlpack__`` call: the stream castlab passes belongs to that device, and PyTorch
+    refuses to export a tensor of another device than its current one (BufferError).
+    Only libraries already imported by the caller are used (their tensor exists)."""
+    if src[0] != _kDLCUDA:
+        return contextlib.nullcontext()
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch" and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.current_device() != src[1]:
+            return torch.cuda.device(src[1])
+    elif mod == "cupy" and "cupy" in sys.modules:
+        return sys.modules["cupy"].cuda.Device(src[1])
+    return contextlib.nullcontext()
 
 
 # ---- consumer --------------------------------------------------------------------------
@@ -148,11 +150,13 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
     stream = _consumer_stream(src) if src[0] == _kDLCUDA else None
 
     try:
-        capsule = x.__dlpack__(max_version=_MAX_VERSION, stream=stream)
+        with _producer_device(x, src):
+            capsule = x.__dlpack__(max_version=_MAX_VERSION, stream=stream)
     except TypeError:
         # A producer older than the 2023.12 array API: no max_version keyword.
         try:
-            capsule = x.__dlpack__(stream=stream) if stream is not None else x.__dlpack__()
+            with _producer_device(x, src):
+                capsule = x.__dlpack__(stream=stream) if stream is not None else x.__dlpack__()
         except BufferError:
             if isinstance(x, np.ndarray) and x.dtype.name in _ML_DTYPE_NAMES:
                 t = _from_numpy_fallback(x)

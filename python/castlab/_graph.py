@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from . import _C
+from ._device import CPU, as_device, device
 from ._dtype import as_dtype, bool_, dtype, float32, int64, promote_types
 from ._optable import names
 
@@ -36,14 +37,14 @@ class Node:
     __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "device", "index", "tensor",
                  "value", "where")
 
-    def __init__(self, op: str, inputs: tuple, shape: tuple, dt: dtype | None, device: str,
+    def __init__(self, op: str, inputs: tuple, shape: tuple, dt: dtype | None, device: Any,
                  attrs: dict | None = None):
         self.op = op
         self.inputs = inputs
         self.attrs = attrs or {}
         self.shape = tuple(shape)
         self.dtype = dt
-        self.device = device
+        self.device: device = as_device(device)
         self.index = -1       # position in the traced graph
         self.tensor = None    # 'input' nodes: the concrete tensor (eager or example input)
         self.value = None     # 'scalar' nodes: the Python number
@@ -103,10 +104,8 @@ class Proxy:
         return n
 
     @property
-    def device(self):
-        from ._tensor import device as _device
-
-        return _device(self.node.device)
+    def device(self) -> device:
+        return self.node.device
 
     def __repr__(self) -> str:
         return f"Proxy(t{self.node.index}: {self.node.dtype.short}{list(self.node.shape)})"
@@ -228,7 +227,7 @@ def broadcast(shapes: list[tuple]) -> tuple:
     return out
 
 
-def scalar_node(v: Any, device: str) -> Node:
+def scalar_node(v: Any, device: Any) -> Node:
     if not isinstance(v, (bool, int, float)):
         raise TypeError(f"expected a tensor or a Python number, got {type(v).__name__}")
     n = Node("scalar", (), (), None, device)
@@ -236,12 +235,12 @@ def scalar_node(v: Any, device: str) -> Node:
     return n
 
 
-def _check_devices(nodes: list[Node], op: str) -> str:
+def _check_devices(nodes: list[Node], op: str) -> device:
     devs = {n.device for n in nodes if n.op != "scalar"}
     if len(devs) > 1:
         raise ValueError(f"{op}: expected all tensors on the same device, got "
-                         + " and ".join(sorted(devs)))
-    return devs.pop() if devs else "cpu"
+                         + " and ".join(sorted(map(str, devs))))
+    return devs.pop() if devs else CPU
 
 
 def elementwise(op: str, args: list[Node], attrs: dict | None = None) -> Node:

@@ -206,7 +206,7 @@ class JitFunction:
         tensors = self._bind(args)
         tr = self._traced(tensors)
         all_inputs = tensors + tr.captured
-        low = Lowering(pol, mth, False, [])
+        low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
         out = [(n, t) for n, t in zip(tr.inputs, tensors)]
         for n in tr.nodes:
             if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
@@ -330,7 +330,7 @@ def format_trace(tr: Traced, record: Record) -> str:
     conv: dict = {}
     for n in tr.inputs + tr.captured_nodes:
         rep[id(n)] = ("st", n.dtype)
-    unlowered = Lowering(policy, math, cuda, [])  # register types of nodes never computed
+    unlowered = Lowering(policy, math, record.device, [])  # register types of unused nodes
 
     def comp_dt(node) -> Any:
         d = record.of(node)

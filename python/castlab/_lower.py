@@ -16,6 +16,7 @@ Three steps:
 from __future__ import annotations
 
 from . import _C
+from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
 from ._optable import OPCODE, ROUND_MODES, instr, output
@@ -87,10 +88,11 @@ class Record:
      '  t1 = add(t0, x)                             # f32[8]  fma-contracted with t0  # <doctest castlab._lower.Record[4]>:1']
     """
 
-    def __init__(self, policy: Policy, math: Math, cuda: bool):
+    def __init__(self, policy: Policy, math: Math, device):
         self.policy = policy
         self.math = math
-        self.cuda = cuda
+        self.device = device  # castlab.device the graph was lowered for
+        self.cuda = device.is_cuda
         self._by_node: dict = {}
 
     @property
@@ -215,10 +217,11 @@ def _norm_vop(vop, shape):
 class Lowering:
     """Builds expressions and regions for one graph under one policy and math."""
 
-    def __init__(self, policy: Policy, math: Math, cuda: bool, inputs: list):
+    def __init__(self, policy: Policy, math: Math, device, inputs: list):
         self.policy = policy
         self.math = math
-        self.cuda = cuda
+        self.device = as_device(device)   # the graph's device: temporaries and outputs
+        self.cuda = self.device.is_cuda
         self.inputs = inputs          # concrete tensors bound to 'input' nodes
         self.temps: list = []         # (shape, dtype) of temporaries
         self.temp_tensors: list = []
@@ -226,7 +229,7 @@ class Lowering:
         self._expr_memo: dict = {}
         self._view_memo: dict = {}
         self._hoist_memo: dict = {}
-        self.record = Record(policy, math, cuda)  # what was decided, per node
+        self.record = Record(policy, math, self.device)  # what was decided, per node
 
     # -- value types -------------------------------------------------------------
     def vt64(self, node: Node) -> bool:
@@ -401,14 +404,10 @@ class Lowering:
             dt = float64 if self._expr_f64(e) else float32
         k = len(self.temps)
         self.temps.append((tuple(e.shape), dt))
-        dev = self.device_str()
-        t = _C.empty(list(e.shape), dt.name, dev)
+        t = _C.empty(list(e.shape), dt.name, str(self.device))
         self.temp_tensors.append(t)
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
-
-    def device_str(self) -> str:
-        return "cuda:0" if self.cuda else "cpu"
 
     def _expr_f64(self, e) -> bool:
         if isinstance(e, Leaf):
@@ -739,7 +738,7 @@ class Plan:
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes
-        self.device = low.device_str()
+        self.device = str(low.device)
         self._c = _C.Plan(self.steps, [(list(s), d.name) for s, d in self.temps],
                           [(list(s), d.name) for s, d in zip(out_shapes, out_dtypes)],
                           self.device)
@@ -752,9 +751,8 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
 
     `out_dtypes` overrides the output dtypes (used to observe intermediate values in
     their register precision, without an extra rounding)."""
-    device = outputs[0].device if outputs else "cpu"
-    cuda = device.startswith("cuda")
-    low = Lowering(policy, math, cuda, inputs)
+    device = str(outputs[0].device) if outputs else "cpu"
+    low = Lowering(policy, math, device, inputs)
     if out_dtypes is None:
         out_dtypes = []
         for n in outputs:

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _C, ops
+from . import _C, cuda, ops
+from ._device import as_device, device
 from ._dtype import as_dtype, dtype
 from ._graph import Proxy
 from ._optable import OPS
@@ -15,34 +16,6 @@ from ._optable import OPS
 Tensor = _C.Tensor
 
 __all__ = ["Tensor", "device"]
-
-
-class device:
-    """Where a tensor lives: ``device('cpu')`` or ``device('cuda:0')``."""
-
-    __slots__ = ("type", "index")
-
-    def __init__(self, spec: str):
-        spec = str(spec)
-        if spec == "cpu":
-            self.type, self.index = "cpu", None
-        elif spec.startswith("cuda"):
-            self.type = "cuda"
-            self.index = int(spec[5:]) if spec.startswith("cuda:") else 0
-        else:
-            raise ValueError(f"unknown device {spec!r}")
-
-    def __str__(self) -> str:
-        return "cpu" if self.type == "cpu" else f"cuda:{self.index}"
-
-    def __repr__(self) -> str:
-        return f"device(type='{self.type}'" + (f", index={self.index})" if self.type == "cuda" else ")")
-
-    def __eq__(self, other: object) -> bool:
-        return str(self) == str(other)
-
-    def __hash__(self) -> int:
-        return hash(str(self))
 
 
 # ---------------------------------------------------------------- indexing
@@ -192,25 +165,22 @@ def _repr(self) -> str:
 # ---------------------------------------------------------------- devices
 
 def _to(self, *args, **kwargs):
-    """Move to a device and/or convert to a dtype: ``t.to("cuda")``, ``t.to(cl.float32)``."""
+    """Move to a device and/or convert to a dtype: ``t.to("cuda:1")``, ``t.to(cl.float32)``,
+    ``t.to(device, dtype)``. Devices: "cpu", "cuda", "cuda:N", a device object or an int."""
     dev = kwargs.pop("device", None)
     dt = kwargs.pop("dtype", None)
     if kwargs:
         raise TypeError(f"unexpected arguments {list(kwargs)}")
     for a in args:
-        if isinstance(a, (dtype, np.dtype)) or (isinstance(a, str) and a not in ("cpu",) and not a.startswith("cuda")):
+        if isinstance(a, (dtype, np.dtype)) or (isinstance(a, str) and a != "cpu" and not a.startswith("cuda")):
             dt = a
         else:
             dev = a
     out = self
     if dev is not None:
-        from ._creation import _device_str
-
-        d = _device_str(dev)
+        d = str(as_device(dev))
         if d != out._device_str:
-            from . import cuda as _cuda
-
-            out = _cuda.to_device(out, d)
+            out = cuda.to_device(out, d)
     if dt is not None:
         out = ops.astype(out, dt)
     return out
@@ -220,8 +190,9 @@ def _cpu(self):
     return _to(self, "cpu")
 
 
-def _cuda(self, index: int = 0):
-    return _to(self, f"cuda:{index}")
+def _cuda(self, index: Any = None):
+    """A copy on ``cuda:index`` (``cuda:0`` by default; ``index`` may be a device)."""
+    return _to(self, as_device(0 if index is None else index))
 
 
 # ---------------------------------------------------------------- attach
@@ -272,7 +243,7 @@ def _install(cls, concrete: bool):
         cls.cpu = _cpu
         cls.cuda = _cuda
         cls.dtype = property(lambda self: as_dtype(self._dtype_name))
-        cls.device = property(lambda self: device(self._device_str))
+        cls.device = property(lambda self: as_device(self._device_str))
         cls.is_cuda = property(lambda self: self._device_type == 1)
         cls.stride = lambda self, d=None: tuple(self._strides) if d is None else self._strides[d]
         cls.size = lambda self, d=None: tuple(self.shape) if d is None else self.shape[d]

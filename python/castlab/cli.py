@@ -10,6 +10,10 @@ import sys
 import time
 from typing import Any
 
+from . import _C, cuda, study
+from .policy import Math
+from .study import CHAINS, DEFAULT, QUICK
+
 HELP = """castlab: eager vs fused low-precision numerics, bit by bit.
 
 commands:
@@ -21,14 +25,10 @@ commands:
 
 
 def _valid_presets() -> list[str]:
-    from .policy import Math
-
     return Math.presets()
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .study import CHAINS
-
     p = argparse.ArgumentParser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{study,info}")
@@ -111,8 +111,6 @@ def _parse_shapes(items: list[str] | None) -> dict:
 
 
 def _study_settings(args: argparse.Namespace) -> dict:
-    from .study import CHAINS, DEFAULT, QUICK
-
     st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
     st["quick"] = bool(args.quick)
     st["out"] = args.out
@@ -145,8 +143,6 @@ def _study_settings(args: argparse.Namespace) -> dict:
 
 def cmd_study(args: argparse.Namespace) -> int:
     import csv
-
-    from . import study
 
     st = _study_settings(args)
     out = st.pop("out")
@@ -275,9 +271,7 @@ def info_text() -> str:
     import ml_dtypes
     import numpy as np
 
-    from . import _C, __version__
-
-    lines = [f"castlab {__version__}", f"python {platform.python_version()} ({sys.executable})",
+    lines = [f"castlab {_C.__version__}", f"python {platform.python_version()} ({sys.executable})",
              f"numpy {np.__version__}", f"ml_dtypes {ml_dtypes.__version__}"]
     try:
         import torch
@@ -287,8 +281,6 @@ def info_text() -> str:
         lines.append("torch: not installed")
     lines.append(f"cpu threads: {_C.num_threads()}")
     try:
-        from . import cuda
-
         if cuda.is_available():
             info = cuda.info()
             for k, v in info.items():

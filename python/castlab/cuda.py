@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from . import _C
+from ._device import as_device
 
 __all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
            "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
@@ -108,26 +109,19 @@ def current_stream_ptr(device: int | str = 0) -> int:
 
 
 def _index(device: Any) -> int:
-    if isinstance(device, int):
-        return device
-    s = str(device)
-    if s == "cuda":
-        return 0
-    if s.startswith("cuda:"):
-        return int(s[5:])
-    raise ValueError(f"not a CUDA device: {device!r}")
+    d = as_device(device)
+    if not d.is_cuda:
+        raise ValueError(f"not a CUDA device: {device!r}")
+    return d.index
 
 
-def to_device(t, device: str):
-    """``t`` on ``device`` ("cpu" or "cuda:N"): the same tensor if it is there already,
-    else a contiguous copy with the same dtype and bits."""
-    if device == "cuda":
-        device = "cuda:0"
+def to_device(t, device: Any):
+    """``t`` on ``device`` ("cpu", "cuda", "cuda:N" or a device object): the same tensor if
+    it is there already, else a contiguous copy with the same dtype and bits."""
+    device = str(as_device(device))
     if t._device_str == device:
         return t
-    from . import ops
-
-    src = t if t.is_contiguous() else ops.clone(t)   # on the source's device
+    src = t if t.is_contiguous() else t.clone()   # on the source's device (Tensor.clone)
     dst = _C.empty(list(t.shape), t._dtype_name, device)
     _C._cuda_copy(src, dst)
     return dst

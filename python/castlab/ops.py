@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 from . import _C
+from ._creation import asarray, full
 from ._dtype import as_dtype, dtype, promote_types
 from ._graph import (
     Node,
@@ -43,8 +44,6 @@ def _sig(t) -> tuple:
 
 
 def _to_tensor(x: Any):
-    from ._creation import asarray
-
     return asarray(x)
 
 
@@ -474,8 +473,6 @@ def copy_(dst, src) -> None:
     if dst.readonly:
         raise ValueError("cannot write to a read-only tensor")
     if isinstance(src, (bool, int, float)):
-        from ._creation import full
-
         src = full((), src, dtype=as_dtype(dst._dtype_name), device=dst._device_str)
     elif not isinstance(src, Tensor):
         src = _to_tensor(src)

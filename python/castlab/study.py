@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import cuda, numerics
 from ._creation import rand, randn, tensor
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, jit
@@ -135,8 +136,6 @@ def row_columns() -> list[str]:
 
 def _device_default() -> str:
     try:
-        from . import cuda
-
         return "cuda" if cuda.is_available() else "cpu"
     except Exception:  # noqa: BLE001  (no CUDA support compiled or loadable)
         return "cpu"
@@ -190,8 +189,6 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
     >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
     """
     import pandas as pd
-
-    from . import numerics
 
     device = device or _device_default()
     extra_presets = extra_presets or {}

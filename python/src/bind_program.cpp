@@ -1,6 +1,7 @@
 #include <type_traits>
 
 #include "ops/program.h"
+#include "ops/runtime.h"
 #include "python/src/bindings.h"
 
 using cl::Instr;
@@ -10,42 +11,17 @@ using cl::Tensor;
 
 namespace {
 
-// Runs a program on the device of its operands (GIL released on the CPU). The CUDA executor
-// registers itself here when castlab's CUDA support is loaded.
-std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)>
-    g_cuda_runner;
-
+// Program.run: the runtime's dispatch, with the GIL released for CPU runs.
 void run_any(const Program& p, const std::vector<Tensor>& in, const std::vector<Tensor>& out) {
-  if (out.empty()) return;
-  const cl::Device dev = out[0].device();
-  for (const auto& t : out)
-    if (t.device() != dev) throw std::invalid_argument("outputs on different devices");
-  for (const auto& t : in)
-    if (t.device() != dev)
-      throw std::invalid_argument("expected all tensors on " + dev.str() + ", but one is on " +
-                                  t.device().str());
-  if (dev.type == cl::DeviceType::CPU) {
+  if (!out.empty() && out[0].device().type == cl::DeviceType::CPU) {
     py::gil_scoped_release nogil;
-    cl::run_program_cpu(p, in, out);
+    cl::run_program_any(p, in, out);
     return;
   }
-  if (!g_cuda_runner) throw std::runtime_error("CUDA support is not loaded");
-  g_cuda_runner(p, in, out);
+  cl::run_program_any(p, in, out);
 }
 
 }  // namespace
-
-namespace cl {
-void run_program_any(const Program& p, const std::vector<Tensor>& in,
-                     const std::vector<Tensor>& out) {
-  run_any(p, in, out);
-}
-
-void set_cuda_runner(
-    std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)> f) {
-  g_cuda_runner = std::move(f);
-}
-}  // namespace cl
 
 namespace {
 

@@ -24,12 +24,7 @@ std::shared_ptr<cl::Storage> storage_owned_by(py::object owner, void* data, size
 
 namespace {
 
-cl::Device parse_device(const std::string& s) {
-  if (s == "cpu") return {cl::DeviceType::CPU, 0};
-  if (s == "cuda") return {cl::DeviceType::CUDA, 0};
-  if (s.rfind("cuda:", 0) == 0) return {cl::DeviceType::CUDA, std::stoi(s.substr(5))};
-  throw std::invalid_argument("unknown device '" + s + "' (expected 'cpu', 'cuda' or 'cuda:N')");
-}
+cl::Device parse_device(const std::string& s) { return cl::Device::parse(s); }
 
 py::tuple to_tuple(const Shape& s) {
   py::tuple t(s.size());

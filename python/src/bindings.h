@@ -13,13 +13,6 @@ void bind_plan(py::module_& m);
 void bind_dlpack(py::module_& m);
 void bind_cuda(py::module_& m);
 
-namespace cl {
-struct Program;
-// Runs a Program on the device of its operands (the CPU executor or the CUDA runner).
-void run_program_any(const Program& p, const std::vector<Tensor>& in,
-                     const std::vector<Tensor>& out);
-}  // namespace cl
-
 // Storage for memory owned by a Python object (NumPy array, DLPack producer): the
 // object is released, under the GIL, when the last castlab view of it dies.
 std::shared_ptr<cl::Storage> storage_owned_by(py::object owner, void* data, size_t nbytes,

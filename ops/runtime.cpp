@@ -1,0 +1,119 @@
+#include "ops/runtime.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "ops/cuda/executor.h"
+
+namespace cl {
+
+namespace {
+ProgramRunner g_cuda_runner;
+}  // namespace
+
+void set_cuda_runner(ProgramRunner f) { g_cuda_runner = std::move(f); }
+
+void run_program_any(const Program& p, const std::vector<Tensor>& in,
+                     const std::vector<Tensor>& out) {
+  if (out.empty()) return;
+  const Device dev = out[0].device();
+  for (const auto& t : out)
+    if (t.device() != dev) throw std::invalid_argument("outputs on different devices");
+  for (const auto& t : in)
+    if (t.device() != dev)
+      throw std::invalid_argument("expected all tensors on " + dev.str() + ", but one is on " +
+                                  t.device().str());
+  if (dev.type == DeviceType::CPU) {
+    run_program_cpu(p, in, out);
+    return;
+  }
+  if (!g_cuda_runner) throw std::runtime_error("CUDA support is not loaded");
+  g_cuda_runner(p, in, out);
+}
+
+Device Plan::run_device(const Tensor* const* inputs, size_t n_inputs,
+                        const std::vector<Tensor>& outs) const {
+  if (!outs.empty()) return outs[0].device();
+  if (n_inputs > 0) return inputs[0]->device();
+  return device;
+}
+
+std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
+                              std::vector<Tensor> outs) const {
+  const Device dev = run_device(inputs, n_inputs, outs);
+  if (outs.empty()) {
+    outs.reserve(outputs.size());
+    for (const auto& o : outputs) outs.push_back(Tensor::empty(o.first, o.second, dev));
+  } else if (outs.size() != outputs.size()) {
+    throw std::invalid_argument("plan: wrong number of output tensors");
+  }
+  std::vector<Tensor> tmps;
+  if (!temps.empty()) {
+    tmps.reserve(temps.size());
+    for (const auto& t : temps) tmps.push_back(Tensor::empty(t.first, t.second, dev));
+  }
+  constexpr size_t kSmall = 16;
+  const Tensor* in_small[kSmall];
+  const Tensor* out_small[kSmall];
+  std::vector<const Tensor*> in_big, out_big;
+  std::vector<Tensor> views;  // views made for a step (reserved: pointers stay valid)
+  size_t max_binds = 0;
+  for (const PlanStep& s : steps) max_binds = std::max(max_binds, s.leaves.size() + s.outs.size());
+  auto base_of = [&](const PlanBind& b) -> const Tensor& {
+    const size_t n = b.kind == PlanBind::kInput
+                         ? n_inputs
+                         : (b.kind == PlanBind::kTemp ? tmps.size() : outs.size());
+    if (b.index < 0 || static_cast<size_t>(b.index) >= n)
+      throw std::invalid_argument("plan: missing operand");
+    return b.kind == PlanBind::kInput ? *inputs[b.index]
+                                      : (b.kind == PlanBind::kTemp ? tmps[b.index] : outs[b.index]);
+  };
+  auto bind = [&](const PlanBind& b) -> const Tensor* {
+    const Tensor& base = base_of(b);
+    if (b.offset == 0 && b.shape == base.shape() && b.strides == base.strides()) return &base;
+    if (views.capacity() == 0) views.reserve(max_binds);  // before the first view only
+    views.push_back(base.as_strided(b.shape, b.strides, base.offset() + b.offset));
+    return &views.back();
+  };
+  for (const PlanStep& s : steps) {
+    const size_t ni = s.leaves.size(), no = s.outs.size();
+    const Tensor** in_p = in_small;
+    const Tensor** out_p = out_small;
+    if (ni > kSmall) {
+      in_big.resize(ni);
+      in_p = in_big.data();
+    }
+    if (no > kSmall) {
+      out_big.resize(no);
+      out_p = out_big.data();
+    }
+    views.clear();
+    for (size_t k = 0; k < ni; ++k) in_p[k] = bind(s.leaves[k]);
+    for (size_t k = 0; k < no; ++k) out_p[k] = bind(s.outs[k]);
+    if (no > 0 && out_p[0]->device().type == DeviceType::CUDA) {
+      cuda::launch_program_cuda(*s.prog, in_p, static_cast<int>(ni), out_p, static_cast<int>(no));
+    } else {
+      std::vector<Tensor> in_views, out_views;
+      in_views.reserve(ni);
+      out_views.reserve(no);
+      for (size_t k = 0; k < ni; ++k) in_views.push_back(*in_p[k]);
+      for (size_t k = 0; k < no; ++k) out_views.push_back(*out_p[k]);
+      run_program_any(*s.prog, in_views, out_views);
+    }
+  }
+  return outs;
+}
+
+std::string tensor_signature(const std::vector<Tensor>& ts) {
+  std::string key;
+  for (const Tensor& t : ts) {
+    const int64_t head[4] = {static_cast<int64_t>(t.dtype()), t.ndim(),
+                             static_cast<int64_t>(t.device().type), t.device().index};
+    key.append(reinterpret_cast<const char*>(head), sizeof(head));
+    key.append(reinterpret_cast<const char*>(t.shape().data()), t.shape().size() * 8);
+    key.append(reinterpret_cast<const char*>(t.strides().data()), t.strides().size() * 8);
+  }
+  return key;
+}
+
+}  // namespace cl

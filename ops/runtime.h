@@ -1,0 +1,63 @@
+// The runtime: runs Programs on the device of their operands (the CPU executor, or the
+// CUDA executor once it has registered itself), and runs lowered graphs as Plans. Pure
+// C++ (python/src only binds it; the GIL is released there).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/program.h"
+
+namespace cl {
+
+using ProgramRunner =
+    std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)>;
+
+// The CUDA executor registers itself here (ops/cuda/executor.cpp) when CUDA support loads.
+void set_cuda_runner(ProgramRunner f);
+
+// Runs a Program on the device of its outputs; every operand must be on that device
+// (std::invalid_argument naming both devices otherwise).
+void run_program_any(const Program& p, const std::vector<Tensor>& in,
+                     const std::vector<Tensor>& out);
+
+// How one operand of a Plan step is bound: a strided view of an input, a temporary or an
+// output of the plan.
+struct PlanBind {
+  enum Kind : int { kInput = 0, kTemp = 1, kOutput = 2 };
+  int kind = kInput;
+  int index = 0;
+  Shape shape, strides;
+  int64_t offset = 0;  // element offset relative to the bound tensor's own offset
+};
+
+struct PlanStep {
+  std::shared_ptr<Program> prog;
+  std::vector<PlanBind> leaves, outs;
+};
+
+// A lowered graph, ready to run: the Programs of its regions and how each one's operands
+// are bound. Outputs and temporaries are allocated on the device of the inputs (the plan
+// is device-independent: a plan cached for one device never allocates on another).
+struct Plan {
+  std::vector<PlanStep> steps;
+  std::vector<std::pair<Shape, DTypeCode>> temps, outputs;
+  Device device;  // where outputs and temporaries go when the plan has no inputs
+
+  // Operands are borrowed (no Tensor copies); a bind that is the whole tensor as it is
+  // (the usual case for inputs and outputs) is passed without making a view. `outs` empty:
+  // allocated here.
+  std::vector<Tensor> run(const Tensor* const* inputs, size_t n_inputs,
+                          std::vector<Tensor> outs) const;
+  // The device run() allocates on (and launches on) for these inputs.
+  Device run_device(const Tensor* const* inputs, size_t n_inputs,
+                    const std::vector<Tensor>& outs) const;
+};
+
+// An exact key of the tensors' dtypes, shapes, strides and devices (bytes).
+std::string tensor_signature(const std::vector<Tensor>& ts);
+
+}  // namespace cl

@@ -1,0 +1,141 @@
+"""The package's layers (python/castlab/__init__.py) and the C++ tree's (core <- ops <-
+python/src): nothing imports or includes a layer above its own, and no castlab import is
+hidden inside a function to break a cycle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PKG = ROOT / "python" / "castlab"
+
+# Module -> layer (python/castlab/__init__.py documents the order). Within a layer the
+# arrows are listed in SAME_LAYER; everything else must point strictly downward.
+LAYERS = {
+    "_C": 0, "_debug": 0, "_dtype": 0, "_device": 0, "_optable": 0,
+    "policy": 1, "_graph": 1, "cuda": 1,
+    "_lower": 2,
+    "_dlpack": 3, "_creation": 3, "ops": 3,
+    "_tensor": 4,
+    "_jit": 5,
+    "numerics": 6, "study": 6, "plot": 6, "cli": 6,
+    "__init__": 7, "__main__": 7,
+}
+# The order inside a layer (a module may import those listed before it).
+SAME_LAYER = {
+    0: ["_C", "_debug", "_dtype", "_device", "_optable"],
+    1: ["policy", "_graph", "cuda"],
+    3: ["_dlpack", "_creation", "ops"],
+    6: ["numerics", "study", "plot", "cli"],
+}
+
+
+def _modules():
+    for p in sorted(PKG.rglob("*.py")):
+        yield p, p.relative_to(PKG).with_suffix("").parts
+
+
+def _params():
+    return [pytest.param(p, parts, id="/".join(parts)) for p, parts in _modules()]
+
+
+def _top(parts: tuple) -> str:
+    return parts[0]
+
+
+def _targets(node: ast.AST, parts: tuple) -> list[str]:
+    """castlab top-level modules an import statement refers to ([] for third-party)."""
+    pkg_depth = len(parts) - 1  # a module in numerics/ has depth 1
+    if isinstance(node, ast.Import):
+        out = []
+        for a in node.names:
+            if a.name == "castlab" or a.name.startswith("castlab."):
+                rest = a.name.split(".")[1:]
+                out.append(rest[0] if rest else "__init__")
+        return out
+    assert isinstance(node, ast.ImportFrom)
+    if node.level == 0:
+        mod = node.module or ""
+        if mod == "castlab":
+            return [a.name for a in node.names]
+        if mod.startswith("castlab."):
+            return [mod.split(".")[1]]
+        return []
+    up = node.level - 1
+    if up > pkg_depth:
+        return []
+    base = list(parts[:pkg_depth - up])  # the package the import is relative to
+    if node.module:
+        full = base + node.module.split(".")
+        if not full:
+            return []
+        return [full[0]] if base else [node.module.split(".")[0]]
+    if base:
+        return [base[0]]
+    return [a.name for a in node.names]
+
+
+def _rank(mod: str) -> tuple[int, int]:
+    layer = LAYERS[mod]
+    order = SAME_LAYER.get(layer, [])
+    return (layer, order.index(mod) if mod in order else 0)
+
+
+def test_every_module_has_a_layer():
+    missing = {_top(parts) for _, parts in _modules()} - set(LAYERS)
+    assert not missing, f"add these modules to LAYERS (and to castlab/__init__.py): {missing}"
+
+
+@pytest.mark.parametrize("path,parts", _params())
+def test_imports_point_down(path, parts):
+    me = _top(parts)
+    tree = ast.parse(path.read_text(), str(path))
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        for t in _targets(node, parts):
+            if t == me:
+                continue  # inside one subpackage (numerics/)
+            if t not in LAYERS:
+                bad.append(f"line {node.lineno}: unknown castlab module {t!r}")
+            elif me not in ("__init__", "__main__") and _rank(t) >= _rank(me):
+                bad.append(f"line {node.lineno}: {me} (layer {LAYERS[me]}) imports {t} "
+                           f"(layer {LAYERS[t]})")
+    assert not bad, f"{path.relative_to(ROOT)}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path,parts", _params())
+def test_no_castlab_import_inside_functions(path, parts):
+    tree = ast.parse(path.read_text(), str(path))
+    bad = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and (
+                    _targets(node, parts) or (isinstance(node, ast.ImportFrom) and node.level)):
+                bad.append(f"line {node.lineno} in {fn.name}()")
+    assert not bad, f"{path.relative_to(ROOT)} imports castlab modules in functions: {bad}"
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+@pytest.mark.parametrize("tree,forbidden", [("core", ("ops/", "python/")),
+                                            ("ops", ("python/",))])
+def test_cpp_includes_point_down(tree, forbidden):
+    bad = []
+    for p in sorted((ROOT / tree).rglob("*")):
+        if p.suffix not in (".h", ".cpp", ".cuh"):
+            continue
+        for inc in _INCLUDE.findall(p.read_text()):
+            if inc.startswith(forbidden) or "pybind11" in inc:
+                bad.append(f"{p.relative_to(ROOT)} includes {inc}")
+        if p.suffix in (".h", ".cpp") and re.search(r"#\s*include\s+<pybind11", p.read_text()):
+            bad.append(f"{p.relative_to(ROOT)} includes pybind11")
+    assert not bad, "\n".join(bad)
