@@ -38,6 +38,17 @@ def test_every_public_op_is_exported_and_a_method():
     assert "gelu_tanh" not in cl.__all__  # reached through gelu(approximate="tanh")
 
 
+def test_castlab_ops_lists_the_table():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "castlab", "ops"], capture_output=True,
+                       text=True, check=True)
+    listed = {line.split()[0].strip("()") for line in r.stdout.splitlines()[1:]}
+    assert listed == set(OPS)
+    assert "hardswish_recip6" in r.stdout
+
+
 def test_trace_and_describe_come_from_the_table():
     @cl.jit
     def f(x):

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from . import _C, cuda, study
+from ._optable import BITS, IMPL_MASK, OPS
 from .policy import Math
 from .study import CHAINS, DEFAULT, QUICK
 
@@ -31,7 +32,7 @@ def _valid_presets() -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{study,info}")
+    sub = p.add_subparsers(dest="command", metavar="{study,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
                        "and compare each result with the fp64 reference.")
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("info", help="print versions and devices")
+    sub.add_parser("ops", help="list the elementwise ops (the op table, ops/op_table.h)")
     return p
 
 
@@ -292,6 +294,25 @@ def info_text() -> str:
     return "\n".join(lines)
 
 
+def ops_text() -> str:
+    """The op table as a text listing: name, operands, typing rule, the math-variant
+    factors its formula reads, and the formula.
+
+    >>> from castlab.cli import ops_text
+    >>> ops_text().split()[:5]
+    ['op', 'args', 'category', 'factors', 'formula']
+    """
+    names = {v: k for k, v in BITS.items() if k != "impl_mask"}
+    lines = [f"{'op':<11} {'args':<5} {'category':<13} {'factors':<45} formula"]
+    for o in OPS.values():
+        fs = (["impl"] if o.factors & IMPL_MASK else []) + [
+            n for b, n in sorted(names.items()) if o.factors & b]
+        name = o.name if o.public else f"({o.name})"
+        lines.append(f"{name:<11} {o.arity:<5} {o.category:<13} {','.join(fs) or '-':<45} "
+                     f"{o.formula}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -300,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "info":
         print(info_text())
+        return 0
+    if args.command == "ops":
+        print(ops_text())
         return 0
     return cmd_study(args)
 
