@@ -47,19 +47,12 @@ void put(std::string* out, const T& v) {
 }  // namespace
 
 void Program::serialize(std::string* out) const {
+  auto field = [out](const char*, const auto& v) { put(out, v); };
   put(out, static_cast<uint32_t>(code.size()));
-  for (const Instr& in : code) {
-#define CL_PUT_FIELD(f, doc) put(out, in.f);
-    CL_INSTR_FIELDS(CL_PUT_FIELD)
-#undef CL_PUT_FIELD
-  }
+  for (const Instr& in : code) for_each_field(in, field);
   put(out, n_regs);
   put(out, static_cast<uint32_t>(outputs.size()));
-  for (const OutputSpec& o : outputs) {
-#define CL_PUT_FIELD(f, doc) put(out, o.f);
-    CL_OUTPUT_FIELDS(CL_PUT_FIELD)
-#undef CL_PUT_FIELD
-  }
+  for (const OutputSpec& o : outputs) for_each_field(o, field);
 }
 
 void Program::validate() const {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -53,6 +54,21 @@ struct OutputSpec {
   X(mode, "rounding mode of the store")    \
   X(saturate, "fp8 overflow saturates")    \
   X(salt, "random stream of stochastic rounding")
+
+// Calls f(name, field) for every field of an Instr or an OutputSpec, in CL_*_FIELDS order
+// (const and non-const objects).
+template <typename S, typename F>
+void for_each_field(S& in, F&& f) {
+  using T = typename std::remove_const<S>::type;
+  if constexpr (std::is_same<T, Instr>::value) {
+#define CL_VISIT_FIELD(name, doc) f(#name, in.name);
+    CL_INSTR_FIELDS(CL_VISIT_FIELD)
+  } else {
+    static_assert(std::is_same<T, OutputSpec>::value, "Instr or OutputSpec");
+    CL_OUTPUT_FIELDS(CL_VISIT_FIELD)
+#undef CL_VISIT_FIELD
+  }
+}
 
 // A per-Program memo for executors (the CUDA executor keeps its compiled kernels per
 // operand layout here, so a repeated launch skips keying the instructions). Entries

@@ -25,37 +25,17 @@ void run_any(const Program& p, const std::vector<Tensor>& in, const std::vector<
 
 namespace {
 
+// Sets the named fields of an Instr or OutputSpec from keyword arguments.
 template <typename S>
-void set_fields_from_kwargs(S* obj, const py::kwargs& kw, const char* what);
-
-template <>
-void set_fields_from_kwargs(Instr* in, const py::kwargs& kw, const char* what) {
+void set_fields_from_kwargs(S* obj, const py::kwargs& kw, const char* what) {
   for (auto item : kw) {
     const std::string k = py::str(item.first);
     bool found = false;
-#define CL_SET_FIELD(f, doc)                     \
-  if (k == #f) {                                 \
-    in->f = item.second.cast<decltype(in->f)>(); \
-    found = true;                                \
-  }
-    CL_INSTR_FIELDS(CL_SET_FIELD)
-#undef CL_SET_FIELD
-    if (!found) throw py::type_error(std::string(what) + ": unknown field '" + k + "'");
-  }
-}
-
-template <>
-void set_fields_from_kwargs(OutputSpec* o, const py::kwargs& kw, const char* what) {
-  for (auto item : kw) {
-    const std::string k = py::str(item.first);
-    bool found = false;
-#define CL_SET_FIELD(f, doc)                   \
-  if (k == #f) {                               \
-    o->f = item.second.cast<decltype(o->f)>(); \
-    found = true;                              \
-  }
-    CL_OUTPUT_FIELDS(CL_SET_FIELD)
-#undef CL_SET_FIELD
+    cl::for_each_field(*obj, [&](const char* name, auto& field) {
+      if (k != name) return;
+      field = item.second.cast<typename std::decay<decltype(field)>::type>();
+      found = true;
+    });
     if (!found) throw py::type_error(std::string(what) + ": unknown field '" + k + "'");
   }
 }
@@ -84,16 +64,14 @@ void bind_program(py::module_& m) {
         return in;
       }))
       .def("__repr__", [](const Instr& in) {
-        std::string r = "Instr(";
-        bool first = true;
-#define CL_REPR_FIELD(f, doc)                                             \
-  r += std::string(first ? "" : ", ") + #f "=" +                          \
-       (std::is_floating_point<decltype(in.f)>::value                     \
-            ? std::string(py::str(py::float_(static_cast<double>(in.f)))) \
-            : std::to_string(static_cast<long long>(in.f)));              \
-  first = false;
-        CL_INSTR_FIELDS(CL_REPR_FIELD)
-#undef CL_REPR_FIELD
+        std::string r;
+        cl::for_each_field(in, [&r](const char* name, const auto& v) {
+          r += std::string(r.empty() ? "Instr(" : ", ") + name + "=";
+          if (std::is_floating_point<typename std::decay<decltype(v)>::type>::value)
+            r += std::string(py::str(py::float_(static_cast<double>(v))));
+          else
+            r += std::to_string(static_cast<long long>(v));
+        });
         return r + ")";
       });
 #define CL_BIND_FIELD(f, doc) instr.def_readwrite(#f, &Instr::f, doc);
