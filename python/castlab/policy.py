@@ -273,22 +273,17 @@ class Math:
             for bit, text in _TORCH_CUDA_NOTES.items():
                 if f & BITS[bit]:
                     notes.append(text)
-            if op in _TORCH_CUDA_LOWERING:
-                notes.append(_TORCH_CUDA_LOWERING[op])
         if f & SIGMOID_EX2 and self._computes_sigmoid(f) and self.sigmoid == "ex2_approx":
             notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
         return " ".join(notes)
 
 
-# What Math.cuda_kernels changes, per variant bit and per lowering rule.
+# What Math.cuda_kernels changes, per variant bit (the lowering's own expansions of
+# PyTorch's kernels, e.g. division by a Python number, are in its record: the trace).
 _TORCH_CUDA_NOTES = {
     "rsqrt_fast": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
     "fma_in_op": "fma inside the formula (nvcc --fmad=true)",
     "hardswish_recip6": "x*c*(1/6) (PyTorch's CUDA kernel)",
-}
-_TORCH_CUDA_LOWERING = {
-    "pow": "x**3, x**-2: inner product in storage dtype (PyTorch's CUDA kernel)",
-    "div": "by a Python number: x * (1/s) (PyTorch's CUDA kernel)",
 }
 
 
