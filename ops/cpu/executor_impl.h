@@ -88,8 +88,8 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
 }
 
 // Integer and bool inputs into an int64 register (exact).
-void load_rows_int(int64_t* dst, const char* base, int dtype, const int64_t* row_off,
-                   int64_t nrows, int64_t col0, int64_t ncols, int64_t cstride) {
+void load_rows_int(int64_t* dst, const char* base, int dtype, const int64_t* row_off, int64_t nrows,
+                   int64_t col0, int64_t ncols, int64_t cstride) {
   int64_t j = 0;
   for (int64_t r = 0; r < nrows; ++r) {
     const int64_t off = row_off[r] + col0 * cstride;
@@ -263,8 +263,8 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
 }
 
 // An instruction computing in int64 registers: constants, comparisons and where.
-void compute_int(const Instr& in, int64_t* d, const int64_t* a, const int64_t* b,
-                 const int64_t* c, int64_t n) {
+void compute_int(const Instr& in, int64_t* d, const int64_t* a, const int64_t* b, const int64_t* c,
+                 int64_t n) {
   switch (in.op) {
     case kOpConst:
       for (int64_t j = 0; j < n; ++j) d[j] = in.iimm;

@@ -188,8 +188,7 @@ std::string emit_body(const Kernel& K) {
             : std::string("0u");
     b << "  y" << k << " = "
       << store_expr(K.L.dtypes[k], K.rtype[os.reg] < 0 ? kRegF32 : K.rtype[os.reg],
-                    reg_name(os.reg), os.mode,
-                    os.saturate != 0, rb)
+                    reg_name(os.reg), os.mode, os.saturate != 0, rb)
       << ";\n";
   }
   b << "}\n";

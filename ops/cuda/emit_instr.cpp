@@ -94,9 +94,7 @@ std::string instr_expr(const Instr& in, const std::vector<bool>& wide, int nin) 
       else
         ex = load_expr(in.dtype, f64, "x" + std::to_string(in.aux));
       break;
-    case kOpConst:
-      ex = i64 ? ilit(in.iimm) : "static_cast<" + t + ">(" + dlit(in.imm) + ")";
-      break;
+    case kOpConst: ex = i64 ? ilit(in.iimm) : "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
     case kOpRound: {
       const std::string rb =
           in.mode == kStochastic
