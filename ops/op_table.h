@@ -83,8 +83,9 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
   X(Load, "load", 1)                 /* dst <- input[aux], widened exactly */         \
   X(Const, "const", 1)               /* dst <- imm */                                 \
   X(Round, "round", 3)               /* a rounded to format dtype (mode, saturate) */ \
-  X(ToF64, "to_f64", 1)              /* f32 register -> f64 register, exact */        \
-  X(ToF32, "to_f32", 1)              /* f64 register -> f32 register, nearest */      \
+  X(ToF64, "to_f64", 1)              /* f32/i64 register -> f64 register, nearest */  \
+  X(ToF32, "to_f32", 1)              /* f64/i64 register -> f32 register, nearest */  \
+  X(ToI64, "to_i64", 1)              /* -> i64 register as integer format dtype */    \
   X(RandUniform, "rand_uniform", 12) /* uniform [0, 1) (seed, stream aux, index) */   \
   X(RandNormal, "rand_normal", 30)   /* standard normal (seed, stream aux, index) */
 

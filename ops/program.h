@@ -14,16 +14,25 @@
 
 namespace cl {
 
+// The type of a register. Integer and bool values live in int64 registers, so they
+// stay exact through loads, copies, comparisons, selections and stores; the explicit
+// conversions to_f32, to_f64 and to_i64 move values between the kinds.
+enum RegType : uint8_t { kRegF32 = 0, kRegF64 = 1, kRegI64 = 2 };
+const char* reg_type_name(int rt);  // "f32", "f64", "i64" ("?" otherwise)
+// The C++ type of a register type in generated CUDA code.
+const char* reg_type_cxx(int rt);
+
 struct Instr {
   uint8_t op = kOpConst;  // OpCode
-  uint8_t f64 = 0;        // register type of dst (0: float, 1: double)
+  uint8_t rtype = 0;      // register type of dst (RegType: float, double, int64)
   uint8_t dtype = 0;      // Load: input's storage dtype; Round: target format
   uint8_t mode = 0;       // Round: RoundMode
   uint8_t saturate = 0;   // Round: saturate fp8 overflow
   uint32_t var = 0;       // VariantBits
   int32_t dst = 0, a = -1, b = -1, c = -1;
   int32_t aux = 0;   // Load: input index; Round: random stream (salt)
-  double imm = 0.0;  // Const
+  double imm = 0.0;  // Const (float and double registers)
+  int64_t iimm = 0;  // Const (int64 registers: exact)
 };
 
 struct OutputSpec {
@@ -38,7 +47,7 @@ struct OutputSpec {
 // CL_FIELD(name, comment)
 #define CL_INSTR_FIELDS(X)                                                      \
   X(op, "opcode (castlab._C.op_table())")                                       \
-  X(f64, "register type of dst: 0 float, 1 double")                             \
+  X(rtype, "register type of dst: 0 float, 1 double, 2 int64")                  \
   X(var, "math-variant bits (castlab._C.VARIANT_BITS)")                         \
   X(dtype, "load: the input's storage dtype; round: target format")             \
   X(mode, "round: rounding mode (0 nearest even, 1 toward zero, 2 stochastic)") \
@@ -48,7 +57,8 @@ struct OutputSpec {
   X(b, "second operand register (-1: none)")                                    \
   X(c, "third operand register (-1: none)")                                     \
   X(aux, "load: input index; round and random ops: stream")                     \
-  X(imm, "const: the value")
+  X(imm, "const: the value (float and double registers)")                       \
+  X(iimm, "const: the value (int64 registers)")
 #define CL_OUTPUT_FIELDS(X)                \
   X(reg, "register stored to this output") \
   X(mode, "rounding mode of the store")    \
@@ -120,8 +130,12 @@ struct Program {
   // Appends every field that determines the generated code (kernel keys; the seed is
   // a launch parameter, not part of the code).
   void serialize(std::string* out) const;
-  // Throws std::invalid_argument unless every opcode, register, dtype and mode is valid.
+  // Throws std::invalid_argument unless every opcode, register, dtype and mode is valid
+  // and every register holds one type, used as its readers expect.
   void validate() const;
+  // The type of every register (the type of the instructions writing it; kRegF32 for a
+  // register nothing writes).
+  std::vector<uint8_t> reg_types() const;
 };
 
 // Run `prog` on the CPU. All inputs and outputs have the same shape (inputs already

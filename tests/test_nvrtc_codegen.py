@@ -35,12 +35,14 @@ ARCH = os.environ.get("CASTLAB_NVRTC_ARCH", "sm_90")
 # The one place that knows how castlab._C builds a Program (adapt here if that API changes).
 
 def make_program(code: list[dict], n_regs: int, outputs: list[dict], seed: int = 0):
-    """A _C.Program from instructions given as dicts (op: name, f64, dst, a, b, c, var,
-    dtype, mode, sat, aux, imm) and outputs as dicts (reg, mode, sat, salt)."""
-    instrs = [_C.Instr(op=OPCODE[i["op"]], f64=int(i.get("f64", 0)), var=i.get("var", 0),
+    """A _C.Program from instructions given as dicts (op: name, f64 (the register type:
+    0 float, 1 double, 2 int64), dst, a, b, c, var, dtype, mode, sat, aux, imm, iimm) and
+    outputs as dicts (reg, mode, sat, salt)."""
+    instrs = [_C.Instr(op=OPCODE[i["op"]], rtype=int(i.get("f64", 0)), var=i.get("var", 0),
                        dtype=i.get("dtype", 0), mode=i.get("mode", 0), saturate=i.get("sat", 0),
                        dst=i["dst"], a=i.get("a", -1), b=i.get("b", -1), c=i.get("c", -1),
-                       aux=i.get("aux", 0), imm=float(i.get("imm", 0.0))) for i in code]
+                       aux=i.get("aux", 0), imm=float(i.get("imm", 0.0)),
+                       iimm=int(i.get("iimm", 0))) for i in code]
     outs = [_C.OutputSpec(reg=o["reg"], mode=o.get("mode", 0), saturate=o.get("sat", 1),
                           salt=o.get("salt", 0)) for o in outputs]
     return _C.Program(instrs, n_regs, outs, seed)
@@ -217,6 +219,31 @@ def cases():
         n = pb.ins("rand_normal", aux=-1)  # stream 0xffffffff
         pb.out(pb.ins("fma", z, u, n), st, MODES["stochastic"], 0, 3)
         yield f"convert+random f64={use64}", pb, SCALAR
+        # Integers in int64 registers: exact loads, constants, comparisons, where, the
+        # conversions to_i64 (from float, double and int64 registers, to every integer
+        # format) and to_f32/to_f64 from int64, and stores of int64 registers.
+        pb = PB(use64)
+        xi = pb.load(DTYPES["int64"], f64=2)
+        xj = pb.load(DTYPES["int32"], f64=2)
+        xb = pb.load(DTYPES["bool"], f64=2)
+        xf = pb.load(st)
+        k = pb.ins("const", iimm=-(1 << 63), f64=2)
+        k2 = pb.ins("const", iimm=(1 << 62) + 1, f64=2)
+        acc = pb.ins("where", xb, xi, xj, f64=2)
+        for op in ("eq", "ne", "lt", "le", "gt", "ge"):
+            acc = pb.ins("where", pb.ins(op, acc, k, f64=2), acc, k2, f64=2)
+        for src in (xf, acc):
+            for dt in ("bool", "int32", "int64"):
+                acc = pb.ins("where", pb.ins("to_i64", src, dtype=DTYPES[dt], f64=2), acc, k,
+                             f64=2)
+        back = pb.ins("to_f64", acc, f64=True) if use64 else pb.ins("to_f32", acc, f64=False)
+        pb.out(acc, DTYPES["int64"])
+        pb.out(acc, DTYPES["int32"])
+        pb.out(acc, DTYPES["bool"])
+        pb.out(acc, st)
+        pb.out(back, st)
+        pb.out(xf, DTYPES["int32"])
+        yield f"integers f64={use64}", pb, SCALAR
         # Every rounding step: target dtype x mode x saturate.
         for mode in MODES.values():
             pb = PB(use64)

@@ -69,7 +69,7 @@ def test_trace_and_describe_come_from_the_table():
 
 
 def test_instr_and_program_have_named_fields_and_are_checked():
-    i = _C.Instr(op=OPS["exp"].opcode, f64=0, dst=1, a=0, var=1)
+    i = _C.Instr(op=OPS["exp"].opcode, rtype=0, dst=1, a=0, var=1)
     assert (i.op, i.dst, i.a, i.b, i.var) == (OPS["exp"].opcode, 1, 0, -1, 1)
     assert "dst=1" in repr(i)
     with pytest.raises(TypeError, match="unknown field 'dest'"):

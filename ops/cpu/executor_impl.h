@@ -87,6 +87,34 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
   }
 }
 
+// Integer and bool inputs into an int64 register (exact).
+void load_rows_int(int64_t* dst, const char* base, int dtype, const int64_t* row_off, int64_t nrows,
+                   int64_t col0, int64_t ncols, int64_t cstride) {
+  int64_t j = 0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t off = row_off[r] + col0 * cstride;
+    switch (dtype) {
+      case kBool: {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride] ? 1 : 0;
+        break;
+      }
+      case kInt32: {
+        const int32_t* p = reinterpret_cast<const int32_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
+        break;
+      }
+      case kInt64: {
+        const int64_t* p = reinterpret_cast<const int64_t*>(base) + off;
+        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
+        break;
+      }
+      default: throw std::invalid_argument("load: an int64 register loads integer inputs only");
+    }
+    j += ncols;
+  }
+}
+
 // ---- stores: register -> storage, one rounding ----
 template <typename R>
 void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int64_t nrows,
@@ -145,12 +173,13 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
       }
       case kInt32: {
         int32_t* p = reinterpret_cast<int32_t*>(base) + off;
-        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<int32_t>(src[j + c]);
+        for (int64_t c = 0; c < ncols; ++c)
+          p[c * cstride] = static_cast<int32_t>(to_int_fmt(src[j + c], kInt32));
         break;
       }
       case kInt64: {
         int64_t* p = reinterpret_cast<int64_t*>(base) + off;
-        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<int64_t>(src[j + c]);
+        for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = to_int_fmt(src[j + c], kInt64);
         break;
       }
       default: throw std::invalid_argument("store: unsupported dtype");
@@ -233,6 +262,33 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
     compute_var<T, kLibm | kVarSiluMulSigmoid>(in, d, a, b, c, n);
 }
 
+// An instruction computing in int64 registers: constants, comparisons and where.
+void compute_int(const Instr& in, int64_t* d, const int64_t* a, const int64_t* b, const int64_t* c,
+                 int64_t n) {
+  switch (in.op) {
+    case kOpConst:
+      for (int64_t j = 0; j < n; ++j) d[j] = in.iimm;
+      break;
+#define CL_CPU_INT_CASE(E, fn)                                         \
+  case kOp##E:                                                         \
+    for (int64_t j = 0; j < n; ++j) d[j] = fn<int64_t>(a[j], b[j], 0); \
+    break;
+      CL_CPU_INT_CASE(Eq, op_eq)
+      CL_CPU_INT_CASE(Ne, op_ne)
+      CL_CPU_INT_CASE(Lt, op_lt)
+      CL_CPU_INT_CASE(Le, op_le)
+      CL_CPU_INT_CASE(Gt, op_gt)
+      CL_CPU_INT_CASE(Ge, op_ge)
+#undef CL_CPU_INT_CASE
+    case kOpWhere:
+      for (int64_t j = 0; j < n; ++j) d[j] = op_where<int64_t>(a[j], b[j], c[j], 0);
+      break;
+    default:
+      throw std::logic_error(std::string("cpu executor: ") + op_name(in.op) +
+                             " on int64 registers");
+  }
+}
+
 }  // namespace
 
 void run(const Program& prog, const std::vector<Tensor>& inputs,
@@ -271,10 +327,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   // rounding (the same on every device).
   const int64_t out0_offset = outputs[0].offset();
 
-  std::vector<bool> out_f64(nout, false);
-  for (int k = 0; k < nout; ++k)
-    for (const auto& in : prog.code)
-      if (in.dst == prog.outputs[k].reg) out_f64[k] = in.f64 != 0;
+  const std::vector<uint8_t> rtypes = prog.reg_types();
 
   std::vector<char*> bases(nops);
   for (int k = 0; k < nops; ++k) bases[k] = static_cast<char*>(ops[k]->data_ptr());
@@ -324,7 +377,10 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         void* d = reg_ptr(in.dst);
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;
-          if (in.f64)
+          if (in.rtype == kRegI64)
+            load_rows_int(static_cast<int64_t*>(d), bases[k], in.dtype,
+                          &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1));
+          else if (in.rtype == kRegF64)
             load_rows(static_cast<double*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
                       nrows, c0, ncols, it.stride(k, nd - 1));
           else
@@ -334,7 +390,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         }
         if (in.op == kOpRound) {
           const bool sr = in.mode == kStochastic;
-          if (in.f64) {
+          if (in.rtype == kRegF64) {
             double* o = static_cast<double*>(d);
             const double* a = static_cast<const double*>(reg_ptr(in.a));
             for (int64_t j = 0; j < n; ++j)
@@ -365,26 +421,47 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
             const uint64_t e = static_cast<uint64_t>(rbits[j]);
             const double v = in.op == kOpRandUniform ? rand_uniform(prog.seed, stream, e)
                                                      : rand_normal(prog.seed, stream, e);
-            if (in.f64)
+            if (in.rtype == kRegF64)
               static_cast<double*>(d)[j] = v;
             else
               static_cast<float*>(d)[j] = static_cast<float>(v);
           }
           continue;
         }
-        if (in.op == kOpToF64) {
-          double* o = static_cast<double*>(d);
-          const float* a = static_cast<const float*>(reg_ptr(in.a));
-          for (int64_t j = 0; j < n; ++j) o[j] = static_cast<double>(a[j]);
+        if (in.op == kOpToF64 || in.op == kOpToF32 || in.op == kOpToI64) {
+          const void* a = reg_ptr(in.a);
+          const int src = rtypes[in.a];
+          auto conv = [&](auto* o) {
+            using O = typename std::remove_pointer<decltype(o)>::type;
+            auto from = [&](const auto* x) {
+              for (int64_t j = 0; j < n; ++j) {
+                if constexpr (std::is_same<O, int64_t>::value)
+                  o[j] = to_int_fmt(x[j], in.dtype);
+                else
+                  o[j] = static_cast<O>(x[j]);
+              }
+            };
+            if (src == kRegI64)
+              from(static_cast<const int64_t*>(a));
+            else if (src == kRegF64)
+              from(static_cast<const double*>(a));
+            else
+              from(static_cast<const float*>(a));
+          };
+          if (in.op == kOpToF64)
+            conv(static_cast<double*>(d));
+          else if (in.op == kOpToF32)
+            conv(static_cast<float*>(d));
+          else
+            conv(static_cast<int64_t*>(d));
           continue;
         }
-        if (in.op == kOpToF32) {
-          float* o = static_cast<float*>(d);
-          const double* a = static_cast<const double*>(reg_ptr(in.a));
-          for (int64_t j = 0; j < n; ++j) o[j] = static_cast<float>(a[j]);
-          continue;
-        }
-        if (in.f64)
+        if (in.rtype == kRegI64)
+          compute_int(in, static_cast<int64_t*>(d),
+                      static_cast<const int64_t*>(in.a >= 0 ? reg_ptr(in.a) : d),
+                      static_cast<const int64_t*>(in.b >= 0 ? reg_ptr(in.b) : d),
+                      static_cast<const int64_t*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+        else if (in.rtype == kRegF64)
           compute(in, static_cast<double*>(d),
                   static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
                   static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
@@ -404,8 +481,12 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
             sbits[j] = random_bits(prog.seed, static_cast<uint32_t>(os.salt),
                                    static_cast<uint64_t>(rbits[j]));
         }
-        const bool rf64 = out_f64[k];
-        if (rf64)
+        const int ort = rtypes[os.reg];
+        if (ort == kRegI64)
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const int64_t*>(reg_ptr(os.reg)),
+                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
+                     os.saturate, sbits.empty() ? nullptr : sbits.data());
+        else if (ort == kRegF64)
           store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(reg_ptr(os.reg)),
                      &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());

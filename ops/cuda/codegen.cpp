@@ -57,20 +57,21 @@ const char* raw_type(int dt) {
 }
 
 // One rounding register -> storage (as store_rows). `rb` is the random-bits expression.
-std::string store_expr(int dt, bool f64, const std::string& src, int mode, bool sat,
+std::string store_expr(int dt, int rt, const std::string& src, int mode, bool sat,
                        const std::string& rb) {
+  const bool f32 = rt == kRegF32;
   const std::string s = sat ? "true" : "false";
   const std::string m = std::to_string(mode);
   const std::string d = std::to_string(dt);
   switch (dt) {
     case kFloat64: return "static_cast<double>(" + src + ")";
     case kFloat32:
-      if (!f64 || mode == kNearestEven) return "static_cast<float>(" + src + ")";
+      if (f32 || mode == kNearestEven) return "static_cast<float>(" + src + ")";
       return "cl::f32_from_bits(cl::round_f64_to_bits(static_cast<double>(" + src +
              "), cl::kFloat32, " + m + ", " + s + ", " + rb + "))";
     case kBFloat16:
     case kFloat16:
-      if (!f64 && mode == kNearestEven) {
+      if (f32 && mode == kNearestEven) {
         if (dt == kBFloat16) return "cl::f32_to_bf16_rne(" + src + ")";
         return "static_cast<unsigned short>(cl::narrow_f32(" + src + ", " + d +
                ", cl::kNearestEven, " + s + ", 0u))";
@@ -82,8 +83,8 @@ std::string store_expr(int dt, bool f64, const std::string& src, int mode, bool 
       return "static_cast<unsigned char>(cl::round_f64_to_bits(static_cast<double>(" + src + "), " +
              d + ", " + m + ", " + s + ", " + rb + "))";
     case kBool: return "(unsigned char)(" + src + " != 0 ? 1 : 0)";
-    case kInt32: return "static_cast<int>(" + src + ")";
-    case kInt64: return "static_cast<long long>(" + src + ")";
+    case kInt32: return "static_cast<int>(cl::to_int_fmt(" + src + ", cl::kInt32))";
+    case kInt64: return "static_cast<long long>(cl::to_int_fmt(" + src + ", cl::kInt64))";
   }
   throw std::invalid_argument("CUDA codegen: store of unsupported dtype");
 }
@@ -94,7 +95,7 @@ struct Kernel {
   const Program& prog;
   const KernelLayout& L;
   int nops, nout, nin, nd, V;
-  std::vector<int> rtype;    // per register: 1 double, 0 float, -1 never written
+  std::vector<int> rtype;    // per register: RegType, -1 never written
   std::vector<int> writes;   // per register: instructions writing it
   std::vector<bool> wide;    // per input: fp16, handed to the body widened to float
   std::vector<bool> paired;  // per output: left unrounded by the body (see analyse)
@@ -123,10 +124,10 @@ Kernel analyse(const Program& prog, const KernelLayout& L) {
   K.rtype.assign(prog.n_regs, -1);
   K.writes.assign(prog.n_regs, 0);
   for (const Instr& in : prog.code) {
-    if (K.rtype[in.dst] >= 0 && K.rtype[in.dst] != in.f64)
+    if (K.rtype[in.dst] >= 0 && K.rtype[in.dst] != in.rtype)
       throw std::logic_error("CUDA codegen: register r" + std::to_string(in.dst) +
-                             " holds both float and double");
-    K.rtype[in.dst] = in.f64;
+                             " holds two register types");
+    K.rtype[in.dst] = in.rtype;
     K.writes[in.dst]++;
   }
   // fp16 inputs arrive widened to float: the kernel converts each loaded vector at once
@@ -161,7 +162,8 @@ std::string emit_body(const Kernel& K) {
   std::vector<bool> declared(prog.n_regs, false);
   for (int r = 0; r < prog.n_regs; ++r) {
     if (K.writes[r] != 1) {
-      b << "  " << (K.rtype[r] == 1 ? "double " : "float ") << reg_name(r) << " = 0;\n";
+      b << "  " << reg_type_cxx(K.rtype[r] < 0 ? kRegF32 : K.rtype[r]) << " " << reg_name(r)
+        << " = 0;\n";
       declared[r] = true;
     }
   }
@@ -169,7 +171,7 @@ std::string emit_body(const Kernel& K) {
     const std::string ex = instr_expr(in, K.wide, K.nin);
     b << "  ";
     if (!declared[in.dst]) {
-      b << "const " << (in.f64 ? "double" : "float") << " ";
+      b << "const " << reg_type_cxx(in.rtype) << " ";
       declared[in.dst] = true;
     }
     b << reg_name(in.dst) << " = " << ex << ";  // " << op_name(in.op) << "\n";
@@ -185,8 +187,8 @@ std::string emit_body(const Kernel& K) {
             ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
             : std::string("0u");
     b << "  y" << k << " = "
-      << store_expr(K.L.dtypes[k], K.rtype[os.reg] == 1, reg_name(os.reg), os.mode,
-                    os.saturate != 0, rb)
+      << store_expr(K.L.dtypes[k], K.rtype[os.reg] < 0 ? kRegF32 : K.rtype[os.reg],
+                    reg_name(os.reg), os.mode, os.saturate != 0, rb)
       << ";\n";
   }
   b << "}\n";
@@ -235,7 +237,7 @@ std::string emit_vstore(const Kernel& K, int k, const std::string& ind, const st
 std::string emit_sstore(const Kernel& K, int k, const std::string& ind, const std::string& lv) {
   const OutputSpec& os = K.prog.outputs[k];
   return ind + lv + " = " +
-         (K.paired[k] ? store_expr(K.L.dtypes[k], false, "b" + std::to_string(k), os.mode,
+         (K.paired[k] ? store_expr(K.L.dtypes[k], kRegF32, "b" + std::to_string(k), os.mode,
                                    os.saturate != 0, "0u")
                       : "b" + std::to_string(k)) +
          ";\n";

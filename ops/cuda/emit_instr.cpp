@@ -51,13 +51,32 @@ std::string load_expr(int dt, bool f64, const std::string& x) {
   throw std::invalid_argument("CUDA codegen: load of unsupported dtype");
 }
 
+// Load of a bool or integer input into an int64 register (exact).
+std::string load_int_expr(int dt, const std::string& x) {
+  switch (dt) {
+    case kBool: return "(" + x + " ? 1LL : 0LL)";
+    case kInt32:
+    case kInt64: return "static_cast<long long>(" + x + ")";
+  }
+  throw std::invalid_argument("CUDA codegen: an int64 register loads integer inputs only");
+}
+
+// An int64 constant as an exact C++ expression.
+std::string ilit(int64_t v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "static_cast<long long>(0x%016llxull)",
+                static_cast<unsigned long long>(v));
+  return buf;
+}
+
 }  // namespace
 
 std::string reg_name(int r) { return "r" + std::to_string(r); }
 
 std::string instr_expr(const Instr& in, const std::vector<bool>& wide, int nin) {
-  const bool f64 = in.f64 != 0;
-  const char* T = f64 ? "double" : "float";
+  const bool f64 = in.rtype == kRegF64;
+  const bool i64 = in.rtype == kRegI64;
+  const char* T = reg_type_cxx(in.rtype);
   const std::string t = T;
   const std::string d = R(in.dst);
   const std::string a = in.a >= 0 ? R(in.a) : d;
@@ -68,12 +87,14 @@ std::string instr_expr(const Instr& in, const std::vector<bool>& wide, int nin) 
   switch (in.op) {
     case kOpLoad:
       if (in.aux < 0 || in.aux >= nin) throw std::invalid_argument("program loads a missing input");
-      if (wide[in.aux] && in.dtype == kFloat16)
+      if (i64)
+        ex = load_int_expr(in.dtype, "x" + std::to_string(in.aux));
+      else if (wide[in.aux] && in.dtype == kFloat16)
         ex = std::string("static_cast<") + T + ">(x" + std::to_string(in.aux) + ")";
       else
         ex = load_expr(in.dtype, f64, "x" + std::to_string(in.aux));
       break;
-    case kOpConst: ex = "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
+    case kOpConst: ex = i64 ? ilit(in.iimm) : "static_cast<" + t + ">(" + dlit(in.imm) + ")"; break;
     case kOpRound: {
       const std::string rb =
           in.mode == kStochastic
@@ -86,6 +107,9 @@ std::string instr_expr(const Instr& in, const std::vector<bool>& wide, int nin) 
     }
     case kOpToF64: ex = "static_cast<double>(" + a + ")"; break;
     case kOpToF32: ex = "static_cast<float>(" + a + ")"; break;
+    case kOpToI64:
+      ex = "static_cast<long long>(cl::to_int_fmt(" + a + ", " + std::to_string(in.dtype) + "))";
+      break;
     case kOpRandUniform:
       ex = "static_cast<" + t + ">(cl::rand_uniform(seed, " +
            std::to_string(static_cast<uint32_t>(in.aux)) + "u, e))";

@@ -249,6 +249,33 @@ CL_HD T op_where(T cond, T a, T b, int) {
   return cond != T(0) ? a : b;
 }
 
+// ---- integer conversions (the to_i64 instruction and stores to integer formats) ----
+// A floating-point value as integer format `dt`, as PyTorch's casts on x86-64 CPUs:
+// truncation toward zero; NaN, infinities and values outside the format's range give
+// its minimum (INT32_MIN, INT64_MIN); bool: x != 0 (NaN is true). No undefined behaviour.
+CL_HD int64_t float_to_int(double v, int dt) {
+  if (dt == kBool) return v != 0.0 ? 1 : 0;
+  if (dt == kInt32)
+    return (v > -2147483649.0 && v < 2147483648.0) ? (int64_t)(int32_t)v
+                                                   : (int64_t)(-2147483647 - 1);
+  return (v >= -9223372036854775808.0 && v < 9223372036854775808.0)
+             ? (int64_t)v
+             : (int64_t)(-9223372036854775807LL - 1);
+}
+// An integer value as integer format `dt`: int32 keeps the low 32 bits (wraps, as
+// PyTorch), bool: v != 0.
+CL_HD int64_t int_to_int(int64_t v, int dt) {
+  if (dt == kBool) return v != 0 ? 1 : 0;
+  if (dt == kInt32) return (int64_t)(int32_t)(uint32_t)(uint64_t)v;
+  return v;
+}
+
+// A register value (int64, double or float) as integer format dt.
+CL_HD int64_t to_int_fmt(long long v, int dt) { return int_to_int((int64_t)v, dt); }
+CL_HD int64_t to_int_fmt(long v, int dt) { return int_to_int((int64_t)v, dt); }
+CL_HD int64_t to_int_fmt(double v, int dt) { return float_to_int(v, dt); }
+CL_HD int64_t to_int_fmt(float v, int dt) { return float_to_int((double)v, dt); }
+
 // ---- counter-based random numbers: a function of (seed, stream, element index) only ----
 CL_HD double rand_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
   const U32x4 r = philox4x32((uint32_t)index, (uint32_t)(index >> 32), stream, 0x5EEDu,

@@ -12,7 +12,7 @@ from . import _C, cuda
 from ._device import as_device
 from ._dlpack import from_dlpack
 from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
-from ._optable import instr, output
+from ._optable import I64, instr, output
 
 Tensor = _C.Tensor
 
@@ -69,9 +69,66 @@ def from_numpy(a: np.ndarray) -> Tensor:
     return _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
 
 
+_INT_RANGE = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
+
+
+def _int_value(v: Any, dt: dtype, what: str) -> int:
+    """A Python number as a value of integer or bool dtype `dt`, as torch converts a
+    number (truncation toward zero); ValueError where it cannot be represented."""
+    if dt.name == "bool":
+        return int(bool(v))
+    lo, hi = _INT_RANGE[dt.name]
+    if isinstance(v, (bool, int, np.integer)):
+        iv = int(v)
+    else:
+        f = float(v)
+        if not _math.isfinite(f):
+            raise ValueError(f"{what}: value {f} cannot be converted to {dt.name}")
+        iv = int(f)
+    if not lo <= iv <= hi:
+        raise ValueError(f"{what}: value {iv} cannot be converted to {dt.name} without overflow "
+                         f"(range [{lo}, {hi}])")
+    return iv
+
+
+def _check_int_data(arr: np.ndarray, dt: dtype) -> np.ndarray:
+    """Python data for an integer or bool tensor: values checked against dt's range."""
+    if dt.name == "bool" or arr.size == 0:
+        return np.asarray(arr, dtype=dt.numpy)
+    if arr.dtype.kind in "iub" and arr.dtype.itemsize <= 4:
+        if dt.name == "int64" or arr.dtype.itemsize < 4 or arr.dtype.kind != "u":
+            return arr.astype(dt.numpy)
+    lo, hi = _INT_RANGE[dt.name]
+    flat = arr.ravel()
+    if arr.dtype.kind == "f":
+        t = np.trunc(flat)
+        bad = ~np.isfinite(flat) | (t < lo) | (t > hi)
+        if bad.any():
+            v = flat[np.argmax(bad)]
+            raise ValueError(f"tensor: value {v} cannot be converted to {dt.name} without overflow")
+        return np.trunc(arr).astype(dt.numpy)
+    for v in flat.tolist():  # exact Python integers (object or unsigned arrays included)
+        _int_value(v, dt, "tensor")
+    return np.array(arr.tolist(), dtype=dt.numpy).reshape(arr.shape)
+
+
+def _has_big_int(data: Any) -> bool:
+    """Nested Python data holding an integer outside int64 (NumPy would wrap or fail)."""
+    if isinstance(data, bool):
+        return False
+    if isinstance(data, int):
+        return not -(1 << 63) <= data < (1 << 63)
+    if isinstance(data, (list, tuple)):
+        return any(_has_big_int(x) for x in data)
+    return False
+
+
 def _nested_to_numpy(data: Any, dt: dtype | None) -> np.ndarray:
     if dt is None:
-        arr = np.asarray(data)
+        arr = np.asarray(data) if not _has_big_int(data) else np.asarray(data, dtype=object)
+        if arr.dtype.kind in "uO" and arr.size and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in arr.ravel().tolist()):
+            return _check_int_data(arr, as_dtype("int64"))
         if arr.dtype.kind == "f":
             arr = arr.astype(np.float32)
         elif arr.dtype.kind in "iu":
@@ -81,6 +138,11 @@ def _nested_to_numpy(data: Any, dt: dtype | None) -> np.ndarray:
         else:
             raise TypeError(f"cannot make a tensor from data of type {arr.dtype}")
         return arr
+    if not dt.is_floating_point and not isinstance(data, np.ndarray):
+        arr = np.asarray(data) if not _has_big_int(data) else np.asarray(data, dtype=object)
+        if arr.dtype.kind not in "iufbO":
+            raise TypeError(f"cannot make a tensor from data of type {arr.dtype}")
+        return _check_int_data(arr, dt)
     if dt in (float64, float32) or not dt.is_floating_point:
         return np.asarray(data, dtype=dt.numpy)
     # Narrow floats: round once, directly from the exact (float64) values.
@@ -166,11 +228,16 @@ def full(shape: Sequence[int] | int, fill_value: float | int | bool, dtype: Any 
         dtype = bool_ if isinstance(fill_value, bool) else (int64 if isinstance(fill_value, int) else float32)
     dt = as_dtype(dtype)
     t = _C.empty(_shape_arg(tuple(shape)), dt.name, _device_str(device))
-    _fill(t, float(fill_value))
+    _fill(t, fill_value)
     return t
 
 
 def _fill(t: Tensor, value: float) -> None:
+    if t._dtype_name in _INT_RANGE or t._dtype_name == "bool":  # exact, in an int64 register
+        iv = _int_value(value, as_dtype(t._dtype_name), "full")
+        _C.Program([instr("const", I64, 0, iimm=iv)], 1, [output(0)], 0).run([], [t])
+        return
+    value = float(value)
     # fp64 register for every float format but fp32: narrow formats then round once,
     # directly from the double (no double rounding through fp32)
     f64 = t._dtype_name not in ("float32", "bool")  # int32 too: > 2^24 is inexact in fp32
@@ -225,6 +292,11 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
         raise ValueError("arange: step must be nonzero")
     all_int = all(isinstance(v, int) for v in (start, stop, step))
     dt = as_dtype(dtype) if dtype is not None else (int64 if all_int else float32)
+    if all_int and not dt.is_floating_point and dt.name != "bool":
+        r = range(start, stop, step)  # exact integers; the values must fit the dtype
+        for v in (r[0], r[-1]) if len(r) else ():
+            _int_value(v, dt, "arange")
+        return tensor(np.array(r, dtype=dt.numpy), dtype=dt, device=device)
     n = max(0, _math.ceil((stop - start) / step))
     vals = start + step * np.arange(n, dtype=np.float64)
     return tensor(vals.astype(np.int64) if dt is int64 else vals, dtype=dt, device=device)

@@ -213,7 +213,7 @@ class JitFunction:
                 continue
             if n.op == "cat":
                 dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
-            elif n.op in COMPARE:
+            elif n.op in COMPARE or not n.dtype.is_floating_point:
                 dt = n.dtype
             else:
                 dt = float64 if low.vt64(n) else float32
@@ -334,6 +334,9 @@ def format_trace(tr: Traced, record: Record) -> str:
 
     def comp_dt(node) -> Any:
         d = record.of(node)
+        if not node.dtype.is_floating_point and (
+                d.compute == "i64" if d is not None else unlowered.vt(node) == 2):
+            return node.dtype  # integers and bools: exact in an int64 register
         f64 = d.compute == "f64" if d is not None else unlowered.vt64(node)
         return float64 if f64 else float32
 

@@ -19,10 +19,26 @@ from . import _C
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
-from ._optable import OPCODE, ROUND_MODES, instr, output
+from ._optable import F32, F64, I64, OPCODE, ROUND_MODES, instr, output
 from .policy import Math, Policy
 
 K_ROUND = OPCODE["round"]
+_RT_NAME = {F32: "f32", F64: "f64", I64: "i64"}
+_INT_MIN = -(1 << 63)
+_INT_END = 1 << 63
+
+
+def _int_scalar(v) -> bool:
+    return isinstance(v, (bool, int))
+
+
+def int_const(v, what: str) -> int:
+    """A Python integer as an int64 constant; ValueError when it does not fit."""
+    iv = int(v)
+    if not _INT_MIN <= iv < _INT_END:
+        raise ValueError(f"{what}: the Python integer {iv} does not fit in int64 "
+                         f"(range [-2**63, 2**63 - 1])")
+    return iv
 
 
 # ---------------------------------------------------------------- the record
@@ -30,8 +46,8 @@ K_ROUND = OPCODE["round"]
 class Decision:
     """What the lowering decided for one graph node; the trace listing prints these.
 
-    index, op: the node (t{index} in the listing); compute: "f32" or "f64" (its register
-    type); variant: the math variant bits its instruction carries (description: their
+    index, op: the node (t{index} in the listing); compute: "f32", "f64" or "i64" (its
+    register type; integer and bool values are exact in "i64"); variant: the math variant bits its instruction carries (description: their
     reading); fma_with: the product node contracted into this add/sub's fma (fma_into:
     on that product, the add/sub it went into); quirk: the PyTorch CUDA kernel detail
     expanded in its place, in words; round_to, round_mode: the rounding inserted after it
@@ -102,10 +118,10 @@ class Record:
     def of(self, node: Node) -> Decision | None:
         return self._by_node.get(id(node))
 
-    def decide(self, node: Node, f64: bool) -> Decision:
+    def decide(self, node: Node, rt: int) -> Decision:
         d = self._by_node.get(id(node))
         if d is None:
-            d = self._by_node[id(node)] = Decision(node, "f64" if f64 else "f32")
+            d = self._by_node[id(node)] = Decision(node, _RT_NAME[int(rt)])
         return d
 
 
@@ -234,6 +250,20 @@ class Lowering:
     # -- value types -------------------------------------------------------------
     def vt64(self, node: Node) -> bool:
         """Does this node's value live in a double register?"""
+        return self.vt(node) == F64
+
+    def vt(self, node: Node) -> int:
+        """The register type of this node's value: I64 for integer and bool values
+        (loads, casts to integer formats, where, comparisons of integers), which stay
+        exact there; else F64 or F32."""
+        if node.dtype is not None and not node.dtype.is_floating_point:
+            if node.op not in COMPARE or all(
+                    _int_scalar(a.value) if a.op == "scalar" else not a.dtype.is_floating_point
+                    for a in node.inputs):
+                return I64
+        return F64 if self._vt64_float(node) else F32
+
+    def _vt64_float(self, node: Node) -> bool:
         if self.policy.compute is not None:
             return self.policy.compute is float64
         if node.op in ("input", "tmp"):
@@ -241,7 +271,7 @@ class Lowering:
         if node.op in COMPARE:
             return any(a.op != "scalar" and a.dtype in (float64, int64) for a in node.inputs)
         if node.op == "astype":  # round from the input's own precision: no double rounding
-            return node.dtype in (float64, int64) or self.vt64(node.inputs[0])
+            return node.dtype is float64 or self.vt(node.inputs[0]) == F64
         return node.dtype in (float64, int64)
 
     def round_target(self, node: Node) -> dtype | None:
@@ -257,7 +287,7 @@ class Lowering:
         else:
             return None
         f64 = self.vt64(node)
-        if target is float64 or target is int64:
+        if target is float64 or not target.is_floating_point or self.vt(node) == I64:
             return None
         if target is float32 and not f64:
             return None
@@ -401,7 +431,7 @@ class Lowering:
         if isinstance(e, Leaf):
             dt = _BY_CODE[_dtype_code(e.t)]
         else:
-            dt = float64 if self._expr_f64(e) else float32
+            dt = self._expr_dtype(e)
         k = len(self.temps)
         self.temps.append((tuple(e.shape), dt))
         t = _C.empty(list(e.shape), dt.name, str(self.device))
@@ -409,14 +439,22 @@ class Lowering:
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
-    def _expr_f64(self, e) -> bool:
+    def _expr_dtype(self, e) -> dtype:
+        """The dtype that holds e's register values exactly (a temporary's dtype)."""
         if isinstance(e, Leaf):
-            return _BY_CODE[_dtype_code(e.t)] in (float64, int64) or self.policy.compute is float64
+            d = _BY_CODE[_dtype_code(e.t)]
+            if not d.is_floating_point:
+                return int64
+            return float64 if d is float64 or self.policy.compute is float64 else float32
         if isinstance(e, Elem):
-            return self.vt64(e.node)
+            rt = self.vt(e.node)
+            return int64 if rt == I64 else (float64 if rt == F64 else float32)
         if isinstance(e, Cat):
-            return any(self._expr_f64(p) for p in e.parts)
-        return False
+            ds = [self._expr_dtype(p) for p in e.parts]
+            if all(d is int64 for d in ds):
+                return int64
+            return float64 if any(d is not float32 for d in ds) else float32
+        return float32
 
     # -- hoisting concatenations ------------------------------------------------
     def hoist(self, e):
@@ -501,6 +539,15 @@ def _dtype_code(t) -> int:
     return as_dtype(t._dtype_name).code
 
 
+def _narrow_int(v: int, to: dtype) -> int:
+    """An int64 value as integer format `to` (int32 wraps, bool: v != 0), as to_i64."""
+    if to.name == "bool":
+        return int(v != 0)
+    if to.name == "int32":
+        return ((v + (1 << 31)) % (1 << 32)) - (1 << 31)
+    return v
+
+
 class ProgramBuilder:
     """Turns one region's expression DAG into instructions (one register per value)."""
 
@@ -536,10 +583,10 @@ class ProgramBuilder:
         self.nregs += 1
         return self.nregs - 1
 
-    def ins(self, op: str, f64: bool, dst: int, a=-1, b=-1, c=-1, var=0, dtype=0, mode=0,
-            sat=0, aux=0, imm=0.0):
-        self.code.append(instr(op, f64, dst, a, b, c, var=var, dtype=dtype, mode=mode,
-                               saturate=sat, aux=aux, imm=imm))
+    def ins(self, op: str, rt: int, dst: int, a=-1, b=-1, c=-1, var=0, dtype=0, mode=0,
+            sat=0, aux=0, imm=0.0, iimm=0):
+        self.code.append(instr(op, rt, dst, a, b, c, var=var, dtype=dtype, mode=mode,
+                               saturate=sat, aux=aux, imm=imm, iimm=iimm))
 
     def value(self, e) -> int:
         self._count_uses(e)
@@ -553,8 +600,8 @@ class ProgramBuilder:
                 for a in e.args:
                     self._count_uses(a)
 
-    def _value(self, e) -> tuple[int, bool]:
-        """(register, is_f64) holding e's value."""
+    def _value(self, e) -> tuple[int, int]:
+        """(register, register type) holding e's value."""
         k = id(e)
         r = self._memo.get(k)
         if r is not None:
@@ -565,12 +612,15 @@ class ProgramBuilder:
             r = self._leaf_regs.get(key)
             if r is None:
                 code = _dtype_code(t)
-                f64 = (self.low.policy.compute is float64) or (
-                    self.low.policy.compute is None and code in (float64.code, int64.code))
+                if not _BY_CODE[code].is_floating_point:
+                    rt = I64  # integers and bools: exact
+                else:
+                    rt = F64 if (self.low.policy.compute is float64) or (
+                        self.low.policy.compute is None and code == float64.code) else F32
                 reg = self.new()
-                self.ins("load", f64, reg, dtype=code, aux=len(self.leaves))
+                self.ins("load", rt, reg, dtype=code, aux=len(self.leaves))
                 self.leaves.append(e)
-                r = (reg, f64)
+                r = (reg, rt)
                 self._leaf_regs[key] = r
         elif isinstance(e, Scalar):
             r = None  # constants are materialised by their consumer in its type
@@ -579,38 +629,82 @@ class ProgramBuilder:
         self._memo[k] = r
         return r
 
-    def operand(self, e, f64: bool) -> int:
+    @staticmethod
+    def _dtype_of(e) -> dtype:
+        return _BY_CODE[_dtype_code(e.t)] if isinstance(e, Leaf) else e.node.dtype
+
+    def operand(self, e, rt: int, to: dtype | None = None) -> int:
+        """A register of type `rt` holding e's value. For an int64 register, `to` names
+        the integer format the value is converted to (default: e's own dtype)."""
+        rt = int(rt)
         if isinstance(e, Scalar):
-            key = ("const", float(e.value), f64)
+            if rt == I64:
+                v = e.value
+                if not _int_scalar(v) and not float(v).is_integer():
+                    raise ValueError(f"the Python number {v!r} is not an integer")
+                iv = int_const(v, "constant")
+                if to is not None:
+                    iv = _narrow_int(iv, to)
+                key = ("iconst", iv)
+                r = self._conv.get(key)
+                if r is None:
+                    r = self.new()
+                    self.ins("const", I64, r, iimm=iv)
+                    self._conv[key] = r
+                return r
+            try:
+                fv = float(e.value)
+            except OverflowError:
+                raise ValueError(f"the Python integer {e.value} is too large for a "
+                                 "floating-point computation") from None
+            key = ("const", fv, rt)
             r = self._conv.get(key)
             if r is None:
                 r = self.new()
-                self.ins("const", f64, r, imm=float(e.value))
+                self.ins("const", rt, r, imm=fv)
                 self._conv[key] = r
             return r
-        reg, is64 = self._value(e)
-        if is64 == f64:
-            return reg
-        key = (reg, f64)
+        reg, have = self._value(e)
+        have = int(have)
+        src = self._dtype_of(e)
+        if rt == I64:
+            if to is None:
+                to = src if not src.is_floating_point else int64
+            narrow = (have != I64 or (to.name == "int32" and src.name == "int64")
+                      or (to.name == "bool" and src.name != "bool"))
+            if not narrow:
+                return reg
+            key = (reg, rt, to.code)
+        else:
+            if have == rt:
+                return reg
+            key = (reg, rt)
         r = self._conv.get(key)
         if r is None:
             r = self.new()
-            self.ins("to_f64" if f64 else "to_f32", f64, r, a=reg)
+            if rt == I64:
+                self.ins("to_i64", I64, r, a=reg, dtype=to.code)
+            else:
+                self.ins("to_f64" if rt == F64 else "to_f32", rt, r, a=reg)
             self._conv[key] = r
         return r
 
-    def _elem(self, e: Elem) -> tuple[int, bool]:
+    def _elem(self, e: Elem) -> tuple[int, int]:
         low = self.low
         node = e.node
         op = node.op
-        f64 = low.vt64(node)
+        f64 = low.vt(node)  # the register type (F32, F64 or I64)
         args = e.args
         d = low.record.decide(node, f64)
         if op == "astype":
-            src = self.operand(args[0], f64)
+            src = self.operand(args[0], f64, to=node.dtype if f64 == I64 else None)
             out = src
+        elif f64 == I64:  # comparisons of integers, where: exact in int64
+            regs = [self.operand(a, I64) for a in args]
+            out = self.new()
+            self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
-            var = low.math.variant_bits(op, f64, low.cuda)
+            var = low.math.variant_bits(op, f64 == F64, low.cuda)
             if var != d.variant or not d.description:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda) or ""

@@ -45,12 +45,18 @@ def names(*categories: str) -> tuple[str, ...]:
     return tuple(o.name for o in OPS.values() if o.category in categories)
 
 
-def instr(op: str, f64: bool, dst: int, a: int = -1, b: int = -1, c: int = -1, var: int = 0,
+# Register types of an instruction's destination (Instr.rtype).
+F32, F64, I64 = 0, 1, 2
+
+
+def instr(op: str, rtype: int, dst: int, a: int = -1, b: int = -1, c: int = -1, var: int = 0,
           dtype: int = 0, mode: int = 0, saturate: int = 0, aux: int = 0,
-          imm: float = 0.0):
-    """A ``_C.Instr`` for op `op` (a table name or an internal instruction name)."""
-    return _C.Instr(op=OPCODE[op], f64=int(f64), dst=dst, a=a, b=b, c=c, var=var, dtype=dtype,
-                    mode=mode, saturate=saturate, aux=aux, imm=float(imm))
+          imm: float = 0.0, iimm: int = 0):
+    """A ``_C.Instr`` for op `op` (a table name or an internal instruction name); `rtype`:
+    the destination's register type (F32, F64 or I64; a bool reads as F64 or F32)."""
+    return _C.Instr(op=OPCODE[op], rtype=int(rtype), dst=dst, a=a, b=b, c=c, var=var,
+                    dtype=dtype, mode=mode, saturate=saturate, aux=aux, imm=float(imm),
+                    iimm=int(iimm))
 
 
 def output(reg: int, mode: int = 0, saturate: int = 1, salt: int = 0):
