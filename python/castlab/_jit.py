@@ -108,44 +108,61 @@ def _unwrap(fn: Any):
             return fn
 
 
+_KIND: dict = {float: "f", int: "i", bool: "i", Tensor: "t", types.FunctionType: "fn",
+               types.ModuleType: None, types.BuiltinFunctionType: None, type: None,
+               str: None, type(None): None}
+
+
+def _kind(t: type):
+    try:
+        return _KIND[t]
+    except KeyError:
+        k = _KIND[t] = "n" if issubclass(t, numbers.Number) else None  # NumPy scalars, ...
+        return k
+
+
 def _guard_value(v: Any, objs: list, memo: dict, depth: int, seen: set):
-    t = type(v)
-    if t is float:
+    k = _kind(type(v))
+    if k is None:
+        return None
+    if k == "f":
         return v.hex()                 # distinguishes -0.0 and NaN exactly
-    if t is int or t is bool:
-        return (t, v)
-    if t is Tensor:
+    if k == "i":
+        return (type(v), v)
+    if k == "t":
         objs.append(v)
         return (len(objs) - 1, _C.signature([v]))
-    if isinstance(v, numbers.Number):  # NumPy scalars, Fractions, ...
-        objs.append(v)
-        return (t, repr(v))
-    if t is types.FunctionType and depth < _GUARD_DEPTH and \
-            not (v.__module__ or "").startswith("castlab"):
+    if k == "n":
+        return (type(v), repr(v))
+    if depth < _GUARD_DEPTH and not (v.__module__ or "").startswith("castlab"):
         return (v.__code__, _fn_guard(v, objs, memo, depth + 1, seen))
     return None
 
 
 def _fn_guard(fn: Any, objs: list, memo: dict, depth: int, seen: set) -> tuple:
-    fn = _unwrap(fn)
-    code = getattr(fn, "__code__", None)
-    if not isinstance(code, types.CodeType) or code in seen:
+    if type(fn) is not types.FunctionType:
+        fn = _unwrap(fn)
+        if type(fn) is not types.FunctionType:
+            return ()
+    code = fn.__code__
+    if code in seen:
         return ()
     seen.add(code)
     key = []
-    cells = getattr(fn, "__closure__", None) or ()
-    for cell in cells:
+    for cell in fn.__closure__ or ():
         try:
             v = cell.cell_contents
         except ValueError:  # an empty cell
             key.append(_NO_VALUE)
             continue
         key.append(_guard_value(v, objs, memo, depth, seen))
-    g = getattr(fn, "__globals__", None)
-    if g is not None:
-        for name in _code_globals(code, memo):
-            v = g.get(name, _NO_VALUE)
-            key.append(None if v is _NO_VALUE else _guard_value(v, objs, memo, depth, seen))
+    g = fn.__globals__
+    kinds = _KIND
+    for name in _code_globals(code, memo):
+        v = g.get(name, None)
+        # (modules, missing names, ...: nothing to guard, without a call)
+        key.append(None if kinds.get(type(v), 0) is None
+                   else _guard_value(v, objs, memo, depth, seen))
     return tuple(key)
 
 
