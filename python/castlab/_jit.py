@@ -14,9 +14,14 @@ that graph under any policy and math variant.
 
 from __future__ import annotations
 
+import copy
 import functools
+import numbers
 import os
 import sys
+import threading
+import types
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -27,28 +32,144 @@ from ._graph import COMPARE, Node, Proxy, _state
 from ._lower import Lowering, Record, input_node, lower
 from .policy import Math, Policy, as_math, as_policy
 
-__all__ = ["jit", "JitFunction", "Trace"]
+__all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE"]
 
 Tensor = _C.Tensor
 
 
+DEFAULT_CACHE_SIZE = 256   # traced signatures kept per castlab.jit function (LRU)
+
+
 class Traced:
-    """One recorded graph (for one input signature)."""
+    """One recorded graph (for one input signature and one set of guarded values).
+
+    It keeps no argument tensors: input nodes carry only shape, dtype and device, and
+    plans only shapes, strides and offsets. Tensors the function reached through a
+    closure cell or a global are looked up again on every call (``captured_src`` holds
+    where); only tensors it made itself while tracing (constants) are kept."""
 
     def __init__(self, name, nodes, inputs, captured, captured_nodes, outputs, structure):
         self.name = name
         self.nodes = nodes
         self.inputs = inputs                    # input nodes, by argument position
-        self.captured = captured                # tensors the function closed over
+        self.captured = captured                # tensors the function closed over (this call)
         self.captured_nodes = captured_nodes
         self.outputs = outputs                  # output nodes
         self.structure = structure              # "single" | "tuple" | "list"
+        self.captured_src: list = []            # per captured tensor: guard slot or constant
         self.plans: dict = {}
         self.default_plan = None  # the plan under the jit's own policy and math
+
+    def bind_captured(self, objs: list) -> list:
+        """The captured tensors for one call: guarded ones from the function's current
+        closure/globals (`objs`, as ``_guards`` found them), constants as recorded."""
+        return [objs[s] if type(s) is int else s[0] for s in self.captured_src]
+
+    def bound(self, captured: list) -> Traced:
+        """A view of this graph with `captured` bound (not stored in the cache)."""
+        tr = copy.copy(self)
+        tr.captured = captured
+        return tr
 
 
 def _signature(tensors: list) -> bytes:
     return _C.signature(tensors)
+
+
+# ---------------------------------------------------------------- guards
+# A trace bakes in the Python numbers the function read (as scalar nodes) and the
+# shapes of the tensors it captured. The guard key records, for every closure cell and
+# every global the function's code names (and, recursively, those of plain Python
+# functions it reaches that way), the value of each number/bool and the signature of
+# each castlab tensor: a different key retraces.
+
+_GUARD_DEPTH = 3
+_NO_VALUE = object()
+
+
+def _code_globals(code: types.CodeType, memo: dict) -> tuple:
+    names = memo.get(code)
+    if names is None:
+        ns = list(code.co_names)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                ns.extend(_code_globals(c, memo))
+        names = memo[code] = tuple(dict.fromkeys(ns))
+    return names
+
+
+def _unwrap(fn: Any):
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        else:
+            return fn
+
+
+_KIND: dict = {float: "f", int: "i", bool: "i", Tensor: "t", types.FunctionType: "fn",
+               types.ModuleType: None, types.BuiltinFunctionType: None, type: None,
+               str: None, type(None): None}
+
+
+def _kind(t: type):
+    try:
+        return _KIND[t]
+    except KeyError:
+        k = _KIND[t] = "n" if issubclass(t, numbers.Number) else None  # NumPy scalars, ...
+        return k
+
+
+def _guard_value(v: Any, objs: list, memo: dict, depth: int, seen: set):
+    k = _kind(type(v))
+    if k is None:
+        return None
+    if k == "f":
+        return v.hex()                 # distinguishes -0.0 and NaN exactly
+    if k == "i":
+        return (type(v), v)
+    if k == "t":
+        objs.append(v)
+        return (len(objs) - 1, _C.signature([v]))
+    if k == "n":
+        return (type(v), repr(v))
+    if depth < _GUARD_DEPTH and not (v.__module__ or "").startswith("castlab"):
+        return (v.__code__, _fn_guard(v, objs, memo, depth + 1, seen))
+    return None
+
+
+def _fn_guard(fn: Any, objs: list, memo: dict, depth: int, seen: set) -> tuple:
+    if type(fn) is not types.FunctionType:
+        fn = _unwrap(fn)
+        if type(fn) is not types.FunctionType:
+            return ()
+    code = fn.__code__
+    if code in seen:
+        return ()
+    seen.add(code)
+    key = []
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            key.append(_NO_VALUE)
+            continue
+        key.append(_guard_value(v, objs, memo, depth, seen))
+    g = fn.__globals__
+    kinds = _KIND
+    for name in _code_globals(code, memo):
+        v = g.get(name, None)
+        # (modules, missing names, ...: nothing to guard, without a call)
+        key.append(None if kinds.get(type(v), 0) is None
+                   else _guard_value(v, objs, memo, depth, seen))
+    return tuple(key)
+
+
+def _guards(fn: Any, memo: dict) -> tuple:
+    """(guard key, the guarded objects in key order) of `fn` as it stands now."""
+    objs: list = []
+    return _fn_guard(fn, objs, memo, 0, set()), objs
 
 
 class JitFunction:
@@ -56,11 +177,23 @@ class JitFunction:
     ``.run(..., policy=, math=)`` runs the same graph under others; ``.trace(...)``
     returns the readable listing."""
 
-    def __init__(self, fn: Callable, policy: Any = "fused", math: Any = "torch_eager"):
+    def __init__(self, fn: Callable, policy: Any = "fused", math: Any = "torch_eager",
+                 cache_size: int = DEFAULT_CACHE_SIZE):
+        if not callable(fn):
+            raise TypeError(f"castlab.jit: expected a function, got {type(fn).__name__}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int):
+            raise TypeError("castlab.jit: cache_size must be an int >= 1, not "
+                            f"{type(cache_size).__name__} {cache_size!r}")
+        if cache_size < 1:
+            raise ValueError(f"castlab.jit: cache_size must be >= 1, got {cache_size}")
         self.fn = fn
         self.policy = as_policy(policy)
         self.math = as_math(math)
-        self._cache: dict = {}
+        self.cache_size = cache_size
+        # (input signature, guard key) -> Traced, least recently used first
+        self._cache: OrderedDict = OrderedDict()
+        self._code_memo: dict = {}
+        self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
     # -- tracing ---------------------------------------------------------------------
@@ -76,15 +209,35 @@ class JitFunction:
                 out.append(asarray(a))  # NumPy / DLPack producers, without copying
         return out
 
-    def _traced(self, tensors: list) -> Traced:
-        sig = _signature(tensors)
-        tr = self._cache.get(sig)
-        if tr is None:
-            tr = self._record(tensors)
-            self._cache[sig] = tr
+    def _lookup(self, key) -> Traced | None:
+        tr = self._cache.get(key)
+        if tr is not None:
+            try:
+                self._cache.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile: still valid here
+                pass
         return tr
 
-    def _record(self, tensors: list) -> Traced:
+    def _traced(self, tensors: list) -> tuple[Traced, list]:
+        """The graph for these inputs and the function's current guarded values, and
+        the captured tensors to run it with."""
+        guard, objs = _guards(self.fn, self._code_memo)
+        key = (_signature(tensors), guard)
+        tr = self._lookup(key)
+        if tr is None:
+            tr = self._record(tensors, objs)
+            with self._lock:
+                self._cache[key] = tr
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return tr, tr.bind_captured(objs)
+
+    def cache_clear(self) -> None:
+        """Forget every traced graph and plan."""
+        with self._lock:
+            self._cache.clear()
+
+    def _record(self, tensors: list, objs: list) -> Traced:
         if _state.graph is not None:
             raise RuntimeError("nested castlab.jit tracing is not supported")
         nodes: list = []
@@ -127,8 +280,16 @@ class JitFunction:
                     out_nodes.append(inputs[idx])
             else:
                 raise TypeError(f"a castlab.jit function must return tensors, got {type(o).__name__}")
-        tr = Traced(getattr(self.fn, "__name__", "fn"), nodes, inputs, captured, captured_nodes,
+        tr = Traced(getattr(self.fn, "__name__", "fn"), nodes, inputs, [], captured_nodes,
                     out_nodes, structure)
+        # Captured tensors found among the guarded closure/global values are looked up
+        # again on each call; the others were made by the function: keep them.
+        for c in captured:
+            slot = next((j for j, o in enumerate(objs) if o is c), None)
+            tr.captured_src.append(slot if slot is not None else (c,))
+        # The cache keeps no argument tensors (the lowering binds the call's tensors).
+        for n in inputs + captured_nodes:
+            n.tensor = None
         tr.arg_names = _arg_names(self.fn, len(tensors))
         return tr
 
@@ -139,6 +300,7 @@ class JitFunction:
         plan = tr.plans.get(key)
         if plan is not None:
             return plan, None
+        pol.check_graph(tr.nodes)
         plan, outs = lower(tr.outputs, all_inputs, pol, mth)
         tr.plans[key] = plan
         if pol is self.policy and mth is self.math:
@@ -157,8 +319,8 @@ class JitFunction:
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         tensors = self._bind(args)
-        tr = self._traced(tensors)
-        all_inputs = tensors + tr.captured
+        tr, captured = self._traced(tensors)
+        all_inputs = tensors + captured
         plan, outs = self._plan(tr, all_inputs, pol, mth)
         if outs is not None:
             plan.run(all_inputs, outs)
@@ -173,8 +335,11 @@ class JitFunction:
         # policy and math: one dict lookup and one C++ call.
         if all(type(a) is Tensor for a in args):
             tensors = list(args)
-            tr = self._cache.get(_C.signature(tensors))
-            if tr is not None and tr.default_plan is not None and not tr.captured:
+            guard, objs = _guards(self.fn, self._code_memo)
+            tr = self._lookup((_C.signature(tensors), guard))
+            if tr is not None and tr.default_plan is not None:
+                if tr.captured_src:
+                    tensors += tr.bind_captured(objs)
                 outs = tr.default_plan.run(tensors)
                 if tr.structure == "single":
                     return outs[0]
@@ -189,8 +354,8 @@ class JitFunction:
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         tensors = self._bind(args)
-        tr = self._traced(tensors)
-        plan, _ = self._plan(tr, tensors + tr.captured, pol, mth)
+        tr, captured = self._traced(tensors)
+        plan, _ = self._plan(tr, tensors + captured, pol, mth)
         return Trace(format_trace(tr, plan.record))
 
     def node_values(self, *args, policy: Any = None, math: Any = None) -> list:
@@ -204,8 +369,9 @@ class JitFunction:
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         tensors = self._bind(args)
-        tr = self._traced(tensors)
-        all_inputs = tensors + tr.captured
+        tr, captured = self._traced(tensors)
+        all_inputs = tensors + captured
+        pol.check_graph(tr.nodes)
         low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
         out = [(n, t) for n, t in zip(tr.inputs, tensors)]
         for n in tr.nodes:
@@ -223,8 +389,10 @@ class JitFunction:
         return out
 
     def graph(self, *args) -> Traced:
-        """The recorded graph for these inputs (nodes, inputs, outputs)."""
-        return self._traced(self._bind(args))
+        """The recorded graph for these inputs (nodes, inputs, outputs), with the
+        captured tensors of this call bound as ``.captured``."""
+        tr, captured = self._traced(self._bind(args))
+        return tr.bound(captured)
 
     def __repr__(self) -> str:
         return f"<castlab.jit {getattr(self.fn, '__name__', 'fn')} policy={self.policy.describe()} math={self.math.name}>"
@@ -255,15 +423,41 @@ class Trace(str):
         return str(self)
 
 
-def jit(fn: Callable | None = None, *, policy: Any = "fused", math: Any = "torch_eager"):
+def jit(fn: Callable | None = None, *, policy: Any = "fused", math: Any = "torch_eager",
+        cache_size: int = DEFAULT_CACHE_SIZE):
     """Trace `fn` on its first call for each input signature (shapes, dtypes, strides,
     device) and run the graph fused from then on.
 
     >>> swiglu = cl.jit(lambda a, b: cl.silu(a) * b, policy="fused", math="inductor")
+
+    Guards: a trace bakes in the Python numbers the function reads and the shapes of
+    the castlab tensors it captures. Every call checks them, as torch.compile's guards
+    do: the values of the numbers and bools (and the signatures of the castlab tensors)
+    held by `fn`'s closure cells and by the globals its code names, followed into the
+    plain Python functions it reaches that way. When one changed, `fn` is traced again
+    (and the old trace stays cached for when the value comes back); a captured tensor
+    rebound to another of the same signature is simply used, and in-place changes to it
+    are always seen. Values reached through attributes, containers or arguments other
+    than tensors are not guarded: pass such values as tensors, or make a new jit.
+
+    >>> k = 2.0
+    >>> scale = cl.jit(lambda x: x * k)
+    >>> scale(cl.ones(2)).tolist()
+    [2.0, 2.0]
+    >>> k = 3.0
+    >>> scale(cl.ones(2)).tolist()
+    [3.0, 3.0]
+
+    Cache: the traces (and their plans, one per policy and math) are kept per input
+    signature and guard values in a least-recently-used cache of `cache_size` entries
+    (default ``DEFAULT_CACHE_SIZE`` = 256); the least recently used trace is dropped
+    beyond it, like torch.compile's recompile limit but without falling back. The cache
+    holds no argument tensors: only shapes, strides and offsets, plus the constant tensors
+    the function made itself while tracing.
     """
     if fn is None:
-        return lambda f: JitFunction(f, policy=policy, math=math)
-    return JitFunction(fn, policy=policy, math=math)
+        return lambda f: JitFunction(f, policy=policy, math=math, cache_size=cache_size)
+    return JitFunction(fn, policy=policy, math=math, cache_size=cache_size)
 
 
 # ---------------------------------------------------------------- trace listing

@@ -310,7 +310,8 @@ class Lowering:
             return e
         op = node.op
         if op == "input":
-            e = Leaf(node.tensor, ("in", node.attrs["slot"]))
+            slot = node.attrs["slot"]  # bind the tensors of this lowering, not the trace's
+            e = Leaf(self.inputs[slot] if slot < len(self.inputs) else node.tensor, ("in", slot))
         elif op == "scalar":
             e = Scalar(node.value)
         elif op == "cat":

@@ -107,6 +107,8 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
     n = elementwise(op, nodes, attrs)
     plan, result = lower([n], tensors, _EAGER_POLICY, math)
     plan.run(tensors, result)
+    for nd in nodes:  # the cached plan keeps no tensors (its record keeps the nodes)
+        nd.tensor = None
     _eager_cache[key] = plan
     if len(_eager_cache) > _EAGER_CACHE_SIZE:
         _eager_cache.pop(next(iter(_eager_cache)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -36,7 +37,81 @@ def _cached_hash(obj) -> int:
     return h
 
 
-_ROUNDING = {"nearest": 0, "nearest_even": 0, "toward_zero": 1, "stochastic": 2}
+_ROUNDING = {"nearest": 0, "toward_zero": 1, "stochastic": 2}
+_ROUNDING_ALIASES = {"nearest_even": "nearest"}   # normalised once, at construction
+_UNSET: Any = None                                # "not given": the name's own value
+
+
+def _check_bool(cls: str, field: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{cls}: {field} must be True or False, not {type(v).__name__} {v!r}")
+    return v
+
+
+def _check_choice(cls: str, field: str, v: Any, valid) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{cls}: {field} must be a str (one of {', '.join(map(repr, valid))}), "
+                        f"not {type(v).__name__} {v!r}")
+    if v not in valid:
+        raise ValueError(f"{cls}: unknown {field} {v!r}; valid: " + ", ".join(map(repr, valid)))
+    return v
+
+
+def _selector_ops() -> frozenset:
+    return frozenset(OPS) | {"astype"}
+
+
+def _check_selector(s: Any):
+    """One round_after selector: an op name (str) or a node index (int >= 0)."""
+    if isinstance(s, bool) or isinstance(s, float) or not isinstance(s, (str, int)):
+        try:
+            if isinstance(s, bool):
+                raise TypeError
+            s = operator.index(s)  # NumPy integers
+        except TypeError:
+            raise TypeError("Policy: round_after selectors must be op names (str) or node "
+                            f"indices (int >= 0), not {type(s).__name__} {s!r}") from None
+    if isinstance(s, str):
+        if s in ("all", "none"):
+            raise ValueError(f"Policy: round_after={s!r} stands alone, not inside a tuple of "
+                             "selectors")
+        if s not in _selector_ops():
+            raise ValueError(f"Policy: round_after: unknown op {s!r}; valid op names: "
+                             + ", ".join(sorted(_selector_ops())))
+        return s
+    if s < 0:
+        raise ValueError(f"Policy: round_after: node index {s} is negative; node k is t{{k}} "
+                         "in trace()'s listing (k >= 0)")
+    return int(s)
+
+
+def _normalise_round_after(ra: Any):
+    if ra is None:
+        return "none"
+    if isinstance(ra, str):
+        if ra in ("all", "none"):
+            return ra
+        return (_check_selector(ra),)
+    if isinstance(ra, (bool, float, int)) or hasattr(ra, "__index__"):
+        return (_check_selector(ra),)
+    if not isinstance(ra, Iterable) or isinstance(ra, (bytes, dict)):
+        raise TypeError("Policy: round_after must be 'all', 'none', an op name, a node index, "
+                        f"or a sequence of op names and node indices, not {type(ra).__name__}")
+    out: list = []
+    for s in ra:
+        s = _check_selector(s)
+        if s not in out:
+            out.append(s)
+    return tuple(out) if out else "none"
+
+
+# What each named policy IS: the fields its name fixes (the others are free modifiers).
+_NAMED_FIELDS: dict = {
+    "eager": {"round_after": "all"},
+    "fused": {"round_after": "none"},
+    "fp64": {"round_after": "none", "compute": float64, "output": float64,
+             "round_casts": False},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,24 +121,30 @@ class Policy:
     Named policies: ``"eager"`` rounds every op's result to its dtype (PyTorch eager);
     ``"fused"`` computes in op-math and rounds only the outputs (Inductor, Thunder,
     nvFuser); ``"fp64"`` widens inputs exactly, computes in fp64 and rounds nothing (the
-    golden reference). A custom policy rounds after chosen nodes and/or computes in a
-    chosen dtype.
+    golden reference). A name is what the policy does: ``Policy("eager")`` is
+    ``Policy.eager()``, and a field that contradicts the name is refused. Any other name
+    labels a custom policy, which rounds after chosen nodes and/or computes in a chosen
+    dtype.
 
+    >>> cl.Policy("eager") == cl.Policy.eager()
+    True
     >>> p = cl.Policy("custom", round_after=("silu",))            # round only silu's result
     >>> p = cl.Policy("custom", compute="float64", round_after="all")  # fp64 math, bf16 rounding
     >>> p.describe()
     'custom round_after=all compute=f64'
 
     Args:
-        name: "eager", "fused", "fp64" or any label for a custom policy.
+        name: "eager", "fused", "fp64" (reserved: they fix round_after, and fp64 also
+            compute, output and round_casts) or any other label for a custom policy.
         round_after: "all", "none", or node selectors: op names ("silu") or node
             indices: node k is ``t{k}`` in ``trace()``'s listing (``round_after=(2,)``
-            rounds ``t2``).
-        compute: dtype to compute every op in (default: PyTorch's op-math, fp32 for
-            bf16/fp16/fp8/fp32 and fp64 for fp64).
-        output: dtype of the outputs (default: each output node's dtype).
-        rounding: "nearest" (to even, default), "toward_zero" or "stochastic".
-        seed: seed of stochastic rounding (same bits on every device).
+            rounds ``t2``). Selectors are checked against the graph when it is lowered.
+        compute: dtype to compute every op in, float32 or float64 (default: PyTorch's
+            op-math, fp32 for bf16/fp16/fp8/fp32 and fp64 for fp64).
+        output: floating dtype of the floating outputs (default: each output node's dtype).
+        rounding: "nearest" (to even, default; alias "nearest_even"), "toward_zero" or
+            "stochastic".
+        seed: seed of stochastic rounding, an int in [0, 2**64) (same bits on every device).
         saturate: fp8 conversions clamp to the largest finite value (default) instead
             of producing NaN (e4m3fn) / Inf (e5m2).
         round_casts: whether explicit ``astype`` casts in the user's code round
@@ -71,48 +152,125 @@ class Policy:
     """
 
     name: str = "fused"
-    round_after: Any = "none"
+    round_after: Any = _UNSET
     compute: dtype | None = None
     output: dtype | None = None
     rounding: str = "nearest"
     seed: int = 0
     saturate: bool = True
-    round_casts: bool = True
+    round_casts: Any = _UNSET
 
     def __hash__(self) -> int:  # cached: policies are dictionary keys on every call
         return _cached_hash(self)
 
     def __post_init__(self):
-        if self.rounding not in _ROUNDING:
-            raise ValueError(f"unknown rounding mode {self.rounding!r}; valid: "
-                             + ", ".join(sorted(_ROUNDING)))
-        if self.compute is not None:
-            object.__setattr__(self, "compute", as_dtype(self.compute))
-            if self.compute.name not in ("float32", "float64"):
-                raise ValueError("compute dtype must be float32 or float64")
-        if self.output is not None:
-            object.__setattr__(self, "output", as_dtype(self.output))
+        def put(field, value):
+            object.__setattr__(self, field, value)
+
+        if not isinstance(self.name, str):
+            raise TypeError(f"Policy: name must be a str, not {type(self.name).__name__}")
+        if not self.name:
+            raise ValueError("Policy: name must not be empty (use 'eager', 'fused', 'fp64' "
+                             "or a label of your own such as 'custom')")
+        low = self.name.strip().lower()
+        if low in _NAMED_FIELDS and low != self.name:
+            raise ValueError(f"Policy: name {self.name!r} is too close to the reserved name "
+                             f"{low!r}; write {low!r} for that policy or pick another label")
+        # rounding: aliases normalised once
+        r = _check_choice("Policy", "rounding", self.rounding,
+                          tuple(_ROUNDING) + tuple(_ROUNDING_ALIASES))
+        put("rounding", _ROUNDING_ALIASES.get(r, r))
+        # seed
+        seed = self.seed
+        if isinstance(seed, bool) or not hasattr(seed, "__index__"):
+            raise TypeError(f"Policy: seed must be an int in [0, 2**64), not "
+                            f"{type(seed).__name__} {seed!r}")
+        seed = operator.index(seed)
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"Policy: seed must be in [0, 2**64), got {seed}")
+        put("seed", seed)
+        _check_bool("Policy", "saturate", self.saturate)
+        if self.round_casts is not _UNSET:
+            _check_bool("Policy", "round_casts", self.round_casts)
+        # dtypes
+        for field, valid in (("compute", ("float32", "float64")), ("output", None)):
+            v = getattr(self, field)
+            if v is None:
+                continue
+            try:
+                d = as_dtype(v)
+            except TypeError:
+                if isinstance(v, str):
+                    d = None
+                else:
+                    raise TypeError(f"Policy: {field} must be a dtype or a dtype name, not "
+                                    f"{type(v).__name__} {v!r}") from None
+            if d is None or (valid is not None and d.name not in valid) or (
+                    valid is None and not d.is_floating_point):
+                choices = ", ".join(valid) if valid else "a floating dtype (float64, float32, " \
+                    "bfloat16, float16, float8_e4m3fn, float8_e5m2, ...)"
+                raise ValueError(f"Policy: {field} dtype {v!r} is not valid; valid: {choices}")
+            put(field, d)
+        put("round_after", _normalise_round_after(self.round_after)
+            if self.round_after is not _UNSET else _UNSET)
+        # a reserved name is the named policy
+        fixed = _NAMED_FIELDS.get(self.name)
+        if fixed is not None:
+            for field, value in fixed.items():
+                given = getattr(self, field)
+                if given is _UNSET or (given is None and field in ("compute", "output")):
+                    put(field, value)
+                elif given != value:
+                    raise ValueError(
+                        f"Policy: the name {self.name!r} is reserved: it means "
+                        + ", ".join(f"{k}={v.name if isinstance(v, dtype) else v!r}"
+                                    for k, v in fixed.items())
+                        + f", and {field}={given.name if isinstance(given, dtype) else given!r}"
+                        " contradicts it. For a custom policy, pick another name: "
+                        f"Policy('custom', {field}=...)")
+        if self.round_after is _UNSET:
+            put("round_after", "none")
+        if self.round_casts is _UNSET:
+            put("round_casts", True)
+
+    def check_graph(self, nodes: list) -> None:
+        """Check the round_after selectors against a traced graph's nodes (``t{k}`` is
+        ``nodes[k]``): every op name must occur in the graph and every index exist."""
         ra = self.round_after
-        if not isinstance(ra, str):
-            object.__setattr__(self, "round_after", tuple(ra) if isinstance(ra, Iterable) else (ra,))
-        elif ra not in ("all", "none"):
-            object.__setattr__(self, "round_after", (ra,))
+        if isinstance(ra, str):
+            return
+        ops: list = []
+        for n in nodes:
+            if n.op in _selector_ops() and n.op not in ops:
+                ops.append(n.op)
+        count = len(nodes)
+
+        def where() -> str:
+            o = ", ".join(ops) if ops else "none"
+            i = f"node indices 0-{count - 1}" if count else "no op nodes"
+            return f"(ops in this graph: {o}; {i})"
+
+        for s in ra:
+            if isinstance(s, str):
+                if s not in ops:
+                    raise ValueError(f"Policy: round_after: unknown op {s!r} {where()}")
+            elif s >= count:
+                raise ValueError(f"Policy: round_after: node index {s} out of range {where()}")
 
     @staticmethod
     def eager(**kw) -> Policy:
         """Round after every op, as PyTorch eager."""
-        return Policy("eager", round_after="all", **kw)
+        return Policy("eager", **kw)
 
     @staticmethod
     def fused(**kw) -> Policy:
         """Compute in op-math, round only the outputs, as torch.compile/Thunder/nvFuser."""
-        return Policy("fused", round_after="none", **kw)
+        return Policy("fused", **kw)
 
     @staticmethod
     def fp64(**kw) -> Policy:
         """Golden reference: exact widening to fp64, fp64 math, fp64 outputs."""
-        return Policy("fp64", round_after="none", compute=float64, output=float64,
-                      round_casts=False, **kw)
+        return Policy("fp64", **kw)
 
     @property
     def rounding_code(self) -> int:
@@ -132,6 +290,8 @@ class Policy:
             parts.append(f"round_after={self.round_after}")
         if self.compute is not None and self.name != "fp64":
             parts.append(f"compute={self.compute.short}")
+        if self.output is not None and self.name != "fp64":
+            parts.append(f"output={self.output.short}")
         if self.rounding != "nearest":
             parts.append(f"rounding={self.rounding}" + (f"(seed={self.seed})" if self.rounding == "stochastic" else ""))
         if not self.round_casts and self.name != "fp64":
@@ -199,14 +359,14 @@ class Math:
         return _cached_hash(self)
 
     def __post_init__(self):
-        if self.impl not in _IMPLS:
-            raise ValueError(f"unknown math impl {self.impl!r}; valid: " + ", ".join(_IMPLS))
-        if self.silu not in ("div", "mul_sigmoid"):
-            raise ValueError("silu must be 'div' or 'mul_sigmoid'")
-        if self.sigmoid not in ("ieee", "ex2_approx"):
-            raise ValueError("sigmoid must be 'ieee' or 'ex2_approx'")
-        if self.division not in ("ieee", "approx"):
-            raise ValueError("division must be 'ieee' or 'approx'")
+        if not isinstance(self.name, str):
+            raise TypeError(f"Math: name must be a str, not {type(self.name).__name__}")
+        _check_choice("Math", "impl", self.impl, _IMPLS)
+        _check_bool("Math", "fma", self.fma)
+        _check_choice("Math", "silu", self.silu, ("div", "mul_sigmoid"))
+        _check_choice("Math", "sigmoid", self.sigmoid, ("ieee", "ex2_approx"))
+        _check_choice("Math", "division", self.division, ("ieee", "approx"))
+        _check_bool("Math", "cuda_kernels", self.cuda_kernels)
 
     @staticmethod
     def presets() -> list[str]:

@@ -379,7 +379,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
                 keep = tuple(n.index for n in tr.nodes
                              if n is not out_node and n.op not in _VIEWS
                              and pol.rounds_after(n.index, n.op))
-                pol2 = dataclasses.replace(pol, round_after=keep)
+                pol2 = dataclasses.replace(pol, name="custom", round_after=keep)
                 pre_vals = {id(n): t for n, t in jf.node_values(*args, policy=pol2, math=mth)}
                 pre = _val(pre_vals[id(out_node)])
             else:
