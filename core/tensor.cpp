@@ -1,8 +1,11 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 namespace cl {
 
@@ -404,6 +407,78 @@ Tensor Tensor::view(const Shape& shape) const {
                                 " with strides " + shape_str(strides_) +
                                 "; use reshape(), which copies");
   return t;
+}
+
+bool byte_extent(const Tensor& t, uintptr_t* lo, uintptr_t* hi) {
+  *lo = *hi = 0;
+  if (!t.defined()) return false;
+  int64_t neg = 0, pos = 0;  // bytes below and above the first element
+  const int64_t isz = t.itemsize();
+  for (size_t i = 0; i < t.shape().size(); ++i) {
+    const int64_t n = t.shape()[i];
+    if (n == 0) return false;
+    int64_t ext = 0;
+    if (__builtin_mul_overflow(n - 1, t.strides()[i], &ext) ||
+        __builtin_mul_overflow(ext, isz, &ext) ||
+        (ext < 0 ? __builtin_add_overflow(neg, ext, &neg)
+                 : __builtin_add_overflow(pos, ext, &pos))) {
+      *lo = 0;
+      *hi = UINTPTR_MAX;
+      return true;
+    }
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const auto down = static_cast<uintptr_t>(-neg), up = static_cast<uintptr_t>(pos);
+  *lo = base >= down ? base - down : 0;
+  *hi = UINTPTR_MAX - base - static_cast<uintptr_t>(isz) >= up
+            ? base + up + static_cast<uintptr_t>(isz)
+            : UINTPTR_MAX;
+  return true;
+}
+
+bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.device() != b.device()) return false;
+  uintptr_t alo = 0, ahi = 0, blo = 0, bhi = 0;
+  if (!byte_extent(a, &alo, &ahi) || !byte_extent(b, &blo, &bhi)) return false;
+  return alo < bhi && blo < ahi;
+}
+
+bool same_elements(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.device() != b.device()) return false;
+  if (a.data_ptr() != b.data_ptr() || a.itemsize() != b.itemsize() || a.shape() != b.shape())
+    return false;
+  for (size_t i = 0; i < a.shape().size(); ++i)
+    if (a.shape()[i] > 1 && a.strides()[i] != b.strides()[i]) return false;
+  return true;
+}
+
+bool has_internal_overlap(const Tensor& t) {
+  if (!t.defined()) return false;
+  for (const int64_t n : t.shape())
+    if (n == 0) return false;  // no elements: nothing shared
+  // Sort the dimensions of size > 1 by |stride|: the view is free of self-overlap when
+  // each stride exceeds the extent reached by all the smaller ones (a sufficient test,
+  // exact for every view castlab's own view ops make).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (size_t i = 0; i < t.shape().size(); ++i) {
+    const int64_t n = t.shape()[i];
+    if (n > 1) {
+      const int64_t s = t.strides()[i];
+      if (s == 0) return true;
+      if (s == INT64_MIN) return true;
+      dims.emplace_back(s < 0 ? -s : s, n);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // largest element offset reached by the dimensions so far
+  for (const auto& d : dims) {
+    if (d.first <= reach) return true;
+    int64_t ext = 0;
+    if (__builtin_mul_overflow(d.second - 1, d.first, &ext) ||
+        __builtin_add_overflow(reach, ext, &reach))
+      return true;
+  }
+  return false;
 }
 
 }  // namespace cl

@@ -119,4 +119,21 @@ class Tensor {
   DTypeCode dtype_ = kFloat32;
 };
 
+// Memory overlap of two views, by address range (the views may come from different
+// Storage objects that share memory: NumPy or DLPack imports of one buffer).
+// byte_extent: the bytes [*lo, *hi) a view reaches through its strides (negative strides
+// included); false for a view with no elements, or when the extent does not fit the
+// address space (then treat it as reaching everything).
+bool byte_extent(const Tensor& t, uintptr_t* lo, uintptr_t* hi);
+// True when a and b are on the same device and their byte ranges intersect (a range
+// test: views that interleave without sharing an element also count as overlapping).
+bool may_overlap(const Tensor& a, const Tensor& b);
+// True when a and b are the same elements in the same order: same first byte, item size,
+// shape and strides (strides of size-1 dimensions ignored). Writing a into b elementwise
+// is then safe without a temporary.
+bool same_elements(const Tensor& a, const Tensor& b);
+// True when two different indices of t reach the same memory (a stride-0 dimension of
+// size > 1, e.g. an expanded view), or the overlap cannot be ruled out cheaply.
+bool has_internal_overlap(const Tensor& t);
+
 }  // namespace cl

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "ops/cuda/executor.h"
 
@@ -46,6 +47,20 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
     for (const auto& o : outputs) outs.push_back(Tensor::empty(o.first, o.second, dev));
   } else if (outs.size() != outputs.size()) {
     throw std::invalid_argument("plan: wrong number of output tensors");
+  } else {
+    // The binds were computed against outputs of one layout: another layout would be
+    // written at the wrong addresses.
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const Shape want = k < output_strides.size() && !output_strides[k].empty()
+                             ? output_strides[k]
+                             : contiguous_strides(outputs[k].first);
+      if (outs[k].shape() != outputs[k].first || outs[k].dtype() != outputs[k].second ||
+          (outs[k].strides() != want && outs[k].numel() > 1))
+        throw std::invalid_argument(
+            "plan: output " + std::to_string(k) + " has shape " + shape_str(outs[k].shape()) +
+            " and strides " + shape_str(outs[k].strides()) + ", the plan was made for " +
+            shape_str(outputs[k].first) + " with strides " + shape_str(want));
+    }
   }
   std::vector<Tensor> tmps;
   if (!temps.empty()) {

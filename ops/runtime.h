@@ -45,6 +45,9 @@ struct PlanStep {
 struct Plan {
   std::vector<PlanStep> steps;
   std::vector<std::pair<Shape, DTypeCode>> temps, outputs;
+  // The strides each output was planned with (the binds of `steps` are relative to them);
+  // empty, or an empty entry: contiguous. Outputs passed to run() must match exactly.
+  std::vector<Shape> output_strides;
   Device device;  // where outputs and temporaries go when the plan has no inputs
 
   // Operands are borrowed (no Tensor copies); a bind that is the whole tensor as it is

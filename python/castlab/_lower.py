@@ -837,15 +837,19 @@ class Plan:
         self._c = _C.Plan(self.steps, [(list(s), d.name) for s, d in self.temps],
                           [(list(s), d.name) for s, d in zip(out_shapes, out_dtypes)],
                           self.device)
+        # run() refuses outputs of another layout than the one planned for
+        self._c.output_strides = [list(t._strides) for t in out_tensors]
         self.run = self._c.run  # run(inputs, outputs=[]) -> outputs
 
 
 def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
-          out_dtypes: list | None = None) -> tuple[Plan, list]:
+          out_dtypes: list | None = None, out_tensors: list | None = None) -> tuple[Plan, list]:
     """Lower a graph whose 'input' nodes are bound to `inputs`; returns (plan, outputs).
 
     `out_dtypes` overrides the output dtypes (used to observe intermediate values in
-    their register precision, without an extra rounding)."""
+    their register precision, without an extra rounding). `out_tensors` gives the output
+    tensors to plan for (any strides: copy_ writes into a view); the plan then writes
+    through their own strides, and runs only with outputs of that layout."""
     device = str(outputs[0].device) if outputs else "cpu"
     low = Lowering(policy, math, device, inputs)
     if out_dtypes is None:
@@ -856,7 +860,14 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
                 d = policy.output
             out_dtypes.append(d)
     out_shapes = [n.shape for n in outputs]
-    out_tensors = [_C.empty(list(s), d.name, device) for s, d in zip(out_shapes, out_dtypes)]
+    if out_tensors is None:
+        out_tensors = [_C.empty(list(s), d.name, device) for s, d in zip(out_shapes, out_dtypes)]
+    else:
+        out_tensors = list(out_tensors)
+        for o, s, d in zip(out_tensors, out_shapes, out_dtypes):
+            if tuple(o.shape) != tuple(s) or o._dtype_name != d.name:
+                raise ValueError(f"lower: output of shape {tuple(o.shape)} and dtype "
+                                 f"{o._dtype_name} given for a {d.name} result of shape {tuple(s)}")
 
     roots = []
     for k, n in enumerate(outputs):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Union
 
 from . import _C
-from ._creation import asarray, full
+from ._creation import _to_device, asarray, full
 from ._dtype import as_dtype, dtype, promote_types
 from ._graph import (
     Node,
@@ -471,22 +471,56 @@ def clone(x: TensorLike) -> TensorLike:
 
 
 def copy_(dst, src) -> None:
-    """Write src (broadcast, converted to dst's dtype with one rounding) into dst."""
+    """Write src (broadcast, converted to dst's dtype with one rounding) into dst.
+
+    dst may be any view (steps, select, transpose, a NumPy or DLPack import): the elements
+    written are the ones dst reaches through its own strides. When src and dst share
+    memory other than element for element (``x[1:] = x[:-1]``, also through two imports of
+    one buffer), src is first copied to a temporary, as NumPy does.
+
+    >>> x = cl.zeros(2, 3); x[:, 1] = 5.0
+    >>> x.tolist()
+    [[0.0, 5.0, 0.0], [0.0, 5.0, 0.0]]
+    """
+    if not isinstance(dst, Tensor):
+        raise TypeError(f"copy_: the destination must be a castlab Tensor, got {type(dst).__name__}")
     if dst.readonly:
         raise ValueError("cannot write to a read-only tensor")
+    if _C.has_internal_overlap(dst):
+        raise ValueError("copy_: several elements of the destination share one memory location "
+                         "(an expanded view); write into a tensor without repeated elements")
     if isinstance(src, (bool, int, float)):
         src = full((), src, dtype=as_dtype(dst._dtype_name), device=dst._device_str)
+    elif isinstance(src, Proxy):
+        raise TypeError("copy_: a traced tensor cannot be written into a concrete tensor")
     elif not isinstance(src, Tensor):
         src = _to_tensor(src)
-    src = src._expand(list(dst.shape)) if tuple(src.shape) != tuple(dst.shape) else src
-    n = input_node(src, 0)
+    if src._device_str != dst._device_str:
+        src = _to_device(src, dst._device_str)
+    shape = list(dst.shape)
+    if tuple(src.shape) != tuple(dst.shape):
+        given = list(src.shape)
+        while len(src.shape) > len(shape) and src.shape[0] == 1:
+            src = src._squeeze(0)  # leading 1s are dropped, as NumPy and PyTorch do
+        try:
+            ok = broadcast([tuple(src.shape), tuple(shape)]) == tuple(shape)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"copy_: a value of shape {given} cannot be broadcast to "
+                             f"the destination's shape {shape}")
+        expanded = src._expand(shape)
+    else:
+        expanded = src
+    if dst.numel() == 0:
+        return
+    if _C.may_overlap(src, dst) and not _C.same_elements(expanded, dst):
+        expanded = clone(src)._expand(shape)  # read everything before writing anything
+    n = input_node(expanded, 0)
     if n.dtype.name != dst._dtype_name:
         n = elementwise("astype", [n], {"dtype": as_dtype(dst._dtype_name)})
-    if src._same_storage(dst):
-        src = clone(src)
-        n = input_node(src, 0) if n.op == "input" else elementwise("astype", [input_node(src, 0)], n.attrs)
-    plan, _ = lower([n], [src], _EAGER_POLICY, current_math())
-    plan.run([src], [dst])
+    plan, _ = lower([n], [expanded], _EAGER_POLICY, current_math(), out_tensors=[dst])
+    plan.run([expanded], [dst])
 
 
 #: Shape and conversion functions (the elementwise ones come from the op table).

@@ -84,6 +84,7 @@ void bind_plan(py::module_& m) {
         p->device = cl::Device::parse(device);
         return p;
       }))
+      .def_readwrite("output_strides", &Plan::output_strides)
       .def(
           "run",
           [](const Plan& p, const py::object& inputs, std::vector<Tensor> outs) {

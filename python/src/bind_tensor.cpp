@@ -91,6 +91,13 @@ void bind_tensor(py::module_& m) {
         return v;
       });
 
+  m.def("may_overlap", &cl::may_overlap,
+        "do two tensors' memory ranges intersect? (by address: also across NumPy/DLPack "
+        "imports of one buffer)");
+  m.def("same_elements", &cl::same_elements,
+        "are two tensors the same elements in the same order (same address, strides)?");
+  m.def("has_internal_overlap", &cl::has_internal_overlap,
+        "do two indices of the tensor reach the same memory (e.g. an expanded view)?");
   m.def("empty", [](const Shape& shape, const std::string& dtype, const std::string& device) {
     return Tensor::empty(shape, cl::dtype_from_name(dtype), parse_device(device));
   });
