@@ -32,11 +32,14 @@ void bind_cuda(py::module_& m) {
   cu::register_cuda_allocator();
   cu::register_cuda_runner();
 
-  m.def("_cuda_is_available", [] { return cu::is_available(); });
-  m.def("_cuda_device_count", [] { return cu::device_count(); });
+  m.def("_cuda_is_available", [] { return cu::is_available(); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_cuda_device_count", [] { return cu::device_count(); },
+        py::call_guard<py::gil_scoped_release>());
   m.def(
       "_cuda_init",
       [](const std::vector<std::string>& nvrtc_candidates) {
+        py::gil_scoped_release nogil;
         cu::set_nvrtc_candidates(nvrtc_candidates);
       },
       py::arg("nvrtc_candidates") = std::vector<std::string>{});
@@ -108,6 +111,7 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_cuda_stream_wait_for",
       [](uintptr_t consumer, int device) {
+        py::gil_scoped_release nogil;
         const cu::DriverApi& d = cu::driver();
         cu::set_device(device);
         cu::CUevent ev = nullptr;
@@ -121,6 +125,7 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_cuda_wait_on_stream",
       [](uintptr_t producer, int device) {
+        py::gil_scoped_release nogil;
         const cu::DriverApi& d = cu::driver();
         cu::set_device(device);
         cu::CUevent ev = nullptr;
