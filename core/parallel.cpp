@@ -17,16 +17,31 @@ class Pool {
   explicit Pool(int n) { resize(n); }
   ~Pool() { stop(); }
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const { return size_.load(); }
 
+  // Serialised with run() through job_mutex_: a resize waits for the running job to
+  // finish, and a job never sees a half-built worker list. New workers start at the
+  // current generation so they do not join (and decrement pending_ for) a job that
+  // was started before they existed.
   void resize(int n) {
+    std::lock_guard<std::mutex> job_lock(job_mutex_);
     stop();
-    stopping_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
+    uint64_t gen;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stopping_ = false;
+      gen = generation_;
+    }
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, gen] { loop(gen); });
+    size_.store(static_cast<int>(workers_.size()) + 1);
   }
 
   void run(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
     std::unique_lock<std::mutex> job_lock(job_mutex_);  // one parallel job at a time
+    if (workers_.empty()) {  // resized to one thread since the caller looked
+      fn(0, n);
+      return;
+    }
     {
       std::lock_guard<std::mutex> g(m_);
       fn_ = &fn;
@@ -60,8 +75,7 @@ class Pool {
       }
     }
   }
-  void loop() {
-    uint64_t seen = 0;
+  void loop(uint64_t seen) {
     for (;;) {
       {
         std::unique_lock<std::mutex> g(m_);
@@ -87,6 +101,7 @@ class Pool {
   }
 
   std::vector<std::thread> workers_;
+  std::atomic<int> size_{1};
   std::mutex m_, job_mutex_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;

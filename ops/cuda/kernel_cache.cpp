@@ -1,15 +1,25 @@
 // Kernel cache: generated source -> loaded CUfunction, in memory and on disk.
 //
-// Disk entries live in $CASTLAB_CACHE_DIR (default ~/.cache/castlab/kernels), one file per
-// kernel, named by the SHA-256 of everything that determines the binary: the source, the
-// embedded headers' text, the NVRTC version, the target architecture, the options and
-// castlab's version. A file is a one-line header ("castlab-kernel 1 <cubin|ptx> <size>
-// <sha256 of the payload>") followed by the payload; it is written to a temporary file and
-// renamed into place, and a file whose header, size or checksum does not match is ignored
-// (and replaced by a fresh compile).
+// Disk entries live in cache_dir() (see kernel_cache.h: $CASTLAB_CACHE_DIR, set but empty
+// to turn the disk cache off; default ~/.cache/castlab/kernels), one file per kernel,
+// named by the SHA-256 of everything that determines the binary: the source, the embedded
+// headers' text, the NVRTC version, the target architecture, the options and castlab's
+// version. A file is a one-line header ("castlab-kernel 2 <cubin|ptx> <size> <sha256 of
+// the payload> <key>") followed by the payload. An entry is loaded only if it is a regular
+// file (never through a symlink, never a FIFO), owned by this user, at most
+// disk::kMaxEntryBytes, and its embedded key and payload checksum match what this process
+// would compile; anything else is ignored and replaced by a fresh compile. The folder
+// must be owned by this user and writable by nobody else (created 0700), else the disk
+// cache is not used (said once at CASTLAB_DEBUG>=1). Entries are written 0600 to a
+// temporary file named with the writer's pid and renamed into place; temporaries of dead
+// writers, or older than disk::kStaleTempSeconds, are removed on first use of the folder.
 #include "ops/cuda/kernel_cache.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -159,66 +170,192 @@ const std::string& headers_hash() {
   return h;
 }
 
-bool mkdirs(const std::string& path) {
-  std::string cur;
-  size_t i = 0;
-  while (i <= path.size()) {
-    const size_t j = path.find('/', i);
-    const size_t end = j == std::string::npos ? path.size() : j;
-    cur = path.substr(0, end);
-    if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return false;
-    if (j == std::string::npos) break;
-    i = j + 1;
+bool valid_key(const std::string& key) {
+  return key.size() == 64 && key.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+namespace disk {
+
+int open_dir(const std::string& dir, std::string* why) {
+  if (dir.empty()) {
+    *why = "the disk cache is off (CASTLAB_CACHE_DIR is set but empty)";
+    return -1;
   }
-  return true;
+  // Create missing folders 0700 (whatever the umask); existing parents are left alone.
+  bool created = false;
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/') continue;
+    const std::string cur = dir.substr(0, i);
+    if (mkdir(cur.c_str(), 0700) == 0)
+      created = true;
+    else if (errno != EEXIST) {
+      *why = "cannot create " + cur + ": " + std::strerror(errno);
+      return -1;
+    }
+  }
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *why = "cannot open " + dir + ": " + std::strerror(errno);
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    close(fd);
+    *why = dir + " is not a directory";
+    return -1;
+  }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    *why = dir + " is owned by uid " + std::to_string(st.st_uid) + ", not by this user (" +
+           std::to_string(geteuid()) + ")";
+    return -1;
+  }
+  if (created && (st.st_mode & 07777) != 0700) {
+    if (fchmod(fd, 0700) == 0) st.st_mode = (st.st_mode & ~07777) | 0700;
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    *why = dir + " is writable by other users (mode " + mode + ")";
+    return -1;
+  }
+  return fd;
 }
 
-bool read_file(const std::string& path, std::string* out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  char buf[1 << 16];
-  size_t n;
-  out->clear();
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  const bool ok = !std::ferror(f);
-  std::fclose(f);
-  return ok;
-}
-
-bool read_entry(const std::string& path, std::string* kind, std::string* payload) {
+std::string load(int dirfd, const std::string& key, std::string* kind, std::string* payload) {
+  if (!valid_key(key)) return "bad key";
+  const std::string name = key + ".bin";
+  const int fd = openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? "missing" : errno == ELOOP ? "symlink" : "read error";
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) return "read error";
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (st.st_uid != geteuid()) return "foreign owner";
+  const size_t cap = kMaxEntryBytes + 512;  // payload + header
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > cap) return "too large";
   std::string all;
-  if (!read_file(path, &all)) return false;
+  all.resize(static_cast<size_t>(st.st_size) + 1);  // one more: notices a file that grew
+  size_t got = 0;
+  while (got < all.size()) {
+    const ssize_t n = read(fd, &all[got], all.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return "read error";
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  all.resize(got);
   const size_t nl = all.find('\n');
-  if (nl == std::string::npos || nl > 200) return false;
+  if (nl == std::string::npos || nl > 300) return "bad header";
   const std::string header = all.substr(0, nl);
-  char magic[32] = {0}, k[16] = {0}, sum[80] = {0};
+  char magic[32] = {0}, k[16] = {0}, sum[80] = {0}, ekey[80] = {0};
   int ver = 0;
   unsigned long long size = 0;
-  if (std::sscanf(header.c_str(), "%31s %d %15s %llu %79s", magic, &ver, k, &size, sum) != 5)
-    return false;
-  if (std::string(magic) != "castlab-kernel" || ver != 1) return false;
-  if (std::string(k) != "cubin" && std::string(k) != "ptx") return false;
+  if (std::sscanf(header.c_str(), "%31s %d %15s %llu %79s %79s", magic, &ver, k, &size, sum,
+                  ekey) != 6)
+    return "bad header";
+  if (std::string(magic) != "castlab-kernel" || ver != 2) return "bad header";
+  if (std::string(k) != "cubin" && std::string(k) != "ptx") return "bad header";
+  if (ekey != key) return "key mismatch";
+  if (all.size() - nl - 1 != size) return "size mismatch";
   std::string data = all.substr(nl + 1);
-  if (data.size() != size) return false;
-  if (sha256_hex(data) != sum) return false;
+  if (sha256_hex(data) != sum) return "checksum mismatch";
   *kind = k;
   *payload = std::move(data);
-  return true;
+  return "ok";
 }
 
-void write_entry(const std::string& dir, const std::string& path, const std::string& kind,
-                 const std::string& payload) {
-  if (!mkdirs(dir)) return;
+bool store(int dirfd, const std::string& key, const std::string& kind, const std::string& payload) {
+  if (!valid_key(key) || payload.size() > kMaxEntryBytes) return false;
+  if (kind != "cubin" && kind != "ptx") return false;
   std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return;
-  const std::string header = "castlab-kernel 1 " + kind + " " + std::to_string(payload.size()) +
-                             " " + sha256_hex(payload) + "\n";
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  ok = ok && std::fwrite(payload.data(), 1, payload.size(), f) == payload.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  char rnd[16];
+  std::snprintf(rnd, sizeof rnd, "%08x", static_cast<unsigned>(rd()));
+  const std::string name = key + ".bin";
+  const std::string tmp = name + ".tmp." + std::to_string(getpid()) + "." + rnd;
+  const int fd =
+      openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  bool ok = fchmod(fd, 0600) == 0;  // the umask can only remove bits; be explicit anyway
+  const std::string data = "castlab-kernel 2 " + kind + " " + std::to_string(payload.size()) + " " +
+                           sha256_hex(payload) + " " + key + "\n" + payload;
+  size_t put = 0;
+  while (ok && put < data.size()) {
+    const ssize_t n = write(fd, data.data() + put, data.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      ok = false;
+    else
+      put += static_cast<size_t>(n);
+  }
+  ok = (close(fd) == 0) && ok;
+  if (ok && renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) == 0) return true;
+  unlinkat(dirfd, tmp.c_str(), 0);
+  return false;
+}
+
+int clean_temps(int dirfd, int max_age_s) {
+  const int fd = dup(dirfd);
+  if (fd < 0) return 0;
+  DIR* d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return 0;
+  }
+  rewinddir(d);
+  std::vector<std::string> doomed;
+  const time_t now = time(nullptr);
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const size_t t = name.find(".bin.tmp.");
+    if (t != 64 || !valid_key(name.substr(0, 64))) continue;
+    const char* p = name.c_str() + t + 9;
+    char* end = nullptr;
+    const long pid = std::strtol(p, &end, 10);
+    struct stat st;
+    if (fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const bool dead = end != p && *end == '.' && pid > 0 && pid != getpid() &&
+                      kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    const bool old = now - st.st_mtime > max_age_s;
+    if (dead || old) doomed.push_back(name);
+  }
+  closedir(d);
+  int removed = 0;
+  for (const auto& name : doomed)
+    if (unlinkat(dirfd, name.c_str(), 0) == 0) ++removed;
+  return removed;
+}
+
+}  // namespace disk
+
+namespace {
+
+// The cache folder's descriptor for this call, or -1 when the disk cache is not used
+// (the reason is printed once per folder at CASTLAB_DEBUG>=1). Stale temporaries are
+// cleaned on a folder's first use. Called with g_mu held.
+int disk_dir(const std::string& dir) {
+  static std::unordered_set<std::string> seen;
+  std::string why;
+  const int fd = disk::open_dir(dir, &why);
+  const bool first = seen.insert(dir).second;
+  if (fd < 0) {
+    if (first && debug_level() >= 1) {
+      std::fprintf(stderr, "# castlab: kernel disk cache not used: %s; compiling in memory\n",
+                   why.c_str());
+      std::fflush(stderr);
+    }
+    return -1;
+  }
+  if (first) disk::clean_temps(fd, disk::kStaleTempSeconds);
+  return fd;
 }
 
 // Compiles `source` with NVRTC, handing it the embedded headers. On success returns true
@@ -300,10 +437,12 @@ std::string compile(const std::string& name, const std::string& source,
 }  // namespace
 
 std::string cache_dir() {
-  if (const char* e = std::getenv("CASTLAB_CACHE_DIR")) return e;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/castlab/kernels";
-  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/castlab/kernels";
-  return "/tmp/castlab-kernels";
+  if (const char* e = std::getenv("CASTLAB_CACHE_DIR")) return e;  // "": disk cache off
+  const char* x = std::getenv("XDG_CACHE_HOME");
+  if (x && x[0] == '/') return std::string(x) + "/castlab/kernels";
+  const char* h = std::getenv("HOME");
+  if (h && h[0] == '/' && h[1] != '\0') return std::string(h) + "/.cache/castlab/kernels";
+  return "/tmp/castlab-kernels-" + std::to_string(geteuid());  // owner-checked on use
 }
 
 std::vector<int> nvrtc_supported_archs() {
@@ -395,21 +534,26 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
   key_text += "headers " + headers_hash() + "\n";
   key_text += source;
   const std::string file_key = sha256_hex(key_text);
-  const std::string dir = cache_dir();
-  const std::string path = dir + "/" + file_key + ".bin";
+  const int dfd = disk_dir(cache_dir());
+  struct DirCloser {
+    int fd;
+    ~DirCloser() {
+      if (fd >= 0) close(fd);
+    }
+  } dir_closer{dfd};
 
   std::string kind, image;
-  if (read_entry(path, &kind, &image)) {
+  const std::string got = dfd >= 0 ? disk::load(dfd, file_key, &kind, &image) : "off";
+  if (got == "ok") {
     g_stats.disk_hits++;
   } else {
-    struct stat st;
-    if (stat(path.c_str(), &st) == 0) g_stats.disk_rejects++;  // present but broken
+    if (got != "missing" && got != "off") g_stats.disk_rejects++;  // present but refused
     const auto t0 = std::chrono::steady_clock::now();
     image = compile(name, source, opts, ptx_only, &kind);
     g_stats.compile_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     g_stats.compiles++;
-    write_entry(dir, path, kind, image);
+    if (dfd >= 0) disk::store(dfd, file_key, kind, image);
   }
   set_device(dev);
   const DriverApi& d = driver();

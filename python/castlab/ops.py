@@ -8,6 +8,7 @@ bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -37,6 +38,10 @@ Number = Union[int, float, bool]
 _EAGER_POLICY = Policy.eager()
 _eager_cache: dict = {}
 _EAGER_CACHE_SIZE = 4096
+# Guards insertion and eviction of _eager_cache (lookups are single dict.get calls,
+# atomic under the GIL). Without it, two threads evicting at once pop the same key
+# (KeyError) or iterate the dict while another thread resizes it (RuntimeError).
+_eager_cache_lock = threading.Lock()
 
 
 def _sig(t) -> tuple:
@@ -109,9 +114,10 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
     plan.run(tensors, result)
     for nd in nodes:  # the cached plan keeps no tensors (its record keeps the nodes)
         nd.tensor = None
-    _eager_cache[key] = plan
-    if len(_eager_cache) > _EAGER_CACHE_SIZE:
-        _eager_cache.pop(next(iter(_eager_cache)))
+    with _eager_cache_lock:
+        _eager_cache[key] = plan
+        while len(_eager_cache) > _EAGER_CACHE_SIZE:
+            _eager_cache.pop(next(iter(_eager_cache)), None)
     return result[0]
 
 

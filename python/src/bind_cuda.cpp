@@ -1,5 +1,9 @@
 // castlab._C's CUDA functions (used by python/castlab/cuda.py). Nothing here touches the
 // driver until called, so importing castlab works without a GPU or CUDA libraries.
+#include <unistd.h>
+
+#include <stdexcept>
+
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/executor.h"
@@ -32,11 +36,16 @@ void bind_cuda(py::module_& m) {
   cu::register_cuda_allocator();
   cu::register_cuda_runner();
 
-  m.def("_cuda_is_available", [] { return cu::is_available(); });
-  m.def("_cuda_device_count", [] { return cu::device_count(); });
+  m.def(
+      "_cuda_is_available", [] { return cu::is_available(); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_cuda_device_count", [] { return cu::device_count(); },
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "_cuda_init",
       [](const std::vector<std::string>& nvrtc_candidates) {
+        py::gil_scoped_release nogil;
         cu::set_nvrtc_candidates(nvrtc_candidates);
       },
       py::arg("nvrtc_candidates") = std::vector<std::string>{});
@@ -108,6 +117,7 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_cuda_stream_wait_for",
       [](uintptr_t consumer, int device) {
+        py::gil_scoped_release nogil;
         const cu::DriverApi& d = cu::driver();
         cu::set_device(device);
         cu::CUevent ev = nullptr;
@@ -121,6 +131,7 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_cuda_wait_on_stream",
       [](uintptr_t producer, int device) {
+        py::gil_scoped_release nogil;
         const cu::DriverApi& d = cu::driver();
         cu::set_device(device);
         cu::CUevent ev = nullptr;
@@ -190,4 +201,57 @@ void bind_cuda(py::module_& m) {
       },
       py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
   m.def("_nvrtc_options", &cu::nvrtc_options_for_arch, py::arg("arch"));
+  // The disk kernel cache's file handling, for tests (no GPU needed). Each call opens
+  // (creating 0700) `dir` as the cache would; a refused folder raises RuntimeError with why.
+  struct CacheDir {
+    int fd;
+    explicit CacheDir(const std::string& dir) {
+      std::string why;
+      fd = cu::disk::open_dir(dir, &why);
+      if (fd < 0) throw std::runtime_error("kernel cache folder refused: " + why);
+    }
+    ~CacheDir() { close(fd); }
+  };
+  m.def("_kernel_cache_dir", &cu::cache_dir);
+  m.def("_kernel_cache_max_entry_bytes", [] { return cu::disk::kMaxEntryBytes; });
+  m.def(
+      "_kernel_cache_check_dir",
+      [](const std::string& dir) {
+        std::string why;
+        const int fd = cu::disk::open_dir(dir, &why);
+        if (fd < 0) return why;
+        close(fd);
+        return std::string("ok");
+      },
+      py::arg("dir"));
+  m.def(
+      "_kernel_cache_store",
+      [](const std::string& dir, const std::string& key, const std::string& kind,
+         const py::bytes& payload) {
+        const std::string data = payload;
+        py::gil_scoped_release nogil;
+        CacheDir d(dir);
+        return cu::disk::store(d.fd, key, kind, data);
+      },
+      py::arg("dir"), py::arg("key"), py::arg("kind"), py::arg("payload"));
+  m.def(
+      "_kernel_cache_load",
+      [](const std::string& dir, const std::string& key) {
+        std::string status, kind, payload;
+        {
+          py::gil_scoped_release nogil;
+          CacheDir d(dir);
+          status = cu::disk::load(d.fd, key, &kind, &payload);
+        }
+        return py::make_tuple(status, kind, py::bytes(payload));
+      },
+      py::arg("dir"), py::arg("key"));
+  m.def(
+      "_kernel_cache_clean",
+      [](const std::string& dir, int max_age_s) {
+        py::gil_scoped_release nogil;
+        CacheDir d(dir);
+        return cu::disk::clean_temps(d.fd, max_age_s);
+      },
+      py::arg("dir"), py::arg("max_age_s") = cu::disk::kStaleTempSeconds);
 }

@@ -90,10 +90,10 @@ void bind_plan(py::module_& m) {
           [](const Plan& p, const py::object& inputs, std::vector<Tensor> outs) {
             TensorRefs refs;
             tensor_refs(inputs, &refs);
-            if (p.run_device(refs.data, refs.size, outs).type == cl::DeviceType::CPU) {
-              py::gil_scoped_release nogil;
-              return p.run(refs.data, refs.size, std::move(outs));
-            }
+            // The GIL is released for every device: CPU kernels, CUDA launches and the
+            // NVRTC compiles of a first run touch no Python object (the tensors are held
+            // by `inputs` and `outs` for the whole call).
+            py::gil_scoped_release nogil;
             return p.run(refs.data, refs.size, std::move(outs));
           },
           py::arg("inputs"), py::arg("outputs") = std::vector<Tensor>{});

@@ -11,13 +11,10 @@ using cl::Tensor;
 
 namespace {
 
-// Program.run: the runtime's dispatch, with the GIL released for CPU runs.
+// Program.run: the runtime's dispatch, with the GIL released (CPU kernels, CUDA launches
+// and NVRTC compiles touch no Python object).
 void run_any(const Program& p, const std::vector<Tensor>& in, const std::vector<Tensor>& out) {
-  if (!out.empty() && out[0].device().type == cl::DeviceType::CPU) {
-    py::gil_scoped_release nogil;
-    cl::run_program_any(p, in, out);
-    return;
-  }
+  py::gil_scoped_release nogil;
   cl::run_program_any(p, in, out);
 }
 

@@ -39,7 +39,7 @@ void bind_tensor(py::module_& m) {
         [](const std::string& name) { return cl::itemsize(cl::dtype_from_name(name)); });
   m.def("num_threads", &cl::num_threads);
   m.def("cpu_empty_cache", &cl::cpu_empty_cache, "return cached host memory blocks to the OS");
-  m.def("set_num_threads", &cl::set_num_threads);
+  m.def("set_num_threads", &cl::set_num_threads, py::call_guard<py::gil_scoped_release>());
   m.def("broadcast_shapes",
         [](const Shape& a, const Shape& b) { return cl::broadcast_shapes(a, b); });
 
