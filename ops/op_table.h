@@ -64,9 +64,11 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
   X(Sub, "sub", 2, kCatBinary, 0, 1, 1, op_sub, 1, "a-b")                                          \
   X(Mul, "mul", 2, kCatBinary, 0, 1, 1, op_mul, 1, "a*b")                                          \
   X(Div, "div", 2, kCatBinary, kFDiv, 8, 3, op_div, 1, "a/b (true division)")                      \
-  X(Maximum, "maximum", 2, kCatBinary, 0, 1, 1, op_maximum, 1, "max(a, b), NaN-propagating")       \
-  X(Minimum, "minimum", 2, kCatBinary, 0, 1, 1, op_minimum, 1, "min(a, b), NaN-propagating")       \
-  X(Pow, "pow", 2, kCatBinary, kFImpl, 24, 24, op_pow, 1, "a**b")                                  \
+  X(Maximum, "maximum", 2, kCatBinary, 0, 1, 1, op_maximum, 1,                                     \
+    "max(a, b), NaN-propagating, -0 < +0")                                                         \
+  X(Minimum, "minimum", 2, kCatBinary, 0, 1, 1, op_minimum, 1,                                     \
+    "min(a, b), NaN-propagating, -0 < +0")                                                         \
+  X(Pow, "pow", 2, kCatBinary, kFImpl, 24, 24, op_pow, 1, "a**b (C pow specials)")                 \
   X(Eq, "eq", 2, kCatCompare, 0, 1, 1, op_eq, 1, "a == b")                                         \
   X(Ne, "ne", 2, kCatCompare, 0, 1, 1, op_ne, 1, "a != b")                                         \
   X(Lt, "lt", 2, kCatCompare, 0, 1, 1, op_lt, 1, "a < b")                                          \

@@ -176,43 +176,66 @@ template <typename T>
 CL_HD T op_div(T a, T b, int var) {
   return div_f(a, b, var);
 }
+// IEEE 754-2019 maximum/minimum, as torch.maximum/minimum on CUDA: NaN-propagating, and
+// -0 < +0 (maximum(-0, +0) = +0 and minimum(-0, +0) = -0 in either argument order).
+// (torch CPU is not consistent here: its vectorised loop returns the second argument on a
+// signed-zero tie, its scalar tail the first.)
+CL_HD bool sign_bit(float x) { return (f32_bits(x) >> 31) != 0; }
+CL_HD bool sign_bit(double x) { return (f64_bits(x) >> 63) != 0; }
 template <typename T>
-CL_HD T op_maximum(T a, T b, int) {  // NaN-propagating, as torch.maximum
+CL_HD T op_maximum(T a, T b, int) {
   if (a != a) return a;
   if (b != b) return b;
+  if (a == b) return sign_bit(a) ? b : a;  // only a tie of zeros can differ
   return a > b ? a : b;
 }
 template <typename T>
 CL_HD T op_minimum(T a, T b, int) {
   if (a != a) return a;
   if (b != b) return b;
+  if (a == b) return sign_bit(a) ? a : b;
   return a < b ? a : b;
 }
+// C pow (C99 Annex F.9.4.4), which PyTorch's pow(tensor, tensor) is; a Python-number
+// exponent of +-0.5 is lowered to sqrt (PyTorch's pow_tensor_scalar) before it gets here.
 template <typename T>
 CL_HD T op_pow(T x, T y, int var) {
-  // Exponents PyTorch's pow_tensor_scalar kernels special-case.
+  if (y == T(0) || x == T(1)) return T(1);  // pow(x, +-0) = pow(+1, y) = 1, even for NaN
+  // Exponents PyTorch's pow_tensor_scalar kernels special-case: these give C pow's result
+  // for every x, except +-0.5 at x = -0 and -inf (sqrt(-0) = -0, sqrt(-inf) = NaN).
   if (y == T(2)) return x * x;
   if (y == T(3)) return x * x * x;
-  if (y == T(0.5)) return sqrt_t(x);
-  if (y == T(-0.5)) return T(1) / sqrt_t(x);
+  const bool root_ok = x != T(0) && x != T(-1.0 / 0.0);  // x is neither +-0 nor -inf
+  if (y == T(0.5) && root_ok) return sqrt_t(x);
+  if (y == T(-0.5) && root_ok) return T(1) / sqrt_t(x);
   if (y == T(-1)) return T(1) / x;
   if (y == T(-2)) return T(1) / (x * x);
   if (y == T(1)) return x;
-  if (y == T(0)) return T(1);
-  // General case: exp(y * log|x|) in double, with C pow's sign and special-value rules
-  // for the cases that matter (negative base with integer exponent).
+  // General case: exp(y * log|x|) in double, with C pow's sign and special-value rules.
   const int impl = var & kVarImplMask;
-  double dx = (double)x, dy = (double)y;
+  const double dx = (double)x, dy = (double)y;
+  const double inf = 1.0 / 0.0;
   if (dx != dx || dy != dy) return T(dx + dy);
+  const double ax = dx < 0 ? -dx : dx;
   const double ay = dy < 0 ? -dy : dy;
-  const bool y_int = ay < 9007199254740992.0 && (double)(int64_t)dy == dy;
-  const bool y_odd = y_int && ((int64_t)dy & 1);
+  if (ay == inf) {  // pow(-1, +-inf) = 1; |x| < 1: +inf for -inf, +0 for +inf; |x| > 1: the reverse
+    if (ax == 1.0) return T(1);
+    return T((ax < 1.0) == (dy < 0) ? inf : 0.0);
+  }
+  // Every double of magnitude >= 2**53 is an even integer.
+  const bool big = ay >= 9007199254740992.0;
+  const bool y_int = big || (double)(int64_t)dy == dy;
+  const bool y_odd = !big && y_int && ((int64_t)dy & 1);
+  const bool neg = sign_bit(dx);
+  if (ax == inf) {  // pow(+-inf, y): +-0 for y < 0, +-inf for y > 0; the sign only for odd y
+    const double r = dy < 0 ? 0.0 : inf;
+    return T((neg && y_odd) ? -r : r);
+  }
   if (dx == 0.0) {
-    if (dy < 0) return (y_odd && f64_bits(dx) >> 63) ? T(-1.0 / 0.0) : T(1.0 / 0.0);
+    if (dy < 0) return (y_odd && neg) ? T(-inf) : T(inf);
     return (y_odd) ? x : T(0);
   }
   if (dx < 0 && !y_int) return T(0.0 / 0.0);
-  const double ax = dx < 0 ? -dx : dx;
   const double r = m_exp(dy * m_log(ax, impl), impl);
   return T((dx < 0 && y_odd) ? -r : r);
 }

@@ -710,8 +710,9 @@ class ProgramBuilder:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda) or ""
             contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
-            quirk = (self._torch_cuda_kernel(e, f64)
-                     if low.cuda and low.math.cuda_kernels and contracted is None else None)
+            quirk = self._pow_scalar_root(e, f64) if contracted is None else None
+            if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
+                quirk = self._torch_cuda_kernel(e, f64)
             if contracted is not None:
                 out, mul = contracted
                 d.fma_with = mul
@@ -731,6 +732,27 @@ class ProgramBuilder:
             d.round_to, d.round_mode = tgt, low.policy.rounding
             self._round_of[r] = d
         return (out, f64)
+
+    def _pow_scalar_root(self, e: Elem, f64: bool):
+        """x ** 0.5 and x ** -0.5 with a Python-number exponent are sqrt(x) and 1/sqrt(x), as
+        PyTorch's pow_tensor_scalar computes them (CPU and CUDA): they differ from C pow (the
+        pow op, PyTorch's pow(tensor, tensor)) at x = -0 (-0, -inf) and x = -inf (NaN)."""
+        node = e.node
+        args = e.args
+        if not (node.op == "pow" and isinstance(args[1], Scalar)
+                and not isinstance(args[0], Scalar) and not isinstance(args[1].value, bool)
+                and float(args[1].value) in (0.5, -0.5)):
+            return None
+        x = self.operand(args[0], f64)
+        out = self.new()
+        self.ins("sqrt", f64, out, x)
+        form = "sqrt(x)"
+        if float(args[1].value) == -0.5:
+            r = self.new()
+            self.ins("reciprocal", f64, r, out)  # var 0: an IEEE division, as pow's 1/sqrt(x)
+            out, form = r, "1 / sqrt(x)"
+        self.low.record.decide(node, f64).quirk = f"expanded as {form} (pow_tensor_scalar)"
+        return out
 
     def _torch_cuda_kernel(self, e: Elem, f64: bool):
         """PyTorch's eager CUDA kernels where they differ from "op-math, one rounding":
