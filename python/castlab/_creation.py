@@ -35,6 +35,8 @@ def _shape_arg(shape: tuple) -> list[int]:
             raise TypeError(f"shape entries must be integers, got {s!r}")
         if s < 0:
             raise ValueError(f"negative dimension {s} in shape {list(shape)}")
+        if s >= 2**63:
+            raise ValueError(f"dimension {s} in shape {list(shape)} does not fit in 64 bits")
         out.append(int(s))
     return out
 
