@@ -232,15 +232,33 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
 # ---- producer --------------------------------------------------------------------------
 
 
+_UNSET: Any = object()  # `copy` not passed: a consumer older than the 2023.12 protocol
+
+
+def _consumer_takes_negative_strides(copy_passed: bool) -> bool:
+    """Whether the consumer calling ``__dlpack__`` can take negative strides. NumPy (and
+    other consumers of the 2023.12 protocol, which pass ``copy``) can; PyTorch cannot (its
+    ``from_dlpack`` passes no ``copy`` and aborts the process on a negative stride)."""
+    if not copy_passed:
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return not str(caller).startswith("torch")
+
+
 def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                  dl_device: Any = None, copy: bool | None = None) -> Any:
+                  dl_device: Any = None, copy: Any = _UNSET) -> Any:
     """``Tensor.__dlpack__``: export as a DLPack capsule (array API semantics).
 
     A versioned capsule ("dltensor_versioned", DLPack 1.1) when ``max_version[0] >= 1``,
     else a legacy "dltensor" one. ``copy=True`` exports a copy (flag IS_COPIED); otherwise
-    the capsule shares the tensor's memory. ``dl_device`` other than the tensor's device
+    the capsule shares the tensor's memory, except that a tensor with negative strides is
+    copied for consumers that cannot take them (those that pass no ``copy``, such as
+    PyTorch; ``copy=False`` then raises BufferError). ``dl_device`` other than the tensor's device
     raises BufferError, except a copy to the CPU (``dl_device=(1, 0)``, not ``copy=False``).
     """
+    copy_passed = copy is not _UNSET
+    if not copy_passed:
+        copy = None
     versioned = max_version is not None and int(max_version[0]) >= 1
     here = _device_pair(self)
     if dl_device is not None:
@@ -260,8 +278,9 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
         _producer_sync(self, stream)
     if copy:
         return _C.to_dlpack(_clone(self), versioned, copied=True)
-    if any(st < 0 and n > 1 for st, n in zip(self._strides, self.shape)):
-        # Consumers cannot take negative strides (PyTorch aborts): export a copy.
+    if (any(st < 0 and n > 1 for st, n in zip(self._strides, self.shape))
+            and not (versioned and _consumer_takes_negative_strides(copy_passed))):
+        # This consumer cannot take negative strides (PyTorch aborts): export a copy.
         if copy is False:
             raise BufferError(f"cannot export a tensor with negative strides {self._strides} "
                               f"through DLPack without a copy, and copy=False was given")

@@ -185,11 +185,6 @@ extern "C" void dlpack_capsule_destructor(PyObject* capsule) {
 
 py::object to_dlpack(const Tensor& t, bool versioned, bool readonly_flag, bool copied) {
   if (!t.defined()) throw std::invalid_argument("to_dlpack: undefined tensor");
-  // Consumers (PyTorch among them) cannot take negative strides: the caller copies.
-  for (int64_t i = 0; i < t.ndim(); ++i)
-    if (t.strides()[i] < 0 && t.shape()[i] > 1)
-      throw cl::buffer_error("to_dlpack: cannot export a tensor with negative strides " +
-                             cl::shape_str(t.strides()) + " without a copy");
   if (versioned) {
     auto* m = make_export<dl::DLManagedTensorVersioned>(t);
     m->version = {dl::kMajorVersion, dl::kMinorVersion};
