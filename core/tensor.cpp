@@ -273,7 +273,7 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t stop, int64_t step) con
   };
   start = clamp(start);
   stop = clamp(stop);
-  const int64_t len = stop > start ? (stop - start + step - 1) / step : 0;
+  const int64_t len = stop > start ? (stop - start - 1) / step + 1 : 0;  // no overflow
   Shape sh = shape_, st = strides_;
   sh[dim] = len;
   // A stride only matters when the dimension has two elements or more (then it fits:
