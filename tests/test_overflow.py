@@ -77,6 +77,14 @@ RAISES = [
     ("from_pointer_wraps_address",
      "a = np.zeros(2); cl._C.from_pointer(2**64 - 8, [4], [1], 'float64', a)",
      "ValueError", "spans more memory than exists"),
+    ("from_numpy_outside_buffer",
+     "cl.from_numpy(np.lib.stride_tricks.as_strided(np.zeros(2), shape=(4,), strides=(2**40,)))",
+     "ValueError", "from_numpy: the NumPy array"),
+    ("cuda_generate_no_dtypes",
+     "from castlab._optable import instr, output\n"
+     "p = cl._C.Program([instr('load', True, 0, dtype=0)], 1, [output(0)], 0)\n"
+     "cl._C._cuda_generate(p, [], 1, 1, True, 1, True)",
+     "ValueError", "_cuda_generate: n_out must be in"),
     ("program_unknown_dtype",
      "from castlab._optable import instr, output\n"
      "cl._C.Program([instr('load', True, 0, dtype=200)], 1, [output(0)], 0)",

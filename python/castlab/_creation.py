@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _C, cuda
 from ._device import as_device
-from ._dlpack import from_dlpack
+from ._dlpack import _check_numpy_bounds, from_dlpack
 from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
 from ._optable import instr, output
 
@@ -68,7 +68,9 @@ def from_numpy(a: np.ndarray) -> Tensor:
     ptr = a.__array_interface__["data"][0] if a.size else 0
     if a.size == 0:
         return _C.empty(list(a.shape), dt.name, "cpu")
-    return _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
+    t = _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
+    _check_numpy_bounds(a, t, "from_numpy", ValueError)
+    return t
 
 
 def _nested_to_numpy(data: Any, dt: dtype | None) -> np.ndarray:

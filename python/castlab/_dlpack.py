@@ -134,7 +134,8 @@ def _numpy_buffer_bounds(a: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
-def _check_numpy_bounds(x: np.ndarray, t: Any) -> None:
+def _check_numpy_bounds(x: np.ndarray, t: Any, fn: str = "from_dlpack",
+                        exc: type[Exception] = BufferError) -> None:
     """Refuse a NumPy view that reaches outside the memory it was made from (NumPy's
     ``as_strided`` builds such views without a check, and exports them as they are)."""
     if t.numel() == 0:
@@ -144,7 +145,7 @@ def _check_numpy_bounds(x: np.ndarray, t: Any) -> None:
         return
     lo, hi = t._storage_ptr, t._storage_ptr + t._storage_nbytes
     if lo < bounds[0] or hi > bounds[1]:
-        raise BufferError(f"from_dlpack: the NumPy array (shape {x.shape}, strides {x.strides}) "
+        raise exc(f"{fn}: the NumPy array (shape {x.shape}, strides {x.strides}) "
                           f"reaches bytes [{lo - bounds[0]}, {hi - bounds[0]}) of a buffer of "
                           f"{bounds[1] - bounds[0]} bytes")
 
