@@ -56,6 +56,9 @@ RAISES = [
      "contiguous strides do not fit in 64 bits"),
     ("dim_beyond_int64", "cl.empty(2**64)", "ValueError", "does not fit in 64 bits"),
     ("allocation_failure", "cl.empty(2**60, dtype=cl.float32)", "MemoryError", ""),
+    ("reshape_beyond_int64", "cl.zeros(4).reshape(2**64)", "ValueError",
+     "reshape: size 18446744073709551616 in [18446744073709551616] does not fit in 64 bits"),
+    ("expand_beyond_int64", "cl.zeros(1).expand(2**64)", "ValueError", "does not fit in 64 bits"),
     ("index_beyond_int64", "cl.zeros(4)[2**70]", "IndexError", "out of bounds"),
     # item 10: private entry points
     ("bits_beyond_storage", "cl.zeros(4)._bits(10**9)", "IndexError",
