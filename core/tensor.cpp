@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+
+#include "core/checked.h"
 
 namespace cl {
 
@@ -115,9 +118,15 @@ Allocator* get_allocator(DeviceType type) {
   return a;
 }
 
-int64_t numel_of(const Shape& shape) {
+int64_t numel_of(const Shape& shape, const char* fn) {
+  for (int64_t s : shape)
+    if (s == 0) return 0;
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (!mul_ok(n, s, &n))
+      throw std::invalid_argument(std::string(fn ? fn : "tensor") + ": shape " + shape_str(shape) +
+                                  " has more elements than fit in 64 bits");
+  }
   return n;
 }
 
@@ -126,7 +135,9 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= (shape[i] > 0 ? shape[i] : 1);
+    if (i > 0 && !mul_ok(acc, shape[i] > 0 ? shape[i] : 1, &acc))
+      throw std::invalid_argument("shape " + shape_str(shape) +
+                                  ": its contiguous strides do not fit in 64 bits");
   }
   return st;
 }
@@ -143,16 +154,14 @@ std::string shape_str(const Shape& shape) {
 
 bool strided_extent(const Shape& shape, const Shape& strides, int64_t* lo, int64_t* hi) {
   *lo = *hi = 0;
+  for (int64_t s : shape)
+    if (s == 0) return false;
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) {
-      *lo = *hi = 0;
-      return false;
-    }
-    const int64_t ext = (shape[i] - 1) * strides[i];
-    if (ext < 0)
-      *lo += ext;
-    else
-      *hi += ext;
+    int64_t ext;
+    if (shape[i] < 0 || !mul_ok(shape[i] - 1, strides[i], &ext) ||
+        !add_ok(ext < 0 ? *lo : *hi, ext, ext < 0 ? lo : hi))
+      throw std::invalid_argument("a view of shape " + shape_str(shape) + " with strides " +
+                                  shape_str(strides) + " spans more elements than fit in 64 bits");
   }
   return true;
 }
@@ -184,13 +193,37 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int
     throw std::invalid_argument("shape and strides have different lengths");
   for (int64_t s : shape_)
     if (s < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape_));
+  check_bounds();
+}
+
+// The invariant every tensor keeps (so that no later index computation can overflow or
+// leave the storage): its element count fits in 64 bits, and every element it views
+// lies inside its storage.
+void Tensor::check_bounds() const {
+  if (!storage_) return;
+  if (numel_of(shape_) == 0) return;
+  int64_t lo = 0, hi = 0;
+  strided_extent(shape_, strides_, &lo, &hi);
+  const int64_t cap = static_cast<int64_t>(std::min<size_t>(
+                          storage_->nbytes, size_t(std::numeric_limits<int64_t>::max()))) /
+                      itemsize();
+  if (!add_ok(lo, offset_, &lo) || !add_ok(hi, offset_, &hi) || lo < 0 || hi >= cap)
+    throw std::invalid_argument("a view of shape " + shape_str(shape_) + " with strides " +
+                                shape_str(strides_) + " at offset " + std::to_string(offset_) +
+                                " does not fit in its storage of " + std::to_string(cap) +
+                                " elements");
 }
 
 Tensor Tensor::empty(const Shape& shape, DTypeCode dtype, Device device) {
   for (int64_t s : shape)
-    if (s < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(shape));
-  const int64_t n = numel_of(shape);
-  auto storage = get_allocator(device.type)->allocate(n * cl::itemsize(dtype), device);
+    if (s < 0)
+      throw std::invalid_argument("empty: negative dimension in shape " + shape_str(shape));
+  const int64_t n = numel_of(shape, "empty");
+  int64_t nbytes;
+  if (!mul_ok(n, cl::itemsize(dtype), &nbytes))
+    throw std::invalid_argument("empty: shape " + shape_str(shape) + " needs more bytes than fit " +
+                                "in 64 bits");
+  auto storage = get_allocator(device.type)->allocate(static_cast<size_t>(nbytes), device);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
@@ -222,10 +255,9 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offs
     if (d < 0) throw std::invalid_argument("as_strided: negative size");
   int64_t lo = 0, hi = 0;
   const bool empty = !strided_extent(shape, strides, &lo, &hi);
-  lo += offset;
-  hi += offset;
+  const bool shifted = add_ok(lo, offset, &lo) && add_ok(hi, offset, &hi);
   const int64_t cap = static_cast<int64_t>(storage_->nbytes) / itemsize();
-  if (!empty && (lo < 0 || hi >= cap)) {
+  if (!empty && (!shifted || lo < 0 || hi >= cap)) {
     throw std::out_of_range("as_strided: view [" + std::to_string(lo) + ", " + std::to_string(hi) +
                             "] exceeds storage of " + std::to_string(cap) + " elements");
   }
@@ -243,10 +275,15 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t stop, int64_t step) con
   };
   start = clamp(start);
   stop = clamp(stop);
-  const int64_t len = stop > start ? (stop - start + step - 1) / step : 0;
+  const int64_t len = stop > start ? (stop - start - 1) / step + 1 : 0;  // no overflow
   Shape sh = shape_, st = strides_;
   sh[dim] = len;
-  st[dim] = strides_[dim] * step;
+  // A stride only matters when the dimension has two elements or more (then it fits:
+  // the view stays inside the storage).
+  if (!mul_ok(strides_[dim], step, &st[dim])) {
+    if (len > 1) throw std::invalid_argument("slice: stride * step does not fit in 64 bits");
+    st[dim] = strides_[dim];
+  }
   return Tensor(storage_, sh, st, offset_ + (len > 0 ? start * strides_[dim] : 0), dtype_);
 }
 
@@ -292,7 +329,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::unsqueeze(int64_t dim) const {
   dim = normalize_dim(dim, 1);
   Shape sh = shape_, st = strides_;
-  const int64_t s = dim < ndim() ? shape_[dim] * strides_[dim] : 1;
+  int64_t s = 1;
+  if (dim < ndim() && !mul_ok(shape_[dim], strides_[dim], &s)) s = strides_[dim];
   sh.insert(sh.begin() + dim, 1);
   st.insert(st.begin() + dim, s);
   return Tensor(storage_, sh, st, offset_, dtype_);
@@ -343,7 +381,8 @@ Tensor Tensor::expand(const Shape& shape) const {
 
 Shape Tensor::infer_shape(const Shape& shape) const {
   Shape out = shape;
-  int64_t known = 1, infer = -1;
+  int64_t infer = -1;
+  bool has_zero = false;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       if (infer >= 0)
@@ -351,9 +390,18 @@ Shape Tensor::infer_shape(const Shape& shape) const {
       infer = static_cast<int64_t>(i);
     } else if (out[i] < 0) {
       throw std::invalid_argument("invalid shape " + shape_str(shape));
-    } else {
-      known *= out[i];
+    } else if (out[i] == 0) {
+      has_zero = true;
     }
+  }
+  int64_t known = 1;
+  if (has_zero) {
+    known = 0;
+  } else {
+    for (size_t i = 0; i < out.size(); ++i)
+      if (static_cast<int64_t>(i) != infer && !mul_ok(known, out[i], &known))
+        throw std::invalid_argument("shape " + shape_str(shape) +
+                                    " has more elements than fit in 64 bits");
   }
   const int64_t n = numel();
   if (infer >= 0) {
@@ -379,9 +427,11 @@ Tensor Tensor::view_or_null(const Shape& shape) const {
   int64_t chunk_base_stride = strides_.empty() ? 1 : strides_.back();
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t tensor_d = ndim() - 1; tensor_d >= 0; --tensor_d) {
-    tensor_numel *= shape_[tensor_d];
+    tensor_numel *= shape_[tensor_d];  // <= numel(): no overflow
+    int64_t chunk_stride = 0;
+    const bool fits = mul_ok(tensor_numel, chunk_base_stride, &chunk_stride);
     if (tensor_d == 0 ||
-        (shape_[tensor_d - 1] != 1 && strides_[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+        (shape_[tensor_d - 1] != 1 && (!fits || strides_[tensor_d - 1] != chunk_stride))) {
       while (view_d >= 0 && (view_numel < tensor_numel || newshape[view_d] == 1)) {
         newstrides[view_d] = view_numel * chunk_base_stride;
         view_numel *= newshape[view_d];

@@ -62,11 +62,14 @@ void cpu_empty_cache();
 
 using Shape = std::vector<int64_t>;
 
-int64_t numel_of(const Shape& shape);
+// The element count; throws std::invalid_argument ("<fn>: shape [...] has more elements
+// than fit in 64 bits") when it does not fit.
+int64_t numel_of(const Shape& shape, const char* fn = nullptr);
 Shape contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);
 // The element offsets a strided view touches, relative to its first element: [lo, hi]
 // (strides may be negative). Returns false for an empty view (a zero-size dimension).
+// Throws std::invalid_argument when the extent does not fit in 64 bits.
 bool strided_extent(const Shape& shape, const Shape& strides, int64_t* lo, int64_t* hi);
 // Broadcast two shapes as NumPy does; throws std::invalid_argument naming both.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
@@ -112,6 +115,8 @@ class Tensor {
   int64_t normalize_dim(int64_t dim, int64_t ndim_plus = 0) const;
 
  private:
+  void check_bounds() const;  // the view's elements lie inside its storage (or throws)
+
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   Shape strides_;

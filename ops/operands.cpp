@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/checked.h"
 #include "ops/program.h"
 
 namespace cl {
@@ -66,13 +67,16 @@ void collapse_dims(const Shape& shape, const Tensor* const* ops, int nops, Iter*
   for (int k = 0; k < nops; ++k) it->st[static_cast<size_t>(k) * n] = st[k * D];
   for (int d = 1; d < n; ++d) {
     bool merge = true;
-    for (int k = 0; k < nops; ++k)
-      if (it->st[static_cast<size_t>(k) * n + m] != st[k * D + d] * sh[d]) {
+    for (int k = 0; k < nops; ++k) {
+      int64_t outer = 0;  // the stride dimension d would have merged into m
+      if (!mul_ok(st[k * D + d], sh[d], &outer) ||
+          it->st[static_cast<size_t>(k) * n + m] != outer) {
         merge = false;
         break;
       }
+    }
     if (merge) {
-      it->shape[m] *= sh[d];
+      it->shape[m] *= sh[d];  // a product of dims of the shape: <= numel, no overflow
       for (int k = 0; k < nops; ++k) it->st[static_cast<size_t>(k) * n + m] = st[k * D + d];
     } else {
       ++m;

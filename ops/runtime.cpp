@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/checked.h"
 #include "ops/cuda/executor.h"
 
 namespace cl {
@@ -87,7 +88,8 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
     const Tensor& base = base_of(b);
     if (b.offset == 0 && b.shape == base.shape() && b.strides == base.strides()) return &base;
     if (views.capacity() == 0) views.reserve(max_binds);  // before the first view only
-    views.push_back(base.as_strided(b.shape, b.strides, base.offset() + b.offset));
+    views.push_back(
+        base.as_strided(b.shape, b.strides, checked_add(base.offset(), b.offset, "plan: offset")));
     return &views.back();
   };
   for (const PlanStep& s : steps) {

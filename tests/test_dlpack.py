@@ -658,3 +658,120 @@ def test_public_device_objects():
     assert from_dlpack(t, device=castlab.device("cpu")).data_ptr() == t.data_ptr()
     with pytest.raises(BufferError):
         from_dlpack(t, device=castlab.device("cuda:0"))
+
+
+# ---- hostile producers and consumers (issue 14, item 9) --------------------------------
+
+
+def _run_child(code: str):
+    import subprocess  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
+    env = dict(os.environ)
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(byte_offset=2**62), "byte_offset"),
+    (dict(byte_offset=2**64 - 4), "byte_offset"),
+    (dict(shape=(2,), strides=(2**62,)), "spans more"),
+    (dict(shape=(3,), strides=(2**61,)), "spans more"),
+    (dict(shape=(2,), strides=(-2**62,)), "spans more"),
+    (dict(shape=(2**32, 2**32)), "more elements than fit in 64 bits"),
+    (dict(shape=(2**62, 2**62), strides=(0, 0)), "more elements than fit in 64 bits"),
+    (dict(shape=(-1,)), "negative dimension"),
+    (dict(byte_offset=2), "not aligned"),
+    (dict(shape=(4,), data=0), "null data pointer"),
+], ids=["offset_2_62", "offset_wraps", "stride_2_62", "stride_2_61", "stride_neg_2_62",
+        "numel_overflow", "numel_overflow_stride0", "negative_dim", "misaligned", "null_data"])
+def test_hostile_capsule_refused(kw, match):
+    p = HandMadeProducer(nbytes=16, **kw)
+    cap = p.capsule()
+    with pytest.raises(BufferError, match=match):
+        _C.from_dlpack_capsule(cap)
+    assert capsule_name(cap) == "dltensor_versioned"  # not consumed
+    assert p.calls == 0
+
+
+def test_hostile_capsule_in_subprocess_does_not_crash():
+    # strides of 2**40 over a 16-byte NumPy buffer: refused, never read.
+    r = _run_child("""
+        import castlab as cl
+        import numpy as np
+        a = np.zeros(2)
+        from numpy.lib.stride_tricks import as_strided
+        v = as_strided(a, shape=(4,), strides=(2**40,))
+        try:
+            x = cl.from_dlpack(v)
+            print(cl.exp(x).tolist())
+        except BufferError as e:
+            print("refused", e)
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused" in r.stdout and "buffer of 16 bytes" in r.stdout
+
+
+def test_numpy_view_outside_its_buffer_refused():
+    a = np.zeros(4)
+    v = np.lib.stride_tricks.as_strided(a, shape=(3,), strides=(16,))  # bytes 0..40 of 32
+    with pytest.raises(BufferError, match="reaches bytes"):
+        from_dlpack(v)
+    ok = np.lib.stride_tricks.as_strided(a, shape=(2,), strides=(16,))
+    assert from_dlpack(ok).tolist() == [0.0, 0.0]
+    b = np.frombuffer(bytearray(16), dtype=np.float32)
+    bad = np.lib.stride_tricks.as_strided(b, shape=(5,), strides=(4,))
+    with pytest.raises(BufferError, match="reaches bytes"):
+        from_dlpack(bad)
+
+
+def test_castlab_capsule_outside_its_storage_refused():
+    x = castlab.zeros(4)
+    cap = _C.to_dlpack(x, True)
+    m = read_versioned(cap)
+    m.dl_tensor.byte_offset = 64
+    with pytest.raises(BufferError, match="castlab export"):
+        _C.from_dlpack_capsule(cap)
+    m.dl_tensor.byte_offset = 0
+    assert _C.from_dlpack_capsule(cap).shape == (4,)
+
+
+def test_negative_stride_export_to_torch_copies():
+    # torch aborts the process on a negative stride: castlab hands it a copy.
+    r = _run_child("""
+        import numpy as np, torch, castlab as cl
+        t = cl.from_numpy(np.arange(10.0)[::-1])
+        u = torch.from_dlpack(t)
+        assert u.tolist() == list(np.arange(10.0)[::-1]), u
+        assert u.data_ptr() != t.data_ptr()
+        v = torch.from_dlpack(cl.from_numpy(np.arange(12.0).reshape(3, 4)[::-1, ::2]))
+        assert v.tolist() == [[8.0, 10.0], [4.0, 6.0], [0.0, 2.0]], v
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "ok"
+
+
+def test_negative_stride_export_copy_argument():
+    t = castlab.from_numpy(np.arange(10.0)[::-1])
+    cap = t.__dlpack__(max_version=(1, 0))  # an older-protocol consumer: a copy
+    assert read_versioned(cap).flags & IS_COPIED
+    with pytest.raises(BufferError, match="negative strides"):
+        t.__dlpack__(max_version=None, copy=False)  # legacy capsule: no copy allowed
+    assert read_versioned(t.__dlpack__(max_version=(1, 0), copy=None)).flags & IS_COPIED == 0
+    # NumPy takes negative strides: zero-copy (test_numpy_negative_strides)
+    n = np.from_dlpack(t)
+    assert n.__array_interface__["data"][0] == t.data_ptr()
+
+
+def test_torch_neg_view_resolved():
+    base = torch.arange(4.0)
+    nv = torch._neg_view(base)
+    assert nv.is_neg()
+    assert from_dlpack(nv).tolist() == [-0.0, -1.0, -2.0, -3.0]
+    assert castlab.asarray(nv).tolist() == [-0.0, -1.0, -2.0, -3.0]
+    assert castlab.tensor(nv).tolist() == [-0.0, -1.0, -2.0, -3.0]
+    with pytest.raises(BufferError, match="is_neg"):
+        from_dlpack(nv, copy=False)
+    assert from_dlpack(base, copy=False).data_ptr() == base.data_ptr()

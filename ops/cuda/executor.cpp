@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/checked.h"
 #include "core/cuda/driver.h"
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/kernel_cache.h"
@@ -195,11 +196,15 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   bool contig = nd == 1;
   for (int k = 0; k < nops && contig; ++k)
     if (it.stride(k, 0) != 1) contig = false;
+  // The largest element offset any operand reaches (each operand's view lies inside its
+  // storage, so these sums fit; checked all the same).
   int64_t max_off = numel;
   for (int k = 0; k < nops; ++k) {
-    int64_t o = 0;
-    for (int d = 0; d < nd; ++d) o += (it.shape[d] - 1) * it.stride(k, d);
-    max_off = std::max(max_off, o + 1);
+    int64_t o = 0, e = 0;
+    for (int d = 0; d < nd; ++d)
+      if (!mul_ok(it.shape[d] - 1, it.stride(k, d), &e) || !add_ok(o, e, &o))
+        throw std::invalid_argument("CUDA executor: operand offsets do not fit in 64 bits");
+    max_off = std::max(max_off, o < INT64_MAX ? o + 1 : o);
   }
   const bool idx32 = max_off < (int64_t(1) << 31) - (int64_t(1) << 26);
 
@@ -312,10 +317,11 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   buf[w++] = prog.seed;
   buf[w++] = static_cast<uint64_t>(outputs[0]->offset());
 
-  const int64_t lanes = contig ? (numel + vec - 1) / vec : numel / vec;
+  // Rounding up as numel / vec + (remainder != 0): no intermediate can overflow.
+  const int64_t lanes = contig ? numel / vec + (numel % vec != 0) : numel / vec;
   // Every lane launched (the kernel has no grid-stride loop).
   const int64_t per_block = int64_t(kThreadsPerBlock) * kern->unroll;
-  const int64_t blocks = std::max<int64_t>(1, (lanes + per_block - 1) / per_block);
+  const int64_t blocks = std::max<int64_t>(1, lanes / per_block + (lanes % per_block != 0));
   if (blocks > int64_t(0x7FFFFFFF))
     throw std::invalid_argument("CUDA executor: " + std::to_string(numel) +
                                 " elements need more thread blocks than a launch allows");

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _C, cuda
 from ._device import as_device
-from ._dlpack import from_dlpack
+from ._dlpack import _check_numpy_bounds, from_dlpack
 from ._dtype import as_dtype, bool_, dtype, float32, float64, int64
 from ._optable import I64, instr, output
 
@@ -35,6 +35,8 @@ def _shape_arg(shape: tuple) -> list[int]:
             raise TypeError(f"shape entries must be integers, got {s!r}")
         if s < 0:
             raise ValueError(f"negative dimension {s} in shape {list(shape)}")
+        if s >= 2**63:
+            raise ValueError(f"dimension {s} in shape {list(shape)} does not fit in 64 bits")
         out.append(int(s))
     return out
 
@@ -66,7 +68,9 @@ def from_numpy(a: np.ndarray) -> Tensor:
     ptr = a.__array_interface__["data"][0] if a.size else 0
     if a.size == 0:
         return _C.empty(list(a.shape), dt.name, "cpu")
-    return _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
+    t = _C.from_pointer(ptr, list(a.shape), strides, dt.name, a, not a.flags.writeable, "cpu")
+    _check_numpy_bounds(a, t, "from_numpy", ValueError)
+    return t
 
 
 _INT_RANGE = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}

@@ -112,6 +112,59 @@ def _producer_device(x: Any, src: tuple[int, int]) -> Any:
     return contextlib.nullcontext()
 
 
+def _numpy_buffer_bounds(a: np.ndarray) -> tuple[int, int] | None:
+    """The [start, end) addresses of the memory that owns ``a``'s data (the base array
+    or buffer at the end of its ``.base`` chain), or None when that cannot be known."""
+    b: Any = a
+    for _ in range(64):
+        base = getattr(b, "base", None)
+        if base is None:
+            if isinstance(b, np.ndarray) and b.flags.owndata:
+                lo = b.__array_interface__["data"][0]
+                return (lo, lo + b.nbytes)
+            return None
+        if not isinstance(base, np.ndarray) and not hasattr(base, "__array_interface__"):
+            try:  # a buffer-protocol object (bytes, bytearray, mmap, memoryview, ...)
+                whole = np.frombuffer(base, dtype=np.uint8)
+            except (TypeError, ValueError, BufferError):
+                return None
+            lo = whole.__array_interface__["data"][0] if whole.size else 0
+            return (lo, lo + whole.nbytes)
+        b = base
+    return None
+
+
+def _check_numpy_bounds(x: np.ndarray, t: Any, fn: str = "from_dlpack",
+                        exc: type[Exception] = BufferError) -> None:
+    """Refuse a NumPy view that reaches outside the memory it was made from (NumPy's
+    ``as_strided`` builds such views without a check, and exports them as they are)."""
+    if t.numel() == 0:
+        return
+    bounds = _numpy_buffer_bounds(x)
+    if bounds is None:
+        return
+    lo, hi = t._storage_ptr, t._storage_ptr + t._storage_nbytes
+    if lo < bounds[0] or hi > bounds[1]:
+        raise exc(f"{fn}: the NumPy array (shape {x.shape}, strides {x.strides}) "
+                          f"reaches bytes [{lo - bounds[0]}, {hi - bounds[0]}) of a buffer of "
+                          f"{bounds[1] - bounds[0]} bytes")
+
+
+def _resolve_torch_bits(x: Any, copy: bool | None) -> tuple[Any, bool]:
+    """A torch tensor with its lazy negation/conjugation bits applied (``resolve_neg``,
+    ``resolve_conj``): DLPack has no such bits, so exporting as it is would import the
+    un-negated values. Returns (tensor, whether it is now a copy)."""
+    if type(x).__module__.split(".")[0] != "torch":
+        return x, False
+    flags = [name for name in ("is_neg", "is_conj") if getattr(x, name, lambda: False)()]
+    if not flags:
+        return x, False
+    if copy is False:
+        raise BufferError(f"from_dlpack: the torch tensor is a lazy view ({', '.join(flags)}) "
+                          f"that needs a copy to import, and copy=False was given")
+    return x.resolve_neg().resolve_conj(), True
+
+
 # ---- consumer --------------------------------------------------------------------------
 
 
@@ -148,6 +201,9 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
             raise BufferError(f"castlab.from_dlpack cannot move data from DLPack device {src} "
                               f"to {device!r}")
     stream = _consumer_stream(src) if src[0] == _kDLCUDA else None
+    x, resolved = _resolve_torch_bits(x, copy)
+    if resolved:
+        copy = False  # already a fresh tensor
 
     try:
         with _producer_device(x, src):
@@ -169,21 +225,41 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
             return _clone(t) if copy else t
         raise
     t = _C.from_dlpack_capsule(capsule)
+    if isinstance(x, np.ndarray):
+        _check_numpy_bounds(x, t)
     return _clone(t) if copy else t
 
 
 # ---- producer --------------------------------------------------------------------------
 
 
+_UNSET: Any = object()  # `copy` not passed: a consumer older than the 2023.12 protocol
+
+
+def _consumer_takes_negative_strides(copy_passed: bool) -> bool:
+    """Whether the consumer calling ``__dlpack__`` can take negative strides. NumPy (and
+    other consumers of the 2023.12 protocol, which pass ``copy``) can; PyTorch cannot (its
+    ``from_dlpack`` passes no ``copy`` and aborts the process on a negative stride)."""
+    if not copy_passed:
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return not str(caller).startswith("torch")
+
+
 def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                  dl_device: Any = None, copy: bool | None = None) -> Any:
+                  dl_device: Any = None, copy: Any = _UNSET) -> Any:
     """``Tensor.__dlpack__``: export as a DLPack capsule (array API semantics).
 
     A versioned capsule ("dltensor_versioned", DLPack 1.1) when ``max_version[0] >= 1``,
     else a legacy "dltensor" one. ``copy=True`` exports a copy (flag IS_COPIED); otherwise
-    the capsule shares the tensor's memory. ``dl_device`` other than the tensor's device
+    the capsule shares the tensor's memory, except that a tensor with negative strides is
+    copied for consumers that cannot take them (those that pass no ``copy``, such as
+    PyTorch; ``copy=False`` then raises BufferError). ``dl_device`` other than the tensor's device
     raises BufferError, except a copy to the CPU (``dl_device=(1, 0)``, not ``copy=False``).
     """
+    copy_passed = copy is not _UNSET
+    if not copy_passed:
+        copy = None
     versioned = max_version is not None and int(max_version[0]) >= 1
     here = _device_pair(self)
     if dl_device is not None:
@@ -202,6 +278,13 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
     else:
         _producer_sync(self, stream)
     if copy:
+        return _C.to_dlpack(_clone(self), versioned, copied=True)
+    if (any(st < 0 and n > 1 for st, n in zip(self._strides, self.shape))
+            and not (versioned and _consumer_takes_negative_strides(copy_passed))):
+        # This consumer cannot take negative strides (PyTorch aborts): export a copy.
+        if copy is False:
+            raise BufferError(f"cannot export a tensor with negative strides {self._strides} "
+                              f"through DLPack without a copy, and copy=False was given")
         return _C.to_dlpack(_clone(self), versioned, copied=True)
     return _C.to_dlpack(self, versioned)
 

@@ -20,6 +20,8 @@ __all__ = ["Tensor", "device"]
 
 # ---------------------------------------------------------------- indexing
 
+_I64 = 2**63  # indices and slice bounds are int64 in C++
+
 def _index_vops(shape: tuple, key: Any) -> list:
     if not isinstance(key, tuple):
         key = (key,)
@@ -42,11 +44,15 @@ def _index_vops(shape: tuple, key: Any) -> list:
             if step <= 0:
                 raise ValueError("slice step must be positive (castlab, like PyTorch, has no "
                                  "negative strides)")
-            start = 0 if k.start is None else int(k.start)
-            stop = (2**62) if k.stop is None else int(k.stop)
-            vops.append(("slice", d, start, stop, step))
+            # clamp to int64 (the C++ slice clamps to the dimension, as Python does)
+            start = 0 if k.start is None else min(max(int(k.start), -_I64), _I64 - 1)
+            stop = _I64 - 1 if k.stop is None else min(max(int(k.stop), -_I64), _I64 - 1)
+            vops.append(("slice", d, start, stop, min(step, _I64 - 1)))
             d += 1
         elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            if not -_I64 <= int(k) < _I64:
+                raise IndexError(f"index {int(k)} is out of bounds for dimension {d} with size "
+                                 f"{shape[d] if d < len(shape) else '?'}")
             vops.append(("select", d, int(k)))
         elif isinstance(k, (Tensor, Proxy, np.ndarray, list, bool)):
             raise TypeError("advanced (tensor/list/bool) indexing is not supported; castlab "

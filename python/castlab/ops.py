@@ -209,6 +209,10 @@ def _fake(shape: Sequence[int]):
 
 
 def _view(x: TensorLike, vop: tuple) -> TensorLike:
+    if vop[0] in ("reshape", "expand"):
+        for s in vop[1]:
+            if isinstance(s, int) and not -2**63 <= s < 2**63:
+                raise ValueError(f"{vop[0]}: size {s} in {list(vop[1])} does not fit in 64 bits")
     if isinstance(x, Proxy):
         vop = _norm_vop(vop, x.shape)
         if vop[0] == "reshape":

@@ -160,6 +160,16 @@ void bind_cuda(py::module_& m) {
       [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out, int nd, bool contig,
          int vec, bool idx32, int unroll, const std::vector<int64_t>& shape,
          const std::vector<int64_t>& strides) {
+        auto bad = [](const std::string& msg) {
+          throw std::invalid_argument("_cuda_generate: " + msg);
+        };
+        if (n_out < 1 || static_cast<size_t>(n_out) > dtypes.size())
+          bad("n_out must be in [1, len(dtypes)] (got " + std::to_string(n_out) + ")");
+        if (nd < 0 || nd > 64) bad("nd must be in [0, 64] (got " + std::to_string(nd) + ")");
+        if (vec < 1 || vec > 16 || (vec & (vec - 1)) != 0)
+          bad("vec must be 1, 2, 4, 8 or 16 (got " + std::to_string(vec) + ")");
+        if (unroll < 1 || unroll > 64)
+          bad("unroll must be in [1, 64] (got " + std::to_string(unroll) + ")");
         cu::KernelLayout L;
         L.dtypes = dtypes;
         L.n_out = n_out;

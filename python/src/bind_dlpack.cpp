@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "core/checked.h"
 #include "core/dlpack.h"
 #include "python/src/bindings.h"
 
@@ -232,37 +233,84 @@ void call_producer_deleter(Managed* m) {
   m->deleter(m);
 }
 
+// No process can map more than 2**57 bytes (x86-64 5-level paging and AArch64 52-bit
+// addresses are below that): a DLPack view reaching further from its data pointer
+// cannot be valid, whatever its producer says.
+constexpr int64_t kMaxAddressableBytes = int64_t(1) << 57;
+
+// castlab's own exports know their extent: the storage the capsule keeps alive.
+template <class Managed>
+const cl::Storage* castlab_export_storage(const Managed* m) {
+  if (m->deleter != &export_deleter<Managed>) return nullptr;
+  return static_cast<const ExportBlock<Managed>*>(m->manager_ctx)->storage.get();
+}
+
 template <class Managed>
 Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool readonly) {
   const dl::DLTensor& d = m->dl_tensor;
+  auto bad = [](const std::string& msg) { throw cl::buffer_error("from_dlpack: " + msg); };
   // Validate everything before taking ownership: on error the capsule stays unconsumed
   // and its own destructor releases the producer's memory.
   const cl::DTypeCode code = from_dl_dtype(d.dtype);
   const cl::Device device = from_dl_device(d.device);
-  if (d.ndim < 0) throw cl::buffer_error("DLPack tensor has negative ndim");
-  if (d.ndim > 0 && d.shape == nullptr) throw cl::buffer_error("DLPack tensor has no shape");
+  if (d.ndim < 0) bad("DLPack tensor has negative ndim " + std::to_string(d.ndim));
+  if (d.ndim > 64) bad("DLPack tensor has " + std::to_string(d.ndim) + " dimensions (at most 64)");
+  if (d.ndim > 0 && d.shape == nullptr) bad("DLPack tensor has no shape");
   const size_t ndim = static_cast<size_t>(d.ndim);
   Shape shape(d.shape, d.shape + ndim);
   for (int64_t s : shape)
-    if (s < 0) throw cl::buffer_error("DLPack tensor has a negative dimension");
-  Shape strides = d.strides ? Shape(d.strides, d.strides + ndim) : cl::contiguous_strides(shape);
+    if (s < 0) bad("DLPack tensor has a negative dimension in shape " + cl::shape_str(shape));
+  Shape strides;
+  int64_t lo = 0, hi = 0;
+  bool empty = true;
+  try {
+    cl::numel_of(shape, "from_dlpack");
+    strides = d.strides ? Shape(d.strides, d.strides + ndim) : cl::contiguous_strides(shape);
+    empty = !cl::strided_extent(shape, strides, &lo, &hi);
+  } catch (const std::invalid_argument& e) {
+    bad(std::string("DLPack tensor is invalid: ") + e.what());
+  }
 
   // The storage spans the memory the view touches (strides may be negative): it starts
   // at the lowest address, and the view's offset (in elements) points at element 0.
   const int64_t isz = cl::itemsize(code);
-  int64_t lo = 0, hi = 0;
-  const bool empty = !cl::strided_extent(shape, strides, &lo, &hi);
-  char* first = static_cast<char*>(d.data) + d.byte_offset;
+  if (d.byte_offset > static_cast<uint64_t>(kMaxAddressableBytes))
+    bad("DLPack byte_offset " + std::to_string(d.byte_offset) + " is beyond any address space");
+  const uintptr_t first = reinterpret_cast<uintptr_t>(d.data) + d.byte_offset;
+  int64_t span = 0, lo_bytes = 0;
+  if (!empty) {
+    if (d.data == nullptr) bad("DLPack tensor has a null data pointer");
+    if (!cl::span_bytes(lo, hi, isz, &span) || !cl::mul_ok(lo, isz, &lo_bytes) ||
+        span > kMaxAddressableBytes || lo_bytes < -kMaxAddressableBytes ||
+        static_cast<int64_t>(d.byte_offset) + lo_bytes + span > kMaxAddressableBytes)
+      bad("DLPack tensor of shape " + cl::shape_str(shape) + " with strides " +
+          cl::shape_str(strides) + " and byte_offset " + std::to_string(d.byte_offset) +
+          " spans more memory than any address space has");
+    if (first % static_cast<uintptr_t>(isz) != 0)
+      bad("DLPack tensor data (pointer + byte_offset) is not aligned to its " +
+          std::to_string(isz) + "-byte items");
+    if (lo_bytes < 0 && static_cast<uintptr_t>(-lo_bytes) > first)
+      bad("DLPack tensor strides reach below address 0");
+    if (const cl::Storage* own = castlab_export_storage(m)) {
+      const uintptr_t base = reinterpret_cast<uintptr_t>(own->data);
+      const uintptr_t start = first + static_cast<uintptr_t>(lo_bytes);
+      if (start < base || start - base > own->nbytes ||
+          static_cast<uint64_t>(span) > own->nbytes - (start - base))
+        bad("DLPack tensor (a castlab export) reaches outside its memory of " +
+            std::to_string(own->nbytes) + " bytes");
+    }
+  }
   auto storage = std::make_shared<cl::Storage>();
-  storage->data = first + lo * isz;
-  storage->nbytes = empty ? 0 : static_cast<size_t>((hi - lo + 1) * isz);
+  storage->data = reinterpret_cast<char*>(first + static_cast<uintptr_t>(lo_bytes));
+  storage->nbytes = empty ? 0 : static_cast<size_t>(span);
   storage->device = device;
   storage->readonly = readonly;
+  Tensor t(storage, shape, strides, -lo, code);  // checks the view against the storage
 
   // Take ownership: from here the storage's deleter releases the producer's memory.
   if (PyCapsule_SetName(capsule, used_name) != 0) throw py::error_already_set();
   storage->deleter = [m](void*) { call_producer_deleter(m); };
-  return Tensor(std::move(storage), std::move(shape), std::move(strides), -lo, code);
+  return t;
 }
 
 Tensor from_dlpack_capsule(py::handle obj) {

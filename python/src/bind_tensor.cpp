@@ -1,5 +1,6 @@
 #include <pybind11/functional.h>
 
+#include "core/checked.h"
 #include "core/parallel.h"
 #include "python/src/bindings.h"
 
@@ -85,6 +86,12 @@ void bind_tensor(py::module_& m) {
         // raw bits of one element of a CPU tensor (elem: offset in elements from data_ptr)
         if (t.device().type != cl::DeviceType::CPU)
           throw std::invalid_argument("_bits needs a CPU tensor");
+        // elem must name an element of the storage: data_ptr() + elem lies inside it
+        const int64_t cap = static_cast<int64_t>(t.storage()->nbytes) / t.itemsize();
+        if (elem < -t.offset() || elem >= cap - t.offset())
+          throw std::out_of_range(
+              "_bits: element " + std::to_string(elem) + " is outside the storage (valid: [" +
+              std::to_string(-t.offset()) + ", " + std::to_string(cap - t.offset()) + "))");
         const char* p = static_cast<const char*>(t.data_ptr()) + elem * t.itemsize();
         uint64_t v = 0;
         std::memcpy(&v, p, t.itemsize());
@@ -109,10 +116,24 @@ void bind_tensor(py::module_& m) {
         const int64_t isz = cl::itemsize(code);
         // Span of memory the view touches (strides may be negative): base the storage at
         // the lowest address so every element is inside it.
+        if (shape.size() != strides.size())
+          throw std::invalid_argument("from_pointer: shape and strides differ in length");
+        for (int64_t s : shape)
+          if (s < 0)
+            throw std::invalid_argument("from_pointer: negative dimension in shape " +
+                                        cl::shape_str(shape));
+        cl::numel_of(shape, "from_pointer");
         int64_t lo = 0, hi = 0;
         const bool empty = !cl::strided_extent(shape, strides, &lo, &hi);
-        char* base = reinterpret_cast<char*>(ptr) + lo * isz;
-        const size_t nbytes = static_cast<size_t>((hi - lo + 1) * isz);
+        // (hi - lo + 1) * isz bytes from ptr + lo * isz, all of it addressable
+        int64_t span = 0, lo_bytes = 0;
+        if (!empty && (!cl::span_bytes(lo, hi, isz, &span) || !cl::mul_ok(lo, isz, &lo_bytes) ||
+                       (lo_bytes < 0 && static_cast<uint64_t>(-lo_bytes) > ptr) ||
+                       static_cast<uint64_t>(span) > UINTPTR_MAX - (ptr + lo_bytes)))
+          throw std::invalid_argument("from_pointer: the view spans more memory than exists");
+        char* base = empty ? reinterpret_cast<char*>(ptr)
+                           : reinterpret_cast<char*>(static_cast<uintptr_t>(ptr + lo_bytes));
+        const size_t nbytes = static_cast<size_t>(span);
         auto storage = storage_owned_by(std::move(owner), base, empty ? 0 : nbytes,
                                         parse_device(device), readonly);
         return Tensor(storage, shape, strides, -lo, code);
