@@ -15,6 +15,7 @@ from typing import Any
 
 from . import cuda, numerics
 from ._creation import rand, randn, tensor
+from ._device import as_device
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, jit
 from .ops import cat, chunk, gelu, reshape, silu, stack
@@ -274,6 +275,10 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             raise TypeError(f"seeds must be integers, got {sd!r}")
         if not 0 <= sd < 2**64:
             raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+    if device is not None:
+        if not isinstance(device, str):
+            raise TypeError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        as_device(device)  # ValueError naming the device for 'tpu', 'cudax', ...
     device = device or _device_default()
     extra_presets = extra_presets or {}
     chain_objs = []
