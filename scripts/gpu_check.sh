@@ -83,12 +83,13 @@ else
   san() {  # san TOOL K-EXPRESSION
     local tool=$1 k=$2 t0 log="$OUT/sanitizer_$1.log" rc n
     t0=$(date +%s)
+    # (no --leak-check: the caching allocator keeps its blocks until exit by design,
+    # which the tool would list as leaks)
     CASTLAB_CACHE_DIR="$(mktemp -d)" "$CS" --tool "$tool" --error-exitcode 99 \
-        --print-limit 50 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
-        "$PY" -m pytest -m cuda tests/test_cuda.py -k "$k" -x -q -p no:cacheprovider \
+        --print-limit 50 "$PY" -m pytest -m cuda tests/test_cuda.py -k "$k" -x -q -p no:cacheprovider \
         > "$log" 2>&1
     rc=$?
-    n=$(grep -cE "^========= (Invalid|Program hit|Race|Uninitialized|Leaked|Error|Warning)" "$log")
+    n=$(grep -cE "^========= (Invalid|Program hit|Race|Uninitialized|Error|Warning)" "$log")
     echo "compute-sanitizer $tool (-k '$k'): exit $rc, $n report(s), $(( $(date +%s) - t0 )) s"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|passed|failed" "$log" | tail -3
     if [ "$rc" != 0 ] || [ "$n" != 0 ]; then
