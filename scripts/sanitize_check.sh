@@ -61,8 +61,10 @@ if [ "$FULL" = 1 ]; then
 else
   TESTS=(tests/test_bad_inputs.py tests/test_tensor.py tests/test_ops.py tests/test_dlpack.py)
 fi
+# ASan keeps freed memory in quarantine: RSS-growth bounds do not hold under it.
+DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips)
 set +e
-"$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
+"$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "${DESELECT[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
 rc=$?
 echo "sanitizer tests: $(( $(date +%s) - t1 )) s (exit $rc)"
 exit $rc
