@@ -53,6 +53,8 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
 export CASTLAB_SANITIZE_RUN=1
 export CASTLAB_CATALOGUE_TIMEOUT="${CASTLAB_CATALOGUE_TIMEOUT:-60}"
+# per-case output (the sanitizer reports of crashed cases) stays in /tmp/castlab-catalogue-*
+export CASTLAB_CATALOGUE_KEEP_LOGS="${CASTLAB_CATALOGUE_KEEP_LOGS:-1}"
 # castlab must come from the sanitizer copy
 "$PY" -c 'import castlab, sys; p = castlab._C.__file__; print("castlab from", p); sys.exit("/pkg/castlab/" not in p)'
 

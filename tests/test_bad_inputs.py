@@ -808,6 +808,12 @@ def _run_python_cases(cases, timeout=TIMEOUT_S, jobs=JOBS) -> list:
                 else:
                     res = json.loads(b"".join(chunks))
                 results.append((c, *classify(c[3], res)))
+    if os.environ.get("CASTLAB_CATALOGUE_KEEP_LOGS"):
+        print(f"catalogue: per-case output kept in {logdir}")
+    else:
+        import shutil
+
+        shutil.rmtree(logdir, ignore_errors=True)
     order = {c[0]: i for i, c in enumerate(cases)}
     results.sort(key=lambda r: order[r[0][0]])
     return results
