@@ -68,6 +68,40 @@ t0=$(date +%s)
 $PY -m pytest -m cuda tests -q -rfE -p no:cacheprovider --timeout=400 -n "${CASTLAB_TEST_JOBS:-6}" 2>&1 | tee "$OUT/test_cuda.log" | tail -40
 echo "cuda tests: $(( $(date +%s) - t0 )) s"
 
+# ---- compute-sanitizer on a representative subset (memcheck, racecheck, initcheck) ----
+# Any report fails the check (--error-exitcode); the counts go to $OUT/sanitizer_*.log.
+# Skipped (with a note) where compute-sanitizer is absent. CASTLAB_SANITIZER=0 skips it.
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+if [ "${CASTLAB_SANITIZER:-1}" = 0 ]; then
+  echo "compute-sanitizer: skipped (CASTLAB_SANITIZER=0)"
+elif [ -z "$CS" ]; then
+  echo "compute-sanitizer: not found, skipped"
+else
+  SAN_FAIL=0
+  # The kernel cache would let a run skip NVRTC; a fresh one makes every kernel compile
+  # and launch under the tool.
+  san() {  # san TOOL K-EXPRESSION
+    local tool=$1 k=$2 t0 log="$OUT/sanitizer_$1.log" rc n
+    t0=$(date +%s)
+    # (no --leak-check: the caching allocator keeps its blocks until exit by design,
+    # which the tool would list as leaks)
+    CASTLAB_CACHE_DIR="$(mktemp -d)" "$CS" --tool "$tool" --error-exitcode 99 \
+        --print-limit 50 "$PY" -m pytest -m cuda tests/test_cuda.py -k "$k" -x -q -p no:cacheprovider \
+        > "$log" 2>&1
+    rc=$?
+    n=$(grep -cE "^========= (Invalid|Program hit|Race|Uninitialized|Error|Warning)" "$log")
+    echo "compute-sanitizer $tool (-k '$k'): exit $rc, $n report(s), $(( $(date +%s) - t0 )) s"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|passed|failed" "$log" | tail -3
+    if [ "$rc" != 0 ] || [ "$n" != 0 ]; then
+      SAN_FAIL=1; grep -E "^=========" "$log" | head -30
+    fi
+  }
+  san memcheck "swiglu or rope or exhaustive"
+  san racecheck "swiglu or rope"
+  san initcheck "swiglu or rope"
+  [ "$SAN_FAIL" = 0 ] && echo "compute-sanitizer: 0 reports" || echo "compute-sanitizer: REPORTS FOUND"
+fi
+
 # ---- multi-GPU tests (skipped on a machine with one GPU) ----
 t0=$(date +%s)
 $PY -m pytest -m cuda tests/test_multi_gpu.py -q -rfEs -p no:cacheprovider --timeout=400 2>&1 | tee "$OUT/test_multi_gpu.log" | tail -20

@@ -169,3 +169,36 @@ def test_cli_interrupt_keeps_finished_rows(tmp_path):
     rows = pd.read_csv(csv)
     assert len(rows) >= 1
     assert "interrupted" in err
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--scale", "nan"], "scale"),
+    (["--scale=-1"], "scale"),
+    (["--shape", "nosuch=4x8"], "unknown chain 'nosuch'"),
+    (["--shape", "swiglu=3x3"], "last dimension must be even"),
+    (["--shape", "swiglu=abc"], "swiglu=2048x2048"),
+    (["--shape", "swiglu=4611686018427387905x4"], "too large"),
+    (["--out", "/dev/null/x"], "cannot write to --out"),
+])
+def test_cli_bad_values_one_line_exit_2(args, pattern):
+    # issue 14: a bad value ends with one line `castlab: error: ...` and exit code 2
+    r = _cli("study", "--device", "cpu", "--chains", "swiglu", "--no-progress", *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert pattern in last and "error" in last, last
+
+
+def test_cli_out_refuses_old_results_and_beats_config(tmp_path):
+    small = ["study", "--device", "cpu", "--chains", "swiglu", "--dtypes", "bfloat16",
+             "--shape", "swiglu=2x4", "--extra-presets", "--no-plots", "--no-progress"]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'out = "{tmp_path / "from_config"}"\n')
+    out = tmp_path / "explicit"
+    r = _cli(*small, "--config", str(cfg), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert (out / "results.csv").exists() and not (tmp_path / "from_config").exists()
+    r = _cli(*small, "--out", str(out))
+    assert r.returncode == 2 and "--overwrite" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(*small, "--out", str(out), "--overwrite")
+    assert r.returncode == 0, r.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -25,8 +26,22 @@ commands:
 """
 
 
+class CLIError(Exception):
+    """A bad value given to the command line: printed as one line, exit code 2."""
+
+
 def _valid_presets() -> list[str]:
     return Math.presets()
+
+
+def _scale_arg(v: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {v!r}") from None
+    if not math.isfinite(f) or f <= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {v!r}")
+    return f
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,17 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--rounding", nargs="+", choices=["nearest", "toward_zero", "stochastic"],
                    metavar="MODE", help="downcast rounding modes (valid: %(choices)s)")
     s.add_argument("--shape", action="append", default=None, metavar="CHAIN=AxBx...",
-                   help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128")
+                   help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128 "
+                   "(positive sizes, the last one even; at most 2**31 elements)")
     s.add_argument("--seed", type=int, default=None, help="input seed (default 0)")
     s.add_argument("--seeds", type=int, nargs="+", default=None, help="several input seeds")
     s.add_argument("--input", choices=["normal", "uniform"], default=None,
                    help="input generator (default normal)")
-    s.add_argument("--scale", type=float, default=None, help="input scale (default 1.0)")
+    s.add_argument("--scale", type=_scale_arg, default=None,
+                   help="input scale, a positive finite number (default 1.0)")
     s.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="device (default: cuda when available, else cpu)")
     s.add_argument("--quick", action="store_true", help="small shapes, bf16 and fp16 only")
     s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings")
-    s.add_argument("--out", default="castlab-study", help="output folder (default castlab-study/)")
+    s.add_argument("--out", default=None,
+                   help="output folder (default castlab-study/; given here it wins over the "
+                   "config file's `out`). A folder that already holds results (results.csv or "
+                   "summary.json) is refused unless --overwrite is given")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace the results in an existing --out folder")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("info", help="print versions and devices")
@@ -83,48 +105,89 @@ def load_config(path: str) -> dict:
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
-            raise SystemExit("castlab: reading --config needs Python 3.11+ or `pip install tomli`") from None
+            raise CLIError("reading --config needs Python 3.11+ or `pip install tomli`") from None
     try:
         with open(path, "rb") as f:
             cfg = tomllib.load(f)
     except FileNotFoundError:
-        raise SystemExit(f"castlab: config file {path!r} not found") from None
+        raise CLIError(f"config file {path!r} not found") from None
+    except OSError as e:
+        raise CLIError(f"cannot read config file {path!r}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SystemExit(f"castlab: {path}: invalid TOML: {e}") from None
+        raise CLIError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{path}: invalid TOML: not UTF-8 text ({e.reason})") from None
     cfg = cfg.get("study", cfg)
+    if not isinstance(cfg, dict):
+        raise CLIError(f"{path}: [study] must be a table of settings")
     unknown = set(cfg) - CONFIG_KEYS
     if unknown:
-        raise SystemExit(f"castlab: {path}: unknown setting(s) {sorted(unknown)}; valid: "
-                         + ", ".join(sorted(CONFIG_KEYS)))
+        raise CLIError(f"{path}: unknown setting(s) {sorted(unknown)}; valid: "
+                       + ", ".join(sorted(CONFIG_KEYS)))
     return cfg
+
+
+def _form(chain: str) -> str:
+    return f"{chain}=" + "x".join(str(d) for d in CHAINS[chain].default_shape)
 
 
 def _parse_shapes(items: list[str] | None) -> dict:
     out: dict = {}
     for it in items or []:
         if "=" not in it:
-            raise SystemExit(f"castlab: --shape expects CHAIN=AxB..., got {it!r}")
+            raise CLIError(f"--shape expects CHAIN=AxB... (e.g. swiglu=1024x2048 or "
+                           f"rope=1x8x512x128), got {it!r}")
         k, v = it.split("=", 1)
+        k = k.strip()
+        if k not in CHAINS:
+            raise CLIError(f"--shape {it!r}: unknown chain {k!r}; valid: " + ", ".join(CHAINS))
         try:
-            out[k] = tuple(int(x) for x in v.lower().split("x"))
+            dims = tuple(int(x) for x in v.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"castlab: bad shape {v!r} for {k}") from None
+            raise CLIError(f"--shape {it!r}: bad shape {v!r} for {k}: expected positive "
+                           f"integers joined by 'x', e.g. {_form(k)}") from None
+        out[k] = _checked_shape(k, dims, f"--shape {it!r}")
     return out
+
+
+def _checked_shape(chain: str, dims: Any, where: str) -> tuple:
+    try:
+        return study.check_shape(chain, dims)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"{where}: {e}") from None
 
 
 def _study_settings(args: argparse.Namespace) -> dict:
     st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
     st["quick"] = bool(args.quick)
-    st["out"] = args.out
+    st["out"] = "castlab-study"
     if args.config:
         cfg = load_config(args.config)
         if "shapes" in cfg:
-            cfg["shapes"] = {k: tuple(v) for k, v in cfg["shapes"].items()}
+            if not isinstance(cfg["shapes"], dict):
+                raise CLIError(f"{args.config}: shapes must be a table, e.g. "
+                               "shapes = { swiglu = [1024, 2048] }")
+            cfg["shapes"] = {k: _checked_shape(k, v, f"{args.config}: shapes.{k}")
+                             for k, v in cfg["shapes"].items()}
         if "seed" in cfg:
             cfg["seeds"] = [cfg.pop("seed")]
         if "extra_presets" in cfg and isinstance(cfg["extra_presets"], list):
             cfg["extra_presets"] = {"swiglu": cfg["extra_presets"]}
+        if "out" in cfg and not isinstance(cfg["out"], str):
+            raise CLIError(f"{args.config}: out must be a string (a folder), got {cfg['out']!r}")
+        if "scale" in cfg:
+            try:
+                cfg["scale"] = study.check_scale(cfg["scale"])
+            except (TypeError, ValueError) as e:
+                raise CLIError(f"{args.config}: {e}") from None
+        for key in ("chains", "dtypes", "policies", "presets", "rounding", "seeds"):
+            if key in cfg and (not isinstance(cfg[key], list) or not cfg[key]):
+                raise CLIError(f"{args.config}: {key} must be a non-empty list, got {cfg[key]!r}")
+        if "quick" in cfg and not isinstance(cfg["quick"], bool):
+            raise CLIError(f"{args.config}: quick must be true or false, got {cfg['quick']!r}")
         st.update(cfg)
+    if args.out is not None:  # an explicit --out wins over the config file
+        st["out"] = args.out
     for key in ("chains", "dtypes", "policies", "presets", "rounding", "input", "scale",
                 "device", "seeds"):
         v = getattr(args, key)
@@ -139,8 +202,41 @@ def _study_settings(args: argparse.Namespace) -> dict:
         st["shapes"] = dict(st.get("shapes") or {}, **shapes)
     for c in st["chains"]:
         if c not in CHAINS:
-            raise SystemExit(f"castlab: unknown chain {c!r}; valid: " + ", ".join(CHAINS))
+            raise CLIError(f"unknown chain {c!r}; valid: " + ", ".join(CHAINS))
+    for s in st["seeds"]:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**64:
+            raise CLIError(f"seed {s!r} is out of range: seeds are integers in [0, 2**64)")
+    dev = st.get("device")
+    if dev not in (None, "cpu", "cuda"):
+        raise CLIError(f"unknown device {dev!r}; valid: cpu, cuda")
+    if dev == "cuda":
+        try:
+            ok = cuda.is_available()
+            why = "" if ok else cuda.unavailable_reason()
+        except Exception as e:  # noqa: BLE001
+            ok, why = False, str(e)
+        if not ok:
+            raise CLIError(f"--device cuda: no usable GPU ({why})")
     return st
+
+
+def _prepare_out(out: str, overwrite: bool) -> None:
+    """Create the output folder; refuse to replace earlier results without --overwrite."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out!r} exists and is not a folder")
+    if not overwrite and os.path.isdir(out):
+        old = [n for n in ("results.csv", "summary.json") if os.path.exists(os.path.join(out, n))]
+        if old:
+            raise CLIError(f"--out {out!r} already holds results ({', '.join(old)}); "
+                           "pass --overwrite to replace them or choose another --out")
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".castlab-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise CLIError(f"cannot write to --out {out!r}: {e.strerror or e}") from None
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -148,10 +244,13 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     st = _study_settings(args)
     out = st.pop("out")
-    os.makedirs(out, exist_ok=True)
+    _prepare_out(out, args.overwrite)
     csv_path = os.path.join(out, "results.csv")
     cols = study.row_columns()
-    f = open(csv_path, "w", newline="")
+    try:
+        f = open(csv_path, "w", newline="")
+    except OSError as e:
+        raise CLIError(f"cannot write {csv_path!r}: {e.strerror or e}") from None
     writer = csv.DictWriter(f, fieldnames=cols)
     writer.writeheader()
     f.flush()
@@ -173,8 +272,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         interrupted = True
     except (ValueError, TypeError) as e:
         f.close()
-        print(f"castlab: {e}", file=sys.stderr)
-        return 2
+        raise CLIError(str(e)) from None
     finally:
         f.close()
     elapsed = time.perf_counter() - t0
@@ -314,6 +412,32 @@ def ops_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; a bad value ends with one line on stderr and exit code 2
+    (``castlab: error: ...``), never a traceback; Ctrl-C ends with exit code 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\ncastlab: interrupted", file=sys.stderr)
+        return 130
+    except CLIError as e:
+        print(f"castlab: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `castlab ops | head`
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except MemoryError:
+        print("castlab: error: out of memory", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  (one line, never a traceback)
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"castlab: error: {msg}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -15,12 +15,18 @@ from typing import Any
 
 from . import cuda, numerics
 from ._creation import rand, randn, tensor
+from ._device import as_device
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, jit
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 
-__all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns"]
+__all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns", "check_shape",
+           "check_scale", "MAX_NUMEL"]
+
+# The largest input a study generates (elements). Inputs are made in fp64 and the
+# study keeps several results of the same size, so this is already tens of GB.
+MAX_NUMEL = 1 << 31
 
 
 # ---------------------------------------------------------------- built-in chains
@@ -128,6 +134,71 @@ DEFAULT = {
 QUICK = dict(DEFAULT, dtypes=["bfloat16", "float16"])
 
 
+def _shape_form(ch: Chain) -> str:
+    return f"{ch.name}=" + "x".join(str(d) for d in ch.default_shape)
+
+
+def check_shape(chain: str, shape: Any) -> tuple:
+    """Validate a study shape for a built-in chain; return it as a tuple of ints.
+
+    Raises ValueError (TypeError for a non-sequence) naming the chain, the expected
+    form (e.g. ``swiglu=1024x2048``) and what is wrong.
+    """
+    if chain not in CHAINS:
+        raise ValueError(f"unknown chain {chain!r} in shapes; valid: " + ", ".join(CHAINS))
+    ch = CHAINS[chain]
+    form = _shape_form(ch)
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(f"shape for {chain} must be a sequence of {len(ch.default_shape)} "
+                        f"positive integers (e.g. {form}), got {shape!r}")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int):
+            try:
+                import numpy as np
+                ok = isinstance(d, np.integer)
+            except ImportError:  # pragma: no cover
+                ok = False
+            if not ok:
+                raise TypeError(f"shape for {chain}: dimensions must be integers, got {d!r} "
+                                f"(expected e.g. {form})")
+        dims.append(int(d))
+    if len(dims) != len(ch.default_shape):
+        raise ValueError(f"shape for {chain} must have {len(ch.default_shape)} dimensions "
+                         f"(e.g. {form}), got {len(dims)}: {tuple(dims)}")
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"shape for {chain}: every dimension must be positive "
+                         f"(e.g. {form}), got {tuple(dims)}")
+    if dims[-1] % 2:
+        raise ValueError(f"shape for {chain}: the last dimension must be even (the chain splits "
+                         f"it in halves; e.g. {form}), got {dims[-1]}")
+    n = 1
+    for d in dims:
+        n *= d
+    if n > MAX_NUMEL:
+        raise ValueError(f"shape for {chain}: {tuple(dims)} has {n} elements, too large for a "
+                         f"study (the limit is {MAX_NUMEL})")
+    return tuple(dims)
+
+
+def check_scale(scale: Any) -> float:
+    """The input scale: a positive finite number (ValueError/TypeError otherwise)."""
+    import math
+
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        try:
+            import numpy as np
+            ok = isinstance(scale, (np.integer, np.floating))
+        except ImportError:  # pragma: no cover
+            ok = False
+        if not ok:
+            raise TypeError(f"scale must be a positive finite number, got {scale!r}")
+    v = float(scale)
+    if not math.isfinite(v) or v <= 0.0:
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    return v
+
+
 def row_columns() -> list[str]:
     return ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
             "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
@@ -190,6 +261,24 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
     """
     import pandas as pd
 
+    scale = check_scale(scale)
+    if isinstance(shapes, dict):
+        shapes = {k: check_shape(k, v) for k, v in shapes.items()}
+    elif shapes is not None:
+        for c in chains:
+            if isinstance(c, str):
+                check_shape(c, shapes)
+    if seeds is None or isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
+        raise TypeError(f"seeds must be a sequence of integers, got {seeds!r}")
+    for sd in seeds:
+        if isinstance(sd, bool) or not isinstance(sd, int):
+            raise TypeError(f"seeds must be integers, got {sd!r}")
+        if not 0 <= sd < 2**64:
+            raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+    if device is not None:
+        if not isinstance(device, str):
+            raise TypeError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        as_device(device)  # ValueError naming the device for 'tpu', 'cudax', ...
     device = device or _device_default()
     extra_presets = extra_presets or {}
     chain_objs = []

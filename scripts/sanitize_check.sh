@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Build an AddressSanitizer + UndefinedBehaviorSanitizer copy of castlab's extension and
+# run the CPU tests under it (issue 14). The normal build (python/castlab/_C*.so) is not
+# touched: the sanitizer module goes into build/sanitize/pkg/castlab, a copy of the
+# Python package, which the tests import through PYTHONPATH.
+#
+#   bash scripts/sanitize_check.sh            # the catalogue + tensor, ops, dlpack tests
+#   bash scripts/sanitize_check.sh --full     # the whole CPU test suite (-m "not cuda")
+#   bash scripts/sanitize_check.sh -- -k exp  # extra pytest arguments after --
+#
+# Any sanitizer report aborts the process (halt_on_error): a crash in the test, so the
+# run fails. Exit status: pytest's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+PY="${PYTHON:-python3}"
+BUILD="${CASTLAB_SANITIZE_BUILD:-$ROOT/build/sanitize}"
+PKG="$BUILD/pkg"
+JOBS="${CASTLAB_BUILD_JOBS:-$(nproc)}"
+FULL=0; EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --full) FULL=1 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "usage: $0 [--full] [-- pytest args]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCASTLAB_SANITIZE=ON \
+      -DCASTLAB_INPLACE=ON -DCASTLAB_SANITIZE_OUT="$PKG/castlab" \
+      -DPython_EXECUTABLE="$(command -v "$PY")" > "$BUILD.configure.log" 2>&1 \
+  || { cat "$BUILD.configure.log"; exit 1; }
+cmake --build "$BUILD" -j"$JOBS" > "$BUILD.build.log" 2>&1 || { tail -40 "$BUILD.build.log"; exit 1; }
+t1=$(date +%s)
+echo "sanitizer build: $((t1 - t0)) s"
+
+# A fresh copy of the Python package next to the sanitizer module.
+SO=$(ls "$BUILD"/_C*.so | head -1)
+rm -rf "$PKG/castlab"
+mkdir -p "$PKG"
+cp -r python/castlab "$PKG/castlab"
+find "$PKG/castlab" \( -name '_C*.so' -o -name '__pycache__' \) -prune -exec rm -rf {} +
+cp "$SO" "$PKG/castlab/"
+
+ASAN_LIB=$(gcc -print-file-name=libasan.so)
+UBSAN_LIB=$(gcc -print-file-name=libubsan.so)
+[ -e "$ASAN_LIB" ] || { echo "libasan.so not found (gcc -print-file-name)"; exit 1; }
+export LD_PRELOAD="$ASAN_LIB${UBSAN_LIB:+ $UBSAN_LIB}"
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_odr_violation=0:allocator_may_return_null=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}"
+export CASTLAB_SANITIZE_RUN=1
+export CASTLAB_CATALOGUE_TIMEOUT="${CASTLAB_CATALOGUE_TIMEOUT:-60}"
+# per-case output (the sanitizer reports of crashed cases) stays in /tmp/castlab-catalogue-*
+export CASTLAB_CATALOGUE_KEEP_LOGS="${CASTLAB_CATALOGUE_KEEP_LOGS:-1}"
+# castlab must come from the sanitizer copy
+"$PY" -c 'import castlab, sys; p = castlab._C.__file__; print("castlab from", p); sys.exit("/pkg/castlab/" not in p)'
+
+if [ "$FULL" = 1 ]; then
+  TESTS=(tests -m "not cuda")
+else
+  TESTS=(tests/test_bad_inputs.py tests/test_tensor.py tests/test_ops.py tests/test_dlpack.py)
+fi
+# ASan keeps freed memory in quarantine: RSS-growth bounds do not hold under it.
+DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips)
+set +e
+"$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "${DESELECT[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
+rc=$?
+echo "sanitizer tests: $(( $(date +%s) - t1 )) s (exit $rc)"
+exit $rc
