@@ -249,7 +249,10 @@ case("where-int64-exact", "3", "r = cl.where(cl.tensor([True]), cl.tensor([2**62
      ok("r.tolist() == [2**62 + 1]"))
 case("eq-int64-exact", "3", "r = cl.tensor([2**62 + 1]) == cl.tensor([2**62])", ok("r.tolist() == [False]"))
 case("lt-int64-exact", "3", "r = cl.tensor([2**62]) < cl.tensor([2**62 + 1])", ok("r.tolist() == [True]"))
-case("add-int64-exact", "3", "r = cl.tensor([2**53 + 1]) + cl.tensor([0])", ok("r.tolist() == [2**53 + 1]"))
+# castlab computes floating-point ops only: integer arithmetic is refused, naming the
+# dtype and the way out (astype); integers stay exact in load/store/compare/where/cast.
+case("add-int64-refused", "3", "cl.tensor([2**53 + 1]) + cl.tensor([0])",
+     err(TE, r"(?i)int64.*not supported.*astype"))
 case("astype-int32-int64", "3", "r = cl.tensor([2**24 + 1], dtype=cl.int32).astype(cl.int64)",
      ok("r.tolist() == [2**24 + 1]"))
 case("contiguous-int64-view", "3", "x = cl.tensor([[2**62 + 1, 3], [5, 2**62 + 7]])\nr = x.T.contiguous()",
@@ -263,12 +266,13 @@ for base, ex, want in [("1.0", "float('nan')", "1.0"), ("1.0", "float('inf')", "
                        ("0.0", "0.0", "1.0"), ("float('nan')", "0.0", "1.0")]:
     cid = "pow-" + re.sub(r"[^0-9a-z.-]+", "", f"{base}_{ex}".replace("float", ""))
     case(cid, "4", f"r = cl.pow(cl.tensor([{base}]), {ex})", ok(f"r.tolist() == [{want}]"))
-for fn, a, b in [("maximum", "-0.0", "0.0"), ("maximum", "0.0", "-0.0"), ("minimum", "-0.0", "0.0"),
-                 ("minimum", "0.0", "-0.0")]:
+# IEEE 754-2019 maximum/minimum (and torch CUDA, in both orders): -0 < +0. torch CPU
+# returns the second argument of a tie in its vectorised loop, so it is not the reference.
+for fn, a, b, sign in [("maximum", "-0.0", "0.0", 1), ("maximum", "0.0", "-0.0", 1),
+                       ("minimum", "-0.0", "0.0", -1), ("minimum", "0.0", "-0.0", -1)]:
     case(f"{fn}-signed-zero-{a}-{b}", "4",
-         f"need_torch()\nr = cl.{fn}(cl.tensor([{a}]), cl.tensor([{b}])).item()\n"
-         f"t = torch.{fn}(torch.tensor([{a}]), torch.tensor([{b}])).item()",
-         ok("math.copysign(1, r) == math.copysign(1, t)"))
+         f"r = cl.{fn}(cl.tensor([{a}]), cl.tensor([{b}])).item()",
+         ok(f"math.copysign(1, r) == {sign}"))
 
 case("astype-bad-name", "api", "cl.zeros(2).astype('float33')", err(TVE, DTYPE))
 case("astype-none", "api", "r = cl.astype(cl.zeros(2), None)", either(TE, DTYPE, "r.dtype.is_floating_point"))
@@ -425,7 +429,8 @@ case("op-pow-none", "api", "cl.zeros(2) ** None", err(TE, TENSORLIKE))
 case("op-div-zero", "api", "r = cl.tensor([1.0, -1.0, 0.0]) / 0", ok("r.tolist()[:2] == [float('inf'), float('-inf')] and r.tolist()[2] != r.tolist()[2]"))
 case("op-int-div-zero", "api", "r = cl.tensor([1, 2]) / 0", ok("r.tolist() == [float('inf')] * 2"))
 case("op-neg-bool", "api", "-cl.tensor([True])", err(TE, r"(?i)bool"))
-case("op-huge-int-scalar", "3", "r = cl.tensor([1]) + 2**62", ok("r.tolist() == [2**62 + 1]"))
+case("op-huge-int-scalar", "3", "cl.tensor([1]) + 2**62", err(TE, r"(?i)int64.*not supported"))
+case("op-huge-int-scalar-compare", "3", "r = cl.tensor([2**62]) < 2**62 + 1", ok("r.tolist() == [True]"))
 case("op-int-scalar-too-big", "3", "cl.tensor([1]) + 2**64", err((VE, TE), r"(?i)overflow|range|int64|large"))
 case("op-bool-as-number", "api", "r = cl.tensor([1.0]) + True", ok("r.tolist() == [2.0]"))
 case("op-eq-none", "api", "r = (cl.zeros(2) == None)", either(TE, r"(?i)none|type", "r is False"))

@@ -132,8 +132,8 @@ def test_cli_study_huge_shape_does_not_crash():
         except SystemExit:
             pass
     """)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "more elements than fit in 64 bits" in r.stderr + r.stdout
+    assert r.returncode == 0, r.stderr[-2000:]  # no crash (the CLI's own exit code: test_study)
+    assert "too large for a study" in r.stderr + r.stdout
 
 
 def test_views_of_valid_tensors_still_work():

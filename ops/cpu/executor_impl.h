@@ -24,6 +24,28 @@ inline T reg_value(const void* p, int64_t j) {
   return static_cast<const T*>(p)[j];
 }
 
+// Element access through byte addresses: NumPy arrays may start at any byte offset, so
+// a typed pointer could be misaligned (undefined behaviour); memcpy of a fixed size
+// compiles to the same plain (vectorisable) load or store.
+template <typename T>
+struct LoadAt {
+  const char* b;
+  T operator[](int64_t i) const {
+    T v;
+    std::memcpy(&v, b + i * static_cast<int64_t>(sizeof(T)), sizeof v);
+    return v;
+  }
+};
+template <typename T>
+struct StoreAt {
+  char* b;
+  struct Ref {
+    char* p;
+    void operator=(T v) const { std::memcpy(p, &v, sizeof v); }
+  };
+  Ref operator[](int64_t i) const { return Ref{b + i * static_cast<int64_t>(sizeof(T))}; }
+};
+
 // ---- loads: storage -> register ----
 template <typename R>
 void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int64_t nrows,
@@ -33,12 +55,12 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
     const int64_t off = row_off[r] + col0 * cstride;
     switch (dtype) {
       case kFloat64: {
-        const double* p = reinterpret_cast<const double*>(base) + off;
+        const LoadAt<double> p{base + off * static_cast<int64_t>(sizeof(double))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
         break;
       }
       case kFloat32: {
-        const float* p = reinterpret_cast<const float*>(base) + off;
+        const LoadAt<float> p{base + off * static_cast<int64_t>(sizeof(float))};
         if (cstride == 1)
           for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c]);
         else
@@ -46,7 +68,7 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
         break;
       }
       case kBFloat16: {
-        const uint16_t* p = reinterpret_cast<const uint16_t*>(base) + off;
+        const LoadAt<uint16_t> p{base + off * static_cast<int64_t>(sizeof(uint16_t))};
         if (cstride == 1)
           for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(bf16_to_f32(p[c]));
         else
@@ -55,29 +77,29 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
         break;
       }
       case kFloat16: {
-        const uint16_t* p = reinterpret_cast<const uint16_t*>(base) + off;
+        const LoadAt<uint16_t> p{base + off * static_cast<int64_t>(sizeof(uint16_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(f16_to_f32(p[c * cstride]));
         break;
       }
       case kFloat8E4M3FN:
       case kFloat8E5M2: {
-        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        const LoadAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
         for (int64_t c = 0; c < ncols; ++c)
           dst[j + c] = static_cast<R>(bits_to_f64(p[c * cstride], dtype));
         break;
       }
       case kBool: {
-        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        const LoadAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride] ? R(1) : R(0);
         break;
       }
       case kInt32: {
-        const int32_t* p = reinterpret_cast<const int32_t*>(base) + off;
+        const LoadAt<int32_t> p{base + off * static_cast<int64_t>(sizeof(int32_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
         break;
       }
       case kInt64: {
-        const int64_t* p = reinterpret_cast<const int64_t*>(base) + off;
+        const LoadAt<int64_t> p{base + off * static_cast<int64_t>(sizeof(int64_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(p[c * cstride]);
         break;
       }
@@ -95,17 +117,17 @@ void load_rows_int(int64_t* dst, const char* base, int dtype, const int64_t* row
     const int64_t off = row_off[r] + col0 * cstride;
     switch (dtype) {
       case kBool: {
-        const uint8_t* p = reinterpret_cast<const uint8_t*>(base) + off;
+        const LoadAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride] ? 1 : 0;
         break;
       }
       case kInt32: {
-        const int32_t* p = reinterpret_cast<const int32_t*>(base) + off;
+        const LoadAt<int32_t> p{base + off * static_cast<int64_t>(sizeof(int32_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
         break;
       }
       case kInt64: {
-        const int64_t* p = reinterpret_cast<const int64_t*>(base) + off;
+        const LoadAt<int64_t> p{base + off * static_cast<int64_t>(sizeof(int64_t))};
         for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
         break;
       }
@@ -125,12 +147,12 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
     const int64_t off = row_off[r] + col0 * cstride;
     switch (dtype) {
       case kFloat64: {
-        double* p = reinterpret_cast<double*>(base) + off;
+        const StoreAt<double> p{base + off * static_cast<int64_t>(sizeof(double))};
         for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<double>(src[j + c]);
         break;
       }
       case kFloat32: {
-        float* p = reinterpret_cast<float*>(base) + off;
+        const StoreAt<float> p{base + off * static_cast<int64_t>(sizeof(float))};
         if (std::is_same<R, float>::value || mode == kNearestEven) {
           for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = static_cast<float>(src[j + c]);
         } else {
@@ -142,7 +164,7 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
       }
       case kBFloat16:
       case kFloat16: {
-        uint16_t* p = reinterpret_cast<uint16_t*>(base) + off;
+        const StoreAt<uint16_t> p{base + off * static_cast<int64_t>(sizeof(uint16_t))};
         if (std::is_same<R, float>::value && mode == kNearestEven) {
           if (dtype == kBFloat16 && cstride == 1)
             for (int64_t c = 0; c < ncols; ++c)
@@ -160,25 +182,25 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
       }
       case kFloat8E4M3FN:
       case kFloat8E5M2: {
-        uint8_t* p = reinterpret_cast<uint8_t*>(base) + off;
+        const StoreAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
         for (int64_t c = 0; c < ncols; ++c)
           p[c * cstride] = static_cast<uint8_t>(round_f64_to_bits(
               static_cast<double>(src[j + c]), dtype, mode, sat, rbits ? rbits[j + c] : 0));
         break;
       }
       case kBool: {
-        uint8_t* p = reinterpret_cast<uint8_t*>(base) + off;
+        const StoreAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
         for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = src[j + c] != R(0) ? 1 : 0;
         break;
       }
       case kInt32: {
-        int32_t* p = reinterpret_cast<int32_t*>(base) + off;
+        const StoreAt<int32_t> p{base + off * static_cast<int64_t>(sizeof(int32_t))};
         for (int64_t c = 0; c < ncols; ++c)
           p[c * cstride] = static_cast<int32_t>(to_int_fmt(src[j + c], kInt32));
         break;
       }
       case kInt64: {
-        int64_t* p = reinterpret_cast<int64_t*>(base) + off;
+        const StoreAt<int64_t> p{base + off * static_cast<int64_t>(sizeof(int64_t))};
         for (int64_t c = 0; c < ncols; ++c) p[c * cstride] = to_int_fmt(src[j + c], kInt64);
         break;
       }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math as _math
+import numbers as _numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -228,12 +229,26 @@ def full(shape: Sequence[int] | int, fill_value: float | int | bool, dtype: Any 
     """
     if isinstance(shape, int):
         shape = (shape,)
+    _check_fill(fill_value, "full")
     if dtype is None:
         dtype = bool_ if isinstance(fill_value, bool) else (int64 if isinstance(fill_value, int) else float32)
     dt = as_dtype(dtype)
     t = _C.empty(_shape_arg(tuple(shape)), dt.name, _device_str(device))
     _fill(t, fill_value)
     return t
+
+
+def _check_fill(value: Any, what: str) -> None:
+    """TypeError unless `value` is a real number (bool, int, float or a NumPy scalar)."""
+    if (value is None or isinstance(value, (str, bytes, bytearray, complex, np.complexfloating))
+            or not isinstance(value, (_numbers.Real, np.number, np.bool_, Tensor))):
+        raise TypeError(f"{what}: fill value must be a number (bool, int or float), got "
+                        f"{type(value).__name__} {value!r}")
+
+
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what}: expected a castlab Tensor, got {type(t).__name__}")
 
 
 def _fill(t: Tensor, value: float) -> None:
@@ -268,18 +283,23 @@ def ones(*shape, dtype: Any = float32, device: Any = None) -> Tensor:
 
 
 def empty_like(t: Tensor, dtype: Any = None) -> Tensor:
+    _check_tensor(t, "empty_like")
     return empty(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
 
 
 def zeros_like(t: Tensor, dtype: Any = None) -> Tensor:
+    _check_tensor(t, "zeros_like")
     return zeros(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
 
 
 def ones_like(t: Tensor, dtype: Any = None) -> Tensor:
+    _check_tensor(t, "ones_like")
     return ones(*t.shape, dtype=dtype or t.dtype, device=t._device_str)
 
 
 def full_like(t: Tensor, value: float, dtype: Any = None) -> Tensor:
+    _check_tensor(t, "full_like")
+    _check_fill(value, "full_like")
     return full(t.shape, value, dtype=dtype or t.dtype, device=t._device_str)
 
 
@@ -292,25 +312,48 @@ def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any 
     """
     if stop is None:
         start, stop = 0, start
+    for name, v in (("start", start), ("end", stop), ("step", step)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, _numbers.Real):
+            raise TypeError(f"arange: {name} must be a number, got {type(v).__name__} {v!r}")
+        if not isinstance(v, (int, np.integer)) and not _math.isfinite(v):
+            raise ValueError(f"arange: {name} must be finite, got {v}")
     if step == 0:
         raise ValueError("arange: step must be nonzero")
-    all_int = all(isinstance(v, int) for v in (start, stop, step))
+    all_int = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+    if all_int:
+        start, stop, step = int(start), int(stop), int(step)
     dt = as_dtype(dtype) if dtype is not None else (int64 if all_int else float32)
     if all_int and not dt.is_floating_point and dt.name != "bool":
         r = range(start, stop, step)  # exact integers; the values must fit the dtype
-        for v in (r[0], r[-1]) if len(r) else ():
+        n = max(0, -((start - stop) // step))  # len(r), without its ssize_t OverflowError
+        _check_arange_size(n, dt)
+        for v in (r[0], r[-1]) if n else ():
             _int_value(v, dt, "arange")
         return tensor(np.array(r, dtype=dt.numpy), dtype=dt, device=device)
     n = max(0, _math.ceil((stop - start) / step))
+    _check_arange_size(n, dt)
     vals = start + step * np.arange(n, dtype=np.float64)
     return tensor(vals.astype(np.int64) if dt is int64 else vals, dtype=dt, device=device)
+
+
+_MAX_ARANGE_BYTES = 1 << 47  # 128 TiB: no machine holds more; beyond, the size is a mistake
+
+
+def _check_arange_size(n: int, dt: dtype) -> None:
+    if n * max(dt.itemsize, 8) > _MAX_ARANGE_BYTES:
+        raise ValueError(f"arange: the range has {n} elements, too large a size to allocate "
+                         f"({n * dt.itemsize} bytes of {dt.name})")
 
 
 def _random(shape: tuple, kind: str, seed: int, dtype: Any, device: Any) -> Tensor:
     dt = as_dtype(dtype)
     if not dt.is_floating_point:
         raise TypeError(f"{kind} needs a floating-point dtype, got {dt}")
-    if not isinstance(seed, int) or seed < 0 or seed >= 2**64:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer in [0, 2**64), got {type(seed).__name__} "
+                        f"{seed!r}")
+    seed = int(seed)
+    if seed < 0 or seed >= 2**64:
         raise ValueError("seed must be an integer in [0, 2**64)")
     t = _C.empty(_shape_arg(shape), dt.name, _device_str(device))
     op = "rand_uniform" if kind == "rand" else "rand_normal"

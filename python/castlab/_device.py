@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["device", "as_device", "CPU"]
 
 _SPEC = re.compile(r"(cpu|cuda)(?::(\d+))?")
+_MAX_INDEX = 2**31 - 1  # CUDA device ordinals are C ints
 
 
 class device:
@@ -36,11 +37,15 @@ class device:
         elif isinstance(spec, str) or hasattr(spec, "type"):
             typ, idx = _parse(str(spec) if not isinstance(spec, str) else spec)
         else:
-            raise ValueError(f"unknown device {spec!r} (expected 'cpu', 'cuda', 'cuda:N', "
-                             "('cuda', N) or a device object)")
+            raise TypeError(f"device must be a string ('cpu', 'cuda', 'cuda:N'), ('cuda', N) or a "
+                            f"device object, got {type(spec).__name__} {spec!r}")
         if index is not None:
-            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise ValueError(f"device index must be a non-negative integer, got {index!r}")
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise TypeError(f"device index must be a non-negative integer, got "
+                                f"{type(index).__name__} {index!r}")
+            if index < 0 or index > _MAX_INDEX:
+                raise ValueError(f"device index must be a non-negative integer below 2**31, "
+                                 f"got {index!r}")
             if typ == "cpu" and index != 0:
                 raise ValueError(f"cpu has no device {index}")
             if typ == "cuda" and idx is not None and idx != index:
@@ -78,6 +83,9 @@ def _parse(spec: str) -> tuple[str, int | None]:
         if idx is not None and int(idx) != 0:
             raise ValueError(f"unknown device {spec!r}: cpu has no index other than 0")
         return "cpu", None
+    if idx is not None and (len(idx) > 10 or int(idx) > _MAX_INDEX):
+        raise ValueError(f"unknown device {spec!r}: the device index is out of range "
+                         "(it must be below 2**31)")
     return "cuda", int(idx) if idx is not None else None  # bare "cuda": cuda:0 (or the index given)
 
 
@@ -87,7 +95,8 @@ def _from_str(spec: str) -> device:
 
 
 def as_device(spec: Any) -> device:
-    """The :class:`device` for ``spec`` (None means the CPU); ValueError when malformed."""
+    """The :class:`device` for ``spec`` (None means the CPU); TypeError for a wrong type,
+    ValueError when malformed."""
     if spec is None:
         return CPU
     if isinstance(spec, device):

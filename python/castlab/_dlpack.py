@@ -182,6 +182,9 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
     >>> x.data_ptr() == t.data_ptr()
     True
     """
+    if copy is not None and not isinstance(copy, (bool, np.bool_)):
+        raise TypeError(f"from_dlpack: copy must be None, True or False, got "
+                        f"{type(copy).__name__} {copy!r}")
     if isinstance(x, _CAPSULE_TYPE):
         t = _C.from_dlpack_capsule(x)
         src = _device_pair(t)

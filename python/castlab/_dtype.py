@@ -140,6 +140,7 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     >>> cl.promote_types(cl.bfloat16, cl.float16)
     castlab.float32
     """
+    a, b = as_dtype(a), as_dtype(b)
     if a is b:
         return a
     # fp8 combines with nothing but itself, not even bool/int (as torch.result_type)

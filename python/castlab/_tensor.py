@@ -177,10 +177,12 @@ def _to(self, *args, **kwargs):
     dt = kwargs.pop("dtype", None)
     if kwargs:
         raise TypeError(f"unexpected arguments {list(kwargs)}")
+    if len(args) > 2:
+        raise TypeError(f"to() takes at most a device and a dtype, got {len(args)} arguments")
     for a in args:
-        if isinstance(a, (dtype, np.dtype)) or (isinstance(a, str) and a != "cpu" and not a.startswith("cuda")):
+        if _is_dtype_like(a):
             dt = a
-        else:
+        else:  # anything else is a device: as_device raises TypeError/ValueError naming it
             dev = a
     out = self
     if dev is not None:
@@ -190,6 +192,24 @@ def _to(self, *args, **kwargs):
     if dt is not None:
         out = ops.astype(out, dt)
     return out
+
+
+def _is_dtype_like(a: Any) -> bool:
+    """Whether a positional argument of ``to()`` is a dtype (a string only when it is a
+    dtype name; other strings are parsed as devices)."""
+    if isinstance(a, (dtype, np.dtype)) or any(a is t for t in (float, int, bool)):
+        return True
+    if isinstance(a, type) and issubclass(a, np.generic):
+        return True
+    if type(a).__module__.startswith("torch") and type(a).__name__ == "dtype":
+        return True
+    if isinstance(a, str):
+        try:
+            as_dtype(a)
+        except TypeError:
+            return False
+        return True
+    return False
 
 
 def _cpu(self):

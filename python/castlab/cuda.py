@@ -81,16 +81,25 @@ def info() -> dict:
 
 def synchronize(device: int | str | None = None) -> None:
     """Wait for castlab's queued GPU work (one device, or all); raises the first
-    asynchronous error, naming the last kernel launched."""
-    if not is_available():
-        return
-    _C._cuda_synchronize(-1 if device is None else _index(device))
+    asynchronous error, naming the last kernel launched. RuntimeError without a usable
+    GPU (as ``torch.cuda.synchronize``)."""
+    idx = -1 if device is None else _index(device)
+    _require_cuda("synchronize")
+    _C._cuda_synchronize(idx)
 
 
 def memory_stats(device: int | str = 0) -> dict:
     """The caching allocator's counters: allocated/reserved/peak bytes, allocations,
-    cache hits, out-of-memory events."""
-    return dict(_C._cuda_memory_stats(_index(device)))
+    cache hits, out-of-memory events. RuntimeError without a usable GPU."""
+    idx = _index(device)
+    _require_cuda("memory_stats")
+    return dict(_C._cuda_memory_stats(idx))
+
+
+def _require_cuda(what: str) -> None:
+    if not is_available():
+        raise RuntimeError(f"castlab.cuda.{what}: CUDA is not available (no usable GPU: "
+                           f"{unavailable_reason()})")
 
 
 def empty_cache() -> None:

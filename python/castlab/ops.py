@@ -8,6 +8,7 @@ bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any, Union
@@ -233,6 +234,23 @@ def _view(x: TensorLike, vop: tuple) -> TensorLike:
     return apply_view(x, vop)
 
 
+def _int1(fn: str, what: str, v, vals) -> int:
+    if isinstance(v, Tensor) and not v.shape and not as_dtype(v._dtype_name).is_floating_point \
+            and v._dtype_name != "bool":
+        return int(v)  # a 0-d integer castlab tensor (torch takes 0-d int tensors too)
+    if not hasattr(type(v), "__index__"):
+        raise TypeError(f"{fn}: {what} must be ints, got {type(v).__name__} {v!r} in "
+                        f"{tuple(vals)!r}")
+    return operator.index(v)
+
+
+def _ints(fn: str, what: str, vals) -> tuple:
+    """`vals` as a tuple of Python ints: ints and integer-likes (NumPy integers, 0-d
+    integer tensors) pass; floats, strings and the rest raise TypeError, as
+    PyTorch does (no silent truncation of 2.5 to 2)."""
+    return tuple(v if type(v) is int else _int1(fn, what, v, vals) for v in vals)
+
+
 def reshape(x: TensorLike, *shape) -> TensorLike:
     """A tensor with the same elements in a new shape: a view when possible (as
     PyTorch), else a copy. One dimension may be -1.
@@ -242,7 +260,7 @@ def reshape(x: TensorLike, *shape) -> TensorLike:
     """
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return _view(x, ("reshape", tuple(int(s) for s in shape)))
+    return _view(x, ("reshape", _ints("reshape", "shape sizes", shape)))
 
 
 def view(x: TensorLike, *shape) -> TensorLike:
@@ -255,7 +273,7 @@ def view(x: TensorLike, *shape) -> TensorLike:
         shape = tuple(shape[0])
     if isinstance(x, Proxy):
         return reshape(x, *shape)
-    return x.__class__._view_checked(x, [int(s) for s in shape])
+    return x.__class__._view_checked(x, list(_ints("view", "shape sizes", shape)))
 
 
 def permute(x: TensorLike, *dims) -> TensorLike:
@@ -266,7 +284,7 @@ def permute(x: TensorLike, *dims) -> TensorLike:
     """
     if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
         dims = tuple(dims[0])
-    return _view(x, ("permute", tuple(int(d) for d in dims)))
+    return _view(x, ("permute", _ints("permute", "dims", dims)))
 
 
 def transpose(x: TensorLike, dim0: int, dim1: int) -> TensorLike:
@@ -319,7 +337,7 @@ def expand(x: TensorLike, *shape) -> TensorLike:
     """
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return _view(x, ("expand", tuple(int(s) for s in shape)))
+    return _view(x, ("expand", _ints("expand", "shape sizes", shape)))
 
 
 def broadcast_to(x: TensorLike, shape: Sequence[int]) -> TensorLike:
@@ -362,15 +380,22 @@ def split(x: TensorLike, split_size_or_sections: int | Sequence[int], dim: int =
     """
     d = _dim(x, dim)
     n = x.shape[d]
-    if isinstance(split_size_or_sections, int):
-        s = split_size_or_sections
+    if isinstance(split_size_or_sections, int) or (
+            hasattr(type(split_size_or_sections), "__index__")
+            and not isinstance(split_size_or_sections, Tensor)):
+        s = operator.index(split_size_or_sections)
         if s <= 0:
             raise ValueError("split size must be positive")
         sizes = [min(s, n - i) for i in range(0, n, s)] or [0]
-    else:
-        sizes = [int(v) for v in split_size_or_sections]
+    elif hasattr(split_size_or_sections, "__iter__") and not isinstance(
+            split_size_or_sections, (str, bytes)):
+        sizes = list(_ints("split", "section sizes", list(split_size_or_sections)))
         if sum(sizes) != n:
             raise ValueError(f"split sizes {sizes} do not add up to dimension {d} of size {n}")
+    else:
+        raise TypeError(f"split: split_size_or_sections must be an int or a sequence of ints, "
+                        f"got {type(split_size_or_sections).__name__} "
+                        f"{split_size_or_sections!r}")
     out, o = [], 0
     for s in sizes:
         out.append(narrow_slice(x, d, o, o + s))
@@ -399,6 +424,7 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
     >>> cl.cat([cl.zeros(2), cl.ones(1)]).tolist()
     [0.0, 0.0, 1.0]
     """
+    _check_tensor_seq("cat", tensors)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat expects a non-empty list of tensors")
@@ -409,6 +435,9 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
     base = list(tensors[0].shape)
     dt: dtype = None
     for i, t in enumerate(tensors):
+        if not isinstance(t, (Tensor, Proxy)):
+            raise TypeError(f"cat: expected a sequence of castlab Tensors, but element {i} "
+                            f"is {type(t).__name__}")
         s = list(t.shape)
         if len(s) != nd or any(s[k] != base[k] for k in range(nd) if k != d):
             raise ValueError(f"cat: tensor {i} has shape {s}, which does not match "
@@ -429,6 +458,12 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
     return _run_eager([n], tensors)[0]
 
 
+def _check_tensor_seq(fn: str, tensors) -> None:
+    if isinstance(tensors, (Tensor, Proxy, str, bytes)) or not hasattr(tensors, "__iter__"):
+        raise TypeError(f"{fn}: expected a sequence (list or tuple) of tensors, "
+                        f"got {type(tensors).__name__}")
+
+
 def _astype_node(n: Node, dt: dtype) -> Node:
     m = elementwise("astype", [n], {"dtype": dt})
     record(m)
@@ -441,9 +476,14 @@ def stack(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
     >>> cl.stack([cl.zeros(2), cl.ones(2)], dim=1).shape
     (2, 2)
     """
+    _check_tensor_seq("stack", tensors)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack expects a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, (Tensor, Proxy)):
+            raise TypeError(f"stack: expected a sequence of castlab Tensors, but element {i} "
+                            f"is {type(t).__name__}")
     shape0 = tuple(tensors[0].shape)
     for i, t in enumerate(tensors):
         if tuple(t.shape) != shape0:
@@ -460,7 +500,11 @@ def contiguous(x: TensorLike) -> TensorLike:
     >>> cl.zeros(2, 3).t().contiguous().is_contiguous()
     True
     """
-    if isinstance(x, Proxy) or x.is_contiguous():
+    if isinstance(x, Proxy):
+        return x
+    if not isinstance(x, Tensor):
+        raise TypeError(f"contiguous: expected a castlab Tensor, not {type(x).__name__}")
+    if x.is_contiguous():
         return x
     return clone(x)
 
@@ -473,6 +517,8 @@ def clone(x: TensorLike) -> TensorLike:
     """
     if isinstance(x, Proxy):
         return x
+    if not isinstance(x, Tensor):
+        raise TypeError(f"clone: expected a castlab Tensor, not {type(x).__name__}")
     n = input_node(x, 0)
     out = _C.empty(list(x.shape), x._dtype_name, x._device_str)
     plan, _ = lower([n], [x], _EAGER_POLICY, current_math())

@@ -22,7 +22,7 @@ from ._formats import (
     _Val,
 )
 from ._tables import _html_table, _text_table
-from ._torchcheck import _assert_close_msg, _same
+from ._torchcheck import _assert_close_msg, _check_tol, _same
 
 __all__ = ["compare", "Comparison"]
 
@@ -198,6 +198,7 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
     >>> c["fused"]["correctly_rounded"] > c["eager"]["correctly_rounded"]
     True
     """
+    tol = _check_tol("compare", tol)
     if len(results) == 1 and isinstance(results[0], dict):
         if names is not None:
             raise TypeError("give names either as dict keys or as names=, not both")

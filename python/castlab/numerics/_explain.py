@@ -80,6 +80,10 @@ def _combos(policies, maths) -> list:
         policies = (policies,)
     if isinstance(maths, (str,)) or not isinstance(maths, (list, tuple)):
         maths = (maths,)
+    if not policies:
+        raise ValueError("policies must name at least one policy, got an empty sequence")
+    if not maths:
+        raise ValueError("maths must name at least one math variant, got an empty sequence")
     out = []
     for p in policies:
         for m in maths:

@@ -317,6 +317,9 @@ def round_to(ref: Any, dtype: Any, *, saturate: bool | None = None) -> Tensor:
     >>> nm.round_to(cl.tensor([1 + 2**-8 + 2**-30], dtype=cl.float64), cl.bfloat16).tolist()
     [1.0078125]
     """
+    if saturate is not None and not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"round_to: saturate must be True, False or None, got "
+                        f"{type(saturate).__name__} {saturate!r}")
     f = _fmt(dtype)
     v = _float_val(ref, "ref")
     return _tensor(_round_np(v.f64, f, saturate).astype(f.dt.numpy))

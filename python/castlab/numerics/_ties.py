@@ -3,6 +3,7 @@ where two correct-looking computations can round different ways (:func:`near_tie
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -143,6 +144,9 @@ def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
     >>> nm.near_ties(r, cl.bfloat16, within=0.01).mask.tolist()
     [True, True, False]
     """
+    if isinstance(within, bool) or not isinstance(within, numbers.Real):
+        raise TypeError(f"near_ties: within must be a real number (a fraction of an ulp), "
+                        f"got {type(within).__name__} {within!r}")
     if not 0 <= within < 0.5:
         raise ValueError(f"within must be a fraction of an ulp in [0, 0.5), got {within}")
     v = _float_val(ref, "ref")

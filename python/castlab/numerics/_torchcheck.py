@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -162,6 +163,17 @@ class SameVerdict:
         return f"{s} ({self.reason})"
 
 
+def _check_tol(fn: str, tol: Any) -> float:
+    """`tol` as a float: a real number (TypeError otherwise), finite or inf, >= 0
+    (ValueError for negative or NaN)."""
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
+        raise TypeError(f"{fn}: tol must be a real number, got {type(tol).__name__} {tol!r}")
+    tol = float(tol)
+    if not tol >= 0:
+        raise ValueError(f"{fn}: tol must be >= 0 (and not NaN), got {tol}")
+    return tol
+
+
 def _same(base: _Val, res: _Val, fp64_ref: _Val | None, tol: float = 1e-4,
           equal_nan: bool = False) -> SameVerdict:
     if fp64_ref is None:
@@ -205,6 +217,7 @@ def same(baseline: Any, result: Any, fp64_ref: Any = None, *, tol: float = 1e-4,
     >>> bool(nm.same(x, x))
     True
     """
+    tol = _check_tol("same", tol)
     vb, vr = _float_val(baseline, "baseline"), _float_val(result, "result")
     v64 = None if fp64_ref is None else _float_val(fp64_ref, "fp64_ref")
     vals = [vb, vr] + ([v64] if v64 is not None else [])
