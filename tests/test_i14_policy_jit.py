@@ -255,3 +255,12 @@ def test_rebound_input_offsets_correct():
     b = cl.from_numpy(base)[10:15]
     assert f(a).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert f(b).tolist() == [11.0, 12.0, 13.0, 14.0, 15.0]
+
+
+def test_one_policy_serves_chains_with_different_ops():
+    # round_after names silu and mul: RoPE has no silu, and the policy still applies there
+    # (the GPU test test_portable_chains_gpu_equals_cpu_every_policy uses it on both).
+    pol = cl.Policy("custom", round_after=("silu", "mul"))
+    x = cl.randn(4, 8, dtype=cl.bfloat16)
+    rope_like = cl.jit(lambda x: x * 2.0 + x)
+    assert rope_like.run(x, policy=pol).dtype == cl.bfloat16

@@ -130,8 +130,10 @@ def to_device(t, device: Any):
     device = str(as_device(device))
     if t._device_str == device:
         return t
-    src = t if t.is_contiguous() else t.clone()   # on the source's device (Tensor.clone)
     dst = _C.empty(list(t.shape), t._dtype_name, device)
+    if t.numel() == 0:  # nothing to copy (an empty view's strides need not be contiguous)
+        return dst
+    src = t if t.is_contiguous() else t.clone()  # on the source's device (Tensor.clone)
     _C._cuda_copy(src, dst)
     return dst
 
