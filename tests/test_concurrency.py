@@ -16,7 +16,8 @@ import pytest
 import castlab as cl
 import castlab.cuda as clcuda
 
-_PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+# The folder castlab was imported from: children import the same castlab.
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
 
 
 def _child(code: str, timeout: float = 240) -> str:

@@ -667,7 +667,7 @@ def _run_child(code: str):
     import subprocess  # noqa: PLC0415
     import textwrap  # noqa: PLC0415
     env = dict(os.environ)
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(castlab.__file__)))  # same castlab
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=300)

@@ -16,9 +16,11 @@ import time
 
 import pytest
 
+import castlab
 from castlab import _C
 
-_PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+# The folder castlab was imported from: children import the same castlab.
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(castlab.__file__)))
 KEY = hashlib.sha256(b"a kernel").hexdigest()
 KEY2 = hashlib.sha256(b"another kernel").hexdigest()
 PAYLOAD = b"\x7fELF fake cubin \x00\x01\x02" * 10

@@ -10,7 +10,12 @@ import textwrap
 
 import pytest
 
-_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+import castlab
+
+# The folder castlab was imported from (the source tree in development, site-packages
+# after `pip install .`, the sanitizer copy under scripts/sanitize_check.sh): children
+# import the same castlab.
+_PY = os.path.dirname(os.path.dirname(os.path.abspath(castlab.__file__)))
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
