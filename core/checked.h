@@ -27,20 +27,22 @@ inline bool span_bytes(int64_t lo, int64_t hi, int64_t isz, int64_t* out) {
   return sub_ok(hi, lo, &n) && add_ok(n, 1, &n) && mul_ok(n, isz, out);
 }
 
-// a * b and a + b, or std::invalid_argument("<what>: ... overflows 64 bits").
-inline int64_t checked_mul(int64_t a, int64_t b, const char* what) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(a) + " * " +
+// a * b and a + b, or std::invalid_argument("<what>: a * b does not fit in 64 bits").
+inline int64_t checked(bool ok, int64_t r, int64_t a, const char* op, int64_t b, const char* what) {
+  if (!ok)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(a) + op +
                                 std::to_string(b) + " does not fit in 64 bits");
   return r;
 }
+inline int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r = 0;
+  const bool ok = mul_ok(a, b, &r);
+  return checked(ok, r, a, " * ", b, what);
+}
 inline int64_t checked_add(int64_t a, int64_t b, const char* what) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r))
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(a) + " + " +
-                                std::to_string(b) + " does not fit in 64 bits");
-  return r;
+  int64_t r = 0;
+  const bool ok = add_ok(a, b, &r);
+  return checked(ok, r, a, " + ", b, what);
 }
 
 }  // namespace cl

@@ -462,27 +462,19 @@ Tensor Tensor::view(const Shape& shape) const {
 bool byte_extent(const Tensor& t, uintptr_t* lo, uintptr_t* hi) {
   *lo = *hi = 0;
   if (!t.defined()) return false;
-  int64_t neg = 0, pos = 0;  // bytes below and above the first element
+  int64_t elo = 0, ehi = 0;  // element offsets reached below and above the first element
+  if (!strided_extent(t.shape(), t.strides(), &elo, &ehi)) return false;
   const int64_t isz = t.itemsize();
-  for (size_t i = 0; i < t.shape().size(); ++i) {
-    const int64_t n = t.shape()[i];
-    if (n == 0) return false;
-    int64_t ext = 0;
-    if (__builtin_mul_overflow(n - 1, t.strides()[i], &ext) ||
-        __builtin_mul_overflow(ext, isz, &ext) ||
-        (ext < 0 ? __builtin_add_overflow(neg, ext, &neg)
-                 : __builtin_add_overflow(pos, ext, &pos))) {
-      *lo = 0;
-      *hi = UINTPTR_MAX;
-      return true;
-    }
+  int64_t down = 0, up = 0;
+  if (!mul_ok(-elo, isz, &down) || !add_ok(ehi, 1, &up) || !mul_ok(up, isz, &up)) {
+    *lo = 0;  // cannot happen for a tensor inside its storage; be conservative anyway
+    *hi = UINTPTR_MAX;
+    return true;
   }
   const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const auto down = static_cast<uintptr_t>(-neg), up = static_cast<uintptr_t>(pos);
-  *lo = base >= down ? base - down : 0;
-  *hi = UINTPTR_MAX - base - static_cast<uintptr_t>(isz) >= up
-            ? base + up + static_cast<uintptr_t>(isz)
-            : UINTPTR_MAX;
+  *lo = base >= static_cast<uintptr_t>(down) ? base - static_cast<uintptr_t>(down) : 0;
+  *hi = UINTPTR_MAX - base >= static_cast<uintptr_t>(up) ? base + static_cast<uintptr_t>(up)
+                                                         : UINTPTR_MAX;
   return true;
 }
 

@@ -109,32 +109,12 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
   }
 }
 
-// Integer and bool inputs into an int64 register (exact).
+// Integer and bool inputs into an int64 register (exact): load_rows's integer cases.
 void load_rows_int(int64_t* dst, const char* base, int dtype, const int64_t* row_off, int64_t nrows,
                    int64_t col0, int64_t ncols, int64_t cstride) {
-  int64_t j = 0;
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t off = row_off[r] + col0 * cstride;
-    switch (dtype) {
-      case kBool: {
-        const LoadAt<uint8_t> p{base + off * static_cast<int64_t>(sizeof(uint8_t))};
-        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride] ? 1 : 0;
-        break;
-      }
-      case kInt32: {
-        const LoadAt<int32_t> p{base + off * static_cast<int64_t>(sizeof(int32_t))};
-        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
-        break;
-      }
-      case kInt64: {
-        const LoadAt<int64_t> p{base + off * static_cast<int64_t>(sizeof(int64_t))};
-        for (int64_t c = 0; c < ncols; ++c) dst[j + c] = p[c * cstride];
-        break;
-      }
-      default: throw std::invalid_argument("load: an int64 register loads integer inputs only");
-    }
-    j += ncols;
-  }
+  if (dtype != kBool && dtype != kInt32 && dtype != kInt64)
+    throw std::invalid_argument("load: an int64 register loads integer inputs only");
+  load_rows(dst, base, dtype, row_off, nrows, col0, ncols, cstride);
 }
 
 // ---- stores: register -> storage, one rounding ----
