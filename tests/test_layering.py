@@ -20,7 +20,7 @@ LAYERS = {
     "policy": 1, "_graph": 1, "cuda": 1,
     "_lower": 2,
     "_dlpack": 3, "_creation": 3, "ops": 3,
-    "_tensor": 4,
+    "_tensor": 4, "_autodiff": 4,
     "_jit": 5,
     "numerics": 6, "study": 6, "plot": 6, "cli": 6,
     "__init__": 7, "__main__": 7,
@@ -30,6 +30,7 @@ SAME_LAYER = {
     0: ["_C", "_debug", "_dtype", "_device", "_optable"],
     1: ["policy", "_graph", "cuda"],
     3: ["_dlpack", "_creation", "ops"],
+    4: ["_tensor", "_autodiff"],
     6: ["numerics", "study", "plot", "cli"],
 }
 

@@ -12,7 +12,7 @@
 #   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
 #   2  _lower                                 graph -> Programs -> a Plan
 #   3  _dlpack -> _creation -> ops            interchange, creation, the op functions
-#   4  _tensor                                Tensor/Proxy methods (operators, .to, printing)
+#   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
 #   6  numerics -> study, plot -> cli         analysis, studies, plots, the command line
 #   7  castlab (this file), __main__
@@ -54,7 +54,7 @@ from ._dtype import (
     promote_types,
 )
 from ._dtype import bool_ as _bool
-from ._jit import JitFunction, jit
+from ._jit import JitFunction, grad, jit, vjp
 from ._tensor import Tensor
 from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
 from .ops import __all__ as _ops_all
@@ -72,7 +72,8 @@ __all__ = [
     "tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange", "rand",
     "randn", "empty_like", "zeros_like", "ones_like", "full_like",
     *(n for n in _ops_all if n != "copy_"),
-    "Math", "Policy", "use_math", "jit", "JitFunction", "from_dlpack", "cuda", "numerics",
+    "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
+    "numerics",
     "study", "info",
 ]
 

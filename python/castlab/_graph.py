@@ -61,6 +61,8 @@ class _TraceState(threading.local):
     captured: list = []        # concrete tensors a traced function closed over
     captured_nodes: list = []
     n_inputs: int = 0
+    annot: dict | None = None  # attrs every recorded node gets (gradient phase, kernel)
+    where: tuple | None = None  # source location recorded nodes get instead of the caller's
 
 
 _state = _TraceState()
@@ -177,7 +179,10 @@ def user_location() -> tuple | None:
 def record(node: Node) -> Node:
     g = _state.graph
     node.index = len(g)
-    node.where = user_location()
+    st = _state
+    node.where = st.where if st.where is not None else user_location()
+    if st.annot:
+        node.attrs = {**node.attrs, **st.annot}
     g.append(node)
     return node
 

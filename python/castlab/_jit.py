@@ -25,14 +25,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from . import _C, _debug
-from ._creation import asarray
+from . import _C, _autodiff, _debug
+from ._creation import asarray, ones
 from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
 from ._lower import Lowering, Record, input_node, lower
+from ._optable import BACKWARD_KERNELS
 from .policy import Math, Policy, as_math, as_policy
 
-__all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE"]
+__all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE", "vjp", "grad"]
 
 Tensor = _C.Tensor
 
@@ -194,6 +195,7 @@ class JitFunction:
         self._cache: OrderedDict = OrderedDict()
         self._code_memo: dict = {}
         self._lock = threading.Lock()
+        self._backward: dict = {}  # (nargs, argnums) -> the backward JitFunction
         functools.update_wrapper(self, fn)
 
     # -- tracing ---------------------------------------------------------------------
@@ -290,7 +292,8 @@ class JitFunction:
         # The cache keeps no argument tensors (the lowering binds the call's tensors).
         for n in inputs + captured_nodes:
             n.tensor = None
-        tr.arg_names = _arg_names(self.fn, len(tensors))
+        names_of = getattr(self.fn, "_castlab_arg_names", None)
+        tr.arg_names = names_of(len(tensors)) if names_of else _arg_names(self.fn, len(tensors))
         return tr
 
     def _plan(self, tr: Traced, all_inputs: list, pol: Policy, mth: Math):
@@ -388,6 +391,71 @@ class JitFunction:
             out.append((n, outs[0]))
         return out
 
+    # -- gradients -------------------------------------------------------------------
+    def backward_fn(self, nargs: int | None = None, argnums: Any = None) -> JitFunction:
+        """The vector-Jacobian product as a castlab.jit function of its own:
+        ``bwd(*primals, *cotangents)`` returns the tuple of gradients of the primals
+        named by `argnums` (default: every argument). Its graph is the forward graph
+        (phase "forward": the saved or recomputed activations) followed by the
+        derivative rules (phase "backward"), so ``.trace()``, ``.run(policy=, math=)``
+        and castlab.numerics' ``compare``/``explain``/``drift`` work on it as on any
+        graph. `nargs`: the number of primals (default: the function's positional
+        parameters).
+
+        >>> f = cl.jit(lambda a, b: cl.silu(a) * b)
+        >>> bwd = f.backward_fn()
+        >>> a, b, dy = (cl.randn(8, seed=s, dtype=cl.bfloat16) for s in range(3))
+        >>> da, db = bwd.run(a, b, dy, policy="eager")   # as torch.autograd eager
+        """
+        if nargs is None:
+            nargs = _n_positional(self.fn)
+        if isinstance(nargs, bool) or not isinstance(nargs, int) or nargs < 1:
+            raise TypeError(f"backward_fn: nargs must be a positive int, not {nargs!r}")
+        an = tuple(range(nargs)) if argnums is None else _autodiff.check_argnums(argnums, nargs)
+        key = (nargs, an)
+        bj = self._backward.get(key)
+        if bj is None:
+            bj = self._backward[key] = JitFunction(
+                _make_backward(self.fn, nargs, an), self.policy, self.math, self.cache_size)
+        return bj
+
+    def vjp(self, *primals, argnums: Any = None, policy: Any = None, math: Any = None):
+        """Run the function and return ``(outputs, pullback)``, as ``jax.vjp``:
+        ``pullback(*cotangents)`` returns a tuple with the gradient of each primal named
+        by `argnums` (default: all). Both run under `policy` and `math` (default: the
+        jit's own); ``pullback(..., policy=, math=)`` overrides them for the backward.
+
+        >>> f = cl.jit(lambda x: cl.exp(x) * x)
+        >>> x = cl.tensor([0.5, 1.0])
+        >>> y, pullback = f.vjp(x)
+        >>> (dx,) = pullback(cl.ones(2))
+        """
+        outs = self.run(*primals, policy=policy, math=math)
+        bwd = self.backward_fn(len(primals), argnums)
+
+        def pullback(*cotangents, policy: Any = policy, math: Any = math):
+            if not cotangents:
+                raise TypeError("pullback: give one cotangent per output of the function")
+            return bwd.run(*primals, *cotangents, policy=policy, math=math)
+
+        return outs, pullback
+
+    def backward(self, *primals, grad_outputs: Any, argnums: Any = None, policy: Any = None,
+                 math: Any = None):
+        """The gradients of the primals named by `argnums` for the output cotangents
+        `grad_outputs` (a tensor, or a tuple with one per output), as
+        ``torch.autograd.grad(outputs, inputs, grad_outputs)``. Returns a tuple (one
+        gradient per argnum), or one tensor when `argnums` is an int.
+
+        >>> f = cl.jit(lambda a, b: cl.silu(a) * b)
+        >>> a, b = cl.randn(4, seed=0), cl.randn(4, seed=1)
+        >>> da, db = f.backward(a, b, grad_outputs=cl.ones(4), policy="eager")
+        """
+        cots = tuple(grad_outputs) if isinstance(grad_outputs, (tuple, list)) else (grad_outputs,)
+        grads = self.backward_fn(len(primals), argnums).run(*primals, *cots, policy=policy,
+                                                            math=math)
+        return grads[0] if isinstance(argnums, int) and not isinstance(argnums, bool) else grads
+
     def graph(self, *args) -> Traced:
         """The recorded graph for these inputs (nodes, inputs, outputs), with the
         captured tensors of this call bound as ``.captured``."""
@@ -396,6 +464,46 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<castlab.jit {getattr(self.fn, '__name__', 'fn')} policy={self.policy.describe()} math={self.math.name}>"
+
+
+def _n_positional(fn: Callable) -> int:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = ()
+    kinds = [p.kind for p in params]
+    if not kinds or inspect.Parameter.VAR_POSITIONAL in kinds:
+        raise TypeError("backward_fn: the number of arguments cannot be read from the "
+                        "function's signature; pass nargs=")
+    return sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+               for k in kinds)
+
+
+def _make_backward(fn: Callable, nargs: int, argnums: tuple) -> Callable:
+    """The Python function castlab.jit traces for the VJP of fn: bwd(*primals,
+    *cotangents) -> tuple of gradients."""
+    primal_names = _arg_names(fn, nargs)
+
+    def cot_names(k: int) -> list:
+        base = "dy"
+        while base in primal_names:
+            base = "_" + base
+        return [base] if k == 1 else [f"{base}{i}" for i in range(k)]
+
+    def bwd(*args):
+        if len(args) <= nargs:
+            raise TypeError(f"the backward of {getattr(fn, '__name__', 'fn')} takes the "
+                            f"{nargs} primal(s) and then one cotangent per output; got "
+                            f"{len(args)} argument(s)")
+        primals, cots = list(args[:nargs]), list(args[nargs:])
+        return tuple(_autodiff.backward(fn, primals, cots, argnums, primal_names,
+                                        cot_names(len(cots))))
+
+    bwd.__name__ = bwd.__qualname__ = f"{getattr(fn, '__name__', 'fn')}_backward"
+    bwd._castlab_arg_names = lambda n: primal_names + cot_names(n - nargs)
+    return bwd
 
 
 def _arg_names(fn: Callable, n: int) -> list:
@@ -555,8 +663,14 @@ def format_trace(tr: Traced, record: Record) -> str:
     def round_note(d) -> str:
         return rounding + ("; done by the output store" if d.round_elided else "")
 
+    phase = None
     for n in tr.nodes:
         where = _where(n)
+        ph = n.attrs.get("phase")
+        if ph != phase and ph is not None:
+            lines.append("  # " + ("forward (the activations the backward reads)" if ph == "forward"
+                                   else "backward (vector-Jacobian product)"))
+            phase = ph
         if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
             t = f"t{n.index}"
             names[id(n)] = t
@@ -606,6 +720,15 @@ def format_trace(tr: Traced, record: Record) -> str:
                 note.append(f"product kept exact for the fma of t{d.fma_into.index}")
             if d.quirk:
                 note.append(d.quirk)
+            k = n.attrs.get("kernel")
+            if k is not None:
+                arith = BACKWARD_KERNELS[k].arith_for(cuda, n.dtype)
+                kid = f"{k}#{n.attrs.get('kernel_id', 0)}"
+                if n.attrs.get("kernel_inner") and arith == "opmath":
+                    note.append(f"in {kid} (one PyTorch kernel, not rounded)")
+                else:
+                    note.append(f"{kid} " + ("result" if arith == "opmath" else
+                                             "(PyTorch computes it in the storage type)"))
         emit(t, f"{n.op}({', '.join(args)})", "  ".join(note), where)
         rep[id(n)] = ("st", n.dtype) if n.op in COMPARE else ("cp", cdt)
         if d is not None and d.round_to is not None:
@@ -630,3 +753,59 @@ def format_trace(tr: Traced, record: Record) -> str:
         rets.append(nm)
     lines.append("  return " + ", ".join(rets))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- vjp and grad
+
+def _as_jit(fn: Any, policy: Any, math: Any) -> JitFunction:
+    if isinstance(fn, JitFunction):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"expected a function, got {type(fn).__name__}")
+    return JitFunction(fn, policy="fused" if policy is None else policy,
+                       math="torch_eager" if math is None else math)
+
+
+def vjp(fn: Callable, *primals, argnums: Any = None, policy: Any = None, math: Any = None):
+    """``(outputs, pullback)`` of `fn` at `primals`, as ``jax.vjp``: ``pullback(*cts)``
+    returns the gradients (a tuple, one per primal named by `argnums`, default all) for
+    output cotangents `cts`. `fn` is a castlab.jit function or a plain function (traced
+    with ``castlab.jit``). The backward runs under `policy`: ``"eager"`` is PyTorch
+    eager autograd (saved activations and every backward op rounded to the storage
+    dtype; PyTorch's fused backward kernels such as silu_backward round once),
+    ``"fused"`` is torch.compile's AOTAutograd + Inductor (activations recomputed in
+    fp32 from the inputs, one rounding per gradient), ``"fp64"`` is the reference.
+
+    >>> a, b = cl.randn(4, seed=0, dtype=cl.bfloat16), cl.randn(4, seed=1, dtype=cl.bfloat16)
+    >>> y, pullback = cl.vjp(lambda a, b: cl.silu(a) * b, a, b, policy="eager")
+    >>> da, db = pullback(cl.ones(4, dtype=cl.bfloat16))
+    """
+    return _as_jit(fn, policy, math).vjp(*primals, argnums=argnums, policy=policy, math=math)
+
+
+def grad(fn: Callable, argnums: Any = 0, policy: Any = None, math: Any = None) -> Callable:
+    """The gradient function of a scalar-output `fn` (one element), as ``jax.grad``:
+    ``grad(fn)(*primals)`` returns the gradient for argument `argnums` (a tuple of
+    gradients when `argnums` is a tuple). For outputs of more than one element use
+    :func:`vjp` (PyTorch's ``backward()`` asks the same).
+
+    >>> dfdx = cl.grad(lambda x: cl.sin(x) * x)
+    >>> dfdx(cl.tensor(0.5)).shape
+    ()
+    """
+    jf = _as_jit(fn, policy, math)
+
+    def gradient(*primals):
+        outs = jf.run(*primals, policy=policy, math=math)
+        if isinstance(outs, (tuple, list)):
+            raise ValueError("grad: the function must return one scalar tensor, not "
+                             f"{len(outs)} outputs; use castlab.vjp")
+        if outs.numel() != 1:
+            raise ValueError(f"grad: the function's output has shape {list(outs.shape)}; grad "
+                             "needs a scalar (one element) output. For other outputs use "
+                             "castlab.vjp with a cotangent")
+        ct = ones(tuple(outs.shape), dtype=outs.dtype, device=outs.device)
+        return jf.backward(*primals, grad_outputs=ct, argnums=argnums, policy=policy, math=math)
+
+    gradient.__name__ = f"grad_{getattr(fn, '__name__', 'fn')}"
+    return gradient

@@ -19,7 +19,7 @@ from . import _C
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
-from ._optable import F32, F64, I64, OPCODE, ROUND_MODES, instr, output
+from ._optable import BACKWARD_KERNELS, F32, F64, I64, OPCODE, ROUND_MODES, instr, output
 from .policy import Math, Policy
 
 K_ROUND = OPCODE["round"]
@@ -282,7 +282,8 @@ class Lowering:
             target = node.dtype
         elif node.op in COMPARE or node.op in ("input", "scalar"):
             return None
-        elif p.rounds_after(node.index, node.op):
+        elif p.rounds_after(node.index, node.op, node.attrs.get("phase"),
+                            self.kernel_inner(node)):
             target = node.dtype
         else:
             return None
@@ -293,14 +294,41 @@ class Lowering:
             return None
         return target
 
-    def contracts(self, mul: Node, f64: bool, uses: int) -> bool:
-        """Does this product contract into the fma of the add/sub (in f64 or not) that
-        uses it? Only when the math asks for contraction, the product has that one use,
-        and the policy neither rounds it nor treats it as a kernel boundary (plain eager
-        runs every op as its own kernel, even where its rounding is a no-op)."""
-        return (self.math.fma and mul.op == "mul" and uses == 1
-                and not self.policy.rounds_after(mul.index, "mul")
-                and self.round_target(mul) is None and self.vt64(mul) == f64)
+    def _kernel(self, node: Node):
+        k = node.attrs.get("kernel")
+        return BACKWARD_KERNELS[k] if k is not None else None
+
+    def kernel_inner(self, node: Node) -> bool:
+        """Is this node inside one of PyTorch's fused backward kernels that computes in
+        op-math on this device (its value is never rounded on its own)?"""
+        k = self._kernel(node)
+        return (k is not None and node.attrs.get("kernel_inner", False)
+                and k.arith_for(self.cuda, node.dtype) == "opmath")
+
+    def kernel_contracts(self, node: Node) -> bool:
+        """Inside one of PyTorch's backward kernels, does its compiler contract a*b+c to
+        an fma here (math.cuda_kernels on the GPU)?"""
+        k = self._kernel(node)
+        if k is None or not k.contract["cuda" if self.cuda else "cpu"]:
+            return False
+        return self.math.cuda_kernels if self.cuda else True
+
+    def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
+        """Does this product contract into the fma of the add/sub `into` (in f64 or not)
+        that uses it? Only when the math asks for contraction (or both sit in one of
+        PyTorch's backward kernels whose compiler contracts), the product has that one
+        use, and the policy neither rounds it nor treats it as a kernel boundary (plain
+        eager runs every op as its own kernel, even where its rounding is a no-op)."""
+        if mul.op != "mul" or uses != 1 or self.vt64(mul) != f64:
+            return False
+        if not self.math.fma:
+            if into is None or not self.kernel_contracts(into) or (
+                    mul.attrs.get("kernel_id") != into.attrs.get("kernel_id")):
+                return False
+            return self.round_target(mul) is None
+        return (not self.policy.rounds_after(mul.index, "mul", mul.attrs.get("phase"),
+                                             self.kernel_inner(mul))
+                and self.round_target(mul) is None)
 
     # -- expression building -----------------------------------------------------
     def expr(self, node: Node):
@@ -709,7 +737,8 @@ class ProgramBuilder:
             if var != d.variant or not d.description:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda) or ""
-            contracted = self._try_fma(e, f64) if low.math.fma and op in ("add", "sub") else None
+            contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
+                low.math.fma or low.kernel_contracts(node)) else None)
             quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
@@ -761,7 +790,8 @@ class ProgramBuilder:
         (pow_tensor_scalar_kernel), i.e. rounded to the storage dtype."""
         node = e.node
         args = e.args
-        if node.op == "div" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar):
+        if (node.op == "div" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
+                and "kernel" not in node.attrs):  # (a backward kernel divides truly)
             import numpy as np
 
             b = float(args[1].value)
@@ -800,7 +830,7 @@ class ProgramBuilder:
 
         def is_mul(a):
             return (isinstance(a, Elem) and id(a) not in self._memo
-                    and low.contracts(a.node, f64, self._uses.get(id(a), 0)))
+                    and low.contracts(a.node, f64, self._uses.get(id(a), 0), e.node))
 
         x, y = e.args
         op = e.node.op

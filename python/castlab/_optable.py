@@ -22,6 +22,7 @@ class OpInfo(NamedTuple):
     cost: int        # rough GPU instructions per element
     public: bool     # exported as castlab.<name> and Tensor.<name>
     formula: str
+    grad: str        # derivative rule (castlab._autodiff reads it); "" for none
 
 
 TABLE: tuple[OpInfo, ...] = tuple(OpInfo(**d) for d in _C.OP_TABLE)
@@ -62,3 +63,51 @@ def instr(op: str, rtype: int, dst: int, a: int = -1, b: int = -1, c: int = -1, 
 def output(reg: int, mode: int = 0, saturate: int = 1, salt: int = 0):
     """A ``_C.OutputSpec``: store register `reg`, rounding with `mode`."""
     return _C.OutputSpec(reg=reg, mode=mode, saturate=saturate, salt=salt)
+
+
+class BackwardKernel(NamedTuple):
+    """How one of PyTorch's eager backward kernels computes the derivative rule that
+    names it (``[name]`` in the op table's grad column), per device ("cuda", "cpu").
+
+    arith: per device, "opmath" (the kernel widens bf16/fp16 to fp32, computes the whole
+    rule there and rounds once) or "scalar_t" (it computes in the storage type:
+    c10::BFloat16 and c10::Half arithmetic rounds after every operation, like separate
+    ops); a dict maps dtype names to these ("*": every other dtype).
+    contract: per device, whether the kernel's compiler contracts a*b+c into an fma
+    (nvcc --fmad=true, PyTorch's default; the vectorised CPU kernels are built with
+    -mfma and GCC's -ffp-contract=fast)."""
+
+    arith: dict
+    contract: dict
+    source: str
+
+    def arith_for(self, cuda: bool, dt) -> str:
+        a = self.arith["cuda" if cuda else "cpu"]
+        if isinstance(a, dict):
+            return a.get(dt.name, a["*"])
+        return a
+
+
+BACKWARD_KERNELS: dict[str, BackwardKernel] = {
+    "silu_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/ActivationSiluKernel.cu, native/cpu/Activation.cpp"),
+    "sigmoid_backward": BackwardKernel(
+        {"cuda": "scalar_t", "cpu": {"float16": "scalar_t", "*": "opmath"}},
+        {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/BinaryMiscBackwardOpsKernels.cu, "
+        "native/cpu/BinaryOpsKernel.cpp"),
+    "tanh_backward": BackwardKernel(
+        {"cuda": "scalar_t", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/BinaryMiscBackwardOpsKernels.cu, "
+        "native/cpu/BinaryOpsKernel.cpp"),
+    "gelu_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/ActivationGeluKernel.cu, native/cpu/Activation.cpp"),
+    "gelu_tanh_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/ActivationGeluKernel.cu, native/cpu/Activation.cpp"),
+    "hardswish_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/ActivationHardswishKernel.cu, native/cpu/Activation.cpp"),
+}

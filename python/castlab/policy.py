@@ -57,6 +57,9 @@ def _check_choice(cls: str, field: str, v: Any, valid) -> str:
     return v
 
 
+_PHASES = ("forward", "backward")  # selectors for every node of a gradient graph's phase
+
+
 def _selector_ops() -> frozenset:
     return frozenset(OPS) | {"astype"}
 
@@ -75,9 +78,10 @@ def _check_selector(s: Any):
         if s in ("all", "none"):
             raise ValueError(f"Policy: round_after={s!r} stands alone, not inside a tuple of "
                              "selectors")
-        if s not in _selector_ops():
+        if s not in _selector_ops() and s not in _PHASES:
             raise ValueError(f"Policy: round_after: unknown op {s!r}; valid op names: "
-                             + ", ".join(sorted(_selector_ops())))
+                             + ", ".join(sorted(_selector_ops()))
+                             + "; phases of a gradient graph: " + ", ".join(_PHASES))
         return s
     if s < 0:
         raise ValueError(f"Policy: round_after: node index {s} is negative; node k is t{{k}} "
@@ -136,9 +140,12 @@ class Policy:
     Args:
         name: "eager", "fused", "fp64" (reserved: they fix round_after, and fp64 also
             compute, output and round_casts) or any other label for a custom policy.
-        round_after: "all", "none", or node selectors: op names ("silu") or node
+        round_after: "all", "none", or node selectors: op names ("silu"), node
             indices: node k is ``t{k}`` in ``trace()``'s listing (``round_after=(2,)``
-            rounds ``t2``). Selectors are checked against the graph when it is lowered.
+            rounds ``t2``), or, in a gradient graph, a phase: "forward" (the recomputed
+            forward values, i.e. the saved activations) or "backward".
+            ``round_after=("backward",)`` keeps saved activations in fp32 and rounds
+            every backward op. Selectors are checked against the graph when it is lowered.
         compute: dtype to compute every op in, float32 or float64 (default: PyTorch's
             op-math, fp32 for bf16/fp16/fp8/fp32 and fp64 for fp64).
         output: floating dtype of the floating outputs (default: each output node's dtype).
@@ -241,8 +248,10 @@ class Policy:
             return
         ops: list = []
         for n in nodes:
-            if n.op in _selector_ops() and n.op not in ops:
-                ops.append(n.op)
+            for name in (n.op, n.attrs.get("phase")):
+                if name is not None and (name in _selector_ops() or name in _PHASES) \
+                        and name not in ops:
+                    ops.append(name)
         count = len(nodes)
 
         def where() -> str:
@@ -279,13 +288,20 @@ class Policy:
     def rounding_code(self) -> int:
         return _ROUNDING[self.rounding]
 
-    def rounds_after(self, index: int, op: str) -> bool:
+    def rounds_after(self, index: int, op: str, phase: str | None = None,
+                     inner: bool = False) -> bool:
+        """Does this policy round node t{index} (op `op`)? `phase`: "forward" or
+        "backward" in a gradient graph; `inner`: the node is inside one of PyTorch's
+        fused backward kernels that computes in op-math (silu_backward, ...), which
+        rounds only its result: such a node is rounded only when selected by index."""
         ra = self.round_after
-        if ra == "all":
-            return True
         if ra == "none":
             return False
-        return op in ra or index in ra
+        if inner:
+            return ra != "all" and index in ra
+        if ra == "all":
+            return True
+        return op in ra or index in ra or (phase is not None and phase in ra)
 
     def describe(self) -> str:
         parts = [self.name]

@@ -117,6 +117,7 @@ void bind_program(py::module_& m) {
     d["cost"] = o.cost;
     d["public"] = o.py;
     d["formula"] = o.formula;
+    d["grad"] = o.grad;
     table.append(d);
   }
   m.attr("OP_TABLE") = table;

@@ -1,0 +1,423 @@
+"""Reverse mode: the backward graph of a traced function, as ordinary castlab ops.
+
+Each op's derivative rule is written once, in the op table (ops/op_table.h, column
+``grad``), as Python statements over castlab ops; view ops and ``cat`` have theirs
+here. :func:`backward` runs inside a trace: it records the function's forward graph
+(phase "forward": under the eager policy these values are rounded, i.e. saved in their
+storage dtype as PyTorch autograd saves them; under fused they are recomputed in fp32),
+then walks it in reverse, recording each rule's ops (phase "backward"). The result is
+one graph that traces, prints, fuses and runs under every policy and math variant.
+
+Gradient accumulation follows autograd's input buffers: the contributions to a value
+used several times are added in the order the engine produces them (the consumer
+created last first), in the value's dtype (rounded after each add under eager).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from . import _C, ops
+from ._creation import zeros
+from ._dtype import dtype as _dtype
+from ._graph import COMPARE, Node, Proxy, _state
+from ._optable import BACKWARD_KERNELS, OPS
+
+Tensor = _C.Tensor
+
+__all__ = ["backward", "rule_text", "differentiable_ops"]
+
+
+# ---------------------------------------------------------------- the rules
+
+def _sgn(x):
+    """sign(x) in x's dtype, as torch.sgn for real x: +0 at +-0 and at NaN."""
+    return ops.where(ops.gt(x, 0), 1.0, ops.where(ops.lt(x, 0), -1.0, 0.0)).astype(x.dtype)
+
+
+def _zeros_like(x):
+    """Zeros of x's shape and dtype: a 0-d constant, broadcast (costs no memory)."""
+    return ops.expand(zeros((), dtype=x.dtype, device=x.device), tuple(x.shape))
+
+
+def _pow_backward_self(g, a, b):
+    # FunctionsManual.cpp pow_backward (Python-number exponent) / pow_backward_self
+    if isinstance(b, (int, float)):
+        if b == 0:
+            return _zeros_like(a)
+        return g * (b * ops.pow(a, b - 1))
+    return ops.where(ops.eq(b, 0.0), 0.0, g * (b * ops.pow(a, b - 1)))
+
+
+def _pow_backward_exponent(g, a, b, y):
+    # FunctionsManual.cpp pow_backward_exponent: 0 where exponent >= 0 and self == 0
+    if isinstance(a, (int, float)):  # Python-number base: grad * result * log(base)
+        if a == 0:
+            return ops.where(ops.ge(b, 0.0), _zeros_like(b) * g, g * (y * math.log(a)))
+        return g * (y * math.log(a))
+    r = y * ops.log(a)
+    return g * ops.where(ops.ge(b, 0.0), ops.where(ops.eq(a, 0.0), 0.0, r), r)
+
+
+_NAMESPACE: dict = {name: fn for name, fn in ops.ELEMENTWISE_FUNCTIONS.items()}
+_NAMESPACE.update({
+    "sgn": _sgn,
+    "pow_backward_self": _pow_backward_self,
+    "pow_backward_exponent": _pow_backward_exponent,
+    "M_SQRT1_2": 0.70710678118654752440,
+    "M_2_SQRTPI": 1.12837916709551257390,
+    # gelu_backward's kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5, a double product
+    "GELU_BETA": 1.12837916709551257390 * 0.70710678118654752440 * 0.5,
+    # gelu_backward (tanh form): kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, a double product
+    # converted to opmath_t; 3 * kKappa is folded in opmath_t (see _per_dtype)
+    "GELU_TANH_BETA": 1.4142135623730951 * 1.1283791670955126 * 0.5,
+    "__builtins__": {},
+})
+
+
+def _per_dtype(dt) -> dict:
+    """Constants a kernel folds in its opmath_t: float products for bf16/fp16/fp32,
+    double ones for fp64 (they differ: float(3) * 0.044715f != float(3 * 0.044715))."""
+    if dt is not None and dt.name == "float64":
+        return {"GELU_TANH_3KAPPA": 3 * 0.044715}
+    return {"GELU_TANH_3KAPPA": 0.13414499163627625}  # np.float32(3) * np.float32(0.044715)
+
+
+class _Rule:
+    """One op's derivative rule, parsed: statements ``name = expression`` over the
+    operands (x or a, b, c), the result y and the cotangent g."""
+
+    __slots__ = ("op", "kernel", "text", "outputs", "stmts")
+
+    def __init__(self, op: str, text: str):
+        self.op = op
+        self.text = text
+        m = re.match(r"\s*\[(\w+)\]\s*(.*)$", text, re.S)
+        self.kernel = m.group(1) if m else None
+        body = m.group(2) if m else text
+        if self.kernel is not None and self.kernel not in BACKWARD_KERNELS:
+            raise RuntimeError(f"op table: {op}'s grad rule names an unknown kernel "
+                               f"{self.kernel!r}")
+        arity = OPS[op].arity
+        self.outputs = ("dx",) if arity == 1 else ("da", "db", "dc")[:arity]
+        self.stmts = []  # (target, compiled expression, names it reads)
+        for part in body.split(";"):
+            sm = re.match(r"\s*(\w+)\s*=(?!=)(.*)$", part, re.S)
+            if sm is None:
+                raise RuntimeError(f"op table: {op}'s grad rule: {part.strip()!r} is not "
+                                   "'name = expression'")
+            code = compile(sm.group(2).strip(), f"<grad rule of {op}>", "eval")
+            self.stmts.append((sm.group(1), code, set(code.co_names)))
+
+    def assigns(self) -> set:
+        return {t for t, _, _ in self.stmts}
+
+    def needed(self, wanted: set) -> list:
+        """The statements that the wanted outputs depend on, in order."""
+        need = set(wanted)
+        keep = []
+        for t, code, reads in reversed(self.stmts):
+            if t in need:
+                keep.append((t, code))
+                need |= reads
+        return keep[::-1]
+
+
+_RULES: dict = {}
+
+
+def _rule(op: str) -> _Rule | None:
+    r = _RULES.get(op)
+    if r is None and op not in _RULES:
+        text = OPS[op].grad
+        r = _Rule(op, text) if text else None
+        _RULES[op] = r
+    return r
+
+
+def rule_text(op: str) -> str:
+    """The derivative rule of an op-table op, as written in the table ("" for none)."""
+    return OPS[op].grad
+
+
+def differentiable_ops() -> list[str]:
+    """The op-table ops that have a derivative rule."""
+    return [name for name, o in OPS.items() if o.grad]
+
+
+# ---------------------------------------------------------------- the walk
+
+class GradError(ValueError):
+    """A gradient that cannot be formed (bad cotangent, non-differentiable path, ...)."""
+
+
+def _is_float(n: Node) -> bool:
+    return n.op != "scalar" and n.dtype is not None and n.dtype.is_floating_point
+
+
+def _diff_inputs(n: Node) -> list[int]:
+    """Positions of n's inputs a gradient flows to (before activity is checked)."""
+    op = n.op
+    if op in COMPARE:
+        return []
+    if op == "astype":
+        return [0] if _is_float(n) and _is_float(n.inputs[0]) else []
+    if op in OPS:
+        r = _rule(op)
+        if r is None:
+            return []
+        assigned = r.assigns()
+        return [i for i, nm in enumerate(r.outputs) if nm in assigned]
+    return list(range(len(n.inputs)))  # views and cat
+
+
+def _value(n: Node, proxies: dict):
+    if n.op == "scalar":
+        return n.value
+    return proxies.setdefault(id(n), Proxy(n))
+
+
+def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: list) -> list:
+    """The contributions of n's rule to its inputs (None where not wanted)."""
+    op = n.op
+    if op == "astype":
+        return [g.astype(n.inputs[0].dtype)]
+    if op in OPS:
+        r = _rule(op)
+        ns = dict(_NAMESPACE)
+        args = [_value(a, proxies) for a in n.inputs]
+        if OPS[op].arity == 1:
+            ns["x"] = args[0]
+        else:
+            ns.update(zip(("a", "b", "c"), args))
+        ns.update(_per_dtype(n.dtype))
+        ns["y"] = _value(n, proxies)
+        ns["g"] = g
+        start = len(_state.graph)
+        saved = _state.annot
+        if r.kernel is not None:
+            kernel_ids[0] += 1
+            _state.annot = {**saved, "kernel": r.kernel, "kernel_id": kernel_ids[0]}
+        try:
+            for t, code in r.needed({nm for nm, w in zip(r.outputs, want) if w}):
+                ns[t] = eval(code, ns)  # noqa: S307  (the op table's own rule text)
+        finally:
+            _state.annot = saved
+        outs = [ns.get(nm) if w else None for nm, w in zip(r.outputs, want)]
+        if r.kernel is not None:
+            final = {id(o.node) for o in outs if isinstance(o, Proxy)}
+            for m in _state.graph[start:]:
+                if id(m) not in final:
+                    m.attrs["kernel_inner"] = True
+        return outs
+    if op == "cat":
+        d = n.attrs["dim"]
+        out, o = [], 0
+        for p, w in zip(n.inputs, want):
+            s = p.shape[d]
+            out.append(ops.narrow_slice(g, d, o, o + s) if w else None)
+            o += s
+        return out
+    return [_view_backward(n, g)]
+
+
+def _view_backward(n: Node, g: Proxy):
+    x = n.inputs[0]
+    vop = n.attrs["vop"]
+    k = vop[0]
+    if k in ("reshape", "unsqueeze", "squeeze"):
+        return ops.reshape(g, tuple(x.shape))
+    if k == "permute":
+        perm = vop[1]
+        inv = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return ops.permute(g, tuple(inv))
+    if k == "expand":
+        lead = len(n.shape) - len(x.shape)
+        summed = [i for i in range(len(n.shape))
+                  if (i < lead or x.shape[i - lead] != n.shape[i]) and n.shape[i] != 1]
+        if summed:
+            raise GradError(
+                f"the gradient of a broadcast input of shape {list(x.shape)} (expanded to "
+                f"{list(n.shape)}) is a sum over dims {summed}; castlab has no reductions "
+                "yet, so it cannot differentiate with respect to a broadcast input. Leave "
+                "that input out of argnums (e.g. RoPE's cos/sin).")
+        return ops.reshape(g, tuple(x.shape))
+    if k == "select":
+        d, i = vop[1], vop[2]
+        size = x.shape[d]
+        i = i + size if i < 0 else i
+        return _pad(ops.unsqueeze(g, d), x, d, i, i + 1, 1)
+    if k == "slice":
+        _, d, start, stop, step = vop
+        size = x.shape[d]
+        start, stop, _ = slice(start, stop, step).indices(size)
+        return _pad(g, x, d, start, stop, step)
+    raise GradError(f"no derivative for the view op {k!r}")
+
+
+def _zeros_shape(x: Node, d: int, size: int, dt: _dtype):
+    shape = list(x.shape)
+    shape[d] = size
+    return ops.expand(zeros((), dtype=dt, device=x.device), tuple(shape))
+
+
+def _pad(g, x: Node, d: int, start: int, stop: int, step: int):
+    """slice_backward: zeros of x's shape with g written at start:stop:step along d."""
+    size = x.shape[d]
+    m = g.shape[d]
+    dt = g.dtype
+    if m == 0:
+        return _zeros_shape(x, d, size, dt)
+    if step > 1:
+        # interleave: [g_0, 0 * (step-1), g_1, ...], then trim to the slice's extent
+        shp = list(g.shape)
+        gi = ops.unsqueeze(g, d + 1)
+        shp.insert(d + 1, step - 1)
+        zi = ops.expand(zeros((), dtype=dt, device=x.device), tuple(shp))
+        inter = ops.cat([gi, zi], d + 1)
+        shp2 = list(g.shape)
+        shp2[d] = m * step
+        g = ops.narrow_slice(ops.reshape(inter, tuple(shp2)), d, 0, (m - 1) * step + 1)
+        stop = start + (m - 1) * step + 1
+    parts = []
+    if start > 0:
+        parts.append(_zeros_shape(x, d, start, dt))
+    parts.append(g)
+    if stop < size:
+        parts.append(_zeros_shape(x, d, size - stop, dt))
+    return parts[0] if len(parts) == 1 else ops.cat(parts, d)
+
+
+def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: list,
+             cot_names: list) -> list:
+    """Inside a trace: record fn(*primals) and the vector-Jacobian product with
+    `cotangents`; returns the gradients of primals[argnums] (Proxies)."""
+    saved_annot, saved_where = _state.annot, _state.where
+    _state.annot = {"phase": "forward"}
+    try:
+        result = fn(*primals)
+    finally:
+        _state.annot = saved_annot
+    outs = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(outs) != len(cotangents):
+        raise GradError(f"the function returned {len(outs)} output(s) but "
+                        f"{len(cotangents)} cotangent(s) were given")
+    out_nodes = []
+    for k, (o, c) in enumerate(zip(outs, cotangents)):
+        if not isinstance(o, Proxy):
+            raise GradError(f"output {k} of the function is not a traced tensor "
+                            f"({type(o).__name__}); only values computed from the inputs "
+                            "can be differentiated")
+        if not o.dtype.is_floating_point:
+            raise GradError(f"output {k} has dtype {o.dtype.name}: only floating-point "
+                            "outputs can be differentiated (return integer and bool results "
+                            "from another function)")
+        if tuple(c.shape) != tuple(o.shape):
+            raise GradError(f"cotangent {cot_names[k]} has shape {list(c.shape)} but output "
+                            f"{k} has shape {list(o.shape)}")
+        if c.dtype is not o.dtype:
+            raise GradError(f"cotangent {cot_names[k]} has dtype {c.dtype.name} but output "
+                            f"{k} has dtype {o.dtype.name}")
+        if c.device != o.device:
+            raise GradError(f"cotangent {cot_names[k]} is on {c.device} but output {k} is "
+                            f"on {o.device}")
+        out_nodes.append(o.node)
+
+    # which values depend differentiably on the selected inputs
+    active: set = set()
+    for i in argnums:
+        n = primals[i].node
+        if not n.dtype.is_floating_point:
+            raise GradError(f"argument {arg_names[i]} has dtype {n.dtype.name}: only "
+                            "floating-point inputs can be differentiated (leave it out of "
+                            "argnums)")
+        active.add(id(n))
+    fwd = [n for n in _state.graph if n.attrs.get("phase") == "forward"]
+    for n in fwd:
+        if any(id(n.inputs[i]) in active for i in _diff_inputs(n)):
+            active.add(id(n))
+    if not any(id(n) in active for n in out_nodes):
+        names = ", ".join(arg_names[i] for i in argnums)
+        raise GradError(f"no output depends differentiably on {names}: the function uses "
+                        "it only through comparisons, where's condition or integer casts "
+                        "(PyTorch: 'does not require grad')")
+
+    proxies: dict = {}
+    contribs: dict = {}
+    for n, c in zip(out_nodes, cotangents):
+        if id(n) in active:
+            contribs.setdefault(id(n), []).append(c)
+    kernel_ids = [0]
+    try:
+        for n in reversed(fwd):
+            cs = contribs.pop(id(n), None)
+            if cs is None or id(n) not in active:
+                continue
+            _state.annot = {"phase": "backward"}
+            _state.where = n.where
+            g = _accumulate(cs)
+            pos = _diff_inputs(n)
+            want = [i in pos and id(a) in active for i, a in enumerate(n.inputs)]
+            grads = _apply_rule(n, g, proxies, want, kernel_ids)
+            for a, w, ga in zip(n.inputs, want, grads):
+                if not w:
+                    continue
+                if ga is None:
+                    raise GradError(f"no derivative of {n.op} for that operand")
+                if tuple(ga.shape) != tuple(a.shape):
+                    raise GradError(
+                        f"{n.op} broadcasts an input of shape {list(a.shape)} to "
+                        f"{list(n.shape)}: its gradient is a sum over the broadcast dims, "
+                        "and castlab has no reductions yet. Leave that input out of argnums "
+                        "or expand it to the full shape before the op.")
+                if ga.dtype is not a.dtype:
+                    ga = ga.astype(a.dtype)
+                contribs.setdefault(id(a), []).append(ga)
+        _state.annot = {"phase": "backward"}
+        _state.where = None
+        grads = []
+        for i in argnums:
+            n = primals[i].node
+            cs = contribs.get(id(n))
+            grads.append(_accumulate(cs) if cs else _zeros_like(primals[i]))
+    finally:
+        _state.annot, _state.where = saved_annot, saved_where
+    return grads
+
+
+def _accumulate(cs: list):
+    g = cs[0]
+    for c in cs[1:]:
+        g = g + c
+    return g
+
+
+def check_argnums(argnums: Any, n: int) -> tuple:
+    """argnums as a tuple of distinct non-negative ints < n."""
+    if isinstance(argnums, bool):
+        raise TypeError(f"argnums must be an int or a tuple of ints, not bool {argnums!r}")
+    single = isinstance(argnums, int)
+    items = (argnums,) if single else argnums
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise TypeError(f"argnums must be an int or a tuple of ints, not "
+                        f"{type(argnums).__name__}") from None
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"argnums must be ints, got {type(a).__name__} {a!r}")
+        if not -n <= a < n:
+            raise ValueError(f"argnums: {a} is out of range for a function of {n} "
+                             "argument(s)")
+        a = a % n
+        if a in out:
+            raise ValueError(f"argnums: argument {a} is listed twice")
+        out.append(a)
+    if not out:
+        raise ValueError("argnums must name at least one argument")
+    return tuple(out)
