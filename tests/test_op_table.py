@@ -44,9 +44,13 @@ def test_castlab_ops_lists_the_table():
 
     r = subprocess.run([sys.executable, "-m", "castlab", "ops"], capture_output=True,
                        text=True, check=True)
-    listed = {line.split()[0].strip("()") for line in r.stdout.splitlines()[1:]}
+    rows = [line for line in r.stdout.splitlines()[1:] if not line.startswith(" ")]
+    listed = {line.split()[0].strip("()") for line in rows}
     assert listed == set(OPS)
     assert "hardswish_recip6" in r.stdout
+    # each op's derivative rule follows it, indented
+    assert "grad: [silu_backward] s = 1 / (1 + exp(-x))" in r.stdout
+    assert r.stdout.count("grad:") == sum(1 for o in OPS.values() if o.grad)
 
 
 def test_trace_and_describe_come_from_the_table():

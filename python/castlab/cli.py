@@ -394,7 +394,7 @@ def info_text() -> str:
 
 def ops_text() -> str:
     """The op table as a text listing: name, operands, typing rule, the math-variant
-    factors its formula reads, and the formula.
+    factors its formula reads, the formula, and (indented) its derivative rule.
 
     >>> from castlab.cli import ops_text
     >>> ops_text().split()[:5]
@@ -408,6 +408,8 @@ def ops_text() -> str:
         name = o.name if o.public else f"({o.name})"
         lines.append(f"{name:<11} {o.arity:<5} {o.category:<13} {','.join(fs) or '-':<45} "
                      f"{o.formula}")
+        if o.grad:
+            lines.append(f"{'':<11} grad: {o.grad}")
     return "\n".join(lines)
 
 
