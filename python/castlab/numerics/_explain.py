@@ -19,6 +19,7 @@ from .._creation import arange
 from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
+from .._lower import Lowering
 from ..policy import as_math, as_policy
 from ._formats import (
     Tensor,
@@ -379,10 +380,15 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         if out_node.op in ("input",) or out_node.op in _VIEWS:
             pre = _val(vals[id(out_node)])
         else:
-            if pol.rounds_after(out_node.index, out_node.op) and pol.round_after != "none":
+            low = Lowering(pol, mth, res.device, [])
+
+            def rounds(n) -> bool:
+                return pol.rounds_after(n.index, n.op, n.attrs.get("phase"),
+                                        low.kernel_inner(n))
+
+            if rounds(out_node) and pol.round_after != "none":
                 keep = tuple(n.index for n in tr.nodes
-                             if n is not out_node and n.op not in _VIEWS
-                             and pol.rounds_after(n.index, n.op))
+                             if n is not out_node and n.op not in _VIEWS and rounds(n))
                 pol2 = dataclasses.replace(pol, name="custom", round_after=keep)
                 pre_vals = {id(n): t for n, t in jf.node_values(*args, policy=pol2, math=mth)}
                 pre = _val(pre_vals[id(out_node)])
