@@ -382,7 +382,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         else:
             low = Lowering(pol, mth, res.device, [])
 
-            def rounds(n) -> bool:
+            def rounds(n, pol=pol, low=low) -> bool:
                 return pol.rounds_after(n.index, n.op, n.attrs.get("phase"),
                                         low.kernel_inner(n))
 
