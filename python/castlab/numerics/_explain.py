@@ -19,6 +19,7 @@ from .._creation import arange
 from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
+from .._optable import BACKWARD_KERNELS
 from ..policy import as_math, as_policy
 from ._formats import (
     Tensor,
@@ -33,6 +34,16 @@ from ._formats import (
 from ._tables import _html_table, _text_table
 
 __all__ = ["explain", "Explanation", "drift", "Drift", "Divergence"]
+
+
+def _rounds(pol, n, cuda: bool) -> bool:
+    """Does `pol` round node `n`, as the lowering decides it: with its phase in a
+    gradient graph ("forward"/"backward" selectors) and never inside one of PyTorch's
+    fused backward kernels that computes in op-math (silu_backward, ...)."""
+    k = n.attrs.get("kernel")
+    inner = bool(k is not None and n.attrs.get("kernel_inner")
+                 and BACKWARD_KERNELS[k].arith_for(cuda, n.dtype) == "opmath")
+    return pol.rounds_after(n.index, n.op, n.attrs.get("phase"), inner)
 
 
 def _exact_decimal(v: float) -> str:
@@ -379,10 +390,11 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         if out_node.op in ("input",) or out_node.op in _VIEWS:
             pre = _val(vals[id(out_node)])
         else:
-            if pol.rounds_after(out_node.index, out_node.op) and pol.round_after != "none":
+            cuda = str(out_node.device).startswith("cuda")
+            if _rounds(pol, out_node, cuda) and pol.round_after != "none":
                 keep = tuple(n.index for n in tr.nodes
                              if n is not out_node and n.op not in _VIEWS
-                             and pol.rounds_after(n.index, n.op))
+                             and _rounds(pol, n, cuda))
                 pol2 = dataclasses.replace(pol, name="custom", round_after=keep)
                 pre_vals = {id(n): t for n, t in jf.node_values(*args, policy=pol2, math=mth)}
                 pre = _val(pre_vals[id(out_node)])
