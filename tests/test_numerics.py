@@ -513,3 +513,23 @@ def test_plots(seed1234):
     assert isinstance(plot.drift_chart(nm.drift(sw, (x,))), Figure)
     with pytest.raises(ValueError, match="reference"):
         plot.ulp_histogram(nm.compare(ys["eager"]))
+
+
+def test_explain_gradient_value_before_rounding():
+    # The backward of silu(a) * b: da is silu_backward's result, one PyTorch kernel
+    # that rounds once. Its value before rounding must not be taken from a run that
+    # rounds the kernel's inner nodes (eager), and a phase selector (round_after=
+    # ("backward",)) rounds it too: rounding the shown value gives the output.
+    bwd = cl.jit(lambda a, b: cl.silu(a) * b).backward_fn()
+    a = cl.randn(64, 64, seed=0, dtype=cl.bfloat16)
+    b = cl.randn(64, 64, seed=1, dtype=cl.bfloat16)
+    dy = cl.randn(64, 64, seed=2, dtype=cl.bfloat16)
+    saved_fp32 = cl.Policy("saved_fp32", round_after=("backward",))
+    e, f = (bwd.run(a, b, dy, policy=p)[0].numpy() for p in ("eager", "fused"))
+    for idx in [tuple(int(i) for i in ix) for ix in np.argwhere(e != f)[:5]]:
+        ex = nm.explain(bwd, (a, b, dy), idx, policies=("eager", "fused", saved_fp32))
+        for o in ex.outcomes:
+            assert o.consistent, (idx, o)
+        eager, _, sf = ex.outcomes
+        assert eager.value_dtype.name == "float32" and eager.value != eager.rounded
+        assert sf.value == eager.value   # same rounded inputs to the same kernel

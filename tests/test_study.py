@@ -202,3 +202,106 @@ def test_cli_out_refuses_old_results_and_beats_config(tmp_path):
     assert r.returncode == 2 and "--overwrite" in r.stderr and "Traceback" not in r.stderr
     r = _cli(*small, "--out", str(out), "--overwrite")
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- gradients (grad=True, --grad)
+
+def test_api_grad_rows_next_to_forward_rows():
+    kw = dict(chains=["swiglu", "rope"], dtypes=["bfloat16"], quick=True, device="cpu",
+              extra_presets={})
+    df = study.run(**kw, grad=True)
+    assert list(df.columns) == study.row_columns(grad=True)
+    assert {"pass", "output"} <= set(df.columns) and "pass" not in study.row_columns()
+    got = {(r.chain, r["pass"], r.output) for _, r in df.iterrows()}
+    # SwiGLU's x gradient is reported as its halves; RoPE differentiates x, not cos/sin
+    assert got == {("swiglu", "forward", "y"), ("swiglu", "backward", "da"),
+                   ("swiglu", "backward", "db"), ("rope", "forward", "y"),
+                   ("rope", "backward", "dx")}
+    assert len(df) == 10 and df.groupby(["chain", "pass", "output", "policy"]).size().max() == 1
+    # the forward rows are the ones a study without gradients gives
+    fwd = df[df["pass"] == "forward"].drop(columns=["pass", "output"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(fwd, study.run(**kw))
+    bwd = df[df["pass"] == "backward"]
+    n, d = study.CHAINS["swiglu"].quick_shape
+    assert set(bwd[bwd.chain == "swiglu"].numel) == {n * d // 2}
+    assert set(bwd[bwd.chain == "rope"].numel) == {int(np.prod(study.CHAINS["rope"].quick_shape))}
+    assert np.isfinite(bwd[["max_ulp", "mean_ulp", "rel_rmse", "rmse"]].values).all()
+    for _, g in bwd.groupby(["chain", "output"]):
+        eager = g[g.policy == "eager"].iloc[0]
+        fused = g[g.policy == "fused"].iloc[0]
+        # fused rounds each gradient once from fp32: (nearly) always correctly rounded;
+        # eager rounds the saved activations and every backward op
+        assert fused.correctly_rounded > 0.999 and fused.max_ulp < 0.6
+        assert 0.5 < eager.correctly_rounded < 0.9 and eager.max_ulp > 1.0
+        assert fused.rel_rmse < eager.rel_rmse < 1e-2
+        assert eager.mismatch_vs_eager == 0.0 and 0.05 < fused.mismatch_vs_eager < 0.5
+        assert bool(eager.same_vs_eager) and bool(fused.same_vs_eager)
+
+
+def _swiglu_bf16_case(shape=(64, 128), seed=0):
+    (x,) = study.CHAINS["swiglu"].make_inputs(shape, cl.bfloat16, seed, "normal", 1.0, "cpu")
+    dy = cl.randn(shape[0], shape[1] // 2, seed=seed ^ study.COTANGENT_SEED_MIX,
+                  dtype=cl.float64).astype(cl.bfloat16)
+    return x, dy
+
+
+def test_grad_eager_swiglu_bf16_is_torch_autograd_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x, dy = _swiglu_bf16_case()
+    bwd = cl.jit(study.CHAINS["swiglu"].fn).backward_fn()
+    (dx,) = bwd.run(x, dy, policy="eager")
+    xt, dyt = torch.from_dlpack(x), torch.from_dlpack(dy)
+    h = xt.shape[-1] // 2
+    a = xt[..., :h].clone().requires_grad_()
+    b = xt[..., h:].clone().requires_grad_()
+    da, db = torch.autograd.grad(F.silu(a) * b, (a, b), dyt)
+    mine = torch.from_dlpack(dx)
+    for got, want in ((mine[..., :h], da), (mine[..., h:], db)):
+        assert got.dtype == want.dtype == torch.bfloat16
+        assert torch.equal(got.contiguous().view(torch.int16), want.view(torch.int16))
+    # and the study's eager da row measures exactly that gradient
+    df = study.run(chains=["swiglu"], dtypes=["bfloat16"], shapes={"swiglu": (64, 128)},
+                   device="cpu", extra_presets={}, grad=True)
+    (ref,) = bwd.run(x, dy, policy="fp64")
+    cmp = cl.numerics.compare(cl.from_dlpack(da), ref=ref[..., :h], names=["torch"])
+    row = df[(df.output == "da") & (df.policy == "eager")].iloc[0]
+    assert row.correctly_rounded == cmp.to_dict()["torch"]["correctly_rounded"]
+
+
+def test_api_grad_user_function_skips_broadcast_inputs():
+    def gate(x, w):
+        return cl.silu(x) * w
+
+    x = cl.randn(32, 16, seed=1, dtype=cl.float32)
+    w = cl.randn(16, seed=2, dtype=cl.float32)   # broadcast over rows: not differentiated
+    df = study.run(chains=[gate], dtypes=["bfloat16"], inputs={"gate": (x, w)}, device="cpu",
+                   grad=True)
+    assert set(df[df["pass"] == "backward"].output) == {"dx"}
+
+
+def test_cli_grad_writes_all_rows(tmp_path):
+    out = tmp_path / "g"
+    r = _cli("study", "--grad", "--device", "cpu", "--dtypes", "bfloat16", "--extra-presets",
+             "inductor", "--shape", "swiglu=8x16", "--shape", "rope=1x2x8x16", "--out", str(out),
+             "--no-progress")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out / "results.csv")
+    assert list(df.columns) == study.row_columns(grad=True)
+    # forward: eager, fused (+ inductor for SwiGLU); backward: eager, fused per gradient
+    assert len(df) == 3 + 2 * 2 + 2 + 2
+    assert set(df[df["pass"] == "backward"].output) == {"da", "db", "dx"}
+    assert "backward" in r.stdout and " da " in r.stdout
+    assert "swiglu bfloat16 da: correctly rounded" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == len(df)
+    cases = {(c["chain"], c["pass"], c["output"]) for c in summary["cases"]}
+    assert len(summary["cases"]) == len(cases) == 5
+    assert sum(len([k for k in c if "/" in k]) for c in summary["cases"]) == len(df)
+    assert (out / "correctly_rounded.png").stat().st_size > 1000
+    # the CLI's rows are the API's
+    api = study.run(chains=["swiglu", "rope"], dtypes=["bfloat16"], device="cpu",
+                    shapes={"swiglu": (8, 16), "rope": (1, 2, 8, 16)},
+                    extra_presets={"swiglu": ["inductor"]}, grad=True)
+    np.testing.assert_array_equal(df.correctly_rounded.values, api.correctly_rounded.values)
+    assert list(df.output) == list(api.output)

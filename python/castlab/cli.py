@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="device (default: cuda when available, else cpu)")
     s.add_argument("--quick", action="store_true", help="small shapes, bf16 and fp16 only")
+    s.add_argument("--grad", action="store_true", default=None,
+                   help="also study each chain's gradients (its backward for a random "
+                   "cotangent vs the fp64 gradient): rows with pass=backward and output "
+                   "da/db (SwiGLU, GeGLU) or dx (RoPE)")
     s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings")
     s.add_argument("--out", default=None,
                    help="output folder (default castlab-study/; given here it wins over the "
@@ -94,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "rounding",
-               "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out"}
+               "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out", "grad"}
 
 
 def load_config(path: str) -> dict:
@@ -183,8 +187,9 @@ def _study_settings(args: argparse.Namespace) -> dict:
         for key in ("chains", "dtypes", "policies", "presets", "rounding", "seeds"):
             if key in cfg and (not isinstance(cfg[key], list) or not cfg[key]):
                 raise CLIError(f"{args.config}: {key} must be a non-empty list, got {cfg[key]!r}")
-        if "quick" in cfg and not isinstance(cfg["quick"], bool):
-            raise CLIError(f"{args.config}: quick must be true or false, got {cfg['quick']!r}")
+        for key in ("quick", "grad"):
+            if key in cfg and not isinstance(cfg[key], bool):
+                raise CLIError(f"{args.config}: {key} must be true or false, got {cfg[key]!r}")
         st.update(cfg)
     if args.out is not None:  # an explicit --out wins over the config file
         st["out"] = args.out
@@ -195,6 +200,7 @@ def _study_settings(args: argparse.Namespace) -> dict:
             st[key] = v
     if args.seed is not None:
         st["seeds"] = [args.seed]
+    st["grad"] = bool(args.grad or st.get("grad", False))
     if args.extra_presets is not None:
         st["extra_presets"] = {"swiglu": list(args.extra_presets)}
     shapes = _parse_shapes(args.shape)
@@ -246,7 +252,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     out = st.pop("out")
     _prepare_out(out, args.overwrite)
     csv_path = os.path.join(out, "results.csv")
-    cols = study.row_columns()
+    cols = study.row_columns(st["grad"])
     try:
         f = open(csv_path, "w", newline="")
     except OSError as e:
@@ -267,7 +273,8 @@ def cmd_study(args: argparse.Namespace) -> int:
                        policies=st["policies"], presets=st["presets"], rounding=st["rounding"],
                        seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
                        scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
-                       quick=st["quick"], progress=not args.no_progress, on_row=on_row)
+                       quick=st["quick"], progress=not args.no_progress, on_row=on_row,
+                       grad=st["grad"])
     except KeyboardInterrupt:
         interrupted = True
     except (ValueError, TypeError) as e:
@@ -299,6 +306,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 def format_table(df) -> str:
     cols = ["chain", "dtype", "math", "policy", "rounding", "correctly_rounded", "max_ulp",
             "rel_rmse", "mismatch_vs_eager", "same_vs_eager"]
+    if "pass" in df.columns:  # a study with gradients: say which result each row is
+        cols[1:1] = ["pass", "output"]
     show = df[cols].copy()
     show["correctly_rounded"] = show["correctly_rounded"].map(lambda v: f"{100 * v:.4f}%")
     show["mismatch_vs_eager"] = show["mismatch_vs_eager"].map(lambda v: f"{100 * v:.3f}%")
@@ -308,11 +317,15 @@ def format_table(df) -> str:
 
 
 def summarize(df, elapsed: float) -> dict:
-    """Headline numbers: per chain and dtype, eager vs fused correctly-rounded fractions."""
+    """Headline numbers: per chain and dtype (and, in a study with gradients, per pass
+    and output), eager vs fused correctly-rounded fractions."""
     out: dict[str, Any] = {"elapsed_s": round(elapsed, 3), "rows": len(df), "cases": []}
     lines = []
-    for (chain, dt), g in df.groupby(["chain", "dtype"], sort=False):
-        case = {"chain": chain, "dtype": dt}
+    keys = _case_keys(df)
+    for vals, g in df.groupby(keys, sort=False):
+        case = dict(zip(keys, vals))
+        chain, dt = case["chain"], case["dtype"]
+        what = f"{chain} {dt}" + (f" {case['output']}" if case.get("pass") == "backward" else "")
         for _, r in g.iterrows():
             case[f"{r['math']}/{r['policy']}/{r['rounding']}"] = {
                 "correctly_rounded": float(r["correctly_rounded"]), "rel_rmse": float(r["rel_rmse"]),
@@ -321,10 +334,21 @@ def summarize(df, elapsed: float) -> dict:
         e = g[(g.policy == "eager") & (g.math == "torch_eager")]
         fu = g[(g.policy == "fused") & (g.math == "torch_eager")]
         if len(e) and len(fu):
-            lines.append(f"{chain} {dt}: correctly rounded: fused {100 * fu.iloc[0].correctly_rounded:.4f}% "
+            lines.append(f"{what}: correctly rounded: fused {100 * fu.iloc[0].correctly_rounded:.4f}% "
                          f"vs eager {100 * e.iloc[0].correctly_rounded:.4f}%")
     out["headline"] = "\n".join(lines)
     return out
+
+
+def _case_keys(df) -> list[str]:
+    """The columns that make one case: chain and dtype, plus pass and output when the
+    study has gradient rows (so that they never overwrite the forward rows)."""
+    return ["chain", "dtype"] + (["pass", "output"] if "pass" in df.columns else [])
+
+
+def _case_label(vals: tuple) -> str:
+    chain, dt = vals[0], vals[1]
+    return f"{chain}\n{dt}" + (f"\n{vals[3]}" if len(vals) > 2 and vals[2] == "backward" else "")
 
 
 def write_plots(df, out: str) -> list[str]:
@@ -340,7 +364,7 @@ def write_plots(df, out: str) -> list[str]:
     df["label"] = df["math"] + "/" + df["policy"] + df["rounding"].map(lambda r: "" if r == "nearest" else f"/{r}")
     for metric, title, fname in [("correctly_rounded", "correctly rounded fraction (higher is better)", "correctly_rounded.png"),
                                  ("rel_rmse", "relative RMSE vs fp64 (lower is better)", "rel_rmse.png")]:
-        groups = list(df.groupby(["chain", "dtype"], sort=False))
+        groups = list(df.groupby(_case_keys(df), sort=False))
         labels = list(dict.fromkeys(df["label"]))
         fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4.4))
         w = 0.8 / max(1, len(labels))
@@ -353,7 +377,7 @@ def write_plots(df, out: str) -> list[str]:
                     ys.append(float(v.iloc[0]))
             ax.bar(xs, ys, width=w, label=lab)
         ax.set_xticks([i + (len(labels) - 1) * w / 2 for i in range(len(groups))])
-        ax.set_xticklabels([f"{c}\n{d}" for (c, d), _ in groups], fontsize=8)
+        ax.set_xticklabels([_case_label(k) for k, _ in groups], fontsize=8)
         ax.set_title(title, fontsize=10)
         if metric == "rel_rmse":
             ax.set_yscale("log")

@@ -4,6 +4,10 @@ each compared with the fp64 golden reference.
 >>> import castlab as cl
 >>> df = cl.study.run(chains=["swiglu"], dtypes=["bfloat16"], shapes={"swiglu": (256, 512)})
 >>> df[["policy", "math", "correctly_rounded", "rel_rmse"]]          # doctest: +SKIP
+
+With ``grad=True`` each chain's backward (its vector-Jacobian product for a random
+cotangent) is studied too: one row per gradient, compared with the fp64 policy's
+gradient, marked by the columns ``pass`` ("forward"/"backward") and ``output``.
 """
 
 from __future__ import annotations
@@ -94,9 +98,22 @@ def _rope_inputs(shape, dt, seed, kind, scale, device, interleaved=False):
     return (x, tensor(cos).astype(dt).to(device), tensor(sin).astype(dt).to(device))
 
 
+def _halves(grads: tuple) -> dict:
+    """SwiGLU/GeGLU: the gradient of x = [a, b] as the gradients of its halves a and b."""
+    (dx,) = grads
+    h = dx.shape[-1] // 2
+    return {"da": dx[..., :h], "db": dx[..., h:]}
+
+
 @dataclasses.dataclass
 class Chain:
-    """A named chain of ops and how to make its inputs."""
+    """A named chain of ops and how to make its inputs.
+
+    For ``study.run(grad=True)``: `grad_argnums` are the inputs differentiated (None: the
+    floating-point inputs with the most elements; smaller ones are taken to be broadcast,
+    e.g. RoPE's cos/sin, whose gradients are sums castlab cannot form yet), and
+    `grad_parts` turns the tuple of gradients into named results (None: ``d<argument>``).
+    """
 
     name: str
     fn: Callable
@@ -104,19 +121,23 @@ class Chain:
     default_shape: tuple
     quick_shape: tuple
     description: str = ""
+    grad_argnums: tuple | None = None
+    grad_parts: Callable | None = None   # (tuple of gradients) -> {name: tensor}
 
 
 CHAINS: dict[str, Chain] = {
+    # gradients: SwiGLU/GeGLU of x, reported as its halves da and db; RoPE of x only
+    # (cos/sin are broadcast over batch and heads: their gradients are reductions)
     "swiglu": Chain("swiglu", _swiglu, _swiglu_inputs, (2048, 2048), (256, 512),
-                    "a, b = chunk(x, 2, -1); silu(a) * b"),
+                    "a, b = chunk(x, 2, -1); silu(a) * b", (0,), _halves),
     "geglu": Chain("geglu", _geglu, _swiglu_inputs, (2048, 2048), (256, 512),
-                   "a, b = chunk(x, 2, -1); gelu(a) * b"),
+                   "a, b = chunk(x, 2, -1); gelu(a) * b", (0,), _halves),
     "rope": Chain("rope", _rope, _rope_inputs, (1, 8, 1024, 128), (1, 2, 128, 64),
-                  "x*cos + cat(-x2, x1)*sin (HF rotate_half), cos/sin [S, D] broadcast"),
+                  "x*cos + cat(-x2, x1)*sin (HF rotate_half), cos/sin [S, D] broadcast", (0,)),
     "rope_interleaved": Chain(
         "rope_interleaved", _rope_interleaved,
         lambda *a: _rope_inputs(*a, interleaved=True), (1, 8, 1024, 128), (1, 2, 128, 64),
-        "GPT-J/Meta pairs: (x0*cos - x1*sin, x0*sin + x1*cos) interleaved"),
+        "GPT-J/Meta pairs: (x0*cos - x1*sin, x0*sin + x1*cos) interleaved", (0,)),
 }
 
 # The default study: every dtype, eager vs fused vs fp64, and SwiGLU's formula presets.
@@ -199,10 +220,19 @@ def check_scale(scale: Any) -> float:
     return v
 
 
-def row_columns() -> list[str]:
-    return ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
+def row_columns(grad: bool = False) -> list[str]:
+    """The columns of a study's rows; with `grad`, also ``pass`` ("forward" or
+    "backward") and ``output`` ("y" for the chain's result, "da", "dx", ... for a
+    gradient)."""
+    cols = ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
             "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
             "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager"]
+    return cols[:1] + ["pass", "output"] + cols[1:] if grad else cols
+
+
+# Cotangents are drawn like the inputs (same generator, scale 1) from this seed ^ the
+# input seed, so they differ from every input stream.
+COTANGENT_SEED_MIX = 0x9E3779B97F4A7C15
 
 
 def _device_default() -> str:
@@ -233,7 +263,8 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         extra_presets: dict | None = None,
         quick: bool = False,
         progress: bool | Callable = False,
-        on_row: Callable | None = None):
+        on_row: Callable | None = None,
+        grad: bool = False):
     """Run a study and return a pandas DataFrame, one row per configuration and policy.
 
     Each row compares one result with the fp64 reference (correctly-rounded fraction,
@@ -256,6 +287,14 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         quick: small shapes.
         progress: show a progress bar (True) or call progress(i, n, label).
         on_row: called with each finished row (a dict), e.g. to stream to a CSV.
+        grad: also study the chains' gradients. Each chain's backward
+            (``backward_fn``, with respect to ``Chain.grad_argnums``: SwiGLU/GeGLU's x,
+            reported as its halves ``da`` and ``db``; RoPE's x, not cos/sin) runs for a
+            random cotangent (drawn like the inputs, seed ``seed ^ COTANGENT_SEED_MIX``)
+            under every preset, policy and rounding mode (not `extra_presets`), and each
+            gradient is compared with the fp64 policy's gradient as the forward results
+            are with the fp64 forward. Rows gain the columns ``pass`` ("forward" or
+            "backward") and ``output`` ("y", or the gradient's name).
 
     >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
     """
@@ -343,24 +382,85 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             if any(x[0] == m for x in runs):
                 continue
             runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
-        base = next((x for x in runs if x[1].name == "eager"), runs[0])
-        ordered = [base] + [x for x in runs if x is not base]
-        names = [f"{x[0].name}/{x[1].describe()}" for x in ordered]
-        cmp = numerics.compare(*[x[3] for x in ordered], ref=reference, names=names)
-        metrics = cmp.to_dict()
-        for i, (m, pol, r, res) in enumerate(ordered):
-            mm = _metrics_of(metrics, names[i], res.numel())
-            row = {"chain": ch.name, "dtype": dt.name, "shape": "x".join(str(s) for s in shape),
-                   "input": kind, "scale": scale, "seed": seed, "math": m.name,
-                   "policy": pol.name, "rounding": r, "device": device}
-            row.update(mm)
+        common = {"chain": ch.name, "dtype": dt.name, "shape": "x".join(str(s) for s in shape),
+                  "input": kind, "scale": scale, "seed": seed}
+        if grad:
+            common.update({"pass": "forward", "output": "y"})
+        new_rows = _compare_rows(runs, reference, common, device)
+        if grad:
+            new_rows += _grad_rows(ch, fn, args, reference, dt, seed, kind, device, maths,
+                                   pols, rounding, ref_policy, common)
+        for row in new_rows:
             rows.append(row)
             if on_row is not None:
                 on_row(row)
     if progress is True:
         _bar(total, total, "done")
         sys.stderr.write("\n")
-    return pd.DataFrame(rows, columns=row_columns())
+    return pd.DataFrame(rows, columns=row_columns(grad))
+
+
+def _compare_rows(runs: list, reference, common: dict, device: str) -> list:
+    """One row per run (math, policy, rounding, result), compared with `reference`
+    and with the first eager run."""
+    base = next((x for x in runs if x[1].name == "eager"), runs[0])
+    ordered = [base] + [x for x in runs if x is not base]
+    names = [f"{x[0].name}/{x[1].describe()}" for x in ordered]
+    cmp = numerics.compare(*[x[3] for x in ordered], ref=reference, names=names)
+    metrics = cmp.to_dict()
+    rows = []
+    for i, (m, pol, r, res) in enumerate(ordered):
+        row = dict(common, math=m.name, policy=pol.name, rounding=r, device=device)
+        row.update(_metrics_of(metrics, names[i], res.numel()))
+        rows.append(row)
+    return rows
+
+
+def _grad_argnums(ch: Chain, args: tuple) -> tuple:
+    if ch.grad_argnums is not None:
+        return tuple(ch.grad_argnums)
+    fl = [i for i, a in enumerate(args) if a.dtype.is_floating_point]
+    most = max((args[i].numel() for i in fl), default=0)
+    return tuple(i for i in fl if args[i].numel() == most)
+
+
+def _grad_parts(ch: Chain, fn: JitFunction, argnums: tuple, grads: Any) -> dict:
+    grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
+    if ch.grad_parts is not None:
+        return ch.grad_parts(grads)
+    from ._jit import _arg_names
+
+    names = _arg_names(fn.fn, max(argnums) + 1)
+    return {f"d{names[i]}": g for i, g in zip(argnums, grads)}
+
+
+def _grad_rows(ch: Chain, fn: JitFunction, args: tuple, out, dt, seed: int, kind: str,
+               device: str, maths: list, pols: list, rounding: Sequence[str], ref_policy,
+               common: dict) -> list:
+    """The backward rows of one configuration: every gradient of the chain under each
+    math x policy x rounding, compared with the fp64 policy's gradient."""
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    cseed = seed ^ COTANGENT_SEED_MIX
+    gen = kind if kind in ("normal", "uniform") else "normal"
+    cots = tuple(_gen(gen, tuple(o.shape), (cseed + k) % 2**64, 1.0, dt, device)
+                 for k, o in enumerate(outs))
+    argnums = _grad_argnums(ch, args)
+    bwd = fn.backward_fn(nargs=len(args), argnums=argnums)
+    ref = _grad_parts(ch, fn, argnums, bwd.run(*args, *cots, policy=ref_policy))
+    runs = []
+    for m in maths:
+        for p in pols:
+            for r in rounding:
+                pol = _policy_with_rounding(p, r, seed)
+                runs.append((m, pol, r, _grad_parts(ch, fn, argnums,
+                                                    bwd.run(*args, *cots, policy=pol, math=m))))
+    rows = []
+    for name, gref in ref.items():
+        c = dict(common, output=name)
+        c["pass"] = "backward"
+        rows += _compare_rows([(m, pol, r, parts[name]) for m, pol, r, parts in runs], gref,
+                              c, device)
+    return rows
 
 
 def _metrics_of(d: dict, name: str, numel: int) -> dict:
