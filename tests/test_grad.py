@@ -310,6 +310,29 @@ def test_view_ops_backward():
     assert mismatches(got, want) == 0
 
 
+def test_chunk_backward_concatenates_and_keeps_negative_zero():
+    """torch's SplitBackward concatenates the pieces' gradients: a -0 stays -0 (a
+    zero-padded sum per slice would make it +0); plain slices pad and add, as torch."""
+    xt = torch.tensor([[0.0, -1.0, 2.0, 3.0]], dtype=torch.bfloat16)
+    dy = torch.tensor([[-1.0, 1.0]], dtype=torch.bfloat16)
+
+    def tf(x):
+        a, b = x.chunk(2, -1)
+        return F.silu(a) * b
+
+    def cf(x):
+        a, b = cl.chunk(x, 2, -1)
+        return cl.silu(a) * b
+
+    (want,) = torch_grads(tf, [xt], dy, [0])
+    (got,) = cl_grads(cf, [xt], dy, [0])
+    assert mismatches(got, want) == 0 and str(to_t(got)[0, 2].item()) == "-0.0"
+    for fns in ((lambda x: x[..., :2] * x[..., 2:], lambda x: x[..., :2] * x[..., 2:]),):
+        (want,) = torch_grads(fns[0], [xt], dy, [0])
+        (got,) = cl_grads(fns[1], [xt], dy, [0])
+        assert mismatches(got, want) == 0
+
+
 def test_cat_with_promotion_and_chunk():
     a = randn((3, 4), "bfloat16", seed=70)
     b = randn((3, 2), "float32", seed=71)

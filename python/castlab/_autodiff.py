@@ -353,7 +353,12 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
             contribs.setdefault(id(n), []).append(c)
     kernel_ids = [0]
     try:
+        by_index = {n.index: n for n in fwd}
         for n in reversed(fwd):
+            if "split_of" in n.attrs:
+                if id(n) in active:
+                    _split_backward(n, by_index, contribs)
+                continue
             cs = contribs.pop(id(n), None)
             if cs is None or id(n) not in active:
                 continue
@@ -387,6 +392,25 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
     finally:
         _state.annot, _state.where = saved_annot, saved_where
     return grads
+
+
+def _split_backward(n: Node, by_index: dict, contribs: dict) -> None:
+    """split/chunk as autograd's SplitBackward: when the walk reaches the group (at its
+    last piece), the pieces' gradients (zeros for unused ones) are concatenated into one
+    contribution to the split tensor; a -0 gradient stays -0."""
+    first, _, count, d = n.attrs["split_of"]
+    pieces = [by_index.get(first + i) for i in range(count)]
+    if any(p is None or p.attrs.get("split_of", (None,))[0] != first for p in pieces):
+        raise GradError("internal: a split's pieces are not consecutive graph nodes")
+    cs = [contribs.pop(id(p), None) for p in pieces]
+    if not any(cs):
+        return
+    _state.annot = {"phase": "backward"}
+    _state.where = n.where
+    x = n.inputs[0]
+    grads = [_accumulate(c) if c else _zeros_like(Proxy(p)) for c, p in zip(cs, pieces)]
+    g = grads[0] if len(grads) == 1 else ops.cat(grads, d)
+    contribs.setdefault(id(x), []).append(g)
 
 
 def _accumulate(cs: list):

@@ -307,11 +307,11 @@ class Lowering:
 
     def kernel_contracts(self, node: Node) -> bool:
         """Inside one of PyTorch's backward kernels, does its compiler contract a*b+c to
-        an fma here (math.cuda_kernels on the GPU)?"""
+        an fma here? Only when the math reproduces PyTorch's kernels (cuda_kernels):
+        portable math keeps the CPU and the GPU identical."""
         k = self._kernel(node)
-        if k is None or not k.contract["cuda" if self.cuda else "cpu"]:
-            return False
-        return self.math.cuda_kernels if self.cuda else True
+        return (k is not None and k.contract["cuda" if self.cuda else "cpu"]
+                and self.math.cuda_kernels)
 
     def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
         """Does this product contract into the fma of the add/sub `into` (in f64 or not)

@@ -400,6 +400,12 @@ def split(x: TensorLike, split_size_or_sections: int | Sequence[int], dim: int =
     for s in sizes:
         out.append(narrow_slice(x, d, o, o + s))
         o += s
+    if isinstance(x, Proxy):
+        # one split, as autograd sees it: its backward concatenates the pieces' gradients
+        # (SplitBackward) instead of adding a zero-padded gradient per slice
+        first = out[0].node.index
+        for k, p in enumerate(out):
+            p.node.attrs["split_of"] = (first, k, len(out), d)
     return tuple(out)
 
 

@@ -360,7 +360,10 @@ class Math:
             Python number multiplies by its reciprocal, ``a*b+c`` inside an op's formula
             contracts to an fma (gelu's tanh form; PyTorch is built with nvcc
             ``--fmad=true``), and bf16/fp16 ``x**3`` / ``x**-2`` round the inner product to
-            the storage dtype (the kernels compute in ``scalar_t``). No effect on the CPU.
+            the storage dtype (the kernels compute in ``scalar_t``). Also, on either
+            device, ``a*b+c`` inside PyTorch's fused backward kernels (silu_backward,
+            gelu_backward, tanh_backward, ...) contracts to an fma as their compilers do
+            (nvcc; GCC's vectorised CPU kernels). No other effect on the CPU.
 
     >>> cl.Math.preset("inductor").division
     'approx'
