@@ -21,7 +21,7 @@ from . import cuda, numerics
 from ._creation import rand, randn, tensor
 from ._device import as_device
 from ._dtype import as_dtype, float64
-from ._jit import JitFunction, jit
+from ._jit import JitFunction, _arg_names, jit
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 
@@ -428,8 +428,6 @@ def _grad_parts(ch: Chain, fn: JitFunction, argnums: tuple, grads: Any) -> dict:
     grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
     if ch.grad_parts is not None:
         return ch.grad_parts(grads)
-    from ._jit import _arg_names
-
     names = _arg_names(fn.fn, max(argnums) + 1)
     return {f"d{names[i]}": g for i, g in zip(argnums, grads)}
 
