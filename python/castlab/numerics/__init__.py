@@ -29,9 +29,10 @@ normal of the format; bf16: p=7, emin=-126):
 Submodules (private; everything public is re-exported here): ``_formats`` (formats,
 ULPs, direct rounding), ``_torchcheck`` (PyTorch-compatible checks), ``_compare``
 (golden comparison), ``_ties`` (near ties), ``_explain`` (explain and drift),
-``_tables`` (text/HTML tables).
+``_tables`` (text/HTML tables), ``_attribute`` (which named factor flipped each bit).
 """
 
+from ._attribute import Attribution, Factor, attribute
 from ._compare import Comparison, compare
 from ._explain import Divergence, Drift, Explanation, drift, explain
 from ._formats import neighbours, round_to, ulp, ulp_diff, ulp_error
@@ -42,4 +43,5 @@ __all__ = [
     "ulp", "ulp_diff", "ulp_error", "round_to", "neighbours", "compare", "Comparison",
     "same", "SameVerdict", "assert_close_message", "default_tolerances", "near_ties",
     "NearTies", "TieSplit", "explain", "Explanation", "drift", "Drift", "Divergence",
+    "attribute", "Attribution", "Factor",
 ]

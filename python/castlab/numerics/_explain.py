@@ -211,6 +211,8 @@ class Explanation:
         f = self.dtype
         u = self.hi - self.lo if self.hi != self.lo else float(_ulp_np(np.array([self.exact]), _fmt(f))[0])
         L = []
+        if getattr(self, "attribution", None):  # set by Attribution.explain
+            L.append(self.attribution)
         L.append(f"output {self.out_label}  {f.name} at {self.index}")
         L.append(f"  exact (fp64 reference)   {_exact_decimal(self.exact)}  ({self.exact!r}, bits "
                  f"{_hex_bits(self.exact, float64)})")
