@@ -115,6 +115,9 @@ if [ "$BENCH" = 1 ]; then
   t0=$(date +%s)
   $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" 2>&1 | tee "$OUT/bench_backward.log"
   echo "bench backward: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  $PY benchmarks/bench_attribution.py --json "$OUT/bench_attribution.json" 2>&1 | tee "$OUT/bench_attribution.log"
+  echo "bench attribution: $(( $(date +%s) - t0 )) s"
 fi
 
 # ---- notebooks on the GPU (when this machine has a Jupyter kernel) ----

@@ -144,3 +144,61 @@ def test_gradient_graphs_attribute_too():
     names = " ".join(att.set_name(s) for s, _ in att._groups())
     assert "rounding after mul" in names  # dy * b rounded before silu_backward
     assert np.all(att.set_id >= 0)
+
+
+# ---------------------------------------------------------------- on the GPU
+
+cuda = pytest.mark.skipif(not cl.cuda.is_available(), reason="no CUDA GPU for castlab")
+
+
+def _report(**kw):
+    import json
+    import os
+
+    path = os.environ.get("CASTLAB_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(kw) + "\n")
+
+
+@pytest.mark.cuda
+@cuda
+def test_gpu_rope_fp32_eager_vs_inductor_is_fma_and_bf16_is_rounding():
+    x, c, s = (t.to("cuda") for t in _rope_inputs(cl.float32))
+    att = nm.attribute(cl.jit(rope), (x, c, s), a=("eager", "torch_eager"),
+                       b=("fused", "inductor"))
+    names = [att.set_name(s_) for s_, _ in att._groups()]
+    _report(test="attribution_rope_fp32_gpu", verdict=att.verdict, sets=names)
+    assert att.unexplained == 0 and len(att.indices) > 0
+    assert all("math fma" in n for n in names), names
+    xb, cb, sb = (t.astype(cl.bfloat16) for t in (x, c, s))
+    att = nm.attribute(cl.jit(rope), (xb, cb, sb), a="eager", b="fused")
+    names = [att.set_name(s_) for s_, _ in att._groups()]
+    _report(test="attribution_rope_bf16_gpu", verdict=att.verdict, sets=names)
+    assert att.unexplained == 0 and all("rounding after mul" in n for n in names), names
+
+
+@pytest.mark.cuda
+@cuda
+def test_gpu_tie_case_and_every_preset_pair_explained():
+    torch.manual_seed(1234)
+    x = cl.from_dlpack(torch.rand(512, 256).to(torch.bfloat16)).to("cuda")
+    att = nm.attribute(cl.jit(swiglu_x), (x,), a=("fused", "inductor"),
+                       b=("fused", "transformer_engine"))
+    _report(test="attribution_tie_gpu", verdict=att.verdict,
+            elements=[att.element(k) for k in range(min(5, len(att.indices)))])
+    assert att.unexplained == 0
+    assert (456, 127) in [att.element(k)["index"] for k in range(len(att.indices))]
+    for name in sorted(study.CHAINS):
+        ch = study.CHAINS[name]
+        fn = cl.jit(ch.fn)
+        args = ch.make_inputs(ch.quick_shape, cl.bfloat16, 1, "normal", 1.0, "cuda")
+        configs = [(p, m) for p in ("eager", "fused")
+                   for m in ("torch_eager", "inductor", "transformer_engine", "portable")]
+        for ca, cb in itertools.combinations(configs, 2):
+            try:
+                att = nm.attribute(fn, args, a=ca, b=cb)
+            except ValueError as e:
+                assert "differ in no factor" in str(e)
+                continue
+            assert att.unexplained == 0, (name, ca, cb, att.verdict)
