@@ -305,3 +305,101 @@ def test_cli_grad_writes_all_rows(tmp_path):
                     extra_presets={"swiglu": ["inductor"]}, grad=True)
     np.testing.assert_array_equal(df.correctly_rounded.values, api.correctly_rounded.values)
     assert list(df.output) == list(api.output)
+
+
+# ---------------------------------------------------------------- attribution (--attribute)
+
+def test_cli_attribute_writes_table_and_verdicts(tmp_path):
+    out = tmp_path / "a"
+    r = _cli("study", "--attribute", "--device", "cpu", "--dtypes", "bfloat16", "float16",
+             "--shape", "swiglu=64x128", "--shape", "rope=1x2x16x32", "--out", str(out),
+             "--no-progress", "--no-plots")
+    assert r.returncode == 0, r.stderr
+    att = pd.read_csv(out / "attribution.csv")
+    assert list(att.columns) == study.ATTRIBUTION_COLUMNS
+    assert set(att.chain) == {"swiglu", "rope"} and set(att.dtype) == {"bfloat16", "float16"}
+    # every differing element of the default chains is explained by a named factor
+    assert "unexplained" not in set(att.factors)
+    verdict_cols = ["toward", "away", "tie", "equal", "nan"]
+    assert (att[verdict_cols].sum(axis=1) == att.elements).all()
+    ev = att[(att.A == "eager/torch_eager") & (att.B == "fused/torch_eager")]
+    assert set(ev[ev.chain == "swiglu"].factors) == {"rounding after silu (t2)"}
+    assert all("rounding after mul" in f for f in ev[ev.chain == "rope"].factors)
+    assert ev.toward.sum() > 0.95 * ev.elements.sum()  # fused moves toward fp64
+    # the extra presets against the first, under fused: only the silu formula can differ
+    ex = att[att.A == "fused/torch_eager"]
+    assert set(ex.B) <= {"fused/inductor", "fused/nvfuser", "fused/transformer_engine"}
+    assert set(ex.factors) <= {"math silu"}
+    summary = json.loads((out / "summary.json").read_text())
+    verdicts = summary["attribution"]
+    # per dtype: swiglu eager/fused + 3 extra presets, rope eager/fused
+    assert len(verdicts) == 2 * (4 + 1)
+    assert all(v["unexplained"] == 0 for v in verdicts)
+    for v in verdicts:
+        assert v["verdict"].startswith(f"B ({v['B']}) differs from A ({v['A']})")
+        assert f"{v['chain']} {v['dtype']} seed=0: {v['verdict']}" in r.stdout
+    # the verdicts come after the table, before the headline
+    assert r.stdout.index("attribution") < r.stdout.index("correctly rounded: fused")
+    # the differing elements are those the table counts
+    for v in verdicts:
+        rows = att[(att.chain == v["chain"]) & (att.dtype == v["dtype"]) & (att.B == v["B"])
+                   & (att.A == v["A"])]
+        assert rows.elements.sum() == v["differ"]
+
+
+def test_cli_attribute_from_config_and_off_by_default(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('chains = ["swiglu"]\ndtypes = ["bfloat16"]\nshapes = { swiglu = [8, 16] }\n'
+                   'extra_presets = []\nattribute = true\n')
+    r = _cli("study", "--config", str(cfg), "--device", "cpu", "--out", str(tmp_path / "c"),
+             "--no-progress", "--no-plots")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "c" / "attribution.csv").exists()
+    assert len(json.loads((tmp_path / "c" / "summary.json").read_text())["attribution"]) == 1
+    cfg.write_text('chains = ["swiglu"]\nshapes = { swiglu = [8, 16] }\nattribute = "yes"\n')
+    r = _cli("study", "--config", str(cfg), "--device", "cpu", "--out", str(tmp_path / "d"))
+    assert r.returncode == 2 and "attribute must be true or false" in r.stderr
+    # without --attribute: no table, no key, no verdict lines
+    r = _cli("study", "--device", "cpu", "--chains", "swiglu", "--dtypes", "bfloat16",
+             "--shape", "swiglu=8x16", "--out", str(tmp_path / "e"), "--no-progress",
+             "--no-plots")
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "e" / "attribution.csv").exists()
+    assert "attribution" not in json.loads((tmp_path / "e" / "summary.json").read_text())
+    assert "attribution" not in r.stdout
+
+
+def test_api_attribute_table_in_attrs():
+    kw = dict(chains=["swiglu", "rope"], dtypes=["bfloat16"], quick=True, device="cpu",
+              seeds=[0, 1], extra_presets={"swiglu": ["transformer_engine"]})
+    plain = study.run(**kw)
+    df = study.run(**kw, attribute=True)
+    assert "attribution" not in plain.attrs
+    with pytest.raises(ValueError, match="attribute=True"):
+        study.attribution_table(plain)
+    # the rows are those of a study without attribution
+    pd.testing.assert_frame_equal(df, plain, check_flags=False)
+    att = study.attribution_table(df)
+    assert list(att.columns) == study.ATTRIBUTION_COLUMNS and len(att) >= 4
+    assert set(att.seed) == {0, 1} and "unexplained" not in set(att.factors)
+    verdicts = df.attrs["attribution_verdicts"]
+    assert [(v["chain"], v["seed"], v["B"]) for v in verdicts] == [
+        ("swiglu", 0, "fused/torch_eager"), ("swiglu", 0, "fused/transformer_engine"),
+        ("swiglu", 1, "fused/torch_eager"), ("swiglu", 1, "fused/transformer_engine"),
+        ("rope", 0, "fused/torch_eager"), ("rope", 1, "fused/torch_eager")]
+    # the study's attribution is castlab.numerics.attribute's
+    args = study.CHAINS["swiglu"].make_inputs(study.CHAINS["swiglu"].quick_shape,
+                                             cl.bfloat16, 1, "normal", 1.0, "cpu")
+    ref = cl.numerics.attribute(cl.jit(study.CHAINS["swiglu"].fn), args, a="eager",
+                                b="fused")
+    assert verdicts[2]["verdict"] == ref.verdict
+    mine = att[(att.chain == "swiglu") & (att.seed == 1) & (att.B == "fused/torch_eager")]
+    assert mine.elements.tolist() == ref.summary()["elements"].tolist()
+    # one policy: nothing to attribute but the extra preset
+    one = study.run(chains=["swiglu"], dtypes=["bfloat16"], quick=True, device="cpu",
+                    policies=["fused"], extra_presets={"swiglu": ["nvfuser"]}, attribute=True)
+    assert [v["B"] for v in one.attrs["attribution_verdicts"]] == ["fused/nvfuser"]
+    # plain lists: two studies concatenate (a DataFrame in attrs would make pd.concat fail)
+    both = pd.concat([df, one])
+    assert len(both) == len(df) + len(one)
+    json.dumps(df.attrs)

@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="also study each chain's gradients (its backward for a random "
                    "cotangent vs the fp64 gradient): rows with pass=backward and output "
                    "da/db (SwiGLU, GeGLU) or dx (RoPE)")
+    s.add_argument("--attribute", action="store_true", default=None,
+                   help="also attribute each configuration's differing bits to named factors "
+                   "(castlab.numerics.attribute): the second policy vs the first, and each "
+                   "extra preset vs the first preset; writes attribution.csv, adds the "
+                   "verdicts to summary.json and prints them")
     s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings")
     s.add_argument("--out", default=None,
                    help="output folder (default castlab-study/; given here it wins over the "
@@ -98,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "rounding",
-               "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out", "grad"}
+               "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out", "grad",
+               "attribute"}
 
 
 def load_config(path: str) -> dict:
@@ -187,7 +193,7 @@ def _study_settings(args: argparse.Namespace) -> dict:
         for key in ("chains", "dtypes", "policies", "presets", "rounding", "seeds"):
             if key in cfg and (not isinstance(cfg[key], list) or not cfg[key]):
                 raise CLIError(f"{args.config}: {key} must be a non-empty list, got {cfg[key]!r}")
-        for key in ("quick", "grad"):
+        for key in ("quick", "grad", "attribute"):
             if key in cfg and not isinstance(cfg[key], bool):
                 raise CLIError(f"{args.config}: {key} must be true or false, got {cfg[key]!r}")
         st.update(cfg)
@@ -201,6 +207,7 @@ def _study_settings(args: argparse.Namespace) -> dict:
     if args.seed is not None:
         st["seeds"] = [args.seed]
     st["grad"] = bool(args.grad or st.get("grad", False))
+    st["attribute"] = bool(args.attribute or st.get("attribute", False))
     if args.extra_presets is not None:
         st["extra_presets"] = {"swiglu": list(args.extra_presets)}
     shapes = _parse_shapes(args.shape)
@@ -274,7 +281,7 @@ def cmd_study(args: argparse.Namespace) -> int:
                        seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
                        scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
                        quick=st["quick"], progress=not args.no_progress, on_row=on_row,
-                       grad=st["grad"])
+                       grad=st["grad"], attribute=st["attribute"])
     except KeyboardInterrupt:
         interrupted = True
     except (ValueError, TypeError) as e:
@@ -292,14 +299,22 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 130
     print(format_table(df))
     summary = summarize(df, elapsed)
+    written = [csv_path, os.path.join(out, "summary.json")]
+    if st["attribute"]:
+        att_path = os.path.join(out, "attribution.csv")
+        study.attribution_table(df).to_csv(att_path, index=False)
+        written.insert(1, att_path)
+        summary["attribution"] = df.attrs["attribution_verdicts"]
+        print("\nattribution (B vs A: the factors behind every differing element):")
+        for v in summary["attribution"]:
+            print(f"{v['chain']} {v['dtype']} seed={v['seed']}: {v['verdict']}")
     with open(os.path.join(out, "summary.json"), "w") as fj:
         json.dump(summary, fj, indent=2)
     plots = []
     if not args.no_plots:
         plots = write_plots(df, out)
     print(f"\n{summary['headline']}")
-    print(f"wrote {csv_path}, {os.path.join(out, 'summary.json')}"
-          + (", " + ", ".join(plots) if plots else "") + f"  ({elapsed:.1f} s)")
+    print("wrote " + ", ".join(written + plots) + f"  ({elapsed:.1f} s)")
     return 0
 
 

@@ -8,6 +8,11 @@ each compared with the fp64 golden reference.
 With ``grad=True`` each chain's backward (its vector-Jacobian product for a random
 cotangent) is studied too: one row per gradient, compared with the fp64 policy's
 gradient, marked by the columns ``pass`` ("forward"/"backward") and ``output``.
+
+With ``attribute=True`` each configuration's differences are attributed to named factors
+(``castlab.numerics.attribute``): the second policy against the first, and each extra
+preset against the first preset; ``attribution_table(df)`` is the table of factor sets,
+``df.attrs["attribution_verdicts"]`` the one-line verdicts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 
 __all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns", "check_shape",
-           "check_scale", "MAX_NUMEL"]
+           "check_scale", "MAX_NUMEL", "ATTRIBUTION_COLUMNS", "attribution_table"]
 
 # The largest input a study generates (elements). Inputs are made in fp64 and the
 # study keeps several results of the same size, so this is already tens of GB.
@@ -264,7 +269,8 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         quick: bool = False,
         progress: bool | Callable = False,
         on_row: Callable | None = None,
-        grad: bool = False):
+        grad: bool = False,
+        attribute: bool = False):
     """Run a study and return a pandas DataFrame, one row per configuration and policy.
 
     Each row compares one result with the fp64 reference (correctly-rounded fraction,
@@ -295,6 +301,17 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             gradient is compared with the fp64 policy's gradient as the forward results
             are with the fp64 forward. Rows gain the columns ``pass`` ("forward" or
             "backward") and ``output`` ("y", or the gradient's name).
+        attribute: also attribute the forward results' differing bits to named factors
+            (``castlab.numerics.attribute``) for each chain, dtype and seed: the second
+            policy against the first (under the first preset and rounding mode), and each
+            of the chain's `extra_presets` against the first preset (under "fused"). The
+            returned DataFrame's rows are the same; its ``attrs["attribution"]`` holds one
+            dict per factor set of each pair, with the keys ``ATTRIBUTION_COLUMNS``
+            (chain, dtype, seed, A, B, factors, elements, toward, away, tie, equal, nan,
+            suspicious; ``attribution_table(df)`` makes it a DataFrame), and
+            ``attrs["attribution_verdicts"]`` one dict per pair (chain, dtype, seed, A, B,
+            differ, unexplained, verdict). Plain lists, so that the attrs survive
+            ``pd.concat`` of several studies and serialize to JSON.
 
     >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
     """
@@ -344,6 +361,8 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             for seed in seeds:
                 jobs.append((ch, dt, seed))
     rows: list = []
+    att_rows: list = []
+    verdicts: list = []
     total = len(jobs)
     for ji, (ch, dt, seed) in enumerate(jobs):
         label = f"{ch.name} {dt.name} seed={seed}"
@@ -377,10 +396,12 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
                 for r in rounding:
                     pol = _policy_with_rounding(p, r, seed)
                     runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
+        extras = []
         for mname in extra_presets.get(ch.name, []):
             m = as_math(mname)
             if any(x[0] == m for x in runs):
                 continue
+            extras.append(m)
             runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
         common = {"chain": ch.name, "dtype": dt.name, "shape": "x".join(str(s) for s in shape),
                   "input": kind, "scale": scale, "seed": seed}
@@ -394,10 +415,70 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             rows.append(row)
             if on_row is not None:
                 on_row(row)
+        if attribute:
+            for a, b in _attribution_pairs(pols, maths, rounding[0], seed, extras):
+                r, v = _attribution(fn, args, a, b, common)
+                att_rows += r
+                verdicts.append(v)
     if progress is True:
         _bar(total, total, "done")
         sys.stderr.write("\n")
-    return pd.DataFrame(rows, columns=row_columns(grad))
+    df = pd.DataFrame(rows, columns=row_columns(grad))
+    if attribute:
+        df.attrs["attribution"] = att_rows
+        df.attrs["attribution_verdicts"] = verdicts
+    return df
+
+
+#: The columns of ``run(attribute=True).attrs["attribution"]``: one row per factor set of
+#: one attributed pair (A, B) of one chain, dtype and seed; the verdict columns count the
+#: differing elements where B is nearer the fp64 value than A ("toward"), farther
+#: ("away"), A and B straddle a midpoint ("tie"), equally far ("equal"), or a NaN.
+ATTRIBUTION_COLUMNS = ["chain", "dtype", "seed", "A", "B", "factors", "elements", "toward",
+                       "away", "tie", "equal", "nan", "suspicious"]
+
+def attribution_table(df):
+    """The attribution of a ``run(..., attribute=True)`` study as a DataFrame: one row per
+    factor set of each attributed pair, columns ``ATTRIBUTION_COLUMNS``."""
+    import pandas as pd
+
+    if "attribution" not in df.attrs:
+        raise ValueError("this study has no attribution: run it with attribute=True")
+    return pd.DataFrame(df.attrs["attribution"], columns=ATTRIBUTION_COLUMNS)
+
+
+# Attribution.summary()'s columns under their names in the study's table
+_SUMMARY_COLUMNS = {"toward fp64": "toward", "away from fp64": "away", "tie at midpoint": "tie",
+                    "equally far": "equal", "NaN": "nan"}
+
+
+def _attribution_pairs(pols: list, maths: list, rounding: str, seed: int,
+                       extra: list) -> list:
+    """The (A, B) configurations a study attributes: the second policy against the first
+    (first preset and rounding mode), then each extra preset against the first preset
+    (fused, nearest, as the study runs them)."""
+    pairs = []
+    if len(pols) >= 2:
+        pa, pb = (_policy_with_rounding(p, rounding, seed) for p in pols[:2])
+        pairs.append(((pa, maths[0]), (pb, maths[0])))
+    for m in extra:
+        pairs.append(((Policy.fused(), maths[0]), (Policy.fused(), m)))
+    return pairs
+
+
+def _attribution(fn: JitFunction, args: tuple, a: tuple, b: tuple, common: dict) -> tuple:
+    """The summary rows and the verdict of one attributed pair."""
+    key = {"chain": common["chain"], "dtype": common["dtype"], "seed": common["seed"],
+           "A": f"{a[0].describe()}/{a[1].name}", "B": f"{b[0].describe()}/{b[1].name}"}
+    try:
+        att = numerics.attribute(fn, args, a=a, b=b)
+    except ValueError as e:  # nothing to attribute (no factor differs, or the dtypes do)
+        return [], dict(key, differ=0, unexplained=0, verdict=f"not attributed: {e}")
+    table = att.summary().rename(columns=_SUMMARY_COLUMNS)
+    rows = [dict(key, **{c: r[c] for c in ATTRIBUTION_COLUMNS[5:]})
+            for r in table.to_dict("records")]
+    return rows, dict(key, differ=len(att.indices), unexplained=att.unexplained,
+                      verdict=att.verdict)
 
 
 def _compare_rows(runs: list, reference, common: dict, device: str) -> list:
