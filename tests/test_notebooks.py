@@ -14,7 +14,8 @@ NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 def test_all_notebooks_present():
     names = {p.name for p in NOTEBOOKS}
     assert {"01_bf16_rounding.ipynb", "02_eager_vs_fused.ipynb", "03_torch_interop.ipynb",
-            "04_ab_study.ipynb", "05_training_gradients.ipynb"} <= names
+            "04_ab_study.ipynb", "05_training_gradients.ipynb",
+            "06_attribution.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
