@@ -321,8 +321,11 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
     outs = {id(o) for o in tr.outputs}
     for k in sorted(ra ^ rb):
         n = by_index[k]
-        if id(n) in outs and id(n) not in used and pa.output is None:
+        if (id(n) in outs and id(n) not in used and pa.output is None
+                and "stochastic" not in (pa.rounding, pb.rounding)):
             continue  # rounding an output that nothing reads is the output store's rounding
+            # (not under stochastic rounding: an explicit rounding and the store draw
+            # different random streams)
         what = "rounding" if n.dtype.bits < 32 or (pa.compute or pb.compute) else "kernel boundary"
         factors.append(Factor("rounding", k, f"{what} after {n.op} (t{k})", k in ra, k in rb,
                               (k,)))
@@ -464,11 +467,13 @@ def _verdict(att: Attribution) -> str:
     parts = []
     for s, g in att._groups():
         words = []
-        for key, text in (("toward", "toward fp64"), ("away", "away from fp64"),
-                          ("tie", "ties at midpoints"), ("equal", "equally far"),
-                          ("nan", "NaN")):
+        for key, text, one in (("toward", "toward fp64", "toward fp64"),
+                               ("away", "away from fp64", "away from fp64"),
+                               ("tie", "ties at midpoints", "tie at a midpoint"),
+                               ("equal", "equally far", "equally far"), ("nan", "NaN", "NaN")):
             if g[key]:
-                words.append(("all " if g[key] == g["n"] else f"{g[key]:,} ") + text)
+                words.append("all " + text if g[key] == g["n"] and g["n"] > 1 else
+                             f"{g[key]:,} " + (one if g[key] == 1 else text))
         name = "unexplained" if s is None else "by " + att.set_name(s)
         parts.append(f"{g['n']:,} {name}, {', '.join(words)}")
     sus = int(att.suspicious.sum())
