@@ -21,7 +21,7 @@ from .._jit import JitFunction
 from .._lower import Lowering
 from ..policy import Math, Policy, as_math, as_policy
 from ._explain import _VIEWS, _as_jit, _bind_args, explain
-from ._formats import _fmt, _neighbours_np, _round_np, _ulp_error_np, _val
+from ._formats import _fmt, _round_np, _ulp_np, _val
 from ._tables import _html_table, _text_table
 
 __all__ = ["attribute", "Attribution", "Factor"]
@@ -30,6 +30,7 @@ __all__ = ["attribute", "Attribution", "Factor"]
 #: fp32 (the op-math of 16-bit and 8-bit outputs), for two results on either side of it
 #: to count as a tie rather than one being closer.
 TIE_FP32_ULPS = 4
+VERDICTS = ("toward", "away", "tie", "equal", "nan")
 
 _MATH_FIELDS = tuple(f.name for f in dataclasses.fields(Math) if f.name != "name")
 _POLICY_FIELDS = ("compute", "rounding", "seed", "saturate", "round_casts")
@@ -105,6 +106,22 @@ def _bits(v, idx: np.ndarray | None = None) -> np.ndarray:
     return np.where(mag >= nan_from, np.iinfo(f.uint).max, b)
 
 
+def _ulp_apart(va, vb, idx: np.ndarray) -> np.ndarray:
+    """Distance in the format's ordered values between A and B at `idx` (NaN: -1)."""
+    f = _fmt(va.dt)
+    sign = f.uint(1 << (f.bits - 1))
+
+    def ordinal(v):
+        b = np.ascontiguousarray(v.a).reshape(-1).view(f.uint)[idx].astype(np.int64)
+        s_ = int(sign)
+        if f.bits == 64:  # int64 holds the magnitude; the sign flips it
+            mag = b & np.int64(0x7FFFFFFFFFFFFFFF)
+            return np.where(b < 0, -mag, mag)
+        return np.where(b >= s_, -(b - s_), b)
+
+    return np.abs(ordinal(va) - ordinal(vb))
+
+
 def _f64_at(v, idx: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return np.ascontiguousarray(v.a).reshape(-1)[idx].astype(np.float64)
@@ -144,16 +161,28 @@ class Attribution:
         """Per differing element, its factor set (tuple of positions) or None."""
         return [None if i < 0 else self.subsets[i] for i in self.set_id]
 
+    @property
+    def verdicts(self) -> np.ndarray:
+        """Per differing element: "toward", "away", "tie", "equal" or "nan"."""
+        return np.array(VERDICTS)[self.verdict_codes]
+
     def _groups(self) -> list:
-        out = []
-        for sid in np.unique(self.set_id):
-            m = self.set_id == sid
-            v = self.verdicts[m]
-            g = {k: int((v == k).sum()) for k in ("toward", "away", "tie", "equal", "nan")}
-            g["n"] = int(m.sum())
-            g["suspicious"] = int(self.suspicious[m].sum())
-            out.append((None if sid < 0 else self.subsets[sid], g))
-        return sorted(out, key=lambda kv: (kv[0] is None, -kv[1]["n"]))
+        if getattr(self, "_groups_cache", None) is None:
+            nset = len(self.subsets) + 1
+            key = (self.set_id + 1) * len(VERDICTS) + self.verdict_codes
+            counts = np.bincount(key, minlength=nset * len(VERDICTS)).reshape(nset, -1)
+            sus = np.bincount(self.set_id + 1, weights=self.suspicious, minlength=nset)
+            out = []
+            for sid in range(-1, nset - 1):
+                c = counts[sid + 1]
+                if not c.sum():
+                    continue
+                g = {k: int(c[i]) for i, k in enumerate(VERDICTS)}
+                g["n"] = int(c.sum())
+                g["suspicious"] = int(sus[sid + 1])
+                out.append((None if sid < 0 else self.subsets[sid], g))
+            self._groups_cache = sorted(out, key=lambda kv: (kv[0] is None, -kv[1]["n"]))
+        return self._groups_cache
 
     _HEAD = ["factors", "elements", "toward fp64", "away from fp64", "tie at midpoint",
              "equally far", "NaN", "suspicious"]
@@ -212,7 +241,7 @@ class Attribution:
         return {"index": tuple(int(j) for j in idx), "a": float(self.a_values[k]),
                 "b": float(self.b_values[k]), "exact": float(self.ref_values[k]),
                 "factors": self.set_name(None if sid < 0 else self.subsets[sid]),
-                "verdict": str(self.verdicts[k]),
+                "verdict": VERDICTS[int(self.verdict_codes[k])],
                 "suspicious": bool(self.suspicious[k])}
 
     def explain(self, k: int = 0):
@@ -386,28 +415,28 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
     n = len(factors)
 
     def attempt(subset, where):
-        """Positions (subset of `where`) whose bits `subset` reproduces."""
-        got = _bits(run(*mixed(subset)), diff[where])
-        return where[got == want[where]]
+        """Mask over `where`: the positions whose bits `subset` reproduces."""
+        return _bits(run(*mixed(subset)), diff[where]) == want[where]
 
     for size in range(1, min(max_set, n) + 1):
         for subset in itertools.combinations(range(n), size):
             if len(remaining) == 0:
                 break
-            hit = attempt(subset, remaining)
-            if len(hit):
-                set_id[hit] = len(subsets)
+            ok = attempt(subset, remaining)
+            if ok.any():
+                set_id[remaining[ok]] = len(subsets)
                 subsets.append(subset)
-                remaining = np.setdiff1d(remaining, hit, assume_unique=True)
+                remaining = remaining[~ok]
     if len(remaining) and n > max_set:
         # greedy: from the full switch, drop the factors that are not needed
-        cur = {tuple(range(n)): attempt(tuple(range(n)), remaining)}
+        full = tuple(range(n))
+        cur = {full: remaining[attempt(full, remaining)]}
         for i in range(n):
             nxt: dict = {}
             for s_, where in cur.items():
                 t = tuple(j for j in s_ if j != i)
-                hit = attempt(t, where) if t and i in s_ else where[:0]
-                rest = np.setdiff1d(where, hit, assume_unique=True)
+                ok = attempt(t, where) if t and i in s_ else np.zeros(len(where), bool)
+                hit, rest = where[ok], where[~ok]
                 for key, w in ((t, hit), (s_, rest)):
                     if len(w):
                         nxt[key] = np.concatenate([nxt[key], w]) if key in nxt else w
@@ -416,25 +445,27 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
             set_id[where] = len(subsets)
             subsets.append(s_)
 
-    # -- verdicts against the exact value
+    # -- verdicts against the exact value (toward/away compare |x - ref| directly: the
+    # same ulp(ref) scales both)
     a64, b64, r64 = _f64_at(va, diff), _f64_at(vb, diff), _f64_at(vr, diff)
     fmt = _fmt(va.dt)
-    ea = _ulp_error_np(a64, r64, fmt)
-    eb = _ulp_error_np(b64, r64, fmt)
-    finite = np.where(np.isfinite(r64), r64, 0.0)
-    lo, hi, _ = _neighbours_np(finite, fmt)
-    cr = _round_np(finite, fmt)
-    nan = np.isnan(a64) | np.isnan(b64) | np.isnan(r64)
-    # A tie: A and B are the two neighbours of an exact value that sits on their midpoint,
-    # or so near it (within TIE_FP32_ULPS ulps of fp32 op-math, for outputs narrower than
-    # fp32) that the op-math result itself can land on the midpoint and round to even.
-    near = TIE_FP32_ULPS * 2.0 ** (fmt.p - 23) if fmt.p < 23 else 0.0
-    with np.errstate(invalid="ignore"):
-        off = np.abs(r64 - (lo + hi) / 2) / np.where(hi > lo, hi - lo, 1.0)
-    tie = (lo != hi) & (off <= near) & (((a64 == lo) & (b64 == hi)) | ((a64 == hi) & (b64 == lo)))
-    verdicts = np.select([nan, tie, eb < ea, eb > ea], ["nan", "tie", "toward", "away"],
-                         default="equal")
-    suspicious = ~nan & ~tie & ((eb > 1) | ((a64 == cr) & (b64 != cr)))
+    with np.errstate(all="ignore"):
+        da, db = np.abs(a64 - r64), np.abs(b64 - r64)
+        nan = np.isnan(a64) | np.isnan(b64) | np.isnan(r64)
+        # A tie: A and B are adjacent values of the format on either side of an exact
+        # value that sits on their midpoint, or so near it (TIE_FP32_ULPS ulps of fp32
+        # op-math, for outputs narrower than fp32) that the op-math result itself can
+        # land on the midpoint and round to even.
+        lo, hi = np.minimum(a64, b64), np.maximum(a64, b64)
+        adjacent = _ulp_apart(va, vb, diff) == 1
+        near = TIE_FP32_ULPS * 2.0 ** (fmt.p - 23) if fmt.p < 23 else 0.0
+        tie = adjacent & (lo <= r64) & (r64 <= hi) & (np.abs(r64 - (lo + hi) / 2)
+                                                       <= near * (hi - lo))
+        u = _ulp_np(r64, fmt)
+        finite = np.where(np.isfinite(r64), r64, 0.0)
+        cr = _round_np(finite, fmt)
+        suspicious = ~nan & ~tie & ((db > u) | ((a64 == cr) & (b64 != cr)))
+    codes = np.select([nan, tie, db < da, db > da], [4, 2, 0, 1], default=3).astype(np.int8)
 
     node_labels = {}
     for nd in tr.nodes:
@@ -446,7 +477,7 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
         a_config=(pa, ma), b_config=(pb, mb), a_label=_label(pa, ma), b_label=_label(pb, mb),
         device=device, factors=factors, inert=inert, node_labels=node_labels,
         shape=tuple(va.a.shape), total=int(va.a.size), indices=diff, subsets=subsets,
-        set_id=set_id, verdicts=verdicts, suspicious=suspicious,
+        set_id=set_id, verdict_codes=codes, suspicious=suspicious,
         a_values=a64, b_values=b64, ref_values=r64)
     att.verdict = _verdict(att)
     return att
