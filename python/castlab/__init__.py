@@ -14,7 +14,7 @@
 #   3  _dlpack -> _creation -> ops            interchange, creation, the op functions
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics -> study, plot -> cli         analysis, studies, plots, the command line
+#   6  numerics, sweep -> study, plot -> cli  analysis, Dask sweeps, studies, plots, the CLI
 #   7  castlab (this file), __main__
 # Tensor methods are installed by _tensor; modules below it may call them on tensors
 # (t.clone(), t.astype()) at run time, but never import it.
