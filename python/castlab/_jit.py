@@ -523,9 +523,42 @@ class Trace(str):
     """A trace listing (a str), shown in a fixed-width font in Jupyter."""
 
     def _repr_html_(self) -> str:
-        import html
+        """The listing as a monospace block (scrolling sideways rather than wrapping),
+        with the node names in bold, the comments in grey, and the conversions that
+        round (``convert(...)`` lines whose comment says round) highlighted.
 
-        return f"<pre>{html.escape(str(self))}</pre>"
+        >>> tr = cl.jit(lambda x: cl.exp(x) * 2).trace(cl.ones(2, dtype=cl.bfloat16), policy="eager")
+        >>> h = tr._repr_html_()
+        >>> "castlab-round" in h and "<b>t0</b>" in h
+        True
+        """
+        import html
+        import re
+
+        esc = html.escape
+        out = []
+        name_re = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*)( = )(.*)$")
+        for line in str(self).split("\n"):
+            if line.lstrip().startswith("#"):
+                out.append(f"<span style='color:#6a737d'>{esc(line)}</span>")
+                continue
+            code, sep, comment = line.partition("  # ")
+            m = name_re.match(code)
+            if m:
+                indent, name, eq, rhs = m.groups()
+                body = f"{esc(indent)}<b>{esc(name)}</b>{esc(eq)}{esc(rhs)}"
+            else:
+                body = esc(code)
+            if sep:
+                body += f"<span style='color:#6a737d'>{esc(sep + comment)}</span>"
+            rounds = (m is not None and m.group(4).startswith("convert(")
+                      and "round" in comment.lower())
+            if rounds:
+                body = ("<span class='castlab-round' title='rounds to a lower precision' "
+                        "style='background:#fff3cd;color:#8a4b00'>" + body + "</span>")
+            out.append(body)
+        return ("<div style='overflow-x:auto'><pre style='font-family:monospace;"
+                "white-space:pre;margin:0'>" + "\n".join(out) + "</pre></div>")
 
     def __repr__(self) -> str:
         return str(self)

@@ -168,6 +168,42 @@ def _repr(self) -> str:
     return s + ")"
 
 
+_BADGE = ("display:inline-block;padding:0 6px;margin-right:4px;border-radius:8px;"
+          "font-size:85%;font-family:monospace;background:{bg};color:{fg}")
+
+
+def _badge(text: str, bg: str = "#e8eaf6", fg: str = "#1a237e") -> str:
+    import html
+
+    return f"<span style='{_BADGE.format(bg=bg, fg=fg)}'>{html.escape(text)}</span>"
+
+
+def _repr_html(self) -> str:
+    """Jupyter's view of a tensor: badges with the dtype, device, shape and element
+    count, over the plain repr (the same text as ``repr()``, which PyTorch's printing
+    options summarise with "..." beyond 1000 elements) in a block that scrolls
+    sideways instead of wrapping.
+
+    >>> h = cl.ones(2, 3, dtype=cl.bfloat16)._repr_html_()
+    >>> "bfloat16" in h and "cpu" in h and "(2, 3)" in h
+    True
+    """
+    import html
+
+    dt = as_dtype(self._dtype_name)
+    shape = tuple(self.shape)
+    n = self.numel()
+    badges = [_badge(dt.name, "#e3f2fd", "#0d47a1"),
+              _badge(self._device_str, "#e8f5e9", "#1b5e20") if self._device_str == "cpu"
+              else _badge(self._device_str, "#fff3e0", "#e65100"),
+              _badge("shape " + str(shape)), _badge(f"{n:,} elements")]
+    if n > 1000:
+        badges.append(_badge("summarised", "#f5f5f5", "#616161"))
+    return ("<div class='castlab-tensor'><div style='margin-bottom:2px'>" + "".join(badges)
+            + "</div><div style='overflow-x:auto'><pre style='margin:0;white-space:pre'>"
+            + html.escape(_repr(self)) + "</pre></div></div>")
+
+
 # ---------------------------------------------------------------- devices
 
 def _to(self, *args, **kwargs):
@@ -265,6 +301,7 @@ def _install(cls, concrete: bool):
         cls.item = _item
         cls.__repr__ = _repr
         cls.__str__ = _repr
+        cls._repr_html_ = _repr_html
         cls.to = _to
         cls.cpu = _cpu
         cls.cuda = _cuda

@@ -109,6 +109,30 @@ def _normalise_round_after(ra: Any):
     return tuple(out) if out else "none"
 
 
+def _fields_html(obj: Any, kind: str) -> str:
+    """A small two-column HTML table of a Policy's or Math's fields (Jupyter's view)."""
+    import html
+
+    defaults = {"compute": "default (PyTorch's op-math)", "output": "default (each output's dtype)"}
+
+    def fmt(name: str, v: Any) -> str:
+        if v is None and name in defaults:
+            return defaults[name]
+        if isinstance(v, dtype):
+            return v.name
+        if isinstance(v, tuple):
+            return ", ".join(str(x) for x in v) if v else "()"
+        return str(v)
+
+    rows = "".join(
+        f"<tr><td style='padding:1px 8px;text-align:left;color:#555'>{html.escape(f.name)}</td>"
+        f"<td style='padding:1px 8px;text-align:left'>{html.escape(fmt(f.name, getattr(obj, f.name)))}"
+        "</td></tr>" for f in dataclasses.fields(obj))
+    return ("<table style='border-collapse:collapse;font-family:monospace'>"
+            f"<caption style='text-align:left'>castlab.{kind} <b>{html.escape(obj.name)}</b>"
+            "</caption>" + rows + "</table>")
+
+
 # What each named policy IS: the fields its name fixes (the others are free modifiers).
 _NAMED_FIELDS: dict = {
     "eager": {"round_after": "all"},
@@ -317,6 +341,14 @@ class Policy:
             parts.append("round_casts=False")
         return " ".join(parts)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: a table of the fields.
+
+        >>> "round_after" in cl.Policy("eager")._repr_html_()
+        True
+        """
+        return _fields_html(self, "Policy")
+
 
 _NAMED_POLICIES = {"eager": Policy.eager, "fused": Policy.fused, "fp64": Policy.fp64}
 
@@ -428,6 +460,14 @@ class Math:
             if self.sigmoid == "ex2_approx" and self._computes_sigmoid(f):
                 bits |= f & SIGMOID_EX2
         return bits
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: a table of the fields.
+
+        >>> "silu" in cl.Math.preset("inductor")._repr_html_()
+        True
+        """
+        return _fields_html(self, "Math")
 
     def _computes_sigmoid(self, factors: int) -> bool:
         # silu reaches a sigmoid only in its x*sigmoid(x) form
