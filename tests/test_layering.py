@@ -16,7 +16,7 @@ PKG = ROOT / "python" / "castlab"
 # Module -> layer (python/castlab/__init__.py documents the order). Within a layer the
 # arrows are listed in SAME_LAYER; everything else must point strictly downward.
 LAYERS = {
-    "_C": 0, "_debug": 0, "_dtype": 0, "_device": 0, "_optable": 0,
+    "_C": 0, "_debug": 0, "_progress": 0, "_dtype": 0, "_device": 0, "_optable": 0,
     "policy": 1, "_graph": 1, "cuda": 1,
     "_lower": 2,
     "_dlpack": 3, "_creation": 3, "ops": 3,
@@ -27,7 +27,7 @@ LAYERS = {
 }
 # The order inside a layer (a module may import those listed before it).
 SAME_LAYER = {
-    0: ["_C", "_debug", "_dtype", "_device", "_optable"],
+    0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable"],
     1: ["policy", "_graph", "cuda"],
     3: ["_dlpack", "_creation", "ops"],
     4: ["_tensor", "_autodiff"],
