@@ -141,6 +141,18 @@ def _item(self):
 
 # ---------------------------------------------------------------- printing
 
+def _summarized(t):
+    """The elements a summarised repr shows (3 at each end of every dimension longer than
+    6, and one from the middle that NumPy replaces by "..."), gathered on the tensor's
+    own device: printing a large tensor copies only these, as PyTorch's printing does."""
+    for d, n in enumerate(t.shape):
+        if n > 7:
+            m = n // 2
+            t = ops.cat([ops.narrow_slice(t, d, 0, 3), ops.narrow_slice(t, d, m, m + 1),
+                         ops.narrow_slice(t, d, n - 3, n)], d)
+    return t
+
+
 def _repr(self) -> str:
     dt = as_dtype(self._dtype_name)
     dev = self._device_str
@@ -154,14 +166,15 @@ def _repr(self) -> str:
         if self.ndim != 1:
             suffix.insert(0, f"size={tuple(self.shape)}")
     else:
-        a = _numpy(self.cpu())
+        big = self.numel() > 1000
+        a = _numpy(_summarized(self).cpu() if big else self.cpu())
         if dt.is_floating_point:
             a = a.astype(np.float64)
         # PyTorch prints "1., 2." when every finite value is integral, else 4 fixed decimals
         fin = a[np.isfinite(a)] if dt.is_floating_point else a
         fmode = "maxprec" if (not dt.is_floating_point or np.all(fin == np.round(fin))) else "fixed"
-        body = np.array2string(a, separator=", ", prefix="tensor(", threshold=1000, edgeitems=3,
-                               precision=4, floatmode=fmode)
+        body = np.array2string(a, separator=", ", prefix="tensor(", threshold=0 if big else 1000,
+                               edgeitems=3, precision=4, floatmode=fmode)
     s = "tensor(" + body
     if suffix:
         s += ", " + ", ".join(suffix)
