@@ -5,6 +5,7 @@ subnormals and signed zeros; the @scale metric, worst(), differences()."""
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -174,3 +175,46 @@ def test_ulp_error_at_scale_stays_meaningful_under_cancellation():
     assert "max ulp err @scale" in s and "worst index" in s
     assert "explain(fn, args, index) shows why" in s
     assert "ulps of the largest reference magnitude" in c._repr_html_()
+
+
+def test_differences_lists_differing_bits_in_index_order():
+    a = np.array([[1.0, 2.0, np.nan], [0.0, 5.0, 6.0]]).astype(ml_dtypes.bfloat16)
+    b = a.copy()
+    b[0, 1] = 2.015625
+    b[1, 0] = -0.0                                   # +0 vs -0: bits differ
+    b[1, 2] = np.nan                                 # NaN vs a number
+    bv = b.view(np.uint16)
+    bv[0, 2] |= 1                                    # another NaN payload: equal
+    d = nm.differences(a, b)
+    assert d.count == 3 and [r["index"] for r in d.rows] == [(0, 1), (1, 0), (1, 2)]
+    assert [r["ulp_apart"] for r in d.rows] == [1, 0, None]
+    assert d.rows[0]["b_bits"] == "0x4001"
+    lim = nm.differences(a, b, ref=np.ones((2, 3)), limit=2)
+    assert len(lim) == 2 and lim.count == 3 and "first 2 shown" in str(lim)
+    assert set(lim.to_frame().columns) >= {"index", "a", "b", "ref", "a_ulp_error", "b_ulp_error"}
+    # large: chunks, limit
+    n = 3 * (1 << 15) + 5
+    x = np.zeros(n, dtype=np.float32)
+    y = x.copy()
+    y[[3, 1 << 15, n - 1]] = 1.0
+    d = nm.differences(x, y)
+    assert d.count == 3 and [r["index"] for r in d.rows] == [(3,), (1 << 15,), (n - 1,)]
+    assert "differences" in nm.__all__
+
+
+def test_explain_and_drift_use_the_trace_names_and_readable_decimals():
+    @cl.jit
+    def mix(q, k):
+        return q * k + q
+
+    q = cl.tensor([2.0 ** -140, 1.0], dtype=cl.float32)
+    k = cl.tensor([3.0, 1.5], dtype=cl.float32)
+    e = nm.explain(mix, (q, k), (0,))
+    s = str(e)
+    assert "t0 = mul(q, k)" in s and "t1 = add(t0, q)" in s and "%" not in s
+    assert "q (input)" in s
+    # a subnormal's exact value: 25 digits, the digit count, scientific notation
+    assert not re.search(r"\d{31,}", s)
+    assert "digits)" in s and "e-42" in s
+    d = nm.drift(mix, (q, k))
+    assert d.rows[0]["node"] == "t0 = mul(q, k)"
