@@ -36,10 +36,41 @@ from ._tables import _html_table, _text_table
 __all__ = ["explain", "Explanation", "drift", "Drift", "Divergence"]
 
 
+_DIGITS = 25   # significant digits shown of a long exact decimal expansion
+_FULL = 30     # expansions up to this many digits are shown in full
+
+
 def _exact_decimal(v: float) -> str:
+    """The exact decimal value of `v` (every binary float is a finite decimal), readable:
+    up to 30 significant digits in full (every bf16, fp16 and fp32 value in the usual
+    range); a longer expansion (fp64 values have up to 767 digits, subnormals hundreds) is
+    cut to its first 25 digits followed by ``…(N digits)``; magnitudes below
+    1e-7 or from 1e21 are written in scientific notation. The exact value is always
+    pinned down by the hex bits printed next to it.
+
+    >>> from castlab.numerics._explain import _exact_decimal
+    >>> _exact_decimal(0.1806640625), _exact_decimal(0.1)
+    ('0.1806640625', '0.1000000000000000055511151…(55 digits)')
+    >>> _exact_decimal(2.0 ** -133)
+    '9.183549615799121156005754…e-41 (93 digits)'
+    """
     if math.isnan(v) or math.isinf(v):
         return str(v)
-    return format(Decimal(v), "f")   # exact: every binary float is a finite decimal
+    d = Decimal(v)
+    if d == 0:
+        return format(d, "f")
+    sign, digits, _ = d.as_tuple()
+    nd, adj = len(digits), d.adjusted()
+    if -7 <= adj < 21:
+        if nd <= _FULL:
+            return format(d, "f")
+        cut = Decimal((sign, digits[:_DIGITS], adj - _DIGITS + 1))
+        return f"{format(cut, 'f')}…({nd} digits)"
+    ds = "".join(map(str, digits)).rstrip("0") if nd <= _FULL else \
+        "".join(map(str, digits[:_DIGITS]))
+    mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
+    more = f"…e{adj:+03d} ({nd} digits)" if nd > _FULL else f"e{adj:+03d}"
+    return ("-" if sign else "") + mant + more
 
 
 def _hex_bits(v: float, dt: dtype) -> str:
@@ -100,13 +131,17 @@ _VIEWS = ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squee
 
 
 def _node_names(tr) -> dict:
+    """The trace's names (as ``format_trace`` and ``JitFunction.trace`` print them): the
+    function's argument names for its inputs, ``c0``, ``c1``... for captured tensors,
+    ``t{k}`` for graph node k (the index ``Policy(round_after=...)`` takes)."""
+    arg = list(getattr(tr, "arg_names", None) or _jit._arg_names(lambda: None, len(tr.inputs)))
     names = {}
     for i, n in enumerate(tr.inputs):
-        names[id(n)] = f"x{i}" if len(tr.inputs) > 1 else "x"
+        names[id(n)] = arg[i] if i < len(arg) else f"x{i}"
     for i, n in enumerate(tr.captured_nodes):
         names[id(n)] = f"c{i}"
     for n in tr.nodes:
-        names[id(n)] = f"%{n.index}"
+        names[id(n)] = f"t{n.index}"
     return names
 
 
@@ -324,7 +359,10 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
     and hex bits), where it lies relative to the midpoint, which way it was rounded and
     whether that is the correctly rounded result; and the value of every node of the
     trace at that element (nodes whose shape broadcasts to the output's; view nodes also
-    name the input element they read).
+    name the input element they read). Nodes carry the trace's names
+    (``JitFunction.trace``): the function's argument names, ``c0``... for captured
+    tensors, ``t{k}`` for node k. Exact decimals longer than 30 digits are cut to 25
+    followed by ``…(N digits)`` (the hex bits next to them are exact).
 
     >>> import castlab as cl, castlab.numerics as nm
     >>> @cl.jit
@@ -338,8 +376,8 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
     [('fused/inductor', 'up', True), ('fused/transformer_engine', 'up', True)]
     >>> print(e)                                             # doctest: +ELLIPSIS
     castlab explain: swiglu at output index (1, 2)
-    output %3 = mul(%2, %1)  bfloat16 at (1, 2)
-      exact (fp64 reference)   0.18154408107851546794186958777572726830840110778808593...
+    output t3 = mul(t2, t1)  bfloat16 at (1, 2)
+      exact (fp64 reference)   0.1815440810785154679418695…(55 digits)  (0.18154408107851547, bits 0x3FC73CD62181DE4B)
       bf16 neighbours           0.1806640625 (0x3E39)  and  0.181640625 (0x3E3A)
       midpoint                 0.18115234375
     ...
@@ -548,7 +586,7 @@ class Drift:
         >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
         >>> d = nm.drift(sw, (cl.randn(32, 32, seed=0, dtype=cl.bfloat16),)).to_dict()
         >>> d["first_divergence"]["label"], len(d["rows"])
-        ('%2 = silu(%0)', 6)
+        ('t2 = silu(t0)', 6)
         """
         return {"combos": list(self.combos), "rows": [dict(r) for r in self.rows],
                 "first_divergence": None if self.first_divergence is None

@@ -68,6 +68,14 @@ def _at_least_as_precise(ref: _Fmt, res: _Fmt) -> bool:
 
 # ================================================================ inputs
 
+def _f64(a: np.ndarray) -> np.ndarray:
+    """`a` as float64 (no copy when it already is)."""
+    if a.dtype == np.float64:
+        return a
+    with np.errstate(invalid="ignore"):  # NaN payloads of narrow types
+        return a.astype(np.float64)
+
+
 class _Val:
     """A value converted for the metrics: NumPy array (host), castlab dtype, device."""
 
@@ -147,13 +155,19 @@ def _floor_log2(a: np.ndarray) -> np.ndarray:
 
 
 def _ulp_np(r: np.ndarray, f: _Fmt) -> np.ndarray:
+    """ulp(r) for format f, elementwise, from the fp64 bits: 2**floor(log2|r|) is |r| with
+    its mantissa bits cleared (exact for normal fp64 values), scaled by 2**-p (exact) and
+    floored at 2**(emin-p) (which also covers 0 and fp64 subnormals, whose floor(log2) is
+    below every format's emin); inf for inf, NaN for NaN."""
     a = np.abs(np.asarray(r, dtype=np.float64))
-    with np.errstate(all="ignore"):
-        pos = np.isfinite(a) & (a > 0)
-        e = np.where(pos, _floor_log2(np.where(pos, a, 1.0)), f.emin)
-        e = np.maximum(e, f.emin)
-        u = np.ldexp(1.0, (e - f.p).astype(np.int32))
-        return np.where(np.isnan(a), np.nan, np.where(np.isinf(a), np.inf, u))
+    e = (a.view(np.uint64) & np.uint64(0x7FF0000000000000)).view(np.float64)
+    u = np.asarray(np.maximum(e * math.ldexp(1.0, -f.p), math.ldexp(1.0, f.emin - f.p)))
+    if u.ndim == 0:
+        return np.where(np.isnan(a), np.nan, u)
+    nan = np.isnan(a)
+    if nan.any():
+        u[nan] = np.nan
+    return u
 
 
 def ulp(ref: Any, dtype: Any) -> Tensor:
@@ -287,6 +301,18 @@ def _neighbours_np(r: np.ndarray, f: _Fmt) -> tuple:
     return lo, hi, u
 
 
+def _round_narrow_np(r: np.ndarray, f: _Fmt, saturate: bool | None = None) -> np.ndarray:
+    """fp64 values rounded once, directly, to format f by castlab's own conversion
+    (core/convert.h), as an array of f's dtype (see :func:`_round_np`)."""
+    r = np.ascontiguousarray(r, dtype=np.float64)
+    t = from_numpy(r)
+    node = elementwise("astype", [input_node(t, 0)], {"dtype": f.dt})
+    policy = Policy.eager(saturate=True if saturate is None else bool(saturate))
+    plan, out = lower([node], [t], policy, current_math())
+    plan.run([t], out)
+    return out[0].numpy()
+
+
 def _round_np(r: np.ndarray, f: _Fmt, saturate: bool | None = None) -> np.ndarray:
     """Round fp64 values once, directly, to format f (nearest, ties to even) with castlab's
     own conversion (core/convert.h) and return them as float64. Overflow gives inf (bf16,
@@ -295,12 +321,7 @@ def _round_np(r: np.ndarray, f: _Fmt, saturate: bool | None = None) -> np.ndarra
     r = np.ascontiguousarray(r, dtype=np.float64)
     if f.bits == 64:
         return r.copy()
-    t = from_numpy(r)
-    node = elementwise("astype", [input_node(t, 0)], {"dtype": f.dt})
-    policy = Policy.eager(saturate=True if saturate is None else bool(saturate))
-    plan, out = lower([node], [t], policy, current_math())
-    plan.run([t], out)
-    m = out[0].numpy().astype(np.float64)
+    m = _round_narrow_np(r, f, saturate).astype(np.float64)
     if saturate and f.bits != 8:
         # castlab's conversion saturates fp8 only; saturate=True clamps any format.
         m = np.where(np.isinf(m), np.copysign(f.max, m), m)

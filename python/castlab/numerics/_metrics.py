@@ -1,0 +1,258 @@
+"""The per-element metrics of :func:`compare`, computed in one pass over chunks of the
+flattened (C-order) tensors, on a few threads, without a float64 copy of every array.
+
+Every value is the one of the plain NumPy definitions (``_reference_rows`` in
+tests/test_numerics_scale.py keeps them): maxima are maxima; sums follow NumPy's pairwise
+summation tree exactly (:func:`_pairwise_tree`: the chunks are the leaves of the tree
+``np.add.reduce`` walks on the whole array, so each chunk's ``np.add.reduce`` is the
+subtree's sum and the partial sums are combined in NumPy's order); comparisons of values
+of one dtype are done on the bits. A chunk that holds a NaN, an infinity, a zero
+reference or a zero/NaN rounded reference takes the plain definitions on that chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ._formats import _f64, _fmt, _round_narrow_np, _ulp_diff_np, _ulp_error_np, _ulp_np, _Val
+
+_LEAF = 1 << 15          # elements per chunk (the leaves of the summation tree)
+
+
+def _pairwise_tree(n: int, leaf: int = _LEAF):
+    """NumPy's pairwise summation split of [0, n) (numpy/_core/src/umath/loops_utils.h:
+    halve, rounding the first half down to a multiple of 8, while longer than 128),
+    stopped at segments of at most `leaf` elements. Returns (leaves, tree): leaves as
+    (lo, hi) in order, tree as nested pairs of leaf numbers."""
+    leaves: list = []
+
+    def split(lo, m):
+        if m <= leaf:
+            leaves.append((lo, lo + m))
+            return len(leaves) - 1
+        m2 = m // 2
+        m2 -= m2 % 8
+        return (split(lo, m2), split(lo + m2, m - m2))
+
+    tree = split(0, n)
+    return leaves, tree
+
+
+def _tree_sum(tree, parts) -> float:
+    if isinstance(tree, int):
+        return parts[tree]
+    return _tree_sum(tree[0], parts) + _tree_sum(tree[1], parts)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+
+
+def _nanmax(vals) -> float:
+    """max over partial maxima with NumPy's NaN propagation."""
+    return float(np.max(np.array(vals, dtype=np.float64))) if len(vals) else 0.0
+
+
+class _Leaf:
+    """Per-chunk partial results (one per result)."""
+
+    __slots__ = ("mism", "nan_mism", "apart", "abs_max", "abs_sum", "rel_max", "sq_sum",
+                 "ue_arg", "ue_max", "ue_sum", "ok", "has_nan")
+
+
+def _ordinal(bits: np.ndarray, nbits: int) -> np.ndarray:
+    """Monotone integer position of each (non-NaN) value: +-magnitude of the bits."""
+    i = bits.astype(np.int64)
+    mag = i & ((1 << (nbits - 1)) - 1)
+    return np.where(i >> (nbits - 1), -mag, mag)
+
+
+def scan(vals: list, rv, shape: tuple) -> dict:
+    """The metrics of every result in `vals` (``_Val`` broadcast to `shape`), against the
+    first and, when `rv` is given, the reference. Returns {"rows": [...], "worst": [...],
+    "ref_rms": float, "has_nan": [...]} (rows without "same")."""
+    n = int(np.prod(shape)) if shape else 1
+    base = vals[0]
+    flats = [_flat(v.a) for v in vals]
+    rflat = None if rv is None else _flat(rv.a)
+    fmts = [_fmt(v.dt) for v in vals]
+    bf = fmts[0]
+    # the reference rounded once to each result dtype (castlab's own conversion), narrow
+    crs = {}
+    if rv is not None:
+        for f in fmts:
+            if f.name not in crs:
+                crs[f.name] = _f64(rflat) if f.bits == 64 else _round_narrow_np(_f64(rflat), f)
+    leaves, tree = _pairwise_tree(n)
+    nres = len(vals)
+
+    def work(k):
+        lo, hi = leaves[k]
+        outs = [_Leaf() for _ in range(nres)]
+        r = None
+        shared = {}
+        if rflat is not None:
+            r = _f64(rflat[lo:hi])
+            absr = np.abs(r)
+            rmax, rmin = float(absr.max()), float(absr.min())
+            rfin = math.isfinite(rmax)
+            shared["r_sq"] = float(np.add.reduce(np.square(r)))
+            if rfin:
+                shared["r_absmax"] = rmax
+            else:
+                fin = absr[np.isfinite(absr)]
+                shared["r_absmax"] = float(fin.max()) if fin.size else -math.inf
+        bb = flats[0][lo:hi]
+        b64 = _f64(bb)
+        bmin = float(np.abs(b64).min())
+        b_plain = bmin > 0          # no zero, no NaN in the base chunk
+        b_nan = False if b_plain else bool(np.isnan(b64).any())
+        for j in range(nres):
+            o = outs[j]
+            f = fmts[j]
+            xb = flats[j][lo:hi]
+            x = b64 if j == 0 else _f64(xb)
+            amax = None
+            if r is not None:
+                with np.errstate(all="ignore"):
+                    d = x - r
+                    ad = np.abs(d)
+                    amax = float(ad.max())
+                    fast = rfin and math.isfinite(amax)
+                    if fast:
+                        o.abs_max = amax
+                        o.abs_sum = float(np.add.reduce(ad))
+                        rel = ad / absr
+                        if rmin == 0:
+                            z = absr == 0
+                            rel[z] = np.where(ad[z] == 0, 0.0, np.inf)
+                        o.rel_max = float(rel.max())
+                        o.sq_sum = float(np.add.reduce(np.square(d, out=d)))
+                        ue = np.divide(ad, _ulp_np(r, f), out=ad)
+                        a = int(np.argmax(ue))
+                        o.ue_arg, o.ue_max = lo + a, float(ue[a])
+                        o.ue_sum = float(np.add.reduce(ue))
+                        crb = crs[f.name][lo:hi]
+                        if rmin > math.ldexp(1.0, f.emin - f.p - 1) and f.bits < 64:
+                            # the rounded reference has no zero and no NaN: bits compare
+                            o.ok = int(np.count_nonzero(crb.view(f.uint) == xb.view(f.uint)))
+                        else:
+                            cr = _f64(crb)
+                            o.ok = int(np.count_nonzero((cr == x) | (np.isnan(cr) & np.isnan(x))))
+                        o.has_nan = False
+                    else:
+                        _plain_ref(o, lo, x, r, f, crs[f.name][lo:hi])
+            if j == 0:
+                o.mism, o.nan_mism, o.apart = 0, 0, 0
+                o.has_nan = b_nan
+                continue
+            if r is None:
+                o.has_nan = bool(np.isnan(x.max())) if x.size else False
+            x_nan = o.has_nan
+            if f.dt is base.dt and f.bits < 64 and b_plain and not x_nan:
+                # no NaN, no zero in the base: float equality is bit equality
+                xu, bu = xb.view(f.uint), bb.view(f.uint)
+                neq = xu != bu
+                o.mism = int(np.count_nonzero(neq))
+                o.nan_mism = 0
+                o.apart = int(np.abs(_ordinal(xu[neq], f.bits) - _ordinal(bu[neq], f.bits)).max()) \
+                    if o.mism else 0
+            else:
+                _plain_base(o, x, b64, vals[j], base, xb, bb, f, bf)
+        return outs, shared
+
+    workers = min(os.cpu_count() or 1, 8, len(leaves))
+    if workers > 1 and n >= 4 * _LEAF:
+        with ThreadPoolExecutor(workers) as ex:
+            parts = list(ex.map(work, range(len(leaves))))
+    else:
+        parts = [work(k) for k in range(len(leaves))]
+
+    rows, worst, has_nan = [], [], []
+    ref_rms = None
+    rel_scale = None
+    if rv is not None:
+        r_sq = _tree_sum(tree, [p[1]["r_sq"] for p in parts])
+        ref_rms = float(np.sqrt(np.float64(r_sq) / n)) if n else math.nan
+        m = max(p[1]["r_absmax"] for p in parts)
+        rel_scale = m if m >= 0 else 0.0
+    for j, v in enumerate(vals):
+        f = fmts[j]
+        ls = [p[0][j] for p in parts]
+        row: dict = {"dtype": v.dt.name, "numel": n}
+        row["mismatches"] = sum(o.mism for o in ls)
+        row["mismatch_fraction"] = row["mismatches"] / n if n else 0.0
+        row["nan_mismatches"] = sum(o.nan_mism for o in ls)
+        if v.dt is base.dt:
+            row["max_ulp_apart"] = max(o.apart for o in ls) if n else 0
+        else:
+            ap = [o.apart for o in ls if o.apart is not None]
+            row["max_ulp_apart"] = float(max(ap)) if ap else 0.0
+        has_nan.append(any(o.has_nan for o in ls))
+        if rv is not None:
+            row["max_abs_error"] = _nanmax([o.abs_max for o in ls]) if n else 0.0
+            row["mean_abs_error"] = float(np.float64(_tree_sum(tree, [o.abs_sum for o in ls])) / n) \
+                if n else 0.0
+            row["max_rel_error"] = _nanmax([o.rel_max for o in ls]) if n else 0.0
+            sq = _tree_sum(tree, [o.sq_sum for o in ls])
+            row["rmse"] = float(np.sqrt(np.float64(sq) / n)) if n else math.nan
+            rms = ref_rms
+            row["rel_rmse"] = row["rmse"] / rms if rms else (0.0 if row["rmse"] == 0 else math.inf)
+            # worst element: the first largest ulp error (NaN counts largest, as in max)
+            best_v, best_i = None, None
+            for o in ls:
+                if best_v is None or (not math.isnan(best_v)
+                                      and (math.isnan(o.ue_max) or o.ue_max > best_v)):
+                    best_v, best_i = o.ue_max, o.ue_arg
+            row["max_ulp_error"] = float(best_v) if n else 0.0
+            row["mean_ulp_error"] = float(np.float64(_tree_sum(tree, [o.ue_sum for o in ls])) / n) \
+                if n else 0.0
+            su = float(_ulp_np(np.array([rel_scale]), f)[0])
+            row["max_ulp_error_at_scale"] = row["max_abs_error"] / su if n else 0.0
+            row["correctly_rounded"] = float(np.float64(sum(o.ok for o in ls)) / n) if n else 1.0
+            worst.append(best_i if n else None)
+        else:
+            worst.append(None)
+        rows.append(row)
+    return {"rows": rows, "worst": worst, "ref_rms": ref_rms, "has_nan": has_nan,
+            "scale": rel_scale}
+
+
+def _plain_ref(o, lo, x, r, f, crb) -> None:
+    """The reference metrics of one chunk, by the plain definitions."""
+    with np.errstate(all="ignore"):
+        both_nan = np.isnan(x) & np.isnan(r)
+        d = x - r
+        err = np.where(both_nan, 0.0, np.abs(d))
+        rel = np.where(r == 0, np.where(err == 0, 0.0, np.inf), err / np.abs(r))
+        o.abs_max = float(err.max())
+        o.abs_sum = float(np.add.reduce(err))
+        o.rel_max = float(rel.max())
+        o.sq_sum = float(np.add.reduce(np.square(d)))
+        ue = _ulp_error_np(x, r, f)
+        a = int(np.argmax(ue))
+        o.ue_arg, o.ue_max = lo + a, float(ue[a])
+        o.ue_sum = float(np.add.reduce(ue))
+        cr = _f64(crb)
+        o.ok = int(np.count_nonzero((cr == x) | (np.isnan(cr) & np.isnan(x))))
+        o.has_nan = bool(np.isnan(x).any())
+
+
+def _plain_base(o, x, b64, v, base, xb, bb, f, bf) -> None:
+    """The metrics against the first result of one chunk, by the plain definitions."""
+    xn, bn = np.isnan(x), np.isnan(b64)
+    o.mism = int(np.count_nonzero(~((x == b64) | (xn & bn))))
+    o.nan_mism = int(np.count_nonzero(xn ^ bn))
+    if v.dt is base.dt:
+        d, _ = _ulp_diff_np(_Val(xb, v.dt, "cpu"), _Val(bb, base.dt, "cpu"))
+        o.apart = int(d.max()) if d.size else 0
+    else:
+        # the coarser one's ulp error at the finer one
+        e = _ulp_error_np(x, b64, f) if f.p <= bf.p else _ulp_error_np(b64, x, bf)
+        e = e[~np.isnan(e)]
+        o.apart = float(e.max()) if e.size else None
+
