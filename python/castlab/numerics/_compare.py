@@ -19,6 +19,7 @@ from ._formats import (
     _f64,
     _float_val,
     _fmt,
+    _round_np,
     _ulp_error_np,
     _ulp_np,
     _Val,
@@ -170,7 +171,6 @@ class Comparison:
         idx = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
         x = float(_f64(np.asarray(v.a[idx])))
         r = float(_f64(np.asarray(self._ref.a[idx])))
-        from ._formats import _round_np
         cr = float(_round_np(np.array([r]), f)[0])
         ue = float(_ulp_error_np(np.array([x]), np.array([r]), f)[0])
         with np.errstate(all="ignore"):
