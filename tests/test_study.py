@@ -403,3 +403,303 @@ def test_api_attribute_table_in_attrs():
     both = pd.concat([df, one])
     assert len(both) == len(df) + len(one)
     json.dumps(df.attrs)
+
+
+# ---------------------------------------------------------------- issue 20: chains from anywhere
+
+CHAINS_PY = """import castlab as cl
+
+def rms_scale(x, inv_rms):
+    return x * inv_rms
+
+def gate(x):
+    a, b = cl.chunk(x, 2, dim=-1)
+    return cl.silu(a) * b
+
+def untraceable(x):
+    return float(x)
+"""
+
+
+@pytest.fixture()
+def chains_dir(tmp_path):
+    (tmp_path / "mychains_i20.py").write_text(CHAINS_PY)
+    (tmp_path / "broken_i20.py").write_text("import no_such_module_anywhere\n")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.standard_normal((16, 32)).astype(np.float32))
+    np.save(tmp_path / "ints.npy", np.ones((16, 1), np.int64))
+    return tmp_path
+
+
+def test_api_input_specs_pin_dtype_and_module_spec(chains_dir, monkeypatch):
+    monkeypatch.chdir(chains_dir)
+    seen = []
+
+    def f(x, s):
+        seen.append((x.dtype.name, s.dtype.name))
+        return x * s
+
+    ch = study.chain(f, inputs=[study.Input(shape=(4, 8)),
+                                study.Input(shape=(4, 1), dtype="float32", distribution="uniform")])
+    df = study.run(chains=[ch, "mychains_i20:gate"], shapes={"mychains_i20:gate": (8, 16)},
+                   dtypes=["bfloat16", "float16"], device="cpu", seeds=[0, 1], extra_presets={})
+    # the pinned input stays fp32 whatever the study dtype (it used to be cast to it)
+    assert seen == [("bfloat16", "float32"), ("float16", "float32")]
+    assert set(df.chain) == {"f", "mychains_i20:gate"}
+    assert set(df[df.chain == "f"].input) == {"normal, uniform:float32"}
+    assert set(df[df.chain == "f"]["shape"]) == {"4x8,4x1"}
+    # a module function with a shape: its one input, drawn as the built-in chains draw x
+    g = df[df.chain == "mychains_i20:gate"].reset_index(drop=True)
+    sw = study.run(chains=["swiglu"], shapes={"swiglu": (8, 16)}, dtypes=["bfloat16", "float16"],
+                   device="cpu", seeds=[0, 1], extra_presets={})
+    np.testing.assert_array_equal(g.correctly_rounded.values, sw.correctly_rounded.values)
+    assert len(df) == 2 * 2 * 2 * 2
+
+
+def test_api_fixed_inputs_run_one_seed():
+    x = cl.randn(32, 64, seed=1, dtype=cl.float32)
+
+    def gate(x):
+        a, b = cl.chunk(x, 2, dim=-1)
+        return cl.silu(a) * b
+
+    df = study.run(chains=[gate], dtypes=["bfloat16"], inputs={"gate": (x,)}, seeds=[0, 1, 2],
+                   device="cpu")
+    assert list(df.seed) == ["fixed", "fixed"] and len(df) == 2
+    # stochastic rounding: the seeds seed it, so they still run
+    st = study.run(chains=[gate], dtypes=["bfloat16"], inputs={"gate": (x,)}, seeds=[0, 1],
+                   device="cpu", rounding=["stochastic"], policies=["eager"])
+    assert list(st.seed) == [0, 1]
+
+
+def test_api_file_inputs(tmp_path):
+    arr = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    np.save(tmp_path / "a.npy", arr)
+    ch = study.chain(study.CHAINS["swiglu"].fn, name="sw",
+                     inputs=[study.Input(file=str(tmp_path / "a.npy"))])
+    df = study.run(chains=[ch], dtypes=["bfloat16"], seeds=[0, 1], device="cpu")
+    same = study.run(chains=[study.CHAINS["swiglu"].fn], dtypes=["bfloat16"], device="cpu",
+                     inputs={"_swiglu": (cl.from_numpy(arr),)})
+    np.testing.assert_array_equal(df.correctly_rounded.values, same.correctly_rounded.values)
+    assert list(df.seed) == ["fixed"] * 2 and df.input.iloc[0].endswith("a.npy")
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(arr).to(torch.bfloat16)
+    torch.save({"h": t}, tmp_path / "a.pt")
+    pt = study.run(chains=[study.chain(ch, inputs=[study.Input(file=str(tmp_path / "a.pt"))])],
+                   dtypes=["bfloat16"], device="cpu")
+    bf = study.run(chains=[study.CHAINS["swiglu"].fn], dtypes=["bfloat16"], device="cpu",
+                   inputs={"_swiglu": (cl.from_dlpack(t),)})
+    np.testing.assert_array_equal(pt.correctly_rounded.values, bf.correctly_rounded.values)
+    st = pytest.importorskip("safetensors.torch")
+    st.save_file({"h": t, "other": t[:1].clone()}, str(tmp_path / "a.safetensors"))
+    sf = study.run(chains=[study.chain(ch, inputs=[study.Input(
+        file=str(tmp_path / "a.safetensors"), key="h")])], dtypes=["bfloat16"], device="cpu")
+    np.testing.assert_array_equal(sf.correctly_rounded.values, bf.correctly_rounded.values)
+    with pytest.raises(ValueError, match="pick one with key"):
+        study.load_input_file(str(tmp_path / "a.safetensors"))
+
+
+def test_cli_config_chains_with_input_specs(chains_dir):
+    import torch
+    torch.save(torch.rand(16, 1), chains_dir / "r.pt")
+    cfg = chains_dir / "s.toml"
+    cfg.write_text("""dtypes = ["bfloat16", "float16"]
+seeds = [0, 1]
+extra_presets = []
+
+[[chains]]
+chain = "swiglu"
+shape = [8, 16]
+
+[[chains]]
+chain = "mychains_i20:rms_scale"
+[[chains.inputs]]
+shape = [16, 32]
+scale = 2.0
+[[chains.inputs]]
+shape = [16, 1]
+dtype = "float32"
+distribution = "uniform"
+
+[[chains]]
+chain = "mychains_i20.py:rms_scale"
+name = "from_files"
+inputs = [{ file = "x.npy" }, { file = "r.pt", dtype = "float32" }]
+""")
+    r = _cli("study", "--config", str(cfg), "--device", "cpu", "--out", str(chains_dir / "o"),
+             "--no-progress", cwd=chains_dir)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(chains_dir / "o" / "results.csv")
+    assert set(df.chain) == {"swiglu", "mychains_i20:rms_scale", "from_files"}
+    rs = df[df.chain == "mychains_i20:rms_scale"]
+    assert set(rs.input) == {"normal*2, uniform:float32"} and set(rs["shape"]) == {"16x32,16x1"}
+    ff = df[df.chain == "from_files"]
+    assert set(ff.seed) == {"fixed"} and len(ff) == 2 * 2 and set(ff.input) == {"x.npy, r.pt:float32"}
+    assert len(df) == 2 * 2 * 2 + 2 * 2 * 2 + 4
+    assert " seed " in r.stdout.splitlines()[0] and "fixed" in r.stdout
+    # the mix of built-in names and specs on the command line
+    r = _cli("study", "--chains", "swiglu", "mychains_i20:gate", "--shape", "swiglu=8x16",
+             "--shape", "mychains_i20:gate=8x16", "--dtypes", "bfloat16", "--extra-presets",
+             "--device", "cpu", "--out", str(chains_dir / "o2"), "--no-progress", "--no-plots",
+             cwd=chains_dir)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(chains_dir / "o2" / "results.csv")
+    a, b = df[df.chain == "swiglu"], df[df.chain == "mychains_i20:gate"]
+    np.testing.assert_array_equal(a.correctly_rounded.values, b.correctly_rounded.values)
+
+
+def test_cli_help_documents_the_config():
+    r = _cli("study", "--help")
+    assert r.returncode == 0
+    assert "[[chains.inputs]]" in r.stdout and 'dtype = "float32"' in r.stdout
+    assert "--resume" in r.stdout and "pkg.module:function" in r.stdout
+
+
+@pytest.mark.parametrize("args,toml,pattern", [
+    (["--chains", "nope"], None, "unknown chain 'nope'"),
+    (["--chains", "no_such_mod_i20:f"], None, "cannot import module 'no_such_mod_i20'"),
+    (["--chains", "broken_i20:f"], None, "cannot import module 'broken_i20'"),
+    (["--chains", "missing_i20.py:f"], None, "no such file"),
+    (["--chains", "mychains_i20:nothere"], None, "has no attribute 'nothere'"),
+    (["--chains", "mychains_i20:untraceable", "--shape", "mychains_i20:untraceable=4x4"], None,
+     "cannot be traced by castlab.jit"),
+    (["--chains", "mychains_i20:gate"], None, "has no inputs"),
+    ([], '[[chains]]\nchain = "mychains_i20:rms_scale"\ninputs = [{ file = "ints.npy" }, '
+         '{ shape = [16, 1] }]\n', "holds int64 values; expected a floating-point array"),
+    ([], '[[chains]]\nchain = "mychains_i20:rms_scale"\ninputs = [{ file = "x.npy", shape = [4, 4] '
+         '}, { shape = [16, 1] }]\n', "has shape (16, 32), expected (4, 4)"),
+    ([], '[[chains]]\nchain = "mychains_i20:rms_scale"\ninputs = [{ shape = "abc" }]\n',
+     "chains[0].inputs[0].shape must be a list of positive integers, e.g. [64, 4096]"),
+    ([], '[[chains]]\nchain = "mychains_i20:rms_scale"\ninputs = [{ shape = [4], dtype = "int8" }]\n',
+     "chains[0].inputs[0].dtype must be one of bfloat16"),
+    ([], '[[chains]]\nchain = "mychains_i20:gate"\ninputs = [{ shape = [4], distribution = "gauss" }]\n',
+     "distribution must be one of normal, uniform"),
+    ([], '[[chains]]\nchain = "mychains_i20:gate"\ninptus = []\n',
+     "chains[0]: unknown key(s) ['inptus']; valid: chain, name, shape, inputs"),
+    ([], '[[chains]]\nname = "x"\n', "chains[0].chain must be a string"),
+    ([], 'chains = [3]\n', "chains[0] must be a chain name or a table"),
+    ([], 'policies = ["sometimes"]\n', "policies[0] must be one of eager, fused, fp64"),
+    ([], 'seeds = [-1]\n', "seeds[0] must be an integer in [0, 2**64)"),
+])
+def test_cli_bad_chains_and_config_one_line_exit_2(chains_dir, args, toml, pattern):
+    if toml is not None:
+        (chains_dir / "bad.toml").write_text(toml)
+        args = [*args, "--config", str(chains_dir / "bad.toml")]
+    r = _cli("study", "--device", "cpu", "--no-progress", "--out", str(chains_dir / "o"), *args,
+             cwd=chains_dir)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert pattern in r.stderr, r.stderr
+    assert not (chains_dir / "o" / "results.csv").exists()  # nothing written
+
+
+# ---------------------------------------------------------------- issue 20: lossless output
+
+def test_mismatch_vs_eager_is_against_eager_with_fp64_policy():
+    kw = dict(chains=["swiglu"], dtypes=["bfloat16"], quick=True, device="cpu",
+              extra_presets={"swiglu": ["inductor"]})
+    full = study.run(**kw, policies=["eager", "fused", "fp64"])
+    for pols in (["fp64"], ["fp64", "fused"], ["fused", "fp64"], ["fp64", "eager", "fused"]):
+        df = study.run(**kw, policies=pols)
+        # rows in the order of the grid (the eager row is no longer moved first)
+        assert list(df.policy) == pols + ["fused"]
+        for _, r in df.iterrows():
+            want = full[(full.policy == r.policy) & (full.math == r.math)].iloc[0]
+            # always against eager (nearest, first preset), never against fp64 or fused
+            assert r.mismatch_vs_eager == want.mismatch_vs_eager, (pols, r.policy, r.math)
+            assert r.same_vs_eager == want.same_vs_eager
+    fp = full[full.policy == "fp64"].iloc[0]
+    assert fp.mismatch_vs_eager > 0.5  # the fp64 result is not the eager one
+    # gradients too
+    g = study.run(**dict(kw, extra_presets={}), policies=["fp64", "fused"], grad=True)
+    gf = study.run(**dict(kw, extra_presets={}), policies=["eager", "fused"], grad=True)
+    np.testing.assert_array_equal(g[g.policy == "fused"].mismatch_vs_eager.values,
+                                  gf[gf.policy == "fused"].mismatch_vs_eager.values)
+
+
+def test_cli_seeds_summary_keeps_every_row_and_headline_without_torch_eager(tmp_path):
+    out = tmp_path / "s"
+    r = _cli("study", "--device", "cpu", "--chains", "swiglu", "rope", "--dtypes", "bfloat16",
+             "--shape", "swiglu=8x16", "--shape", "rope=1x2x8x16", "--seeds", "0", "1", "2",
+             "--presets", "inductor", "torch_eager", "--rounding", "nearest", "toward_zero",
+             "--extra-presets", "nvfuser", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out / "results.csv")
+    # one row per (chain, dtype, seed, math, policy, rounding) (+ the extra preset)
+    assert len(df) == 2 * 3 * 2 * 2 * 2 + 3
+    assert df.groupby(["chain", "seed", "math", "policy", "rounding"]).size().max() == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(len([k for k in c if "/" in k]) for c in summary["cases"]) == len(df) == summary["rows"]
+    assert {c["seed"] for c in summary["cases"]} == {0, 1, 2}
+    # the headline uses the first preset when torch_eager is not first
+    lines = summary["headline"].splitlines()
+    assert len(lines) == 6 and all("(inductor): fused" in ln and "vs eager" in ln for ln in lines)
+    assert "swiglu bfloat16 seed=2: correctly rounded (inductor): fused" in r.stdout
+    # the table shows seed, shape and input
+    head = r.stdout.splitlines()[0].split()
+    assert {"seed", "shape", "input"} <= set(head)
+    assert (out / "correctly_rounded.png").stat().st_size > 1000
+    pa = pytest.importorskip("pyarrow")
+    assert pa is not None
+    pq = pd.read_parquet(out / "results.parquet")
+    pd.testing.assert_frame_equal(pq, df)
+
+
+def test_api_no_eager_policy_headline(tmp_path):
+    from castlab.cli import summarize
+    df = study.run(chains=["swiglu"], dtypes=["bfloat16"], quick=True, device="cpu",
+                   policies=["fused", "fp64"], presets=["nvfuser"], extra_presets={})
+    assert summarize(df, 0.0)["headline"].startswith(
+        "swiglu bfloat16: correctly rounded (nvfuser): fused")
+
+
+def _records(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_cli_resume_equals_full_run_bit_for_bit(tmp_path):
+    small = ["study", "--device", "cpu", "--dtypes", "bfloat16", "float16", "--seeds", "0", "1",
+             "--shape", "swiglu=16x32", "--shape", "rope=1x2x8x16", "--extra-presets",
+             "inductor", "--rounding", "nearest", "stochastic", "--grad", "--no-progress",
+             "--no-plots"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    r = _cli(*small, "--out", str(full))
+    assert r.returncode == 0, r.stderr
+    r = _cli(*small, "--out", str(part))
+    assert r.returncode == 0, r.stderr
+    cells = (part / "cells.jsonl").read_text().splitlines()
+    assert len(cells) == 2 * 2 * 2
+    # an interrupted study: 3 cells finished, a 4th cut short mid-line, stale results
+    (part / "cells.jsonl").write_text("\n".join(cells[:3]) + "\n" + cells[3][:50])
+    (part / "results.csv").write_text("\n".join(
+        (part / "results.csv").read_text().splitlines()[:5]) + "\n")
+    r = _cli(*small, "--out", str(part))
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = _cli(*small, "--out", str(part), "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((part / "summary.json").read_text())["resumed_cells"] == 3
+    a = pd.read_csv(full / "results.csv")
+    b = pd.read_csv(part / "results.csv")
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    ra, rb = _records(full / "cells.jsonl"), _records(part / "cells.jsonl")
+    key = lambda rec: study.cell_key(rec["key"])  # noqa: E731
+    assert sorted(map(key, ra)) == sorted(map(key, rb))
+    assert {key(x): x["rows"] for x in ra} == {key(x): x["rows"] for x in rb}
+    r = _cli(*small, "--out", str(part), "--resume", "--overwrite")
+    assert r.returncode == 2 and "give one" in r.stderr
+
+
+def test_api_resume_with_done_records():
+    kw = dict(chains=["swiglu", "rope"], dtypes=["bfloat16"], quick=True, device="cpu",
+              seeds=[0, 1], extra_presets={"swiglu": ["nvfuser"]}, attribute=True)
+    recs = []
+    full = study.run(**kw, on_cell=recs.append)
+    assert len(recs) == 4
+    ran = []
+    again = study.run(**kw, done=recs[:2], on_cell=ran.append)
+    assert [r["key"] for r in ran] == [r["key"] for r in recs[2:]]
+    pd.testing.assert_frame_equal(full, again, check_exact=True)
+    assert full.attrs == again.attrs
+    # records of another grid (another policy set) are not reused
+    other = study.run(**dict(kw, policies=["fused"]), done=recs, on_cell=ran.append)
+    assert len(ran) == 2 + 4 and len(other) == 2 * 2 + 2

@@ -26,6 +26,46 @@ commands:
 """
 
 
+STUDY_EPILOG = """\
+config file (--config FILE, TOML; settings on the command line win):
+
+  dtypes = ["bfloat16", "float16"]        # the study dtypes
+  policies = ["eager", "fused"]           # eager, fused, fp64
+  presets = ["torch_eager", "inductor"]   # math presets every policy runs under
+  rounding = ["nearest"]                  # nearest, toward_zero, stochastic
+  seeds = [0, 1, 2]
+  extra_presets = []                      # SwiGLU's side-by-side presets (or a table)
+  out = "my-study"
+
+  [[chains]]
+  chain = "swiglu"                        # a built-in chain
+  shape = [1024, 2048]
+
+  [[chains]]
+  chain = "mymodel.norms:rms_scale"       # pkg.module:function or path/file.py:function
+  name = "rms_scale"                      # optional: the label of its rows
+  [[chains.inputs]]                       # one table per input, in argument order
+  shape = [64, 4096]                      # generated: distribution normal (default) or
+  distribution = "uniform"                #   uniform, times scale (default: the study's)
+  scale = 4.0
+  [[chains.inputs]]
+  shape = [64, 1]
+  dtype = "float32"                       # pinned: stays fp32 while the study dtype varies
+  [[chains.inputs]]
+  file = "acts/weight.npy"                # real values: .npy, .pt (torch), .safetensors
+  # key = "model.norm.weight"             #   (key: one tensor of several); dtype, shape
+
+  (chains may also be a plain list: chains = ["swiglu", "pkg.mod:fn"]; file and .py
+  paths are relative to the config file; a built-in chain's input table without shape
+  or file keeps its own input, e.g. {} then { dtype = "float32" } twice for RoPE's
+  fp32 cos/sin.)
+
+output: results.csv (and results.parquet with pyarrow), one row per chain, shape,
+input, scale, dtype, seed, math, policy and rounding; cells.jsonl (finished cells, for
+--resume); summary.json; plots (means over seeds, whiskers min-max).
+"""
+
+
 class CLIError(Exception):
     """A bad value given to the command line: printed as one line, exit code 2."""
 
@@ -50,9 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{study,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
-                       "and compare each result with the fp64 reference.")
-    s.add_argument("--chains", nargs="+", choices=list(CHAINS), metavar="CHAIN",
-                   help="chains to study (valid: %(choices)s; default: swiglu rope)")
+                       "and compare each result with the fp64 reference.",
+                       epilog=STUDY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--chains", nargs="+", metavar="CHAIN",
+                   help="chains to study: built-in names (" + ", ".join(CHAINS) + "), "
+                   "pkg.module:function or path/file.py:function (any castlab.jit-able "
+                   "function; give its inputs with --shape CHAIN=AxB or in --config); "
+                   "default: swiglu rope")
     s.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                    choices=["bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
                             "float8_e5m2"],
@@ -69,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="MODE", help="downcast rounding modes (valid: %(choices)s)")
     s.add_argument("--shape", action="append", default=None, metavar="CHAIN=AxBx...",
                    help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128 "
-                   "(positive sizes, the last one even; at most 2**31 elements)")
+                   "(positive sizes, the last one even; at most 2**31 elements); for a "
+                   "pkg.module:function chain, the shape of each of its inputs")
     s.add_argument("--seed", type=int, default=None, help="input seed (default 0)")
     s.add_argument("--seeds", type=int, nargs="+", default=None, help="several input seeds")
     s.add_argument("--input", choices=["normal", "uniform"], default=None,
@@ -88,13 +133,17 @@ def _parser() -> argparse.ArgumentParser:
                    "(castlab.numerics.attribute): the second policy vs the first, and each "
                    "extra preset vs the first preset; writes attribution.csv, adds the "
                    "verdicts to summary.json and prints them")
-    s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings")
+    s.add_argument("--config", metavar="FILE", help="a TOML file with any of these settings, "
+                   "and chains with per-input specs (see below)")
     s.add_argument("--out", default=None,
                    help="output folder (default castlab-study/; given here it wins over the "
                    "config file's `out`). A folder that already holds results (results.csv or "
                    "summary.json) is refused unless --overwrite is given")
     s.add_argument("--overwrite", action="store_true",
                    help="replace the results in an existing --out folder")
+    s.add_argument("--resume", action="store_true",
+                   help="continue an interrupted study in --out: the cells already finished "
+                   "there (cells.jsonl) are kept and not run again")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("info", help="print versions and devices")
@@ -147,24 +196,132 @@ def _parse_shapes(items: list[str] | None) -> dict:
         if "=" not in it:
             raise CLIError(f"--shape expects CHAIN=AxB... (e.g. swiglu=1024x2048 or "
                            f"rope=1x8x512x128), got {it!r}")
-        k, v = it.split("=", 1)
+        k, v = it.rsplit("=", 1)
         k = k.strip()
-        if k not in CHAINS:
-            raise CLIError(f"--shape {it!r}: unknown chain {k!r}; valid: " + ", ".join(CHAINS))
+        if k not in CHAINS and ":" not in k:
+            raise CLIError(f"--shape {it!r}: unknown chain {k!r}; valid: " + ", ".join(CHAINS)
+                           + " or a pkg.module:function chain")
+        form = _form(k) if k in CHAINS else f"{k}=64x4096"
         try:
             dims = tuple(int(x) for x in v.lower().split("x"))
         except ValueError:
             raise CLIError(f"--shape {it!r}: bad shape {v!r} for {k}: expected positive "
-                           f"integers joined by 'x', e.g. {_form(k)}") from None
+                           f"integers joined by 'x', e.g. {form}") from None
         out[k] = _checked_shape(k, dims, f"--shape {it!r}")
     return out
 
 
 def _checked_shape(chain: str, dims: Any, where: str) -> tuple:
     try:
+        if chain not in CHAINS and ":" in chain:
+            return study._check_dims(dims, f"shape for {chain}")
         return study.check_shape(chain, dims)
     except (TypeError, ValueError) as e:
         raise CLIError(f"{where}: {e}") from None
+
+
+CHAIN_KEYS = ("chain", "name", "shape", "inputs")
+INPUT_KEYS = ("shape", "dtype", "distribution", "scale", "file", "key")
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+
+
+def _config_chains(items: list, path: str) -> tuple[list, dict]:
+    """The chains of a config file (names, specs or tables with per-input specs) as
+    ``study.run`` takes them, and the shapes the tables give."""
+    base = os.path.dirname(os.path.abspath(path))
+    chains: list = []
+    shapes: dict = {}
+    for i, it in enumerate(items):
+        where = f"{path}: chains[{i}]"
+        if isinstance(it, str):
+            chains.append(_resolve_chain(it, where, base))
+            continue
+        if not isinstance(it, dict):
+            raise CLIError(f"{where} must be a chain name or a table like "
+                           f'{{ chain = "pkg.module:function", inputs = [...] }}, got {it!r}')
+        unknown = sorted(set(it) - set(CHAIN_KEYS))
+        if unknown:
+            raise CLIError(f"{where}: unknown key(s) {unknown}; valid: " + ", ".join(CHAIN_KEYS))
+        spec = it.get("chain")
+        if not isinstance(spec, str) or not spec:
+            raise CLIError(f'{where}.chain must be a string: a built-in name or '
+                           f'"pkg.module:function", got {spec!r}')
+        name = it.get("name")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise CLIError(f"{where}.name must be a non-empty string, got {name!r}")
+        ins = it.get("inputs")
+        specs = None
+        if ins is not None:
+            if not isinstance(ins, list) or not ins:
+                raise CLIError(f"{where}.inputs must be a non-empty list of tables, e.g. "
+                               "[{ shape = [64, 4096] }, { file = \"x.npy\" }], got "
+                               f"{ins!r}")
+            specs = [_config_input(x, f"{where}.inputs[{j}]", base) for j, x in enumerate(ins)]
+        try:
+            ch = study.chain(spec if spec in CHAINS else _resolve_chain(spec, where, base),
+                             inputs=specs, name=name)
+        except (TypeError, ValueError) as e:
+            raise CLIError(f"{where}: {e}") from None
+        if "shape" in it:
+            shp = it["shape"]
+            if ch.name in CHAINS and ch.make_inputs is not None:
+                shapes[ch.name] = _checked_shape(ch.name, shp, f"{where}.shape")
+            else:
+                try:
+                    shapes[ch.name] = study._check_dims(shp, f"{where}.shape")
+                except (TypeError, ValueError) as e:
+                    raise CLIError(f"{e} (expected a list of positive integers, e.g. "
+                                   "[64, 4096])") from None
+        chains.append(ch)
+    return chains, shapes
+
+
+def _config_input(x: Any, where: str, base: str) -> Any:
+    if not isinstance(x, dict):
+        raise CLIError(f"{where} must be a table like {{ shape = [64, 4096], dtype = "
+                       f'"float32" }} or {{ file = "x.npy" }}, got {x!r}')
+    unknown = sorted(set(x) - set(INPUT_KEYS))
+    if unknown:
+        raise CLIError(f"{where}: unknown key(s) {unknown}; valid: " + ", ".join(INPUT_KEYS))
+    kw = dict(x)
+    if "shape" in kw:
+        shp = kw["shape"]
+        if not isinstance(shp, list) or not shp or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shp):
+            raise CLIError(f"{where}.shape must be a list of positive integers, e.g. "
+                           f"[64, 4096], got {shp!r}")
+        kw["shape"] = tuple(shp)
+    if "dtype" in kw and kw["dtype"] not in _FLOAT_DTYPES:
+        raise CLIError(f"{where}.dtype must be one of {', '.join(_FLOAT_DTYPES)}, got "
+                       f"{kw['dtype']!r}")
+    if "distribution" in kw and kw["distribution"] not in study.DISTRIBUTIONS:
+        raise CLIError(f"{where}.distribution must be one of "
+                       f"{', '.join(study.DISTRIBUTIONS)}, got {kw['distribution']!r}")
+    if "scale" in kw:
+        sc = kw["scale"]
+        if (isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc)
+                or sc <= 0):
+            raise CLIError(f"{where}.scale must be a positive finite number, e.g. 2.0, got "
+                           f"{sc!r}")
+    for k in ("file", "key"):
+        if k in kw and (not isinstance(kw[k], str) or not kw[k]):
+            raise CLIError(f"{where}.{k} must be a non-empty string, got {kw[k]!r}")
+    if "file" in kw:
+        f = kw["file"]
+        kw["file"] = f if os.path.isabs(f) else os.path.normpath(os.path.join(base, f))
+    try:  # a file is read from its resolved path, named as written
+        return study.Input(label=x.get("file"), **kw)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"{where}: {e}") from None
+
+
+def _resolve_chain(spec: str, where: str, base: str | None = None) -> Any:
+    if spec in CHAINS:
+        return spec
+    try:
+        return study.chain(spec, base=base)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"{where}: {e}" if where else str(e)) from None
 
 
 def _study_settings(args: argparse.Namespace) -> dict:
@@ -196,6 +353,33 @@ def _study_settings(args: argparse.Namespace) -> dict:
         for key in ("quick", "grad", "attribute"):
             if key in cfg and not isinstance(cfg[key], bool):
                 raise CLIError(f"{args.config}: {key} must be true or false, got {cfg[key]!r}")
+        valid = {"dtypes": _FLOAT_DTYPES, "policies": ("eager", "fused", "fp64"),
+                 "presets": tuple(_valid_presets()),
+                 "rounding": ("nearest", "toward_zero", "stochastic")}
+        for key, ok in valid.items():
+            for j, v in enumerate(cfg.get(key, [])):
+                if v not in ok:
+                    raise CLIError(f"{args.config}: {key}[{j}] must be one of {', '.join(ok)}, "
+                                   f"got {v!r}")
+        for j, v in enumerate(cfg.get("seeds", [])):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64:
+                raise CLIError(f"{args.config}: seeds[{j}] must be an integer in [0, 2**64), "
+                               f"got {v!r}")
+        if "input" in cfg and cfg["input"] not in study.DISTRIBUTIONS:
+            raise CLIError(f"{args.config}: input must be one of "
+                           f"{', '.join(study.DISTRIBUTIONS)}, got {cfg['input']!r}")
+        if "extra_presets" in cfg:
+            ep = cfg["extra_presets"]
+            if not isinstance(ep, dict) or not all(
+                    isinstance(v, list) and all(m in _valid_presets() for m in v)
+                    for v in ep.values()):
+                raise CLIError(f"{args.config}: extra_presets must be a list of presets "
+                               "(for swiglu) or a table { chain = [presets] }, e.g. "
+                               f'extra_presets = ["inductor"], got {ep!r}')
+        if "chains" in cfg:
+            cfg["chains"], cshapes = _config_chains(cfg["chains"], args.config)
+            if cshapes:
+                cfg["shapes"] = dict(cfg.get("shapes") or {}, **cshapes)
         st.update(cfg)
     if args.out is not None:  # an explicit --out wins over the config file
         st["out"] = args.out
@@ -213,9 +397,8 @@ def _study_settings(args: argparse.Namespace) -> dict:
     shapes = _parse_shapes(args.shape)
     if shapes:
         st["shapes"] = dict(st.get("shapes") or {}, **shapes)
-    for c in st["chains"]:
-        if c not in CHAINS:
-            raise CLIError(f"unknown chain {c!r}; valid: " + ", ".join(CHAINS))
+    st["chains"] = [_resolve_chain(c, "--chains" if args.chains else "") if isinstance(c, str)
+                    else c for c in st["chains"]]
     for s in st["seeds"]:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**64:
             raise CLIError(f"seed {s!r} is out of range: seeds are integers in [0, 2**64)")
@@ -233,15 +416,17 @@ def _study_settings(args: argparse.Namespace) -> dict:
     return st
 
 
-def _prepare_out(out: str, overwrite: bool) -> None:
-    """Create the output folder; refuse to replace earlier results without --overwrite."""
+def _prepare_out(out: str, overwrite: bool, resume: bool = False) -> None:
+    """Create the output folder; refuse to replace earlier results without --overwrite
+    (or --resume)."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"--out {out!r} exists and is not a folder")
-    if not overwrite and os.path.isdir(out):
+    if not overwrite and not resume and os.path.isdir(out):
         old = [n for n in ("results.csv", "summary.json") if os.path.exists(os.path.join(out, n))]
         if old:
             raise CLIError(f"--out {out!r} already holds results ({', '.join(old)}); "
-                           "pass --overwrite to replace them or choose another --out")
+                           "pass --overwrite to replace them, --resume to continue them, or "
+                           "choose another --out")
     try:
         os.makedirs(out, exist_ok=True)
         probe = os.path.join(out, ".castlab-write-test")
@@ -252,25 +437,83 @@ def _prepare_out(out: str, overwrite: bool) -> None:
         raise CLIError(f"cannot write to --out {out!r}: {e.strerror or e}") from None
 
 
+def _read_cells(path: str) -> list:
+    """The finished cells of cells.jsonl (a line cut short by an interrupt is dropped)."""
+    recs = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "key" in rec and "rows" in rec:
+                recs.append(rec)
+    return recs
+
+
+def _seed_as_text(df):
+    """A copy whose seed column is text when it mixes numbers and "fixed" (Parquet
+    columns have one type)."""
+    if "seed" in df.columns and df["seed"].dtype == object:
+        df = df.copy()
+        df["seed"] = df["seed"].astype(str)
+    return df
+
+
+def write_parquet(df, path: str) -> bool:
+    """results.parquet when pyarrow is installed (else nothing; False)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    _seed_as_text(df).to_parquet(path, index=False)
+    return True
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     import csv
 
+    if args.resume and args.overwrite:
+        raise CLIError("--resume continues the results in --out and --overwrite replaces "
+                       "them: give one")
     st = _study_settings(args)
     out = st.pop("out")
-    _prepare_out(out, args.overwrite)
+    _prepare_out(out, args.overwrite, args.resume)
     csv_path = os.path.join(out, "results.csv")
+    cells_path = os.path.join(out, "cells.jsonl")
+    done: list = []
+    if args.resume:
+        if os.path.exists(cells_path):
+            done = _read_cells(cells_path)
+        elif os.path.exists(csv_path):
+            raise CLIError(f"--resume: {out!r} holds results.csv but no cells.jsonl (the "
+                           "finished cells): pass --overwrite to start again")
     cols = study.row_columns(st["grad"])
-    try:
-        f = open(csv_path, "w", newline="")
-    except OSError as e:
-        raise CLIError(f"cannot write {csv_path!r}: {e.strerror or e}") from None
-    writer = csv.DictWriter(f, fieldnames=cols)
-    writer.writeheader()
-    f.flush()
+    files: dict = {}
 
-    def on_row(row: dict) -> None:  # stream rows, so an interrupted run keeps them
-        writer.writerow(row)
-        f.flush()
+    def open_outputs() -> None:  # on the first finished cell: a bad setting writes nothing
+        try:
+            files["cells"] = open(cells_path, "w")
+            for rec in done:  # the records kept, without a line cut short
+                files["cells"].write(json.dumps(rec) + "\n")
+            files["csv"] = open(csv_path, "w", newline="")
+        except OSError as e:
+            raise CLIError(f"cannot write to {out!r}: {e.strerror or e}") from None
+        files["writer"] = csv.DictWriter(files["csv"], fieldnames=cols)
+        files["writer"].writeheader()
+        for rec in done:
+            files["writer"].writerows(rec["rows"])
+
+    n_new = [0]
+
+    def on_cell(rec: dict) -> None:  # stream cells, so an interrupted run keeps them
+        if not files:
+            open_outputs()
+        files["cells"].write(json.dumps(rec) + "\n")
+        files["cells"].flush()
+        files["writer"].writerows(rec["rows"])
+        files["csv"].flush()
+        n_new[0] += 1
 
     t0 = time.perf_counter()
     interrupted = False
@@ -280,26 +523,40 @@ def cmd_study(args: argparse.Namespace) -> int:
                        policies=st["policies"], presets=st["presets"], rounding=st["rounding"],
                        seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
                        scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
-                       quick=st["quick"], progress=not args.no_progress, on_row=on_row,
-                       grad=st["grad"], attribute=st["attribute"])
+                       quick=st["quick"], progress=not args.no_progress, on_cell=on_cell,
+                       grad=st["grad"], attribute=st["attribute"], done=done)
     except KeyboardInterrupt:
         interrupted = True
     except (ValueError, TypeError) as e:
-        f.close()
         raise CLIError(str(e)) from None
     finally:
-        f.close()
+        for k in ("cells", "csv"):
+            if k in files:
+                files[k].close()
     elapsed = time.perf_counter() - t0
     import pandas as pd
 
-    if df is None:
-        df = pd.read_csv(csv_path)
     if interrupted:
-        print(f"\ncastlab: interrupted; {len(df)} finished rows kept in {csv_path}", file=sys.stderr)
+        kept = len(done) + n_new[0]
+        print(f"\ncastlab: interrupted; {kept} finished cells kept in {out} (results.csv, "
+              "cells.jsonl); run the same command with --resume to finish", file=sys.stderr)
         return 130
+    if df is None:  # pragma: no cover
+        df = pd.read_csv(csv_path)
+    if not files:  # nothing new ran (all cells resumed) or the study is empty
+        open_outputs()
+        for k in ("cells", "csv"):
+            files[k].close()
+    df.to_csv(csv_path, index=False)  # every row, in the order of the grid
     print(format_table(df))
     summary = summarize(df, elapsed)
-    written = [csv_path, os.path.join(out, "summary.json")]
+    if done:
+        summary["resumed_cells"] = len(done)
+    written = [csv_path]
+    pq = os.path.join(out, "results.parquet")
+    if write_parquet(df, pq):
+        written.append(pq)
+    written += [cells_path, os.path.join(out, "summary.json")]
     if st["attribute"]:
         att_path = os.path.join(out, "attribution.csv")
         study.attribution_table(df).to_csv(att_path, index=False)
@@ -319,8 +576,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def format_table(df) -> str:
-    cols = ["chain", "dtype", "math", "policy", "rounding", "correctly_rounded", "max_ulp",
-            "rel_rmse", "mismatch_vs_eager", "same_vs_eager"]
+    cols = ["chain", "dtype", "shape", "input", "seed", "math", "policy", "rounding",
+            "correctly_rounded", "max_ulp", "rel_rmse", "mismatch_vs_eager", "same_vs_eager"]
     if "pass" in df.columns:  # a study with gradients: say which result each row is
         cols[1:1] = ["pass", "output"]
     show = df[cols].copy()
@@ -331,42 +588,60 @@ def format_table(df) -> str:
     return show.to_string(index=False)
 
 
+def _varying(df, keys=("shape", "input", "scale", "seed")) -> list[str]:
+    """The cell keys that take more than one value for one chain of this study."""
+    return [k for k in keys if k in df.columns
+            and (df.groupby("chain", sort=False)[k].agg(lambda c: c.astype(str).nunique()) > 1).any()]
+
+
 def summarize(df, elapsed: float) -> dict:
-    """Headline numbers: per chain and dtype (and, in a study with gradients, per pass
-    and output), eager vs fused correctly-rounded fractions."""
+    """Headline numbers: per cell (chain, shape, input, scale, dtype, seed; and, in a study
+    with gradients, pass and output), the correctly-rounded fraction of each policy under
+    the first preset and rounding mode (fused vs eager first). Each case holds every row
+    of its cell under "math/policy/rounding"."""
     out: dict[str, Any] = {"elapsed_s": round(elapsed, 3), "rows": len(df), "cases": []}
     lines = []
     keys = _case_keys(df)
+    vary = _varying(df)
     for vals, g in df.groupby(keys, sort=False):
-        case = dict(zip(keys, vals))
+        case = {k: (v.item() if hasattr(v, "item") else v) for k, v in zip(keys, vals)}
         chain, dt = case["chain"], case["dtype"]
         what = f"{chain} {dt}" + (f" {case['output']}" if case.get("pass") == "backward" else "")
+        what += "".join(f" {k}={case[k]}" for k in vary)
         for _, r in g.iterrows():
             case[f"{r['math']}/{r['policy']}/{r['rounding']}"] = {
                 "correctly_rounded": float(r["correctly_rounded"]), "rel_rmse": float(r["rel_rmse"]),
                 "max_ulp": float(r["max_ulp"]), "same_vs_eager": bool(r["same_vs_eager"])}
         out["cases"].append(case)
-        e = g[(g.policy == "eager") & (g.math == "torch_eager")]
-        fu = g[(g.policy == "fused") & (g.math == "torch_eager")]
-        if len(e) and len(fu):
-            lines.append(f"{what}: correctly rounded: fused {100 * fu.iloc[0].correctly_rounded:.4f}% "
-                         f"vs eager {100 * e.iloc[0].correctly_rounded:.4f}%")
+        m0, r0 = g.math.iloc[0], g.rounding.iloc[0]
+        sub = g[(g.math == m0) & (g.rounding == r0)]
+        pols = list(dict.fromkeys(sub.policy))
+        order = [p for p in ("fused", "eager") if p in pols] + [
+            p for p in pols if p not in ("fused", "eager")]
+        if order:
+            how = "" if m0 == "torch_eager" and r0 == "nearest" else (
+                f" ({m0}" + ("" if r0 == "nearest" else f", {r0}") + ")")
+            lines.append(f"{what}: correctly rounded{how}: " + " vs ".join(
+                f"{p} {100 * sub[sub.policy == p].iloc[0].correctly_rounded:.4f}%"
+                for p in order))
     out["headline"] = "\n".join(lines)
     return out
 
 
-def _case_keys(df) -> list[str]:
-    """The columns that make one case: chain and dtype, plus pass and output when the
-    study has gradient rows (so that they never overwrite the forward rows)."""
-    return ["chain", "dtype"] + (["pass", "output"] if "pass" in df.columns else [])
-
-
-def _case_label(vals: tuple) -> str:
-    chain, dt = vals[0], vals[1]
-    return f"{chain}\n{dt}" + (f"\n{vals[3]}" if len(vals) > 2 and vals[2] == "backward" else "")
+def _case_keys(df, seed: bool = True) -> list[str]:
+    """The columns that make one case: chain, dtype and the cell's other keys (shape,
+    input, scale, seed), plus pass and output when the study has gradient rows (so that
+    no row overwrites another)."""
+    keys = ["chain", "dtype"] + [k for k in ("shape", "input", "scale") if k in df.columns]
+    if seed and "seed" in df.columns:
+        keys.append("seed")
+    return keys + (["pass", "output"] if "pass" in df.columns else [])
 
 
 def write_plots(df, out: str) -> list[str]:
+    """correctly_rounded.png and rel_rmse.png: one bar per math/policy/rounding in each
+    group (chain, dtype, and shape/input when they vary); with several seeds the bar is
+    the mean over the seeds and its whisker spans their min to max."""
     try:
         import matplotlib
 
@@ -377,22 +652,40 @@ def write_plots(df, out: str) -> list[str]:
     paths = []
     df = df.copy()
     df["label"] = df["math"] + "/" + df["policy"] + df["rounding"].map(lambda r: "" if r == "nearest" else f"/{r}")
+    vary = [k for k in _varying(df) if k != "seed"]
+    gkeys = ["chain", "dtype"] + vary + (["pass", "output"] if "pass" in df.columns else [])
+    nseeds = df["seed"].astype(str).nunique() if "seed" in df.columns else 1
+
+    def label_of(vals: tuple) -> str:
+        d = dict(zip(gkeys, vals))
+        s = f"{d['chain']}\n{d['dtype']}"
+        if d.get("pass") == "backward":
+            s += f"\n{d['output']}"
+        return s + "".join(f"\n{d[k]}" for k in vary)
+
     for metric, title, fname in [("correctly_rounded", "correctly rounded fraction (higher is better)", "correctly_rounded.png"),
                                  ("rel_rmse", "relative RMSE vs fp64 (lower is better)", "rel_rmse.png")]:
-        groups = list(df.groupby(_case_keys(df), sort=False))
+        groups = list(df.groupby(gkeys, sort=False))
         labels = list(dict.fromkeys(df["label"]))
         fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4.4))
         w = 0.8 / max(1, len(labels))
         for li, lab in enumerate(labels):
-            xs, ys = [], []
+            xs, ys, lo, hi = [], [], [], []
             for gi, (_, g) in enumerate(groups):
-                v = g[g.label == lab][metric]
+                v = g[g.label == lab][metric].astype(float)
                 if len(v):
                     xs.append(gi + li * w)
-                    ys.append(float(v.iloc[0]))
-            ax.bar(xs, ys, width=w, label=lab)
+                    ys.append(float(v.mean()))
+                    lo.append(float(v.mean() - v.min()))
+                    hi.append(float(v.max() - v.mean()))
+            err = [lo, hi] if nseeds > 1 else None
+            ax.bar(xs, ys, width=w, label=lab, yerr=err, capsize=2 if err else 0,
+                   error_kw={"elinewidth": 0.8})
         ax.set_xticks([i + (len(labels) - 1) * w / 2 for i in range(len(groups))])
-        ax.set_xticklabels([_case_label(k) for k, _ in groups], fontsize=8)
+        ax.set_xticklabels([label_of(k if isinstance(k, tuple) else (k,)) for k, _ in groups],
+                           fontsize=8)
+        if nseeds > 1:
+            title += f"; mean of {nseeds} seeds, whiskers min-max"
         ax.set_title(title, fontsize=10)
         if metric == "rel_rmse":
             ax.set_yscale("log")
@@ -404,6 +697,7 @@ def write_plots(df, out: str) -> list[str]:
         plt.close(fig)
         paths.append(path)
     return paths
+
 
 
 def info_text() -> str:

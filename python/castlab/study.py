@@ -13,11 +13,27 @@ With ``attribute=True`` each configuration's differences are attributed to named
 (``castlab.numerics.attribute``): the second policy against the first, and each extra
 preset against the first preset; ``attribution_table(df)`` is the table of factor sets,
 ``df.attrs["attribution_verdicts"]`` the one-line verdicts.
+
+Chains come from anywhere: a built-in name (``CHAINS``), ``"pkg.module:function"`` or
+``"path/file.py:function"`` (any ``cl.jit``-able function), a function, or a ``Chain``.
+Their inputs are generated or read from files per input (``Input``: shape, dtype,
+distribution, scale, or a ``.npy``/``.pt``/``.safetensors`` file)::
+
+    run(chains=[chain("mymodel.norms:rms_scale",
+                      inputs=[Input(shape=(64, 4096)), Input(shape=(64, 1), dtype="float32")])])
+
+One row per (chain, shape, input, scale, dtype, seed, [pass, output], math, policy,
+rounding). Chains whose inputs are all fixed (files, tensors) run once, with
+``seed="fixed"`` (unless a rounding mode is stochastic: the seeds seed it). ``on_cell``
+receives each finished cell (one chain, shape, input, dtype and seed: all its rows) and
+``done=`` takes such records back, so that an interrupted study resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +47,8 @@ from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 
 __all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns", "check_shape",
-           "check_scale", "MAX_NUMEL", "ATTRIBUTION_COLUMNS", "attribution_table"]
+           "check_scale", "MAX_NUMEL", "ATTRIBUTION_COLUMNS", "attribution_table", "Input",
+           "chain", "load_input_file", "DISTRIBUTIONS", "GRID_KEYS", "cell_key"]
 
 # The largest input a study generates (elements). Inputs are made in fp64 and the
 # study keeps several results of the same size, so this is already tens of GB.
@@ -128,6 +145,11 @@ class Chain:
     description: str = ""
     grad_argnums: tuple | None = None
     grad_parts: Callable | None = None   # (tuple of gradients) -> {name: tensor}
+    #: per-input specs (``Input``) that replace `make_inputs` (for a built-in chain, a
+    #: spec without shape, file or tensor keeps the chain's own input, in its dtype)
+    inputs: tuple | None = None
+    #: where the chain came from ("swiglu", "pkg.module:function", "file.py:function")
+    source: str | None = None
 
 
 CHAINS: dict[str, Chain] = {
@@ -158,6 +180,287 @@ DEFAULT = {
     "scale": 1.0,
 }
 QUICK = dict(DEFAULT, dtypes=["bfloat16", "float16"])
+
+
+
+# ---------------------------------------------------------------- chains from anywhere
+
+#: The input generators (``Input.distribution``, ``run(inputs=...)``).
+DISTRIBUTIONS = ("normal", "uniform")
+_FILE_KINDS = (".npy", ".pt", ".safetensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """How one input of a chain is made: generated (`shape`, `distribution`, `scale`) or
+    read from `file` (``.npy``; ``.pt`` needs torch, ``.safetensors`` the safetensors
+    package; `key` picks one tensor of a file that holds several) or given as `tensor`.
+
+    `dtype` pins the input's dtype (e.g. an fp32 ``inv_rms`` in a bf16 study); None: the
+    study dtype. `distribution` and `scale` default to the study's (``run(inputs=,
+    scale=)``). A file's values must be floating-point; with `shape` too, the file must
+    have that shape.
+    """
+
+    shape: tuple | None = None
+    dtype: str | None = None
+    distribution: str | None = None
+    scale: float | None = None
+    file: str | None = None
+    key: str | None = None
+    tensor: Any = None
+    #: the input column's name of a file (default: its path)
+    label: str | None = None
+
+    def __post_init__(self):
+        if self.shape is not None:
+            object.__setattr__(self, "shape", _check_dims(self.shape, "Input.shape"))
+        if self.dtype is not None:
+            d = as_dtype(self.dtype)
+            if not d.is_floating_point:
+                raise ValueError(f"Input.dtype must be a floating-point dtype, got {d.name}")
+            object.__setattr__(self, "dtype", d.name)
+        if self.distribution is not None and self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"Input.distribution must be one of {', '.join(DISTRIBUTIONS)}, "
+                             f"got {self.distribution!r}")
+        if self.scale is not None:
+            object.__setattr__(self, "scale", check_scale(self.scale))
+        if self.file is not None and self.tensor is not None:
+            raise ValueError("Input: give a file or a tensor, not both")
+        if (self.file is not None or self.tensor is not None) and (
+                self.distribution is not None or self.scale is not None):
+            raise ValueError("Input: distribution and scale apply to generated inputs, not "
+                             "to a file or a tensor")
+        if self.key is not None and self.file is None:
+            raise ValueError("Input: key picks a tensor of a file; give file= too")
+
+    @property
+    def fixed(self) -> bool:
+        """Read from a file or given: the same values for every seed."""
+        return self.file is not None or self.tensor is not None
+
+    @property
+    def generated(self) -> bool:
+        return not self.fixed and self.shape is not None
+
+    def describe(self, kind: str, scale: float) -> str:
+        if self.file is not None:
+            d = (self.label or self.file) + (f"[{self.key}]" if self.key else "")
+        elif self.tensor is not None:
+            d = "tensor"
+        elif self.shape is None:
+            d = "default"
+        else:
+            d = self.distribution or kind
+            sc = self.scale if self.scale is not None else 1.0
+            if sc != 1.0:
+                d += f"*{sc:g}"
+        return d + (f":{self.dtype}" if self.dtype else "")
+
+
+def _check_dims(shape: Any, what: str) -> tuple:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(f"{what} must be a sequence of positive integers, got {shape!r}")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int):
+            import numpy as np
+            if not isinstance(d, np.integer):
+                raise TypeError(f"{what}: dimensions must be integers, got {d!r}")
+        if int(d) <= 0:
+            raise ValueError(f"{what}: every dimension must be positive, got {tuple(shape)}")
+        dims.append(int(d))
+    n = 1
+    for d in dims:
+        n *= d
+    if n > MAX_NUMEL:
+        raise ValueError(f"{what}: {tuple(dims)} has {n} elements, too large for a study "
+                         f"(the limit is {MAX_NUMEL})")
+    return tuple(dims)
+
+
+def _import_function(spec: str, base: str | None = None) -> tuple:
+    """(function, name) of ``"pkg.module:function"`` or ``"path/file.py:function"``
+    (a relative path is taken from `base`, default the working folder)."""
+    import importlib
+    import importlib.util
+
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise ValueError(f"unknown chain {spec!r}; valid: " + ", ".join(CHAINS)
+                         + ", pkg.module:function or path/file.py:function")
+    if where.endswith(".py") or "/" in where or os.sep in where:
+        path = where if os.path.isabs(where) else os.path.join(base or os.getcwd(), where)
+        if not os.path.isfile(path):
+            raise ValueError(f"chain {spec!r}: no such file {where!r}")
+        mname = "_castlab_chain_" + "".join(c if c.isalnum() else "_" for c in
+                                            os.path.abspath(path))
+        try:
+            mspec = importlib.util.spec_from_file_location(mname, path)
+            if mspec is None or mspec.loader is None:
+                raise ImportError(f"not a Python file: {where}")
+            mod = importlib.util.module_from_spec(mspec)
+            sys.modules[mname] = mod
+            mspec.loader.exec_module(mod)
+        except Exception as e:  # noqa: BLE001  (the user's module: any error)
+            sys.modules.pop(mname, None)
+            raise ValueError(f"chain {spec!r}: importing {where} failed "
+                             f"({type(e).__name__}: {_one_line(e)})") from None
+    else:
+        added = False
+        cwd = base or os.getcwd()
+        if cwd not in sys.path:  # like `python -m`: modules in the working folder
+            sys.path.insert(0, cwd)
+            added = True
+        try:
+            mod = importlib.import_module(where)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"chain {spec!r}: cannot import module {where!r} "
+                             f"({type(e).__name__}: {_one_line(e)})") from None
+        finally:
+            if added:
+                sys.path.remove(cwd)
+    fn = mod
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ValueError(f"chain {spec!r}: module {where!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    if isinstance(fn, Chain):
+        return fn, spec
+    if not callable(fn):
+        raise ValueError(f"chain {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+    return fn, spec
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def chain(spec: str | Callable | Chain, inputs: Sequence | None = None, name: str | None = None,
+          base: str | None = None) -> Chain:
+    """A ``Chain`` from a built-in name, ``"pkg.module:function"``,
+    ``"path/file.py:function"`` (relative to `base`, default the working folder), a
+    function (or ``cl.jit`` function) or a Chain; `inputs` (``Input`` specs, tensors)
+    replace its input generator; `name` labels its rows (default: `spec`).
+
+    Raises ValueError naming the spec when it is unknown, its module does not import or
+    it is not a function.
+    """
+    if isinstance(spec, Chain):
+        ch = spec
+    elif isinstance(spec, str):
+        if spec in CHAINS:
+            ch = CHAINS[spec]
+        else:
+            fn, label = _import_function(spec, base)
+            ch = fn if isinstance(fn, Chain) else Chain(label, fn, None, (), (), source=spec)
+            if ch.source is None:
+                ch = dataclasses.replace(ch, source=spec)
+    elif callable(spec):
+        ch = Chain(getattr(spec, "__name__", "fn"), spec, None, (), ())
+    else:
+        raise TypeError(f"a chain is a name, 'pkg.module:function', a function or a Chain, "
+                        f"got {type(spec).__name__} {spec!r}")
+    if inputs is not None:
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise TypeError(f"inputs of chain {ch.name!r} must be a list of Input specs or "
+                            f"tensors, got {inputs!r}")
+        ch = dataclasses.replace(ch, inputs=tuple(_as_input(x) for x in inputs))
+    if name is not None:
+        ch = dataclasses.replace(ch, name=str(name))
+    return ch
+
+
+def _as_input(x: Any) -> Input:
+    return x if isinstance(x, Input) else Input(tensor=x)
+
+
+def load_input_file(path: str, key: str | None = None):
+    """A NumPy array (floating-point) from a ``.npy``, ``.pt`` (torch) or ``.safetensors``
+    file; `key` picks one tensor of a file that holds several. ValueError (one line,
+    naming the file) otherwise."""
+    import numpy as np
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in _FILE_KINDS:
+        raise ValueError(f"input file {path!r}: unknown kind {ext or '(no suffix)'!r}; "
+                         f"valid: {', '.join(_FILE_KINDS)}")
+    if not os.path.isfile(path):
+        raise ValueError(f"input file {path!r} not found")
+    try:
+        if ext == ".npy":
+            arr = np.load(path, allow_pickle=False)
+            if key is not None:
+                raise ValueError("a .npy file holds one array: drop key")
+        elif ext == ".pt":
+            try:
+                import torch
+            except ImportError:
+                raise ValueError("reading .pt files needs torch (pip install torch)") from None
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            arr = _torch_to_numpy(_pick(obj, key, torch.Tensor))
+        else:
+            try:
+                from safetensors import safe_open
+            except ImportError:
+                raise ValueError("reading .safetensors files needs the safetensors package "
+                                 "(pip install safetensors)") from None
+            try:
+                import torch  # noqa: F401  (bf16 needs the torch framework)
+                fw = "pt"
+            except ImportError:
+                fw = "np"
+            with safe_open(path, framework=fw) as f:
+                names = list(f.keys())
+                k = _pick({n: None for n in names}, key, type(None), want_key=True)
+                t = f.get_tensor(k)
+            arr = _torch_to_numpy(t) if fw == "pt" else t
+    except ValueError as e:
+        raise ValueError(f"input file {path!r}: {_one_line(e)}") from None
+    except Exception as e:  # noqa: BLE001  (a corrupt or foreign file)
+        raise ValueError(f"input file {path!r} cannot be read ({type(e).__name__}: "
+                         f"{_one_line(e)})") from None
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"input file {path!r}: expected an array, got {type(arr).__name__}")
+    if arr.dtype.kind != "f" and "float" not in arr.dtype.name:
+        raise ValueError(f"input file {path!r} holds {arr.dtype.name} values; expected a "
+                         "floating-point array")
+    return arr
+
+
+def _pick(obj: Any, key: str | None, kind: type, want_key: bool = False):
+    if isinstance(obj, dict):
+        if key is None:
+            if len(obj) != 1:
+                raise ValueError(f"holds {len(obj)} tensors ({', '.join(map(str, obj))}): "
+                                 "pick one with key")
+            key = next(iter(obj))
+        if key not in obj:
+            raise ValueError(f"has no tensor {key!r}; it holds {', '.join(map(str, obj))}")
+        return key if want_key else obj[key]
+    if key is not None:
+        raise ValueError(f"holds one tensor, not a dict: drop key {key!r}")
+    if not isinstance(obj, kind):
+        raise ValueError(f"expected a tensor, got {type(obj).__name__}")
+    return obj
+
+
+def _torch_to_numpy(t):
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"expected a tensor, got {type(t).__name__}")
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        import ml_dtypes
+
+        nd = ml_dtypes.float8_e4m3fn if t.dtype == torch.float8_e4m3fn else ml_dtypes.float8_e5m2
+        return t.view(torch.uint8).numpy().view(nd)
+    return t.numpy()
 
 
 def _shape_form(ch: Chain) -> str:
@@ -254,7 +557,134 @@ def _policy_with_rounding(p: str | Policy, rounding: str, seed: int) -> Policy:
     return dataclasses.replace(pol, name=pol.name, rounding=rounding, seed=seed)
 
 
-def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
+#: The grid keys of a row: one row per combination (``pass`` and ``output`` only in a
+#: study with gradients). ``CELL_KEYS`` make one cell, the unit a study runs and resumes:
+#: every row of a cell comes from one set of inputs.
+GRID_KEYS = ["chain", "shape", "input", "scale", "dtype", "seed", "pass", "output", "math",
+             "policy", "rounding"]
+CELL_KEYS = ["chain", "shape", "input", "scale", "dtype", "seed"]
+
+#: The seed label of a chain whose inputs are all fixed (files, tensors): seeds change
+#: nothing, so it runs once.
+FIXED_SEED = "fixed"
+
+
+def cell_key(cell: dict) -> str:
+    """The key of one cell (``CELL_KEYS`` plus the settings its rows depend on, as
+    ``run``'s ``on_cell`` records hold it under "key"): a JSON string."""
+    return json.dumps(cell, sort_keys=True, default=str)
+
+
+def _unique(items: list, key: Callable) -> list:
+    seen, out = set(), []
+    for x in items:
+        k = key(x)
+        if k not in seen:
+            seen.add(k)
+            out.append(x)
+    return out
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # NumPy scalars
+        try:
+            return v.item()
+        except (TypeError, ValueError):
+            return str(v)
+    return v
+
+
+def _input_seed(seed: int, i: int) -> int:
+    """Input i's stream: input 0 uses the seed itself (as the built-in chains do)."""
+    return seed if i == 0 else (seed + i * 0xD1B54A32D192ED03) % 2**64
+
+
+def _is_builtin(ch: Chain) -> bool:
+    return ch.make_inputs is not None
+
+
+def _fixed_inputs(ch: Chain) -> bool:
+    return ch.inputs is not None and all(sp.fixed for sp in ch.inputs)
+
+
+def _positional_count(fn: Any) -> int:
+    import inspect
+
+    f = fn.fn if isinstance(fn, JitFunction) else fn
+    try:
+        ps = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+               for p in ps) or 1
+
+
+def _make_args(ch: Chain, shape: tuple | None, dt, seed: int, kind: str, scale: float,
+               device: str) -> tuple:
+    """(args, shape column, input column) of one cell."""
+    if ch.inputs is None:
+        if _is_builtin(ch):
+            return (ch.make_inputs(shape, dt, seed, kind, scale, device),
+                    "x".join(str(s) for s in shape), kind)
+        if shape is None:
+            raise ValueError(
+                f"chain {ch.name!r} has no inputs: give Input specs (study.chain(..., "
+                f"inputs=[...]) or [[chains.inputs]] in --config), a shape for it "
+                f"(shapes={{{ch.name!r}: ...}}, --shape {ch.name}=AxB) or inputs={{{ch.name!r}: "
+                f"(tensors...)}}")
+        specs = (Input(shape=tuple(shape)),) * _positional_count(ch.fn)
+    else:
+        specs = ch.inputs
+    base = None
+    if any(not sp.fixed and sp.shape is None for sp in specs):
+        if not _is_builtin(ch):
+            i = next(i for i, sp in enumerate(specs) if not sp.fixed and sp.shape is None)
+            raise ValueError(f"input {i} of chain {ch.name!r}: give a shape, a file or a tensor")
+        base = ch.make_inputs(shape, float64, seed, kind, scale, "cpu")
+        if len(base) != len(specs):
+            raise ValueError(f"chain {ch.name!r} takes {len(base)} inputs, got {len(specs)} "
+                             "input specs")
+    args = []
+    for i, sp in enumerate(specs):
+        idt = as_dtype(sp.dtype) if sp.dtype else dt
+        if sp.file is not None:
+            arr = load_input_file(sp.file, sp.key)
+            if sp.shape is not None and tuple(arr.shape) != tuple(sp.shape):
+                raise ValueError(f"input {i} of chain {ch.name!r}: file {sp.file!r} has shape "
+                                 f"{tuple(arr.shape)}, expected {tuple(sp.shape)}")
+            t = tensor(arr)
+        elif sp.tensor is not None:
+            t = sp.tensor
+            if sp.shape is not None and tuple(t.shape) != tuple(sp.shape):
+                raise ValueError(f"input {i} of chain {ch.name!r}: the tensor has shape "
+                                 f"{tuple(t.shape)}, expected {tuple(sp.shape)}")
+        elif sp.shape is not None:
+            t = _gen(sp.distribution or kind, sp.shape, _input_seed(seed, i),
+                     sp.scale if sp.scale is not None else scale, idt, device)
+        else:
+            t = base[i]
+        if not getattr(t, "dtype", None) or not t.dtype.is_floating_point:
+            raise ValueError(f"input {i} of chain {ch.name!r} is {t.dtype}, not floating-point")
+        args.append(t.astype(idt).to(device))
+    if base is not None and shape is not None and all(not sp.fixed and sp.shape is None
+                                                      for sp in specs):
+        shape_s = "x".join(str(s) for s in shape)
+    else:
+        shape_s = ",".join("x".join(str(s) for s in a.shape) for a in args)
+    return tuple(args), shape_s, ", ".join(sp.describe(kind, scale) for sp in specs)
+
+
+def _check_chain_shape(ch: Chain, v: Any) -> tuple:
+    if _is_builtin(ch) and ch.name in CHAINS:
+        return check_shape(ch.name, v)
+    return _check_dims(v, f"shape for {ch.name}")
+
+
+def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         dtypes: Sequence[Any] = ("bfloat16", "float16", "float32"),
         shapes: dict | Sequence | None = None,
         policies: Sequence[Any] = ("eager", "fused"),
@@ -270,24 +700,34 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         progress: bool | Callable = False,
         on_row: Callable | None = None,
         grad: bool = False,
-        attribute: bool = False):
+        attribute: bool = False,
+        on_cell: Callable | None = None,
+        done: Any = None):
     """Run a study and return a pandas DataFrame, one row per configuration and policy.
 
     Each row compares one result with the fp64 reference (correctly-rounded fraction,
     max/mean ulp error, relative RMSE, ...) and with the eager result of the same
-    configuration (mismatch fraction, PyTorch's ``same()`` verdict).
+    configuration (mismatch fraction, PyTorch's ``same()`` verdict): the eager policy
+    under the first preset, rounding to nearest, run for the comparison when `policies`
+    has no eager.
 
     Args:
-        chains: built-in chain names (``castlab.study.CHAINS``) or functions of tensors.
-        dtypes: storage dtypes of the inputs.
-        shapes: a shape per chain name (dict), or one shape for all chains.
+        chains: built-in chain names (``castlab.study.CHAINS``), ``"pkg.module:function"``
+            or ``"path/file.py:function"`` specs, functions of tensors, or ``Chain``\\ s
+            (``chain(spec, inputs=[Input(...), ...])``).
+        dtypes: storage dtypes of the inputs (an ``Input`` may pin its own).
+        shapes: a shape per chain name (dict), or one shape for all chains. A function
+            chain without input specs gets inputs of its shape, one per parameter.
         policies: policy names or ``castlab.Policy`` objects.
         presets: math presets (or ``castlab.Math``) to run every policy under.
         rounding: downcast rounding modes ("nearest", "toward_zero", "stochastic").
-        seeds: input seeds (and stochastic-rounding seeds).
+        seeds: input seeds (and stochastic-rounding seeds). A chain whose inputs are all
+            fixed (files, tensors) runs once, labelled ``seed="fixed"``, unless a rounding
+            mode is stochastic.
         device: "cpu" or "cuda" (default: the GPU when there is one).
-        inputs: "normal", "uniform", or a dict {chain name: tuple of tensors} to study
-            real activations (e.g. passed in from PyTorch).
+        inputs: "normal", "uniform", or a dict {chain name: tuple of tensors or
+            ``Input``\\ s} to study real activations (e.g. passed in from PyTorch;
+            tensors are cast to the study dtype, ``Input(tensor=t, dtype=...)`` pins one).
         scale: multiplies generated inputs.
         extra_presets: {chain: [presets]} run under "fused" only, side by side.
         quick: small shapes.
@@ -312,18 +752,18 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
             ``attrs["attribution_verdicts"]`` one dict per pair (chain, dtype, seed, A, B,
             differ, unexplained, verdict). Plain lists, so that the attrs survive
             ``pd.concat`` of several studies and serialize to JSON.
+        on_cell: called with each finished cell, a JSON-serialisable dict: "key" (the
+            cell's ``CELL_KEYS`` and the settings its rows depend on), "rows",
+            "attribution", "verdicts".
+        done: such records of an earlier, interrupted run of this study: cells whose key
+            is among them are not run again; their rows are returned as recorded (and not
+            passed to `on_row` or `on_cell`).
 
     >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
     """
     import pandas as pd
 
     scale = check_scale(scale)
-    if isinstance(shapes, dict):
-        shapes = {k: check_shape(k, v) for k, v in shapes.items()}
-    elif shapes is not None:
-        for c in chains:
-            if isinstance(c, str):
-                check_shape(c, shapes)
     if seeds is None or isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
         raise TypeError(f"seeds must be a sequence of integers, got {seeds!r}")
     for sd in seeds:
@@ -337,58 +777,122 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         as_device(device)  # ValueError naming the device for 'tpu', 'cudax', ...
     device = device or _device_default()
     extra_presets = extra_presets or {}
+    if isinstance(inputs, str):
+        if inputs not in DISTRIBUTIONS:
+            raise ValueError(f"unknown input generator {inputs!r}; valid: "
+                             + ", ".join(DISTRIBUTIONS))
+        kind = inputs
+    elif isinstance(inputs, dict):
+        kind = "normal"
+    else:
+        raise TypeError(f"inputs must be 'normal', 'uniform' or a dict {{chain: tensors}}, "
+                        f"got {type(inputs).__name__}")
     chain_objs = []
     for c in chains:
-        if callable(c):
-            chain_objs.append(Chain(getattr(c, "__name__", "fn"), c, None, (), ()))
-            continue
-        if c not in CHAINS:
-            raise ValueError(f"unknown chain {c!r}; valid: " + ", ".join(CHAINS))
-        chain_objs.append(CHAINS[c])
-    dts = [as_dtype(d) for d in dtypes]
+        ch = chain(c)
+        if isinstance(inputs, dict):
+            if ch.name in inputs:
+                ch = chain(ch, inputs=list(inputs[ch.name]))
+            elif ch.inputs is None:
+                raise ValueError(f"inputs has no tensors for chain {ch.name!r}")
+        if any(o.name == ch.name and o is not ch and o != ch for o in chain_objs):
+            raise ValueError(f"two different chains are named {ch.name!r}: name one")
+        chain_objs.append(ch)
+    chain_objs = _unique(chain_objs, lambda ch: ch.name)
+    by_name = {ch.name: ch for ch in chain_objs}
+    if isinstance(shapes, dict):
+        checked = {}
+        for k, v in shapes.items():
+            if k in by_name:
+                checked[k] = _check_chain_shape(by_name[k], v)
+            else:
+                checked[k] = check_shape(k, v)  # a built-in not studied, or unknown: raises
+        shapes = checked
+    elif shapes is not None:
+        for ch in chain_objs:
+            _check_chain_shape(ch, shapes)
+    dts = _unique([as_dtype(d) for d in dtypes], lambda d: d.name)
     for d in dts:
         if not d.is_floating_point:
             raise ValueError(f"dtype {d} is not a floating-point dtype")
-    pols = [as_policy(p) for p in policies]
-    maths = [as_math(m) for m in presets]
+    pols = _unique([as_policy(p) for p in policies], lambda p: p.describe())
+    maths = _unique([as_math(m) for m in presets], lambda m: m)
+    rounding = _unique(list(rounding), lambda r: r)
     for r in rounding:
         Policy(rounding=r)  # validates
+    seeds = _unique(list(seeds), lambda s: s)
     ref_policy = as_policy(ref)
+    settings = {"device": device, "policies": [p.describe() for p in pols],
+                "presets": [m.name for m in maths], "rounding": list(rounding),
+                "ref": ref_policy.describe(), "grad": bool(grad), "attribute": bool(attribute)}
+    done_map = {}
+    for rec in done or ():
+        k = rec["key"]
+        done_map[k if isinstance(k, str) else cell_key(k)] = rec
 
+    def shape_of(ch: Chain):
+        if isinstance(shapes, dict):
+            if ch.name in shapes:
+                return tuple(shapes[ch.name])
+        elif shapes is not None:
+            return tuple(shapes)
+        if _is_builtin(ch):
+            return ch.quick_shape if quick else ch.default_shape
+        return None
+
+    fns = {ch.name: ch.fn if isinstance(ch.fn, JitFunction) else jit(ch.fn)
+           for ch in chain_objs}
     jobs = []
     for ch in chain_objs:
+        fixed = _fixed_inputs(ch) and "stochastic" not in rounding
         for dt in dts:
-            for seed in seeds:
+            for seed in ([FIXED_SEED] if fixed and seeds else seeds):
                 jobs.append((ch, dt, seed))
+    # chains that are not built in: make the first cell's inputs and trace them now, so
+    # that a bad file or an untraceable function fails before the study starts
+    first_args: dict = {}
+    for ch in chain_objs:
+        if _is_builtin(ch) and ch.inputs is None:
+            continue
+        job = next((j for j in jobs if j[0] is ch), None)
+        if job is None:
+            continue
+        sd = seeds[0] if job[2] == FIXED_SEED else job[2]
+        made = _make_args(ch, shape_of(ch), job[1], sd, kind, scale, device)
+        try:
+            fns[ch.name].graph(*made[0])
+        except Exception as e:  # noqa: BLE001  (whatever the user's function raises)
+            raise ValueError(f"chain {ch.name!r} cannot be traced by castlab.jit "
+                             f"({type(e).__name__}: {_one_line(e)})") from None
+        first_args[(ch.name, job[1].name, job[2])] = made
     rows: list = []
     att_rows: list = []
     verdicts: list = []
     total = len(jobs)
-    for ji, (ch, dt, seed) in enumerate(jobs):
-        label = f"{ch.name} {dt.name} seed={seed}"
+    for ji, (ch, dt, seed_label) in enumerate(jobs):
+        seed = seeds[0] if seed_label == FIXED_SEED else seed_label
+        label = f"{ch.name} {dt.name} seed={seed_label}"
         if progress is True:
             _bar(ji, total, label)
         elif callable(progress):
             progress(ji, total, label)
-        if isinstance(inputs, dict):
-            if ch.name not in inputs:
-                raise ValueError(f"inputs has no tensors for chain {ch.name!r}")
-            args = tuple(inputs[ch.name])
-            args = tuple(a.astype(dt).to(device) for a in args)
-            shape = tuple(args[0].shape)
-            kind = "tensor"
-        else:
-            if ch.make_inputs is None:
-                raise ValueError(f"chain {ch.name!r} is a function: pass inputs={{...}}")
-            if isinstance(shapes, dict):
-                shape = tuple(shapes.get(ch.name, ch.quick_shape if quick else ch.default_shape))
-            elif shapes is not None:
-                shape = tuple(shapes)
-            else:
-                shape = ch.quick_shape if quick else ch.default_shape
-            args = ch.make_inputs(shape, dt, seed, inputs, scale, device)
-            kind = inputs
-        fn = ch.fn if isinstance(ch.fn, JitFunction) else jit(ch.fn)
+        made = first_args.pop((ch.name, dt.name, seed_label), None)
+        if made is None:
+            made = _make_args(ch, shape_of(ch), dt, seed, kind, scale, device)
+        args, shape_s, input_s = made
+        common = {"chain": ch.name, "dtype": dt.name, "shape": shape_s, "input": input_s,
+                  "scale": scale, "seed": seed_label}
+        extras_req = [as_math(m) for m in extra_presets.get(ch.name, [])]
+        key = dict(common, **settings,
+                   extra_presets=[m.name for m in extras_req if m not in maths])
+        kstr = cell_key(key)
+        if kstr in done_map:
+            rec = done_map[kstr]
+            rows += rec["rows"]
+            att_rows += rec.get("attribution", [])
+            verdicts += rec.get("verdicts", [])
+            continue
+        fn = fns[ch.name]
         reference = fn.run(*args, policy=ref_policy)
         runs = []  # (math, policy, rounding, result)
         for m in maths:
@@ -397,29 +901,35 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
                     pol = _policy_with_rounding(p, r, seed)
                     runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
         extras = []
-        for mname in extra_presets.get(ch.name, []):
-            m = as_math(mname)
-            if any(x[0] == m for x in runs):
+        for m in extras_req:
+            if any(x[0] == m for x in runs) or m in extras:
                 continue
             extras.append(m)
             runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
-        common = {"chain": ch.name, "dtype": dt.name, "shape": "x".join(str(s) for s in shape),
-                  "input": kind, "scale": scale, "seed": seed}
+        base = _baseline(runs, maths[0] if maths else None,
+                         lambda m, fn=fn, args=args: fn.run(*args, policy="eager", math=m))
         if grad:
             common.update({"pass": "forward", "output": "y"})
-        new_rows = _compare_rows(runs, reference, common, device)
+        new_rows = _compare_rows(runs, reference, common, device, base)
         if grad:
             new_rows += _grad_rows(ch, fn, args, reference, dt, seed, kind, device, maths,
                                    pols, rounding, ref_policy, common)
+        new_rows = [_jsonable(r) for r in new_rows]
+        new_att, new_verdicts = [], []
+        if attribute:
+            for a, b in _attribution_pairs(pols, maths, rounding[0], seed, extras):
+                r, v = _attribution(fn, args, a, b, common)
+                new_att += r
+                new_verdicts.append(v)
         for row in new_rows:
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-        if attribute:
-            for a, b in _attribution_pairs(pols, maths, rounding[0], seed, extras):
-                r, v = _attribution(fn, args, a, b, common)
-                att_rows += r
-                verdicts.append(v)
+        att_rows += _jsonable(new_att)
+        verdicts += _jsonable(new_verdicts)
+        if on_cell is not None:
+            on_cell({"key": key, "rows": new_rows, "attribution": _jsonable(new_att),
+                     "verdicts": _jsonable(new_verdicts)})
     if progress is True:
         _bar(total, total, "done")
         sys.stderr.write("\n")
@@ -428,6 +938,18 @@ def run(chains: Sequence[str | Callable] = ("swiglu", "rope"),
         df.attrs["attribution"] = att_rows
         df.attrs["attribution_verdicts"] = verdicts
     return df
+
+
+def _baseline(runs: list, math0, run_eager: Callable):
+    """The run `mismatch_vs_eager` compares with: eager, nearest, under the first preset;
+    run here (and not reported) when the study has none."""
+    for x in runs:
+        if x[1].name == "eager" and x[2] == "nearest" and x[0] == math0:
+            return x
+    if math0 is None:
+        return None
+    return (math0, Policy.eager(), "nearest", run_eager(math0))
+
 
 
 #: The columns of ``run(attribute=True).attrs["attribution"]``: one row per factor set of
@@ -481,18 +1003,25 @@ def _attribution(fn: JitFunction, args: tuple, a: tuple, b: tuple, common: dict)
                       verdict=att.verdict)
 
 
-def _compare_rows(runs: list, reference, common: dict, device: str) -> list:
-    """One row per run (math, policy, rounding, result), compared with `reference`
-    and with the first eager run."""
-    base = next((x for x in runs if x[1].name == "eager"), runs[0])
+def _compare_rows(runs: list, reference, common: dict, device: str, base=None) -> list:
+    """One row per run (math, policy, rounding, result), in the order of `runs`, compared
+    with `reference` and with `base` (a run of `runs`, or one run only for the
+    comparison; default the first run)."""
+    if base is None:
+        base = runs[0]
+    hidden = not any(x is base for x in runs)
     ordered = [base] + [x for x in runs if x is not base]
     names = [f"{x[0].name}/{x[1].describe()}" for x in ordered]
+    if hidden:
+        names[0] = "(eager baseline)"
     cmp = numerics.compare(*[x[3] for x in ordered], ref=reference, names=names)
     metrics = cmp.to_dict()
+    name_of = {id(x): n for x, n in zip(ordered, names)}
     rows = []
-    for i, (m, pol, r, res) in enumerate(ordered):
+    for x in runs:
+        m, pol, r, res = x
         row = dict(common, math=m.name, policy=pol.name, rounding=r, device=device)
-        row.update(_metrics_of(metrics, names[i], res.numel()))
+        row.update(_metrics_of(metrics, name_of[id(x)], res.numel()))
         rows.append(row)
     return rows
 
@@ -533,12 +1062,17 @@ def _grad_rows(ch: Chain, fn: JitFunction, args: tuple, out, dt, seed: int, kind
                 pol = _policy_with_rounding(p, r, seed)
                 runs.append((m, pol, r, _grad_parts(ch, fn, argnums,
                                                     bwd.run(*args, *cots, policy=pol, math=m))))
+    base = _baseline(runs, maths[0] if maths else None,
+                     lambda m: _grad_parts(ch, fn, argnums,
+                                           bwd.run(*args, *cots, policy="eager", math=m)))
     rows = []
     for name, gref in ref.items():
         c = dict(common, output=name)
         c["pass"] = "backward"
-        rows += _compare_rows([(m, pol, r, parts[name]) for m, pol, r, parts in runs], gref,
-                              c, device)
+        part = [(m, pol, r, parts[name]) for m, pol, r, parts in runs]
+        bi = next((i for i, x in enumerate(runs) if x is base), None)
+        pbase = part[bi] if bi is not None else (base[0], base[1], base[2], base[3][name])
+        rows += _compare_rows(part, gref, c, device, pbase)
     return rows
 
 
