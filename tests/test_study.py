@@ -703,3 +703,23 @@ def test_api_resume_with_done_records():
     # records of another grid (another policy set) are not reused
     other = study.run(**dict(kw, policies=["fused"]), done=recs, on_cell=ran.append)
     assert len(ran) == 2 + 4 and len(other) == 2 * 2 + 2
+
+
+# ---------------------------------------------------------------- Dask sweeps
+
+def test_dask_workers_give_the_rows_of_a_serial_run(tmp_path):
+    pytest.importorskip("distributed")
+    kw = dict(chains=["swiglu", "rope"], dtypes=["bfloat16", "float32"], quick=True,
+              seeds=[0, 1], device="cpu", grad=True)
+    serial = study.run(**kw)
+    seen = []
+    dask = study.run(**kw, workers=2, on_row=seen.append)
+    assert serial.equals(dask)  # same rows, same order, bit for bit in every metric
+    assert len(seen) == len(serial)  # streamed back as cells finished
+    r = _cli("study", "--quick", "--device", "cpu", "--out", str(tmp_path / "o"),
+             "--no-progress", "--no-plots", "--workers", "2", "--dtypes", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    r = _cli("study", "--quick", "--device", "cpu", "--out", str(tmp_path / "p"),
+             "--no-progress", "--no-plots", "--scheduler", "tcp://127.0.0.1:9")
+    assert r.returncode == 2 and "cannot reach the Dask scheduler" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -144,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true",
                    help="continue an interrupted study in --out: the cells already finished "
                    "there (cells.jsonl) are kept and not run again")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run the study's cells on a Dask LocalCluster of N worker processes "
+                   "(with --device cuda: one GPU each); rows equal a serial run's")
+    s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="send the cells to an existing Dask cluster (tcp://host:8786)")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_parser("info", help="print versions and devices")
@@ -524,10 +529,11 @@ def cmd_study(args: argparse.Namespace) -> int:
                        seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
                        scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
                        quick=st["quick"], progress=not args.no_progress, on_cell=on_cell,
-                       grad=st["grad"], attribute=st["attribute"], done=done)
+                       grad=st["grad"], attribute=st["attribute"], done=done,
+                       workers=args.workers, scheduler=args.scheduler)
     except KeyboardInterrupt:
         interrupted = True
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ConnectionError, ImportError) as e:
         raise CLIError(str(e)) from None
     finally:
         for k in ("cells", "csv"):
@@ -639,8 +645,9 @@ def _case_keys(df, seed: bool = True) -> list[str]:
 
 
 def write_plots(df, out: str) -> list[str]:
-    """correctly_rounded.png and rel_rmse.png: one bar per math/policy/rounding in each
-    group (chain, dtype, and shape/input when they vary); with several seeds the bar is
+    """correctly_rounded.png (the incorrectly rounded fraction) and rel_rmse.png, on log
+    axes: one bar per math/policy/rounding in each group (chain, dtype, and shape/input
+    when they vary), a group's bars centred on its tick; with several seeds the bar is
     the mean over the seeds and its whisker spans their min to max."""
     try:
         import matplotlib
@@ -663,31 +670,55 @@ def write_plots(df, out: str) -> list[str]:
             s += f"\n{d['output']}"
         return s + "".join(f"\n{d[k]}" for k in vary)
 
-    for metric, title, fname in [("correctly_rounded", "correctly rounded fraction (higher is better)", "correctly_rounded.png"),
-                                 ("rel_rmse", "relative RMSE vs fp64 (lower is better)", "rel_rmse.png")]:
+    import numpy as np
+
+    # correctly_rounded.png shows the *incorrectly* rounded fraction on a log axis:
+    # 99.9987% and 99.9981% correctly rounded are 1.3e-5 and 1.9e-5 there, not both "1.0"
+    for metric, title, fname in [("correctly_rounded", "incorrectly rounded fraction vs fp64 "
+                                  "(lower is better; log axis)", "correctly_rounded.png"),
+                                 ("rel_rmse", "relative RMSE vs fp64 (lower is better; log axis)",
+                                  "rel_rmse.png")]:
         groups = list(df.groupby(gkeys, sort=False))
         labels = list(dict.fromkeys(df["label"]))
         fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4.4))
         w = 0.8 / max(1, len(labels))
-        for li, lab in enumerate(labels):
-            xs, ys, lo, hi = [], [], [], []
-            for gi, (_, g) in enumerate(groups):
+        colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+        n_inf, n_zero, ymax, drawn = 0, 0, 0.0, set()
+        for gi, (_, g) in enumerate(groups):
+            present = [lab for lab in labels if (g.label == lab).any()]
+            x0 = gi - (len(present) - 1) * w / 2  # groups with missing members stay centred
+            for li, lab in enumerate(present):
                 v = g[g.label == lab][metric].astype(float)
-                if len(v):
-                    xs.append(gi + li * w)
-                    ys.append(float(v.mean()))
-                    lo.append(float(v.mean() - v.min()))
-                    hi.append(float(v.max() - v.mean()))
-            err = [lo, hi] if nseeds > 1 else None
-            ax.bar(xs, ys, width=w, label=lab, yerr=err, capsize=2 if err else 0,
-                   error_kw={"elinewidth": 0.8})
-        ax.set_xticks([i + (len(labels) - 1) * w / 2 for i in range(len(groups))])
+                if metric == "correctly_rounded":
+                    v = 1.0 - v
+                fin = v[np.isfinite(v)]
+                n_inf += int((~np.isfinite(v)).sum())
+                if not len(fin):
+                    continue
+                m = float(fin.mean())
+                if m <= 0:
+                    n_zero += 1
+                    ax.annotate("0", (x0 + li * w, 0), xycoords=("data", "axes fraction"),
+                                ha="center", va="bottom", fontsize=7)
+                    continue
+                ymax = max(ymax, float(fin.max()))
+                err = [[m - float(fin.min())], [float(fin.max()) - m]] if nseeds > 1 else None
+                ax.bar([x0 + li * w], [m], width=w, color=colors[lab],
+                       label=lab if lab not in drawn else None, yerr=err,
+                       capsize=2 if err else 0, error_kw={"elinewidth": 0.8})
+                drawn.add(lab)
+        ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([label_of(k if isinstance(k, tuple) else (k,)) for k, _ in groups],
                            fontsize=8)
+        notes = []
         if nseeds > 1:
-            title += f"; mean of {nseeds} seeds, whiskers min-max"
-        ax.set_title(title, fontsize=10)
-        if metric == "rel_rmse":
+            notes.append(f"mean of {nseeds} seeds, whiskers min-max")
+        if n_zero:
+            notes.append('"0": exactly zero, not drawn on the log axis')
+        if n_inf:
+            notes.append(f"{n_inf} infinite value(s) not drawn")
+        ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=10)
+        if ymax > 0:
             ax.set_yscale("log")
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16),
                   frameon=False)

@@ -43,8 +43,10 @@ from ._creation import rand, randn, tensor
 from ._device import as_device
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, _arg_names, jit
+from ._progress import bar as _bar
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
+from .sweep import CellFailure, run_cells, worker_device
 
 __all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns", "check_shape",
            "check_scale", "MAX_NUMEL", "ATTRIBUTION_COLUMNS", "attribution_table", "Input",
@@ -702,7 +704,9 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         grad: bool = False,
         attribute: bool = False,
         on_cell: Callable | None = None,
-        done: Any = None):
+        done: Any = None,
+        workers: int | None = None,
+        scheduler: str | None = None):
     """Run a study and return a pandas DataFrame, one row per configuration and policy.
 
     Each row compares one result with the fp64 reference (correctly-rounded fraction,
@@ -758,6 +762,12 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         done: such records of an earlier, interrupted run of this study: cells whose key
             is among them are not run again; their rows are returned as recorded (and not
             passed to `on_row` or `on_cell`).
+        workers: run the cells on a Dask ``distributed`` LocalCluster of this many worker
+            processes (on "cuda": one GPU per worker, ``cuda:k`` for worker k); results
+            stream back to `on_row`/`on_cell` as cells finish, a failed cell is retried
+            once and then reported, and the rows equal a serial run's, bit for bit.
+        scheduler: the address of an existing Dask cluster ("tcp://host:8786") to send
+            the cells to instead (its workers need castlab and the chains' functions).
 
     >>> df = run(chains=["swiglu"], dtypes=["bfloat16"], quick=True)   # doctest: +SKIP
     """
@@ -840,8 +850,7 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
             return ch.quick_shape if quick else ch.default_shape
         return None
 
-    fns = {ch.name: ch.fn if isinstance(ch.fn, JitFunction) else jit(ch.fn)
-           for ch in chain_objs}
+    fns = {ch.name: _jit_of(ch.fn) for ch in chain_objs}
     jobs = []
     for ch in chain_objs:
         fixed = _fixed_inputs(ch) and "stochastic" not in rounding
@@ -869,75 +878,153 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
     att_rows: list = []
     verdicts: list = []
     total = len(jobs)
+    cells: list = []   # (job position, cell spec) of the cells still to run
+    records: dict = {}
     for ji, (ch, dt, seed_label) in enumerate(jobs):
         seed = seeds[0] if seed_label == FIXED_SEED else seed_label
-        label = f"{ch.name} {dt.name} seed={seed_label}"
-        if progress is True:
-            _bar(ji, total, label)
-        elif callable(progress):
-            progress(ji, total, label)
+        spec = {"chain": ch, "dtype": dt, "seed_label": seed_label, "seed": seed,
+                "shape": shape_of(ch), "kind": kind, "scale": scale, "device": device,
+                "maths": maths, "pols": pols, "rounding": rounding, "ref": ref_policy,
+                "extras": [as_math(m) for m in extra_presets.get(ch.name, [])],
+                "grad": bool(grad), "attribute": bool(attribute), "settings": settings}
         made = first_args.pop((ch.name, dt.name, seed_label), None)
-        if made is None:
-            made = _make_args(ch, shape_of(ch), dt, seed, kind, scale, device)
-        args, shape_s, input_s = made
-        common = {"chain": ch.name, "dtype": dt.name, "shape": shape_s, "input": input_s,
-                  "scale": scale, "seed": seed_label}
-        extras_req = [as_math(m) for m in extra_presets.get(ch.name, [])]
-        key = dict(common, **settings,
-                   extra_presets=[m.name for m in extras_req if m not in maths])
-        kstr = cell_key(key)
-        if kstr in done_map:
-            rec = done_map[kstr]
-            rows += rec["rows"]
-            att_rows += rec.get("attribution", [])
-            verdicts += rec.get("verdicts", [])
-            continue
-        fn = fns[ch.name]
-        reference = fn.run(*args, policy=ref_policy)
-        runs = []  # (math, policy, rounding, result)
-        for m in maths:
-            for p in pols:
-                for r in rounding:
-                    pol = _policy_with_rounding(p, r, seed)
-                    runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
-        extras = []
-        for m in extras_req:
-            if any(x[0] == m for x in runs) or m in extras:
+        if made is None and workers is None and scheduler is None:
+            made = _make_args(ch, spec["shape"], dt, seed, kind, scale, device)
+        if made is not None:
+            common = _cell_common(ch, dt, made, scale, seed_label)
+            kstr = cell_key(_cell_key_dict(spec, common))
+            if kstr in done_map:
+                records[ji] = done_map[kstr]
                 continue
-            extras.append(m)
-            runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
-        base = _baseline(runs, maths[0] if maths else None,
-                         lambda m, fn=fn, args=args: fn.run(*args, policy="eager", math=m))
-        if grad:
-            common.update({"pass": "forward", "output": "y"})
-        new_rows = _compare_rows(runs, reference, common, device, base)
-        if grad:
-            new_rows += _grad_rows(ch, fn, args, reference, dt, seed, kind, device, maths,
-                                   pols, rounding, ref_policy, common)
-        new_rows = [_jsonable(r) for r in new_rows]
-        new_att, new_verdicts = [], []
-        if attribute:
-            for a, b in _attribution_pairs(pols, maths, rounding[0], seed, extras):
-                r, v = _attribution(fn, args, a, b, common)
-                new_att += r
-                new_verdicts.append(v)
-        for row in new_rows:
-            rows.append(row)
+            if workers is None and scheduler is None:
+                spec["made"] = made  # (tensors stay in this process)
+        cells.append((ji, spec))
+
+    finished = [0]
+
+    def collect(pos_spec, rec) -> None:
+        ji, spec = pos_spec
+        finished[0] += 1
+        if isinstance(rec, CellFailure):
+            sys.stderr.write(f"castlab study: cell {spec['chain'].name} {spec['dtype'].name} "
+                             f"seed={spec['seed_label']} failed twice: {rec.error}\n")
+            return
+        if spec.get("made") is None and cell_key(rec["key"]) in done_map:
+            rec = done_map[cell_key(rec["key"])]
+            records[ji] = rec
+            return
+        records[ji] = rec
+        for row in rec["rows"]:
             if on_row is not None:
                 on_row(row)
-        att_rows += _jsonable(new_att)
-        verdicts += _jsonable(new_verdicts)
         if on_cell is not None:
-            on_cell({"key": key, "rows": new_rows, "attribution": _jsonable(new_att),
-                     "verdicts": _jsonable(new_verdicts)})
+            on_cell(rec)
+        if progress is True:
+            _bar(finished[0] + len(jobs) - len(cells), total, f"{spec['chain'].name} "
+                 f"{spec['dtype'].name} seed={spec['seed_label']}")
+        elif callable(progress):
+            progress(finished[0] + len(jobs) - len(cells), total, spec["chain"].name)
+
+    if workers is None and scheduler is None:
+        for pos_spec in cells:
+            collect(pos_spec, _run_cell(pos_spec[1]))
+    else:
+        devs = None
+        if device.startswith("cuda") and scheduler is None:
+            devs = [f"cuda:{i}" for i in range(cuda.device_count())]
+        out = run_cells(cells, _run_cell_at, workers=workers, scheduler=scheduler,
+                        devices=devs, on_result=collect)
+        if out.interrupted:
+            raise KeyboardInterrupt
+    for ji in sorted(records):
+        rec = records[ji]
+        rows += rec["rows"]
+        att_rows += rec.get("attribution", [])
+        verdicts += rec.get("verdicts", [])
     if progress is True:
         _bar(total, total, "done")
-        sys.stderr.write("\n")
     df = pd.DataFrame(rows, columns=row_columns(grad))
     if attribute:
         df.attrs["attribution"] = att_rows
         df.attrs["attribution_verdicts"] = verdicts
     return df
+
+
+_JITS: dict = {}  # a chain's function -> its castlab.jit (traces and plans kept per process)
+
+
+def _jit_of(fn: Callable) -> JitFunction:
+    if isinstance(fn, JitFunction):
+        return fn
+    j = _JITS.get(fn)
+    if j is None:
+        j = _JITS[fn] = jit(fn)
+        while len(_JITS) > 64:  # the functions of recent studies, not every one ever run
+            _JITS.pop(next(iter(_JITS)))
+    return j
+
+
+def _cell_common(ch: Chain, dt, made: tuple, scale: float, seed_label) -> dict:
+    _, shape_s, input_s = made
+    return {"chain": ch.name, "dtype": dt.name, "shape": shape_s, "input": input_s,
+            "scale": scale, "seed": seed_label}
+
+
+def _cell_key_dict(spec: dict, common: dict) -> dict:
+    maths = spec["maths"]
+    return dict(common, **spec["settings"],
+                extra_presets=[m.name for m in spec["extras"] if m not in maths])
+
+
+def _run_cell_at(pos_spec: tuple) -> dict:
+    """A Dask worker's cell: on the worker's own device (castlab.sweep.worker_device)."""
+    return _run_cell(pos_spec[1], worker_device(pos_spec[1]["device"]))
+
+
+def _run_cell(spec: dict, on_device: str | None = None) -> dict:
+    """One cell of a study (a chain, dtype and seed under every policy, preset and
+    rounding mode): its record {"key", "rows", "attribution", "verdicts"}. The same
+    function runs in this process and on Dask workers, so both give the same rows."""
+    ch, dt, seed = spec["chain"], spec["dtype"], spec["seed"]
+    maths, pols, rounding = spec["maths"], spec["pols"], spec["rounding"]
+    device = on_device or spec["device"]
+    made = spec.get("made")
+    if made is None or on_device not in (None, spec["device"]):
+        made = _make_args(ch, spec["shape"], dt, seed, spec["kind"], spec["scale"], device)
+    args = made[0]
+    common = _cell_common(ch, dt, made, spec["scale"], spec["seed_label"])
+    key = _cell_key_dict(spec, common)
+    fn = _jit_of(ch.fn)
+    reference = fn.run(*args, policy=spec["ref"])
+    runs = []  # (math, policy, rounding, result)
+    for m in maths:
+        for p in pols:
+            for r in rounding:
+                pol = _policy_with_rounding(p, r, seed)
+                runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
+    extras = []
+    for m in spec["extras"]:
+        if any(x[0] == m for x in runs) or m in extras:
+            continue
+        extras.append(m)
+        runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
+    base = _baseline(runs, maths[0] if maths else None,
+                     lambda m, fn=fn, args=args: fn.run(*args, policy="eager", math=m))
+    if spec["grad"]:
+        common.update({"pass": "forward", "output": "y"})
+    # rows name the study's device ("cuda"), not the worker's GPU ("cuda:1")
+    new_rows = _compare_rows(runs, reference, common, spec["device"], base)
+    if spec["grad"]:
+        new_rows += _grad_rows(ch, fn, args, reference, dt, seed, spec["kind"],
+                               spec["device"], maths, pols, rounding, spec["ref"], common)
+    new_att, new_verdicts = [], []
+    if spec["attribute"]:
+        for a, b in _attribution_pairs(pols, maths, rounding[0], seed, extras):
+            r, v = _attribution(fn, args, a, b, common)
+            new_att += r
+            new_verdicts.append(v)
+    return {"key": key, "rows": [_jsonable(r) for r in new_rows],
+            "attribution": _jsonable(new_att), "verdicts": _jsonable(new_verdicts)}
 
 
 def _baseline(runs: list, math0, run_eager: Callable):
@@ -1092,13 +1179,6 @@ def _metrics_of(d: dict, name: str, numel: int) -> dict:
         "mismatch_vs_eager": r["mismatch_fraction"],
         "same_vs_eager": True if same is None else bool(same),  # the baseline passes itself
     }
-
-
-def _bar(i: int, n: int, label: str) -> None:
-    width = 28
-    fill = int(width * i / max(n, 1))
-    sys.stderr.write(f"\r[{'#' * fill}{' ' * (width - fill)}] {i}/{n} {label:<40.40}")
-    sys.stderr.flush()
 
 
 def __dir__() -> list:
