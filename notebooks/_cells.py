@@ -739,8 +739,8 @@ cplot.ulp_histogram(cmp["dq"])
 - **saved activations in fp32** only fixes `db = dy * silu(a)`, the one gradient that
   reads a saved activation eager rounds: its `db` is the fused `db`, while its `da` and
   `dq` are bit-identical to eager's (0% differ from eager). The error in `da` comes from
-  `dy * b` rounded to bf16 before `silu_backward` (in the explained element, `%2 = mul(x2,
-  x1)`, i.e. `dy * b`, is 1.8125 under eager instead of 1.815673828125), and in
+  `dy * b` rounded to bf16 before `silu_backward` (in the explained element, `t2 = mul(dy,
+  b)` is 1.8125 under eager instead of 1.815673828125), and in
   `dq` from rounding `dout * cos`, `dout * sin` and their sum; storing activations in
   fp32 does not touch those roundings. Only fusing the backward (one rounding per
   gradient) removes them.
