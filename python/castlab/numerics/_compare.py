@@ -340,6 +340,9 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
                                  "e.g. fn.run(..., policy='fp64')")
     _check_devices(allv, alln)
     shape = _broadcast(allv, alln)
+    if math.prod(shape) == 0:
+        raise ValueError(f"compare: the results are empty (shape {tuple(shape)}): there are "
+                         "no elements to compare")
     vals = [_Val(np.broadcast_to(v.a, shape), v.dt, v.device) for v in vals]
     if rv is not None:
         rv = _Val(np.broadcast_to(rv.a, shape), rv.dt, rv.device)
