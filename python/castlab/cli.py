@@ -583,15 +583,35 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def format_table(df) -> str:
     cols = ["chain", "dtype", "shape", "input", "seed", "math", "policy", "rounding",
-            "correctly_rounded", "max_ulp", "rel_rmse", "mismatch_vs_eager", "same_vs_eager"]
+            "correctly_rounded", "max_ulp", "max_ulp_at_scale", "rel_rmse", "mismatch_vs_eager",
+            "same_vs_eager"]
     if "pass" in df.columns:  # a study with gradients: say which result each row is
         cols[1:1] = ["pass", "output"]
+    cols = [c for c in cols if c in df.columns]
     show = df[cols].copy()
     show["correctly_rounded"] = show["correctly_rounded"].map(lambda v: f"{100 * v:.4f}%")
     show["mismatch_vs_eager"] = show["mismatch_vs_eager"].map(lambda v: f"{100 * v:.3f}%")
     show["rel_rmse"] = show["rel_rmse"].map(lambda v: f"{v:.3e}")
-    show["max_ulp"] = show["max_ulp"].map(lambda v: f"{v:.2f}")
-    return show.to_string(index=False)
+    show["max_ulp"] = show["max_ulp"].map(_fmt_ulp)
+    if "max_ulp_at_scale" in show.columns:
+        show["max_ulp_at_scale"] = show["max_ulp_at_scale"].map(_fmt_ulp)
+        show = show.rename(columns={"max_ulp_at_scale": "max_ulp@scale"})
+    return show.to_string(index=False) + "\n" + ULP_LEGEND
+
+
+ULP_LEGEND = ("max_ulp: the worst error in ulps of the exact value at that element (it "
+              "explodes where the exact result is tiny: cancellation, or 0);\n"
+              "max_ulp@scale: the worst error in ulps of the largest exact magnitude (stays "
+              "meaningful under cancellation). results.csv's worst_index is the worst "
+              "element;\ncastlab.numerics.explain(fn, args, worst_index) shows why it comes "
+              "out as it does.")
+
+
+def _fmt_ulp(v) -> str:
+    v = float(v)
+    if v != v or v in (float("inf"), float("-inf")):
+        return str(v)
+    return f"{v:.2f}" if v < 1e6 else f"{v:.3e}"
 
 
 def _varying(df, keys=("shape", "input", "scale", "seed")) -> list[str]:

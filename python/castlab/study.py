@@ -536,7 +536,8 @@ def row_columns(grad: bool = False) -> list[str]:
     gradient)."""
     cols = ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
             "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
-            "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager"]
+            "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager",
+            "max_ulp_at_scale", "worst_index"]
     return cols[:1] + ["pass", "output"] + cols[1:] if grad else cols
 
 
@@ -1178,6 +1179,10 @@ def _metrics_of(d: dict, name: str, numel: int) -> dict:
         "max_rel_err": r["max_rel_error"],
         "mismatch_vs_eager": r["mismatch_fraction"],
         "same_vs_eager": True if same is None else bool(same),  # the baseline passes itself
+        # under cancellation max_ulp (ulps of the tiny exact value) explodes; this stays
+        # meaningful: the worst error in ulps of the largest exact magnitude
+        "max_ulp_at_scale": r["max_ulp_error_at_scale"],
+        "worst_index": "" if r.get("worst_index") is None else str(tuple(r["worst_index"])),
     }
 
 
