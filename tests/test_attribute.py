@@ -100,21 +100,26 @@ def test_interacting_factors_are_reported_as_a_pair():
     assert keys == {"fma", 0}  # fma and the kernel boundary after t0 = mul: neither alone
 
 
-@pytest.mark.parametrize("name", sorted(study.CHAINS))
-def test_every_study_chain_and_pair_is_explained(name):
+def _assert_every_pair_explained(name, dt, device):
+    """Every pair of {eager, fused} x {four presets}: no element left unexplained."""
     ch = study.CHAINS[name]
     fn = cl.jit(ch.fn)
+    args = ch.make_inputs(ch.quick_shape, dt, 1, "normal", 1.0, device)
+    configs = [(p, m) for p in ("eager", "fused")
+               for m in ("torch_eager", "inductor", "transformer_engine", "portable")]
+    for ca, cb in itertools.combinations(configs, 2):
+        try:
+            att = nm.attribute(fn, args, a=ca, b=cb)
+        except ValueError as e:
+            assert "differ in no factor" in str(e)
+            continue
+        assert att.unexplained == 0, (name, dt, ca, cb, att.verdict)
+
+
+@pytest.mark.parametrize("name", sorted(study.CHAINS))
+def test_every_study_chain_and_pair_is_explained(name):
     for dt in (cl.bfloat16, cl.float32):
-        args = ch.make_inputs(ch.quick_shape, dt, 1, "normal", 1.0, "cpu")
-        configs = [(p, m) for p in ("eager", "fused")
-                   for m in ("torch_eager", "inductor", "transformer_engine", "portable")]
-        for ca, cb in itertools.combinations(configs, 2):
-            try:
-                att = nm.attribute(fn, args, a=ca, b=cb)
-            except ValueError as e:
-                assert "differ in no factor" in str(e)
-                continue
-            assert att.unexplained == 0, (name, dt, ca, cb, att.verdict)
+        _assert_every_pair_explained(name, dt, "cpu")
 
 
 def test_stochastic_rounding_is_explained():
@@ -203,15 +208,4 @@ def test_gpu_tie_case_and_every_preset_pair_explained():
     assert att.unexplained == 0
     assert (456, 127) in [att.element(k)["index"] for k in range(len(att.indices))]
     for name in sorted(study.CHAINS):
-        ch = study.CHAINS[name]
-        fn = cl.jit(ch.fn)
-        args = ch.make_inputs(ch.quick_shape, cl.bfloat16, 1, "normal", 1.0, "cuda")
-        configs = [(p, m) for p in ("eager", "fused")
-                   for m in ("torch_eager", "inductor", "transformer_engine", "portable")]
-        for ca, cb in itertools.combinations(configs, 2):
-            try:
-                att = nm.attribute(fn, args, a=ca, b=cb)
-            except ValueError as e:
-                assert "differ in no factor" in str(e)
-                continue
-            assert att.unexplained == 0, (name, ca, cb, att.verdict)
+        _assert_every_pair_explained(name, cl.bfloat16, "cuda")

@@ -260,18 +260,27 @@ class Input:
         return d + (f":{self.dtype}" if self.dtype else "")
 
 
-def _check_dims(shape: Any, what: str) -> tuple:
+def _check_dims(shape: Any, what: str, example: str | None = None,
+                ndim: int | None = None) -> tuple:
+    """`shape` as a tuple of positive ints (at most MAX_NUMEL elements, `ndim` of them
+    when given); TypeError/ValueError naming `what` (and an `example`) otherwise."""
+    eg = f" (e.g. {example})" if example else ""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise TypeError(f"{what} must be a sequence of positive integers, got {shape!r}")
+        n = f"{ndim} " if ndim else ""
+        raise TypeError(f"{what} must be a sequence of {n}positive integers{eg}, got {shape!r}")
     dims = []
     for d in shape:
         if isinstance(d, bool) or not isinstance(d, int):
             import numpy as np
             if not isinstance(d, np.integer):
-                raise TypeError(f"{what}: dimensions must be integers, got {d!r}")
-        if int(d) <= 0:
-            raise ValueError(f"{what}: every dimension must be positive, got {tuple(shape)}")
+                raise TypeError(f"{what}: dimensions must be integers, got {d!r}"
+                                + (f" (expected e.g. {example})" if example else ""))
         dims.append(int(d))
+    if ndim is not None and len(dims) != ndim:
+        raise ValueError(f"{what} must have {ndim} dimensions{eg}, got {len(dims)}: "
+                         f"{tuple(dims)}")
+    if any(d <= 0 for d in dims):
+        raise ValueError(f"{what}: every dimension must be positive{eg}, got {tuple(dims)}")
     n = 1
     for d in dims:
         n *= d
@@ -479,37 +488,11 @@ def check_shape(chain: str, shape: Any) -> tuple:
         raise ValueError(f"unknown chain {chain!r} in shapes; valid: " + ", ".join(CHAINS))
     ch = CHAINS[chain]
     form = _shape_form(ch)
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise TypeError(f"shape for {chain} must be a sequence of {len(ch.default_shape)} "
-                        f"positive integers (e.g. {form}), got {shape!r}")
-    dims = []
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int):
-            try:
-                import numpy as np
-                ok = isinstance(d, np.integer)
-            except ImportError:  # pragma: no cover
-                ok = False
-            if not ok:
-                raise TypeError(f"shape for {chain}: dimensions must be integers, got {d!r} "
-                                f"(expected e.g. {form})")
-        dims.append(int(d))
-    if len(dims) != len(ch.default_shape):
-        raise ValueError(f"shape for {chain} must have {len(ch.default_shape)} dimensions "
-                         f"(e.g. {form}), got {len(dims)}: {tuple(dims)}")
-    if any(d <= 0 for d in dims):
-        raise ValueError(f"shape for {chain}: every dimension must be positive "
-                         f"(e.g. {form}), got {tuple(dims)}")
+    dims = _check_dims(shape, f"shape for {chain}", form, len(ch.default_shape))
     if dims[-1] % 2:
         raise ValueError(f"shape for {chain}: the last dimension must be even (the chain splits "
                          f"it in halves; e.g. {form}), got {dims[-1]}")
-    n = 1
-    for d in dims:
-        n *= d
-    if n > MAX_NUMEL:
-        raise ValueError(f"shape for {chain}: {tuple(dims)} has {n} elements, too large for a "
-                         f"study (the limit is {MAX_NUMEL})")
-    return tuple(dims)
+    return dims
 
 
 def check_scale(scale: Any) -> float:
