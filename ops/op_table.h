@@ -91,7 +91,8 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
   X(Minimum, "minimum", 2, kCatBinary, 0, 1, 1, op_minimum, 1,                                     \
     "min(a, b), NaN-propagating, -0 < +0",                                                         \
     "h = where(a == b, g / 2, g); da = where(a > b, 0, h); db = where(a < b, 0, h)")               \
-  X(Pow, "pow", 2, kCatBinary, kFImpl, 24, 24, op_pow, 1, "a**b (C pow specials)",                 \
+  X(Pow, "pow", 2, kCatBinary, kFImpl | kVarPowDevice | kVarPowTensorExp, 24, 24, op_pow, 1,       \
+    "a**b (C pow specials)",                                                                       \
     "da = pow_backward_self(g, a, b); db = pow_backward_exponent(g, a, b, y)")                     \
   X(Eq, "eq", 2, kCatCompare, 0, 1, 1, op_eq, 1, "a == b", "")                                     \
   X(Ne, "ne", 2, kCatCompare, 0, 1, 1, op_ne, 1, "a != b", "")                                     \

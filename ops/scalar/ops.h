@@ -28,6 +28,9 @@ enum VariantBits : uint32_t {
   kVarRsqrtFast = 0x20,        // rsqrt via the device's rsqrtf instead of 1/sqrt(x)
   kVarFmaInOp = 0x40,          // a*b+c inside an op's formula contracts (nvcc --fmad=true builds)
   kVarHardswishRecip6 = 0x80,  // hardswish multiplies by 1/6 (PyTorch CUDA) instead of / 6 (CPU)
+  kVarPowDevice = 0x100,       // pow's general case is the device's pow: CUDA powf/pow (PyTorch)
+  kVarPowTensorExp = 0x200,    // with kVarPowDevice: a tensor exponent, no pow_tensor_scalar
+                               // shortcuts (PyTorch's pow_tensor_tensor calls pow directly)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -198,8 +201,27 @@ CL_HD T op_minimum(T a, T b, int) {
 }
 // C pow (C99 Annex F.9.4.4), which PyTorch's pow(tensor, tensor) is; a Python-number
 // exponent of +-0.5 is lowered to sqrt (PyTorch's pow_tensor_scalar) before it gets here.
+// The device's own pow (CUDA's powf for float, pow for double; the C library on the CPU,
+// where the lowering never asks for it): what PyTorch's CUDA pow kernels call.
+CL_HD float pow_device(float x, float y) {
+#if defined(__CUDA_ARCH__)
+  return powf(x, y);
+#else
+  return std::pow(x, y);
+#endif
+}
+CL_HD double pow_device(double x, double y) {
+#if defined(__CUDA_ARCH__)
+  return pow(x, y);
+#else
+  return std::pow(x, y);
+#endif
+}
+
 template <typename T>
 CL_HD T op_pow(T x, T y, int var) {
+  // PyTorch's CUDA pow_tensor_tensor: pow(x, y) for every pair, no special cases
+  if ((var & kVarPowDevice) && (var & kVarPowTensorExp)) return pow_device(x, y);
   if (y == T(0) || x == T(1)) return T(1);  // pow(x, +-0) = pow(+1, y) = 1, even for NaN
   // Exponents PyTorch's pow_tensor_scalar kernels special-case: these give C pow's result
   // for every x, except +-0.5 at x = -0 and -inf (sqrt(-0) = -0, sqrt(-inf) = NaN).
@@ -211,6 +233,7 @@ CL_HD T op_pow(T x, T y, int var) {
   if (y == T(-1)) return T(1) / x;
   if (y == T(-2)) return T(1) / (x * x);
   if (y == T(1)) return x;
+  if (var & kVarPowDevice) return pow_device(x, y);  // pow_tensor_scalar's general case
   // General case: exp(y * log|x|) in double, with C pow's sign and special-value rules.
   const int impl = var & kVarImplMask;
   const double dx = (double)x, dy = (double)y;

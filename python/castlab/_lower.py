@@ -19,10 +19,25 @@ from . import _C
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
 from ._graph import COMPARE, Node
-from ._optable import BACKWARD_KERNELS, F32, F64, I64, OPCODE, ROUND_MODES, instr, output
+from ._optable import (
+    BACKWARD_KERNELS,
+    BITS,
+    F32,
+    F64,
+    I64,
+    OPCODE,
+    POW_TENSOR_EXP,
+    ROUND_MODES,
+    instr,
+    output,
+)
 from .policy import Math, Policy
 
 K_ROUND = OPCODE["round"]
+POW_DEVICE = BITS["pow_device"]
+# Python-number exponents PyTorch's pow_tensor_scalar kernels special-case (op_pow and the
+# lowering reproduce each); any other goes to pow in the tensor's dtype
+_POW_SHORTCUTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3.0)
 _RT_NAME = {F32: "f32", F64: "f64", I64: "i64"}
 _INT_MIN = -(1 << 63)
 _INT_END = 1 << 63
@@ -749,6 +764,8 @@ class ProgramBuilder:
             elif quirk is not None:
                 out = quirk
             else:
+                if op == "pow" and var & POW_DEVICE:
+                    var, args = self._pow_device(e, var, d)
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
                 self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var)
@@ -782,6 +799,26 @@ class ProgramBuilder:
             out, form = r, "1 / sqrt(x)"
         self.low.record.decide(node, f64).quirk = f"expanded as {form} (pow_tensor_scalar)"
         return out
+
+    def _pow_device(self, e: Elem, var: int, d) -> tuple:
+        """pow as PyTorch's CUDA kernels compute it (math.cuda_kernels): a tensor exponent
+        goes straight to CUDA's pow (pow_tensor_tensor); a Python-number exponent other
+        than the ones pow_tensor_scalar special-cases is converted to the tensor's dtype
+        first (``exp_scalar.to<scalar_t>()``: rounded for bf16/fp16), then CUDA's pow."""
+        args = e.args
+        if not isinstance(args[1], Scalar):
+            return var | POW_TENSOR_EXP, args
+        y = args[1].value
+        dt = e.node.dtype
+        if (isinstance(y, bool) or float(y) in _POW_SHORTCUTS or args[0].__class__ is Scalar
+                or dt.name not in ("bfloat16", "float16")):
+            return var, args
+        import numpy as np
+
+        r = float(np.asarray(float(y), dtype=np.float64).astype(dt.numpy).astype(np.float64))
+        if r != float(y):
+            d.quirk = f"exponent {y!r} rounded to {dt.short} first: {r!r} (pow_tensor_scalar)"
+        return var, [args[0], Scalar(r)]
 
     def _torch_cuda_kernel(self, e: Elem, f64: bool):
         """PyTorch's eager CUDA kernels where they differ from "op-math, one rounding":

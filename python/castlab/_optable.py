@@ -36,7 +36,10 @@ SILU_MUL_SIGMOID = BITS["silu_mul_sigmoid"]
 APPROX_DIV = BITS["approx_div"]
 SIGMOID_EX2 = BITS["sigmoid_ex2"]
 # Implementation details of PyTorch's eager CUDA kernels (Math.cuda_kernels).
-TORCH_CUDA_BITS = BITS["rsqrt_fast"] | BITS["fma_in_op"] | BITS["hardswish_recip6"]
+TORCH_CUDA_BITS = (BITS["rsqrt_fast"] | BITS["fma_in_op"] | BITS["hardswish_recip6"]
+                   | BITS["pow_device"])
+# Set by the lowering (not a math factor): pow's exponent is a tensor, not a Python number.
+POW_TENSOR_EXP = BITS["pow_tensor_exp"]
 MATH_IMPLS: dict[str, int] = dict(_C.MATH_IMPLS)
 ROUND_MODES: dict[str, int] = dict(_C.ROUND_MODES)
 

@@ -506,6 +506,7 @@ _TORCH_CUDA_NOTES = {
     "rsqrt_fast": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
     "fma_in_op": "fma inside the formula (nvcc --fmad=true)",
     "hardswish_recip6": "x*c*(1/6) (PyTorch's CUDA kernel)",
+    "pow_device": "CUDA powf/pow (PyTorch's pow kernels)",
 }
 
 

@@ -130,6 +130,8 @@ void bind_program(py::module_& m) {
   bits["rsqrt_fast"] = static_cast<uint32_t>(cl::kVarRsqrtFast);
   bits["fma_in_op"] = static_cast<uint32_t>(cl::kVarFmaInOp);
   bits["hardswish_recip6"] = static_cast<uint32_t>(cl::kVarHardswishRecip6);
+  bits["pow_device"] = static_cast<uint32_t>(cl::kVarPowDevice);
+  bits["pow_tensor_exp"] = static_cast<uint32_t>(cl::kVarPowTensorExp);
   m.attr("VARIANT_BITS") = bits;
   py::dict impls;
   impls["portable"] = static_cast<int>(cl::kPortable);
