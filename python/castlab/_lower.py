@@ -791,6 +791,12 @@ class ProgramBuilder:
             return None
         x = self.operand(args[0], f64)
         out = self.new()
+        low = self.low
+        if float(args[1].value) == -0.5 and low.cuda and low.math.cuda_kernels:
+            # PyTorch's CUDA pow_tensor_scalar sends -0.5 to its rsqrt kernel (rsqrtf)
+            self.ins("rsqrt", f64, out, x, var=low.math.variant_bits("rsqrt", f64 == F64, True))
+            low.record.decide(node, f64).quirk = "expanded as rsqrt(x) (pow_tensor_scalar)"
+            return out
         self.ins("sqrt", f64, out, x)
         form = "sqrt(x)"
         if float(args[1].value) == -0.5:
