@@ -17,20 +17,20 @@ import numpy as np
 from .. import _jit, ops
 from .._creation import arange
 from .._dlpack import from_dlpack
-from .._dtype import dtype, float64
+from .._dtype import dtype, float32, float64
+from .._graph import COMPARE
 from .._jit import JitFunction, jit
-from .._lower import Lowering
+from .._lower import Lowering, lower
 from ..policy import as_math, as_policy
 from ._formats import (
     Tensor,
     _fmt,
     _neighbours_np,
-    _rmse,
     _round_np,
-    _ulp_error_np,
     _ulp_np,
     _val,
 )
+from ._metrics import drift_scan
 from ._tables import _html_table, _text_table
 
 __all__ = ["explain", "Explanation", "drift", "Drift", "Divergence"]
@@ -643,57 +643,63 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     combos = _combos(policies, maths)
     tr = jf.graph(*args)
     ref_pol, ref_m = as_policy("fp64"), as_math(ref_math)
-    ref = {id(n): t for n, t in jf.node_values(*args, policy=ref_pol, math=ref_m)}
-    ref_out = jf.run(*args, policy=ref_pol, math=ref_m)
-    ref_outs = list(ref_out) if isinstance(ref_out, (tuple, list)) else [ref_out]
-    per = []
-    outs = []
-    for _label, pol, mth in combos:
-        per.append({id(n): t for n, t in jf.node_values(*args, policy=pol, math=mth)})
-        o = jf.run(*args, policy=pol, math=mth)
-        outs.append(list(o) if isinstance(o, (tuple, list)) else [o])
+    # one node at a time (its value under fp64 and under every combination, then the
+    # metrics, then the next node): never every node's values at once
+    runs = [(ref_pol, ref_m)] + [(pol, mth) for _, pol, mth in combos]
+    compute = [_node_computer(jf, args, pol, mth) for pol, mth in runs]
     names = _node_names(tr)
     rows, labels = [], []
     first = None
 
-    def metrics(x64, r64, dt):
-        f = _fmt(dt)
-        ue = _ulp_error_np(x64, r64, f)
-        rms = float(np.sqrt(np.mean(np.square(r64)))) if r64.size else 0.0
-        e = _rmse(x64, r64)
-        crr = _round_np(r64, f)
-        cx = _round_np(x64, f)
-        ok = (crr == cx) | (np.isnan(crr) & np.isnan(cx))
-        return (float(np.max(ue)) if ue.size else 0.0, float(np.mean(ue)) if ue.size else 0.0,
-                e / rms if rms else (0.0 if e == 0 else math.inf), float(ok.mean()) if ok.size else 1.0)
-
-    def add(label, op, idx, dt, xs, r64):
-        labels.append(label)
+    def add(label, op, idx, dt, xs, r):
         nonlocal first
-        for (clabel, _, _), x64 in zip(combos, xs):
-            mx, mean, rr, crf = metrics(x64, r64, dt)
+        labels.append(label)
+        res = drift_scan(xs, r, _fmt(dt), first is None and len(xs) > 1)
+        for (clabel, _, _), (mx, mean, rr, crf) in zip(combos, res["rows"]):
             rows.append({"node": label, "index": idx, "op": op, "dtype": dt.name, "combo": clabel,
                          "max_ulp": mx, "mean_ulp": mean, "rel_rmse": rr, "correctly_rounded": crf})
-        if first is None and len(xs) > 1:
-            diff = np.zeros(xs[0].shape, dtype=bool)
-            who = []
-            for (clabel, _, _), x in zip(combos[1:], xs[1:]):
-                d = ~((x == xs[0]) | (np.isnan(x) & np.isnan(xs[0])))
-                if d.any():
-                    who.append(clabel)
-                diff |= d
-            if diff.any():
-                first = Divergence(idx, op, label, int(diff.sum()), int(diff.size), tuple(who))
+        if res.get("mismatches"):
+            who = tuple(c[0] for c, d in zip(combos[1:], res["differs"]) if d)
+            first = Divergence(idx, op, label, res["mismatches"], int(xs[0].size), who)
 
     for n in tr.nodes:
         if n.op in _VIEWS or n.op == "scalar" or not n.dtype.is_floating_point:
             continue
-        if id(n) not in ref:
-            continue
-        add(_node_expr(n, names), n.op, n.index, n.dtype, [_val(p[id(n)]).f64 for p in per],
-            _val(ref[id(n)]).f64)
+        vals = [_val(c(n)).a for c in compute]
+        add(_node_expr(n, names), n.op, n.index, n.dtype, vals[1:], vals[0])
+        del vals
+    ref_out = jf.run(*args, policy=ref_pol, math=ref_m)
+    ref_outs = list(ref_out) if isinstance(ref_out, (tuple, list)) else [ref_out]
+    outs = []
+    for _label, pol, mth in combos:
+        o = jf.run(*args, policy=pol, math=mth)
+        outs.append(list(o) if isinstance(o, (tuple, list)) else [o])
     for k, on in enumerate(tr.outputs):
         xs = [_val(o[k]) for o in outs]
         add(f"output{k if len(tr.outputs) > 1 else ''} ({names.get(id(on), '?')} rounded)",
-            "output", -1, xs[0].dt, [x.f64 for x in xs], _val(ref_outs[k]).f64)
+            "output", -1, xs[0].dt, [x.a for x in xs], _val(ref_outs[k]).a)
     return Drift(getattr(jf.fn, "__name__", "fn"), [c[0] for c in combos], rows, first, labels)
+
+
+def _node_computer(jf, args, pol, mth):
+    """A function node -> the node's value under `pol`/`mth`, computed as
+    ``JitFunction.node_values`` computes it (its own plan, in register precision: fp32,
+    or fp64 where the policy keeps fp64), one node at a time."""
+    tensors = jf._bind(args)
+    trc, captured = jf._traced(tensors)
+    all_inputs = tensors + captured
+    pol.check_graph(trc.nodes)
+    low = Lowering(pol, mth, None, [])
+
+    def value(n):
+        if n.op == "cat":
+            dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
+        elif n.op in COMPARE or not n.dtype.is_floating_point:
+            dt = n.dtype
+        else:
+            dt = float64 if low.vt64(n) else float32
+        plan, outs = lower([n], all_inputs, pol, mth, out_dtypes=[dt])
+        plan.run(all_inputs, outs)
+        return outs[0]
+
+    return value

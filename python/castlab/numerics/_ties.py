@@ -4,6 +4,8 @@ where two correct-looking computations can round different ways (:func:`near_tie
 from __future__ import annotations
 
 import numbers
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -14,12 +16,14 @@ from ._formats import (
     _at_least_as_precise,
     _broadcast,
     _check_devices,
+    _f64,
     _float_val,
     _fmt,
     _tensor,
     _ulp_np,
     _Val,
 )
+from ._metrics import _LEAF, _flat
 
 __all__ = ["near_ties", "NearTies", "TieSplit"]
 
@@ -121,10 +125,31 @@ class NearTies:
         if shape != self._mask.shape:
             raise ValueError(f"results of shape {shape} do not match the reference's "
                              f"{self._mask.shape}")
-        x, y = np.broadcast_arrays(va.f64, vb.f64)
-        mism = ~((x == y) | (np.isnan(x) & np.isnan(y)))
         m = self._mask
-        return TieSplit(int((mism & m).sum()), int(m.sum()), int((mism & ~m).sum()), int((~m).sum()))
+        if va.a.shape != m.shape or vb.a.shape != m.shape:
+            x, y = np.broadcast_arrays(va.f64, vb.f64)
+            mism = ~((x == y) | (np.isnan(x) & np.isnan(y)))
+            return TieSplit(int((mism & m).sum()), int(m.sum()), int((mism & ~m).sum()),
+                            int((~m).sum()))
+        # chunk by chunk, without float64 copies: (mismatches inside, inside, all mismatches)
+        xf, yf, mf = _flat(va.a), _flat(vb.a), _flat(m)
+        native = xf.dtype == yf.dtype and xf.dtype in (np.float32, np.float64)
+
+        def work(lo, hi):
+            x, y = xf[lo:hi], yf[lo:hi]
+            if not native:
+                x, y = _f64(x), _f64(y)
+            eq = x == y
+            if not eq.all():
+                eq |= np.isnan(x) & np.isnan(y)
+            mism = np.logical_not(eq, out=eq)
+            mc = mf[lo:hi]
+            return (int(np.count_nonzero(mism & mc)), int(np.count_nonzero(mc)),
+                    int(np.count_nonzero(mism)))
+
+        parts = _map_chunks(work, mf.size)
+        mi, inside, mall = (sum(p[k] for p in parts) for k in range(3))
+        return TieSplit(mi, inside, mall - mi, mf.size - inside)
 
     def __str__(self) -> str:
         return (f"{self.count} of {self._mask.size} elements ({100 * self.fraction:.4g}%) lie "
@@ -154,14 +179,48 @@ def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
     if not _at_least_as_precise(_fmt(v.dt), f) or v.dt is f.dt:
         raise ValueError(f"near_ties needs a reference more precise than {f.name}, got "
                          f"{v.dt.name}")
-    r = v.f64
-    a = np.abs(r)
-    with np.errstate(all="ignore"):
-        u = _ulp_np(a, f)
-        s = a / u
-        t = s - np.floor(s)
-        dist = t - 0.5
-        ok = np.isfinite(a) & (a <= f.max)
-        mask = ok & (np.abs(dist) <= within) & (t != 0)
-    dist = np.where(ok, dist, np.nan)
+    mask, dist = _tie_scan(v.a, f, within)
     return NearTies(mask, dist, f.dt, within, v.device)
+
+
+def _chunks(n: int) -> list:
+    return [(lo, min(lo + _LEAF, n)) for lo in range(0, n, _LEAF)]
+
+
+def _map_chunks(work, n: int) -> list:
+    """work(lo, hi) over chunks of [0, n), on a few threads when n is large."""
+    ch = _chunks(n)
+    workers = min(os.cpu_count() or 1, 8, len(ch))
+    if workers > 1 and n >= 4 * _LEAF:
+        with ThreadPoolExecutor(workers) as ex:
+            return list(ex.map(lambda c: work(*c), ch))
+    return [work(lo, hi) for lo, hi in ch]
+
+
+def _tie_scan(ra: np.ndarray, f, within: float) -> tuple:
+    """(mask, dist) of near_ties, chunk by chunk (elementwise: the values of the whole-array
+    definitions), without a float64 copy of the reference: |r| / ulp(r) - its floor is
+    the position between two neighbours, minus 1/2 the signed distance from the midpoint;
+    NaN, infinite and beyond-the-largest-finite elements have distance NaN, no mask."""
+    rflat = _flat(ra)
+    n = rflat.size
+    mask = np.empty(n, dtype=bool)
+    dist = np.empty(n, dtype=np.float64)
+
+    def work(lo, hi):
+        with np.errstate(all="ignore"):
+            a = np.abs(_f64(rflat[lo:hi]))
+            t = a / _ulp_np(a, f)
+            t -= np.floor(t)
+            d = np.subtract(t, 0.5, out=dist[lo:hi])
+            ok = np.isfinite(a)
+            ok &= a <= f.max
+            m = np.abs(d) <= within
+            m &= ok
+            m &= t != 0
+            mask[lo:hi] = m
+            if not ok.all():
+                d[~ok] = np.nan
+
+    _map_chunks(work, n)
+    return mask.reshape(ra.shape), dist.reshape(ra.shape)
