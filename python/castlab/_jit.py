@@ -371,15 +371,26 @@ class JitFunction:
         that feeds several ops may contract differently than in the whole graph."""
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
+        value, tr, tensors = self.node_computer(args, pol, mth)
+        out = [(n, t) for n, t in zip(tr.inputs, tensors)]
+        for n in tr.nodes:
+            if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
+                continue
+            out.append((n, value(n)))
+        return out
+
+    def node_computer(self, args: tuple, pol: Policy, mth: Math) -> tuple:
+        """``(value, graph, input tensors)`` for `args`: ``value(node)`` computes one op
+        node of the graph under `pol`/`mth` with its own plan, in register precision (fp32,
+        or fp64 where the policy keeps fp64), as :meth:`node_values` reports it; one node
+        at a time, so a caller can measure and drop each before the next."""
         tensors = self._bind(args)
         tr, captured = self._traced(tensors)
         all_inputs = tensors + captured
         pol.check_graph(tr.nodes)
         low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
-        out = [(n, t) for n, t in zip(tr.inputs, tensors)]
-        for n in tr.nodes:
-            if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
-                continue
+
+        def value(n):
             if n.op == "cat":
                 dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
             elif n.op in COMPARE or not n.dtype.is_floating_point:
@@ -388,8 +399,9 @@ class JitFunction:
                 dt = float64 if low.vt64(n) else float32
             plan, outs = lower([n], all_inputs, pol, mth, out_dtypes=[dt])
             plan.run(all_inputs, outs)
-            out.append((n, outs[0]))
-        return out
+            return outs[0]
+
+        return value, tr, tensors
 
     # -- gradients -------------------------------------------------------------------
     def backward_fn(self, nargs: int | None = None, argnums: Any = None) -> JitFunction:

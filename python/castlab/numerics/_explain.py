@@ -17,10 +17,9 @@ import numpy as np
 from .. import _jit, ops
 from .._creation import arange
 from .._dlpack import from_dlpack
-from .._dtype import dtype, float32, float64
-from .._graph import COMPARE
+from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
-from .._lower import Lowering, lower
+from .._lower import Lowering
 from ..policy import as_math, as_policy
 from ._formats import (
     Tensor,
@@ -646,7 +645,7 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     # one node at a time (its value under fp64 and under every combination, then the
     # metrics, then the next node): never every node's values at once
     runs = [(ref_pol, ref_m)] + [(pol, mth) for _, pol, mth in combos]
-    compute = [_node_computer(jf, args, pol, mth) for pol, mth in runs]
+    compute = [jf.node_computer(args, pol, mth)[0] for pol, mth in runs]
     names = _node_names(tr)
     rows, labels = [], []
     first = None
@@ -681,25 +680,3 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     return Drift(getattr(jf.fn, "__name__", "fn"), [c[0] for c in combos], rows, first, labels)
 
 
-def _node_computer(jf, args, pol, mth):
-    """A function node -> the node's value under `pol`/`mth`, computed as
-    ``JitFunction.node_values`` computes it (its own plan, in register precision: fp32,
-    or fp64 where the policy keeps fp64), one node at a time."""
-    tensors = jf._bind(args)
-    trc, captured = jf._traced(tensors)
-    all_inputs = tensors + captured
-    pol.check_graph(trc.nodes)
-    low = Lowering(pol, mth, None, [])
-
-    def value(n):
-        if n.op == "cat":
-            dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
-        elif n.op in COMPARE or not n.dtype.is_floating_point:
-            dt = n.dtype
-        else:
-            dt = float64 if low.vt64(n) else float32
-        plan, outs = lower([n], all_inputs, pol, mth, out_dtypes=[dt])
-        plan.run(all_inputs, outs)
-        return outs[0]
-
-    return value
