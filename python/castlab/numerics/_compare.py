@@ -26,7 +26,14 @@ from ._formats import (
 )
 from ._metrics import _LEAF, _flat, scan
 from ._tables import _html_table, _text_table
-from ._torchcheck import SameVerdict, _assert_close_msg, _check_tol, _isclose_torch, _same
+from ._torchcheck import (
+    SameVerdict,
+    _assert_close_msg,
+    _check_tol,
+    _isclose_torch,
+    _rmse_verdict,
+    _same,
+)
 
 __all__ = ["compare", "Comparison"]
 
@@ -375,14 +382,8 @@ def _same_fast(base: _Val, res: _Val, ref: _Val | None, tol: float, st: dict, k:
         return SameVerdict(False, f"not allclose (tol={tol}); no fp64 reference")
     if st["has_nan"][0] and not st["has_nan"][k]:
         return _same(base, res, ref, tol)   # may pass as "baseline has NaN": needs arrays
-    n = int(np.prod(shape)) if shape else 1
-    ref_error, res_error = st["rows"][0]["rmse"], st["rows"][k]["rmse"]
-    mult = 3.0 if res.dt.name in ("float16", "bfloat16") else 2.0
-    if n < 1000 or (len(shape) == 4 and shape[-1] == shape[-2] == 1) or tol >= 2e-2:
-        mult = 3.0
-    thr = mult * ref_error + tol / 10.0
-    ok = res_error <= thr
-    return SameVerdict(bool(ok), "rmse", res_error, ref_error, mult, thr)
+    return _rmse_verdict(st["rows"][0]["rmse"], st["rows"][k]["rmse"], res.dt, tuple(shape),
+                         tol)
 
 
 def _allclose(base: _Val, res: _Val, tol: float, any_nan: bool) -> bool:
