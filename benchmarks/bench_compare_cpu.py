@@ -19,25 +19,9 @@ import tracemalloc
 
 import ml_dtypes
 import numpy as np
+from _memory import reset_peak, rss_kib
 
 import castlab.numerics as nm
-
-
-def _rss_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def inputs(n: int):
@@ -64,13 +48,13 @@ def main() -> int:
     nm.compare(*[r[:1] for r in res], ref=ref[:1], names=names)  # imports, first-call setup
     times, cpus, peaks = [], [], []
     for _ in range(args.repeat):
-        ok = _reset_peak()
-        base = _rss_kib("VmRSS")
+        ok = reset_peak()
+        base = rss_kib("VmRSS")
         t, tc = time.perf_counter(), time.process_time()
         c = nm.compare(*res, ref=ref, names=names)
         times.append(time.perf_counter() - t)
         cpus.append(time.process_time() - tc)
-        peaks.append((_rss_kib("VmHWM") - base) / 1024 if ok else float("nan"))
+        peaks.append((rss_kib("VmHWM") - base) / 1024 if ok else float("nan"))
         del c
     tracemalloc.start()
     c = nm.compare(*res, ref=ref, names=names)

@@ -15,26 +15,11 @@ from __future__ import annotations
 import argparse
 import time
 
+from _memory import reset_peak, rss_kib
+
 import castlab as cl
 import castlab.numerics as nm
 from castlab.study import CHAINS
-
-
-def _rss_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _case(name: str):
@@ -50,14 +35,14 @@ def _case(name: str):
 def _timed(f, repeat: int):
     walls, cpus, peak = [], [], None
     for k in range(repeat):
-        can = _reset_peak()
-        before = _rss_kib("VmRSS")
+        can = reset_peak()
+        before = rss_kib("VmRSS")
         t0, c0 = time.perf_counter(), time.process_time()
         res = f()
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         if k == 0 and can:
-            peak = (_rss_kib("VmHWM") - before) / 1024
+            peak = (rss_kib("VmHWM") - before) / 1024
         del res
     return min(walls), min(cpus), peak
 
