@@ -21,7 +21,8 @@ from .._jit import JitFunction
 from .._lower import Lowering
 from ..policy import Math, Policy, as_math, as_policy
 from ._explain import _VIEWS, _as_jit, _bind_args, explain
-from ._formats import _fmt, _round_np, _ulp_np, _val
+from ._formats import _f64, _fmt, _round_np, _ulp_np, _val
+from ._metrics import _flat, _ordinal
 from ._tables import _html_table, _text_table
 
 __all__ = ["attribute", "Attribution", "Factor"]
@@ -96,7 +97,7 @@ def _bits(v, idx: np.ndarray | None = None) -> np.ndarray:
     """Comparable bits (of the flat elements `idx`, default all): every NaN maps to one
     pattern (NaN == NaN), -0 != +0. Integer work only, on the elements asked for."""
     f = _fmt(v.dt)
-    b = np.ascontiguousarray(v.a).reshape(-1).view(f.uint)
+    b = _flat(np.asarray(v.a)).view(f.uint)
     if idx is not None:
         b = b[idx]
     mag = b & f.uint((1 << (f.bits - 1)) - 1)
@@ -106,25 +107,9 @@ def _bits(v, idx: np.ndarray | None = None) -> np.ndarray:
     return np.where(mag >= nan_from, np.iinfo(f.uint).max, b)
 
 
-def _ulp_apart(va, vb, idx: np.ndarray) -> np.ndarray:
-    """Distance in the format's ordered values between A and B at `idx` (NaN: -1)."""
-    f = _fmt(va.dt)
-    sign = f.uint(1 << (f.bits - 1))
-
-    def ordinal(v):
-        b = np.ascontiguousarray(v.a).reshape(-1).view(f.uint)[idx].astype(np.int64)
-        s_ = int(sign)
-        if f.bits == 64:  # int64 holds the magnitude; the sign flips it
-            mag = b & np.int64(0x7FFFFFFFFFFFFFFF)
-            return np.where(b < 0, -mag, mag)
-        return np.where(b >= s_, -(b - s_), b)
-
-    return np.abs(ordinal(va) - ordinal(vb))
-
-
-def _f64_at(v, idx: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return np.ascontiguousarray(v.a).reshape(-1)[idx].astype(np.float64)
+def _at(v, idx: np.ndarray) -> np.ndarray:
+    """The flat elements `idx` of a value's array."""
+    return _flat(np.asarray(v.a))[idx]
 
 
 class Attribution:
@@ -447,7 +432,7 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
 
     # -- verdicts against the exact value (toward/away compare |x - ref| directly: the
     # same ulp(ref) scales both)
-    a64, b64, r64 = _f64_at(va, diff), _f64_at(vb, diff), _f64_at(vr, diff)
+    a64, b64, r64 = (_f64(_at(v, diff)) for v in (va, vb, vr))
     fmt = _fmt(va.dt)
     with np.errstate(all="ignore"):
         da, db = np.abs(a64 - r64), np.abs(b64 - r64)
@@ -457,7 +442,8 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
         # op-math, for outputs narrower than fp32) that the op-math result itself can
         # land on the midpoint and round to even.
         lo, hi = np.minimum(a64, b64), np.maximum(a64, b64)
-        adjacent = _ulp_apart(va, vb, diff) == 1
+        adjacent = np.abs(_ordinal(_at(va, diff).view(fmt.uint), fmt.bits)
+                          - _ordinal(_at(vb, diff).view(fmt.uint), fmt.bits)) == 1
         near = TIE_FP32_ULPS * 2.0 ** (fmt.p - 23) if fmt.p < 23 else 0.0
         tie = adjacent & (lo <= r64) & (r64 <= hi) & (np.abs(r64 - (lo + hi) / 2)
                                                        <= near * (hi - lo))

@@ -58,6 +58,16 @@ def _tree_sum(tree, parts) -> float:
     return _tree_sum(tree[0], parts) + _tree_sum(tree[1], parts)
 
 
+def parallel_map(work, items: list, n: int) -> list:
+    """[work(item) for item in items], on a few threads when the `n` elements the items
+    cover are many (chunks of _LEAF elements each)."""
+    workers = min(os.cpu_count() or 1, 8, len(items))
+    if workers > 1 and n >= 4 * _LEAF:
+        with ThreadPoolExecutor(workers) as ex:
+            return list(ex.map(work, items))
+    return [work(i) for i in items]
+
+
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
 
@@ -175,12 +185,7 @@ def scan(vals: list, rv, shape: tuple) -> dict:
                 _plain_base(o, x, b64, vals[j], base, xb, bb, f, bf)
         return outs, shared
 
-    workers = min(os.cpu_count() or 1, 8, len(leaves))
-    if workers > 1 and n >= 4 * _LEAF:
-        with ThreadPoolExecutor(workers) as ex:
-            parts = list(ex.map(work, range(len(leaves))))
-    else:
-        parts = [work(k) for k in range(len(leaves))]
+    parts = parallel_map(work, list(range(len(leaves))), n)
 
     rows, worst, has_nan = [], [], []
     ref_rms = None
@@ -378,12 +383,7 @@ def drift_scan(xs: list, r: np.ndarray, f, diverge: bool) -> dict:
                 mism = int(np.count_nonzero(diff))
         return out, r_sq, mism, differs
 
-    workers = min(os.cpu_count() or 1, 8, len(leaves))
-    if workers > 1 and n >= 4 * _LEAF:
-        with ThreadPoolExecutor(workers) as ex:
-            parts = list(ex.map(work, range(len(leaves))))
-    else:
-        parts = [work(k) for k in range(len(leaves))]
+    parts = parallel_map(work, list(range(len(leaves))), n)
 
     rms = float(np.sqrt(np.float64(_tree_sum(tree, [p[1] for p in parts])) / n))
     rows = []

@@ -4,8 +4,6 @@ where two correct-looking computations can round different ways (:func:`near_tie
 from __future__ import annotations
 
 import numbers
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,7 +21,7 @@ from ._formats import (
     _ulp_np,
     _Val,
 )
-from ._metrics import _LEAF, _flat
+from ._metrics import _LEAF, _flat, parallel_map
 
 __all__ = ["near_ties", "NearTies", "TieSplit"]
 
@@ -189,12 +187,7 @@ def _chunks(n: int) -> list:
 
 def _map_chunks(work, n: int) -> list:
     """work(lo, hi) over chunks of [0, n), on a few threads when n is large."""
-    ch = _chunks(n)
-    workers = min(os.cpu_count() or 1, 8, len(ch))
-    if workers > 1 and n >= 4 * _LEAF:
-        with ThreadPoolExecutor(workers) as ex:
-            return list(ex.map(lambda c: work(*c), ch))
-    return [work(lo, hi) for lo, hi in ch]
+    return parallel_map(lambda c: work(*c), _chunks(n), n)
 
 
 def _tie_scan(ra: np.ndarray, f, within: float) -> tuple:
