@@ -185,6 +185,17 @@ def test_where_and_scalar_operands_backward():
     assert [mismatches(g, w) for g, w in zip(got, want)] == [0, 0]
 
 
+def test_pow_with_a_python_number_base():
+    """d/db of base ** b for a Python-number base, including 0 (log 0 = -inf, masked
+    where b >= 0) and a negative base (log = NaN), as torch's pow_backward_exponent."""
+    b = torch.tensor([-1.0, 0.0, 2.0, 0.5, float("inf"), -3.0])
+    dy = torch.tensor([1.0, 2.0, -1.0, 0.5, 1.0, float("inf")])
+    for base in (0.0, 2.0, -2.0, 0.5):
+        (want,) = torch_grads(lambda t, base=base: torch.pow(base, t), [b], dy, [0])
+        (got,) = cl_grads(lambda t, base=base: base ** t, [b], dy, [0])
+        assert mismatches(got, want) == 0, (base, to_t(got), want)
+
+
 def test_mixed_dtypes_cast_gradients_back():
     a = randn(4000, "bfloat16", seed=10)
     b = randn(4000, "float32", seed=11)

@@ -37,9 +37,13 @@ def _sgn(x):
     return ops.where(ops.gt(x, 0), 1.0, ops.where(ops.lt(x, 0), -1.0, 0.0)).astype(x.dtype)
 
 
+def _zeros(shape, dt, device):
+    """Zeros of a shape and dtype: a 0-d constant, broadcast (costs no memory)."""
+    return ops.expand(zeros((), dtype=dt, device=device), tuple(shape))
+
+
 def _zeros_like(x):
-    """Zeros of x's shape and dtype: a 0-d constant, broadcast (costs no memory)."""
-    return ops.expand(zeros((), dtype=x.dtype, device=x.device), tuple(x.shape))
+    return _zeros(x.shape, x.dtype, x.device)
 
 
 def _pow_backward_self(g, a, b):
@@ -53,10 +57,11 @@ def _pow_backward_self(g, a, b):
 
 def _pow_backward_exponent(g, a, b, y):
     # FunctionsManual.cpp pow_backward_exponent: 0 where exponent >= 0 and self == 0
-    if isinstance(a, (int, float)):  # Python-number base: grad * result * log(base)
+    if isinstance(a, (int, float)):  # Python-number base: grad * (result * log(base))
+        log_a = math.log(a) if a > 0 else (-math.inf if a == 0 else math.nan)
         if a == 0:
-            return ops.where(ops.ge(b, 0.0), _zeros_like(b) * g, g * (y * math.log(a)))
-        return g * (y * math.log(a))
+            return g * ops.where(ops.ge(b, 0.0), 0.0, y * log_a)
+        return g * (y * log_a)
     r = y * ops.log(a)
     return g * ops.where(ops.ge(b, 0.0), ops.where(ops.eq(a, 0.0), 0.0, r), r)
 
@@ -262,7 +267,7 @@ def _view_backward(n: Node, g: Proxy):
 def _zeros_shape(x: Node, d: int, size: int, dt: _dtype):
     shape = list(x.shape)
     shape[d] = size
-    return ops.expand(zeros((), dtype=dt, device=x.device), tuple(shape))
+    return _zeros(shape, dt, x.device)
 
 
 def _pad(g, x: Node, d: int, start: int, stop: int, step: int):
@@ -277,7 +282,7 @@ def _pad(g, x: Node, d: int, start: int, stop: int, step: int):
         shp = list(g.shape)
         gi = ops.unsqueeze(g, d + 1)
         shp.insert(d + 1, step - 1)
-        zi = ops.expand(zeros((), dtype=dt, device=x.device), tuple(shp))
+        zi = _zeros(shp, dt, x.device)
         inter = ops.cat([gi, zi], d + 1)
         shp2 = list(g.shape)
         shp2[d] = m * step

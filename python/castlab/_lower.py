@@ -816,7 +816,7 @@ class ProgramBuilder:
             return var | POW_TENSOR_EXP, args
         y = args[1].value
         dt = e.node.dtype
-        if (isinstance(y, bool) or float(y) in _POW_SHORTCUTS or args[0].__class__ is Scalar
+        if (isinstance(y, bool) or float(y) in _POW_SHORTCUTS or isinstance(args[0], Scalar)
                 or dt.name not in ("bfloat16", "float16")):
             return var, args
         import numpy as np
