@@ -296,12 +296,10 @@ def _config_input(x: Any, where: str, base: str) -> Any:
             raise CLIError(f"{where}.shape must be a list of positive integers, e.g. "
                            f"[64, 4096], got {shp!r}")
         kw["shape"] = tuple(shp)
-    if "dtype" in kw and kw["dtype"] not in _FLOAT_DTYPES:
-        raise CLIError(f"{where}.dtype must be one of {', '.join(_FLOAT_DTYPES)}, got "
-                       f"{kw['dtype']!r}")
-    if "distribution" in kw and kw["distribution"] not in study.DISTRIBUTIONS:
-        raise CLIError(f"{where}.distribution must be one of "
-                       f"{', '.join(study.DISTRIBUTIONS)}, got {kw['distribution']!r}")
+    if "dtype" in kw:
+        _one_of(f"{where}.dtype", kw["dtype"], _FLOAT_DTYPES)
+    if "distribution" in kw:
+        _one_of(f"{where}.distribution", kw["distribution"], study.DISTRIBUTIONS)
     if "scale" in kw:
         sc = kw["scale"]
         if (isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc)
@@ -363,16 +361,13 @@ def _study_settings(args: argparse.Namespace) -> dict:
                  "rounding": ("nearest", "toward_zero", "stochastic")}
         for key, ok in valid.items():
             for j, v in enumerate(cfg.get(key, [])):
-                if v not in ok:
-                    raise CLIError(f"{args.config}: {key}[{j}] must be one of {', '.join(ok)}, "
-                                   f"got {v!r}")
+                _one_of(f"{args.config}: {key}[{j}]", v, ok)
         for j, v in enumerate(cfg.get("seeds", [])):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64:
                 raise CLIError(f"{args.config}: seeds[{j}] must be an integer in [0, 2**64), "
                                f"got {v!r}")
-        if "input" in cfg and cfg["input"] not in study.DISTRIBUTIONS:
-            raise CLIError(f"{args.config}: input must be one of "
-                           f"{', '.join(study.DISTRIBUTIONS)}, got {cfg['input']!r}")
+        if "input" in cfg:
+            _one_of(f"{args.config}: input", cfg["input"], study.DISTRIBUTIONS)
         if "extra_presets" in cfg:
             ep = cfg["extra_presets"]
             if not isinstance(ep, dict) or not all(
@@ -662,6 +657,12 @@ def _case_keys(df, seed: bool = True) -> list[str]:
     if seed and "seed" in df.columns:
         keys.append("seed")
     return keys + (["pass", "output"] if "pass" in df.columns else [])
+
+
+def _one_of(what: str, v: Any, choices) -> None:
+    """CLIError "<what> must be one of ..., got v" unless v is one of `choices`."""
+    if v not in choices:
+        raise CLIError(f"{what} must be one of {', '.join(choices)}, got {v!r}")
 
 
 def write_plots(df, out: str) -> list[str]:
