@@ -420,7 +420,7 @@ Shape Tensor::infer_shape(const Shape& shape) const {
 // each chunk of old dimensions that is merged or split is itself contiguous.
 Tensor Tensor::view_or_null(const Shape& shape) const {
   const Shape newshape = infer_shape(shape);
-  if (numel() == 0)
+  if (numel() == 0 || ndim() == 0)  // a 0-d tensor: every view of it has size-1 dims
     return Tensor(storage_, newshape, contiguous_strides(newshape), offset_, dtype_);
   Shape newstrides(newshape.size());
   int64_t view_d = static_cast<int64_t>(newshape.size()) - 1;

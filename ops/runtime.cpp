@@ -107,6 +107,11 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
     views.clear();
     for (size_t k = 0; k < ni; ++k) in_p[k] = bind(s.leaves[k]);
     for (size_t k = 0; k < no; ++k) out_p[k] = bind(s.outs[k]);
+    if (!s.prog) {
+      if (ni != 1 || no != 1) throw std::invalid_argument("plan: a reduce step has one operand");
+      run_reduce(s.reduce, *in_p[0], *out_p[0]);
+      continue;
+    }
     if (no > 0 && out_p[0]->device().type == DeviceType::CUDA) {
       cuda::launch_program_cuda(*s.prog, in_p, static_cast<int>(ni), out_p, static_cast<int>(no));
     } else {

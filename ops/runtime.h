@@ -10,6 +10,7 @@
 
 #include "core/tensor.h"
 #include "ops/program.h"
+#include "ops/reduce.h"
 
 namespace cl {
 
@@ -34,9 +35,11 @@ struct PlanBind {
   int64_t offset = 0;  // element offset relative to the bound tensor's own offset
 };
 
+// A step runs a Program, or (prog null) reduces the rows of leaves[0] into outs[0].
 struct PlanStep {
   std::shared_ptr<Program> prog;
   std::vector<PlanBind> leaves, outs;
+  ReduceSpec reduce;
 };
 
 // A lowered graph, ready to run: the Programs of its regions and how each one's operands

@@ -118,6 +118,12 @@ if [ "$BENCH" = 1 ]; then
   t0=$(date +%s)
   $PY benchmarks/bench_attribution.py --json "$OUT/bench_attribution.json" 2>&1 | tee "$OUT/bench_attribution.log"
   echo "bench attribution: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  $PY benchmarks/bench_reduce.py --json "$OUT/bench_reduce.json" 2>&1 | tee "$OUT/bench_reduce.log"
+  echo "bench reduce: $(( $(date +%s) - t0 )) s"
+  $PY scripts/reduce_gpu_report.py --quick > "$OUT/reduce_report.txt" 2>&1
+  echo "reduction report: $(grep -c ' 0 / ' "$OUT/reduce_report.txt") cases equal, nonzero below"
+  grep -v ' 0 / ' "$OUT/reduce_report.txt" | grep -v 'dynamo' | head -40
 fi
 
 # ---- notebooks on the GPU (when this machine has a Jupyter kernel) ----

@@ -19,7 +19,7 @@ LAYERS = {
     "_C": 0, "_debug": 0, "_progress": 0, "_dtype": 0, "_device": 0, "_optable": 0,
     "policy": 1, "_graph": 1, "cuda": 1,
     "_lower": 2,
-    "_dlpack": 3, "_creation": 3, "ops": 3,
+    "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3,
     "_tensor": 4, "_autodiff": 4,
     "_jit": 5,
     "numerics": 6, "sweep": 6, "study": 6, "plot": 6, "cli": 6,
@@ -29,7 +29,7 @@ LAYERS = {
 SAME_LAYER = {
     0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable"],
     1: ["policy", "_graph", "cuda"],
-    3: ["_dlpack", "_creation", "ops"],
+    3: ["_dlpack", "_creation", "ops", "_reduce"],
     4: ["_tensor", "_autodiff"],
     6: ["numerics", "sweep", "study", "plot", "cli"],
 }

@@ -481,3 +481,15 @@ def test_nvrtc_compile_check_reports_errors():
         _C._nvrtc_compile_check("", "90")
     opts = _C._nvrtc_options(ARCH)
     assert f"--gpu-architecture={ARCH}" in opts and "--fmad=false" in opts
+
+
+def test_nvrtc_compiles_the_reduce_kernel():
+    """The reduce kernel (ops/cuda/reduce.cpp) for float and double rows, with every order
+    in ops/scalar/reduce.h, compiles without a warning."""
+    _nvrtc_or_skip()
+    for f64 in (False, True):
+        src = _C._reduce_kernel_source(f64)
+        assert "red_part" in src and "red_combine" in src
+        ok, log = _C._nvrtc_compile_check(src, ARCH, "cl_reduce_f64" if f64 else "cl_reduce_f32")
+        assert ok, log
+        assert "warning" not in log, log

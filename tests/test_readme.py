@@ -39,3 +39,10 @@ def test_trace_listing_is_current():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci/run").read_text()
     assert "<!-- test-command -->" in ci and "<!-- test-command -->" in README
+
+
+def test_reductions_example_runs():
+    block = re.search(r"### Reductions and norms\n.*?```python\n(.*?)```", README, re.S).group(1)
+    ns: dict = {}
+    exec(compile("import castlab as cl\n" + block, "README reductions", "exec"), ns)
+    assert ns["hf"].shape == (1024, 3584) and ns["te"].dtype == ns["hf"].dtype

@@ -298,6 +298,8 @@ CUstream launch_stream(int index) {
 CUstream stream(int index) { return dev_state(index).stream; }
 CUcontext context(int index) { return dev_state(index).ctx; }
 
+int multiprocessor_count(int index) { return dev_state(index).sms; }
+
 void compute_capability(int index, int* major, int* minor) {
   DevState& s = dev_state(index);
   *major = s.cc_major;

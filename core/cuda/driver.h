@@ -118,6 +118,8 @@ CUstream stream(int index);
 CUstream launch_stream(int index);
 // Compute capability of device `index`.
 void compute_capability(int index, int* major, int* minor);
+// Streaming multiprocessors of device `index`.
+int multiprocessor_count(int index);
 CUcontext context(int index);
 
 // Wait for all of castlab's work on `index` (or every device when index < 0); an error

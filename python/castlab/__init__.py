@@ -12,7 +12,8 @@
 #                                         progress bar, dtypes, devices, ops)
 #   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
 #   2  _lower                                 graph -> Programs -> a Plan
-#   3  _dlpack -> _creation -> ops            interchange, creation, the op functions
+#   3  _dlpack -> _creation -> ops -> _reduce  interchange, creation, the op functions,
+#                                         reductions and norms
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
 #   6  numerics, sweep -> study, plot -> cli  analysis, Dask sweeps, studies, plots, the CLI
@@ -56,6 +57,17 @@ from ._dtype import (
 )
 from ._dtype import bool_ as _bool
 from ._jit import JitFunction, grad, jit, vjp
+from ._reduce import (  # noqa: A004  (castlab.sum, as torch.sum)
+    amax,
+    amin,
+    layer_norm,
+    log_softmax,
+    mean,
+    rms_norm,
+    softmax,
+    sum,
+    var,
+)
 from ._tensor import Tensor
 from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
 from .ops import __all__ as _ops_all
@@ -73,6 +85,7 @@ __all__ = [
     "tensor", "asarray", "from_numpy", "empty", "zeros", "ones", "full", "arange", "rand",
     "randn", "empty_like", "zeros_like", "ones_like", "full_like",
     *(n for n in _ops_all if n != "copy_"),
+    "sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm", "layer_norm",
     "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
     "numerics",
     "study", "info",

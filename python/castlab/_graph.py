@@ -300,3 +300,47 @@ def view_node(op: str, x: Node, shape: tuple, attrs: dict) -> Node:
 def cat_node(parts: list[Node], dim: int, shape: tuple, dt: dtype) -> Node:
     device = _check_devices(parts, "cat")
     return Node("cat", tuple(parts), shape, dt, device, {"dim": dim})
+
+
+def reduce_dims(fn: str, shape: tuple, dim: Any) -> tuple:
+    """PyTorch's reading of a reduction's ``dim``: None (or an empty sequence, as amax's
+    default) for every dimension, an int, or a sequence of distinct ints; negative dims
+    count from the end. A 0-d tensor accepts dim 0 and -1. Returns the sorted dims."""
+    nd = len(shape)
+    if dim is None:
+        return tuple(range(nd))
+    if isinstance(dim, bool) or not isinstance(dim, (int, tuple, list)):
+        if hasattr(dim, "__index__") and not isinstance(dim, bool):
+            dim = int(dim)
+        else:
+            raise TypeError(f"{fn}: dim must be an int, a sequence of ints or None, "
+                            f"not {type(dim).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return tuple(range(nd))
+    lo, hi = (-1, 0) if nd == 0 else (-nd, nd - 1)
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"{fn}: dim must contain ints, not {type(d).__name__}")
+        if not lo <= d <= hi:
+            raise IndexError(f"{fn}: Dimension out of range (expected to be in range of "
+                             f"[{lo}, {hi}], but got {d})")
+        d = d % nd if nd else 0
+        if d in out:
+            raise ValueError(f"{fn}: dim {d} appears multiple times in the list of dims")
+        out.append(d)
+    return tuple(sorted(d for d in out if nd))
+
+
+def reduce_node(op: str, x: Node, dims: tuple, keepdim: bool, dt: dtype) -> Node:
+    """A row reduction (sum, amax, amin) of x over `dims` (sorted, non-negative)."""
+    if x.dtype is None or not x.dtype.is_floating_point:
+        raise TypeError(f"{op}: castlab reduces floating-point tensors; got {x.dtype.name} "
+                        "(cast with .astype(cl.float32) first)")
+    if op != "sum":
+        for d in dims:
+            if x.shape[d] == 0:
+                raise IndexError(f"{op}(): Expected reduction dim {d} to have non-zero size.")
+    shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims)
+    return Node(op, (x,), shape, dt, x.device, {"dims": tuple(dims), "keepdim": bool(keepdim)})

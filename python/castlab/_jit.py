@@ -30,7 +30,7 @@ from ._creation import asarray, ones
 from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
 from ._lower import Lowering, Record, input_node, lower
-from ._optable import BACKWARD_KERNELS
+from ._optable import BACKWARD_KERNELS, REDUCE_OPS
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE", "vjp", "grad"]
@@ -312,8 +312,11 @@ class JitFunction:
         if level >= 1:
             print(format_trace(tr, plan.record), file=sys.stderr)
         if level >= 2:
-            for k, (prog, _, _) in enumerate(plan.steps):
-                print(f"# program {k}\n{prog}", file=sys.stderr)
+            for k, st in enumerate(plan.steps):
+                if st[0] is not None:
+                    print(f"# program {k}\n{st[0]}", file=sys.stderr)
+                else:
+                    print(f"# reduce {k}: (kind, order, p0..p3) = {st[3]}", file=sys.stderr)
         return plan, outs
 
     # -- running ---------------------------------------------------------------------
@@ -774,6 +777,10 @@ def format_trace(tr: Traced, record: Record) -> str:
                 else:
                     note.append(f"{kid} " + ("result" if arith == "opmath" else
                                              "(PyTorch computes it in the storage type)"))
+        if n.op in REDUCE_OPS:
+            args.append(f"dim={list(n.attrs['dims'])}")
+            if n.attrs.get("keepdim"):
+                args.append("keepdim=True")
         emit(t, f"{n.op}({', '.join(args)})", "  ".join(note), where)
         rep[id(n)] = ("st", n.dtype) if n.op in COMPARE else ("cp", cdt)
         if d is not None and d.round_to is not None:

@@ -26,7 +26,9 @@ from ._optable import (
     F64,
     I64,
     OPCODE,
+    ORDER_CODE,
     POW_TENSOR_EXP,
+    REDUCE_OPS,
     ROUND_MODES,
     instr,
     output,
@@ -174,6 +176,18 @@ class Cat:
     def __init__(self, dim: int, parts: list, shape: tuple):
         self.dim = dim
         self.parts = parts
+        self.shape = tuple(shape)
+
+
+class Reduced:
+    """The result of a reduction node: its row results (a temporary in the accumulator's
+    type) seen through `leaf`; a program that reads it rounds it as the policy says."""
+
+    __slots__ = ("node", "leaf", "shape")
+
+    def __init__(self, node: Node, leaf: Leaf, shape: tuple):
+        self.node = node
+        self.leaf = leaf
         self.shape = tuple(shape)
 
 
@@ -362,6 +376,10 @@ class Lowering:
         elif op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
             inner = self.expr(node.inputs[0])
             e = self.view(inner, node.attrs["vop"])
+        elif op in REDUCE_OPS:
+            e = self.reduce_expr(node)
+        elif op == "rms_scale":
+            e = self.expr(self._rms_scale(node))
         else:
             args = []
             for a in node.inputs:
@@ -410,6 +428,8 @@ class Lowering:
             return Elem(e.node, [self.view(a, vop) for a in e.args], shape)
         if isinstance(e, Cat):
             return self._view_cat(e, vop)
+        if isinstance(e, Reduced):
+            return Reduced(e.node, self.view(e.leaf, vop), view_shape(e.shape, vop))
         raise TypeError(type(e))
 
     def _view_cat(self, e: Cat, vop):
@@ -490,7 +510,7 @@ class Lowering:
             if not d.is_floating_point:
                 return int64
             return float64 if d is float64 or self.policy.compute is float64 else float32
-        if isinstance(e, Elem):
+        if isinstance(e, (Elem, Reduced)):
             rt = self.vt(e.node)
             return int64 if rt == I64 else (float64 if rt == F64 else float32)
         if isinstance(e, Cat):
@@ -499,6 +519,135 @@ class Lowering:
                 return int64
             return float64 if any(d is not float32 for d in ds) else float32
         return float32
+
+    # -- reductions ---------------------------------------------------------------
+    def reduce_expr(self, node: Node) -> Reduced:
+        """A reduction becomes a step of its own: its operand (any expression, permuted so
+        the reduced dims come last and seen as [rows, n]) is computed into a temporary in
+        the accumulator's type (registers stored exactly, so no rounding is added), whose
+        rows a reduce step sums in the order Math.reduction names into [rows]."""
+        x = node.inputs[0]
+        dims = node.attrs["dims"]
+        nd = len(x.shape)
+        kept = [d for d in range(nd) if d not in dims]
+        rows = 1
+        for d in kept:
+            rows *= x.shape[d]
+        n = 1
+        for d in dims:
+            n *= x.shape[d]
+        acc = float64 if self.vt(node) == F64 else float32
+        ev = self.expr(x)
+        layout = _reduce_layout(ev, x.shape, dims)
+        perm = tuple(kept + list(dims))
+        if nd == 0:
+            ev = self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
+        else:
+            if perm != tuple(range(nd)):
+                ev = self.view(ev, ("permute", perm))
+            ev = self.view(ev, ("reshape", (rows, n)))
+        if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
+                and ev.t.is_contiguous()):
+            ev = self._temp_from(ev, (rows, n), acc)
+        k = len(self.temps)
+        self.temps.append(((rows,), acc))
+        t = _C.empty([rows], acc.name, str(self.device))
+        self.temp_tensors.append(t)
+        spec = self.reduce_spec(node, acc, layout)
+        self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
+        d = self.record.decide(node, F64 if acc is float64 else F32)
+        d.description = _C.describe_reduce(*spec, n, rows)
+        view = t._view_or_none(list(node.shape))
+        return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _temp_from(self, e, shape: tuple, dt: dtype) -> Leaf:
+        k = len(self.temps)
+        self.temps.append((tuple(shape), dt))
+        t = _C.empty(list(shape), dt.name, str(self.device))
+        self.temp_tensors.append(t)
+        self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
+        return Leaf(t, ("tmp", k))
+
+    def reduce_spec(self, node: Node, acc: dtype, layout: tuple) -> tuple:
+        """(kind, order, p0, p1, p2, p3) of ops/reduce.h's ReduceSpec for this node.
+        `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
+        fastest-moving dim is reduced), with unit stride, and `cols`, the contiguous kept
+        extent below the reduced dims of an outer reduction."""
+        kind = REDUCE_OPS[node.op]
+        order = self.math.reduction_order(self.cuda)
+        src = node.inputs[0].dtype
+        inner, unit, cols = layout
+        if order == "torch_cpu":
+            # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
+            # or scalar_inner_sum for a strided row); reducing outer dims sums each output
+            # column down the reduced dims (vectorized_outer_sum), whose order depends on
+            # the column's position among the `cols` contiguous kept elements
+            if inner and not unit:
+                return (kind, ORDER_CODE[order], 1, 1, 0, 0)
+            if acc is float64:
+                return (kind, ORDER_CODE[order], 4, 4, 0 if inner else cols, 0)
+            pair = src.bits == 16 and node.dtype.bits == 16 and inner
+            return (kind, ORDER_CODE[order], 16 if pair else 8, 8, 0 if inner else cols, 0)
+        if order == "torch_cuda":
+            n = 1
+            for d in node.attrs["dims"]:
+                n *= node.inputs[0].shape[d]
+            if node.attrs.get("algo") == "softmax":
+                isz = node.attrs.get("elem_bytes", src.bits // 8)
+                warp = n <= 2048 and n * isz <= 8192
+                return (kind, ORDER_CODE["softmax_warp" if warp else "softmax_block"], isz, 0,
+                        0, 0)
+            # 16-bit sums load 8 elements at a time (measured on an H200 with torch 2.11:
+            # 8 accumulators per thread reproduce fp16 -> fp32 sums, 4 do not)
+            ivs, vt0 = (8, 8) if (src.bits == 16 and kind == 0) else (4, 4)
+            if inner and not unit:
+                ivs, vt0 = 8, 4  # a strided row: no vectorized loads (vt0 < input_vec_size)
+            ovs = 0
+            if not inner:  # an outer reduction: Reduce.cuh vectorizes along the outputs
+                ovs = 4
+                while cols % ovs:
+                    ovs //= 2
+            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
+        return (kind, ORDER_CODE[order], 0, 0, 0, 0)
+
+    def _num_sms(self) -> int:
+        """Streaming multiprocessors of the graph's GPU (Reduce.cuh sizes its grid by
+        them); 132 (H100/H200) when emulating on the CPU."""
+        if not self.cuda:
+            return 132
+        return _C.cuda_sm_count(self.device.index or 0)
+
+    def _rms_scale(self, node: Node) -> Node:
+        """castlab.rms_norm's last step, where the cast placement (Math.rms_norm, unless
+        the call fixed it) decides the nodes: "hf" casts the normalised fp32 value to the
+        input dtype and multiplies by the weight there; "te" multiplies by the weight in
+        fp32 and casts once."""
+        h, w = node.inputs
+        cast = node.attrs.get("cast") or self.math.rms_norm
+        key = ("rms", id(node), cast)
+        r = self._expr_memo.get(key)
+        if r is not None:
+            return r
+        out_dt = node.dtype
+        self.record.decide(node, F32).description = (
+            f"rms_norm cast={cast}: " + (f"weight * h.to({node.attrs['in_dtype'].short})"
+                                         if cast == "hf" else
+                                         f"(h * weight.float()).to({out_dt.short}), one kernel"))
+        if cast == "hf":
+            a = Node("astype", (h,), h.shape, node.attrs["in_dtype"], node.device,
+                     dict(node.attrs))
+            y = Node("mul", (w, a), node.shape, out_dt, node.device, dict(node.attrs))
+            a.index = node.index
+        else:
+            inner = {**node.attrs, "kernel": "rms_norm_te", "kernel_inner": True}
+            wf = Node("astype", (w,), w.shape, h.dtype, node.device, inner)
+            p = Node("mul", (h, wf), node.shape, h.dtype, node.device, inner)
+            y = Node("astype", (p,), node.shape, out_dt, node.device, dict(node.attrs))
+            for m in (wf, p):
+                m.index = node.index
+        y.index = node.index
+        self._expr_memo[key] = y
+        return y
 
     # -- hoisting concatenations ------------------------------------------------
     def hoist(self, e):
@@ -577,6 +726,35 @@ class Lowering:
             raise ValueError("an output that is a plain Python number is not supported")
         prog = _C.Program(b.code, b.nregs, specs, self.policy.seed)
         self.steps.append((prog, b.leaves, outs))
+
+
+def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
+    """(inner, unit, cols) of a reduction of `e` over `dims`, as PyTorch's kernels see its
+    memory: inner when the fastest-moving dim (smallest stride, size > 1) is reduced; unit
+    when that dim has stride 1; cols: the product of the kept dims moving faster than every
+    reduced dim. An input view (a Leaf) has its own strides; a computed value is laid out
+    contiguously in logical order (as PyTorch's ops write contiguous inputs' results)."""
+    nd = len(shape)
+    if isinstance(e, Leaf):
+        st = [abs(x) for x in e.t._strides]
+    else:
+        st, acc = [0] * nd, 1
+        for d in range(nd - 1, -1, -1):
+            st[d] = acc
+            acc *= shape[d]
+    live = [d for d in range(nd) if shape[d] > 1]
+    if not live or not dims:
+        return (True, True, 0)
+    fastest = min(live, key=lambda d: (st[d], -d))
+    red = [d for d in dims if shape[d] > 1] or list(dims)
+    if fastest in dims:
+        return (True, st[fastest] == 1, 0)
+    lo = min(st[d] for d in red)
+    cols = 1
+    for d in live:
+        if d not in dims and st[d] < lo:
+            cols *= shape[d]
+    return (False, st[fastest] == 1, cols)
 
 
 def _dtype_code(t) -> int:
@@ -668,6 +846,8 @@ class ProgramBuilder:
                 self._leaf_regs[key] = r
         elif isinstance(e, Scalar):
             r = None  # constants are materialised by their consumer in its type
+        elif isinstance(e, Reduced):
+            r = self._reduced(e)
         else:
             r = self._elem(e)
         self._memo[k] = r
@@ -779,6 +959,22 @@ class ProgramBuilder:
             self._round_of[r] = d
         return (out, f64)
 
+    def _reduced(self, e: Reduced) -> tuple[int, int]:
+        """A reduction's row result: loaded exactly, then rounded as the policy says."""
+        low = self.low
+        reg, rt = self._value(e.leaf)
+        node = e.node
+        d = low.record.decide(node, rt)
+        tgt = low.round_target(node)
+        if tgt is not None:
+            r = self.new()
+            self.ins("round", rt, r, a=reg, dtype=tgt.code, mode=low.policy.rounding_code,
+                     sat=int(low.policy.saturate), aux=node.index + 1)
+            d.round_to, d.round_mode = tgt, low.policy.rounding
+            self._round_of[r] = d
+            reg = r
+        return (reg, rt)
+
     def _pow_scalar_root(self, e: Elem, f64: bool):
         """x ** 0.5 and x ** -0.5 with a Python-number exponent are sqrt(x) and 1/sqrt(x), as
         PyTorch's pow_tensor_scalar computes them (CPU and CUDA): they differ from C pow (the
@@ -834,7 +1030,8 @@ class ProgramBuilder:
         node = e.node
         args = e.args
         if (node.op == "div" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
-                and "kernel" not in node.attrs):  # (a backward kernel divides truly)
+                and node.attrs.get("kernel") in (None, "mean")):
+            # (a backward kernel divides truly; mean's MeanOps multiplies by 1/n)
             import numpy as np
 
             b = float(args[1].value)
@@ -923,8 +1120,9 @@ class Plan:
             return (_KIND[leaf.src[0]], leaf.src[1], list(t.shape), list(t._strides),
                     t._offset - b._offset)
 
-        self.steps = [(prog, [spec(x) for x in leaves], [spec(x) for x in outs])
-                      for prog, leaves, outs in low.steps]
+        # a Program step (prog, leaves, outs); a reduce step (None, [rows], [result], spec)
+        self.steps = [(st[0], [spec(x) for x in st[1]], [spec(x) for x in st[2]]) + tuple(st[3:])
+                      for st in low.steps]
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes

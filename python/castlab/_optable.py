@@ -114,3 +114,37 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
         {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
         "aten/src/ATen/native/cuda/ActivationHardswishKernel.cu, native/cpu/Activation.cpp"),
 }
+
+
+# ---------------------------------------------------------------- reductions
+
+#: Reduction ops of the graph (a row reduction each; ops/scalar/reduce.h ReduceKind).
+REDUCE_OPS: dict[str, int] = {"sum": 0, "amax": 1, "amin": 2}
+#: Orders of accumulation Math.reduction names ("torch": the device's own PyTorch order).
+REDUCTION_ORDERS = ("torch", "torch_cpu", "torch_cuda", "pairwise", "sequential")
+#: ReduceOrder codes (ops/scalar/reduce.h).
+ORDER_CODE: dict[str, int] = {"sequential": 0, "pairwise": 1, "torch_cpu": 2, "torch_cuda": 3,
+                              "softmax_warp": 4, "softmax_block": 5}
+
+# PyTorch's forward kernels that compute a composite (softmax, layer_norm, ...) in op-math
+# and round once: their inner nodes carry kernel=<name> like the backward kernels above.
+BACKWARD_KERNELS.update({
+    "softmax": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
+    "log_softmax": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
+    "mean": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": False, "cpu": False},
+        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/ReduceOps.cpp"),
+    "var": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": False, "cpu": False},
+        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/cpu/ReduceOpsKernel.cpp"),
+    "layer_norm": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/layer_norm_kernel.cu, native/cpu/layer_norm_kernel.cpp"),
+    "rms_norm_te": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "transformer_engine/common/normalization/rmsnorm"),
+})

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _C, cuda, ops
+from . import _C, _reduce, cuda, ops
 from ._device import as_device, device
 from ._dtype import as_dtype, dtype
 from ._graph import Proxy
@@ -296,6 +296,8 @@ def _install(cls, concrete: bool):
         "select": ops.select,
         "t": lambda self: ops.transpose(self, 0, 1) if len(self.shape) == 2 else self,
         "flatten": lambda self: ops.reshape(self, -1),
+        "sum": _reduce.sum, "mean": _reduce.mean, "amax": _reduce.amax, "amin": _reduce.amin,
+        "var": _reduce.var, "softmax": _reduce.softmax, "log_softmax": _reduce.log_softmax,
     }
     # Every public elementwise op of the op table is a method too (x.exp(), x.add(y)).
     for name, fn in ops.ELEMENTWISE_FUNCTIONS.items():

@@ -21,6 +21,8 @@ from ._optable import (
     IMPL_MASK,
     MATH_IMPLS,
     OPS,
+    REDUCE_OPS,
+    REDUCTION_ORDERS,
     SIGMOID_EX2,
     SILU_MUL_SIGMOID,
     TORCH_CUDA_BITS,
@@ -61,7 +63,7 @@ _PHASES = ("forward", "backward")  # selectors for every node of a gradient grap
 
 
 def _selector_ops() -> frozenset:
-    return frozenset(OPS) | {"astype"}
+    return frozenset(OPS) | {"astype"} | frozenset(REDUCE_OPS)
 
 
 def _check_selector(s: Any):
@@ -387,6 +389,18 @@ class Math:
         sigmoid: "ieee" for ``1 / (1 + exp(-x))`` or "ex2_approx" for Triton's tl.sigmoid
             (``ex2.approx.f32``; GPU only).
         division: "ieee" or "approx" (Triton's ``/``: ``div.full.f32``; GPU only).
+        reduction: the order of accumulation of sum (and of mean, var, softmax and the
+            norms built on it): "torch" (PyTorch's own kernel for the device: "torch_cuda"
+            on a GPU, "torch_cpu" on the CPU), "torch_cuda" (ATen's CUDA reduction
+            kernels: Reduce.cuh's launch configuration for the shape, SoftMax.cu's warp
+            and block sums), "torch_cpu" (ATen's vectorised cascade sum), "pairwise"
+            (NumPy's pairwise summation) or "sequential". Every order runs on both devices
+            with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
+            fp64 inputs or under a compute=float64 policy.
+        rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
+            (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
+            multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
+            by the weight in fp32, then cast once).
         cuda_kernels: on the GPU, also reproduce the implementation details of PyTorch's
             eager CUDA kernels: ``rsqrt`` is CUDA's approximate ``rsqrtf``, a division by a
             Python number multiplies by its reciprocal, ``a*b+c`` inside an op's formula
@@ -408,6 +422,8 @@ class Math:
     sigmoid: str = "ieee"
     division: str = "ieee"
     cuda_kernels: bool = False
+    reduction: str = "pairwise"
+    rms_norm: str = "hf"
 
     def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
         return _cached_hash(self)
@@ -421,6 +437,8 @@ class Math:
         _check_choice("Math", "sigmoid", self.sigmoid, ("ieee", "ex2_approx"))
         _check_choice("Math", "division", self.division, ("ieee", "approx"))
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
+        _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
+        _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))
 
     @staticmethod
     def presets() -> list[str]:
@@ -460,6 +478,16 @@ class Math:
             if self.sigmoid == "ex2_approx" and self._computes_sigmoid(f):
                 bits |= f & SIGMOID_EX2
         return bits
+
+    def reduction_order(self, cuda: bool) -> str:
+        """The concrete order of accumulation on a device ("torch" resolved).
+
+        >>> cl.Math.preset("torch_eager").reduction_order(cuda=False)
+        'torch_cpu'
+        """
+        if self.reduction == "torch":
+            return "torch_cuda" if cuda else "torch_cpu"
+        return self.reduction
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a table of the fields.
@@ -512,7 +540,8 @@ _TORCH_CUDA_NOTES = {
 
 _PRESETS = {
     # PyTorch eager CUDA kernels: precise expf, IEEE division, no contraction.
-    "torch_eager": Math("torch_eager", impl="cuda", fma=False, silu="div", cuda_kernels=True),
+    "torch_eager": Math("torch_eager", impl="cuda", fma=False, silu="div", cuda_kernels=True,
+                        reduction="torch"),
     # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
     # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
@@ -520,7 +549,8 @@ _PRESETS = {
     # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
     "nvfuser": Math("nvfuser", impl="cuda", fma=True, silu="mul_sigmoid"),
     # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.
-    "transformer_engine": Math("transformer_engine", impl="cuda", fma=True, silu="mul_sigmoid"),
+    "transformer_engine": Math("transformer_engine", impl="cuda", fma=True, silu="mul_sigmoid",
+                               rms_norm="te"),
     # castlab's own functions: identical bits on CPU and GPU.
     "portable": Math("portable", impl="portable", fma=False, silu="div"),
 }

@@ -44,6 +44,7 @@ from ._device import as_device
 from ._dtype import as_dtype, float64
 from ._jit import JitFunction, _arg_names, jit
 from ._progress import bar as _bar
+from ._reduce import rms_norm, softmax
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 from .sweep import CellFailure, run_cells, worker_device
@@ -154,6 +155,20 @@ class Chain:
     source: str | None = None
 
 
+def _rmsnorm(x, w):
+    # Hugging Face Qwen2RMSNorm: variance in fp32, cast to the input dtype, then * weight
+    return rms_norm(x, x.shape[-1], w, 1e-6, cast="hf")
+
+
+def _rmsnorm_inputs(shape, dt, seed, kind, scale, device):
+    w = _gen("uniform", shape[-1:], seed + 1, 1.0, float64, "cpu") + 0.5
+    return (_gen(kind, shape, seed, scale, dt, device), w.astype(dt).to(device))
+
+
+def _softmax(x):
+    return softmax(x, -1)
+
+
 CHAINS: dict[str, Chain] = {
     # gradients: SwiGLU/GeGLU of x, reported as its halves da and db; RoPE of x only
     # (cos/sin are broadcast over batch and heads: their gradients are reductions)
@@ -167,6 +182,12 @@ CHAINS: dict[str, Chain] = {
         "rope_interleaved", _rope_interleaved,
         lambda *a: _rope_inputs(*a, interleaved=True), (1, 8, 1024, 128), (1, 2, 128, 64),
         "GPT-J/Meta pairs: (x0*cos - x1*sin, x0*sin + x1*cos) interleaved", (0,)),
+    # reductions (no gradients yet: the derivative of a sum is not in the op table)
+    "rmsnorm": Chain("rmsnorm", _rmsnorm, _rmsnorm_inputs, (4096, 3584), (256, 896),
+                     "Qwen2RMSNorm: w * (h * rsqrt(mean(h**2) + 1e-6)).to(x.dtype), h = x.float()",
+                     (0,)),
+    "softmax": Chain("softmax", _softmax, _swiglu_inputs, (4096, 4096), (256, 1024),
+                     "softmax(x, -1): max, exp(x - max), sum, divide; one PyTorch kernel", (0,)),
 }
 
 # The default study: every dtype, eager vs fused vs fp64, and SwiGLU's formula presets.

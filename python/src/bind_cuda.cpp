@@ -8,6 +8,7 @@
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/executor.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/reduce.h"
 #include "python/src/bindings.h"
 
 namespace cu = cl::cuda;
@@ -42,6 +43,12 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_cuda_device_count", [] { return cu::device_count(); },
       py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_reduce_kernel_source", [](bool f64) { return cl::cuda::reduce_kernel_source(f64); },
+      "the CUDA source of the reduce kernel (float or double rows)");
+  m.def(
+      "cuda_sm_count", [](int index) { return cu::multiprocessor_count(index); },
+      "streaming multiprocessors of CUDA device `index`", py::call_guard<py::gil_scoped_release>());
   m.def(
       "_cuda_init",
       [](const std::vector<std::string>& nvrtc_candidates) {

@@ -73,7 +73,20 @@ void bind_plan(py::module_& m) {
         auto p = std::make_shared<Plan>();
         for (const auto& st : steps) {
           PlanStep s;
-          s.prog = st[0].cast<std::shared_ptr<Program>>();
+          if (st[0].is_none()) {  // a reduce step: (None, [src], [dst], (kind, order, p0..p3))
+            if (st.size() != 4) throw std::invalid_argument("plan: a reduce step needs its spec");
+            const auto sp = st[3].cast<std::vector<int64_t>>();
+            if (sp.size() != 6) throw std::invalid_argument("plan: reduce spec has 6 fields");
+            s.reduce.kind = static_cast<int>(sp[0]);
+            s.reduce.order = static_cast<int>(sp[1]);
+            s.reduce.p0 = sp[2];
+            s.reduce.p1 = sp[3];
+            s.reduce.p2 = sp[4];
+            s.reduce.p3 = sp[5];
+            (void)cl::make_red_plan(s.reduce, 1, 1);  // validates kind, order, parameters
+          } else {
+            s.prog = st[0].cast<std::shared_ptr<Program>>();
+          }
           for (auto h : st[1].cast<py::list>()) s.leaves.push_back(to_bind(h.cast<py::tuple>()));
           for (auto h : st[2].cast<py::list>()) s.outs.push_back(to_bind(h.cast<py::tuple>()));
           p->steps.push_back(std::move(s));
@@ -97,5 +110,24 @@ void bind_plan(py::module_& m) {
             return p.run(refs.data, refs.size, std::move(outs));
           },
           py::arg("inputs"), py::arg("outputs") = std::vector<Tensor>{});
+  m.def(
+      "reduce_rows",
+      [](const Tensor& src, const Tensor& dst, int kind, int order, int64_t p0, int64_t p1,
+         int64_t p2, int64_t p3) {
+        cl::ReduceSpec sp{kind, order, p0, p1, p2, p3};
+        py::gil_scoped_release nogil;
+        cl::run_reduce(sp, src, dst);
+      },
+      "reduce the rows of a contiguous f32/f64 [rows, n] tensor into dst [rows] in an order "
+      "(ops/scalar/reduce.h)",
+      py::arg("src"), py::arg("dst"), py::arg("kind"), py::arg("order"), py::arg("p0") = 0,
+      py::arg("p1") = 0, py::arg("p2") = 0, py::arg("p3") = 0);
+  m.def(
+      "describe_reduce",
+      [](int kind, int order, int64_t p0, int64_t p1, int64_t p2, int64_t p3, int64_t n,
+         int64_t rows) {
+        return cl::describe_red_plan(cl::make_red_plan({kind, order, p0, p1, p2, p3}, n, rows));
+      },
+      "the launch configuration of a reduction order, in words");
   m.def("signature", &signature, "exact key of the tensors' dtypes, shapes, strides, devices");
 }

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._jit import JitFunction
 from .._lower import Lowering
+from .._optable import REDUCE_OPS
 from ..policy import Math, Policy, as_math, as_policy
 from ._explain import _VIEWS, _as_jit, _bind_args, explain
 from ._formats import _f64, _fmt, _round_np, _ulp_np, _val
@@ -472,8 +473,9 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
 def _decision(d) -> tuple | None:
     if d is None:
         return None
+    # a reduction's description names its order of accumulation (Math.reduction)
     return (d.compute, d.variant, d.fma_with is not None, d.fma_into is not None, d.quirk,
-            d.round_to, d.round_mode)
+            d.round_to, d.round_mode, d.description if d.op in REDUCE_OPS else "")
 
 
 def _verdict(att: Attribution) -> str:

@@ -1,0 +1,126 @@
+"""castlab's reductions on the GPU against PyTorch, in one run (issue 16's speed goals).
+
+Cases (bf16):
+  RMSNorm  [16384, 4096] with weight, HF Qwen2RMSNorm; bytes = x read + y write (+ w)
+  softmax  [32*4096, 4096] rows, dim -1;                 bytes = x read + y write
+Implementations: castlab ``jit(...).run(policy="fused", math="inductor")`` and
+``policy="eager", math="torch_eager"``, torch.compile(dynamic=False), torch eager, and a
+device-to-device copy of the same bytes (the bandwidth anchor). Timing: CUDA events on one
+stream (bench_cuda.device_ms) and the host clock around many calls.
+
+Usage: python benchmarks/bench_reduce.py [--json PATH] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_backward import _require_gpu, host_ms  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None, help="write the numbers to this file")
+    ap.add_argument("--small", action="store_true", help="1/16 of the sizes (a smoke run)")
+    args = ap.parse_args()
+    _require_gpu()
+
+    import torch
+    from bench_cuda import device_ms, gbps, stream_of_castlab, to_cl
+
+    import castlab as cl
+    import castlab.cuda as clcuda
+
+    info = clcuda.info()
+    dev = info["devices"][0]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    print(f"# castlab reduction benchmark  {now:%Y-%m-%d %H:%M} UTC")
+    print(f"# {dev['name']} cc {dev['compute_capability']}  driver {info['driver_version']}  "
+          f"NVRTC {info['nvrtc_version']}  torch {torch.__version__}")
+    results: dict = {"device": dev["name"], "date": f"{now:%Y-%m-%d}", "cases": {}}
+    ts, cs = torch.cuda.current_stream(), stream_of_castlab()
+    div = 16 if args.small else 1
+    rows = []
+
+    def measure(case, nbytes, impls):
+        half = nbytes // 2 // 2
+        src = torch.empty(half, dtype=torch.bfloat16, device="cuda").fill_(1.0)
+        dst = torch.empty_like(src)
+        impls = {**impls, "copy (same bytes)": (lambda: dst.copy_(src), ts)}
+        r = {}
+        for name, (fn, stream) in impls.items():
+            r[name] = {"event_ms": device_ms(fn, stream, iters=10, reps=5),
+                       "host_ms": host_ms(fn)}
+        for timing in ("event_ms", "host_ms"):
+            copy_ms = r["copy (same bytes)"][timing]
+            comp_ms = r["torch.compile"][timing]
+            for name, v in r.items():
+                ms = v[timing]
+                rows.append((case, name, timing.split("_")[0], ms, gbps(nbytes, ms),
+                             copy_ms / ms, ms / comp_ms))
+        results["cases"][case] = {"bytes": nbytes, **r}
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rmsnorm():
+        R, H = 16384 // div, 4096
+        tx = torch.randn(R, H, device="cuda", generator=g).to(torch.bfloat16)
+        tw = (torch.rand(H, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
+
+        def hf(x, w):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return w * h.to(x.dtype)
+        torch._dynamo.reset()
+        comp = torch.compile(hf, dynamic=False)
+        x, w = to_cl(tx), to_cl(tw)
+        f = cl.jit(lambda x, w: cl.rms_norm(x, H, w, 1e-6, cast="hf"))
+        impls = {
+            "castlab fused/inductor": (lambda: f.run(x, w, policy="fused", math="inductor"), cs),
+            "castlab eager/torch_eager": (
+                lambda: f.run(x, w, policy="eager", math="torch_eager"), cs),
+            "torch.compile": (lambda: comp(tx, tw), ts),
+            "torch eager": (lambda: hf(tx, tw), ts),
+        }
+        measure(f"rmsnorm bf16 [{R},{H}]", 2 * tx.numel() * 2 + H * 2, impls)
+
+    def softmax():
+        R, N = 32 * 4096 // div, 4096
+        tx = torch.randn(R, N, device="cuda", generator=g).to(torch.bfloat16)
+        torch._dynamo.reset()
+        comp = torch.compile(lambda t: torch.softmax(t, -1), dynamic=False)
+        x = to_cl(tx)
+        f = cl.jit(lambda x: cl.softmax(x, -1))
+        impls = {
+            "castlab fused/inductor": (lambda: f.run(x, policy="fused", math="inductor"), cs),
+            "castlab eager/torch_eager": (lambda: f.run(x, policy="eager", math="torch_eager"),
+                                          cs),
+            "torch.compile": (lambda: comp(tx), ts),
+            "torch eager": (lambda: torch.softmax(tx, -1), ts),
+        }
+        measure(f"softmax bf16 [{R},{N}]", 2 * tx.numel() * 2, impls)
+
+    rmsnorm()
+    torch.cuda.empty_cache()
+    clcuda.empty_cache()
+    softmax()
+
+    print(f"\n{'case':30s} {'impl':26s} {'timing':6s} {'ms':>9s} {'GB/s':>7s} {'%copy':>7s} "
+          f"{'/compile':>9s}")
+    for case, name, timing, ms, bw, frac, ratio in rows:
+        print(f"{case:30s} {name:26s} {timing:6s} {ms:9.4f} {bw:7.0f} {frac:7.1%} {ratio:9.3f}")
+    print("\n%copy: copy time of the same bytes / this time;  /compile: this time / "
+          "torch.compile's (< 1: faster than torch.compile)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

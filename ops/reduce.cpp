@@ -1,0 +1,194 @@
+#include "ops/reduce.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace cl {
+
+namespace {
+
+int64_t last_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// setReduceConfig of aten/src/ATen/native/cuda/Reduce.cuh. Innermost (reduce_on_fastest,
+// one reduced dimension): lanes split each row. Outer (s.p3 = output vector size): each
+// thread owns an output and walks the reduced elements, split across the block's rows
+// (threadIdx.y) when there are many.
+void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
+  const int64_t ivs = s.p0, vt0 = s.p1, sms = s.p2 > 0 ? s.p2 : 132, ovs = s.p3;
+  if (ivs < 1 || ivs > 8 || vt0 < 1 || vt0 > 8)
+    throw std::invalid_argument("torch_cuda order: input_vec_size and vt0 must be in [1, 8]");
+  if (ovs != 0 && ovs != 1 && ovs != 2 && ovs != 4)
+    throw std::invalid_argument("torch_cuda order: output vector size must be 0, 1, 2 or 4");
+  constexpr int64_t kMaxThreadsPerSm = 2048;
+  const bool outer = ovs > 0;
+  const int64_t max_threads = 512 / (outer ? ovs : 1);
+  int64_t dim0 = outer ? rows / ovs : n;
+  const int64_t dim1 = outer ? n : rows;
+  const bool vec = !outer && dim0 > 128 && vt0 >= ivs && ivs > 1;
+  if (vec) dim0 /= ivs;
+  const int64_t d0 = dim0 < max_threads ? last_pow2(std::max<int64_t>(dim0, 1)) : max_threads;
+  const int64_t d1 = dim1 < max_threads ? last_pow2(std::max<int64_t>(dim1, 1)) : max_threads;
+  int64_t bw = std::min<int64_t>(d0, 32);
+  const int64_t bh = std::min<int64_t>(d1, max_threads / bw);
+  bw = std::min<int64_t>(d0, max_threads / bh);
+  int64_t step_in = outer ? 1 : bw;
+  int64_t step_out = outer ? bw : 1;
+  const int64_t vpt = div_up(n, step_in);
+  const bool split_y = vpt >= std::min<int64_t>(bh * 16, 256);
+  if (split_y)
+    step_in *= bh;
+  else
+    step_out *= bh;
+  int64_t ctas = 1;
+  if (split_y) {
+    const int64_t vpt2 = div_up(n, step_in);
+    const int64_t target = sms * (kMaxThreadsPerSm / (bw * bh));
+    const int64_t grid = div_up(outer ? rows / ovs : rows, step_out);
+    if (vpt2 >= 256 && grid <= target)
+      ctas = std::max(std::min(div_up(target, grid), div_up(vpt2, 16)), div_up(vpt2, 256));
+  }
+  P->a = outer ? 1 : bw;  // lanes along the row (outer: one thread per output)
+  P->b = split_y ? bh : 1;
+  P->c = vec ? ivs : vt0;
+  P->d = vec ? 1 : 0;
+  P->e = split_y ? 1 : 0;
+  P->f = ctas;
+  P->g = outer ? bw : 0;
+  P->nparts = P->a * P->b * ctas;
+}
+
+}  // namespace
+
+RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
+  if (s.kind < kRedSum || s.kind > kRedMin)
+    throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
+  if (s.order < 0 || s.order >= kOrdCount)
+    throw std::invalid_argument("reduce: unknown order " + std::to_string(s.order));
+  if (n < 0 || rows < 0) throw std::invalid_argument("reduce: negative size");
+  RedPlan P;
+  P.kind = s.kind;
+  P.order = s.order;
+  P.n = n;
+  switch (s.order) {
+    case kOrdTorchCpu:
+      if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4) ||
+            (s.p0 == 1 && s.p1 == 1)))
+        throw std::invalid_argument("torch_cpu order: vector (8, 8), (16, 8), (4, 4) or (1, 1)");
+      if (s.p2 < 0) throw std::invalid_argument("torch_cpu order: negative column count");
+      P.a = s.p0;
+      P.b = s.p1;
+      P.c = s.p2;
+      break;
+    case kOrdTorchCuda: cuda_config(&P, s, n, rows); break;
+    case kOrdPairwise:
+      if (s.kind == kRedSum) {  // one part per leaf of NumPy's halving tree
+        int64_t st = 0, len = 0;
+        P.nparts = n <= 128 ? 1 : red_pairwise_leaf(n, -1, &st, &len);
+      }
+      break;
+    case kOrdSoftmaxWarp: {
+      // dispatch_softmax_forward: next power of two, warp of min(that, 32) lanes
+      if (n > 2048) throw std::invalid_argument("softmax_warp order: rows of at most 2048");
+      const int64_t p2 = n <= 1 ? 1 : last_pow2(n - 1) * 2;
+      P.a = std::min<int64_t>(p2, 32);
+      P.b = p2 / P.a;
+      P.nparts = P.a;
+      break;
+    }
+    case kOrdSoftmaxBlock: {
+      // SoftMaxForward_getBlockSize: min(n, 1024) rounded up to a warp multiple; ILP 1
+      // on the register path (fewer than 10 elements per thread), else 16 bytes.
+      const int64_t mb = std::min<int64_t>(std::max<int64_t>(n, 1), 1024);
+      P.a = div_up(mb, 32) * 32;
+      const int64_t isz = s.p0 > 0 ? s.p0 : 4;
+      P.b = div_up(n, P.a) < 10 ? 1 : 16 / isz;
+      P.nparts = P.a / 32;
+      break;
+    }
+    default: break;
+  }
+  return P;
+}
+
+std::string describe_red_plan(const RedPlan& p) {
+  static const char* kKinds[] = {"sum", "max", "min"};
+  std::string r = kKinds[p.kind];
+  auto num = [](int64_t x) { return std::to_string(static_cast<long long>(x)); };
+  switch (p.order) {
+    case kOrdSequential: return r + " sequential";
+    case kOrdPairwise: return r + (p.kind == kRedSum ? " pairwise (NumPy)" : " sequential");
+    case kOrdTorchCpu:
+      if (p.kind != kRedSum) return r + " sequential";
+      if (p.c > 0) return r + " torch_cpu outer cascade (" + num(p.c) + " columns)";
+      return r + " torch_cpu cascade (" + num(p.a) + "-element loads, " + num(p.b) + " lanes)";
+    case kOrdTorchCuda:
+      if (p.g > 0)
+        return r + " torch_cuda Reduce.cuh outer reduction (" + num(p.g) + " outputs per warp" +
+               (p.e ? ", " + num(p.b) + " threads per output" : ", one thread per output") + ", " +
+               num(p.c) + " accumulators" + (p.f > 1 ? ", " + num(p.f) + " CTAs per output)" : ")");
+      return r + " torch_cuda Reduce.cuh block (" + num(p.a) + "," + num(p.b) + ")" +
+             (p.d ? " vectorized x" + num(p.c) : " " + num(p.c) + " accumulators") +
+             (p.e ? ", row split across warps" : ", warp per row") +
+             (p.f > 1 ? ", " + num(p.f) + " CTAs per row" : "");
+    case kOrdSoftmaxWarp:
+      return r + " torch_cuda persistent warp softmax (" + num(p.a) + " lanes x " + num(p.b) + ")";
+    case kOrdSoftmaxBlock:
+      return r + " torch_cuda block softmax (" + num(p.a) + " threads, ILP " + num(p.b) + ")";
+  }
+  return r;
+}
+
+namespace {
+
+template <typename T>
+void reduce_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n) {
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, n));
+  parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<T> parts(static_cast<size_t>(std::max<int64_t>(P.nparts, 1)));
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* v = src + r * n;
+      for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part(P, v, n, r, t);
+      dst[r] = red_combine(P, parts.data());
+    }
+  });
+}
+
+}  // namespace
+
+void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst) {
+  if (src.dtype() != kFloat32 && src.dtype() != kFloat64)
+    throw std::invalid_argument("reduce: the rows must be float32 or float64");
+  if (dst.dtype() != src.dtype()) throw std::invalid_argument("reduce: dtypes differ");
+  if (src.device() != dst.device())
+    throw std::invalid_argument("reduce: tensors on " + src.device().str() + " and " +
+                                dst.device().str());
+  const int64_t rows = dst.numel();
+  const int64_t total = src.numel();
+  if (rows == 0) return;
+  if ((total > 0 && !src.is_contiguous()) || !dst.is_contiguous())
+    throw std::invalid_argument("reduce: operands must be contiguous");
+  if (total % rows != 0) throw std::invalid_argument("reduce: rows do not divide the input");
+  const int64_t n = total / rows;
+  const RedPlan P = make_red_plan(s, n, rows);
+  if (src.device().type == DeviceType::CUDA) {
+    cuda::launch_reduce_cuda(P, src, dst, rows);
+    return;
+  }
+  if (src.dtype() == kFloat32)
+    reduce_cpu(P, static_cast<const float*>(src.data_ptr()), static_cast<float*>(dst.data_ptr()),
+               rows, n);
+  else
+    reduce_cpu(P, static_cast<const double*>(src.data_ptr()), static_cast<double*>(dst.data_ptr()),
+               rows, n);
+}
+
+}  // namespace cl

@@ -1,0 +1,46 @@
+// Reduction steps of a Plan: rows of a contiguous [rows, n] temporary (f32 or f64, the
+// values a Program computed in its registers) reduced to [rows] in a stated order
+// (ops/scalar/reduce.h holds the orders; this file resolves their launch configuration
+// and runs them on the CPU; ops/cuda/reduce.cpp runs them on the GPU).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+#include "ops/scalar/reduce.h"
+
+namespace cl {
+
+// What the lowering asks for: kind (ReduceKind), order (ReduceOrder) and the order's
+// parameters:
+//   torch_cpu:  p0 = elements per vector load (8 fp32, 16 bf16/fp16 pairs, 4 fp64),
+//               p1 = lanes (8 or 4), p2 = 0 (innermost reduction) or the contiguous
+//               extent of the kept dims after the reduced ones (an outer reduction)
+//   torch_cuda: p0 = input_vec_size, p1 = vt0, p2 = SMs (0: 132, an H100/H200), p3 = 0
+//               for a reduction over the innermost dims, else the output vector size (1, 2
+//               or 4) of a reduction over outer dims (each thread owns an output)
+//   softmax_warp / softmax_block: p0 = the input's element size in bytes
+struct ReduceSpec {
+  int kind = kRedSum;
+  int order = kOrdSequential;
+  int64_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+};
+
+// The order's launch configuration for rows of n elements, `rows` rows reduced together.
+// Throws std::invalid_argument for an unknown kind or order or bad parameters.
+RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows);
+// One line: the configuration in words (traces).
+std::string describe_red_plan(const RedPlan& p);
+
+// src: contiguous [rows, n] (or [n] for rows = 1), float32 or float64; dst: contiguous,
+// rows elements, the same dtype and device.
+void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst);
+
+namespace cuda {
+// The CUDA source of the reduce kernel for float (f64 false) or double rows (tests
+// compile it with NVRTC without a GPU).
+std::string reduce_kernel_source(bool f64);
+void launch_reduce_cuda(const RedPlan& p, const Tensor& src, const Tensor& dst, int64_t rows);
+}  // namespace cuda
+
+}  // namespace cl

@@ -1,0 +1,463 @@
+// Row reductions in a stated order of accumulation: one header for the CPU executor and
+// (embedded verbatim) for NVRTC, so every order gives the same bits on both devices.
+//
+// A reduction of a row v[0..n) runs in two steps, the way a GPU kernel does:
+//   1. red_part(P, v, n, row, t) for every part t in [0, P.nparts): what one thread of the
+//      emulated kernel accumulates on its own (for the serial orders, one part: the row);
+//   2. red_combine(P, parts): how the kernel combines those partials (trees, shuffles).
+// The CPU runs both steps in a loop; the GPU computes the parts in parallel (one thread
+// each) and combines them on one thread, so both devices evaluate the same expressions.
+//
+// Orders (ReduceOrder) and where they come from:
+//   sequential   ((v0 + v1) + v2) + ...
+//   pairwise     NumPy's pairwise summation (numpy/_core/src/umath/loops_utils.h.src):
+//                8 accumulators over blocks of at most 128, halves above
+//   torch_cpu    ATen's cascade sum (aten/src/ATen/native/cpu/SumKernel.cpp), AVX2 lanes
+//   torch_cuda   ATen's generic reduction kernel (aten/src/ATen/native/cuda/Reduce.cuh),
+//                row-contiguous input: the launch configuration setReduceConfig picks
+//   cuda_softmax_warp / cuda_softmax_block   the sums in SoftMax.cu's persistent warp
+//                softmax and its block softmax (cunn_SoftMaxForward*, BlockReduce)
+// docs/torch_reductions.md has the derivations.
+#pragma once
+#include "core/cl_defs.h"
+
+namespace cl {
+
+enum ReduceKind : int { kRedSum = 0, kRedMax = 1, kRedMin = 2 };
+enum ReduceOrder : int {
+  kOrdSequential = 0,
+  kOrdPairwise = 1,
+  kOrdTorchCpu = 2,
+  kOrdTorchCuda = 3,
+  kOrdSoftmaxWarp = 4,
+  kOrdSoftmaxBlock = 5,
+  kOrdCount = 6
+};
+
+// A reduction's order with its launch configuration resolved for one row length.
+//   torch_cpu:  a = elements per loaded vector (8: fp32, 16: bf16/fp16 pair loads, 4: fp64,
+//               1: a strided row, scalar_inner_sum),
+//               b = float lanes per vector (8 or 4), c = 0 for an innermost reduction, else
+//               the contiguous extent of the kept dims after the reduced ones (outer sum)
+//   torch_cuda: a = block width, b = block height, c = accumulators per thread (vt0, or
+//               the vector size when vectorized), d = 1 when the input is vectorized,
+//               e = 1 when the row is split across the block's rows (threadIdx.y),
+//               f = CTAs per row (global reduction), g = 0 for an innermost reduction,
+//               else (outer: one thread per output, a = 1) the block's width in outputs
+//   softmax_warp:  a = warp width, b = iterations per lane
+//   softmax_block: a = block size, b = elements per vector load (ILP)
+struct RedPlan {
+  int kind = kRedSum;
+  int order = kOrdSequential;
+  int64_t n = 0;
+  int64_t nparts = 1;
+  int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0;
+};
+
+template <typename T>
+CL_HD T red_identity(int kind) {
+  if (kind == kRedSum) return T(0);
+  const T inf = static_cast<T>(f64_from_bits(0x7FF0000000000000ull));
+  return kind == kRedMax ? -inf : inf;
+}
+
+// NaN-propagating max/min with -0 < +0 (castlab's maximum/minimum).
+template <typename T>
+CL_HD T red_op(int kind, T acc, T x) {
+  if (kind == kRedSum) return acc + x;
+  if (acc != acc) return acc;
+  if (x != x) return x;
+  if (acc == x) {  // +-0: by the sign
+    const bool acc_neg = (acc == T(0)) && (T(1) / acc < T(0));
+    if (kind == kRedMax) return acc_neg ? x : acc;
+    return acc_neg ? acc : x;
+  }
+  if (kind == kRedMax) return acc > x ? acc : x;
+  return acc < x ? acc : x;
+}
+
+template <typename T>
+CL_HD T red_sequential(int kind, const T* v, int64_t n) {
+  if (n == 0) return red_identity<T>(kind);
+  T acc = v[0];
+  for (int64_t i = 1; i < n; ++i) acc = red_op(kind, acc, v[i]);
+  return acc;
+}
+
+// NumPy's pairwise_sum, recursion unrolled into an explicit stack of (start, length).
+template <typename T>
+CL_HD T red_pairwise_block(const T* a, int64_t n) {
+  if (n < 8) {
+    T res = T(-0.0);  // numpy starts from -0.0 (so a row of -0.0 sums to -0.0)
+    for (int64_t i = 0; i < n; ++i) res += a[i];
+    return res;
+  }
+  T r[8];
+  for (int j = 0; j < 8; ++j) r[j] = a[j];
+  int64_t i = 8;
+  for (; i < n - (n % 8); i += 8)
+    for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+  T res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+  for (; i < n; ++i) res += a[i];
+  return res;
+}
+
+// The leaves of NumPy's halving tree (blocks of at most 128, split at n / 2 rounded down to
+// a multiple of 8), left to right: leaf k's start and length, or (for k < 0) the number
+// of leaves. The GPU sums the leaves in parallel (one part each).
+CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* length) {
+  int64_t so[130], sl[130];
+  int sp = 0;
+  so[0] = 0;
+  sl[0] = n;
+  int64_t count = 0;
+  while (sp >= 0) {
+    const int64_t off = so[sp], len = sl[sp];
+    --sp;
+    if (len <= 128) {
+      if (count == k) {
+        *start = off;
+        *length = len;
+        return count;
+      }
+      ++count;
+      continue;
+    }
+    int64_t n2 = len / 2;
+    n2 -= n2 % 8;
+    so[++sp] = off + n2;  // right half after the left one
+    sl[sp] = len - n2;
+    so[++sp] = off;
+    sl[sp] = n2;
+  }
+  return count;
+}
+
+// pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2) as a loop over an explicit stack
+// (depth < 64 for any int64 length). stage 0: split; 1: left half done (its sum in
+// `ret`); 2: right half done. Leaf sums come from `leaves` (in order) when given.
+template <typename T>
+CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
+  if (n <= 128) return leaves ? leaves[0] : red_pairwise_block(a, n);
+  int64_t off[64], len[64];
+  int stage[64];
+  T left[64];
+  int sp = 0;
+  off[0] = 0;
+  len[0] = n;
+  stage[0] = 0;
+  T ret = T(0);
+  int64_t leaf = 0;
+  for (;;) {
+    if (len[sp] <= 128 || stage[sp] == 2) {
+      if (len[sp] <= 128)
+        ret = leaves ? leaves[leaf++] : red_pairwise_block(a + off[sp], len[sp]);
+      else
+        ret = left[sp] + ret;
+      if (sp == 0) return ret;
+      --sp;
+      ++stage[sp];
+      continue;
+    }
+    int64_t n2 = len[sp] / 2;
+    n2 -= n2 % 8;
+    if (stage[sp] == 1) {
+      left[sp] = ret;
+      off[sp + 1] = off[sp] + n2;
+      len[sp + 1] = len[sp] - n2;
+    } else {
+      off[sp + 1] = off[sp];
+      len[sp + 1] = n2;
+    }
+    ++sp;
+    stage[sp] = 0;
+  }
+}
+
+// ---- ATen's CPU cascade sum ----
+CL_HD int red_ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int b = 0;
+  uint64_t y = static_cast<uint64_t>(x - 1);
+  while (y) {
+    ++b;
+    y >>= 1;
+  }
+  return b;
+}
+
+// Lane k of loaded vector i (vec elements, `lanes` lanes; vec == 2 * lanes: pair loads).
+template <typename T>
+CL_HD T red_cpu_load(const T* v, int64_t i, int k, int64_t vec, int64_t lanes) {
+  if (vec == lanes) return v[i * vec + k];
+  return v[i * vec + k] + v[i * vec + lanes + k];
+}
+
+// row_sum over `size` vectors (lanes wide, at most 8) into out[lanes]:
+// multi_row_sum with 4 interleaved rows (ilp 4) and 4 cascade levels.
+template <typename T>
+CL_HD void red_cpu_row_sum(const T* v, int64_t size, int64_t vec, int64_t lanes, T* out) {
+  const int64_t size_ilp = size / 4;
+  T acc[4][4][8];  // [level][row][lane]
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < 8; ++k) acc[j][r][k] = T(0);
+  const int lp = red_ceil_log2(size_ilp) / 4 > 4 ? red_ceil_log2(size_ilp) / 4 : 4;
+  const int64_t step = int64_t(1) << lp;
+  const int64_t mask = step - 1;
+  int64_t i = 0;
+  while (i + step <= size_ilp) {
+    for (int64_t j = 0; j < step; ++j, ++i)
+      for (int r = 0; r < 4; ++r)
+        for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, 4 * i + r, k, vec, lanes);
+    for (int j = 1; j < 4; ++j) {
+      for (int r = 0; r < 4; ++r)
+        for (int k = 0; k < lanes; ++k) {
+          acc[j][r][k] += acc[j - 1][r][k];
+          acc[j - 1][r][k] = T(0);
+        }
+      if ((i & (mask << (j * lp))) != 0) break;
+    }
+  }
+  for (; i < size_ilp; ++i)
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, 4 * i + r, k, vec, lanes);
+  for (int j = 1; j < 4; ++j)
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < lanes; ++k) acc[0][r][k] += acc[j][r][k];
+  // the leftover vectors go to row 0
+  for (int64_t q = 4 * size_ilp; q < size; ++q)
+    for (int k = 0; k < lanes; ++k) acc[0][0][k] += red_cpu_load(v, q, k, vec, lanes);
+  for (int k = 0; k < lanes; ++k)
+    out[k] = ((acc[0][0][k] + acc[0][1][k]) + acc[0][2][k]) + acc[0][3][k];
+}
+
+// multi_row_sum for one scalar row: the cascade over all n elements (no ILP split), as
+// vectorized_outer_sum runs it for each output column.
+template <typename T>
+CL_HD T red_cpu_cascade(const T* v, int64_t size) {
+  T acc[4] = {T(0), T(0), T(0), T(0)};
+  const int lp = red_ceil_log2(size) / 4 > 4 ? red_ceil_log2(size) / 4 : 4;
+  const int64_t step = int64_t(1) << lp;
+  const int64_t mask = step - 1;
+  int64_t i = 0;
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; ++j, ++i) acc[0] += v[i];
+    for (int j = 1; j < 4; ++j) {
+      acc[j] += acc[j - 1];
+      acc[j - 1] = T(0);
+      if ((i & (mask << (j * lp))) != 0) break;
+    }
+  }
+  for (; i < size; ++i) acc[0] += v[i];
+  for (int j = 1; j < 4; ++j) acc[0] += acc[j];
+  return acc[0];
+}
+
+// A reduction over a dimension that is not the innermost (vectorized_outer_sum): output
+// column j of `cols` (the contiguous extent after the reduced dims) takes the plain
+// cascade when it falls in a group of 4 vectors (of 4 columns on the scalar path taken when
+// there are fewer columns than one vector), else row_sum's interleaved cascade.
+template <typename T>
+CL_HD T red_torch_cpu_outer(const T* v, int64_t n, int64_t vec, int64_t cols, int64_t row) {
+  const int64_t j = row % cols;
+  const int64_t w = cols >= vec ? vec : 1;  // fewer columns than a vector: scalar_outer_sum
+  if (j < (cols / (4 * w)) * (4 * w)) return T(0) + red_cpu_cascade(v, n);
+  T r[8];
+  red_cpu_row_sum(v, n, 1, 1, r);
+  return T(0) + r[0];
+}
+
+template <typename T>
+CL_HD T red_torch_cpu(const T* v, int64_t n, int64_t vec, int64_t lanes) {
+  T lane_sum[8];
+  T fin = T(0);
+  if (n < vec) {  // the scalar cascade: one lane, one element per "vector"
+    red_cpu_row_sum(v, n, 1, 1, lane_sum);
+    fin = fin + lane_sum[0];
+  } else {
+    const int64_t nvec = n / vec;
+    red_cpu_row_sum(v, nvec, vec, lanes, lane_sum);
+    for (int64_t k = nvec * vec; k < n; ++k) fin += v[k];
+    for (int k = 0; k < lanes; ++k) fin += lane_sum[k];
+  }
+  return T(0) + fin;
+}
+
+// ---- ATen's CUDA reduction kernel (Reduce.cuh), one row of n contiguous elements ----
+// Part t = (x, y, cta) of the emulated launch: x + a * (y + b * cta). When each row of
+// threads reduces its own output, only threadIdx.y's row matters (b = 1 then).
+template <typename T>
+CL_HD T red_cuda_part(const RedPlan& P, const T* v, int64_t n, int64_t row, int64_t t) {
+  const int64_t bw = P.a, bh = P.b, acc_n = P.c;
+  const int64_t x = t % bw, y = (t / bw) % bh, cta = t / (bw * bh);
+  // thread's first index and stride (in vectors when vectorized)
+  const int64_t split_y = P.e, ctas = P.f;
+  int64_t idx0 = x, stride = bw;
+  if (split_y) {
+    idx0 += y * stride;
+    stride *= bh;
+  }
+  if (ctas > 1) {
+    idx0 += cta * stride;
+    stride *= ctas;
+  }
+  T acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = red_identity<T>(P.kind);
+  if (P.d) {  // input_vectorized_thread_reduce_impl
+    // rows of a contiguous tensor on an aligned base: row `row` starts `shift` elements
+    // past a 16-byte boundary; those first elements go to threads shift..acc_n-1
+    const int64_t shift = (row * n) % acc_n;
+    const bool tail_thread = y == 0 && cta == 0;
+    const T* d = v;
+    int64_t end = n;
+    if (shift > 0) {
+      d = v - shift;
+      end = n + shift;
+      if (x >= shift && x < acc_n && tail_thread) acc[0] = red_op(P.kind, acc[0], d[x]);
+      end -= acc_n;
+      d += acc_n;
+    }
+    int64_t q = idx0;
+    while (q * acc_n + acc_n - 1 < end) {
+      for (int i = 0; i < acc_n; ++i) acc[i] = red_op(P.kind, acc[i], d[q * acc_n + i]);
+      q += stride;
+    }
+    const int64_t tail = end - end % acc_n;
+    if (tail_thread && tail + x < end) acc[0] = red_op(P.kind, acc[0], d[tail + x]);
+  } else {  // thread_reduce_impl: acc_n strided accumulators
+    int64_t idx = idx0;
+    while (idx + (acc_n - 1) * stride < n) {
+      for (int i = 0; i < acc_n; ++i) acc[i] = red_op(P.kind, acc[i], v[idx + i * stride]);
+      idx += acc_n * stride;
+    }
+    for (int i = 0; i < acc_n; ++i) {
+      if (idx >= n) break;
+      acc[i] = red_op(P.kind, acc[i], v[idx]);
+      idx += stride;
+    }
+  }
+  T r = acc[0];
+  for (int i = 1; i < acc_n; ++i) r = red_op(P.kind, r, acc[i]);
+  return r;
+}
+
+// One block's partials p[x + bw * y] combined (in place), as the kernel of torch 2.11
+// does it (measured on an H200): across the lanes of each row of threads first, a tree
+// with offsets bw / 2 down to 1 (shared memory, then warp shuffles), then across the rows
+// (threadIdx.y) with offsets bh / 2 down to 1. Returns thread (0, 0)'s value.
+template <typename T>
+CL_HD T red_cuda_block(int kind, T* p, int64_t bw, int64_t bh, bool y_reduce) {
+  const int64_t rows = y_reduce ? bh : 1;
+  for (int64_t y = 0; y < rows; ++y) {
+    T* q = p + bw * y;
+    for (int64_t off = bw / 2; off > 0; off >>= 1)
+      for (int64_t x = 0; x < off; ++x) q[x] = red_op(kind, q[x], q[x + off]);
+  }
+  if (y_reduce)
+    for (int64_t off = bh / 2; off > 0; off >>= 1)
+      for (int64_t y = 0; y < off; ++y) p[bw * y] = red_op(kind, p[bw * y], p[bw * (y + off)]);
+  return p[0];
+}
+
+template <typename T>
+CL_HD T red_cuda_combine(const RedPlan& P, T* parts) {
+  const int64_t bw = P.a, bh = P.b, ctas = P.f, nt = bw * bh;
+  const bool y_reduce = P.e != 0;
+  if (ctas <= 1) return red_cuda_block(P.kind, parts, bw, bh, y_reduce);
+  // every CTA reduces its block; the last one combines the CTA partials: thread t takes
+  // partials t, t + nt, ... in order, then the same block reduction
+  for (int64_t c = 0; c < ctas; ++c)
+    parts[c * nt] = red_cuda_block(P.kind, parts + c * nt, bw, bh, y_reduce);
+  for (int64_t t = 0; t < nt; ++t) {
+    T acc = red_identity<T>(P.kind);
+    for (int64_t c = t; c < ctas; c += nt) acc = red_op(P.kind, acc, parts[c * nt]);
+    parts[t] = acc;  // t <= c * nt for every c read later: each is read before written
+  }
+  return red_cuda_block(P.kind, parts, bw, bh, y_reduce);
+}
+
+// ---- SoftMax.cu sums ----
+// shfl_down with offsets 16, 8, 4, 2, 1 over 32 lanes (in place): lane 0's value (only
+// the lanes it depends on: l < off).
+template <typename T>
+CL_HD T red_warp_down(int kind, T* lane) {
+  for (int off = 16; off > 0; off >>= 1)
+    for (int l = 0; l < off; ++l) lane[l] = red_op(kind, lane[l], lane[l + off]);
+  return lane[0];
+}
+
+// warp softmax: part t = lane t (elements t + it * warp, it = 0..b-1; past the row the
+// kernel's padding adds exp(-inf) = +0). block softmax: part t = warp t's shuffle-reduced
+// value; its thread 32 t + l takes vectors of b elements, 32 t + l + k a, in order.
+template <typename T>
+CL_HD T red_softmax_part(const RedPlan& P, const T* v, int64_t n, int64_t t) {
+  if (P.order == kOrdSoftmaxWarp) {
+    T s = red_identity<T>(P.kind);
+    for (int64_t it = 0; it < P.b; ++it) {
+      const int64_t i = t + it * P.a;
+      s = red_op(P.kind, s, i < n ? v[i] : red_identity<T>(P.kind));
+    }
+    return s;
+  }
+  const int64_t ilp = P.b;
+  T lane[32];
+  for (int l = 0; l < 32; ++l) {
+    T s = red_identity<T>(P.kind);
+    for (int64_t q = 32 * t + l; q * ilp < n; q += P.a)
+      for (int64_t i = 0; i < ilp && q * ilp + i < n; ++i) s = red_op(P.kind, s, v[q * ilp + i]);
+    lane[l] = s;
+  }
+  return red_warp_down(P.kind, lane);
+}
+
+template <typename T>
+CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
+  if (P.order == kOrdSoftmaxWarp) {
+    // XOR butterfly (every lane ends equal; lane 0 needs lanes l < 2 off at offset off)
+    for (int64_t off = P.a / 2; off > 0; off >>= 1) {
+      T nxt[32];
+      for (int64_t l = 0; l < 2 * off; ++l) nxt[l] = red_op(P.kind, p[l], p[l ^ off]);
+      for (int64_t l = 0; l < 2 * off; ++l) p[l] = nxt[l];
+    }
+    return p[0];
+  }
+  // BlockReduce: warp 0 reads the warp results (identity past the last warp)
+  T w[32];
+  for (int64_t k = 0; k < 32; ++k) w[k] = k < P.nparts ? p[k] : red_identity<T>(P.kind);
+  return red_warp_down(P.kind, w);
+}
+
+// ---- the two steps ----
+template <typename T>
+CL_HD T red_part(const RedPlan& P, const T* v, int64_t n, int64_t row, int64_t t) {
+  switch (P.order) {
+    case kOrdTorchCuda: return red_cuda_part(P, v, n, row, t);
+    case kOrdSoftmaxWarp:
+    case kOrdSoftmaxBlock: return red_softmax_part(P, v, n, t);
+    default: break;
+  }
+  if (P.kind != kRedSum || P.order == kOrdSequential) return red_sequential(P.kind, v, n);
+  if (P.order == kOrdPairwise) {  // part t: leaf t of the halving tree
+    int64_t start = 0, length = n;
+    red_pairwise_leaf(n, t, &start, &length);
+    return red_pairwise_block(v + start, length);
+  }
+  if (P.c > 0) return red_torch_cpu_outer(v, n, P.a, P.c, row);
+  return red_torch_cpu(v, n, P.a, P.b);
+}
+
+template <typename T>
+CL_HD T red_combine(const RedPlan& P, T* parts) {
+  switch (P.order) {
+    case kOrdTorchCuda: return red_cuda_combine(P, parts);
+    case kOrdSoftmaxWarp:
+    case kOrdSoftmaxBlock: return red_softmax_combine(P, parts);
+    case kOrdPairwise:
+      return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts)
+                               : parts[0];
+    default: return parts[0];
+  }
+}
+
+}  // namespace cl

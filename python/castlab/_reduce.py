@@ -1,0 +1,389 @@
+"""Reductions and normalisations: sum, mean, amax, amin, var, softmax, log_softmax,
+rms_norm and layer_norm, eager or traced.
+
+The graph has three reduction ops (``sum``, ``amax``, ``amin``: a row reduction each, in
+the order of accumulation ``Math.reduction`` names); everything else here is built from
+them and the elementwise ops, the way PyTorch's kernels compute it. Where PyTorch runs a
+composite as one kernel (softmax, log_softmax, mean, var, layer_norm), its inner nodes
+carry that kernel's name, so the eager policy rounds only its result, as PyTorch does;
+HF's RMSNorm is several PyTorch ops, and each rounds under eager.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import ops
+from ._creation import asarray
+from ._dtype import as_dtype, float32, float64, promote_types
+from ._graph import Node, Proxy, record, reduce_dims, reduce_node, tracing
+from ._graph import _state as _trace_state
+from ._lower import input_node, lower
+from .ops import Tensor, TensorLike
+from .policy import Policy, current_math
+
+__all__ = ["sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm",
+           "layer_norm"]
+
+_EAGER_POLICY = Policy.eager()
+_kernel_ids = itertools.count(1)
+
+
+def _call(body: Callable, args: Sequence[Any], kernel: str | None = None):
+    """Build `body` over traced tensors: recorded into the graph being traced, or traced
+    into a small graph of its own and run now (eager policy, current math). With
+    `kernel`, every node it records but the result is inside that PyTorch kernel."""
+    st = _trace_state
+    if tracing():
+        start = len(st.graph)
+        proxies = [a if isinstance(a, Proxy) else
+                   (Proxy(ops._trace_input(a if isinstance(a, Tensor) else asarray(a)))
+                    if a is not None else None) for a in args]
+        out = body(*proxies)
+        _mark_kernel(st.graph[start:], out, kernel)
+        return out
+    tensors = [a if isinstance(a, Tensor) else asarray(a) for a in args if a is not None]
+    for a in args:
+        if isinstance(a, Proxy):
+            raise TypeError("a traced tensor escaped its castlab.jit function")
+    st.graph, st.captured, st.captured_nodes, st.n_inputs = [], [], [], len(tensors)
+    try:
+        proxies: list = []
+        k = 0
+        for a in args:
+            if a is None:
+                proxies.append(None)
+            else:
+                proxies.append(Proxy(input_node(tensors[k], k)))
+                k += 1
+        out = body(*proxies)
+        _mark_kernel(st.graph, out, kernel)
+        captured = list(st.captured)
+    finally:
+        st.graph, st.captured, st.captured_nodes, st.n_inputs = None, [], [], 0
+    inputs = tensors + captured
+    plan, res = lower([out.node], inputs, _EAGER_POLICY, current_math())
+    plan.run(inputs, res)
+    return res[0]
+
+
+def _mark_kernel(nodes: list, out: Proxy, kernel: str | None) -> None:
+    if kernel is None:
+        return
+    kid = next(_kernel_ids)
+    for n in nodes:
+        if n.attrs.get("kernel") is not None:
+            continue  # a nested kernel (rms_norm's TE step) keeps its own
+        n.attrs = {**n.attrs, "kernel": kernel, "kernel_id": kid}
+        if n is not out.node:
+            n.attrs["kernel_inner"] = True
+
+
+def _node(x) -> Node:
+    return x.node
+
+
+def _reduce(op: str, x: Proxy, dims: tuple, keepdim: bool, dt=None, attrs=None) -> Proxy:
+    n = reduce_node(op, x.node, dims, keepdim, dt or x.dtype)
+    if attrs:
+        n.attrs.update(attrs)
+    record(n)
+    return Proxy(n)
+
+
+def _check_float(fn: str, x, what: str = "input") -> None:
+    d = x.dtype
+    if not d.is_floating_point:
+        raise TypeError(f"{fn}: castlab reduces floating-point tensors; the {what} is "
+                        f"{d.name} (cast with .astype(cl.float32) first)")
+
+
+def _opt_dtype(fn: str, dt: Any):
+    if dt is None:
+        return None
+    d = as_dtype(dt)
+    if not d.is_floating_point:
+        raise TypeError(f"{fn}: dtype must be a floating-point dtype, not {d.name}")
+    return d
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape)
+
+
+def _numel(shape: tuple, dims: tuple) -> int:
+    n = 1
+    for d in dims:
+        n *= shape[d]
+    return n
+
+
+# ---------------------------------------------------------------- plain reductions
+
+def sum(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+        dtype: Any = None) -> TensorLike:
+    """Sum over `dim` (None: every dimension), as ``torch.sum``: fp32 accumulation for
+    16-bit and fp32 inputs (fp64 for fp64), one rounding to the result dtype, in the order
+    ``Math.reduction`` names (PyTorch's own order under ``torch_eager``).
+
+    >>> x = cl.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> cl.sum(x, dim=1).tolist()
+    [3.0, 7.0]
+    >>> cl.sum(x).item()
+    10.0
+    """
+    dt = _opt_dtype("sum", dtype)
+    x = _arg(x)
+    _check_float("sum", x)
+    dims = reduce_dims("sum", _shape(x), dim)
+    return _call(lambda p: _reduce("sum", p, dims, keepdim, dt), [x])
+
+
+def mean(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+         dtype: Any = None) -> TensorLike:
+    """Mean over `dim`, as ``torch.mean``: the sum, then divided by the count inside the
+    same kernel (one rounding). An empty reduction gives NaN, as PyTorch.
+
+    >>> cl.mean(cl.tensor([1.0, 2.0, 4.0])).item()
+    2.3333332538604736
+    """
+    dt = _opt_dtype("mean", dtype)
+    x = _arg(x)
+    _check_float("mean", x)
+    dims = reduce_dims("mean", _shape(x), dim)
+    n = _numel(_shape(x), dims)
+
+    def body(p):
+        s = _reduce("sum", p, dims, keepdim, dt)
+        return s / float(n) if n else s / 0.0
+    return _call(body, [x], kernel="mean")
+
+
+def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
+    """Largest value over `dim` (default: every dimension), NaN-propagating, as
+    ``torch.amax``; exact in any order. An empty reduced dimension is an error.
+
+    >>> cl.amax(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=0).tolist()
+    [3.0, 5.0]
+    """
+    x = _arg(x)
+    _check_float("amax", x)
+    dims = reduce_dims("amax", _shape(x), dim)
+    return _call(lambda p: _reduce("amax", p, dims, keepdim), [x])
+
+
+def amin(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
+    """Smallest value over `dim` (default: every dimension), as ``torch.amin``.
+
+    >>> cl.amin(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=1).tolist()
+    [1.0, 2.0]
+    """
+    x = _arg(x)
+    _check_float("amin", x)
+    dims = reduce_dims("amin", _shape(x), dim)
+    return _call(lambda p: _reduce("amin", p, dims, keepdim), [x])
+
+
+def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: float = 1,
+        keepdim: bool = False) -> TensorLike:
+    """Variance over `dim` with Bessel's `correction` (1: unbiased, 0: population), as
+    ``torch.var``, computed in two passes in op-math: ``sum((x - mean)**2) / (N -
+    correction)``. (PyTorch uses Welford's update; the two differ in the last bits.)
+
+    >>> cl.var(cl.tensor([1.0, 2.0, 3.0, 4.0])).item()
+    1.6666666269302368
+    """
+    if isinstance(correction, bool) or not isinstance(correction, (int, float)):
+        raise TypeError(f"var: correction must be a number, not {type(correction).__name__}")
+    x = _arg(x)
+    _check_float("var", x)
+    dims = reduce_dims("var", _shape(x), dim)
+    n = _numel(_shape(x), dims)
+    denom = max(0.0, n - float(correction))
+
+    def body(p):
+        xf = p if p.dtype in (float32, float64) else ops.astype(p, float32)
+        m = _reduce("sum", xf, dims, True) / float(n) if n else _reduce("sum", xf, dims, True)
+        d = xf - m
+        s = _reduce("sum", d * d, dims, keepdim)
+        return ops.astype(s / denom, p.dtype) if p.dtype is not xf.dtype else s / denom
+    return _call(body, [x], kernel="var")
+
+
+# ---------------------------------------------------------------- softmax
+
+def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
+    dt = _opt_dtype(fn, dtype)
+    x = _arg(x)
+    _check_float(fn, x)
+    if dim is None or isinstance(dim, (tuple, list)):
+        raise TypeError(f"{fn}: dim must be one int")
+    (d,) = reduce_dims(fn, _shape(x), dim) or (0,)
+    src = x.dtype if dt is None else dt
+    isz = src.bits // 8
+
+    def body(p):
+        if dt is not None and p.dtype is not dt:
+            p = ops.astype(p, dt)
+        out_dt = p.dtype
+        xf = p if out_dt in (float32, float64) else ops.astype(p, float32)
+        if len(xf.shape) == 0:
+            xf = ops.reshape(xf, 1)
+        a = {"algo": "softmax", "elem_bytes": isz}
+        m = _reduce("amax", xf, (d if len(p.shape) else 0,), True, attrs=a)
+        z = xf - m
+        ez = ops.exp(z)
+        s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs=a)
+        y = z - ops.log(s) if log else ez / s
+        if len(p.shape) == 0:
+            y = ops.reshape(y, ())
+        return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+    return _call(body, [x], kernel="log_softmax" if log else "softmax")
+
+
+def softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:
+    """Softmax along `dim`, as ``torch.softmax``: one kernel in op-math (max, ``exp(x -
+    max)``, their sum, a true division), rounded once. Under ``Math.reduction="torch"``
+    on a GPU the sums follow SoftMax.cu (warp softmax for rows up to 2048 elements, block
+    softmax above).
+
+    >>> y = cl.softmax(cl.tensor([[0.0, 1.0], [2.0, 2.0]]), dim=-1)
+    >>> [round(v, 4) for v in y[0].tolist()]
+    [0.2689, 0.7311]
+    """
+    return _softmax_common("softmax", x, dim, dtype, log=False)
+
+
+def log_softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:
+    """Log-softmax along `dim`, as ``torch.log_softmax``: ``(x - max) - log(sum(exp(x -
+    max)))`` in op-math, rounded once.
+
+    >>> y = cl.log_softmax(cl.tensor([0.0, 0.0]), dim=0)
+    >>> [round(v, 4) for v in y.tolist()]
+    [-0.6931, -0.6931]
+    """
+    return _softmax_common("log_softmax", x, dim, dtype, log=True)
+
+
+# ---------------------------------------------------------------- norms
+
+def _norm_dims(fn: str, x, normalized_shape) -> tuple:
+    if isinstance(normalized_shape, bool):
+        raise TypeError(f"{fn}: normalized_shape must be an int or a sequence of ints")
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not ns or not all(isinstance(s, int) and not isinstance(s, bool) for s in ns):
+        raise TypeError(f"{fn}: normalized_shape must be a non-empty int or sequence of ints, "
+                        f"not {normalized_shape!r}")
+    shape = _shape(x)
+    if len(ns) > len(shape) or tuple(shape[len(shape) - len(ns):]) != ns:
+        raise ValueError(f"{fn}: Given normalized_shape={list(ns)}, expected input with shape "
+                         f"[*, {', '.join(map(str, ns))}], but got input of size {list(shape)}")
+    return ns, tuple(range(len(shape) - len(ns), len(shape)))
+
+
+def _check_param(fn: str, what: str, w, ns: tuple, x) -> None:
+    if w is None:
+        return
+    if tuple(w.shape) != ns:
+        raise ValueError(f"{fn}: {what} of shape {list(w.shape)} does not match "
+                         f"normalized_shape {list(ns)}")
+    if not w.dtype.is_floating_point:
+        raise TypeError(f"{fn}: {what} must be floating point, not {w.dtype.name}")
+    if w.device != x.device:
+        raise ValueError(f"{fn}: {what} is on {w.device}, the input on {x.device}")
+
+
+def _eps(fn: str, eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{fn}: eps must be a number, not {type(eps).__name__}")
+    return float(eps)
+
+
+def rms_norm(x: TensorLike, normalized_shape: int | Sequence[int], weight: TensorLike | None = None,
+             eps: float = 1e-6, *, cast: str | None = None) -> TensorLike:
+    """RMSNorm over the trailing `normalized_shape` dims: ``x / sqrt(mean(x**2) + eps) *
+    weight``, with the mean of squares in fp32 (fp64 for fp64 input).
+
+    `cast` places the rounding to the input dtype: "hf" (Hugging Face Qwen2RMSNorm /
+    LlamaRMSNorm: ``weight * (h * rsqrt(var + eps)).to(x.dtype)``, each a PyTorch op of
+    its own) or "te" (TransformerEngine: ``(h * rsqrt(var + eps) * weight).to(x.dtype)``
+    in one kernel). None: ``Math.rms_norm`` decides when the graph is run, so one traced
+    graph can be compared under both.
+
+    >>> x = cl.tensor([[3.0, 4.0]])
+    >>> [round(v, 4) for v in cl.rms_norm(x, 2).tolist()[0]]
+    [0.8485, 1.1314]
+    """
+    if cast not in (None, "hf", "te"):
+        raise ValueError(f"rms_norm: cast must be None, 'hf' or 'te', not {cast!r}")
+    e = _eps("rms_norm", eps)
+    x = _arg(x)
+    _check_float("rms_norm", x)
+    w = None if weight is None else _arg(weight)
+    ns, dims = _norm_dims("rms_norm", x, normalized_shape)
+    _check_param("rms_norm", "weight", w, ns, x)
+    n = _numel(_shape(x), dims)
+    in_dt = x.dtype
+
+    def body(p, pw=None):
+        h = p if p.dtype is float64 else ops.astype(p, float32)
+        ms = _reduce("sum", h * h, dims, True) / float(n)
+        r = ops.rsqrt(ms + e)
+        hn = h * r
+        if pw is None:
+            return ops.astype(hn, in_dt) if hn.dtype is not in_dt else hn
+        out_dt = promote_types(in_dt, pw.dtype)
+        node = Node("rms_scale", (hn.node, pw.node), hn.shape, out_dt, hn.node.device,
+                    {"cast": cast, "in_dtype": in_dt})
+        record(node)
+        return Proxy(node)
+    return _call(body, [x, w] if w is not None else [x])
+
+
+def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
+               weight: TensorLike | None = None, bias: TensorLike | None = None,
+               eps: float = 1e-5) -> TensorLike:
+    """LayerNorm over the trailing `normalized_shape` dims, as
+    ``torch.nn.functional.layer_norm``: one kernel in op-math, ``(x - mean) * rstd *
+    weight + bias`` with the mean and the (population) variance in two passes and
+    ``rstd = rsqrt(var + eps)``, rounded once. (PyTorch's kernels use Welford's update.)
+
+    >>> y = cl.layer_norm(cl.tensor([[1.0, 3.0]]), 2)
+    >>> [round(v, 4) for v in y.tolist()[0]]
+    [-1.0, 1.0]
+    """
+    e = _eps("layer_norm", eps)
+    x = _arg(x)
+    _check_float("layer_norm", x)
+    w = None if weight is None else _arg(weight)
+    b = None if bias is None else _arg(bias)
+    ns, dims = _norm_dims("layer_norm", x, normalized_shape)
+    _check_param("layer_norm", "weight", w, ns, x)
+    _check_param("layer_norm", "bias", b, ns, x)
+    n = _numel(_shape(x), dims)
+    in_dt = x.dtype
+
+    def body(p, pw=None, pb=None):
+        xf = p if p.dtype is float64 else ops.astype(p, float32)
+        m = _reduce("sum", xf, dims, True) / float(n)
+        d = xf - m
+        v = _reduce("sum", d * d, dims, True) / float(n)
+        y = d * ops.rsqrt(v + e)
+        if pw is not None:
+            y = y * (pw if pw.dtype is xf.dtype else ops.astype(pw, xf.dtype))
+        if pb is not None:
+            y = y + (pb if pb.dtype is xf.dtype else ops.astype(pb, xf.dtype))
+        return ops.astype(y, in_dt) if y.dtype is not in_dt else y
+    args = [x, w, b]
+    while args and args[-1] is None:
+        args.pop()
+    return _call(body, args, kernel="layer_norm")
+
+
+def _arg(x):
+    """A castlab tensor or a traced tensor (NumPy arrays and lists become tensors)."""
+    if isinstance(x, (Proxy, Tensor)):
+        return x
+    return asarray(x)
