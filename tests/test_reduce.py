@@ -287,6 +287,13 @@ def test_compare_drift_explain_on_reductions():
     e = nm.explain(f, (x, w), (3, 5))
     s = str(e)
     assert "t2 = sum(t1)" in s and "[3, 0]" in s
+    # the row the sum reduced for this element, and the error its order added
+    assert "row reduction: t2 = sum over t1[3, :]: 896 elements" in s
+    e2 = nm.explain(f, (x, w), (3, 5), policies="fused",
+                    maths=(cl.Math("seq", reduction="sequential"), "torch_eager"))
+    line = next(ln for ln in str(e2).splitlines()
+                if ln.strip().startswith("fused/seq") and "accumulation error" in ln)
+    assert line.endswith("(sequential)")
     g = cl.jit(lambda x: cl.softmax(x, -1))
     xf = rand((16, 896), "float32", seed=3)
     att = nm.attribute(g, (xf,), a=("fused", cl.Math("a", reduction="pairwise")),

@@ -20,6 +20,7 @@ from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
 from .._lower import Lowering
+from .._optable import REDUCE_OPS
 from ..policy import as_math, as_policy
 from ._formats import (
     Tensor,
@@ -295,6 +296,10 @@ class Explanation:
         L.append("node values (exact decimal [hex bits, register precision]):")
         L.append(_text_table(*self._node_rows()))
         L.append("")
+        for r in getattr(self, "rows", []):  # the rows reductions reduced for this element
+            L.append("row reduction: " + r[0])
+            L.extend(r[1:])
+            L.append("")
         L.append("why: " + self.why)
         return "\n".join(L)
 
@@ -306,6 +311,8 @@ class Explanation:
         h.append("<pre>" + e("\n".join(self._out_lines())) + "</pre>")
         h.append(_html_table(*self._outcome_rows(), "rounding of the output"))
         h.append(_html_table(*self._node_rows(), "node values (exact decimal [hex bits])"))
+        for r in getattr(self, "rows", []):
+            h.append("<pre>" + e("row reduction: " + "\n".join(r)) + "</pre>")
         h.append(f"<p><b>why:</b> {e(self.why)}</p></div>")
         return "".join(h)
 
@@ -483,11 +490,64 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
             label += f"  [shape {list(n.shape)}]"
         nodes.append({"label": label, "at": at, "values": row_vals})
 
+    x_cuda = any(getattr(a, "is_cuda", False) for a in args)
+    rows = []
+    for n in tr.nodes:
+        idx = _map_index(tuple(n.shape), out_shape, index)
+        if n.op in REDUCE_OPS and idx is not None:
+            rows.append(_row_summary(n, idx, names, [ref_vals] + combo_vals,
+                                     ["fp64 reference"] + [o.label for o in outcomes],
+                                     [ref_m] + [c[2] for c in combos], x_cuda))
     why = _why(outcomes, exact, lo, hi, mid, cr, odt)
     return Explanation(fn_name=getattr(jf.fn, "__name__", "fn"), index=index, dtype=odt,
                        exact=exact, lo=lo, hi=hi, midpoint=mid, correctly_rounded=cr,
-                       outcomes=outcomes, nodes=nodes, why=why,
+                       outcomes=outcomes, nodes=nodes, why=why, rows=rows,
                        out_label=_node_expr(out_node, names))
+
+
+def _row_summary(n, idx: tuple, names: dict, all_vals: list, labels: list, maths: list,
+                 cuda: bool) -> list:
+    """Lines on the row a reduction node reduced for this element: its length, the exact
+    sum of its inputs (math.fsum, correctly rounded) and their condition number, and per
+    combination the computed value and the error the accumulation itself added (against
+    the exact sum of that combination's own inputs), in ulps of the accumulator, with the
+    order of accumulation it used."""
+    x = n.inputs[0]
+    dims = n.attrs["dims"]
+    keep = n.attrs.get("keepdim", False)
+    kept = [d for d in range(len(x.shape)) if d not in dims]
+    sel: list = []
+    it = iter(idx if not keep else [idx[d] for d in kept])
+    for d in range(len(x.shape)):
+        sel.append(slice(None) if d in dims else next(it))
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    where = "[" + ", ".join(":" if isinstance(v, slice) else str(v) for v in sel) + "]"
+    lines = [f"{names[id(n)]} = {n.op} over {names[id(x)]}{where}: {count} elements"]
+    for vals, label, mth in zip(all_vals, labels, maths):
+        t, r = vals.get(id(x)), vals.get(id(n))
+        if t is None or r is None:
+            continue
+        row = np.asarray(_val(t).f64[tuple(sel)], dtype=np.float64).ravel()
+        got = float(_val(r).f64[idx])
+        order = mth.reduction_order(cuda)
+        if n.op == "sum":
+            exact = math.fsum(row) if np.isfinite(row).all() else float(np.sum(row))
+            mag = float(np.sum(np.abs(row)))
+            acc = _val(r).dt
+            u = float(_ulp_np(np.array([exact if exact else mag or 1.0]), _fmt(acc))[0])
+            err = (got - exact) / u if u and math.isfinite(got - exact) else float("nan")
+            cond = mag / abs(exact) if exact else float("inf")
+            lines.append(f"  {label:24s} {got!r:>24}  exact sum of its inputs {exact!r}, "
+                         f"sum |x| {mag:.6g} (condition {cond:.3g}); accumulation error "
+                         f"{err:+.3g} ulp of {acc.short} ({order})")
+        else:
+            k = int(np.nanargmax(row) if n.op == "amax" else np.nanargmin(row)) \
+                if not np.isnan(row).all() else 0
+            lines.append(f"  {label:24s} {got!r:>24}  at position {k} of the row (exact in any "
+                         "order)")
+    return lines
 
 
 def _why(outcomes, exact, lo, hi, mid, cr, odt) -> str:
