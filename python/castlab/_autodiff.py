@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from . import _C, ops
+from . import _C, _reduce, ops
 from ._creation import zeros
 from ._dtype import dtype as _dtype
 from ._graph import COMPARE, Node, Proxy, _state
@@ -241,16 +241,7 @@ def _view_backward(n: Node, g: Proxy):
             inv[p] = i
         return ops.permute(g, tuple(inv))
     if k == "expand":
-        lead = len(n.shape) - len(x.shape)
-        summed = [i for i in range(len(n.shape))
-                  if (i < lead or x.shape[i - lead] != n.shape[i]) and n.shape[i] != 1]
-        if summed:
-            raise GradError(
-                f"the gradient of a broadcast input of shape {list(x.shape)} (expanded to "
-                f"{list(n.shape)}) is a sum over dims {summed}; castlab has no reductions "
-                "yet, so it cannot differentiate with respect to a broadcast input. Leave "
-                "that input out of argnums (e.g. RoPE's cos/sin).")
-        return ops.reshape(g, tuple(x.shape))
+        return _sum_to(g, tuple(x.shape))
     if k == "select":
         d, i = vop[1], vop[2]
         size = x.shape[d]
@@ -262,6 +253,18 @@ def _view_backward(n: Node, g: Proxy):
         start, stop, _ = slice(start, stop, step).indices(size)
         return _pad(g, x, d, start, stop, step)
     raise GradError(f"no derivative for the view op {k!r}")
+
+
+def _sum_to(g: Proxy, shape: tuple) -> Proxy:
+    """The gradient of an input broadcast to g's shape, as autograd's at::sum_to: a sum
+    (in g's dtype, accumulated in op-math, in the order Math.reduction names) over the
+    leading dims and the dims the input had as 1, keepdim, then viewed as the input."""
+    lead = len(g.shape) - len(shape)
+    dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
+                                      if s == 1 and g.shape[lead + i] != 1)
+    if dims:
+        g = _reduce.sum(g, dims, keepdim=True)
+    return ops.reshape(g, shape) if tuple(g.shape) != tuple(shape) else g
 
 
 def _zeros_shape(x: Node, d: int, size: int, dt: _dtype):
@@ -379,11 +382,7 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
                 if ga is None:
                     raise GradError(f"no derivative of {n.op} for that operand")
                 if tuple(ga.shape) != tuple(a.shape):
-                    raise GradError(
-                        f"{n.op} broadcasts an input of shape {list(a.shape)} to "
-                        f"{list(n.shape)}: its gradient is a sum over the broadcast dims, "
-                        "and castlab has no reductions yet. Leave that input out of argnums "
-                        "or expand it to the full shape before the op.")
+                    ga = _sum_to(ga, tuple(a.shape))
                 if ga.dtype is not a.dtype:
                     ga = ga.astype(a.dtype)
                 contribs.setdefault(id(a), []).append(ga)

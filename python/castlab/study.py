@@ -136,7 +136,7 @@ class Chain:
 
     For ``study.run(grad=True)``: `grad_argnums` are the inputs differentiated (None: the
     floating-point inputs with the most elements; smaller ones are taken to be broadcast,
-    e.g. RoPE's cos/sin, whose gradients are sums castlab cannot form yet), and
+    e.g. RoPE's cos/sin, whose gradients are sums over the broadcast dims), and
     `grad_parts` turns the tuple of gradients into named results (None: ``d<argument>``).
     """
 
