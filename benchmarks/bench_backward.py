@@ -29,16 +29,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _require_gpu():
+    script = os.path.basename(sys.argv[0])
     try:
         import torch
 
         import castlab.cuda as clcuda
     except ImportError as e:
-        sys.exit(f"bench_backward.py needs torch and castlab importable: {e}")
+        sys.exit(f"{script} needs torch and castlab importable: {e}")
     if not torch.cuda.is_available():
-        sys.exit("bench_backward.py needs an NVIDIA GPU: torch.cuda.is_available() is False")
+        sys.exit(f"{script} needs an NVIDIA GPU: torch.cuda.is_available() is False")
     if not clcuda.is_available():
-        sys.exit(f"bench_backward.py needs an NVIDIA GPU: castlab sees none ({clcuda.info()})")
+        sys.exit(f"{script} needs an NVIDIA GPU: castlab sees none ({clcuda.info()})")
 
 
 def host_ms(fn, iters=20, reps=3):
@@ -61,6 +62,41 @@ def host_ms(fn, iters=20, reps=3):
     return statistics.median(out)
 
 
+def measure_case(case: str, nbytes: int, impls: dict, rows: list, results: dict) -> None:
+    """Time each implementation (name -> (fn, stream)) and a device copy of the same bytes
+    (the bandwidth anchor), by CUDA events and by the host clock; append one row per
+    implementation and timing to `rows` (ratios to the copy and to "torch.compile") and
+    the raw times to results["cases"][case]."""
+    import torch
+    from bench_cuda import device_ms, gbps
+
+    half = nbytes // 2 // 2          # bf16 elements read (= written) by the copy
+    src = torch.empty(half, dtype=torch.bfloat16, device="cuda").fill_(1.0)
+    dst = torch.empty_like(src)
+    impls = {**impls, "copy (same bytes)": (lambda: dst.copy_(src), torch.cuda.current_stream())}
+    r = {}
+    for name, (fn, stream) in impls.items():
+        r[name] = {"event_ms": device_ms(fn, stream, iters=10, reps=5), "host_ms": host_ms(fn)}
+    for timing in ("event_ms", "host_ms"):
+        copy_ms = r["copy (same bytes)"][timing]
+        comp_ms = r["torch.compile"][timing]
+        for name, v in r.items():
+            ms = v[timing]
+            rows.append((case, name, timing.split("_")[0], ms, gbps(nbytes, ms),
+                         copy_ms / ms, ms / comp_ms))
+    results["cases"][case] = {"bytes": nbytes, **r}
+
+
+def print_rows(rows: list) -> None:
+    """The table of measure_case's rows."""
+    print(f"\n{'case':30s} {'impl':26s} {'timing':6s} {'ms':>9s} {'GB/s':>7s} {'%copy':>7s} "
+          f"{'/compile':>9s}")
+    for case, name, timing, ms, bw, frac, ratio in rows:
+        print(f"{case:30s} {name:26s} {timing:6s} {ms:9.4f} {bw:7.0f} {frac:7.1%} {ratio:9.3f}")
+    print("\n%copy: copy time of the same bytes / this time;  /compile: this time / "
+          "torch.compile's (< 1: faster than torch.compile)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write the numbers to this file")
@@ -70,7 +106,7 @@ def main():
 
     import torch
     import torch.nn.functional as F
-    from bench_cuda import device_ms, gbps, stream_of_castlab, to_cl
+    from bench_cuda import stream_of_castlab, to_cl
 
     import castlab as cl
     import castlab.cuda as clcuda
@@ -87,23 +123,7 @@ def main():
     rows = []
 
     def measure(case, nbytes, impls):
-        """impls: name -> (fn, stream). Adds the copy anchor of the same bytes."""
-        half = nbytes // 2 // 2          # bf16 elements read (= written) by the copy
-        src = torch.empty(half, dtype=torch.bfloat16, device="cuda").fill_(1.0)
-        dst = torch.empty_like(src)
-        impls = {**impls, "copy (same bytes)": (lambda: dst.copy_(src), ts)}
-        r = {}
-        for name, (fn, stream) in impls.items():
-            r[name] = {"event_ms": device_ms(fn, stream, iters=10, reps=5),
-                       "host_ms": host_ms(fn)}
-        for timing in ("event_ms", "host_ms"):
-            copy_ms = r["copy (same bytes)"][timing]
-            comp_ms = r["torch.compile"][timing]
-            for name, v in r.items():
-                ms = v[timing]
-                rows.append((case, name, timing.split("_")[0], ms, gbps(nbytes, ms),
-                             copy_ms / ms, ms / comp_ms))
-        results["cases"][case] = {"bytes": nbytes, **r}
+        measure_case(case, nbytes, impls, rows, results)
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -172,13 +192,7 @@ def main():
     clcuda.empty_cache()
     rope()
 
-    # ---- print
-    print(f"\n{'case':30s} {'impl':24s} {'timing':6s} {'ms':>9s} {'GB/s':>7s} {'%copy':>7s} "
-          f"{'/compile':>9s}")
-    for case, name, timing, ms, bw, frac, ratio in rows:
-        print(f"{case:30s} {name:24s} {timing:6s} {ms:9.4f} {bw:7.0f} {frac:7.1%} {ratio:9.3f}")
-    print("\n%copy: copy time of the same bytes / this time;  /compile: this time / "
-          "torch.compile's (castlab fused/inductor row: < 1 means castlab is faster)")
+    print_rows(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

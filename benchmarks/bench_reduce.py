@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_backward import _require_gpu, host_ms  # noqa: E402
+from bench_backward import _require_gpu, measure_case, print_rows  # noqa: E402
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
     _require_gpu()
 
     import torch
-    from bench_cuda import device_ms, gbps, stream_of_castlab, to_cl
+    from bench_cuda import stream_of_castlab, to_cl
 
     import castlab as cl
     import castlab.cuda as clcuda
@@ -49,22 +49,7 @@ def main():
     rows = []
 
     def measure(case, nbytes, impls):
-        half = nbytes // 2 // 2
-        src = torch.empty(half, dtype=torch.bfloat16, device="cuda").fill_(1.0)
-        dst = torch.empty_like(src)
-        impls = {**impls, "copy (same bytes)": (lambda: dst.copy_(src), ts)}
-        r = {}
-        for name, (fn, stream) in impls.items():
-            r[name] = {"event_ms": device_ms(fn, stream, iters=10, reps=5),
-                       "host_ms": host_ms(fn)}
-        for timing in ("event_ms", "host_ms"):
-            copy_ms = r["copy (same bytes)"][timing]
-            comp_ms = r["torch.compile"][timing]
-            for name, v in r.items():
-                ms = v[timing]
-                rows.append((case, name, timing.split("_")[0], ms, gbps(nbytes, ms),
-                             copy_ms / ms, ms / comp_ms))
-        results["cases"][case] = {"bytes": nbytes, **r}
+        measure_case(case, nbytes, impls, rows, results)
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -111,12 +96,7 @@ def main():
     clcuda.empty_cache()
     softmax()
 
-    print(f"\n{'case':30s} {'impl':26s} {'timing':6s} {'ms':>9s} {'GB/s':>7s} {'%copy':>7s} "
-          f"{'/compile':>9s}")
-    for case, name, timing, ms, bw, frac, ratio in rows:
-        print(f"{case:30s} {name:26s} {timing:6s} {ms:9.4f} {bw:7.0f} {frac:7.1%} {ratio:9.3f}")
-    print("\n%copy: copy time of the same bytes / this time;  /compile: this time / "
-          "torch.compile's (< 1: faster than torch.compile)")
+    print_rows(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -193,25 +193,27 @@ CL_HD T red_cpu_load(const T* v, int64_t i, int k, int64_t vec, int64_t lanes) {
   return v[i * vec + k] + v[i * vec + lanes + k];
 }
 
-// row_sum over `size` vectors (lanes wide, at most 8) into out[lanes]:
-// multi_row_sum with 4 interleaved rows (ilp 4) and 4 cascade levels.
+// multi_row_sum: `nrows` (<= 4) interleaved rows (row r takes vectors nrows * i + r,
+// i < size), each a cascade of 4 levels over `size` vectors `lanes` wide; the levels
+// folded into out[r][k].
 template <typename T>
-CL_HD void red_cpu_row_sum(const T* v, int64_t size, int64_t vec, int64_t lanes, T* out) {
-  const int64_t size_ilp = size / 4;
+CL_HD void red_cpu_multi_row(const T* v, int64_t size, int nrows, int64_t vec, int64_t lanes,
+                             T out[4][8]) {
   T acc[4][4][8];  // [level][row][lane]
   for (int j = 0; j < 4; ++j)
     for (int r = 0; r < 4; ++r)
       for (int k = 0; k < 8; ++k) acc[j][r][k] = T(0);
-  const int lp = red_ceil_log2(size_ilp) / 4 > 4 ? red_ceil_log2(size_ilp) / 4 : 4;
+  const int lp = red_ceil_log2(size) / 4 > 4 ? red_ceil_log2(size) / 4 : 4;
   const int64_t step = int64_t(1) << lp;
   const int64_t mask = step - 1;
   int64_t i = 0;
-  while (i + step <= size_ilp) {
+  while (i + step <= size) {
     for (int64_t j = 0; j < step; ++j, ++i)
-      for (int r = 0; r < 4; ++r)
-        for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, 4 * i + r, k, vec, lanes);
+      for (int r = 0; r < nrows; ++r)
+        for (int k = 0; k < lanes; ++k)
+          acc[0][r][k] += red_cpu_load(v, nrows * i + r, k, vec, lanes);
     for (int j = 1; j < 4; ++j) {
-      for (int r = 0; r < 4; ++r)
+      for (int r = 0; r < nrows; ++r)
         for (int k = 0; k < lanes; ++k) {
           acc[j][r][k] += acc[j - 1][r][k];
           acc[j - 1][r][k] = T(0);
@@ -219,39 +221,35 @@ CL_HD void red_cpu_row_sum(const T* v, int64_t size, int64_t vec, int64_t lanes,
       if ((i & (mask << (j * lp))) != 0) break;
     }
   }
-  for (; i < size_ilp; ++i)
-    for (int r = 0; r < 4; ++r)
-      for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, 4 * i + r, k, vec, lanes);
-  for (int j = 1; j < 4; ++j)
-    for (int r = 0; r < 4; ++r)
-      for (int k = 0; k < lanes; ++k) acc[0][r][k] += acc[j][r][k];
-  // the leftover vectors go to row 0
+  for (; i < size; ++i)
+    for (int r = 0; r < nrows; ++r)
+      for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, nrows * i + r, k, vec, lanes);
+  for (int r = 0; r < nrows; ++r)
+    for (int k = 0; k < lanes; ++k) {
+      for (int j = 1; j < 4; ++j) acc[0][r][k] += acc[j][r][k];
+      out[r][k] = acc[0][r][k];
+    }
+}
+
+// row_sum over `size` vectors (lanes wide, at most 8) into out[lanes]: multi_row_sum with 4
+// interleaved rows (ilp 4), the leftover vectors added to row 0, the rows in order.
+template <typename T>
+CL_HD void red_cpu_row_sum(const T* v, int64_t size, int64_t vec, int64_t lanes, T* out) {
+  const int64_t size_ilp = size / 4;
+  T p[4][8];
+  red_cpu_multi_row(v, size_ilp, 4, vec, lanes, p);
   for (int64_t q = 4 * size_ilp; q < size; ++q)
-    for (int k = 0; k < lanes; ++k) acc[0][0][k] += red_cpu_load(v, q, k, vec, lanes);
-  for (int k = 0; k < lanes; ++k)
-    out[k] = ((acc[0][0][k] + acc[0][1][k]) + acc[0][2][k]) + acc[0][3][k];
+    for (int k = 0; k < lanes; ++k) p[0][k] += red_cpu_load(v, q, k, vec, lanes);
+  for (int k = 0; k < lanes; ++k) out[k] = ((p[0][k] + p[1][k]) + p[2][k]) + p[3][k];
 }
 
 // multi_row_sum for one scalar row: the cascade over all n elements (no ILP split), as
 // vectorized_outer_sum runs it for each output column.
 template <typename T>
 CL_HD T red_cpu_cascade(const T* v, int64_t size) {
-  T acc[4] = {T(0), T(0), T(0), T(0)};
-  const int lp = red_ceil_log2(size) / 4 > 4 ? red_ceil_log2(size) / 4 : 4;
-  const int64_t step = int64_t(1) << lp;
-  const int64_t mask = step - 1;
-  int64_t i = 0;
-  while (i + step <= size) {
-    for (int64_t j = 0; j < step; ++j, ++i) acc[0] += v[i];
-    for (int j = 1; j < 4; ++j) {
-      acc[j] += acc[j - 1];
-      acc[j - 1] = T(0);
-      if ((i & (mask << (j * lp))) != 0) break;
-    }
-  }
-  for (; i < size; ++i) acc[0] += v[i];
-  for (int j = 1; j < 4; ++j) acc[0] += acc[j];
-  return acc[0];
+  T p[4][8];
+  red_cpu_multi_row(v, size, 1, 1, 1, p);
+  return p[0][0];
 }
 
 // A reduction over a dimension that is not the innermost (vectorized_outer_sum): output

@@ -334,10 +334,8 @@ def reduce_dims(fn: str, shape: tuple, dim: Any) -> tuple:
 
 
 def reduce_node(op: str, x: Node, dims: tuple, keepdim: bool, dt: dtype) -> Node:
-    """A row reduction (sum, amax, amin) of x over `dims` (sorted, non-negative)."""
-    if x.dtype is None or not x.dtype.is_floating_point:
-        raise TypeError(f"{op}: castlab reduces floating-point tensors; got {x.dtype.name} "
-                        "(cast with .astype(cl.float32) first)")
+    """A row reduction (sum, amax, amin) of a floating-point x over `dims` (sorted,
+    non-negative); castlab._reduce checks the dtype, naming the function called."""
     if op != "sum":
         for d in dims:
             if x.shape[d] == 0:

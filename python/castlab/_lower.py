@@ -553,7 +553,7 @@ class Lowering:
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout)
+        spec = self.reduce_spec(node, acc, layout, n)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         d.description = _C.describe_reduce(*spec, n, rows)
@@ -568,8 +568,9 @@ class Lowering:
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
-    def reduce_spec(self, node: Node, acc: dtype, layout: tuple) -> tuple:
-        """(kind, order, p0, p1, p2, p3) of ops/reduce.h's ReduceSpec for this node.
+    def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int) -> tuple:
+        """(kind, order, p0, p1, p2, p3) of ops/reduce.h's ReduceSpec for this node, whose
+        rows have n elements.
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
         fastest-moving dim is reduced), with unit stride, and `cols`, the contiguous kept
         extent below the reduced dims of an outer reduction."""
@@ -589,9 +590,6 @@ class Lowering:
             pair = src.bits == 16 and node.dtype.bits == 16 and inner
             return (kind, ORDER_CODE[order], 16 if pair else 8, 8, 0 if inner else cols, 0)
         if order == "torch_cuda":
-            n = 1
-            for d in node.attrs["dims"]:
-                n *= node.inputs[0].shape[d]
             if node.attrs.get("algo") == "softmax":
                 isz = node.attrs.get("elem_bytes", src.bits // 8)
                 warp = n <= 2048 and n * isz <= 8192
@@ -1029,9 +1027,11 @@ class ProgramBuilder:
         (pow_tensor_scalar_kernel), i.e. rounded to the storage dtype."""
         node = e.node
         args = e.args
+        k = self.low._kernel(node)
         if (node.op == "div" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
-                and node.attrs.get("kernel") in (None, "mean")):
-            # (a backward kernel divides truly; mean's MeanOps multiplies by 1/n)
+                and (k is None or k.scalar_div_reciprocal)):
+            # (inside a PyTorch kernel, as the kernel does: mean's MeanOps multiplies by
+            # 1/n, a backward kernel divides truly)
             import numpy as np
 
             b = float(args[1].value)

@@ -83,6 +83,9 @@ class BackwardKernel(NamedTuple):
     arith: dict
     contract: dict
     source: str
+    #: on the GPU, a division by a Python number inside the kernel multiplies by its
+    #: reciprocal (MeanOps' factor) rather than dividing truly
+    scalar_div_reciprocal: bool = False
 
     def arith_for(self, cuda: bool, dt) -> str:
         a = self.arith["cuda" if cuda else "cpu"]
@@ -128,23 +131,22 @@ ORDER_CODE: dict[str, int] = {"sequential": 0, "pairwise": 1, "torch_cpu": 2, "t
 
 # PyTorch's forward kernels that compute a composite (softmax, layer_norm, ...) in op-math
 # and round once: their inner nodes carry kernel=<name> like the backward kernels above.
+def _opmath_kernel(source: str, contract: bool = True, **kw) -> BackwardKernel:
+    return BackwardKernel({"cuda": "opmath", "cpu": "opmath"},
+                          {"cuda": contract, "cpu": contract}, source, **kw)
+
+
 BACKWARD_KERNELS.update({
-    "softmax": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+    "softmax": _opmath_kernel("aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
+    "log_softmax": _opmath_kernel(
         "aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
-    "log_softmax": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
-        "aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
-    "mean": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": False, "cpu": False},
-        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/ReduceOps.cpp"),
-    "var": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": False, "cpu": False},
-        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/cpu/ReduceOpsKernel.cpp"),
-    "layer_norm": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+    "mean": _opmath_kernel(
+        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/ReduceOps.cpp", contract=False,
+        scalar_div_reciprocal=True),
+    "var": _opmath_kernel(
+        "aten/src/ATen/native/cuda/ReduceMomentKernel.cu, native/cpu/ReduceOpsKernel.cpp",
+        contract=False),
+    "layer_norm": _opmath_kernel(
         "aten/src/ATen/native/cuda/layer_norm_kernel.cu, native/cpu/layer_norm_kernel.cpp"),
-    "rms_norm_te": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
-        "transformer_engine/common/normalization/rmsnorm"),
+    "rms_norm_te": _opmath_kernel("transformer_engine/common/normalization/rmsnorm"),
 })

@@ -81,10 +81,6 @@ def _mark_kernel(nodes: list, out: Proxy, kernel: str | None) -> None:
             n.attrs["kernel_inner"] = True
 
 
-def _node(x) -> Node:
-    return x.node
-
-
 def _reduce(op: str, x: Proxy, dims: tuple, keepdim: bool, dt=None, attrs=None) -> Proxy:
     n = reduce_node(op, x.node, dims, keepdim, dt or x.dtype)
     if attrs:
@@ -155,10 +151,8 @@ def mean(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = 
     dims = reduce_dims("mean", _shape(x), dim)
     n = _numel(_shape(x), dims)
 
-    def body(p):
-        s = _reduce("sum", p, dims, keepdim, dt)
-        return s / float(n) if n else s / 0.0
-    return _call(body, [x], kernel="mean")
+    # an empty reduction: 0 / 0.0 = NaN, as PyTorch
+    return _call(lambda p: _reduce("sum", p, dims, keepdim, dt) / float(n), [x], kernel="mean")
 
 
 def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
@@ -205,7 +199,7 @@ def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: fl
 
     def body(p):
         xf = p if p.dtype in (float32, float64) else ops.astype(p, float32)
-        m = _reduce("sum", xf, dims, True) / float(n) if n else _reduce("sum", xf, dims, True)
+        m = _reduce("sum", xf, dims, True) / float(n)  # n = 0: NaN, and so is the variance
         d = xf - m
         s = _reduce("sum", d * d, dims, keepdim)
         return ops.astype(s / denom, p.dtype) if p.dtype is not xf.dtype else s / denom
