@@ -52,6 +52,19 @@ def main():
         measure_case(case, nbytes, impls, rows, results)
 
     g = torch.Generator(device="cuda").manual_seed(0)
+    cuda_order = cl.Math("cuda_order", impl="portable", reduction="torch_cuda")
+
+    def separate(fn, args, **kw):
+        """A jit of `fn` whose plan keeps the reduction and its prologue and epilogue as
+        separate steps (castlab before row kernels), planned by one run."""
+        from castlab import _lower
+        f = cl.jit(fn)
+        _lower.FUSE_ROWS = False
+        try:
+            f.run(*args, **kw)
+        finally:
+            _lower.FUSE_ROWS = "auto"
+        return f
 
     def rmsnorm():
         R, H = 16384 // div, 4096
@@ -65,9 +78,16 @@ def main():
         torch._dynamo.reset()
         comp = torch.compile(hf, dynamic=False)
         x, w = to_cl(tx), to_cl(tw)
-        f = cl.jit(lambda x, w: cl.rms_norm(x, H, w, 1e-6, cast="hf"))
+        def fn(x, w):
+            return cl.rms_norm(x, H, w, 1e-6, cast="hf")
+        f = cl.jit(fn)
+        fs = separate(fn, (x, w), policy="fused", math="inductor")
         impls = {
             "castlab fused/inductor": (lambda: f.run(x, w, policy="fused", math="inductor"), cs),
+            "castlab fused, separate": (
+                lambda: fs.run(x, w, policy="fused", math="inductor"), cs),
+            "castlab fused, cuda order": (
+                lambda: f.run(x, w, policy="fused", math=cuda_order), cs),
             "castlab eager/torch_eager": (
                 lambda: f.run(x, w, policy="eager", math="torch_eager"), cs),
             "torch.compile": (lambda: comp(tx, tw), ts),
@@ -81,9 +101,16 @@ def main():
         torch._dynamo.reset()
         comp = torch.compile(lambda t: torch.softmax(t, -1), dynamic=False)
         x = to_cl(tx)
-        f = cl.jit(lambda x: cl.softmax(x, -1))
+        def fn(x):
+            return cl.softmax(x, -1)
+        f = cl.jit(fn)
+        fs = separate(fn, (x,), policy="fused", math="inductor")
         impls = {
             "castlab fused/inductor": (lambda: f.run(x, policy="fused", math="inductor"), cs),
+            "castlab fused, separate": (
+                lambda: fs.run(x, policy="fused", math="inductor"), cs),
+            "castlab fused, cuda order": (
+                lambda: f.run(x, policy="fused", math=cuda_order), cs),
             "castlab eager/torch_eager": (lambda: f.run(x, policy="eager", math="torch_eager"),
                                           cs),
             "torch.compile": (lambda: comp(tx), ts),

@@ -116,6 +116,15 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     }
     default: break;
   }
+  if (s.kind != kRedSum &&
+      (s.order == kOrdSequential || s.order == kOrdPairwise || s.order == kOrdTorchCpu)) {
+    // chunks of 32 m elements (m odd: the row kernel's padded shared-memory row puts the
+    // parts' first elements in different banks), at most 256 of them
+    int64_t m = std::max<int64_t>(1, div_up(n, 32 * 256));
+    if (m % 2 == 0) ++m;
+    P.chunk = 32 * m;
+    P.nparts = div_up(n, P.chunk);
+  }
   return P;
 }
 
@@ -156,7 +165,7 @@ void reduce_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n)
     std::vector<T> parts(static_cast<size_t>(std::max<int64_t>(P.nparts, 1)));
     for (int64_t r = r0; r < r1; ++r) {
       const T* v = src + r * n;
-      for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part(P, v, n, r, t);
+      for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part<T>(P, v, n, r, t);
       dst[r] = red_combine(P, parts.data());
     }
   });

@@ -6,6 +6,7 @@
 
 #include "core/checked.h"
 #include "ops/cuda/executor.h"
+#include "ops/cuda/row_kernel.h"
 
 namespace cl {
 
@@ -107,6 +108,15 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
     views.clear();
     for (size_t k = 0; k < ni; ++k) in_p[k] = bind(s.leaves[k]);
     for (size_t k = 0; k < no; ++k) out_p[k] = bind(s.outs[k]);
+    if (s.row) {
+      std::vector<const Tensor*> ops(in_p, in_p + ni);
+      ops.insert(ops.end(), out_p, out_p + no);
+      if (dev.type == DeviceType::CUDA)
+        cuda::launch_row_kernel(*s.row, ops.data(), ops.size());
+      else
+        run_row_cpu(*s.row, ops.data(), ops.size());
+      continue;
+    }
     if (!s.prog) {
       if (ni != 1 || no != 1) throw std::invalid_argument("plan: a reduce step has one operand");
       run_reduce(s.reduce, *in_p[0], *out_p[0]);

@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "ops/program.h"
 #include "ops/reduce.h"
+#include "ops/row_step.h"
 
 namespace cl {
 
@@ -35,11 +36,13 @@ struct PlanBind {
   int64_t offset = 0;  // element offset relative to the bound tensor's own offset
 };
 
-// A step runs a Program, or (prog null) reduces the rows of leaves[0] into outs[0].
+// A step runs a Program, or a row step (row set: its operands are leaves then outs), or
+// (both null) reduces the rows of leaves[0] into outs[0].
 struct PlanStep {
   std::shared_ptr<Program> prog;
   std::vector<PlanBind> leaves, outs;
   ReduceSpec reduce;
+  std::shared_ptr<RowStep> row;
 };
 
 // A lowered graph, ready to run: the Programs of its regions and how each one's operands

@@ -493,3 +493,43 @@ def test_nvrtc_compiles_the_reduce_kernel():
         ok, log = _C._nvrtc_compile_check(src, ARCH, "cl_reduce_f64" if f64 else "cl_reduce_f32")
         assert ok, log
         assert "warning" not in log, log
+
+
+def test_nvrtc_compiles_row_kernels(monkeypatch):
+    """The row kernels (ops/cuda/row_kernel.cpp) of RMSNorm (both casts), softmax,
+    log_softmax, layer_norm and amax, for every input dtype and under the fp64 policy,
+    compile without a warning."""
+    import castlab as cl
+    from castlab import _lower
+
+    _nvrtc_or_skip()
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    fns = [lambda x, w: cl.rms_norm(x, 64, w, cast="hf"),
+           lambda x, w: cl.rms_norm(x, 64, w, cast="te"),
+           lambda x, w: cl.softmax(x, -1), lambda x, w: cl.log_softmax(x, -1),
+           lambda x, w: cl.layer_norm(x, 64, w), lambda x, w: x - cl.amax(x, -1, keepdim=True)]
+    items = {}
+    cases = [(dt, "eager", math, fn) for dt in ("bfloat16", "float32") for fn in fns
+             for math in ("torch_eager", "inductor")]
+    cases += [("float16", "fp64", "torch_eager", fn) for fn in fns[:3]]
+    for dt, policy, math, fn in cases:
+        x = cl.randn(8, 64, seed=0, dtype=dt)
+        w = cl.randn(64, seed=1, dtype=dt)
+        f = cl.jit(fn)
+        f.run(x, w, policy=policy, math=math)
+        tr, _ = f._traced(f._bind((x, w)))
+        for plan in tr.plans.values():
+            for spec, dts in plan.row_steps:
+                src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+                at = src.index("castlab_row")
+                items[src[at:src.index("(", at)]] = src
+    assert len(items) >= 20, len(items)
+    names = sorted(items)
+    batches = [names[i:i + 6] for i in range(0, len(names), 6)]
+    srcs = [(f"castlab_rowbatch{i}", batch_source([items[n] for n in b]))
+            for i, b in enumerate(batches)]
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(_check, srcs))
+    for (name, _), (ok, log) in zip(srcs, results):
+        assert ok, f"{name}:\n{log[:3000]}"
+        assert "warning" not in log, log[:3000]

@@ -4,6 +4,7 @@ rational sums (fractions)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
@@ -362,3 +363,116 @@ def test_zero_dim_and_full_reductions():
     assert cl.sum(x).shape == ()
     assert cl.sum(x, keepdim=True).shape == (1, 1, 1)
     assert mismatches(cl.amax(x), t.amax()) == 0
+
+
+# ---------------------------------------------------------------- row steps (fusion)
+
+FUSED = {
+    "rms_hf": lambda x, w, b: cl.rms_norm(x, x.shape[-1], w, 1e-6, cast="hf"),
+    "rms_te": lambda x, w, b: cl.rms_norm(x, x.shape[-1], w, 1e-6, cast="te"),
+    "rms_math": lambda x, w, b: cl.rms_norm(x, x.shape[-1], w),
+    "softmax": lambda x, w, b: cl.softmax(x, -1),
+    "log_softmax": lambda x, w, b: cl.log_softmax(x * w, -1),
+    "layer_norm": lambda x, w, b: cl.layer_norm(x, x.shape[-1], w, b),
+    "var_mean": lambda x, w, b: cl.var(x, -1, keepdim=True) + cl.mean(x, -1, keepdim=True) * w,
+    "amax_amin": lambda x, w, b: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1,
+                                                                           keepdim=True),
+}
+ORDERS = ["torch", "torch_cpu", "torch_cuda", "pairwise", "sequential"]
+
+
+def _bits(t) -> np.ndarray:
+    a = np.asarray(T(t).contiguous().view(torch.int16 if t.dtype.itemsize == 2 else
+                                          (torch.int32 if t.dtype.itemsize == 4 else
+                                           torch.int64)))
+    return a
+
+
+def _fused_and_unfused(fn, args, **kw):
+    from castlab import _lower
+    outs = []
+    for fuse in (True, False):
+        old = _lower.FUSE_ROWS
+        _lower.FUSE_ROWS = fuse
+        try:
+            f = cl.jit(fn)
+            outs.append((f.run(*args, **kw), str(f.trace(*args, **kw))))
+        finally:
+            _lower.FUSE_ROWS = old
+    return outs
+
+
+def _special_rows(shape, dt):
+    x = rand(shape, dt, seed=shape[-1])
+    a = T(x.astype("float64")).numpy().copy()
+    a[0, : min(3, shape[-1])] = [np.nan, np.inf, -0.0][: min(3, shape[-1])]
+    if shape[0] > 1:
+        a[1, :] = -0.0
+    if shape[0] > 2:
+        a[2, -1] = -np.inf
+    return cl.tensor(a).astype(DT[dt][0])
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+@pytest.mark.parametrize("dt", list(DT))
+def test_row_fusion_changes_no_bit(name, dt):
+    """A reduction fused with its prologue and epilogue (one row step) gives the bits of
+    the separate steps, under every policy and order of accumulation, on rows of several
+    lengths (one element, shorter than a warp, odd, longer than NumPy's 128-element
+    blocks) with NaN, inf and -0 in them."""
+    for shape in [(4, 1), (5, 7), (3, 33), (6, 333), (2, 1100)]:
+        x = _special_rows(shape, dt)
+        w = rand(shape[-1:], dt, seed=1)
+        b = rand(shape[-1:], dt, seed=2)
+        for policy in ("eager", "fused", "fp64"):
+            for order in ORDERS:
+                mth = dataclasses.replace(cl.Math.preset("inductor"), reduction=order)
+                (yf, tf), (yu, tu) = _fused_and_unfused(FUSED[name], (x, w, b), policy=policy,
+                                                        math=mth)
+                assert "fused with its prologue" in tf and "fused with" not in tu
+                np.testing.assert_array_equal(_bits(yf), _bits(yu),
+                                              err_msg=f"{name} {shape} {policy} {order}")
+
+
+def test_row_fusion_boundaries(monkeypatch):
+    """A reduction's result read at another row than its own (a reduction over the
+    leading dim scaling the columns, a transposed row sum) keeps its epilogue apart: the
+    block of one row would need another block's result. The bits stay the same."""
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x = rand((6, 6), "float32")
+    for fn in (lambda x: x / cl.sum(x, 0, keepdim=True),
+               lambda x: x * cl.sum(x, -1, keepdim=True).reshape(1, 6)):
+        (yf, tf), (yu, _) = _fused_and_unfused(fn, (x,))
+        np.testing.assert_array_equal(_bits(yf), _bits(yu))
+        assert "fused with its prologue" in tf
+        f = cl.jit(fn)
+        f(x)
+        tr, _ = f._traced(f._bind((x,)))
+        (spec, _), = next(iter(tr.plans.values())).row_steps
+        assert spec[3] is None  # no epilogue in the row step
+
+
+def test_row_fusion_in_plans(monkeypatch):
+    """RMSNorm and softmax become one row step each (with the epilogue); the prologue's
+    [rows, n] temporary is no longer allocated. By default ("auto") the CPU keeps the
+    steps apart (row chunks measured no faster there)."""
+    from castlab import _lower
+
+    x0, w0 = rand((8, 64), "bfloat16"), rand((64,), "bfloat16")
+    f = cl.jit(lambda x, w: cl.rms_norm(x, 64, w))
+    assert "fused with its prologue" not in str(f.trace(x0, w0))
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x, w = rand((8, 64), "bfloat16"), rand((64,), "bfloat16")
+    for fn, nphases in ((lambda x, w: cl.rms_norm(x, 64, w), 1),
+                        (lambda x, w: cl.softmax(x, -1), 2),
+                        (lambda x, w: cl.layer_norm(x, 64, w), 2)):
+        f = cl.jit(fn)
+        f(x, w)
+        tr, _ = f._traced(f._bind((x, w)))
+        plan = next(iter(tr.plans.values()))
+        (spec, dts), = plan.row_steps
+        assert len(spec[2]) == nphases and spec[3] is not None
+        assert [s for s in plan.steps if not isinstance(s[0], str)] == []
+        assert all(tuple(shape) in ((0,), (8,)) for shape, _ in plan.temps), plan.temps

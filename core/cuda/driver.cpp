@@ -28,7 +28,7 @@ int g_ndev = 0;
 struct DevState {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;
-  int cc_major = 0, cc_minor = 0, sms = 0;
+  int cc_major = 0, cc_minor = 0, sms = 0, smem_optin = 0;
   std::atomic<const char*> last_kernel{nullptr};  // a name owned by the kernel cache
 };
 DevState g_dev[kMaxDevices];
@@ -96,6 +96,7 @@ void load_driver_locked() {
   sym(lib, "cuMemcpyPeerAsync", &d.cuMemcpyPeerAsync, &missing);
   sym(lib, "cuModuleLoadData", &d.cuModuleLoadData, &missing);
   sym(lib, "cuModuleGetFunction", &d.cuModuleGetFunction, &missing);
+  sym(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &missing);
   sym(lib, "cuLaunchKernel", &d.cuLaunchKernel, &missing);
   sym(lib, "cuGetErrorString", &d.cuGetErrorString, &missing);
   sym(lib, "cuGetErrorName", &d.cuGetErrorName, &missing);
@@ -268,6 +269,9 @@ static DevState& dev_state(int index) {
             "cuDeviceGetAttribute");
       check(d.cuDeviceGetAttribute(&s.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
             "cuDeviceGetAttribute");
+      check(d.cuDeviceGetAttribute(&s.smem_optin,
+                                   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+            "cuDeviceGetAttribute");
       CUstream st = nullptr;
       check(d.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
       s.stream = st;
@@ -299,6 +303,7 @@ CUstream stream(int index) { return dev_state(index).stream; }
 CUcontext context(int index) { return dev_state(index).ctx; }
 
 int multiprocessor_count(int index) { return dev_state(index).sms; }
+int max_shared_per_block(int index) { return dev_state(index).smem_optin; }
 
 void compute_capability(int index, int* major, int* minor) {
   DevState& s = dev_state(index);

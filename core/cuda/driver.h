@@ -34,6 +34,8 @@ constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
 // ---- NVRTC types ----
 using nvrtcResult = int;
@@ -67,6 +69,7 @@ struct DriverApi {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);
   CUresult (*cuGetErrorString)(CUresult, const char**);
@@ -120,6 +123,9 @@ CUstream launch_stream(int index);
 void compute_capability(int index, int* major, int* minor);
 // Streaming multiprocessors of device `index`.
 int multiprocessor_count(int index);
+// The most shared memory one thread block of device `index` may ask for (bytes, with the
+// opt-in above the default 48 KiB).
+int max_shared_per_block(int index);
 CUcontext context(int index);
 
 // Wait for all of castlab's work on `index` (or every device when index < 0); an error

@@ -15,6 +15,22 @@
 namespace cl {
 namespace cuda {
 
+// The C++ type a dtype is stored as (kernel parameters and loads/stores).
+const char* storage_type(int dt) {
+  switch (dt) {
+    case kFloat64: return "double";
+    case kFloat32: return "float";
+    case kFloat16:
+    case kBFloat16: return "unsigned short";
+    case kFloat8E4M3FN:
+    case kFloat8E5M2:
+    case kBool: return "unsigned char";
+    case kInt32: return "int";
+    case kInt64: return "long long";
+  }
+  throw std::invalid_argument("CUDA codegen: unsupported dtype " + std::to_string(dt));
+}
+
 namespace {
 
 // String builder (no iostreams: the generated source is plain concatenation).
@@ -39,22 +55,6 @@ struct Out {
   }
   const std::string& str() const { return s; }
 };
-
-// The C++ type a dtype is stored as (kernel parameters and loads/stores).
-const char* raw_type(int dt) {
-  switch (dt) {
-    case kFloat64: return "double";
-    case kFloat32: return "float";
-    case kFloat16:
-    case kBFloat16: return "unsigned short";
-    case kFloat8E4M3FN:
-    case kFloat8E5M2:
-    case kBool: return "unsigned char";
-    case kInt32: return "int";
-    case kInt64: return "long long";
-  }
-  throw std::invalid_argument("CUDA codegen: unsupported dtype " + std::to_string(dt));
-}
 
 // One rounding register -> storage (as store_rows). `rb` is the random-bits expression.
 std::string store_expr(int dt, int rt, const std::string& src, int mode, bool sat,
@@ -100,8 +100,8 @@ struct Kernel {
   std::vector<bool> wide;    // per input: fp16, handed to the body widened to float
   std::vector<bool> paired;  // per output: left unrounded by the body (see analyse)
 
-  std::string in_t(int k) const { return raw_type(L.dtypes[nout + k]); }
-  std::string out_t(int k) const { return raw_type(L.dtypes[k]); }
+  std::string in_t(int k) const { return storage_type(L.dtypes[nout + k]); }
+  std::string out_t(int k) const { return storage_type(L.dtypes[k]); }
   // The type the body writes output k as.
   std::string body_t(int k) const { return paired[k] ? std::string("float") : out_t(k); }
   std::string in_ptr(int k) const {
@@ -147,10 +147,11 @@ Kernel analyse(const Program& prog, const KernelLayout& L) {
 
 // The per-element __device__ function cl_body(seed, e, x..., y&...): one line per
 // instruction, then one rounding store per output. It mirrors run_program_cpu.
-std::string emit_body(const Kernel& K) {
+std::string emit_body(const Kernel& K, const std::string& name = "cl_body") {
   const Program& prog = K.prog;
   Out b;
-  b << "__device__ __forceinline__ void cl_body(const unsigned long long seed, "
+  b << "__device__ __forceinline__ void " << name
+    << "(const unsigned long long seed, "
        "const unsigned long long e";
   for (int k = 0; k < K.nin; ++k)
     b << ", const " << (K.wide[k] ? std::string("float") : K.in_t(k)) << " x" << k;
@@ -160,8 +161,13 @@ std::string emit_body(const Kernel& K) {
   // Registers written more than once (or never) are declared up front; the others are
   // const at their one assignment.
   std::vector<bool> declared(prog.n_regs, false);
+  std::vector<bool> read(prog.n_regs, false);
+  for (const Instr& in : prog.code)
+    for (int a : {in.a, in.b, in.c})
+      if (a >= 0 && a < prog.n_regs) read[a] = true;
+  for (const OutputSpec& os : prog.outputs) read[os.reg] = true;
   for (int r = 0; r < prog.n_regs; ++r) {
-    if (K.writes[r] != 1) {
+    if (K.writes[r] > 1 || (K.writes[r] == 0 && read[r])) {
       b << "  " << reg_type_cxx(K.rtype[r] < 0 ? kRegF32 : K.rtype[r]) << " " << reg_name(r)
         << " = 0;\n";
       declared[r] = true;
@@ -487,6 +493,17 @@ std::string emit_nd(const Kernel& K) {
 }
 
 }  // namespace
+
+std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
+                                  int n_out, const std::string& name) {
+  KernelLayout L;
+  L.dtypes = dtypes;
+  L.n_out = n_out;
+  Kernel K = analyse(prog, L);
+  K.wide.assign(K.nin, false);     // inputs arrive as stored
+  K.paired.assign(K.nout, false);  // outputs leave rounded
+  return emit_body(K, name);
+}
 
 size_t param_bytes(const KernelLayout& L) {
   const size_t nops = L.dtypes.size();

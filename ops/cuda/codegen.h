@@ -46,5 +46,15 @@ struct GeneratedKernel {
 };
 GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L);
 
+// The C++ type a dtype is stored as in generated kernels ("unsigned short" for bf16...).
+const char* storage_type(int dt);
+
+// The per-element device function of `prog` alone, named `name`:
+//   void name(seed, e, x0, x1, ..., y0&, ...)
+// with inputs and outputs in their storage types (dtypes: outputs first, then inputs), for
+// kernels of other shapes (the row kernel) that evaluate a Program element by element.
+std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
+                                  int n_out, const std::string& name);
+
 }  // namespace cuda
 }  // namespace cl

@@ -30,7 +30,7 @@ std::string reduce_source(const char* type, const char* name) {
        "  const T* v = src + row * n;\n"
        "  T* parts = scratch ? scratch + row * P.nparts : reinterpret_cast<T*>(cl_smem);\n"
        "  for (long long t = threadIdx.x; t < P.nparts; t += blockDim.x)\n"
-       "    parts[t] = cl::red_part(P, v, n, row, t);\n"
+       "    parts[t] = cl::red_part<T>(P, v, n, row, t);\n"
        "  __syncthreads();\n"
        "  if (threadIdx.x == 0) dst[row] = cl::red_combine(P, parts);\n"
        "}\n";

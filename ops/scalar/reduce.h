@@ -46,12 +46,17 @@ enum ReduceOrder : int {
 //               else (outer: one thread per output, a = 1) the block's width in outputs
 //   softmax_warp:  a = warp width, b = iterations per lane
 //   softmax_block: a = block size, b = elements per vector load (ILP)
+// chunk: max and min under the serial orders (sequential, pairwise, torch_cpu) take parts
+// of `chunk` consecutive elements combined in row order: the value of one pass over the
+// row (max and min are exact and associative, and the first NaN of the row still wins),
+// computed by many threads.
 struct RedPlan {
   int kind = kRedSum;
   int order = kOrdSequential;
   int64_t n = 0;
   int64_t nparts = 1;
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0;
+  int64_t chunk = 0;
 };
 
 template <typename T>
@@ -76,8 +81,8 @@ CL_HD T red_op(int kind, T acc, T x) {
   return acc < x ? acc : x;
 }
 
-template <typename T>
-CL_HD T red_sequential(int kind, const T* v, int64_t n) {
+template <typename T, typename A>
+CL_HD T red_sequential(int kind, A v, int64_t n) {
   if (n == 0) return red_identity<T>(kind);
   T acc = v[0];
   for (int64_t i = 1; i < n; ++i) acc = red_op(kind, acc, v[i]);
@@ -85,8 +90,8 @@ CL_HD T red_sequential(int kind, const T* v, int64_t n) {
 }
 
 // NumPy's pairwise_sum, recursion unrolled into an explicit stack of (start, length).
-template <typename T>
-CL_HD T red_pairwise_block(const T* a, int64_t n) {
+template <typename T, typename A>
+CL_HD T red_pairwise_block(A a, int64_t n) {
   if (n < 8) {
     T res = T(-0.0);  // numpy starts from -0.0 (so a row of -0.0 sums to -0.0)
     for (int64_t i = 0; i < n; ++i) res += a[i];
@@ -138,7 +143,7 @@ CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* l
 // `ret`); 2: right half done. Leaf sums come from `leaves` (in order) when given.
 template <typename T>
 CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
-  if (n <= 128) return leaves ? leaves[0] : red_pairwise_block(a, n);
+  if (n <= 128) return leaves ? leaves[0] : red_pairwise_block<T>(a, n);
   int64_t off[64], len[64];
   int stage[64];
   T left[64];
@@ -151,7 +156,7 @@ CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
   for (;;) {
     if (len[sp] <= 128 || stage[sp] == 2) {
       if (len[sp] <= 128)
-        ret = leaves ? leaves[leaf++] : red_pairwise_block(a + off[sp], len[sp]);
+        ret = leaves ? leaves[leaf++] : red_pairwise_block<T>(a + off[sp], len[sp]);
       else
         ret = left[sp] + ret;
       if (sp == 0) return ret;
@@ -187,8 +192,8 @@ CL_HD int red_ceil_log2(int64_t x) {
 }
 
 // Lane k of loaded vector i (vec elements, `lanes` lanes; vec == 2 * lanes: pair loads).
-template <typename T>
-CL_HD T red_cpu_load(const T* v, int64_t i, int k, int64_t vec, int64_t lanes) {
+template <typename T, typename A>
+CL_HD T red_cpu_load(A v, int64_t i, int k, int64_t vec, int64_t lanes) {
   if (vec == lanes) return v[i * vec + k];
   return v[i * vec + k] + v[i * vec + lanes + k];
 }
@@ -196,8 +201,8 @@ CL_HD T red_cpu_load(const T* v, int64_t i, int k, int64_t vec, int64_t lanes) {
 // multi_row_sum: `nrows` (<= 4) interleaved rows (row r takes vectors nrows * i + r,
 // i < size), each a cascade of 4 levels over `size` vectors `lanes` wide; the levels
 // folded into out[r][k].
-template <typename T>
-CL_HD void red_cpu_multi_row(const T* v, int64_t size, int nrows, int64_t vec, int64_t lanes,
+template <typename T, typename A>
+CL_HD void red_cpu_multi_row(A v, int64_t size, int nrows, int64_t vec, int64_t lanes,
                              T out[4][8]) {
   T acc[4][4][8];  // [level][row][lane]
   for (int j = 0; j < 4; ++j)
@@ -211,7 +216,7 @@ CL_HD void red_cpu_multi_row(const T* v, int64_t size, int nrows, int64_t vec, i
     for (int64_t j = 0; j < step; ++j, ++i)
       for (int r = 0; r < nrows; ++r)
         for (int k = 0; k < lanes; ++k)
-          acc[0][r][k] += red_cpu_load(v, nrows * i + r, k, vec, lanes);
+          acc[0][r][k] += red_cpu_load<T>(v, nrows * i + r, k, vec, lanes);
     for (int j = 1; j < 4; ++j) {
       for (int r = 0; r < nrows; ++r)
         for (int k = 0; k < lanes; ++k) {
@@ -223,7 +228,8 @@ CL_HD void red_cpu_multi_row(const T* v, int64_t size, int nrows, int64_t vec, i
   }
   for (; i < size; ++i)
     for (int r = 0; r < nrows; ++r)
-      for (int k = 0; k < lanes; ++k) acc[0][r][k] += red_cpu_load(v, nrows * i + r, k, vec, lanes);
+      for (int k = 0; k < lanes; ++k)
+        acc[0][r][k] += red_cpu_load<T>(v, nrows * i + r, k, vec, lanes);
   for (int r = 0; r < nrows; ++r)
     for (int k = 0; k < lanes; ++k) {
       for (int j = 1; j < 4; ++j) acc[0][r][k] += acc[j][r][k];
@@ -233,22 +239,22 @@ CL_HD void red_cpu_multi_row(const T* v, int64_t size, int nrows, int64_t vec, i
 
 // row_sum over `size` vectors (lanes wide, at most 8) into out[lanes]: multi_row_sum with 4
 // interleaved rows (ilp 4), the leftover vectors added to row 0, the rows in order.
-template <typename T>
-CL_HD void red_cpu_row_sum(const T* v, int64_t size, int64_t vec, int64_t lanes, T* out) {
+template <typename T, typename A>
+CL_HD void red_cpu_row_sum(A v, int64_t size, int64_t vec, int64_t lanes, T* out) {
   const int64_t size_ilp = size / 4;
   T p[4][8];
-  red_cpu_multi_row(v, size_ilp, 4, vec, lanes, p);
+  red_cpu_multi_row<T>(v, size_ilp, 4, vec, lanes, p);
   for (int64_t q = 4 * size_ilp; q < size; ++q)
-    for (int k = 0; k < lanes; ++k) p[0][k] += red_cpu_load(v, q, k, vec, lanes);
+    for (int k = 0; k < lanes; ++k) p[0][k] += red_cpu_load<T>(v, q, k, vec, lanes);
   for (int k = 0; k < lanes; ++k) out[k] = ((p[0][k] + p[1][k]) + p[2][k]) + p[3][k];
 }
 
 // multi_row_sum for one scalar row: the cascade over all n elements (no ILP split), as
 // vectorized_outer_sum runs it for each output column.
-template <typename T>
-CL_HD T red_cpu_cascade(const T* v, int64_t size) {
+template <typename T, typename A>
+CL_HD T red_cpu_cascade(A v, int64_t size) {
   T p[4][8];
-  red_cpu_multi_row(v, size, 1, 1, 1, p);
+  red_cpu_multi_row<T>(v, size, 1, 1, 1, p);
   return p[0][0];
 }
 
@@ -256,26 +262,26 @@ CL_HD T red_cpu_cascade(const T* v, int64_t size) {
 // column j of `cols` (the contiguous extent after the reduced dims) takes the plain
 // cascade when it falls in a group of 4 vectors (of 4 columns on the scalar path taken when
 // there are fewer columns than one vector), else row_sum's interleaved cascade.
-template <typename T>
-CL_HD T red_torch_cpu_outer(const T* v, int64_t n, int64_t vec, int64_t cols, int64_t row) {
+template <typename T, typename A>
+CL_HD T red_torch_cpu_outer(A v, int64_t n, int64_t vec, int64_t cols, int64_t row) {
   const int64_t j = row % cols;
   const int64_t w = cols >= vec ? vec : 1;  // fewer columns than a vector: scalar_outer_sum
-  if (j < (cols / (4 * w)) * (4 * w)) return T(0) + red_cpu_cascade(v, n);
+  if (j < (cols / (4 * w)) * (4 * w)) return T(0) + red_cpu_cascade<T>(v, n);
   T r[8];
-  red_cpu_row_sum(v, n, 1, 1, r);
+  red_cpu_row_sum<T>(v, n, 1, 1, r);
   return T(0) + r[0];
 }
 
-template <typename T>
-CL_HD T red_torch_cpu(const T* v, int64_t n, int64_t vec, int64_t lanes) {
+template <typename T, typename A>
+CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes) {
   T lane_sum[8];
   T fin = T(0);
   if (n < vec) {  // the scalar cascade: one lane, one element per "vector"
-    red_cpu_row_sum(v, n, 1, 1, lane_sum);
+    red_cpu_row_sum<T>(v, n, 1, 1, lane_sum);
     fin = fin + lane_sum[0];
   } else {
     const int64_t nvec = n / vec;
-    red_cpu_row_sum(v, nvec, vec, lanes, lane_sum);
+    red_cpu_row_sum<T>(v, nvec, vec, lanes, lane_sum);
     for (int64_t k = nvec * vec; k < n; ++k) fin += v[k];
     for (int k = 0; k < lanes; ++k) fin += lane_sum[k];
   }
@@ -285,8 +291,8 @@ CL_HD T red_torch_cpu(const T* v, int64_t n, int64_t vec, int64_t lanes) {
 // ---- ATen's CUDA reduction kernel (Reduce.cuh), one row of n contiguous elements ----
 // Part t = (x, y, cta) of the emulated launch: x + a * (y + b * cta). When each row of
 // threads reduces its own output, only threadIdx.y's row matters (b = 1 then).
-template <typename T>
-CL_HD T red_cuda_part(const RedPlan& P, const T* v, int64_t n, int64_t row, int64_t t) {
+template <typename T, typename A>
+CL_HD T red_cuda_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   const int64_t bw = P.a, bh = P.b, acc_n = P.c;
   const int64_t x = t % bw, y = (t / bw) % bh, cta = t / (bw * bh);
   // thread's first index and stride (in vectors when vectorized)
@@ -307,14 +313,14 @@ CL_HD T red_cuda_part(const RedPlan& P, const T* v, int64_t n, int64_t row, int6
     // past a 16-byte boundary; those first elements go to threads shift..acc_n-1
     const int64_t shift = (row * n) % acc_n;
     const bool tail_thread = y == 0 && cta == 0;
-    const T* d = v;
+    A d = v;
     int64_t end = n;
     if (shift > 0) {
       d = v - shift;
       end = n + shift;
       if (x >= shift && x < acc_n && tail_thread) acc[0] = red_op(P.kind, acc[0], d[x]);
       end -= acc_n;
-      d += acc_n;
+      d = d + acc_n;
     }
     int64_t q = idx0;
     while (q * acc_n + acc_n - 1 < end) {
@@ -388,8 +394,8 @@ CL_HD T red_warp_down(int kind, T* lane) {
 // warp softmax: part t = lane t (elements t + it * warp, it = 0..b-1; past the row the
 // kernel's padding adds exp(-inf) = +0). block softmax: part t = warp t's shuffle-reduced
 // value; its thread 32 t + l takes vectors of b elements, 32 t + l + k a, in order.
-template <typename T>
-CL_HD T red_softmax_part(const RedPlan& P, const T* v, int64_t n, int64_t t) {
+template <typename T, typename A>
+CL_HD T red_softmax_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   if (P.order == kOrdSoftmaxWarp) {
     T s = red_identity<T>(P.kind);
     for (int64_t it = 0; it < P.b; ++it) {
@@ -427,34 +433,63 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
 }
 
 // ---- the two steps ----
-template <typename T>
-CL_HD T red_part(const RedPlan& P, const T* v, int64_t n, int64_t row, int64_t t) {
-  switch (P.order) {
-    case kOrdTorchCuda: return red_cuda_part(P, v, n, row, t);
-    case kOrdSoftmaxWarp:
-    case kOrdSoftmaxBlock: return red_softmax_part(P, v, n, t);
-    default: break;
+// ORDER: the ReduceOrder when it is known as the kernel is generated (the row kernel: the
+// GPU then compiles only that order's code), or -1: dispatch on P.order.
+template <typename T, int ORDER = -1, typename A>
+CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  if (P.chunk > 0) {
+    const int64_t start = t * P.chunk;
+    const int64_t len = n - start < P.chunk ? n - start : P.chunk;
+    return red_sequential<T>(P.kind, v + start, len);
   }
-  if (P.kind != kRedSum || P.order == kOrdSequential) return red_sequential(P.kind, v, n);
-  if (P.order == kOrdPairwise) {  // part t: leaf t of the halving tree
-    int64_t start = 0, length = n;
+  if constexpr (ORDER < 0) {
+    switch (P.order) {
+      case kOrdTorchCuda: return red_part<T, kOrdTorchCuda>(P, v, n, row, t);
+      case kOrdSoftmaxWarp:
+      case kOrdSoftmaxBlock: return red_part<T, kOrdSoftmaxBlock>(P, v, n, row, t);
+      case kOrdPairwise: return red_part<T, kOrdPairwise>(P, v, n, row, t);
+      case kOrdTorchCpu: return red_part<T, kOrdTorchCpu>(P, v, n, row, t);
+      default: return red_part<T, kOrdSequential>(P, v, n, row, t);
+    }
+  } else if constexpr (ORDER == kOrdTorchCuda) {
+    return red_cuda_part<T>(P, v, n, row, t);
+  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock) {
+    return red_softmax_part<T>(P, v, n, t);
+  } else if constexpr (ORDER == kOrdPairwise) {
+    if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    int64_t start = 0, length = n;  // part t: leaf t of the halving tree
     red_pairwise_leaf(n, t, &start, &length);
-    return red_pairwise_block(v + start, length);
+    return red_pairwise_block<T>(v + start, length);
+  } else if constexpr (ORDER == kOrdTorchCpu) {
+    if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);
+    return red_torch_cpu<T>(v, n, P.a, P.b);
+  } else {
+    (void)row;
+    (void)t;
+    return red_sequential<T>(P.kind, v, n);
   }
-  if (P.c > 0) return red_torch_cpu_outer(v, n, P.a, P.c, row);
-  return red_torch_cpu(v, n, P.a, P.b);
 }
 
-template <typename T>
+template <typename T, int ORDER = -1>
 CL_HD T red_combine(const RedPlan& P, T* parts) {
-  switch (P.order) {
-    case kOrdTorchCuda: return red_cuda_combine(P, parts);
-    case kOrdSoftmaxWarp:
-    case kOrdSoftmaxBlock: return red_softmax_combine(P, parts);
-    case kOrdPairwise:
-      return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts)
-                               : parts[0];
-    default: return parts[0];
+  if (P.chunk > 0) return red_sequential<T>(P.kind, static_cast<const T*>(parts), P.nparts);
+  if constexpr (ORDER < 0) {
+    switch (P.order) {
+      case kOrdTorchCuda: return red_combine<T, kOrdTorchCuda>(P, parts);
+      case kOrdSoftmaxWarp:
+      case kOrdSoftmaxBlock: return red_combine<T, kOrdSoftmaxBlock>(P, parts);
+      case kOrdPairwise: return red_combine<T, kOrdPairwise>(P, parts);
+      default: return parts[0];
+    }
+  } else if constexpr (ORDER == kOrdTorchCuda) {
+    return red_cuda_combine(P, parts);
+  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock) {
+    return red_softmax_combine(P, parts);
+  } else if constexpr (ORDER == kOrdPairwise) {
+    return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts) : parts[0];
+  } else {
+    return parts[0];
   }
 }
 

@@ -313,7 +313,10 @@ class JitFunction:
             print(format_trace(tr, plan.record), file=sys.stderr)
         if level >= 2:
             for k, st in enumerate(plan.steps):
-                if st[0] is not None:
+                if isinstance(st[0], str):
+                    print(f"# row step {k}: (rows, n, phases, epilogue, ...) = {st[3]}",
+                          file=sys.stderr)
+                elif st[0] is not None:
                     print(f"# program {k}\n{st[0]}", file=sys.stderr)
                 else:
                     print(f"# reduce {k}: (kind, order, p0..p3) = {st[3]}", file=sys.stderr)

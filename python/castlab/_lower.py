@@ -271,6 +271,7 @@ class Lowering:
         self.temps: list = []         # (shape, dtype) of temporaries
         self.temp_tensors: list = []
         self.steps: list = []         # (Program, leaves, outs) in execution order
+        self.reduce_decisions: dict = {}  # id(reduce step) -> its node's Decision
         self._expr_memo: dict = {}
         self._view_memo: dict = {}
         self._hoist_memo: dict = {}
@@ -556,6 +557,7 @@ class Lowering:
         spec = self.reduce_spec(node, acc, layout, n)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
+        self.reduce_decisions[id(self.steps[-1])] = d
         d.description = _C.describe_reduce(*spec, n, rows)
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
@@ -753,6 +755,158 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
         if d not in dims and st[d] < lo:
             cols *= shape[d]
     return (False, st[fastest] == 1, cols)
+
+
+# -- row steps: reductions fused with their prologues and epilogue ----------------
+#: Fuse reductions with their prologue and epilogue (row steps): "auto" where it was
+#: measured faster (on a GPU, runs whose sums are in NumPy's pairwise order and max/min:
+#: benchmarks/RESULTS.md), True always, False never (tests check that fusing changes no
+#: bit; benchmarks measure what it gains).
+FUSE_ROWS: bool | str = "auto"
+_FAST_ROW_SUMS = {ORDER_CODE["pairwise"]}
+_FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu")}
+
+def _rows_strides(t, rows: int, n: int) -> tuple | None:
+    """(rs, cs) when the view `t` (of an index space of rows * n elements, the reduced
+    dims last) places its element (r, j) at r * rs + j * cs, else None."""
+    shape, st = tuple(t.shape), tuple(t._strides)
+    for p in range(len(shape) + 1):
+        lead = 1
+        for x in shape[:p]:
+            lead *= x
+        if lead != rows:
+            continue
+        parts = []
+        for dims in (range(p), range(p, len(shape))):
+            live = [d for d in dims if shape[d] > 1]
+            ok = all(st[a] == st[b] * shape[b] for a, b in zip(live, live[1:]))
+            parts.append(st[live[-1]] if live else 0)
+            if not ok:
+                break
+        else:
+            return tuple(parts)
+    return None
+
+
+def fuse_rows(low: Lowering) -> None:
+    """Replace each run of reduce steps over the same [rows, n] rows (each with the
+    Program computing the value it reduces) and the Program after them (the epilogue:
+    RMSNorm's scaling, softmax's division) by one row step: one kernel per row on the
+    GPU, row chunks that stay in cache on the CPU (ops/row_step.h). Same values, same
+    order of accumulation: no bit changes. A run ends where a step would read a row result
+    of the run other than its own row's, or does not fit the row layout."""
+    steps = low.steps
+    readers: dict = {}
+    for st in steps:
+        for leaf in st[1]:
+            readers[leaf.src] = readers.get(leaf.src, 0) + 1
+    out, i = [], 0
+    while i < len(steps):
+        grp = _row_group(low, steps, i, readers)
+        if grp is None:
+            out.append(steps[i])
+            i += 1
+            continue
+        step, j, dropped = grp
+        for k in dropped:  # prologue temporaries nothing reads any more
+            low.temps[k] = ((0,), low.temps[k][1])
+        for st in steps[i:j]:
+            d = low.reduce_decisions.get(id(st))
+            if d is not None:
+                d.description += ("; fused with its prologue and epilogue: " +
+                                  ("one kernel, a block per row" if low.cuda
+                                   else "row chunks kept in cache"))
+        out.append(step)
+        i = j
+    low.steps = out
+
+
+def _row_group(low: Lowering, steps: list, i: int, readers: dict):
+    """(row step, end index, dropped temporaries) of the longest fusable run at i."""
+    phases, leaves, outs, dropped = [], [], [], []
+    qsrcs: set = set()
+    rows = n = None
+    j = i
+
+    def operand(lst, leaf) -> int:
+        key = (leaf.src, leaf.t._offset, tuple(leaf.t.shape), tuple(leaf.t._strides))
+        for k, x in enumerate(lst):
+            if (x.src, x.t._offset, tuple(x.t.shape), tuple(x.t._strides)) == key:
+                return k
+        lst.append(leaf)
+        return len(lst) - 1
+
+    def rowable(ls: list) -> bool:
+        for leaf in ls:
+            rc = _rows_strides(leaf.t, rows, n)
+            if rc is None:
+                return False
+            if leaf.src in qsrcs and (rc != (1, 0) or leaf.t._offset
+                                      != low.temp_tensors[leaf.src[1]]._offset):
+                return False
+        return True
+
+    while j < len(steps):
+        st = steps[j]
+        prog, red = None, None
+        if st[0] is None:
+            red = st
+        elif (st[0] is not None and not isinstance(st[0], str) and j + 1 < len(steps)
+              and steps[j + 1][0] is None and len(st[2]) == 1
+              and st[2][0].src == steps[j + 1][1][0].src and st[2][0].src[0] == "tmp"
+              and readers.get(st[2][0].src) == 1):
+            prog, red = st, steps[j + 1]
+        else:
+            break
+        src, dst = red[1][0], red[2][0]
+        if len(src.t.shape) != 2 or dst.src[0] != "tmp":
+            break
+        r, m = src.t.shape
+        if r * m == 0 or (rows is not None and (r, m) != (rows, n)):
+            break
+        rows, n = r, m
+        ins = prog[1] if prog else [src]
+        if not rowable(ins):
+            break
+        phases.append((prog, ins, red, dst))
+        qsrcs.add(dst.src)
+        if prog:
+            dropped.append(st[2][0].src[1])
+        j += 2 if prog else 1
+    if not phases:
+        return None
+    epi = None
+    if j < len(steps) and steps[j][0] is not None and not isinstance(steps[j][0], str):
+        cand = steps[j]
+        if all(_rows_strides(o.t, rows, n) is not None for o in cand[2]) and rowable(cand[1]):
+            epi = cand
+    spec_phases = []
+    for prog, ins, red, dst in phases:
+        idx = [operand(leaves, x) for x in ins]
+        spec_phases.append([prog[0] if prog else None, idx, tuple(red[3]), dst])
+    epi_ins = [operand(leaves, x) for x in epi[1]] if epi else []
+    for ph in spec_phases:
+        ph[3] = len(leaves) + operand(outs, ph[3])
+    epi_outs = [len(leaves) + operand(outs, o) for o in epi[2]] if epi else []
+    rs, cs = [], []
+    for leaf in leaves + outs:
+        if leaf.src in qsrcs and len(leaf.t.shape) == 1:
+            a, b = 1, 0   # a row result written by the step
+        else:
+            a, b = _rows_strides(leaf.t, rows, n)
+        rs.append(a)
+        cs.append(b)
+    spec = (rows, n, [tuple(p) for p in spec_phases], epi[0] if epi else None, epi_ins,
+            epi_outs, rs, cs)
+    acc64 = _dtype_code(phases[0][3].t) == float64.code
+    if FUSE_ROWS == "auto" and not (low.cuda and all(
+            red[3][1] in (_FAST_ROW_SUMS if red[3][0] == REDUCE_OPS["sum"] else _FAST_ROW_MAX)
+            for _, _, red, _ in phases)):
+        return None
+    if low.cuda and not _C.row_kernel_fits(spec, acc64, low.device.index or 0):
+        return None
+    end = j + (1 if epi else 0)
+    return ("row", leaves, outs, spec), end, dropped
 
 
 def _dtype_code(t) -> int:
@@ -1123,6 +1277,9 @@ class Plan:
         # a Program step (prog, leaves, outs); a reduce step (None, [rows], [result], spec)
         self.steps = [(st[0], [spec(x) for x in st[1]], [spec(x) for x in st[2]]) + tuple(st[3:])
                       for st in low.steps]
+        # each row step's spec and its operands' dtypes (kernel sources without a GPU)
+        self.row_steps = [(st[3], [x.t._dtype_name for x in st[1] + st[2]])
+                          for st in low.steps if isinstance(st[0], str)]
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes
@@ -1153,6 +1310,7 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
                 d = policy.output
             out_dtypes.append(d)
     out_shapes = [n.shape for n in outputs]
+    given_outs = out_tensors is not None
     if out_tensors is None:
         out_tensors = [_C.empty(list(s), d.name, device) for s, d in zip(out_shapes, out_dtypes)]
     else:
@@ -1187,6 +1345,8 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
     for k, (e, out, _) in enumerate(roots):
         low.regions(e, out, 1_000_003 + k, regs)
     low.emit_grouped(regs)
+    if FUSE_ROWS and not given_outs and policy.rounding != "stochastic":
+        fuse_rows(low)
     plan = Plan(low, inputs, out_shapes, out_dtypes, out_tensors)
     plan.record = low.record
     return plan, out_tensors

@@ -1,6 +1,7 @@
 // castlab._C.Plan: binds cl::Plan (ops/runtime.h), a lowered graph ready to run.
 // Running a cached plan is one call from Python: binding, allocation and launches
 // all happen in C++, so a cached fused call costs a few microseconds of host time.
+#include "ops/cuda/row_kernel.h"
 #include "ops/program.h"
 #include "ops/runtime.h"
 #include "python/src/bindings.h"
@@ -62,6 +63,46 @@ PlanBind to_bind(const py::tuple& t) {
 // An exact, hashable key for a list of tensors' dtypes, shapes, strides and devices.
 py::bytes signature(const std::vector<Tensor>& ts) { return py::bytes(cl::tensor_signature(ts)); }
 
+// (kind, order, p0, p1, p2, p3), validated.
+cl::ReduceSpec to_spec(const py::handle& h) {
+  const auto sp = h.cast<std::vector<int64_t>>();
+  if (sp.size() != 6) throw std::invalid_argument("plan: reduce spec has 6 fields");
+  cl::ReduceSpec r;
+  r.kind = static_cast<int>(sp[0]);
+  r.order = static_cast<int>(sp[1]);
+  r.p0 = sp[2];
+  r.p1 = sp[3];
+  r.p2 = sp[4];
+  r.p3 = sp[5];
+  (void)cl::make_red_plan(r, 1, 1);  // validates kind, order, parameters
+  return r;
+}
+
+// (rows, n, [(Program | None, [ins], spec, q)], epilogue | None, [epi ins], [epi outs],
+//  [rs], [cs]): ops/row_step.h.
+std::shared_ptr<cl::RowStep> to_row_step(const py::tuple& t) {
+  if (t.size() != 8) throw std::invalid_argument("plan: a row step spec has 8 fields");
+  auto r = std::make_shared<cl::RowStep>();
+  r->rows = t[0].cast<int64_t>();
+  r->n = t[1].cast<int64_t>();
+  for (auto h : t[2].cast<py::list>()) {
+    const auto ph = h.cast<py::tuple>();
+    if (ph.size() != 4) throw std::invalid_argument("plan: a row phase has 4 fields");
+    cl::RowPhase p;
+    if (!ph[0].is_none()) p.prog = ph[0].cast<std::shared_ptr<Program>>();
+    p.ins = ph[1].cast<std::vector<int>>();
+    p.spec = to_spec(ph[2]);
+    p.q = ph[3].cast<int>();
+    r->phases.push_back(std::move(p));
+  }
+  if (!t[3].is_none()) r->epilogue = t[3].cast<std::shared_ptr<Program>>();
+  r->epi_ins = t[4].cast<std::vector<int>>();
+  r->epi_outs = t[5].cast<std::vector<int>>();
+  r->rs = t[6].cast<std::vector<int64_t>>();
+  r->cs = t[7].cast<std::vector<int64_t>>();
+  return r;
+}
+
 }  // namespace
 
 void bind_plan(py::module_& m) {
@@ -75,15 +116,11 @@ void bind_plan(py::module_& m) {
           PlanStep s;
           if (st[0].is_none()) {  // a reduce step: (None, [src], [dst], (kind, order, p0..p3))
             if (st.size() != 4) throw std::invalid_argument("plan: a reduce step needs its spec");
-            const auto sp = st[3].cast<std::vector<int64_t>>();
-            if (sp.size() != 6) throw std::invalid_argument("plan: reduce spec has 6 fields");
-            s.reduce.kind = static_cast<int>(sp[0]);
-            s.reduce.order = static_cast<int>(sp[1]);
-            s.reduce.p0 = sp[2];
-            s.reduce.p1 = sp[3];
-            s.reduce.p2 = sp[4];
-            s.reduce.p3 = sp[5];
-            (void)cl::make_red_plan(s.reduce, 1, 1);  // validates kind, order, parameters
+            s.reduce = to_spec(st[3]);
+          } else if (py::isinstance<py::str>(st[0])) {  // ("row", [leaves], [outs], row spec)
+            if (st.size() != 4 || st[0].cast<std::string>() != "row")
+              throw std::invalid_argument("plan: unknown step kind");
+            s.row = to_row_step(st[3].cast<py::tuple>());
           } else {
             s.prog = st[0].cast<std::shared_ptr<Program>>();
           }
@@ -129,5 +166,21 @@ void bind_plan(py::module_& m) {
         return cl::describe_red_plan(cl::make_red_plan({kind, order, p0, p1, p2, p3}, n, rows));
       },
       "the launch configuration of a reduction order, in words");
+  m.def(
+      "row_kernel_fits",
+      [](const py::tuple& spec, bool f64, int dev) {
+        return cl::cuda::row_kernel_fits(*to_row_step(spec), f64, dev);
+      },
+      "whether a row step (its spec as Plan takes it) fits the shared memory of CUDA device dev",
+      py::arg("spec"), py::arg("f64"), py::arg("dev"));
+  m.def(
+      "_row_kernel_source",
+      [](const py::tuple& spec, const std::vector<Tensor>& ops) {
+        std::vector<const Tensor*> p;
+        for (const Tensor& t : ops) p.push_back(&t);
+        return cl::cuda::row_kernel_source(*to_row_step(spec), p.data(), p.size());
+      },
+      "the CUDA source of a row step's kernel for operands of these dtypes (no GPU needed)",
+      py::arg("spec"), py::arg("operands"));
   m.def("signature", &signature, "exact key of the tensors' dtypes, shapes, strides, devices");
 }

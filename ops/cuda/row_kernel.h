@@ -1,0 +1,25 @@
+// The row kernel (ops/row_step.h): one thread block per row. For each phase, the block
+// computes the phase's Program for every element of its row into shared memory (coalesced
+// loads), reduces the row in the phase's order (red_part on many threads, red_combine on
+// one: ops/scalar/reduce.h) and writes the row's result; then it computes the epilogue for
+// the row's elements and writes the outputs.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+#include "ops/row_step.h"
+
+namespace cl {
+namespace cuda {
+
+// Shared memory the kernel needs for a row of n accumulators and the phases' parts (bytes).
+int64_t row_kernel_smem(const RowStep& s, bool f64);
+// The generated source (without a device: tests compile it with NVRTC).
+std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops);
+// Whether `s` fits device `dev` (its shared memory per block).
+bool row_kernel_fits(const RowStep& s, bool f64, int dev);
+void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops);
+
+}  // namespace cuda
+}  // namespace cl
