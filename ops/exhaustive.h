@@ -29,11 +29,11 @@ struct Enumeration {
 };
 
 struct ExhaustiveSpec {
-  std::vector<Enumeration> inputs;  // the cross product, the last input varying fastest
-  DTypeCode out_dtype = kBFloat16;  // every configuration's output format
-  uint64_t begin = 0, end = 0;      // the indices to visit (end 0: all of them)
-  int first_k = 10;                 // differing inputs to keep per pair of configurations
-  int64_t chunk = int64_t(1) << 20; // indices per chunk (the traced Plans' input length)
+  std::vector<Enumeration> inputs;   // the cross product, the last input varying fastest
+  DTypeCode out_dtype = kBFloat16;   // every configuration's output format
+  uint64_t begin = 0, end = 0;       // the indices to visit (end 0: all of them)
+  int first_k = 10;                  // differing inputs to keep per pair of configurations
+  int64_t chunk = int64_t(1) << 20;  // indices per chunk (the traced Plans' input length)
 };
 
 struct ConfigStats {
@@ -44,10 +44,10 @@ struct ConfigStats {
 };
 
 struct PairStats {
-  uint64_t differ = 0;            // inputs where the two results differ
-  uint64_t differ_at_ties = 0;    // ... and the reference is on a midpoint
-  double max_tie_distance = -1.0; // the largest ex_midpoint_distance of those (-1: none)
-  std::vector<uint64_t> first;    // the first `first_k` such indices
+  uint64_t differ = 0;             // inputs where the two results differ
+  uint64_t differ_at_ties = 0;     // ... and the reference is on a midpoint
+  double max_tie_distance = -1.0;  // the largest ex_midpoint_distance of those (-1: none)
+  std::vector<uint64_t> first;     // the first `first_k` such indices
 };
 
 struct ExhaustiveResult {
@@ -66,7 +66,6 @@ std::vector<uint64_t> enumeration_bits(const std::vector<Enumeration>& inputs, u
 // enumeration, of shape [spec.chunk] and the enumeration's dtype, and gives one output of
 // that shape: `configs` in spec.out_dtype, `ref` in float64.
 ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
-                                const std::vector<std::shared_ptr<Plan>>& configs,
-                                const Plan& ref);
+                                const std::vector<std::shared_ptr<Plan>>& configs, const Plan& ref);
 
 }  // namespace cl

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import castlab as cl
+from castlab import cli
 from castlab import numerics as nm
 from castlab.numerics import Enumeration
 
@@ -273,3 +274,30 @@ def test_bad_enumerations_and_chains():
 def test_long_runs_are_refused_with_an_estimate():
     with pytest.raises(nm.ExhaustiveTooLong, match=r"would take about \d+ s.*allow_long"):
         nm.exhaustive(swiglu, [cl.bfloat16, cl.bfloat16], ["fused"], max_seconds=1e-3)
+
+
+def test_cli_prints_the_table_and_writes_json_csv(tmp_path, capsys):
+    out = tmp_path / "ex"
+    rc = cli.main(["exhaustive", "swiglu", "--dtype", "bfloat16", "--values", "finite",
+                   "--sample", "8", "--math", "inductor,transformer_engine,torch_eager",
+                   "--policy", "eager,fused", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "fused/transformer_engine" in text and "eager/torch_eager" in text
+    assert "finite bfloat16 x 8 sampled bfloat16" in text
+    data = (out / "exhaustive.json").read_text()
+    assert '"total": 522240' in data        # 65280 finite bf16 x 8
+    assert len((out / "exhaustive.csv").read_text().splitlines()) == 7
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["exhaustive", "nosuchchain"], "unknown chain"),
+    (["exhaustive", "exp", "--math", "nosuch"], "--math"),
+    (["exhaustive", "exp", "--policy", "fp64"], "--policy"),
+    (["exhaustive", "exp", "--stop", "0"], "empty"),
+    (["exhaustive", "swiglu", "--max-seconds", "0.001"], "--allow-long"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
+    assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("castlab: error:") and match in err and len(err.strip().splitlines()) == 1

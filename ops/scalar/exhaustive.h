@@ -33,10 +33,10 @@ constexpr int kExHistBins = kExHistSpan + 3;
 
 // The output format's parameters the statistics need.
 struct ExFormat {
-  int code;   // DTypeCode of the results
-  int bits;   // storage bits (8, 16 or 32)
-  int p;      // explicit mantissa bits
-  int emin;   // exponent of the smallest normal
+  int code;  // DTypeCode of the results
+  int bits;  // storage bits (8, 16 or 32)
+  int p;     // explicit mantissa bits
+  int emin;  // exponent of the smallest normal
 };
 
 CL_HD ExFormat ex_format(int code) {

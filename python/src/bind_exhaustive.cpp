@@ -65,8 +65,8 @@ void bind_exhaustive(py::module_& m) {
       },
       "castlab.numerics.exhaustive's CPU driver (ops/exhaustive.h): inputs as (dtype, lo, "
       "count, table) per enumeration; one Plan per configuration and the fp64 reference Plan",
-      py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"),
-      py::arg("first_k"), py::arg("chunk"), py::arg("configs"), py::arg("ref"));
+      py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"), py::arg("first_k"),
+      py::arg("chunk"), py::arg("configs"), py::arg("ref"));
   m.attr("EX_HIST_LO") = cl::kExHistLo;
   m.attr("EX_HIST_BINS") = cl::kExHistBins;
 }

@@ -43,7 +43,7 @@ ULPs, direct rounding), ``_torchcheck`` (PyTorch-compatible checks), ``_compare`
 from ._attribute import Attribution, Factor, attribute
 from ._compare import Comparison, compare
 from ._differences import Differences, differences
-from ._exhaustive import Enumeration, Exhaustive, ExhaustiveTooLong, exhaustive
+from ._exhaustive import HIST_EDGES, Enumeration, Exhaustive, ExhaustiveTooLong, exhaustive
 from ._explain import Divergence, Drift, Explanation, drift, explain
 from ._formats import neighbours, round_to, ulp, ulp_diff, ulp_error
 from ._ties import NearTies, TieSplit, near_ties
@@ -54,5 +54,5 @@ __all__ = [
     "same", "SameVerdict", "assert_close_message", "default_tolerances", "near_ties",
     "NearTies", "TieSplit", "explain", "Explanation", "drift", "Drift", "Divergence",
     "attribute", "Attribution", "Factor", "differences", "Differences", "exhaustive",
-    "Exhaustive", "Enumeration", "ExhaustiveTooLong",
+    "Exhaustive", "Enumeration", "ExhaustiveTooLong", "HIST_EDGES",
 ]

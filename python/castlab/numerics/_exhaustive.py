@@ -19,12 +19,11 @@ import math
 import time
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import _C
 from .._creation import zeros
-from .._dtype import as_dtype, dtype, float64
+from .._dtype import as_dtype, dtype
 from .._graph import ELEMENTWISE
 from .._jit import JitFunction, jit
 from ..policy import Math, Policy, as_math, as_policy
