@@ -32,6 +32,27 @@ std::vector<uint64_t> enumeration_bits(const std::vector<Enumeration>& inputs, u
   return out;
 }
 
+ExChain exhaustive_chain(const Plan& plan, int n_inputs) {
+  auto bad = [](const std::string& m) {
+    throw std::invalid_argument("exhaustive: " + m);
+  };
+  if (plan.steps.size() != 1 || !plan.steps[0].prog)
+    bad("the chain must lower to one fused elementwise Program (it has " +
+        std::to_string(plan.steps.size()) + " steps)");
+  const PlanStep& st = plan.steps[0];
+  if (st.outs.size() != 1 || st.prog->outputs.size() != 1) bad("the chain must have one output");
+  if (st.prog->uses_random()) bad("stochastic rounding and random ops are not supported");
+  ExChain ch;
+  ch.prog = st.prog.get();
+  for (const PlanBind& b : st.leaves) {
+    if (b.kind != PlanBind::kInput || b.index < 0 || b.index >= n_inputs || b.offset != 0 ||
+        b.shape.size() != 1 || b.strides.size() != 1 || b.strides[0] != 1)
+      bad("every operand of the chain must be a whole input");
+    ch.input_of_leaf.push_back(b.index);
+  }
+  return ch;
+}
+
 namespace {
 
 constexpr int64_t kStatBlock = 4096;  // indices per partial of the statistics
@@ -146,6 +167,10 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
         "exhaustive: results must be float32, float16, bfloat16 or float8 (compared against "
         "float64)");
   const ExFormat f = ex_format(oc);
+  for (const auto& p : configs)
+    for (const PlanStep& st : p->steps)
+      if (st.prog && st.prog->uses_random())
+        throw std::invalid_argument("exhaustive: stochastic rounding and random ops are not supported");
   const int nc = static_cast<int>(configs.size());
   const Shape shape{spec.chunk};
   std::vector<Tensor> in_bufs;

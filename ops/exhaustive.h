@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -67,5 +68,24 @@ std::vector<uint64_t> enumeration_bits(const std::vector<Enumeration>& inputs, u
 // that shape: `configs` in spec.out_dtype, `ref` in float64.
 ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
                                 const std::vector<std::shared_ptr<Plan>>& configs, const Plan& ref);
+
+// One configuration's Program as the GPU kernel embeds it: the Plan's single step, and for
+// each of its leaves (its loads' `aux`) the input it reads. Throws std::invalid_argument
+// unless the Plan is one elementwise Program over whole inputs with one output and no
+// random numbers (stochastic rounding would depend on where an input sits in a chunk).
+struct ExChain {
+  const Program* prog = nullptr;
+  std::vector<int> input_of_leaf;
+};
+ExChain exhaustive_chain(const Plan& plan, int n_inputs);
+
+namespace cuda {
+// The generated kernel's source (also compiled without a GPU by the tests, with NVRTC).
+std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vector<ExChain>& cfgs,
+                                     const ExChain& ref, const std::string& name);
+// Runs the exhaustive comparison on GPU `device` (ops/cuda/exhaustive.cpp).
+ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<ExChain>& cfgs,
+                                 const ExChain& ref, int device);
+}  // namespace cuda
 
 }  // namespace cl

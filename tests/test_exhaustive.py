@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from fractions import Fraction
 
 import ml_dtypes
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 
 import castlab as cl
+import castlab.cuda as clcuda
 from castlab import cli
 from castlab import numerics as nm
 from castlab.numerics import Enumeration
+from castlab.numerics._exhaustive import _kernel_source
 
 UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
 
@@ -69,13 +72,13 @@ def round_nearest_even(r: np.ndarray, dt) -> np.ndarray:
     return np.where(np.isnan(r), np.array(np.nan).astype(dt.numpy).view(u), best).astype(u)
 
 
-def brute_force(fn, enums, configs, out_dt, first_k=10):
+def brute_force(fn, enums, configs, out_dt, first_k=10, device="cpu"):
     """(per-config stats, ties, per-pair stats) over the materialised cross product."""
     grids = np.meshgrid(*[np.arange(len(e)) for e in enums], indexing="ij")
     cols = [e.values()[g.reshape(-1)] for e, g in zip(enums, grids)]
-    xs = [cl.from_numpy(np.ascontiguousarray(c)) for c in cols]
+    xs = [cl.from_numpy(np.ascontiguousarray(c)).to(device) for c in cols]
     f = cl.jit(fn)
-    r = f.run(*xs, policy="fp64", math="portable").numpy()
+    r = f.run(*xs, policy="fp64", math="portable").to("cpu").numpy()
     p, emin, fmax, nbits = fmt_params(out_dt)
     u = UINT[nbits]
     with np.errstate(all="ignore"):
@@ -98,7 +101,7 @@ def brute_force(fn, enums, configs, out_dt, first_k=10):
         tie_d = np.where(np.isfinite(r) & (r != 0) & ((np.abs(r) <= fmax) | tie), tie_d, 0.5)
     stats, results = {}, {}
     for label, (pol, mth) in configs.items():
-        y = f.run(*xs, policy=pol, math=mth).numpy()
+        y = f.run(*xs, policy=pol, math=mth).to("cpu").numpy()
         yb = y.view(u)
         yv = y.astype(np.float64)
         results[label] = yv
@@ -137,8 +140,8 @@ def brute_force(fn, enums, configs, out_dt, first_k=10):
     return stats, int(tie.sum()), pairs, r
 
 
-def check_against_brute(res, fn, enums, configs, out_dt):
-    stats, ties, pairs, _ = brute_force(fn, enums, configs, out_dt, res.first_k)
+def check_against_brute(res, fn, enums, configs, out_dt, device="cpu"):
+    stats, ties, pairs, _ = brute_force(fn, enums, configs, out_dt, res.first_k, device)
     assert res.n == res.total == int(np.prod([len(e) for e in enums]))
     assert res.ties == ties
     for label, want in stats.items():
@@ -301,3 +304,69 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
     assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("castlab: error:") and match in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- the GPU kernel, compiled by NVRTC
+
+NVRTC_CASES = {
+    "unary bf16, 5 configs": (lambda x: cl.silu(x) * x, [cl.bfloat16], list(CONFIGS.values()), 10),
+    "swiglu fp8 pairs": (swiglu, [cl.float8_e5m2, cl.float8_e5m2], ["eager", "fused/inductor"], 3),
+    "tables, one config": (swiglu, [Enumeration.finite(cl.bfloat16),
+                                    Enumeration.sample(cl.bfloat16, 7)], ["fused"], 0),
+    "fp16 and fp32 ranges": (lambda a, b: cl.exp(a) * b + a,
+                             [Enumeration.bits(cl.float16, 0x3C00, 0x3D00),
+                              Enumeration.bits(cl.float16, 0, 16)], ["eager", "fused/portable"], 4),
+    "float32 range": (lambda x: cl.tanh(x), [Enumeration.bits(cl.float32, 0x3F800000, 0x3F800100)],
+                      ["fused/nvfuser", "eager/torch_eager"], 2),
+}
+
+
+@pytest.mark.parametrize("case", list(NVRTC_CASES))
+def test_gpu_kernel_compiles_with_nvrtc(case):
+    arch = os.environ.get("CASTLAB_NVRTC_ARCH", "sm_90")
+    try:
+        cl._C._nvrtc_info()
+    except RuntimeError as e:
+        pytest.skip(f"NVRTC not found: {e}")
+    fn, inputs, configs, k = NVRTC_CASES[case]
+    src = _kernel_source(fn, inputs, configs, first_k=k)
+    assert 'extern "C" __global__' in src and "cl::ex_category" in src
+    ok, log = cl._C._nvrtc_compile_check(src, arch, "cl_exhaustive")
+    assert ok, log + "\n" + src
+
+
+# ---------------------------------------------------------------- on the GPU
+
+@pytest.mark.parametrize("fn", [lambda x: cl.silu(x) * x, lambda x: cl.sigmoid(x) * x - x])
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+def test_gpu_every_bf16_input_matches_brute_force_on_the_gpu(fn):
+    enums = [Enumeration.all(cl.bfloat16)]
+    res = nm.exhaustive(fn, enums, list(CONFIGS.values()), first_k=7, device="cuda")
+    check_against_brute(res, fn, enums, CONFIGS, cl.bfloat16, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+def test_gpu_fp8_pairs_and_sampled_bf16_match_brute_force_on_the_gpu():
+    cfg = {k: CONFIGS[k] for k in ("eager/torch_eager", "fused/inductor", "fused/transformer_engine")}
+    enums = [Enumeration.all(cl.float8_e4m3fn)] * 2
+    res = nm.exhaustive(swiglu, enums, list(cfg.values()), device="cuda")
+    check_against_brute(res, swiglu, enums, cfg, cl.float8_e4m3fn, device="cuda")
+    enums = [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 16, seed=3)]
+    res = nm.exhaustive(swiglu, enums, list(cfg.values()), first_k=5, device="cuda")
+    check_against_brute(res, swiglu, enums, cfg, cl.bfloat16, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+def test_gpu_equals_cpu_under_portable_math():
+    cfg = [("eager", "portable"), ("fused", "portable")]
+    enums = [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 64, seed=5)]
+    cpu = nm.exhaustive(swiglu, enums, cfg, first_k=9)
+    gpu = nm.exhaustive(swiglu, enums, cfg, first_k=9, device="cuda")
+    assert cpu.rows == gpu.rows and cpu.pairs == gpu.pairs and cpu.ties == gpu.ties
+    # a sub-range on the GPU: the same as the CPU's
+    a = nm.exhaustive(swiglu, enums, cfg, first_k=9, start=12345, stop=3_000_000)
+    b = nm.exhaustive(swiglu, enums, cfg, first_k=9, start=12345, stop=3_000_000, device="cuda")
+    assert a.rows == b.rows and a.pairs == b.pairs and a.n == b.n

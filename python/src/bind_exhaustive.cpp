@@ -34,6 +34,33 @@ py::dict result_dict(const cl::ExhaustiveResult& r) {
   return d;
 }
 
+cl::ExhaustiveSpec make_spec(const std::vector<InputSpec>& inputs, const std::string& out_dtype,
+                            uint64_t begin, uint64_t end, int first_k, int64_t chunk) {
+  cl::ExhaustiveSpec spec;
+  for (const auto& in : inputs) {
+    cl::Enumeration e;
+    e.dtype = cl::dtype_from_name(std::get<0>(in));
+    e.lo = std::get<1>(in);
+    e.count = std::get<2>(in);
+    e.table = std::get<3>(in);
+    spec.inputs.push_back(std::move(e));
+  }
+  spec.out_dtype = cl::dtype_from_name(out_dtype);
+  spec.begin = begin;
+  spec.end = end;
+  spec.first_k = first_k;
+  spec.chunk = chunk;
+  return spec;
+}
+
+std::vector<cl::ExChain> chains(const std::vector<std::shared_ptr<cl::Plan>>& configs, int nin) {
+  if (configs.empty()) throw std::invalid_argument("exhaustive: no configuration");
+  if (configs.size() > 16) throw std::invalid_argument("exhaustive: at most 16 configurations");
+  std::vector<cl::ExChain> out;
+  for (const auto& p : configs) out.push_back(cl::exhaustive_chain(*p, nin));
+  return out;
+}
+
 }  // namespace
 
 void bind_exhaustive(py::module_& m) {
@@ -42,20 +69,7 @@ void bind_exhaustive(py::module_& m) {
       [](const std::vector<InputSpec>& inputs, const std::string& out_dtype, uint64_t begin,
          uint64_t end, int first_k, int64_t chunk,
          const std::vector<std::shared_ptr<cl::Plan>>& configs, const cl::Plan& ref) {
-        cl::ExhaustiveSpec spec;
-        for (const auto& in : inputs) {
-          cl::Enumeration e;
-          e.dtype = cl::dtype_from_name(std::get<0>(in));
-          e.lo = std::get<1>(in);
-          e.count = std::get<2>(in);
-          e.table = std::get<3>(in);
-          spec.inputs.push_back(std::move(e));
-        }
-        spec.out_dtype = cl::dtype_from_name(out_dtype);
-        spec.begin = begin;
-        spec.end = end;
-        spec.first_k = first_k;
-        spec.chunk = chunk;
+        const cl::ExhaustiveSpec spec = make_spec(inputs, out_dtype, begin, end, first_k, chunk);
         cl::ExhaustiveResult r;
         {
           py::gil_scoped_release nogil;
@@ -67,6 +81,38 @@ void bind_exhaustive(py::module_& m) {
       "count, table) per enumeration; one Plan per configuration and the fp64 reference Plan",
       py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"), py::arg("first_k"),
       py::arg("chunk"), py::arg("configs"), py::arg("ref"));
+  m.def(
+      "_exhaustive_cuda",
+      [](const std::vector<InputSpec>& inputs, const std::string& out_dtype, uint64_t begin,
+         uint64_t end, int first_k, const std::vector<std::shared_ptr<cl::Plan>>& configs,
+         const cl::Plan& ref, int device) {
+        const cl::ExhaustiveSpec spec = make_spec(inputs, out_dtype, begin, end, first_k, 1);
+        const int nin = static_cast<int>(spec.inputs.size());
+        const auto cfgs = chains(configs, nin);
+        const cl::ExChain rc = cl::exhaustive_chain(ref, nin);
+        cl::ExhaustiveResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = cl::cuda::exhaustive_cuda(spec, cfgs, rc, device);
+        }
+        return result_dict(r);
+      },
+      "castlab.numerics.exhaustive's GPU driver (ops/cuda/exhaustive.cpp): one generated "
+      "kernel; the Plans' Programs are embedded in it",
+      py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"),
+      py::arg("first_k"), py::arg("configs"), py::arg("ref"), py::arg("device"));
+  m.def(
+      "_exhaustive_cuda_source",
+      [](const std::vector<InputSpec>& inputs, const std::string& out_dtype, int first_k,
+         const std::vector<std::shared_ptr<cl::Plan>>& configs, const cl::Plan& ref) {
+        const cl::ExhaustiveSpec spec = make_spec(inputs, out_dtype, 0, 0, first_k, 1);
+        const int nin = static_cast<int>(spec.inputs.size());
+        return cl::cuda::exhaustive_kernel_source(spec, chains(configs, nin),
+                                                  cl::exhaustive_chain(ref, nin), "cl_exhaustive");
+      },
+      "the CUDA source of the exhaustive kernel (no GPU needed; tests compile it with NVRTC)",
+      py::arg("inputs"), py::arg("out_dtype"), py::arg("first_k"), py::arg("configs"),
+      py::arg("ref"));
   m.attr("EX_HIST_LO") = cl::kExHistLo;
   m.attr("EX_HIST_BINS") = cl::kExHistBins;
 }

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _C
 from .._creation import zeros
+from .._device import as_device
 from .._dtype import as_dtype, dtype
 from .._graph import ELEMENTWISE
 from .._jit import JitFunction, jit
@@ -440,6 +441,19 @@ class Exhaustive:
 
 # ================================================================ the entry point
 
+def _kernel_source(fn: Any, inputs: list, configs: Any, ref_math: Any = "portable",
+                   first_k: int = 10) -> str:
+    """The CUDA source of the GPU kernel for this call, from Plans lowered on the CPU
+    (no GPU needed: tests compile it with NVRTC)."""
+    enums = [_as_enumeration(x) for x in inputs]
+    cfgs = _configs(configs)
+    jf, tr, xs = _trace(fn, enums, 8, "cpu")
+    plans, ref_plan, out_dt = _plans(jf, tr, xs, cfgs, as_math(ref_math))
+    return _C._exhaustive_cuda_source([e._spec() for e in enums], out_dt.name, first_k, plans,
+                                      ref_plan)
+
+
+
 def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
                ref_math: Any = "portable", first_k: int = 10, start: int = 0,
                stop: int | None = None, device: Any = "cpu", allow_long: bool = False,
@@ -455,6 +469,11 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     on every device). start, stop: visit only indices [start, stop) of the product.
     first_k: differing inputs kept per pair of configurations.
 
+    device: "cpu" (chunks of inputs generated in C++, the CPU executor, the thread pool)
+    or "cuda[:i]" (one generated kernel makes every input from its index and reduces the
+    statistics on the device; no input tensor exists). With portable math both give the
+    same counts.
+
     The CPU refuses runs estimated (from the first chunk) to take longer than
     `max_seconds` unless `allow_long` (:class:`ExhaustiveTooLong`); restrict a range or
     sample an input instead.
@@ -466,10 +485,7 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     >>> r.n, r.rows["fused/portable"]["correctly_rounded"] > r.rows["eager/portable"]["correctly_rounded"]
     (65536, True)
     """
-    dev = str(device)
-    if dev != "cpu":
-        raise ValueError(f"exhaustive: device {dev!r}: this build runs exhaustive "
-                         "enumerations on the CPU only")
+    dev = as_device(device)
     if ref != "fp64":
         raise ValueError(f"exhaustive: ref must be 'fp64', got {ref!r}")
     if isinstance(inputs, (Enumeration, str, dtype)) or not isinstance(inputs, (list, tuple)):
@@ -494,14 +510,19 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
                          f"[0, {total})")
     n = stop - start
     chunk = min(n, _CHUNK)
-    jf, tr, xs = _trace(fn, enums, chunk, dev)
+    jf, tr, xs = _trace(fn, enums, chunk if not dev.is_cuda else min(n, 1024), str(dev))
     plans, ref_plan, out_dt = _plans(jf, tr, xs, cfgs, rmath)
     specs = [e._spec() for e in enums]
+    t0 = time.perf_counter()
+    if dev.is_cuda:
+        raw = _C._exhaustive_cuda(specs, out_dt.name, start, stop, first_k, plans, ref_plan,
+                                  dev.index)
+        return Exhaustive(raw, enums, cfgs, out_dt, total, start, rmath.name,
+                          time.perf_counter() - t0, first_k)
 
     def run(b: int, e: int) -> dict:
         return _C._exhaustive_cpu(specs, out_dt.name, b, e, first_k, chunk, plans, ref_plan)
 
-    t0 = time.perf_counter()
     first = min(stop, start + chunk)
     raw = run(start, first)
     dt = time.perf_counter() - t0
