@@ -1029,6 +1029,12 @@ within 2.6e-5 ulps of one (`max_tie_distance`): close enough that the last bit o
 fp32 formulas decides the rounding. Every disagreement of the two presets is a near tie,
 so neither is more accurate than the other.
 
+All 2**32 pairs, measured once outside this notebook (`castlab exhaustive swiglu --math
+inductor,transformer_engine --policy fused --allow-long`, 437 s on 2 CPU cores): the two
+formulas differ in 608 pairs, none with the exact value on a midpoint, all within
+2.6e-5 ulps of one; fused/inductor is correctly rounded for 4,288,444,938 pairs (99.85%),
+fused/transformer_engine for 4,288,444,530.
+
 On the CPU, the `inductor` and `transformer_engine` presets use castlab's portable `expf`
 as a stand-in for CUDA's and IEEE division (the approximate division is GPU-only; the
 traces say so), so these counts describe the formulas, not the GPU kernels; the GPU run

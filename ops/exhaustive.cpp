@@ -33,9 +33,7 @@ std::vector<uint64_t> enumeration_bits(const std::vector<Enumeration>& inputs, u
 }
 
 ExChain exhaustive_chain(const Plan& plan, int n_inputs) {
-  auto bad = [](const std::string& m) {
-    throw std::invalid_argument("exhaustive: " + m);
-  };
+  auto bad = [](const std::string& m) { throw std::invalid_argument("exhaustive: " + m); };
   if (plan.steps.size() != 1 || !plan.steps[0].prog)
     bad("the chain must lower to one fused elementwise Program (it has " +
         std::to_string(plan.steps.size()) + " steps)");
@@ -170,7 +168,8 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
   for (const auto& p : configs)
     for (const PlanStep& st : p->steps)
       if (st.prog && st.prog->uses_random())
-        throw std::invalid_argument("exhaustive: stochastic rounding and random ops are not supported");
+        throw std::invalid_argument(
+            "exhaustive: stochastic rounding and random ops are not supported");
   const int nc = static_cast<int>(configs.size());
   const Shape shape{spec.chunk};
   std::vector<Tensor> in_bufs;

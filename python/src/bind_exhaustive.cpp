@@ -35,7 +35,7 @@ py::dict result_dict(const cl::ExhaustiveResult& r) {
 }
 
 cl::ExhaustiveSpec make_spec(const std::vector<InputSpec>& inputs, const std::string& out_dtype,
-                            uint64_t begin, uint64_t end, int first_k, int64_t chunk) {
+                             uint64_t begin, uint64_t end, int first_k, int64_t chunk) {
   cl::ExhaustiveSpec spec;
   for (const auto& in : inputs) {
     cl::Enumeration e;
@@ -99,8 +99,8 @@ void bind_exhaustive(py::module_& m) {
       },
       "castlab.numerics.exhaustive's GPU driver (ops/cuda/exhaustive.cpp): one generated "
       "kernel; the Plans' Programs are embedded in it",
-      py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"),
-      py::arg("first_k"), py::arg("configs"), py::arg("ref"), py::arg("device"));
+      py::arg("inputs"), py::arg("out_dtype"), py::arg("begin"), py::arg("end"), py::arg("first_k"),
+      py::arg("configs"), py::arg("ref"), py::arg("device"));
   m.def(
       "_exhaustive_cuda_source",
       [](const std::vector<InputSpec>& inputs, const std::string& out_dtype, int first_k,

@@ -54,5 +54,5 @@ __all__ = [
     "same", "SameVerdict", "assert_close_message", "default_tolerances", "near_ties",
     "NearTies", "TieSplit", "explain", "Explanation", "drift", "Drift", "Divergence",
     "attribute", "Attribution", "Factor", "differences", "Differences", "exhaustive",
-    "Exhaustive", "Enumeration", "ExhaustiveTooLong", "HIST_EDGES",
+    "Exhaustive", "Enumeration", "ExhaustiveTooLong",
 ]

@@ -45,7 +45,15 @@ _CATEGORIES = ("exact", "rounded", "one_ulp", "over_one_ulp", "nan_mismatch")
 
 class ExhaustiveTooLong(ValueError):
     """Raised by :func:`exhaustive` when the estimated run time exceeds ``max_seconds``
-    and ``allow_long`` is not set (the message gives the estimate)."""
+    and ``allow_long`` is not set (the message gives the estimate).
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> try:
+    ...     nm.exhaustive(lambda a, b: a * b, [cl.bfloat16] * 2, ["fused"], max_seconds=1e-3)
+    ... except nm.ExhaustiveTooLong as e:
+    ...     print(str(e)[:40])
+    exhaustive: 4294967296 inputs would take
+    """
 
 
 # ================================================================ enumerations
@@ -290,6 +298,15 @@ class Exhaustive:
     one side only); ``correctly_rounded`` = exact + rounded. ``hist`` counts the ulp
     errors ``|x - r| / ulp(r)`` in the bins of :data:`HIST_EDGES`; ``max_ulp_error`` and
     ``max_error_index`` (the smallest index reaching it) and ``max_error_inputs``.
+
+    >>> import castlab as cl, castlab.numerics as nm
+    >>> r = nm.exhaustive(cl.exp, [nm.Enumeration.bits(cl.bfloat16, 0x3F80, 0x4000)],
+    ...                   [("fused", "portable")])
+    >>> row = r.rows["fused/portable"]
+    >>> r.n, row["correctly_rounded"], row["max_ulp_error"] <= 0.5
+    (128, 128, True)
+    >>> r.inputs_at(row["max_error_index"])[0] >= 1.0
+    True
     """
 
     def __init__(self, raw: dict, enums: list, configs: list, out_dt: dtype, total: int,
