@@ -283,7 +283,7 @@ def test_cli_prints_the_table_and_writes_json_csv(tmp_path, capsys):
     out = tmp_path / "ex"
     rc = cli.main(["exhaustive", "swiglu", "--dtype", "bfloat16", "--values", "finite",
                    "--sample", "8", "--math", "inductor,transformer_engine,torch_eager",
-                   "--policy", "eager,fused", "--out", str(out)])
+                   "--policy", "eager,fused", "--device", "cpu", "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
     assert "fused/transformer_engine" in text and "eager/torch_eager" in text
@@ -301,7 +301,7 @@ def test_cli_prints_the_table_and_writes_json_csv(tmp_path, capsys):
     (["exhaustive", "swiglu", "--max-seconds", "0.001"], "--allow-long"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys, tmp_path):
-    assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert cli.main([*argv, "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("castlab: error:") and match in err and len(err.strip().splitlines()) == 1
 
@@ -370,3 +370,43 @@ def test_gpu_equals_cpu_under_portable_math():
     a = nm.exhaustive(swiglu, enums, cfg, first_k=9, start=12345, stop=3_000_000)
     b = nm.exhaustive(swiglu, enums, cfg, first_k=9, start=12345, stop=3_000_000, device="cuda")
     assert a.rows == b.rows and a.pairs == b.pairs and a.n == b.n
+
+
+def test_enumerations():
+    v = Enumeration.sample(cl.float32, 500, seed=2).values()
+    assert len(np.unique(v.view(np.uint32))) == 500 and np.isfinite(v).all()
+    assert (Enumeration.sample(cl.bfloat16, 20, seed=4).values().view(np.uint16)
+            == Enumeration.sample(cl.bfloat16, 20, seed=4).values().view(np.uint16)).all()
+    e = Enumeration.of(np.array([1.0, -2.5, 3.0], dtype=np.float16))
+    assert e.dtype is cl.float16 and e.values().tolist() == [1.0, -2.5, 3.0]
+    assert len(Enumeration.finite(cl.float8_e4m3fn)) == 254    # 256 minus the two NaNs
+    with pytest.raises(ValueError, match="too many patterns"):
+        Enumeration.finite(cl.float32)
+
+
+def test_fixed_tensor_values_as_an_input():
+    w = cl.tensor([0.5, -1.25, 3.0], dtype=cl.bfloat16)
+    res = nm.exhaustive(lambda x, y: x * y, [cl.bfloat16, w], ["eager/portable"])
+    assert res.n == 65536 * 3
+    assert res.inputs_at(3 * 0x3F80 + 1) == (1.0, -1.25)
+    # an exact product of bf16 values: eager rounds once, so it is correctly rounded
+    row = res.rows["eager/portable"]
+    assert row["correctly_rounded"] + row["nan_mismatch"] + row["one_ulp"] + row["over_one_ulp"] \
+        == res.n and row["one_ulp"] == row["over_one_ulp"] == 0
+
+
+def test_stochastic_rounding_is_refused():
+    pol = cl.Policy("eager", rounding="stochastic")
+    with pytest.raises(ValueError, match="stochastic"):
+        nm.exhaustive(lambda x: cl.exp(x), [cl.bfloat16], [(pol, "portable")])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+def test_gpu_cli_all_bf16_pairs_of_swiglu(tmp_path, capsys):
+    rc = cli.main(["exhaustive", "swiglu", "--dtype", "bfloat16", "--math",
+                   "inductor,transformer_engine,torch_eager", "--policy", "eager,fused",
+                   "--device", "cuda", "--out", str(tmp_path)])
+    assert rc == 0
+    assert '"total": 4294967296' in (tmp_path / "exhaustive.json").read_text()
+    assert "fused/transformer_engine" in capsys.readouterr().out

@@ -208,6 +208,9 @@ def _exhaustive_parser(sub) -> None:
                    help="run even when the estimate exceeds --max-seconds")
     e.add_argument("--max-seconds", type=float, default=120.0,
                    help="refuse runs estimated to take longer (default 120)")
+    e.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available, else cpu); on the "
+                   "GPU one generated kernel enumerates and reduces, and no run is refused")
     e.add_argument("--out", default="castlab-exhaustive",
                    help="folder for exhaustive.json and exhaustive.csv (default %(default)s)")
 
@@ -244,6 +247,7 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
         _one_of("--policy", p, ["eager", "fused"])
     if args.sample is not None and args.sample <= 0:
         raise CLIError(f"--sample must be positive, got {args.sample}")
+    device = args.device or ("cuda" if cuda.is_available() else "cpu")
     E = numerics.Enumeration
     first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)
     n_in = _fn_arity(fn)
@@ -252,7 +256,7 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     res = numerics.exhaustive(fn, [first, *rest], [(p, m) for p in pols for m in maths],
                               ref_math=args.ref_math, first_k=args.first_k, start=args.start,
                               stop=args.stop, allow_long=args.allow_long,
-                              max_seconds=args.max_seconds)
+                              max_seconds=args.max_seconds, device=device)
     print(res)
     os.makedirs(args.out, exist_ok=True)
     res.to_json(os.path.join(args.out, "exhaustive.json"))

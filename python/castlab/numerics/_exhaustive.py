@@ -135,12 +135,19 @@ class Enumeration:
         """`n` distinct bit patterns of `dt` drawn uniformly (finite ones only unless
         `finite` is False), sorted; the same for the same seed."""
         d = as_dtype(dt)
-        pool = cls.finite(d) if finite and d.bits <= 16 else cls.all(d)
-        if n > len(pool):
-            raise ValueError(f"Enumeration.sample: {n} values asked, {d.name} has {len(pool)}")
         rng = np.random.default_rng(seed)
-        pick = np.sort(rng.choice(len(pool), size=n, replace=False)).astype(np.uint64)
-        bits = pool.table[pick] if pool.table is not None else pick + np.uint64(pool.lo)
+        if d.bits <= 16:
+            pool = cls.finite(d) if finite else cls.all(d)
+            if n > len(pool):
+                raise ValueError(f"Enumeration.sample: {n} values asked, {d.name} has {len(pool)}")
+            pick = np.sort(rng.choice(len(pool), size=n, replace=False))
+            bits = pool.table[pick] if pool.table is not None else pick.astype(np.uint64)
+        else:
+            # float32: the finite patterns are [0, 0x7F800000) and the same with the sign bit
+            half = 0x7F800000 if finite else 1 << (d.bits - 1)
+            pick = np.sort(rng.choice(2 * half, size=n, replace=False)).astype(np.uint64)
+            sign = np.uint64(1 << (d.bits - 1))
+            bits = np.where(pick < half, pick, pick - np.uint64(half) + sign)
         return cls(d, table=bits, label=f"{n} sampled {d.name} (seed {seed})")
 
     # -- access --------------------------------------------------------------------
