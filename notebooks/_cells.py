@@ -1040,6 +1040,21 @@ as a stand-in for CUDA's and IEEE division (the approximate division is GPU-only
 traces say so), so these counts describe the formulas, not the GPU kernels; the GPU run
 of the same call gives the GPU's.
 """),
+    ("md", """
+How far to trust the labels: the reference is computed in fp64 with castlab's portable
+functions, which are within 2 fp64 ulps but not correctly rounded, so the reference can be
+a few fp64 ulps off the exact value. That matters only where it lies within that distance
+of a bf16 midpoint: `near_ties` counts those inputs (within 256 fp64 ulps, exact midpoints
+included); for every other input the labels hold against the exact value. Here the exact
+midpoints are mostly pairs with large `a`, where `1 + exp(-a)` is 1 in fp64, so the fp64
+reference is the exact product `a * b` of two bf16 values while the exact value is a hair
+smaller in magnitude.
+"""),
+    ("code", """
+print(f"{pairs.ties:,} references exactly on a midpoint, {pairs.near_ties:,} within 256 fp64 ulps "
+      f"of one: the labels of {100 * pairs.near_ties / pairs.n:.2f}% of the pairs are not certified")
+assert pairs.ties <= pairs.near_ties < pairs.n // 50
+"""),
     ("md", "## 3 · Where the errors are"),
     ("code", """
 edges = nm.HIST_EDGES

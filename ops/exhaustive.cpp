@@ -117,11 +117,12 @@ uint32_t load_bits(const void* base, int64_t i, int nbits) {
 struct Partial {
   std::vector<ConfigStats> configs;
   std::vector<PairStats> pairs;
-  uint64_t ties = 0;
+  uint64_t ties = 0, near_ties = 0;
 };
 
 void merge(ExhaustiveResult* r, const Partial& p, int first_k) {
   r->ties += p.ties;
+  r->near_ties += p.near_ties;
   for (size_t c = 0; c < p.configs.size(); ++c) {
     ConfigStats& d = r->configs[c];
     const ConfigStats& s = p.configs[c];
@@ -212,6 +213,7 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
           const double tie_d = ex_midpoint_distance(r, f);
           const bool tie = tie_d == 0.0;
           p.ties += tie;
+          p.near_ties += ex_near_midpoint(tie_d, f);
           for (int c = 0; c < nc; ++c) {
             const uint32_t xb = load_bits(outs[c].data_ptr(), i, f.bits);
             const double x = bits_to_f64(xb, oc);

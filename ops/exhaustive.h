@@ -52,8 +52,9 @@ struct PairStats {
 };
 
 struct ExhaustiveResult {
-  uint64_t n = 0;     // inputs visited
-  uint64_t ties = 0;  // inputs whose fp64 reference is a midpoint of the output format
+  uint64_t n = 0;          // inputs visited
+  uint64_t ties = 0;       // inputs whose fp64 reference is a midpoint of the output format
+  uint64_t near_ties = 0;  // ... or within 256 fp64 ulps of one (ex_near_midpoint)
   std::vector<ConfigStats> configs;
   std::vector<PairStats> pairs;  // (0,1), (0,2), ..., (1,2), ...: i < j
 };

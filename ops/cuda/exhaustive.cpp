@@ -80,7 +80,7 @@ std::string program_block(const ExChain& ch, const std::string& result_stmt_pref
 }  // namespace
 
 // Layout of the result words (unsigned long long) the kernel writes:
-//   counts[nc][kExCategories] | hist[nc][kExHistBins] | ties | differ[np] |
+//   counts[nc][kExCategories] | hist[nc][kExHistBins] | ties | near_ties | differ[np] |
 //   differ_ties[np] | tie_distance_bits[np] | then per block: max_error_bits[nc],
 //   max_index[nc], first_n[np], first[np][K]
 struct ExLayout {
@@ -88,7 +88,8 @@ struct ExLayout {
   size_t counts() const { return 0; }
   size_t hist() const { return static_cast<size_t>(nc) * kExCategories; }
   size_t ties() const { return hist() + static_cast<size_t>(nc) * kExHistBins; }
-  size_t differ() const { return ties() + 1; }
+  size_t near_ties() const { return ties() + 1; }
+  size_t differ() const { return ties() + 2; }
   size_t differ_ties() const { return differ() + np; }
   size_t tie_dist() const { return differ_ties() + np; }
   size_t global_words() const { return tie_dist() + np; }
@@ -180,6 +181,10 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   // warp-aggregated counting: one shared atomic per distinct key in a warp
   s += "    { const unsigned w = __ballot_sync(0xffffffffu, valid && tie);\n";
   s += "      if (lane == 0 && w) atomicAdd(&s_acc[" + std::to_string(L.ties()) +
+       "], (unsigned long long)__popc(w)); }\n";
+  s += "    { const unsigned w = __ballot_sync(0xffffffffu, valid && cl::ex_near_midpoint(tie_d, "
+       "F));\n";
+  s += "      if (lane == 0 && w) atomicAdd(&s_acc[" + std::to_string(L.near_ties()) +
        "], (unsigned long long)__popc(w)); }\n";
   s += "#pragma unroll\n";
   s += "    for (int c = 0; c < " + std::to_string(nc) + "; ++c) {\n";
@@ -309,6 +314,7 @@ ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<E
   ExhaustiveResult res;
   res.n = n;
   res.ties = host[L.ties()];
+  res.near_ties = host[L.near_ties()];
   res.configs.resize(nc);
   for (int c = 0; c < nc; ++c) {
     ConfigStats& s = res.configs[c];

@@ -114,6 +114,12 @@ CL_HD double ex_midpoint_distance(double r, const ExFormat& f) {
 // largest finite value and the next power of two), where round-to-nearest breaks a tie.
 CL_HD bool ex_is_midpoint(double r, const ExFormat& f) { return ex_midpoint_distance(r, f) == 0.0; }
 
+// Whether r lies so close to a midpoint (within 256 fp64 ulps: tie distance <= 2**(p - 44)
+// ulps of the format) that the fp64 reference's own error could put it on the wrong side:
+// castlab's fp64 functions are within 2 fp64 ulps each, not correctly rounded, so for these
+// inputs the "correctly rounded" label is not certified (exact midpoints included).
+CL_HD bool ex_near_midpoint(double tie_d, const ExFormat& f) { return tie_d <= ex_pow2(f.p - 44); }
+
 // Two results differ unless they are equal values or both NaN (the definition of
 // castlab.numerics.compare's mismatches: +0 and -0 do not differ).
 CL_HD bool ex_differ(double a, double b) { return !(a == b || (isnan_d(a) && isnan_d(b))); }

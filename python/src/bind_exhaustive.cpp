@@ -11,6 +11,7 @@ py::dict result_dict(const cl::ExhaustiveResult& r) {
   py::dict d;
   d["n"] = r.n;
   d["ties"] = r.ties;
+  d["near_ties"] = r.near_ties;
   py::list configs;
   for (const cl::ConfigStats& s : r.configs) {
     py::dict c;

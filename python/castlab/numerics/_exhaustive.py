@@ -273,6 +273,7 @@ def _merge(a: dict | None, b: dict, first_k: int) -> dict:
         return b
     a["n"] += b["n"]
     a["ties"] += b["ties"]
+    a["near_ties"] += b["near_ties"]
     for ca, cb in zip(a["configs"], b["configs"]):
         ca["counts"] = [x + y for x, y in zip(ca["counts"], cb["counts"])]
         ca["hist"] = [x + y for x, y in zip(ca["hist"], cb["hist"])]
@@ -292,6 +293,10 @@ class Exhaustive:
     Attributes: ``n`` (inputs visited), ``total`` (size of the cross product),
     ``inputs`` (the Enumerations), ``dtype`` (the results' dtype), ``configs`` (labels),
     ``ties`` (inputs whose fp64 reference is exactly a rounding midpoint of ``dtype``),
+    ``near_ties`` (those and the ones within 256 fp64 ulps of a midpoint: castlab's fp64
+    functions are within 2 fp64 ulps, not correctly rounded, so for these inputs the
+    reference cannot certify which neighbour is the correctly rounded one; every other
+    input's labels hold against the exact value),
     ``rows`` (per configuration: counts, histogram, worst input), ``pairs`` (per pair of
     configurations: ``differ`` inputs where they differ, ``differ_at_ties`` of those with
     the reference exactly on a midpoint, ``max_tie_distance`` the farthest any of them
@@ -324,6 +329,7 @@ class Exhaustive:
         self.begin = begin
         self.n = int(raw["n"])
         self.ties = int(raw["ties"])
+        self.near_ties = int(raw["near_ties"])
         self.ref = f"fp64/{ref_math}"
         self.seconds = seconds
         self.first_k = first_k
@@ -390,7 +396,7 @@ class Exhaustive:
         return {
             "inputs": [repr(e) for e in self.inputs], "dtype": self.dtype.name,
             "total": self.total, "begin": self.begin, "n": self.n, "ref": self.ref,
-            "ties": self.ties, "seconds": self.seconds,
+            "ties": self.ties, "near_ties": self.near_ties, "seconds": self.seconds,
             "hist_edges": list(HIST_EDGES),
             "configs": {k: dict(v) for k, v in self.rows.items()},
             "pairs": {f"{a} | {b}": dict(p, first_inputs=self.differing(a, b))
@@ -443,7 +449,8 @@ class Exhaustive:
         scope = "all" if self.n == self.total else f"{self.n} of {self.total}"
         ins = " x ".join(e.label for e in self.inputs)
         return (f"castlab exhaustive: {scope} inputs ({ins}) -> {self.dtype.name}; reference "
-                f"{self.ref}; {self.ties} references on a midpoint; {self.seconds:.3g} s")
+                f"{self.ref}; {self.ties} references on a midpoint, {self.near_ties} within 256 fp64 "
+                f"ulps of one (labels not certified); {self.seconds:.3g} s")
 
     def __str__(self) -> str:
         heads, rows, ph, pr = self._table()
