@@ -412,3 +412,40 @@ def test_gpu_cli_all_bf16_pairs_of_swiglu(tmp_path, capsys):
     assert rc == 0
     assert '"total": 4294967296' in (tmp_path / "exhaustive.json").read_text()
     assert "fused/transformer_engine" in capsys.readouterr().out
+
+
+def test_labels_hold_against_the_exact_value_outside_near_ties():
+    """The fp64 reference is a few fp64 ulps off the exact value; the correctly rounded
+    value it gives is the exact value's (mpmath, 200 bits) for every input that is not a
+    near tie, and near_ties counts the inputs where they could differ."""
+    mpmath = pytest.importorskip("mpmath")
+    enums = [Enumeration.finite(cl.bfloat16)]
+    fn = lambda x: cl.silu(x) * x  # noqa: E731
+    res = nm.exhaustive(fn, enums, ["fused/portable"])
+    x = enums[0].values().astype(np.float64)
+    r = cl.jit(fn).run(cl.from_numpy(enums[0].values()), policy="fp64", math="portable").numpy()
+    cr = round_nearest_even(r, cl.bfloat16)
+    p, emin, fmax, _ = fmt_params(cl.bfloat16)
+    with np.errstate(all="ignore"):
+        ulp = np.ldexp(1.0, np.maximum(np.frexp(np.abs(r))[1] - 1, emin) - p)
+        q = np.abs(r) / ulp
+        top = fmax + math.ldexp(1.0, int(ml_dtypes.finfo(ml_dtypes.bfloat16).maxexp) - 2 - p)
+        dist = np.where(np.isfinite(r) & (r != 0) & (np.abs(r) <= top),
+                        np.abs(q - np.floor(q) - 0.5), 0.5)
+    near = dist <= 2.0 ** (p - 44)
+    assert int(near.sum()) == res.near_ties
+    mpmath.mp.prec = 200
+    wrong = []
+    for i in range(len(x)):
+        if x[i] == 0 or not np.isfinite(r[i]) or abs(r[i]) > fmax:
+            continue
+        v = mpmath.mpf(x[i]) ** 2 / (1 + mpmath.exp(-mpmath.mpf(x[i])))
+        o = ordinal(cr[i:i + 1], 16)[0]
+        best = min((from_ordinal(np.array([o + k]), 16, np.uint16)[0] for k in (-1, 0, 1)),
+                   key=lambda b: abs(v - mpmath.mpf(float(np.array([b], np.uint16)
+                                                           .view(ml_dtypes.bfloat16)[0]))))
+        if best != cr[i]:
+            wrong.append(i)
+    assert set(wrong) <= set(np.flatnonzero(near).tolist())
+    # the caveat is real: some fp64-rounded labels are wrong (30 of 65,280 here), all near ties
+    assert 0 < len(wrong) <= res.near_ties
