@@ -261,7 +261,10 @@ def _plans(jf, tr, xs: list, configs: list, ref_math: Math) -> tuple:
     if out_dt.name == "float64":
         raise ValueError("exhaustive: the result is float64; it has no fp64 reference to "
                          "compare with")
-    ref, _ = jf._plan(tr, xs, Policy.fp64(), ref_math)
+    try:
+        ref, _ = jf._plan(tr, xs, Policy.fp64(), ref_math)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise ValueError(f"exhaustive: the chain has no fp64 reference ({e})") from e
     return plans, ref._c, out_dt
 
 
