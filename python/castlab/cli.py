@@ -1,8 +1,10 @@
-"""The ``castlab`` command: ``castlab study`` (the A/B precision study) and ``castlab info``."""
+"""The ``castlab`` command: ``castlab study`` (the A/B precision study), ``castlab exhaustive``
+(every input of a chain, :func:`castlab.numerics.exhaustive`) and ``castlab info``."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -11,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from . import _C, cuda, study
+from . import _C, cuda, numerics, ops, study
 from ._optable import BITS, IMPL_MASK, OPS
 from .policy import Math
 from .study import CHAINS, DEFAULT, QUICK
@@ -22,6 +24,9 @@ commands:
   study   run an A/B precision study (default: SwiGLU and RoPE; bf16, fp16, fp32;
           eager vs fused vs the fp64 reference, plus SwiGLU's formula presets) and write
           results.csv, summary.json and plots to --out
+  exhaustive  run a chain on every input of a dtype (or a sampled part) under several
+          policies and math presets; print exact / correctly rounded / 1 ulp / >1 ulp
+          counts against fp64 and where configurations disagree; write JSON and CSV
   info    print versions and the devices found
 """
 
@@ -87,7 +92,7 @@ def _scale_arg(v: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{study,info,ops}")
+    sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
                        "and compare each result with the fp64 reference.",
@@ -151,9 +156,113 @@ def _parser() -> argparse.ArgumentParser:
                    help="send the cells to an existing Dask cluster (tcp://host:8786)")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _exhaustive_parser(sub)
     sub.add_parser("info", help="print versions and devices")
     sub.add_parser("ops", help="list the elementwise ops (the op table, ops/op_table.h)")
     return p
+
+
+# ---------------------------------------------------------------- castlab exhaustive
+
+def _swiglu2(a, b):
+    return ops.silu(a) * b
+
+
+def _geglu2(a, b):
+    return ops.gelu(a) * b
+
+
+#: Chains of separate inputs for ``castlab exhaustive`` (besides every unary op by name).
+EXHAUSTIVE_CHAINS = {"swiglu": _swiglu2, "geglu": _geglu2}
+_UNARY = sorted(o.name for o in OPS.values() if o.arity == 1 and o.public and o.category != "internal")
+
+
+def _exhaustive_parser(sub) -> None:
+    e = sub.add_parser(
+        "exhaustive", help="every input of a chain, against fp64",
+        description="Run a chain on every input tuple of a dtype (the cross product of one "
+        "enumeration per argument) under each policy x math, count exact / correctly rounded "
+        "/ 1 ulp / >1 ulp / NaN-mismatch results against the fp64 reference and where the "
+        "configurations disagree (castlab.numerics.exhaustive).")
+    e.add_argument("chain", help="swiglu, geglu (silu(a)*b, gelu(a)*b), a unary op ("
+                   + ", ".join(_UNARY) + ") or pkg.module:function / path/file.py:function")
+    e.add_argument("--dtype", default="bfloat16",
+                   choices=["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float32"],
+                   help="input dtype (default bfloat16)")
+    e.add_argument("--math", default="torch_eager", metavar="A,B",
+                   help="comma-separated math presets (valid: " + ", ".join(_valid_presets())
+                   + "; default torch_eager)")
+    e.add_argument("--policy", default="eager,fused", metavar="A,B",
+                   help="comma-separated policies: eager, fused (default eager,fused)")
+    e.add_argument("--values", choices=["all", "finite"], default="all",
+                   help="every bit pattern, or the finite values only (default all)")
+    e.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="the second and later inputs take N sampled values each (seed --seed)")
+    e.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    e.add_argument("--start", type=int, default=0, help="first index of the cross product")
+    e.add_argument("--stop", type=int, default=None, help="end index (default: all)")
+    e.add_argument("--first-k", type=int, default=10, help="differing inputs kept per pair")
+    e.add_argument("--ref-math", default="portable",
+                   help="math of the fp64 reference (default portable)")
+    e.add_argument("--allow-long", action="store_true",
+                   help="run even when the estimate exceeds --max-seconds")
+    e.add_argument("--max-seconds", type=float, default=120.0,
+                   help="refuse runs estimated to take longer (default 120)")
+    e.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available, else cpu); on the "
+                   "GPU one generated kernel enumerates and reduces, and no run is refused")
+    e.add_argument("--out", default="castlab-exhaustive",
+                   help="folder for exhaustive.json and exhaustive.csv (default %(default)s)")
+
+
+def _exhaustive_fn(spec: str) -> Any:
+    if spec in EXHAUSTIVE_CHAINS:
+        return EXHAUSTIVE_CHAINS[spec]
+    if spec in _UNARY:
+        return getattr(ops, spec)
+    if ":" in spec:
+        return _resolve_chain(spec, "chain").fn
+    raise CLIError(f"unknown chain {spec!r}; valid: " + ", ".join(list(EXHAUSTIVE_CHAINS) + _UNARY)
+                   + ", or pkg.module:function")
+
+
+def _fn_arity(fn: Any) -> int:
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(1 for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               and p.default is p.empty) or 1
+
+
+def cmd_exhaustive(args: argparse.Namespace) -> int:
+    fn = _exhaustive_fn(args.chain)
+    maths = [m.strip() for m in args.math.split(",") if m.strip()]
+    pols = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not maths or not pols:
+        raise CLIError("--math and --policy each need at least one name")
+    for m in maths:
+        _one_of("--math", m, _valid_presets())
+    for p in pols:
+        _one_of("--policy", p, ["eager", "fused"])
+    if args.sample is not None and args.sample <= 0:
+        raise CLIError(f"--sample must be positive, got {args.sample}")
+    device = args.device or ("cuda" if cuda.is_available() else "cpu")
+    E = numerics.Enumeration
+    first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)
+    n_in = _fn_arity(fn)
+    rest = [E.sample(args.dtype, args.sample, seed=args.seed + k, finite=args.values == "finite")
+            if args.sample else first for k in range(n_in - 1)]
+    res = numerics.exhaustive(fn, [first, *rest], [(p, m) for p in pols for m in maths],
+                              ref_math=args.ref_math, first_k=args.first_k, start=args.start,
+                              stop=args.stop, allow_long=args.allow_long,
+                              max_seconds=args.max_seconds, device=device)
+    print(res)
+    os.makedirs(args.out, exist_ok=True)
+    res.to_json(os.path.join(args.out, "exhaustive.json"))
+    res.to_csv(os.path.join(args.out, "exhaustive.csv"))
+    print(f"wrote {os.path.join(args.out, 'exhaustive.json')} and exhaustive.csv")
+    return 0
 
 
 CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "rounding",
@@ -836,6 +945,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "ops":
         print(ops_text())
         return 0
+    if args.command == "exhaustive":
+        return cmd_exhaustive(args)
     return cmd_study(args)
 
 

@@ -43,6 +43,8 @@ ULPs, direct rounding), ``_torchcheck`` (PyTorch-compatible checks), ``_compare`
 from ._attribute import Attribution, Factor, attribute
 from ._compare import Comparison, compare
 from ._differences import Differences, differences
+from ._exhaustive import HIST_EDGES as HIST_EDGES  # (a tuple: no docstring example)
+from ._exhaustive import Enumeration, Exhaustive, ExhaustiveTooLong, exhaustive
 from ._explain import Divergence, Drift, Explanation, drift, explain
 from ._formats import neighbours, round_to, ulp, ulp_diff, ulp_error
 from ._ties import NearTies, TieSplit, near_ties
@@ -52,5 +54,6 @@ __all__ = [
     "ulp", "ulp_diff", "ulp_error", "round_to", "neighbours", "compare", "Comparison",
     "same", "SameVerdict", "assert_close_message", "default_tolerances", "near_ties",
     "NearTies", "TieSplit", "explain", "Explanation", "drift", "Drift", "Divergence",
-    "attribute", "Attribution", "Factor", "differences", "Differences",
+    "attribute", "Attribution", "Factor", "differences", "Differences", "exhaustive",
+    "Exhaustive", "Enumeration", "ExhaustiveTooLong",
 ]
