@@ -1,0 +1,5 @@
+"""castlab.torch: capture a PyTorch model into castlab (placeholder docstring)."""
+
+from ._program import CaptureError, CapturedModel, Segment, capture
+
+__all__ = ["capture", "CapturedModel", "CaptureError", "Segment"]
