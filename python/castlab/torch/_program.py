@@ -68,6 +68,8 @@ def _where(node) -> tuple | None:
                 lineno = int(s.split(", line ")[1].split(",")[0])
             except (IndexError, ValueError):
                 return None
+            if _graph._in_package(fname):
+                continue  # castlab's own wrapper of a plain function
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             return (fname, lineno, code)
     return None
@@ -126,6 +128,17 @@ def _arg_nodes(n) -> list:
 
 def _subst(a: Any, env: dict) -> Any:
     return pytree.tree_map(lambda x: env[x.name] if isinstance(x, torch.fx.Node) else x, a)
+
+
+def _subst_nominal(a: Any, env: dict) -> Any:
+    """Like _subst, with every floating value in the dtype PyTorch gives that node."""
+    def get(x):
+        v = env[x.name]
+        meta = x.meta.get("val")
+        if isinstance(v, torch.Tensor) and isinstance(meta, torch.Tensor) and v.dtype != meta.dtype:
+            return v.to(meta.dtype)
+        return v
+    return pytree.tree_map(lambda x: get(x) if isinstance(x, torch.fx.Node) else x, a)
 
 
 def _check_external(n) -> None:
@@ -381,20 +394,31 @@ class CapturedModel:
 
     # -- execution -----------------------------------------------------------------
     def execute(self, flat: list, policy: Policy, math: Math, segments: list | None = None,
-                given: dict | None = None) -> Run:
-        """Run the program on flat inputs; returns the :class:`Run` (every value)."""
-        env: dict = dict(self._consts)
-        for name, v in zip(self._user, flat):
-            env[name] = v.detach() if isinstance(v, torch.Tensor) else v
+                given: dict | None = None, start: int = 0, env: dict | None = None,
+                region_policy: dict | None = None) -> Run:
+        """Run the program on flat inputs; returns the :class:`Run` (every value).
+        `segments`: another partition of the graph (one with `given`, a dict of node
+        values supplied from outside, cut out); `start`, `env`: begin at that segment
+        with the values of an earlier run of the same segments up to there;
+        `region_policy`: segment index -> the policy that region runs under instead."""
+        if env is not None:
+            env = dict(env)
+        else:
+            env = dict(self._consts)
+            for name, v in zip(self._user, flat):
+                env[name] = v.detach() if isinstance(v, torch.Tensor) else v
         if given:
             env.update(given)
         f64 = policy.name == "fp64"
         region_inputs: dict = {}
-        for k, seg in enumerate(self.segments if segments is None else segments):
+        segs = self.segments if segments is None else segments
+        for k in range(start, len(segs)):
+            seg = segs[k]
             if seg.kind == "region":
                 xs = [_to_castlab(env[n.name]) for n in seg.inputs]
                 region_inputs[k] = xs
-                outs = seg.jit.run(*xs, policy=policy, math=math)
+                rp = policy if region_policy is None else region_policy.get(k, policy)
+                outs = seg.jit.run(*xs, policy=rp, math=math)
                 for n, o in zip(seg.outputs, outs):
                     t = _to_torch(o)
                     meta = n.meta.get("val")
@@ -403,7 +427,10 @@ class CapturedModel:
                     env[n.name] = _like_eager(t, meta)
                 continue
             (n,) = seg.nodes
-            args, kwargs = _subst(list(n.args), env), _subst(dict(n.kwargs), env)
+            if given and not f64:  # a substituted value held wider than PyTorch holds it
+                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), env)
+            else:
+                args, kwargs = _subst(list(n.args), env), _subst(dict(n.kwargs), env)
             if n.target is operator.getitem:
                 env[n.name] = args[0][args[1]]
                 continue
