@@ -8,8 +8,9 @@ PyTorch kernel, rounded once). ``kind`` is "view" for ops that only move data (e
 under every policy), "compute" otherwise. :func:`can_map` says whether one FX node can be
 built here; everything else runs as an external PyTorch node.
 
->>> sorted(k for k, (kind, _) in ATEN.items() if kind == "view")[:3]
-['aten.alias.default', 'aten.clone.default', 'aten.contiguous.default']
+>>> from castlab.torch._aten import ATEN
+>>> ATEN["aten.silu.default"][0], ATEN["aten.transpose.int"][0]
+('compute', 'view')
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ FLOAT_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float1
 def castlab_dtype(dt: torch.dtype):
     """The castlab dtype of a torch floating dtype.
 
+    >>> import torch
+    >>> from castlab.torch._aten import castlab_dtype
     >>> castlab_dtype(torch.bfloat16).name
     'bfloat16'
     """
@@ -205,7 +208,7 @@ def _cl(dt):
 
 _U = {"abs": ops.abs, "neg": ops.neg, "exp": ops.exp, "log": ops.log, "sigmoid": ops.sigmoid,
       "silu": ops.silu, "tanh": ops.tanh, "sqrt": ops.sqrt, "rsqrt": ops.rsqrt,
-      "reciprocal": ops.reciprocal, "cos": ops.cos, "sin": ops.sin, "erf": ops.erf,
+      "reciprocal": ops.reciprocal, "square": ops.square, "cos": ops.cos, "sin": ops.sin, "erf": ops.erf,
       "hardswish": ops.hardswish}
 _B = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div}
 _CMP = {"eq": ops.eq, "ne": ops.ne, "lt": ops.lt, "le": ops.le, "gt": ops.gt, "ge": ops.ge}
@@ -311,6 +314,7 @@ def can_map(node, kinds: tuple = ("compute", "view")) -> bool:
     result), with the argument values castlab reproduces.
 
     >>> import torch
+    >>> from castlab.torch._aten import can_map
     >>> gm = torch.fx.symbolic_trace(lambda x: x + 1)
     >>> n = [n for n in gm.graph.nodes if n.op == "call_function"][0]
     >>> can_map(n)   # (an FX node without ATen target or example values)

@@ -53,6 +53,9 @@ _SKIP = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
          "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg")
 
 
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 def _where(node) -> tuple | None:
     """(file, line, source text) of the user's code that made FX node `node`: the
     innermost frame of its recorded stack trace."""
@@ -60,6 +63,7 @@ def _where(node) -> tuple | None:
     if not st:
         return None
     lines = st.rstrip().splitlines()
+    fallback = None
     for i in range(len(lines) - 1, -1, -1):
         s = lines[i].strip()
         if s.startswith("File \""):
@@ -68,11 +72,14 @@ def _where(node) -> tuple | None:
                 lineno = int(s.split(", line ")[1].split(",")[0])
             except (IndexError, ValueError):
                 return None
-            if _graph._in_package(fname):
-                continue  # castlab's own wrapper of a plain function
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if _graph._in_package(fname):
+                continue  # castlab's wrapper of a plain function
+            if fname.startswith(_TORCH_DIR):  # torch.nn's modules: the user's call, if known
+                fallback = fallback or (fname, lineno, code)
+                continue
             return (fname, lineno, code)
-    return None
+    return fallback
 
 
 def where_text(node) -> str:
@@ -293,6 +300,16 @@ def _widen(v: Any) -> Any:
     return v
 
 
+def _dense(meta: torch.Tensor) -> bool:
+    """Whether the strides of `meta` lay its elements out without gaps or overlap."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(meta.shape, meta.stride()) if s > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _like_eager(t: torch.Tensor, meta: Any) -> torch.Tensor:
     """`t` (castlab writes contiguous results) with the strides PyTorch eager gives that
     value (the captured example's), so the next PyTorch kernel sees the same layout."""
@@ -300,11 +317,10 @@ def _like_eager(t: torch.Tensor, meta: Any) -> torch.Tensor:
         return t
     if tuple(t.shape) != tuple(meta.shape):
         return t
-    try:
-        out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=t.dtype,
-                                  device=t.device)
-    except RuntimeError:  # pragma: no cover - a stride layout PyTorch will not allocate
-        return t
+    if not _dense(meta):
+        return t  # an expanded view: the values are all PyTorch's kernels read
+    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=t.dtype,
+                              device=t.device)
     out.copy_(t)
     return out
 
@@ -364,6 +380,7 @@ class CapturedModel:
                     f"({spec.kind.name}); castlab captures forwards without side effects")
         self._in_spec = ep.call_spec.in_spec
         self._out_spec = ep.call_spec.out_spec
+        self._example = example
         flat, _ = pytree.tree_flatten(example)
         self._example_flat = flat
         self._output_node = self.nodes[-1]
@@ -372,6 +389,10 @@ class CapturedModel:
 
     # -- inputs --------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
+        for k, (v, ex) in enumerate(zip(args, self._example[0])):
+            if isinstance(ex, torch.Tensor) and not isinstance(v, torch.Tensor):
+                raise TypeError(f"{self.name}: input {k} must be a torch.Tensor, got "
+                                f"{type(v).__name__}")
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
         if self._in_spec is not None and spec != self._in_spec:
             raise ValueError(f"{self.name}: the inputs' structure {spec} differs from the "
@@ -580,8 +601,12 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
         with torch.no_grad():
             ep = torch.export.export(mod, tuple(example_inputs), kw, strict=False)
     except Exception as e:  # torch's own errors name the line; keep them, say what it means
-        msg = str(e).strip()
-        head = "\n".join(msg.splitlines()[:12])
+        lines = str(e).strip().splitlines()
+        head = lines[:6]
+        for i, ln in enumerate(lines):  # the user's line torch names
+            if ln.strip().startswith("File \"") and i >= 6:
+                head += lines[i:i + 2]
+        head = "\n".join(head)
         raise CaptureError(
             f"castlab.torch.capture: torch.export could not capture {name} as one static "
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
