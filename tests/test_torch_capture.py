@@ -64,7 +64,7 @@ def _torch_values(cm, flat):
     torch.fx's interpreter)."""
     vals = {}
 
-    class I(torch.fx.Interpreter):
+    class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             v = super().run_node(n)
             vals[n.name] = v
@@ -73,7 +73,7 @@ def _torch_values(cm, flat):
     args = [cm._consts[n.name] if n.name in cm._consts else next(it)
             for n in cm.nodes if n.op == "placeholder"]
     with torch.no_grad():
-        I(cm.exported.graph_module).run(*args)
+        Recorder(cm.exported.graph_module).run(*args)
     return vals
 
 
@@ -114,7 +114,7 @@ def test_qwen2_fp64_policy_agrees_with_model_double():
     assert r64.dtype == torch.float64
     md = _qwen2(torch.float64)[0]
     md.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
-    for (name, b), (_, bd) in zip(m.named_buffers(), md.named_buffers()):
+    for (_, b), (_, bd) in zip(m.named_buffers(), md.named_buffers()):
         bd.copy_(b.double())
     ref = _torch_logits(md, ids)
     # the bf16 model's logits are ~1e-3 off fp64; these agree to ~1e-7 (the fp32 casts)

@@ -32,6 +32,6 @@ torch.float64
 """
 
 from ._drift import ModelDrift, drift
-from ._program import CaptureError, CapturedModel, Segment, capture
+from ._program import CapturedModel, CaptureError, Segment, capture
 
 __all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift"]
