@@ -2,7 +2,8 @@
 
 ``capture(model, *example_inputs)`` turns a PyTorch forward into a castlab program;
 ``drift(model, inputs, a=..., b=...)`` reports, per captured node, the error of two
-configurations against the fp64 run.
+configurations against the fp64 run; ``torch.compile(model, backend=backend(policy=,
+math=))`` runs a model through castlab from inside PyTorch.
 
 Capture: ``torch.export`` (non-strict), not Dynamo. export gives one whole-graph ATen
 program or an error that names the line (Dynamo would split the model at graph breaks
@@ -31,7 +32,9 @@ True
 torch.float64
 """
 
+from ._backend import CastlabBackend, backend
 from ._drift import ModelDrift, drift
 from ._program import CapturedModel, CaptureError, Segment, capture
 
-__all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift"]
+__all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
+           "backend", "CastlabBackend"]
