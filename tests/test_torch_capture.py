@@ -359,3 +359,29 @@ def test_qwen2_fused_inductor_against_torch_compile_cuda(big):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
+
+
+@pytest.mark.parametrize("arch", ["Llama", "GPT2", "Mistral", "Gemma"])
+def test_other_hf_decoders_bf16_eager_bit_identical(arch):
+    """Other decoders' pieces (GPT-2's tanh GELU and LayerNorm, Gemma's (1 + w) RMSNorm
+    and scaled embedding, Mistral's sliding-window mask) under the eager policy."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = dict(vocab_size=50)
+    if arch == "GPT2":
+        cfg = T.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=64, bos_token_id=0,
+                           eos_token_id=0, **common)
+    else:
+        cfg = getattr(T, f"{arch}Config")(hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=128,
+                                          num_hidden_layers=2, max_position_embeddings=64,
+                                          head_dim=16, **common)
+    cfg._attn_implementation = "sdpa"
+    name = "GPT2LMHeadModel" if arch == "GPT2" else f"{arch}ForCausalLM"
+    m = getattr(T, name)(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 50, (2, 16))
+    cm = ct.capture(m, ids, kwargs=KW)
+    out = cm.run(ids, kwargs=KW, policy="eager").logits
+    ref = _torch_logits(m, ids)
+    assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} logits differ"
+    assert any(s.kind == "region" for s in cm.segments)
