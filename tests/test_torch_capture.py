@@ -385,3 +385,22 @@ def test_other_hf_decoders_bf16_eager_bit_identical(arch):
     ref = _torch_logits(m, ids)
     assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} logits differ"
     assert any(s.kind == "region" for s in cm.segments)
+
+
+def test_region_and_compare_open_the_program_to_castlab_numerics():
+    import castlab.numerics as nm
+
+    m, ids = _qwen2(torch.bfloat16)
+    cm = ct.capture(m, ids, kwargs=KW)
+    jit, args = cm.region("silu", ids, kwargs=KW, policy="eager")
+    assert isinstance(jit, cl.JitFunction) and [a.dtype for a in args] == [cl.bfloat16] * 2
+    # the region's eager output is what PyTorch computes from the same inputs
+    a, b = (torch.from_dlpack(x) for x in args)
+    (y,) = jit.run(*args, policy="eager")
+    assert torch.equal(torch.from_dlpack(y), F.silu(a) * b)
+    e = nm.explain(jit, args, (0, 0, 0))
+    assert len(e.outcomes) == 2
+    with pytest.raises(ValueError, match="external"):
+        cm.region("linear", ids, kwargs=KW)
+    c = cm.compare(ids, kwargs=KW, configs=("eager", "fused"))
+    assert c["fused"]["rel_rmse"] < c["eager"]["rel_rmse"]

@@ -32,27 +32,26 @@ from .._jit import JitFunction
 from ..numerics._formats import _fmt, _val, round_to
 from ..numerics._metrics import drift_scan
 from ..numerics._tables import _html_table, _text_table
-from ..policy import Math, Policy, as_math, as_policy
+from ..policy import Math, Policy
 from . import _aten
-from ._program import CapturedModel, Segment, capture, module_path, partition, where_text
+from ._program import (
+    CapturedModel,
+    Segment,
+    capture,
+    config,
+    module_path,
+    partition,
+    where_text,
+)
 
 __all__ = ["drift", "ModelDrift"]
 
 
 def _config(c: Any, what: str) -> tuple:
-    """(label, Policy, Math) from "eager", "fused/inductor", ("fused", "inductor") or a
-    (Policy, Math) pair."""
-    if isinstance(c, str):
-        pol, _, mth = c.partition("/")
-        pol, mth = as_policy(pol), as_math(mth or "torch_eager")
-    elif isinstance(c, (tuple, list)) and len(c) == 2:
-        pol, mth = as_policy(c[0]), as_math(c[1])
-    elif isinstance(c, Policy):
-        pol, mth = c, as_math("torch_eager")
-    else:
-        raise TypeError(f"drift: {what} must be a policy name, 'policy/math' or a (policy, "
-                        f"math) pair, not {type(c).__name__} {c!r}")
-    return f"{pol.describe()}/{mth.name}", pol, mth
+    try:
+        return config(c)
+    except TypeError as e:
+        raise TypeError(f"drift: {what}: {e}") from None
 
 
 def _layer(path: str) -> str:

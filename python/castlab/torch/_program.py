@@ -37,6 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import _graph
+from .. import numerics as _nm
 from .._dlpack import from_dlpack
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
@@ -547,11 +548,89 @@ class CapturedModel:
         lines.append("  return " + ", ".join(outs))
         return "\n".join(lines)
 
+    def region(self, node: str, *inputs: Any, policy: Any = "eager", math: Any = None,
+               kwargs: dict | None = None) -> tuple:
+        """``(jit, args)``: the castlab region that computes FX node `node` (a name from
+        ``trace()`` or ``drift``) as a ``castlab.jit`` function, and its castlab input
+        tensors as a run under `policy`/`math` gives them, so castlab.numerics' explain,
+        attribute and drift look inside it.
+
+        >>> import torch, castlab.torch as ct, castlab.numerics as nm
+        >>> x = torch.linspace(-3, 3, 64).to(torch.bfloat16).reshape(8, 8)
+        >>> f = ct.capture(lambda a: torch.nn.functional.silu(a) * a, x)
+        >>> jit, args = f.region("silu", x)
+        >>> e = nm.explain(jit, args, (0, 3))
+        >>> [o.label for o in e.outcomes]
+        ['eager/torch_eager', 'fused/torch_eager']
+        """
+        pol = as_policy(policy)
+        mth = self.math if math is None else as_math(math)
+        flat = self._flat_inputs(inputs, kwargs)
+        for k, seg in enumerate(self.segments):
+            if seg.kind == "region" and any(n.name == node for n in seg.nodes):
+                with torch.no_grad():
+                    run = self.execute(flat, pol, mth)
+                return seg.jit, tuple(run.region_inputs[k])
+        where = next((s.kind for s in self.segments if any(n.name == node for n in s.nodes)),
+                     None)
+        raise ValueError(f"{self.name}: node {node!r} is "
+                         + (f"an {where} node, not in a castlab region" if where else
+                            "not an op node of the captured graph"))
+
+    def compare(self, *inputs: Any, configs: Any = ("eager", "fused/inductor"),
+                kwargs: dict | None = None, output: int = 0) -> Any:
+        """castlab.numerics.compare of floating output number `output` (in flat order)
+        under each configuration ("policy" or "policy/math") against the fp64 run.
+
+        >>> import torch, castlab.torch as ct
+        >>> x = torch.linspace(-3, 3, 64).to(torch.bfloat16)
+        >>> f = ct.capture(lambda a: torch.nn.functional.silu(a) * a, x)
+        >>> c = f.compare(x, configs=("eager", "fused"))
+        >>> c["fused"]["max_ulp_error"] <= c["eager"]["max_ulp_error"]
+        True
+        """
+        flat = self._flat_inputs(inputs, kwargs)
+        labels, outs = [], []
+        for c in (configs if isinstance(configs, (list, tuple)) else (configs,)):
+            label, pol, mth = config(c)
+            with torch.no_grad():
+                run = self.execute(flat, pol, mth)
+            labels.append(label.split("/")[0] if label.endswith("/torch_eager") else label)
+            outs.append(self._float_output(run, output))
+        with torch.no_grad():
+            ref = self._float_output(self.execute(flat, as_policy("fp64"), self.math), output)
+        return _nm.compare(*outs, ref=ref, names=labels)
+
+    def _float_output(self, run: Run, k: int) -> torch.Tensor:
+        outs = [run.env[a.name] for a in pytree.tree_leaves(self._output_node.args[0])
+                if isinstance(a, torch.fx.Node) and isinstance(run.env[a.name], torch.Tensor)
+                and run.env[a.name].is_floating_point()]
+        if not 0 <= k < len(outs):
+            raise IndexError(f"{self.name}: output {k} out of range ({len(outs)} floating "
+                             "outputs)")
+        return outs[k]
+
     def __repr__(self) -> str:
         r = sum(s.kind == "region" for s in self.segments)
         e = sum(s.kind == "external" for s in self.segments)
         return (f"<castlab.torch captured {self.name}: {r} castlab regions, {e} external "
                 f"nodes; policy={self.policy.describe()} math={self.math.name}>")
+
+
+def config(c: Any) -> tuple:
+    """(label, Policy, Math) from "eager", "fused/inductor", ("fused", "inductor") or a
+    Policy (math torch_eager)."""
+    if isinstance(c, str):
+        pol, _, mth = c.partition("/")
+        pol, mth = as_policy(pol), as_math(mth or "torch_eager")
+    elif isinstance(c, (tuple, list)) and len(c) == 2:
+        pol, mth = as_policy(c[0]), as_math(c[1])
+    elif isinstance(c, Policy):
+        pol, mth = c, as_math("torch_eager")
+    else:
+        raise TypeError(f"a configuration is a policy name, 'policy/math' or a (policy, "
+                        f"math) pair, not {type(c).__name__} {c!r}")
+    return f"{pol.describe()}/{mth.name}", pol, mth
 
 
 def _op_name(n) -> str:
