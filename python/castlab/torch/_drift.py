@@ -28,7 +28,10 @@ import torch
 
 from .. import _progress
 from .._dlpack import from_dlpack
+from .._dtype import float32, float64
+from .._graph import VIEW_OPS as _VIEW_OPS
 from .._jit import JitFunction
+from .._lower import Lowering, lower
 from ..numerics._formats import _fmt, _val, round_to
 from ..numerics._metrics import drift_scan
 from ..numerics._tables import _html_table, _text_table
@@ -101,14 +104,34 @@ class _Values:
         """The node's value as its consumers read it (a torch or castlab tensor)."""
         if boundary:
             return self.run.env[n.name]
+        vals = self._computers.get(k)
+        if vals is None:
+            vals = self._computers[k] = self._region_values(k)
+        return vals[n.name]
+
+    def _region_values(self, k: int) -> dict:
+        """Every op node of region `k` in register precision (fp32, or fp64 where the
+        policy keeps fp64), as ``JitFunction.node_values`` observes them, but from one
+        plan per region (one kernel on a GPU) instead of one per node."""
         seg = self.cm.segments[k]
-        c = self._computers.get(k)
-        if c is None:
-            xs = self.run.region_inputs[k]
-            value, tr, _ = seg.jit.node_computer(xs, self.pol, self.mth)
-            c = self._computers[k] = (value, seg.maps[id(tr.inputs[0])])
-        value, mapping = c
-        return value(mapping[n.name])
+        xs = list(self.run.region_inputs[k])
+        tr = seg.jit.graph(*xs)
+        mapping = seg.maps[id(tr.inputs[0])]
+        inputs = xs + list(tr.captured)
+        low = Lowering(self.pol, self.mth, None, [])
+        names, nodes, dts = [], [], []
+        for name, node in mapping.items():
+            if node.op in _VIEW_OPS or node.op == "input" or not node.dtype.is_floating_point:
+                continue
+            names.append(name)
+            nodes.append(node)
+            dts.append(float64 if low.vt64(node) else float32)
+        if not nodes:
+            return {}
+        self.pol.check_graph(tr.nodes)
+        plan, outs = lower(nodes, inputs, self.pol, self.mth, out_dtypes=dts)
+        plan.run(inputs, outs)
+        return dict(zip(names, outs))
 
 
 def _local_ref(cm: CapturedModel, n, k: int, vals: _Values, ref_math: Math, jits: dict):
