@@ -28,6 +28,7 @@ and keeps explicit casts exact), so the whole model has an fp64 reference.
 
 from __future__ import annotations
 
+import collections
 import operator
 import os
 from collections.abc import Callable
@@ -387,6 +388,7 @@ class CapturedModel:
         self._output_node = self.nodes[-1]
         self.segments = partition(self.nodes)
         self._by_name = {n.name: n for n in self.nodes}
+        self._wide: dict = {}  # fp64 copies of parameters and buffers (fp64 policy)
 
     # -- inputs --------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
@@ -449,10 +451,11 @@ class CapturedModel:
                     env[n.name] = _like_eager(t, meta)
                 continue
             (n,) = seg.nodes
+            src = self._wide_consts(n, env) if f64 and seg.kind == "external" else env
             if given and not f64:  # a substituted value held wider than PyTorch holds it
-                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), env)
+                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), src)
             else:
-                args, kwargs = _subst(list(n.args), env), _subst(dict(n.kwargs), env)
+                args, kwargs = _subst(list(n.args), src), _subst(dict(n.kwargs), src)
             if n.target is operator.getitem:
                 env[n.name] = args[0][args[1]]
                 continue
@@ -460,6 +463,21 @@ class CapturedModel:
                 args, kwargs = pytree.tree_map(_widen, (args, kwargs))
             env[n.name] = n.target(*args, **kwargs)
         return Run(env, policy, math, region_inputs)
+
+    def _wide_consts(self, n, env: dict) -> Any:
+        """`env` with the parameters and buffers node `n` reads already in float64: the
+        fp64 policy reads every weight on every call, so each is widened once (again only
+        when the weight changed in place)."""
+        names = [a.name for a in _arg_nodes(n) if a.name in self._consts]
+        if not names:
+            return env
+        for name in names:
+            v = self._consts[name]
+            key = (name, getattr(v, "_version", 0), v.data_ptr() if isinstance(v, torch.Tensor)
+                   else 0)
+            if self._wide.get(name, (None,))[0] != key:
+                self._wide[name] = (key, _widen(v))
+        return collections.ChainMap({k: self._wide[k][1] for k in names}, env)
 
     def outputs(self, run: Run) -> Any:
         """The program's outputs from a :class:`Run`, in the forward's structure."""
