@@ -404,3 +404,29 @@ def test_region_and_compare_open_the_program_to_castlab_numerics():
         cm.region("linear", ids, kwargs=KW)
     c = cm.compare(ids, kwargs=KW, configs=("eager", "fused"))
     assert c["fused"]["rel_rmse"] < c["eager"]["rel_rmse"]
+
+
+def test_bad_input_higher_order_op_and_training_dropout():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x * 3, (x,))
+
+    with pytest.raises(ct.CaptureError, match="higher-order"):
+        ct.capture(f, torch.ones(3))
+    drop = torch.nn.Dropout(0.5).train()
+    with pytest.raises(ct.CaptureError, match="random numbers"):
+        ct.capture(drop, torch.ones(3))
+    ct.capture(drop.eval(), torch.ones(3))  # eval mode: no draw, nothing external
+
+
+def test_torch_compile_backend_graph_break():
+    be = ct.backend(policy="eager")
+
+    def f(x):
+        y = F.silu(x) * 2
+        torch._dynamo.graph_break()
+        return torch.exp(y) - 1
+
+    x = torch.linspace(-2, 2, 64).to(torch.bfloat16)
+    out = torch.compile(f, backend=be, dynamic=False)(x)
+    assert torch.equal(out, torch.exp(F.silu(x) * 2) - 1)
+    assert len(be.graphs) == 2 and all(isinstance(g, ct.CapturedModel) for g in be.graphs)
