@@ -430,3 +430,17 @@ def test_torch_compile_backend_graph_break():
     out = torch.compile(f, backend=be, dynamic=False)(x)
     assert torch.equal(out, torch.exp(F.silu(x) * 2) - 1)
     assert len(be.graphs) == 2 and all(isinstance(g, ct.CapturedModel) for g in be.graphs)
+
+
+def test_drift_local_contributions_cover_external_nodes():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    w = (torch.randn(256, 256, generator=g) / 16).to(torch.bfloat16)
+    d = ct.drift(lambda x, w: F.silu(x @ w) * x, (x, w), a="eager", b="fused",
+                 contributions="local")
+    row = {r["op"]: r for r in d.rows}
+    mm = row["aten.matmul.default"]
+    # the matmul's own error (PyTorch's fp32 accumulation, then bf16) is measurable
+    assert mm["kind"] == "external" and mm["a_contribution"] is not None
+    assert all(r["a_contribution"] is not None and r["b_contribution"] is not None
+               for r in d.rows)

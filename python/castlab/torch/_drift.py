@@ -8,13 +8,23 @@ region, or an external node's result, under ``fused``), the fp32 (fp64 for fp64 
 register value inside a fused region. Errors are in ulps of the node's dtype against the
 fp64 policy's value (castlab.numerics' definitions).
 
-Contribution of a node to a configuration's output error: the program is run again
-under that configuration with the node's value replaced by its fp64 reference value,
-held in the precision the configuration holds that node (rounded once, directly, to the
-node's dtype where it rounds it; rounded to fp32 in a fused region's registers), and the
-rest recomputed. ``contribution = 1 - err_substituted / err``, where ``err`` is the
-relative RMSE of all floating outputs against fp64: 1 means fixing this node alone
-removes the whole output error, 0 nothing, negative makes it worse.
+A node's contribution to a configuration's output error, ``1 - err' / err`` with
+``err`` the relative RMSE of all floating outputs against fp64 and ``err'`` the same
+after a change at that node and a rerun of the rest (1: the change removes the whole
+output error, 0: nothing, negative: worse). `contributions` picks the change:
+
+* ``"rounding"`` (default): the node's rounding left out (the configuration's policy,
+  in that node's region, minus that node): how much of the output error this rounding
+  causes. None where castlab has no rounding to leave out: external nodes, values that
+  leave their region for PyTorch (PyTorch's kernels read the storage dtype), explicit
+  casts, and nodes the policy does not round (everything inside a fused region).
+* ``"global"``: the node's fp64 reference value substituted, held as the configuration
+  holds that node (rounded once, directly, to the node's dtype where it rounds it; to
+  fp32 in a fused region's registers). This also removes the error the node inherited
+  from its inputs, so late nodes score high.
+* ``"local"``: the node recomputed in fp64 from the configuration's own input values,
+  held the same way: what the node's formula or accumulation order adds beyond its
+  rounding (a matmul's or attention's accumulation, a fused region's fp32 steps).
 """
 
 from __future__ import annotations

@@ -541,10 +541,13 @@ class CapturedModel:
         lines = [f"# castlab.torch program {self.name}: policy={pol.describe()}  math={mth.name}",
                  f"# {sum(s.kind == 'region' for s in self.segments)} castlab regions, "
                  f"{sum(s.kind == 'external' for s in self.segments)} external PyTorch nodes"]
+        r = 0
         for k, seg in enumerate(self.segments):
             n = seg.nodes[0]
             if seg.kind == "region":
-                lines.append(f"# region {k}: {len(seg.nodes)} ATen nodes, returns "
+                r += 1
+                lines.append(f"# castlab region {r - 1} (step {k}): {len(seg.nodes)} ATen "
+                             "nodes, returns "
                              + ", ".join(o.name for o in seg.outputs))
                 tr = seg.jit.trace(*run.region_inputs[k], policy=pol, math=mth)
                 lines.extend("  " + s for s in str(tr).splitlines())
