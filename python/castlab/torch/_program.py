@@ -249,7 +249,7 @@ def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
         s.outputs = [n for n in s.nodes
                      if n.name in outs or users.get(n.name, set()) - {id(s)}]
         s.jit = JitFunction(_region_function(s), policy="fused", math="torch_eager")
-    return segs
+    return [s for s in segs if s.kind != "region" or s.outputs]  # (unused values: dead)
 
 
 def _region_function(seg: Segment) -> Callable:
