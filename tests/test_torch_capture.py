@@ -444,3 +444,12 @@ def test_drift_local_contributions_cover_external_nodes():
     assert mm["kind"] == "external" and mm["a_contribution"] is not None
     assert all(r["a_contribution"] is not None and r["b_contribution"] is not None
                for r in d.rows)
+
+
+def test_bad_input_data_dependent_shape_names_the_op_and_line():
+    def f(x):
+        return torch.exp(x[x > 0]) * 2  # boolean-mask indexing: a data-dependent size
+
+    with pytest.raises(ct.CaptureError,
+                       match=r"aten.index.Tensor at test_torch_capture.py:\d+ .*static shapes"):
+        ct.capture(f, torch.randn(8))

@@ -171,6 +171,24 @@ def _check_external(n) -> None:
         "castlab can neither map it nor run it as an external PyTorch node")
 
 
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _check_static(n) -> None:
+    """The first node whose result has a size known only at run time (boolean-mask
+    indexing, nonzero, ...) is a clear error: castlab captures static shapes."""
+    v = n.meta.get("val")
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    if any(isinstance(x, _SYM) or (isinstance(x, torch.Tensor)
+                                   and any(isinstance(s, _SYM) for s in x.shape))
+           for x in vals):
+        op = "getitem" if n.target is operator.getitem else str(n.target)
+        raise CaptureError(
+            f"castlab.torch.capture: {op} at {where_text(n) or n.name} gives a result whose "
+            "size depends on the data (dynamic shapes, e.g. boolean-mask indexing or "
+            "nonzero); castlab captures static shapes only")
+
+
 def _no_randomness(n) -> bool:
     """A seeded op called so that it draws nothing: dropout probability 0 (attention in
     eval mode) or train=False."""
@@ -209,6 +227,7 @@ def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
         name = str(n.target)
         if name in _SKIP:
             continue
+        _check_static(n)
         deps = _arg_nodes(n)
         reads_region = any(d.name in in_region for d in deps)
         kind = None
