@@ -690,6 +690,13 @@ def _wrap(fn: Callable) -> torch.nn.Module:
     if isinstance(fn, torch.nn.Module):
         return fn
 
+    # torch.export keeps only the stack frames of `forward` methods (and registered
+    # anchors) in each node's recorded stack: register the user's function too, so its
+    # lines are the ones castlab shows (private hook: skipped where torch lacks it)
+    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if anchor is not None:
+        anchor(fn)
+
     class Fn(torch.nn.Module):
         def forward(self, *a, **k):
             return fn(*a, **k)
