@@ -453,3 +453,17 @@ def test_bad_input_data_dependent_shape_names_the_op_and_line():
     with pytest.raises(ct.CaptureError,
                        match=r"aten.index.Tensor at test_torch_capture.py:\d+ .*static shapes"):
         ct.capture(f, torch.randn(8))
+
+
+def test_chunk_unbind_and_views_of_region_values():
+    def f(x):
+        a, b = x.chunk(2, dim=-1)                 # views of an input: taken in PyTorch
+        c, d = (x * 2).chunk(2, dim=0)            # views of a castlab value: in the region
+        u = x.unbind(0)
+        return F.silu(a) * b, c - d, u[0] + u[1]
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    cm = ct.capture(f, x)
+    assert not cm.externals()
+    for o, r in zip(cm.run(x, policy="eager"), f(x)):
+        assert torch.equal(o, r)

@@ -155,6 +155,16 @@ def _split(a, kw):
     return list(ops.split(a[0], a[1], a[2] if len(a) > 2 else kw.get("dim", 0)))
 
 
+def _chunk(a, kw):
+    return list(ops.chunk(a[0], a[1], a[2] if len(a) > 2 else kw.get("dim", 0)))
+
+
+def _unbind(a, kw):
+    x = a[0]
+    d = (a[1] if len(a) > 1 else kw.get("dim", 0)) % len(x.shape)
+    return [ops.select(x, d, i) for i in range(x.shape[d])]
+
+
 def _dims(a, k):
     return None if len(a) <= k or a[k] is None or (isinstance(a[k], (list, tuple)) and not a[k]) \
         else a[k]
@@ -268,8 +278,11 @@ ATEN.update({
     "aten.select.int": ("view", _select),
     "aten.split.Tensor": ("view", _split),
     "aten.split_with_sizes.default": ("view", _split),
+    "aten.chunk.default": ("view", _chunk),
+    "aten.unbind.int": ("view", _unbind),
 })
-_TUPLE_OUT = ("aten.split.Tensor", "aten.split_with_sizes.default")
+_TUPLE_OUT = ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default",
+              "aten.unbind.int")
 # Ops whose PyTorch semantics castlab does not have for some arguments: the check says
 # which argument values castlab reproduces exactly.
 _ALPHA_OPS = ("aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
