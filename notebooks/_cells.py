@@ -972,6 +972,8 @@ the whole model has an fp64 reference). Everything here runs on the CPU.
 import warnings
 
 warnings.filterwarnings("ignore", message="IProgress not found")  # (tqdm, via transformers)
+"""),
+    ("code", """
 import torch
 import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -1005,8 +1007,9 @@ listing = m.trace(ids, kwargs=KW, policy="eager")
 print("\\n".join(line for line in listing.splitlines() if "external" in line)[:1500])
 """),
     ("code", """
-print("\\n".join(listing.splitlines()[listing.splitlines().index(
-    next(l for l in listing.splitlines() if "silu(" in l)) - 3:][:8]))
+lines = listing.splitlines()
+k = next(i for i, line in enumerate(lines) if "silu(" in line)
+print("\\n".join(lines[k - 3:k + 5]))      # the SwiGLU region under eager
 """),
     ("md", """
 ## 2 · Eager, compiled and fp64 logits

@@ -32,6 +32,12 @@ True
 torch.float64
 """
 
+try:
+    import torch as _torch  # noqa: F401  (PyTorch itself, not this package)
+except ImportError as e:  # pragma: no cover - CI installs torch
+    raise ImportError("castlab.torch captures PyTorch models and needs PyTorch: "
+                      "pip install torch") from e
+
 from ._backend import CastlabBackend, backend
 from ._drift import ModelDrift, drift
 from ._program import CapturedModel, CaptureError, Segment, capture
