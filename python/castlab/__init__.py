@@ -16,7 +16,9 @@
 #                                         reductions and norms
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics, sweep -> study, plot -> cli  analysis, Dask sweeps, studies, plots, the CLI
+#   6  numerics -> torch, sweep -> study, plot -> cli  analysis, PyTorch model capture
+#                                         (castlab.torch: imported on its own, it needs torch),
+#                                         Dask sweeps, studies, plots, the CLI
 #   7  castlab (this file), __main__
 # Tensor methods are installed by _tensor; modules below it may call them on tensors
 # (t.clone(), t.astype()) at run time, but never import it.

@@ -1,0 +1,46 @@
+"""castlab.torch: run a PyTorch model through castlab, and ask where its numerics drift.
+
+``capture(model, *example_inputs)`` turns a PyTorch forward into a castlab program;
+``drift(model, inputs, a=..., b=...)`` reports, per captured node, the error of two
+configurations against the fp64 run; ``torch.compile(model, backend=backend(policy=,
+math=))`` runs a model through castlab from inside PyTorch.
+
+Capture: ``torch.export`` (non-strict), not Dynamo. export gives one whole-graph ATen
+program or an error that names the line (Dynamo would split the model at graph breaks
+and fall back to Python silently), records each node's module path and source line,
+and its default (training) IR keeps ``linear``, ``embedding`` and
+``scaled_dot_product_attention`` whole, so those run as the very PyTorch kernels eager
+runs. No decomposition table is applied: a decomposition (silu into ``x*sigmoid(x)``,
+softmax into exp/sum/div) would change the numerics castlab is asked to reproduce.
+
+* ATen elementwise ops, casts, views, ``cat``, ``sum``/``mean``/``amax``/``amin`` and
+  ``softmax``/``log_softmax`` over floating tensors are built with castlab's own op
+  functions (PyTorch's type promotion and scalar rules, the eager kernels' formulas, one
+  rounding per PyTorch kernel), grouped into castlab regions run under a policy.
+* Everything else (matmul/linear, embedding, attention, indexing, integer and bool
+  mask arithmetic, ...) is an external node: the ATen op called through PyTorch on the
+  same device, tensors shared with DLPack. Under ``fp64`` it runs on float64 values.
+
+>>> import torch, castlab.torch as ct
+>>> lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
+>>> x = torch.randn(4, 8).to(torch.bfloat16)
+>>> f = ct.capture(lambda x: torch.nn.functional.silu(lin(x)) * 2, x)
+>>> with torch.no_grad():
+...     torch.equal(f.run(x, policy="eager"), torch.nn.functional.silu(lin(x)) * 2)
+True
+>>> f.run(x, policy="fp64").dtype
+torch.float64
+"""
+
+try:
+    import torch as _torch  # noqa: F401  (PyTorch itself, not this package)
+except ImportError as e:  # pragma: no cover - CI installs torch
+    raise ImportError("castlab.torch captures PyTorch models and needs PyTorch: "
+                      "pip install torch") from e
+
+from ._backend import CastlabBackend, backend
+from ._drift import ModelDrift, drift
+from ._program import CapturedModel, CaptureError, Segment, capture
+
+__all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
+           "backend", "CastlabBackend"]

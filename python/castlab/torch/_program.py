@@ -1,0 +1,741 @@
+"""A captured PyTorch program: castlab regions and external PyTorch nodes, in order.
+
+``capture`` asks ``torch.export`` (non-strict) for the ATen graph of the forward, then
+walks its nodes once, in the graph's order (PyTorch eager's execution order):
+
+* an op castlab computes itself (``_aten.can_map``) joins the open *region*: a
+  ``castlab.jit`` function that replays the region's nodes with castlab's op functions,
+  so a policy decides where it rounds (eager: after every op; fused: only the values
+  that leave the region; fp64: nowhere);
+* a view of a value made outside the open region runs in PyTorch (a view is exact, and
+  PyTorch's view keeps the strides eager would give the next kernel);
+* everything else is an *external* node: the ATen op itself, called through PyTorch on
+  the same device with zero-copy DLPack tensors. When an external node reads a value of
+  the open region, the region is closed (it runs first); an external node that does not
+  runs before it, so a region spans as much of the graph as the data flow allows.
+
+Under the ``fp64`` policy external nodes run in float64: every floating tensor argument
+is widened (exactly) and every floating ``dtype=`` argument becomes float64; castlab's
+regions take the float64 values as they come (castlab computes in fp64 under that policy
+and keeps explicit casts exact), so the whole model has an fp64 reference.
+
+>>> import torch, castlab.torch as ct
+>>> m = ct.capture(lambda x, w: torch.nn.functional.silu(x @ w) * 2,
+...                torch.randn(4, 8), torch.randn(8, 8))
+>>> [s.kind for s in m.segments]
+['external', 'region']
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import _graph
+from .. import numerics as _nm
+from .._dlpack import from_dlpack
+from .._jit import JitFunction
+from ..policy import Math, Policy, as_math, as_policy
+from . import _aten
+
+__all__ = ["CaptureError", "CapturedModel", "Segment", "capture"]
+
+
+class CaptureError(RuntimeError):
+    """PyTorch could not capture the forward, or castlab cannot run one of its ops."""
+
+
+_SKIP = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+         "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg")
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _where(node) -> tuple | None:
+    """(file, line, source text) of the user's code that made FX node `node`: the
+    innermost frame of its recorded stack trace."""
+    st = node.meta.get("stack_trace")
+    if not st:
+        return None
+    lines = st.rstrip().splitlines()
+    fallback = None
+    for i in range(len(lines) - 1, -1, -1):
+        s = lines[i].strip()
+        if s.startswith("File \""):
+            try:
+                fname = s.split("\"")[1]
+                lineno = int(s.split(", line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                return None
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if _graph._in_package(fname):
+                continue  # castlab's wrapper of a plain function
+            if fname.startswith(_TORCH_DIR):  # torch.nn's modules: the user's call, if known
+                fallback = fallback or (fname, lineno, code)
+                continue
+            return (fname, lineno, code)
+    return fallback
+
+
+def where_text(node) -> str:
+    """``file.py:LINE`` of the user code behind an FX node ("" when unknown)."""
+    w = _where(node)
+    return f"{os.path.basename(w[0])}:{w[1]}" if w else ""
+
+
+def module_path(node) -> str:
+    """The dotted path of the innermost ``nn.Module`` that ran the node ("" at the top)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path if isinstance(path, str) else ""
+
+
+def _short_type(v) -> str:
+    if isinstance(v, torch.Tensor):
+        name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
+                torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
+                torch.bool: "bool"}.get(v.dtype, str(v.dtype).replace("torch.", ""))
+        return f"{name}[{', '.join(str(s) for s in v.shape)}]"
+    if isinstance(v, (list, tuple)):
+        return "(" + ", ".join(_short_type(x) for x in v) + ")"
+    return type(v).__name__
+
+
+class Segment:
+    """One step of a captured program: ``kind`` is "region" (castlab computes
+    ``nodes``, a ``castlab.jit`` function ``jit``), "external" (one ATen op run by
+    PyTorch) or "view" (a view or tuple item taken in PyTorch: exact)."""
+
+    def __init__(self, kind: str, nodes: list):
+        self.kind = kind
+        self.nodes = nodes
+        self.inputs: list = []      # region: FX nodes read from outside, in order
+        self.outputs: list = []     # region: FX nodes used outside
+        self.jit: JitFunction | None = None
+        self.maps: dict = {}        # region: id(first input node) -> {fx name: castlab node}
+
+    def __repr__(self) -> str:
+        names = ", ".join(n.name for n in self.nodes[:4]) + (", ..." if len(self.nodes) > 4 else "")
+        return f"Segment({self.kind}: {names})"
+
+
+def _arg_nodes(n) -> list:
+    out: list = []
+    pytree.tree_map(lambda a: out.append(a) if isinstance(a, torch.fx.Node) else None,
+                    (n.args, n.kwargs))
+    return out
+
+
+def _subst(a: Any, env: dict) -> Any:
+    return pytree.tree_map(lambda x: env[x.name] if isinstance(x, torch.fx.Node) else x, a)
+
+
+def _subst_nominal(a: Any, env: dict) -> Any:
+    """Like _subst, with every floating value in the dtype PyTorch gives that node."""
+    def get(x):
+        v = env[x.name]
+        meta = x.meta.get("val")
+        if isinstance(v, torch.Tensor) and isinstance(meta, torch.Tensor) and v.dtype != meta.dtype:
+            return v.to(meta.dtype)
+        return v
+    return pytree.tree_map(lambda x: get(x) if isinstance(x, torch.fx.Node) else x, a)
+
+
+def _check_external(n) -> None:
+    """An op castlab hands to PyTorch must be one PyTorch can call again as a function:
+    an ATen op without side effects (no in-place, out= or random ops)."""
+    t = n.target
+    if isinstance(t, torch._ops.OpOverload):
+        if t._schema.is_mutable or (torch.Tag.nondeterministic_seeded in t.tags
+                                    and not _no_randomness(n)):
+            raise CaptureError(
+                f"castlab.torch.capture: {t} at {where_text(n) or n.name} mutates its "
+                "inputs or draws random numbers; castlab can neither map it nor run it again "
+                "as an external PyTorch node (capture the model in eval() mode and without "
+                "in-place updates)")
+        return
+    if t is operator.getitem:
+        return
+    raise CaptureError(
+        f"castlab.torch.capture: {getattr(t, '__name__', t)} at {where_text(n) or n.name} "
+        "is not an ATen op (a higher-order op such as torch.cond, or a Python call): "
+        "castlab can neither map it nor run it as an external PyTorch node")
+
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _check_static(n) -> None:
+    """The first node whose result has a size known only at run time (boolean-mask
+    indexing, nonzero, ...) is a clear error: castlab captures static shapes."""
+    v = n.meta.get("val")
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    if any(isinstance(x, _SYM) or (isinstance(x, torch.Tensor)
+                                   and any(isinstance(s, _SYM) for s in x.shape))
+           for x in vals):
+        op = "getitem" if n.target is operator.getitem else str(n.target)
+        raise CaptureError(
+            f"castlab.torch.capture: {op} at {where_text(n) or n.name} gives a result whose "
+            "size depends on the data (dynamic shapes, e.g. boolean-mask indexing or "
+            "nonzero); castlab captures static shapes only")
+
+
+def _no_randomness(n) -> bool:
+    """A seeded op called so that it draws nothing: dropout probability 0 (attention in
+    eval mode) or train=False."""
+    vals = {}
+    for k, a in enumerate(n.target._schema.arguments):
+        if k < len(n.args):
+            vals[a.name] = n.args[k]
+        elif a.name in n.kwargs:
+            vals[a.name] = n.kwargs[a.name]
+        elif a.has_default_value():
+            vals[a.name] = a.default_value
+    if "train" in vals:
+        return vals["train"] is False
+    p = vals.get("dropout_p", vals.get("p"))
+    return p is not None and p == 0
+
+
+def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
+    """Split the graph's op nodes into segments (see the module docstring). `given`: names
+    of nodes whose value is supplied from outside (drift substitutes reference values)."""
+    segs: list[Segment] = []
+    region: Segment | None = None
+    in_region: set = set()
+    users: dict = {}
+
+    def close():
+        nonlocal region
+        if region is not None:
+            segs.append(region)
+            region = None
+            in_region.clear()
+
+    for n in nodes:
+        if n.op != "call_function" or n.name in given:
+            continue
+        name = str(n.target)
+        if name in _SKIP:
+            continue
+        _check_static(n)
+        deps = _arg_nodes(n)
+        reads_region = any(d.name in in_region for d in deps)
+        kind = None
+        if n.target is operator.getitem:
+            kind = "region" if reads_region else "view"
+        elif _aten.can_map(n):
+            view = _aten.ATEN[name][0] == "view"
+            kind = "view" if view and not reads_region else "region"
+        if kind == "region":
+            if region is None:
+                region = Segment("region", [])
+            region.nodes.append(n)
+            in_region.add(n.name)
+            continue
+        if kind is None:
+            _check_external(n)
+            kind = "external"
+        if reads_region:
+            close()
+        segs.append(Segment(kind, [n]))
+    close()
+    # region inputs and outputs
+    for s in segs:
+        for n in s.nodes:
+            for d in _arg_nodes(n):
+                users.setdefault(d.name, set()).add(id(s))
+    outs = {a.name for a in _arg_nodes(nodes[-1])} if nodes and nodes[-1].op == "output" else set()
+    for s in segs:
+        if s.kind != "region":
+            continue
+        mine = {n.name for n in s.nodes}
+        seen: set = set()
+        for n in s.nodes:
+            for d in _arg_nodes(n):
+                if d.name not in mine and d.name not in seen:
+                    seen.add(d.name)
+                    s.inputs.append(d)
+        s.outputs = [n for n in s.nodes
+                     if n.name in outs or users.get(n.name, set()) - {id(s)}]
+        s.jit = JitFunction(_region_function(s), policy="fused", math="torch_eager")
+    return [s for s in segs if s.kind != "region" or s.outputs]  # (unused values: dead)
+
+
+def _region_function(seg: Segment) -> Callable:
+    """The Python function castlab.jit traces for a region: replays its ATen nodes with
+    castlab's op functions, each recorded at the user's source line."""
+    nodes, outputs = seg.nodes, seg.outputs
+    input_names = [n.name for n in seg.inputs]
+
+    def region(*xs):
+        env = dict(zip(input_names, xs))
+        mapping: dict = {}
+        st = _graph._state
+        try:
+            for n in nodes:
+                st.where = _where(n)
+                args, kwargs = _subst(list(n.args), env), _subst(dict(n.kwargs), env)
+                if n.target is operator.getitem:
+                    v = args[0][args[1]]
+                else:
+                    v = _aten.build(n, args, kwargs)
+                env[n.name] = v
+                if isinstance(v, _graph.Proxy):
+                    mapping[n.name] = v.node
+        finally:
+            st.where = None
+        if xs:
+            seg.maps[id(xs[0].node)] = mapping
+        return tuple(env[o.name] for o in outputs)
+
+    region.__name__ = region.__qualname__ = f"region_{nodes[0].name}"
+    region._castlab_arg_names = lambda k: input_names[:k]
+    return region
+
+
+def _to_castlab(t: torch.Tensor):
+    return from_dlpack(t.detach())
+
+
+def _to_torch(x) -> torch.Tensor:
+    return torch.utils.dlpack.from_dlpack(x)
+
+
+def _widen(v: Any) -> Any:
+    """An external node's argument under the fp64 policy: floating tensors and floating
+    dtypes become float64 (an exact widening)."""
+    if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype is not torch.float64:
+        return v.to(torch.float64)
+    if isinstance(v, torch.dtype) and v.is_floating_point:
+        return torch.float64
+    return v
+
+
+def _dense(meta: torch.Tensor) -> bool:
+    """Whether the strides of `meta` lay its elements out without gaps or overlap."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(meta.shape, meta.stride()) if s > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _like_eager(t: torch.Tensor, meta: Any) -> torch.Tensor:
+    """`t` (castlab writes contiguous results) with the strides PyTorch eager gives that
+    value (the captured example's), so the next PyTorch kernel sees the same layout."""
+    if not isinstance(meta, torch.Tensor) or t.dim() == 0 or tuple(t.stride()) == tuple(meta.stride()):
+        return t
+    if tuple(t.shape) != tuple(meta.shape):
+        return t
+    if not _dense(meta):
+        return t  # an expanded view: the values are all PyTorch's kernels read
+    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=t.dtype,
+                              device=t.device)
+    out.copy_(t)
+    return out
+
+
+class Run:
+    """The values of one execution of a captured program (every FX node's value, as the
+    program's segments passed them on), the policy and math it ran under, and the
+    castlab input tensors of each region (for per-node values and traces)."""
+
+    def __init__(self, env: dict, policy: Policy, math: Math, region_inputs: dict):
+        self.env = env
+        self.policy = policy
+        self.math = math
+        self.region_inputs = region_inputs
+
+
+class CapturedModel:
+    """A PyTorch forward captured by :func:`capture`: castlab regions and external PyTorch
+    nodes. Call it (runs under its own policy and math) or ``.run(..., policy=, math=)``;
+    inputs and outputs are PyTorch tensors (shared with castlab without copies).
+
+    >>> import torch, castlab.torch as ct
+    >>> f = ct.capture(lambda x: torch.exp(x) * 2, torch.ones(3, dtype=torch.bfloat16))
+    >>> f.run(torch.zeros(3, dtype=torch.bfloat16), policy="eager").tolist()
+    [2.0, 2.0, 2.0]
+    """
+
+    def __init__(self, ep: Any, name: str, example: tuple, policy: Any = "fused",
+                 math: Any = "torch_eager"):
+        self.exported = ep
+        self.name = name
+        self.policy = as_policy(policy)
+        self.math = as_math(math)
+        self.graph = ep.graph_module.graph
+        self.nodes = list(self.graph.nodes)
+        sig = ep.graph_signature
+        self._consts: dict = {}
+        self._user: list = []  # placeholder names of the user inputs, in flat order
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        for n, spec in zip(placeholders, sig.input_specs):
+            kind = spec.kind.name
+            if kind == "USER_INPUT":
+                self._user.append(n.name)
+            elif kind in ("PARAMETER", "BUFFER"):
+                v = ep.state_dict.get(spec.target)
+                if v is None:
+                    v = ep.constants[spec.target]
+                self._consts[n.name] = v.detach()
+            elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
+                self._consts[n.name] = ep.constants[spec.target]
+            else:  # pragma: no cover - token inputs of effectful ops
+                raise CaptureError(f"castlab.torch.capture: unsupported graph input {spec}")
+        for spec in sig.output_specs:
+            if spec.kind.name != "USER_OUTPUT":
+                raise CaptureError(
+                    f"castlab.torch.capture: the forward updates {spec.target!r} in place "
+                    f"({spec.kind.name}); castlab captures forwards without side effects")
+        self._in_spec = ep.call_spec.in_spec
+        self._out_spec = ep.call_spec.out_spec
+        self._example = example
+        flat, _ = pytree.tree_flatten(example)
+        self._example_flat = flat
+        self._output_node = self.nodes[-1]
+        self.segments = partition(self.nodes)
+        self._by_name = {n.name: n for n in self.nodes}
+        self._wide: dict = {}  # fp64 copies of parameters and buffers (fp64 policy)
+
+    # -- inputs --------------------------------------------------------------------
+    def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
+        for k, (v, ex) in enumerate(zip(args, self._example[0])):
+            if isinstance(ex, torch.Tensor) and not isinstance(v, torch.Tensor):
+                raise TypeError(f"{self.name}: input {k} must be a torch.Tensor, got "
+                                f"{type(v).__name__}")
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        if self._in_spec is not None and spec != self._in_spec:
+            raise ValueError(f"{self.name}: the inputs' structure {spec} differs from the "
+                             f"captured one {self._in_spec}; capture again for these inputs")
+        for k, (v, ex) in enumerate(zip(flat, self._example_flat)):
+            if isinstance(ex, torch.Tensor):
+                if not isinstance(v, torch.Tensor):
+                    raise TypeError(f"{self.name}: input {k} must be a torch.Tensor, got "
+                                    f"{type(v).__name__}")
+                if tuple(v.shape) != tuple(ex.shape) or v.dtype != ex.dtype or v.device != ex.device:
+                    raise ValueError(
+                        f"{self.name}: input {k} is {v.dtype} {list(v.shape)} on {v.device}, "
+                        f"but the model was captured for {ex.dtype} {list(ex.shape)} on "
+                        f"{ex.device}; castlab captures static shapes: capture again for "
+                        "these inputs")
+            elif v != ex:
+                raise ValueError(f"{self.name}: argument {k} is {v!r}, captured as {ex!r} "
+                                 "(Python values are baked into the capture)")
+        return flat
+
+    # -- execution -----------------------------------------------------------------
+    def execute(self, flat: list, policy: Policy, math: Math, segments: list | None = None,
+                given: dict | None = None, start: int = 0, env: dict | None = None,
+                region_policy: dict | None = None) -> Run:
+        """Run the program on flat inputs; returns the :class:`Run` (every value).
+        `segments`: another partition of the graph (one with `given`, a dict of node
+        values supplied from outside, cut out); `start`, `env`: begin at that segment
+        with the values of an earlier run of the same segments up to there;
+        `region_policy`: segment index -> the policy that region runs under instead."""
+        if env is not None:
+            env = dict(env)
+        else:
+            env = dict(self._consts)
+            for name, v in zip(self._user, flat):
+                env[name] = v.detach() if isinstance(v, torch.Tensor) else v
+        if given:
+            env.update(given)
+        f64 = policy.name == "fp64"
+        region_inputs: dict = {}
+        segs = self.segments if segments is None else segments
+        for k in range(start, len(segs)):
+            seg = segs[k]
+            if seg.kind == "region":
+                xs = [_to_castlab(env[n.name]) for n in seg.inputs]
+                region_inputs[k] = xs
+                rp = policy if region_policy is None else region_policy.get(k, policy)
+                outs = seg.jit.run(*xs, policy=rp, math=math)
+                for n, o in zip(seg.outputs, outs):
+                    t = _to_torch(o)
+                    meta = n.meta.get("val")
+                    if not f64 and isinstance(meta, torch.Tensor) and t.dtype != meta.dtype:
+                        t = t.to(meta.dtype)  # a substituted input widened the region
+                    env[n.name] = _like_eager(t, meta)
+                continue
+            (n,) = seg.nodes
+            src = self._wide_consts(n, env) if f64 and seg.kind == "external" else env
+            if given and not f64:  # a substituted value held wider than PyTorch holds it
+                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), src)
+            else:
+                args, kwargs = _subst(list(n.args), src), _subst(dict(n.kwargs), src)
+            if n.target is operator.getitem:
+                env[n.name] = args[0][args[1]]
+                continue
+            if f64 and seg.kind == "external":
+                args, kwargs = pytree.tree_map(_widen, (args, kwargs))
+            env[n.name] = n.target(*args, **kwargs)
+        return Run(env, policy, math, region_inputs)
+
+    def _wide_consts(self, n, env: dict) -> Any:
+        """`env` with the parameters and buffers node `n` reads already in float64: the
+        fp64 policy reads every weight on every call, so each is widened once (again only
+        when the weight changed in place)."""
+        names = [a.name for a in _arg_nodes(n) if a.name in self._consts]
+        if not names:
+            return env
+        for name in names:
+            v = self._consts[name]
+            key = (name, getattr(v, "_version", 0), v.data_ptr() if isinstance(v, torch.Tensor)
+                   else 0)
+            if self._wide.get(name, (None,))[0] != key:
+                self._wide[name] = (key, _widen(v))
+        return collections.ChainMap({k: self._wide[k][1] for k in names}, env)
+
+    def outputs(self, run: Run) -> Any:
+        """The program's outputs from a :class:`Run`, in the forward's structure."""
+        flat = [run.env[a.name] if isinstance(a, torch.fx.Node) else a
+                for a in pytree.tree_leaves(self._output_node.args[0])]
+        out = pytree.tree_unflatten(flat, self._out_spec) if self._out_spec is not None else flat
+        return out
+
+    def run(self, *inputs: Any, policy: Any = None, math: Any = None,
+            kwargs: dict | None = None) -> Any:
+        """Run the captured forward on `inputs` (torch tensors of the captured shapes)
+        under `policy` and `math` (default: the capture's own); returns PyTorch tensors
+        in the forward's output structure. Under ``"fp64"`` floating outputs are float64.
+
+        >>> import torch, castlab.torch as ct
+        >>> f = ct.capture(lambda x: torch.sigmoid(x) * x, torch.ones(2, dtype=torch.bfloat16))
+        >>> f.run(torch.ones(2, dtype=torch.bfloat16), policy="fp64").dtype
+        torch.float64
+        """
+        pol = self.policy if policy is None else as_policy(policy)
+        mth = self.math if math is None else as_math(math)
+        flat = self._flat_inputs(inputs, kwargs)
+        with torch.no_grad():
+            return self.outputs(self.execute(flat, pol, mth))
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.run(*inputs, kwargs=kwargs or None)
+
+    # -- inspection ----------------------------------------------------------------
+    def externals(self) -> list:
+        """The external nodes: (FX name, ATen op, module path, ``file:line``).
+
+        >>> import torch, castlab.torch as ct
+        >>> f = ct.capture(lambda x, w: x @ w, torch.ones(2, 2), torch.ones(2, 2))
+        >>> [e[1] for e in f.externals()]
+        ['aten.matmul.default']
+        """
+        return [(s.nodes[0].name, str(s.nodes[0].target), module_path(s.nodes[0]),
+                 where_text(s.nodes[0])) for s in self.segments if s.kind == "external"]
+
+    def trace(self, *inputs: Any, policy: Any = None, math: Any = None,
+              kwargs: dict | None = None) -> str:
+        """The program's listing under `policy`/`math`: each castlab region as castlab's
+        own trace (every rounding the policy makes shown as ``convert``), each external
+        node with its PyTorch op, the dtype it runs in and the user's source line. It runs
+        the program once (the regions' inputs come from the external nodes).
+
+        >>> import torch, castlab.torch as ct
+        >>> f = ct.capture(lambda x, w: torch.nn.functional.silu(x @ w), torch.ones(2, 2),
+        ...                torch.ones(2, 2))
+        >>> print(f.trace(torch.ones(2, 2), torch.ones(2, 2), policy="eager"))  # doctest: +ELLIPSIS
+        # castlab.torch program ...: policy=eager  math=torch_eager
+        ...
+        """
+        pol = self.policy if policy is None else as_policy(policy)
+        mth = self.math if math is None else as_math(math)
+        flat = self._flat_inputs(inputs, kwargs)
+        with torch.no_grad():
+            run = self.execute(flat, pol, mth)
+        f64 = pol.name == "fp64"
+        lines = [f"# castlab.torch program {self.name}: policy={pol.describe()}  math={mth.name}",
+                 f"# {sum(s.kind == 'region' for s in self.segments)} castlab regions, "
+                 f"{sum(s.kind == 'external' for s in self.segments)} external PyTorch nodes"]
+        r = 0
+        for k, seg in enumerate(self.segments):
+            n = seg.nodes[0]
+            if seg.kind == "region":
+                r += 1
+                lines.append(f"# castlab region {r - 1} (step {k}): {len(seg.nodes)} ATen "
+                             "nodes, returns "
+                             + ", ".join(o.name for o in seg.outputs))
+                tr = seg.jit.trace(*run.region_inputs[k], policy=pol, math=mth)
+                lines.extend("  " + s for s in str(tr).splitlines())
+                continue
+            args = ", ".join(_fmt_arg(a) for a in n.args)
+            val = run.env[n.name]
+            if seg.kind == "view":
+                lines.append(f"  {n.name} = torch {_op_name(n)}({args})".ljust(48)
+                             + f"  # {_short_type(val)}  view in PyTorch, exact")
+                continue
+            note = "PyTorch" + (" (floating inputs widened to f64)" if f64 else "")
+            w = where_text(n)
+            mod = module_path(n)
+            lines.append(f"  {n.name} = external {n.target}({args})".ljust(48)
+                         + f"  # {_short_type(val)}  {note}"
+                         + (f"  # {mod}" if mod else "") + (f"  # {w}" if w else ""))
+        outs = [a.name for a in pytree.tree_leaves(self._output_node.args[0])
+                if isinstance(a, torch.fx.Node)]
+        lines.append("  return " + ", ".join(outs))
+        return "\n".join(lines)
+
+    def region(self, node: str, *inputs: Any, policy: Any = "eager", math: Any = None,
+               kwargs: dict | None = None) -> tuple:
+        """``(jit, args)``: the castlab region that computes FX node `node` (a name from
+        ``trace()`` or ``drift``) as a ``castlab.jit`` function, and its castlab input
+        tensors as a run under `policy`/`math` gives them, so castlab.numerics' explain,
+        attribute and drift look inside it.
+
+        >>> import torch, castlab.torch as ct, castlab.numerics as nm
+        >>> x = torch.linspace(-3, 3, 64).to(torch.bfloat16).reshape(8, 8)
+        >>> f = ct.capture(lambda a: torch.nn.functional.silu(a) * a, x)
+        >>> jit, args = f.region("silu", x)
+        >>> e = nm.explain(jit, args, (0, 3))
+        >>> [o.label for o in e.outcomes]
+        ['eager/torch_eager', 'fused/torch_eager']
+        """
+        pol = as_policy(policy)
+        mth = self.math if math is None else as_math(math)
+        flat = self._flat_inputs(inputs, kwargs)
+        for k, seg in enumerate(self.segments):
+            if seg.kind == "region" and any(n.name == node for n in seg.nodes):
+                with torch.no_grad():
+                    run = self.execute(flat, pol, mth)
+                return seg.jit, tuple(run.region_inputs[k])
+        where = next((s.kind for s in self.segments if any(n.name == node for n in s.nodes)),
+                     None)
+        raise ValueError(f"{self.name}: node {node!r} is "
+                         + (f"an {where} node, not in a castlab region" if where else
+                            "not an op node of the captured graph"))
+
+    def compare(self, *inputs: Any, configs: Any = ("eager", "fused/inductor"),
+                kwargs: dict | None = None, output: int = 0) -> Any:
+        """castlab.numerics.compare of floating output number `output` (in flat order)
+        under each configuration ("policy" or "policy/math") against the fp64 run.
+
+        >>> import torch, castlab.torch as ct
+        >>> x = torch.linspace(-3, 3, 64).to(torch.bfloat16)
+        >>> f = ct.capture(lambda a: torch.nn.functional.silu(a) * a, x)
+        >>> c = f.compare(x, configs=("eager", "fused"))
+        >>> c["fused"]["max_ulp_error"] <= c["eager"]["max_ulp_error"]
+        True
+        """
+        flat = self._flat_inputs(inputs, kwargs)
+        labels, outs = [], []
+        for c in (configs if isinstance(configs, (list, tuple)) else (configs,)):
+            label, pol, mth = config(c)
+            with torch.no_grad():
+                run = self.execute(flat, pol, mth)
+            labels.append(label.split("/")[0] if label.endswith("/torch_eager") else label)
+            outs.append(self._float_output(run, output))
+        with torch.no_grad():
+            ref = self._float_output(self.execute(flat, as_policy("fp64"), self.math), output)
+        return _nm.compare(*outs, ref=ref, names=labels)
+
+    def _float_output(self, run: Run, k: int) -> torch.Tensor:
+        outs = [run.env[a.name] for a in pytree.tree_leaves(self._output_node.args[0])
+                if isinstance(a, torch.fx.Node) and isinstance(run.env[a.name], torch.Tensor)
+                and run.env[a.name].is_floating_point()]
+        if not 0 <= k < len(outs):
+            raise IndexError(f"{self.name}: output {k} out of range ({len(outs)} floating "
+                             "outputs)")
+        return outs[k]
+
+    def __repr__(self) -> str:
+        r = sum(s.kind == "region" for s in self.segments)
+        e = sum(s.kind == "external" for s in self.segments)
+        return (f"<castlab.torch captured {self.name}: {r} castlab regions, {e} external "
+                f"nodes; policy={self.policy.describe()} math={self.math.name}>")
+
+
+def config(c: Any) -> tuple:
+    """(label, Policy, Math) from "eager", "fused/inductor", ("fused", "inductor") or a
+    Policy (math torch_eager)."""
+    if isinstance(c, str):
+        pol, _, mth = c.partition("/")
+        pol, mth = as_policy(pol), as_math(mth or "torch_eager")
+    elif isinstance(c, (tuple, list)) and len(c) == 2:
+        pol, mth = as_policy(c[0]), as_math(c[1])
+    elif isinstance(c, Policy):
+        pol, mth = c, as_math("torch_eager")
+    else:
+        raise TypeError(f"a configuration is a policy name, 'policy/math' or a (policy, "
+                        f"math) pair, not {type(c).__name__} {c!r}")
+    return f"{pol.describe()}/{mth.name}", pol, mth
+
+
+def _op_name(n) -> str:
+    t = n.target
+    return "getitem" if t is operator.getitem else str(t).replace("aten.", "").rsplit(".", 1)[0]
+
+
+def _fmt_arg(a: Any) -> str:
+    if isinstance(a, torch.fx.Node):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_fmt_arg(b) for b in a) + "]"
+    return repr(a)
+
+
+def _wrap(fn: Callable) -> torch.nn.Module:
+    if isinstance(fn, torch.nn.Module):
+        return fn
+
+    # torch.export keeps only the stack frames of `forward` methods (and registered
+    # anchors) in each node's recorded stack: register the user's function too, so its
+    # lines are the ones castlab shows (private hook: skipped where torch lacks it)
+    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if anchor is not None:
+        anchor(fn)
+
+    class Fn(torch.nn.Module):
+        def forward(self, *a, **k):
+            return fn(*a, **k)
+    return Fn()
+
+
+def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
+            policy: Any = "fused", math: Any = "torch_eager") -> CapturedModel:
+    """Capture a PyTorch module or function into castlab (see :mod:`castlab.torch`).
+
+    `example_inputs` (and the keyword arguments `kwargs`, e.g. ``{"use_cache": False}``
+    for a Hugging Face model) fix the shapes, dtypes and device: castlab captures static
+    shapes. `policy` and `math` are the defaults of calls (``.run`` takes others).
+
+    >>> import torch, castlab.torch as ct
+    >>> f = ct.capture(lambda a, b: torch.nn.functional.silu(a) * b,
+    ...                torch.ones(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16))
+    >>> f
+    <castlab.torch captured <lambda>: 1 castlab regions, 0 external nodes; policy=fused math=torch_eager>
+    """
+    if not callable(fn):
+        raise TypeError(f"castlab.torch.capture: expected a torch.nn.Module or a function, "
+                        f"got {type(fn).__name__}")
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    mod = _wrap(fn)
+    kw = dict(kwargs or {})
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(mod, tuple(example_inputs), kw, strict=False)
+    except Exception as e:  # torch's own errors name the line; keep them, say what it means
+        lines = str(e).strip().splitlines()
+        head = lines[:6]
+        for i, ln in enumerate(lines):  # the user's line torch names
+            if ln.strip().startswith("File \"") and i >= 6:
+                head += lines[i:i + 2]
+        head = "\n".join(head)
+        raise CaptureError(
+            f"castlab.torch.capture: torch.export could not capture {name} as one static "
+            f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
+            f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
+            f"{head}") from e
+    return CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
