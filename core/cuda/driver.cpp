@@ -333,5 +333,18 @@ void synchronize(int index) {
   }
 }
 
+void stream_wait_for_noexcept(uintptr_t other, int index) noexcept {
+  try {
+    DevState& s = dev_state(index);
+    make_current(s);
+    CUevent ev = nullptr;
+    if (g_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
+    if (g_drv.cuEventRecord(ev, reinterpret_cast<CUstream>(other)) == CUDA_SUCCESS)
+      g_drv.cuStreamWaitEvent(s.stream, ev, 0);
+    g_drv.cuEventDestroy(ev);
+  } catch (...) {
+  }
+}
+
 }  // namespace cuda
 }  // namespace cl

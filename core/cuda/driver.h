@@ -132,6 +132,10 @@ CUcontext context(int index);
 // from an earlier asynchronous launch is reported with the name of the last kernel
 // launched there.
 void synchronize(int index);
+// castlab's stream on `index` waits for the work queued so far on `other` (a CUstream
+// handle: 1 and 2 are the legacy and per-thread default streams). Never throws: for
+// deleters (DLPack exports released by their consumer).
+void stream_wait_for_noexcept(uintptr_t other, int index) noexcept;
 // Name of the kernel last launched on device `index` (for error messages). Only the
 // pointer is kept: the name must live as long as the process (the kernel cache's do).
 void note_launch(int index, const char* kernel_name);

@@ -275,21 +275,23 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
                 # A host copy (the device -> host copy waits for castlab's pending work).
                 return _C.to_dlpack(self.cpu(), versioned, copied=True)
             raise BufferError(f"unsupported device requested: {want} (tensor is on {here})")
+    consumer = 0  # the stream whose work castlab waits for when the capsule is released
     if here[0] == _kDLCPU:
         if stream is not None and stream != -1:
             raise BufferError(f"stream must be None for a CPU tensor, got {stream!r}")
     else:
         _producer_sync(self, stream)
+        consumer = 1 if stream is None else (0 if stream == -1 else int(stream))
     if copy:
-        return _C.to_dlpack(_clone(self), versioned, copied=True)
+        return _C.to_dlpack(_clone(self), versioned, copied=True, consumer_stream=consumer)
     if (any(st < 0 and n > 1 for st, n in zip(self._strides, self.shape))
             and not (versioned and _consumer_takes_negative_strides(copy_passed))):
         # This consumer cannot take negative strides (PyTorch aborts): export a copy.
         if copy is False:
             raise BufferError(f"cannot export a tensor with negative strides {self._strides} "
                               f"through DLPack without a copy, and copy=False was given")
-        return _C.to_dlpack(_clone(self), versioned, copied=True)
-    return _C.to_dlpack(self, versioned)
+        return _C.to_dlpack(_clone(self), versioned, copied=True, consumer_stream=consumer)
+    return _C.to_dlpack(self, versioned, consumer_stream=consumer)
 
 
 def tensor_dlpack_device(self: Any) -> tuple[int, int]:

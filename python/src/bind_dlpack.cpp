@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/checked.h"
+#include "core/cuda/driver.h"
 #include "core/dlpack.h"
 #include "python/src/bindings.h"
 
@@ -121,6 +122,10 @@ template <class Managed>
 struct ExportBlock {
   Managed managed;
   std::shared_ptr<cl::Storage> storage;
+  // The consumer's CUDA stream (0: none). When the consumer releases the capsule, castlab's
+  // stream waits for the work the consumer queued so far: the memory may go back to
+  // castlab's allocator, and its next user must not overwrite it under a pending read.
+  uintptr_t consumer_stream = 0;
   int64_t* dims() { return reinterpret_cast<int64_t*>(this + 1); }
 };
 static_assert(sizeof(ExportBlock<dl::DLManagedTensor>) % alignof(int64_t) == 0, "dims alignment");
@@ -133,6 +138,9 @@ template <class Managed>
 void export_deleter(Managed* self) {
   if (self == nullptr) return;
   auto* block = static_cast<ExportBlock<Managed>*>(self->manager_ctx);
+  if (block->consumer_stream != 0 && block->storage &&
+      block->storage->device.type == cl::DeviceType::CUDA)
+    cl::cuda::stream_wait_for_noexcept(block->consumer_stream, block->storage->device.index);
   block->~ExportBlock<Managed>();
   ::operator delete(static_cast<void*>(block));
 }
@@ -183,10 +191,13 @@ extern "C" void dlpack_capsule_destructor(PyObject* capsule) {
   PyErr_Restore(type, value, tb);
 }
 
-py::object to_dlpack(const Tensor& t, bool versioned, bool readonly_flag, bool copied) {
+py::object to_dlpack(const Tensor& t, bool versioned, bool readonly_flag, bool copied,
+                     uintptr_t consumer_stream) {
   if (!t.defined()) throw std::invalid_argument("to_dlpack: undefined tensor");
   if (versioned) {
     auto* m = make_export<dl::DLManagedTensorVersioned>(t);
+    static_cast<ExportBlock<dl::DLManagedTensorVersioned>*>(m->manager_ctx)->consumer_stream =
+        consumer_stream;
     m->version = {dl::kMajorVersion, dl::kMinorVersion};
     m->flags = 0;
     if (readonly_flag || t.readonly()) m->flags |= dl::kFlagReadOnly;
@@ -205,6 +216,7 @@ py::object to_dlpack(const Tensor& t, bool versioned, bool readonly_flag, bool c
         "cannot export a read-only tensor as a legacy (unversioned) DLPack capsule: "
         "ask for max_version >= (1, 0) so the READ_ONLY flag can be carried");
   auto* m = make_export<dl::DLManagedTensor>(t);
+  static_cast<ExportBlock<dl::DLManagedTensor>*>(m->manager_ctx)->consumer_stream = consumer_stream;
   PyObject* cap = PyCapsule_New(m, dl::kCapsuleName, &dlpack_capsule_destructor);
   if (!cap) {
     m->deleter(m);
@@ -309,7 +321,20 @@ Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool
 
   // Take ownership: from here the storage's deleter releases the producer's memory.
   if (PyCapsule_SetName(capsule, used_name) != 0) throw py::error_already_set();
-  storage->deleter = [m](void*) { call_producer_deleter(m); };
+  // On CUDA, castlab's kernels may still read the memory when its last castlab tensor goes:
+  // they finish before the producer gets its memory back (its allocator may reuse it at
+  // once on a stream that does not wait for castlab's).
+  const bool cuda = device.type == cl::DeviceType::CUDA;
+  const int dev_index = device.index;
+  storage->deleter = [m, cuda, dev_index](void*) {
+    if (cuda) {
+      try {
+        cl::cuda::synchronize(dev_index);
+      } catch (...) {  // a failed device: the producer still gets its memory back
+      }
+    }
+    call_producer_deleter(m);
+  };
   return t;
 }
 
@@ -348,9 +373,10 @@ Tensor from_dlpack_capsule(py::handle obj) {
 
 void bind_dlpack(py::module_& m) {
   m.def("to_dlpack", &to_dlpack, py::arg("tensor"), py::arg("versioned"),
-        py::arg("readonly_flag") = false, py::arg("copied") = false,
+        py::arg("readonly_flag") = false, py::arg("copied") = false, py::arg("consumer_stream") = 0,
         "Export a tensor as a DLPack capsule ('dltensor_versioned' v1.1, or legacy "
-        "'dltensor'). Zero-copy: the capsule keeps the storage alive.");
+        "'dltensor'). Zero-copy: the capsule keeps the storage alive; on CUDA, when the "
+        "consumer releases it, castlab's stream waits for consumer_stream's work (0: none).");
   m.def("from_dlpack_capsule", &from_dlpack_capsule, py::arg("capsule"),
         "Consume a 'dltensor_versioned' or 'dltensor' capsule into a Tensor (zero-copy).");
   // Facts about castlab's declaration of the ABI, checked against other producers in tests.
