@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from fractions import Fraction
 
 import ml_dtypes
@@ -320,6 +321,56 @@ NVRTC_CASES = {
     "float32 range": (lambda x: cl.tanh(x), [Enumeration.bits(cl.float32, 0x3F800000, 0x3F800100)],
                       ["fused/nvfuser", "eager/torch_eager"], 2),
 }
+
+
+def mixed3(a, b, c):
+    f = cl.float32
+    return cl.astype(a, f) * cl.astype(b, f) + cl.astype(c, f)
+
+
+def decode_as_the_kernel(src: str, specs: list, idx: int) -> list:
+    """The input bit patterns the generated kernel makes from index `idx`: its decoding
+    lines (digits, then one load per input) evaluated in Python, with `tables` laid out
+    as the host uploads it."""
+    words, _ = cl._C._exhaustive_cuda_tables(specs)
+    digit, rest = {}, idx
+    for k, n in re.findall(r"const unsigned long long d(\d+) = rest % (\d+)ull; rest /= \2ull;",
+                           src):
+        digit[int(k)], rest = rest % int(n), rest // int(n)
+    loads = dict(re.findall(r"const [a-z ]+ in(\d+) = (.*);\n", src))
+    out = []
+    for k in range(len(specs)):
+        m = re.search(r"tables\[(\d+)ull \+ d(\d+)\]|\((\d+)ull \+ d(\d+)\)", loads[str(k)])
+        assert m, loads[str(k)]
+        off, d, lo, d2 = m.groups()
+        out.append(words[int(off) + digit[int(d)]] if off is not None else int(lo) + digit[int(d2)])
+        assert int(d if off is not None else d2) == k
+    return out
+
+
+@pytest.mark.parametrize("fn,enums", [
+    (swiglu, [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 64, seed=5)]),
+    (mixed3, [Enumeration.sample(cl.float8_e4m3fn, 5, seed=1),
+                                 Enumeration.all(cl.float8_e4m3fn),
+                                 Enumeration.of(np.array([0.5, -3.0, 7.0], dtype=np.float32))]),
+    (mixed3, [Enumeration.bits(cl.float16, 0x3C00, 0x3C40),
+                                 Enumeration.finite(cl.float8_e5m2),
+                                 Enumeration.sample(cl.bfloat16, 9, seed=2)]),
+])
+def test_gpu_kernel_decodes_indices_as_the_cpu(fn, enums):
+    """Input tuple i of the kernel is the CPU's (the last input varies fastest, each table
+    input reads its own table): GPU runs once read input 1's patterns from input 0's."""
+    src = _kernel_source(fn, enums, ["fused"], first_k=1)
+    specs = [e._spec() for e in enums]
+    sizes = [len(e) for e in enums]
+    total = int(np.prod(sizes))
+    rng = np.random.default_rng(0)
+    for idx in [0, 1, sizes[-1] - 1, sizes[-1], total - 1, *rng.integers(0, total, 200)]:
+        want, rest = [], int(idx)
+        for e in reversed(enums):
+            want.insert(0, e.bits_at(rest % len(e)))
+            rest //= len(e)
+        assert decode_as_the_kernel(src, specs, int(idx)) == want, idx
 
 
 @pytest.mark.parametrize("case", list(NVRTC_CASES))
