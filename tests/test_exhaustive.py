@@ -10,6 +10,8 @@ import itertools
 import math
 import os
 import re
+import shutil
+import subprocess
 from fractions import Fraction
 
 import ml_dtypes
@@ -371,6 +373,67 @@ def test_gpu_kernel_decodes_indices_as_the_cpu(fn, enums):
             want.insert(0, e.bits_at(rest % len(e)))
             rest //= len(e)
         assert decode_as_the_kernel(src, specs, int(idx)) == want, idx
+
+
+HOST_KERNEL = """#include <cstdio>
+#include "ops/scalar/ops.h"
+#include "ops/scalar/exhaustive.h"
+static const unsigned long long tables[] = {%(tables)s};
+int main() {
+  const cl::ExFormat F = cl::ex_format(%(oc)d);
+  unsigned long long cnt[%(nc)d][cl::kExCategories] = {}, ties = 0, near = 0, differ[%(np)d] = {};
+  for (unsigned long long idx = 0; idx < %(total)dull; ++idx) {
+%(body)s
+    const unsigned int crbits = cl::round_f64_to_bits(r, %(oc)d, 0, true, 0u);
+    const double tie_d = cl::ex_midpoint_distance(r, F);
+    ties += tie_d == 0.0;
+    near += cl::ex_near_midpoint(tie_d, F);
+    for (int c = 0; c < %(nc)d; ++c) cnt[c][cl::ex_category(xb[c], xv[c], r, crbits, F)]++;
+    for (int a = 0, q = 0; a < %(nc)d; ++a)
+      for (int b = a + 1; b < %(nc)d; ++b, ++q) differ[q] += cl::ex_differ(xv[a], xv[b]);
+  }
+  printf("%%llu %%llu", ties, near);
+  for (int c = 0; c < %(nc)d; ++c)
+    for (int k = 0; k < cl::kExCategories; ++k) printf(" %%llu", cnt[c][k]);
+  for (int q = 0; q < %(np)d; ++q) printf(" %%llu", differ[q]);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("configs,enums", [
+    ([("eager", "portable"), ("fused", "portable")],
+     [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 12, seed=5)]),
+    ([("eager", "torch_eager"), ("fused", "inductor")],
+     [Enumeration.sample(cl.float8_e4m3fn, 40, seed=1), Enumeration.all(cl.float8_e4m3fn)]),
+])
+def test_gpu_kernel_per_element_code_compiled_for_the_host_equals_the_cpu(configs, enums, tmp_path):
+    """The kernel's per-element lines (index decoding, every Program, the fp64 reference)
+    compiled by the host C++ compiler over the whole index range give the CPU driver's
+    counts: what the GPU computes, less its warp and block bookkeeping."""
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = _kernel_source(swiglu, enums, configs, first_k=1)
+    body = src[src.index("    unsigned long long rest = idx;"):src.index("    const unsigned int crbits")]
+    nc = len(configs)
+    words, _ = cl._C._exhaustive_cuda_tables([e._spec() for e in enums])
+    oc = int(re.search(r"cl::ex_format\((\d+)\)", src).group(1))
+    total = int(np.prod([len(e) for e in enums]))
+    (tmp_path / "k.cpp").write_text(HOST_KERNEL % {
+        "tables": ",".join(f"{w}ull" for w in words), "oc": oc, "nc": nc,
+        "np": max(1, nc * (nc - 1) // 2), "total": total, "body": body})
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # -ffp-contract=off: as NVRTC's --fmad=false, no fused multiply-adds
+    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
+                    str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k")], check=True)
+    got = [int(v) for v in subprocess.run([str(tmp_path / "k")], check=True, capture_output=True,
+                                          text=True).stdout.split()]
+    res = nm.exhaustive(swiglu, enums, configs, first_k=1)
+    cats = ("exact", "rounded", "one_ulp", "over_one_ulp", "nan_mismatch")
+    want = [res.ties, res.near_ties, *[r[k] for r in res.rows.values() for k in cats],
+            *[p["differ"] for p in res.pairs.values()]]
+    assert got == want
 
 
 @pytest.mark.parametrize("case", list(NVRTC_CASES))
