@@ -9,6 +9,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
+import shutil
+import subprocess
 from fractions import Fraction
 
 import ml_dtypes
@@ -320,6 +323,117 @@ NVRTC_CASES = {
     "float32 range": (lambda x: cl.tanh(x), [Enumeration.bits(cl.float32, 0x3F800000, 0x3F800100)],
                       ["fused/nvfuser", "eager/torch_eager"], 2),
 }
+
+
+def mixed3(a, b, c):
+    f = cl.float32
+    return cl.astype(a, f) * cl.astype(b, f) + cl.astype(c, f)
+
+
+def decode_as_the_kernel(src: str, specs: list, idx: int) -> list:
+    """The input bit patterns the generated kernel makes from index `idx`: its decoding
+    lines (digits, then one load per input) evaluated in Python, with `tables` laid out
+    as the host uploads it."""
+    words, _ = cl._C._exhaustive_cuda_tables(specs)
+    digit, rest = {}, idx
+    for k, n in re.findall(r"const unsigned long long d(\d+) = rest % (\d+)ull; rest /= \2ull;",
+                           src):
+        digit[int(k)], rest = rest % int(n), rest // int(n)
+    loads = dict(re.findall(r"const [a-z ]+ in(\d+) = (.*);\n", src))
+    out = []
+    for k in range(len(specs)):
+        m = re.search(r"tables\[(\d+)ull \+ d(\d+)\]|\((\d+)ull \+ d(\d+)\)", loads[str(k)])
+        assert m, loads[str(k)]
+        off, d, lo, d2 = m.groups()
+        out.append(words[int(off) + digit[int(d)]] if off is not None else int(lo) + digit[int(d2)])
+        assert int(d if off is not None else d2) == k
+    return out
+
+
+@pytest.mark.parametrize("fn,enums", [
+    (swiglu, [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 64, seed=5)]),
+    (mixed3, [Enumeration.sample(cl.float8_e4m3fn, 5, seed=1),
+                                 Enumeration.all(cl.float8_e4m3fn),
+                                 Enumeration.of(np.array([0.5, -3.0, 7.0], dtype=np.float32))]),
+    (mixed3, [Enumeration.bits(cl.float16, 0x3C00, 0x3C40),
+                                 Enumeration.finite(cl.float8_e5m2),
+                                 Enumeration.sample(cl.bfloat16, 9, seed=2)]),
+])
+def test_gpu_kernel_decodes_indices_as_the_cpu(fn, enums):
+    """Input tuple i of the kernel is the CPU's (the last input varies fastest, each table
+    input reads its own table): GPU runs once read input 1's patterns from input 0's."""
+    src = _kernel_source(fn, enums, ["fused"], first_k=1)
+    specs = [e._spec() for e in enums]
+    sizes = [len(e) for e in enums]
+    total = int(np.prod(sizes))
+    rng = np.random.default_rng(0)
+    for idx in [0, 1, sizes[-1] - 1, sizes[-1], total - 1, *rng.integers(0, total, 200)]:
+        want, rest = [], int(idx)
+        for e in reversed(enums):
+            want.insert(0, e.bits_at(rest % len(e)))
+            rest //= len(e)
+        assert decode_as_the_kernel(src, specs, int(idx)) == want, idx
+
+
+HOST_KERNEL = """#include <cstdio>
+#include "ops/scalar/ops.h"
+#include "ops/scalar/exhaustive.h"
+static const unsigned long long tables[] = {%(tables)s};
+int main() {
+  const cl::ExFormat F = cl::ex_format(%(oc)d);
+  unsigned long long cnt[%(nc)d][cl::kExCategories] = {}, ties = 0, near = 0, differ[%(np)d] = {};
+  for (unsigned long long idx = 0; idx < %(total)dull; ++idx) {
+%(body)s
+    const unsigned int crbits = cl::round_f64_to_bits(r, %(oc)d, 0, true, 0u);
+    const double tie_d = cl::ex_midpoint_distance(r, F);
+    ties += tie_d == 0.0;
+    near += cl::ex_near_midpoint(tie_d, F);
+    for (int c = 0; c < %(nc)d; ++c) cnt[c][cl::ex_category(xb[c], xv[c], r, crbits, F)]++;
+    for (int a = 0, q = 0; a < %(nc)d; ++a)
+      for (int b = a + 1; b < %(nc)d; ++b, ++q) differ[q] += cl::ex_differ(xv[a], xv[b]);
+  }
+  printf("%%llu %%llu", ties, near);
+  for (int c = 0; c < %(nc)d; ++c)
+    for (int k = 0; k < cl::kExCategories; ++k) printf(" %%llu", cnt[c][k]);
+  for (int q = 0; q < %(np)d; ++q) printf(" %%llu", differ[q]);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("configs,enums", [
+    ([("eager", "portable"), ("fused", "portable")],
+     [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 12, seed=5)]),
+    ([("eager", "torch_eager"), ("fused", "inductor")],
+     [Enumeration.sample(cl.float8_e4m3fn, 40, seed=1), Enumeration.all(cl.float8_e4m3fn)]),
+])
+def test_gpu_kernel_per_element_code_compiled_for_the_host_equals_the_cpu(configs, enums, tmp_path):
+    """The kernel's per-element lines (index decoding, every Program, the fp64 reference)
+    compiled by the host C++ compiler over the whole index range give the CPU driver's
+    counts: what the GPU computes, less its warp and block bookkeeping."""
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = _kernel_source(swiglu, enums, configs, first_k=1)
+    body = src[src.index("    unsigned long long rest = idx;"):src.index("    const unsigned int crbits")]
+    nc = len(configs)
+    words, _ = cl._C._exhaustive_cuda_tables([e._spec() for e in enums])
+    oc = int(re.search(r"cl::ex_format\((\d+)\)", src).group(1))
+    total = int(np.prod([len(e) for e in enums]))
+    (tmp_path / "k.cpp").write_text(HOST_KERNEL % {
+        "tables": ",".join(f"{w}ull" for w in words), "oc": oc, "nc": nc,
+        "np": max(1, nc * (nc - 1) // 2), "total": total, "body": body})
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # -ffp-contract=off: as NVRTC's --fmad=false, no fused multiply-adds
+    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
+                    str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k")], check=True)
+    got = [int(v) for v in subprocess.run([str(tmp_path / "k")], check=True, capture_output=True,
+                                          text=True).stdout.split()]
+    res = nm.exhaustive(swiglu, enums, configs, first_k=1)
+    cats = ("exact", "rounded", "one_ulp", "over_one_ulp", "nan_mismatch")
+    want = [res.ties, res.near_ties, *[r[k] for r in res.rows.values() for k in cats],
+            *[p["differ"] for p in res.pairs.values()]]
+    assert got == want
 
 
 @pytest.mark.parametrize("case", list(NVRTC_CASES))

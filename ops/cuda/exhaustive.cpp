@@ -79,6 +79,20 @@ std::string program_block(const ExChain& ch, const std::string& result_stmt_pref
 
 }  // namespace
 
+// The table inputs' patterns as one array, input 0's first; offset[k]: where input k's
+// patterns start (0 for a range input, which reads none). The kernel's source and the
+// upload both take the layout from here: the decoding walks the inputs last first, so an
+// offset counted along that walk would pair each input with another input's table.
+ExTables exhaustive_tables(const std::vector<Enumeration>& inputs) {
+  ExTables t;
+  for (const Enumeration& e : inputs) {
+    t.offset.push_back(e.table.empty() ? 0 : t.words.size());
+    t.words.insert(t.words.end(), e.table.begin(), e.table.end());
+  }
+  if (t.words.empty()) t.words.push_back(0);  // the kernel's pointer is never null
+  return t;
+}
+
 // Layout of the result words (unsigned long long) the kernel writes:
 //   counts[nc][kExCategories] | hist[nc][kExHistBins] | ties | near_ties | differ[np] |
 //   differ_ties[np] | tie_distance_bits[np] | then per block: max_error_bits[nc],
@@ -147,7 +161,7 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "    const unsigned long long idx = valid ? i0 : b0;\n";
   s += "    unsigned long long rest = idx;\n";
   // digits: the last input varies fastest; table inputs read their patterns from `tables`
-  uint64_t table_off = 0;
+  const ExTables tabs = exhaustive_tables(spec.inputs);
   std::vector<std::string> in_decl(nin);
   for (int k = nin - 1; k >= 0; --k) {
     const Enumeration& e = spec.inputs[k];
@@ -158,8 +172,7 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
     if (e.table.empty()) {
       bits = "(" + u64(e.lo) + " + " + d + ")";
     } else {
-      bits = "tables[" + u64(table_off) + " + " + d + "]";
-      table_off += e.table.size();
+      bits = "tables[" + u64(tabs.offset[k]) + " + " + d + "]";
     }
     in_decl[k] = std::string("    const ") + raw_type(e.dtype) + " in" + std::to_string(k) + " = " +
                  raw_from_bits(e.dtype, bits) + ";\n";
@@ -282,10 +295,8 @@ ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<E
   const uint64_t seg = ((rounds + nblocks - 1) / nblocks) * kThreads;
   const uint64_t blocks = (n + seg - 1) / seg;
   const size_t words = L.global_words() + blocks * L.block_words();
-  std::vector<uint64_t> host(words, 0), tables;
-  for (const Enumeration& e : spec.inputs)
-    tables.insert(tables.end(), e.table.begin(), e.table.end());
-  if (tables.empty()) tables.push_back(0);
+  std::vector<uint64_t> host(words, 0);
+  const std::vector<uint64_t> tables = exhaustive_tables(spec.inputs).words;
   const CUstream stream = launch_stream(device);
   const Tensor out =
       Tensor::empty({static_cast<int64_t>(words)}, kInt64, Device{DeviceType::CUDA, device});

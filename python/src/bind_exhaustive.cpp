@@ -114,6 +114,16 @@ void bind_exhaustive(py::module_& m) {
       "the CUDA source of the exhaustive kernel (no GPU needed; tests compile it with NVRTC)",
       py::arg("inputs"), py::arg("out_dtype"), py::arg("first_k"), py::arg("configs"),
       py::arg("ref"));
+  m.def(
+      "_exhaustive_cuda_tables",
+      [](const std::vector<InputSpec>& inputs) {
+        const cl::cuda::ExTables t =
+            cl::cuda::exhaustive_tables(make_spec(inputs, "bfloat16", 0, 0, 0, 1).inputs);
+        return py::make_tuple(t.words, t.offset);
+      },
+      "(words, offsets): the table inputs' patterns as the GPU kernel receives them, and where "
+      "each input's start",
+      py::arg("inputs"));
   m.attr("EX_HIST_LO") = cl::kExHistLo;
   m.attr("EX_HIST_BINS") = cl::kExHistBins;
 }
