@@ -10,31 +10,17 @@ Usage: python scripts/capture_node_diff.py [--device cuda] [--dtype float32] [--
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
 import torch
-import transformers
 
 import castlab.torch as ct
 from castlab.policy import as_math, as_policy
 
-KW = {"use_cache": False}
-
-
-def qwen2(dtype, big: bool, device: str):
-    torch.manual_seed(0)
-    if big:  # Qwen2.5-0.5B's shapes, 2 layers, vocabulary cut to 1/16
-        cfg = transformers.Qwen2Config(hidden_size=896, num_attention_heads=14,
-                                       num_key_value_heads=2, intermediate_size=4864,
-                                       vocab_size=151936 // 16, max_position_embeddings=32,
-                                       num_hidden_layers=2)
-    else:  # the Thunder/torch.compile report's config
-        cfg = transformers.Qwen2Config(hidden_size=56, num_attention_heads=28,
-                                       num_key_value_heads=4, intermediate_size=112,
-                                       vocab_size=2, max_position_embeddings=32,
-                                       num_hidden_layers=1)
-    cfg._attn_implementation = "sdpa"
-    m = transformers.Qwen2ForCausalLM(cfg).to(dtype).to(device).eval()
-    return m, torch.randint(0, cfg.vocab_size, (1, 32), device=device)
+# the models of tests/test_torch_capture.py, exactly
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from test_torch_capture import KW, _qwen2  # noqa: E402
 
 
 def main():
@@ -44,7 +30,7 @@ def main():
     ap.add_argument("--big", action="store_true", help="the 2-layer Qwen2.5-0.5B shapes")
     ap.add_argument("--most", type=int, default=8, help="differing nodes to list")
     args = ap.parse_args()
-    m, ids = qwen2(getattr(torch, args.dtype), args.big, args.device)
+    m, ids = _qwen2(getattr(torch, args.dtype), args.big, args.device)
     cm = ct.capture(m, ids, kwargs=KW)
     flat = cm._flat_inputs((ids,), KW)
     vals: dict = {}

@@ -212,53 +212,43 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
 
 namespace {
 
+// A node of NumPy's pairwise tree, as red_pairwise combines them: adding two records the
+// addition (node, left, right) and names its result node, so that running red_pairwise on
+// nodes writes down its own tree (no second copy of the halving rule here).
+struct PairNode {
+  int32_t id = -1;
+  PairNode() = default;
+  PairNode(double) {}  // red_pairwise's zeros (for leaf sums, never taken here)
+  static thread_local std::vector<int32_t>* adds;
+  static thread_local int32_t next;
+  PairNode operator+(const PairNode& o) const {
+    PairNode r;
+    r.id = next++;
+    adds->insert(adds->end(), {r.id, id, o.id});
+    return r;
+  }
+  PairNode& operator+=(const PairNode& o) { return *this = *this + o; }
+};
+thread_local std::vector<int32_t>* PairNode::adds = nullptr;
+thread_local int32_t PairNode::next = 0;
+
 // NumPy's pairwise tree for rows of n: [L, the L leaves (start, length), then the L - 1
-// additions (node, left, right) in post-order, nodes L.. after the leaves].
+// additions (node, left, right) in red_pairwise's order, nodes L.. after the leaves].
 std::vector<int32_t> pairwise_table(int64_t n) {
-  auto split = [](int64_t len) { return len / 2 - (len / 2) % 8; };
-  // the leaves, left to right
-  std::vector<int32_t> out{0};
-  std::vector<std::pair<int64_t, int64_t>> todo{{0, n}};
-  while (!todo.empty()) {
-    const auto node = todo.back();
-    todo.pop_back();
-    if (node.second <= 128) {
-      out.push_back(static_cast<int32_t>(node.first));
-      out.push_back(static_cast<int32_t>(node.second));
-      continue;
-    }
-    const int64_t n2 = split(node.second);
-    todo.emplace_back(node.first + n2, node.second - n2);
-    todo.emplace_back(node.first, n2);
+  int64_t start = 0, len = n;
+  const int64_t L = n <= 128 ? 1 : red_pairwise_leaf(n, -1, &start, &len);
+  std::vector<int32_t> out{static_cast<int32_t>(L)};
+  std::vector<PairNode> leaves(static_cast<size_t>(L));
+  for (int64_t k = 0; k < L; ++k) {
+    if (n > 128) red_pairwise_leaf(n, k, &start, &len);
+    out.push_back(static_cast<int32_t>(start));
+    out.push_back(static_cast<int32_t>(len));
+    leaves[static_cast<size_t>(k)].id = static_cast<int32_t>(k);
   }
-  const int32_t L = static_cast<int32_t>((out.size() - 1) / 2);
-  out[0] = L;
-  // the additions, in the order red_pairwise makes them: (offset, length, stage, left)
-  struct Node {
-    int64_t off, len;
-    int stage;
-    int32_t left;
-  };
-  std::vector<Node> st{{0, n, 0, -1}};
-  int32_t ret = -1, leaf = 0, next = L;
-  while (!st.empty()) {
-    Node& t = st.back();
-    if (t.len <= 128) {
-      ret = leaf++;
-      st.pop_back();
-    } else if (t.stage == 2) {
-      out.insert(out.end(), {next, t.left, ret});
-      ret = next++;
-      st.pop_back();
-    } else {
-      const int64_t n2 = split(t.len);
-      const Node child =
-          t.stage == 0 ? Node{t.off, n2, 0, -1} : Node{t.off + n2, t.len - n2, 0, -1};
-      if (t.stage == 1) t.left = ret;
-      ++t.stage;
-      st.push_back(child);
-    }
-  }
+  PairNode::adds = &out;
+  PairNode::next = static_cast<int32_t>(L);
+  red_pairwise(static_cast<const PairNode*>(nullptr), n, leaves.data());
+  PairNode::adds = nullptr;
   return out;
 }
 

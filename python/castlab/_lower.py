@@ -851,7 +851,7 @@ def _row_group(low: Lowering, steps: list, i: int, readers: dict):
         prog, red = None, None
         if st[0] is None:
             red = st
-        elif (st[0] is not None and not isinstance(st[0], str) and j + 1 < len(steps)
+        elif (not isinstance(st[0], str) and j + 1 < len(steps)
               and steps[j + 1][0] is None and len(st[2]) == 1
               and st[2][0].src == steps[j + 1][1][0].src and st[2][0].src[0] == "tmp"
               and readers.get(st[2][0].src) == 1):

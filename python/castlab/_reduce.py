@@ -162,10 +162,7 @@ def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) ->
     >>> cl.amax(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=0).tolist()
     [3.0, 5.0]
     """
-    x = _arg(x)
-    _check_float("amax", x)
-    dims = reduce_dims("amax", _shape(x), dim)
-    return _call(lambda p: _reduce("amax", p, dims, keepdim), [x])
+    return _extreme("amax", x, dim, keepdim)
 
 
 def amin(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
@@ -174,10 +171,15 @@ def amin(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) ->
     >>> cl.amin(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=1).tolist()
     [1.0, 2.0]
     """
+    return _extreme("amin", x, dim, keepdim)
+
+
+def _extreme(op: str, x: TensorLike, dim, keepdim: bool) -> TensorLike:
+    """amax or amin: one reduce node over the checked dims."""
     x = _arg(x)
-    _check_float("amin", x)
-    dims = reduce_dims("amin", _shape(x), dim)
-    return _call(lambda p: _reduce("amin", p, dims, keepdim), [x])
+    _check_float(op, x)
+    dims = reduce_dims(op, _shape(x), dim)
+    return _call(lambda p: _reduce(op, p, dims, keepdim), [x])
 
 
 def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: float = 1,
