@@ -23,6 +23,42 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from test_torch_capture import KW, _qwen2  # noqa: E402
 
 
+def _first_difference(n, cenv: dict, tenv: dict) -> None:
+    """The first differing node: are its inputs equal, and does PyTorch's own op give
+    castlab's or PyTorch's value when run again on each side's inputs (layout and pointer
+    alignment are the only differences left when the inputs are equal)?"""
+    from torch.utils import _pytree as pytree
+
+    def sub(env):  # a region's inner values are not kept: PyTorch's stand in
+        return pytree.tree_map(
+            lambda x: env.get(x.name, tenv[x.name]) if isinstance(x, torch.fx.Node) else x,
+            (list(n.args), dict(n.kwargs)))
+
+    if n.name not in cenv:
+        return
+    (ca, ck), (ta, tk) = sub(cenv), sub(tenv)
+    for i, (x, y) in enumerate(zip(pytree.tree_leaves(ca), pytree.tree_leaves(ta))):
+        if isinstance(x, torch.Tensor):
+            same = x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y))
+            print(f"    arg {i}: equal {same}; shape {tuple(x.shape)} {x.dtype}; strides "
+                  f"castlab {tuple(x.stride())} PyTorch {tuple(y.stride())}; offset "
+                  f"{x.storage_offset()}/{y.storage_offset()}; ptr % 256 "
+                  f"{x.data_ptr() % 256}/{y.data_ptr() % 256}")
+        else:
+            print(f"    arg {i}: {x!r}")
+    with torch.no_grad():
+        want = tenv[n.name]
+        again_c = n.target(*ca, **ck)
+        again_t = n.target(*ta, **tk)
+        cl_ = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (ca, ck))
+        again_cc = n.target(*cl_[0], **cl_[1])
+    for what, v in (("castlab's inputs", again_c), ("PyTorch's inputs", again_t),
+                    ("clones of castlab's inputs", again_cc)):
+        if isinstance(v, torch.Tensor):
+            print(f"    torch op on {what}: == PyTorch's value {torch.equal(v, want)}, "
+                  f"== castlab's value {torch.equal(v, cenv[n.name])}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -64,6 +100,8 @@ def main():
         if d:
             print(f"  {n.name:28s} {str(n.target):44s} {d} of {a.numel()} differ; strides "
                   f"castlab {tuple(a.stride())}, PyTorch {tuple(b.stride())}")
+            if not shown:
+                _first_difference(n, run.env, vals)
             shown += 1
             if shown >= args.most:
                 break

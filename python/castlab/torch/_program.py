@@ -409,6 +409,7 @@ class CapturedModel:
         self.segments = partition(self.nodes)
         self._by_name = {n.name: n for n in self.nodes}
         self._wide: dict = {}  # fp64 copies of parameters and buffers (fp64 policy)
+        self.eager_gap: tuple | None = None  # set by capture(check=True)
 
     # -- inputs --------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
@@ -437,6 +438,26 @@ class CapturedModel:
         return flat
 
     # -- execution -----------------------------------------------------------------
+    def run_in_torch(self, *inputs: Any, kwargs: dict | None = None) -> Any:
+        """PyTorch itself running the captured graph, node by node with its own kernels:
+        what ``policy="eager", math="torch_eager"`` reproduces bit for bit. It equals
+        calling the model unless the model's code takes other branches when traced (see
+        :attr:`eager_gap`).
+
+        >>> import torch, castlab.torch as ct
+        >>> f = ct.capture(lambda x: torch.exp(x) * 2, torch.ones(3))
+        >>> f.run_in_torch(torch.zeros(3)).tolist()
+        [2.0, 2.0, 2.0]
+        """
+        flat = self._flat_inputs(inputs, kwargs)
+        it = iter(flat)
+        places = [self._consts[n.name] if n.name in self._consts else next(it)
+                  for n in self.nodes if n.op == "placeholder"]
+        with torch.no_grad():
+            out = torch.fx.Interpreter(self.exported.graph_module).run(*places)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        return pytree.tree_unflatten(out, self._out_spec) if self._out_spec is not None else out
+
     def execute(self, flat: list, policy: Policy, math: Math, segments: list | None = None,
                 given: dict | None = None, start: int = 0, env: dict | None = None,
                 region_policy: dict | None = None) -> Run:
@@ -705,12 +726,19 @@ def _wrap(fn: Callable) -> torch.nn.Module:
 
 
 def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
-            policy: Any = "fused", math: Any = "torch_eager") -> CapturedModel:
+            policy: Any = "fused", math: Any = "torch_eager",
+            check: bool = True) -> CapturedModel:
     """Capture a PyTorch module or function into castlab (see :mod:`castlab.torch`).
 
     `example_inputs` (and the keyword arguments `kwargs`, e.g. ``{"use_cache": False}``
     for a Hugging Face model) fix the shapes, dtypes and device: castlab captures static
     shapes. `policy` and `math` are the defaults of calls (``.run`` takes others).
+
+    `check` (default True): call the model once and run the captured graph once in
+    PyTorch on the example inputs, and warn when their outputs differ: then the model's
+    code branches on being traced and the captured graph (what castlab reproduces, and
+    what torch.compile traces) is not the program eager PyTorch runs. The counts are in
+    the result's ``eager_gap`` (``(differing, total)`` output elements; None unchecked).
 
     >>> import torch, castlab.torch as ct
     >>> f = ct.capture(lambda a, b: torch.nn.functional.silu(a) * b,
@@ -739,12 +767,45 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
             f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
             f"{head}") from e
-    if any(isinstance(t, torch.Tensor) and t.is_cuda
-           for t in pytree.tree_leaves((example_inputs, kw))):
-        warnings.warn(
-            "castlab.torch on CUDA is not yet verified against PyTorch: on an H200, "
-            "policy='eager' gave logits differing from PyTorch eager CUDA's (HF Qwen2, "
-            "bf16 1-layer: 29 of 64; fp32 2-layer: 292,403 of 303,872), cause not yet "
-            "found (issue 17). CPU captures are bit-identical to PyTorch CPU eager in bf16.",
-            RuntimeWarning, stacklevel=2)
-    return CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
+    cm = CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
+    if check:
+        cm.eager_gap = _eager_gap(cm, mod, example_inputs, kw)
+        if cm.eager_gap[0]:
+            warnings.warn(
+                f"castlab.torch.capture: the captured graph of {name} is not the program it "
+                f"runs eagerly: PyTorch itself gives other bits in {cm.eager_gap[0]:,} of "
+                f"{cm.eager_gap[1]:,} output elements running the captured graph than calling "
+                f"the model. The model's code takes other branches when traced (Hugging Face "
+                f"attention, for one, builds an explicit causal mask and repeats K/V per head "
+                f"under torch.export and torch.compile, but calls SDPA with is_causal=True and "
+                f"grouped K/V eagerly; on a GPU the two run other SDPA kernels). castlab "
+                f"reproduces the captured graph (`run_in_torch` is PyTorch running it), which "
+                f"is the program torch.compile traces.", RuntimeWarning, stacklevel=2)
+    return cm
+
+
+def _eager_gap(cm: CapturedModel, mod: torch.nn.Module, args: tuple, kw: dict) -> tuple:
+    """(differing, total) floating output elements between calling the model and PyTorch
+    running its captured graph on the example inputs (NaN equals NaN; -0 differs from 0)."""
+    devices = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kw))
+                      if isinstance(t, torch.Tensor) and t.is_cuda})
+    with torch.random.fork_rng(devices=devices):
+        state = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+        with torch.no_grad():
+            want = mod(*args, **kw)
+        torch.random.set_rng_state(state[0])
+        for d, st in zip(devices, state[1]):
+            torch.cuda.set_rng_state(st, d)
+        got = cm.run_in_torch(*args, kwargs=kw)
+    differ = total = 0
+    for a, b in zip(pytree.tree_leaves(want), pytree.tree_leaves(got)):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
+            total += a.numel()
+            if a.shape != b.shape or a.dtype != b.dtype:
+                differ += a.numel()
+                continue
+            ia = a.detach().contiguous().view(-1)
+            ib = b.detach().contiguous().view(-1)
+            same = (ia == ib) & (torch.signbit(ia) == torch.signbit(ib)) | (ia.isnan() & ib.isnan())
+            differ += int((~same).sum())
+    return differ, total
