@@ -45,6 +45,16 @@ void check_row_step(const RowStep& s, const Tensor* const* ops, size_t nops) {
     bad("the epilogue's outputs and operands differ in number");
 }
 
+void check_row_bounds(const RowStep& s, const Tensor* const* ops, size_t nops) {
+  check_row_step(s, ops, nops);
+  // every operand's [rows, n] view lies inside its storage (as_strided throws otherwise):
+  // a planner's mistake becomes an exception here, not a read or write out of bounds in a
+  // kernel
+  if (s.rows > 0 && s.n > 0)
+    for (size_t k = 0; k < nops; ++k)
+      (void)ops[k]->as_strided({s.rows, s.n}, {s.rs[k], s.cs[k]}, ops[k]->offset());
+}
+
 namespace {
 
 // Operand k's rows [r0, r0 + cr) as a [cr, n] view.
@@ -75,7 +85,7 @@ void gather_rows(const RowStep& s, const Tensor& t, int k, int64_t r0, int64_t c
 }  // namespace
 
 void run_row_cpu(const RowStep& s, const Tensor* const* ops, size_t nops) {
-  check_row_step(s, ops, nops);
+  check_row_bounds(s, ops, nops);
   const DTypeCode acc = ops[s.phases[0].q]->dtype();
   std::vector<RedPlan> plans;
   for (const RowPhase& p : s.phases) plans.push_back(make_red_plan(p.spec, s.n, s.rows));

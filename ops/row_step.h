@@ -42,6 +42,9 @@ struct RowStep {
 // Throws std::invalid_argument unless the step is well formed for these operands (counts,
 // dtypes: each phase's q and Program output in one accumulator type, float32 or float64).
 void check_row_step(const RowStep& s, const Tensor* const* ops, size_t nops);
+// check_row_step, and every operand's [rows, n] view (rs, cs) inside its storage; before
+// each run (a generated kernel indexes with these strides unchecked).
+void check_row_bounds(const RowStep& s, const Tensor* const* ops, size_t nops);
 
 // Runs the step on the CPU: rows in chunks small enough to stay in cache (each phase's
 // values of a chunk in a buffer, reduced, then the chunk's epilogue).

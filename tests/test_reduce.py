@@ -454,6 +454,28 @@ def test_row_fusion_boundaries(monkeypatch):
         assert spec[3] is None  # no epilogue in the row step
 
 
+def test_row_fusion_leaves_a_program_of_another_shape_apart(monkeypatch):
+    """A Program after the reduction that does not run over its rows (a captured Qwen2's
+    RMSNorm over [32, 896] followed in the region by RoPE's cos/sin over [1, 32, 32]: the
+    same 32 leading rows, another row length) is not the row step's epilogue. It was taken
+    as one once, and the row kernel then read and wrote past those tensors (an illegal
+    address on the H200, wrong logits on the CPU)."""
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x, w = rand((32, 896), "bfloat16"), rand((896,), "bfloat16")
+    a, b = rand((1, 32, 1), "float32"), rand((1, 1, 32), "float32")
+
+    def fn(x, w, a, b):  # cos's Program comes right after the reduction step
+        return cl.cos(a * b), cl.rms_norm(x, 896, w), cl.sin(a * b)
+
+    for policy in ("eager", "fused", "fp64"):
+        (yf, tf), (yu, _) = _fused_and_unfused(fn, (x, w, a, b), policy=policy)
+        assert "fused with its prologue" in tf
+        for u, v in zip(yf, yu):
+            np.testing.assert_array_equal(_bits(u), _bits(v))
+
+
 def test_row_fusion_in_plans(monkeypatch):
     """RMSNorm and softmax become one row step each (with the epilogue); the prologue's
     [rows, n] temporary is no longer allocated. By default ("auto") the CPU keeps the

@@ -770,6 +770,11 @@ def _rows_strides(t, rows: int, n: int) -> tuple | None:
     """(rs, cs) when the view `t` (of an index space of rows * n elements, the reduced
     dims last) places its element (r, j) at r * rs + j * cs, else None."""
     shape, st = tuple(t.shape), tuple(t._strides)
+    total = 1
+    for x in shape:
+        total *= x
+    if total != rows * n:  # another index space (a program beside the rows, not on them)
+        return None
     for p in range(len(shape) + 1):
         lead = 1
         for x in shape[:p]:
