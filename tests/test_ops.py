@@ -340,36 +340,43 @@ TF = {"exp": torch.exp, "log": torch.log, "sigmoid": torch.sigmoid,
 #   ~65-72% land on the correctly rounded value (torch agrees bit-for-bit on rsqrt).
 # - gelu (both forms) f32: x*0.5*(1+erf(x/sqrt2)) cancels for x < 0, so one ulp of erf
 #   becomes many ulps of the result; torch's vectorised erf differs from glibc's erff.
-# - erf bf16 vs torch: 56%: torch CPU's bf16 erf is not the correctly rounded one (castlab
-#   matches the fp64 reference on 100% of bf16 inputs).
+# - erf bf16, portable vs torch: 56%: torch CPU's bf16 erf is not the correctly rounded one
+#   (portable matches the fp64 reference on 100% of bf16 inputs).
+# - torch_eager on the CPU is the torch_cpu implementation (SLEEF, ATen's A&S erf): equal to
+#   torch wherever PyTorch's kernel is reproduced. fp32 sigmoid/silu/gelu_tanh and fp16
+#   gelu/gelu_tanh are exact in PyTorch's vector body, but the scalar tail of each thread
+#   chunk calls glibc (where it falls depends on the thread count and ISA), so they are
+#   entered as 99.99. fp32/bf16 gelu (oneDNN) and fp32 exp/log/sin/cos/tanh/erf (MKL VML)
+#   are not reproduced: castlab's portable functions stand in. bf16 erf is ATen's A&S
+#   polynomial, hence 56% against the fp64 reference.
 # - portable sin/cos bf16: 100% over all patterns, huge arguments included (an earlier
 #   math_portable.h did not reduce |x| >= 2^50 and scored 69.4%; see
 #   test_portable_sincos_huge_arguments).
 MEASURED = {
     # op: {math: {dtype: (vs torch, vs fp64 ref)}}
-    "exp": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9782, 99.9408)},
+    "exp": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9889, 99.9635)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9889, 99.9635)}},
-    "log": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (91.8501, 99.5314)},
+    "log": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (92.0264, 99.9998)},
             "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (92.0264, 99.9998)}},
-    "sigmoid": {"torch_eager": {"bf16": (100, 99.9877), "f16": (100, 99.9989), "f32": (95.9890, 65.2114)},
+    "sigmoid": {"torch_eager": {"bf16": (100, 99.9877), "f16": (100, 99.9989), "f32": (99.99, 64.8613)},
                 "portable": {"bf16": (100, 99.9877), "f16": (100, 99.9989), "f32": (95.9879, 65.2126)}},
-    "silu": {"torch_eager": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (95.8457, 69.9117)},
+    "silu": {"torch_eager": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (99.99, 69.5522)},
              "portable": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (95.8448, 69.9123)}},
-    "tanh": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (89.2331, 89.3285)},
+    "tanh": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (99.8602, 99.9878)},
              "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (99.8602, 99.9878)}},
-    "gelu": {"torch_eager": {"bf16": (99.9954, 99.8254), "f16": (96.8141, 94.2971), "f32": (48.3598, 50.2436)},
+    "gelu": {"torch_eager": {"bf16": (98.9890, 99.8254), "f16": (99.99, 92.5580), "f32": (68.0483, 50.1493)},
              "portable": {"bf16": (99.9954, 99.8254), "f16": (96.8033, 94.3079), "f32": (48.4136, 50.1493)}},
-    "gelu_tanh": {"torch_eager": {"bf16": (99.9939, 99.8591), "f16": (99.5700, 95.2208), "f32": (93.2590, 50.4287)},
+    "gelu_tanh": {"torch_eager": {"bf16": (100, 99.8591), "f16": (99.99, 95.2050), "f32": (99.99, 51.7239)},
                   "portable": {"bf16": (99.9939, 99.8591), "f16": (99.5715, 95.2223), "f32": (99.1244, 51.7110)}},
     "rsqrt": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 72.5011)},
               "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 72.5011)}},
     "reciprocal": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 100)},
                    "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 100)}},
-    "cos": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (94.9358, 98.7064)},
+    "cos": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (95.0197, 99.9987)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (95.0197, 99.9987)}},
-    "sin": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (95.0039, 98.7110)},
+    "sin": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (95.0764, 99.9987)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (95.0764, 99.9987)}},
-    "erf": {"torch_eager": {"bf16": (56.0509, 100), "f16": (99.9679, 100), "f32": (97.6683, 98.2936)},
+    "erf": {"torch_eager": {"bf16": (100, 56.0509), "f16": (100, 99.9679), "f32": (98.8998, 99.9581)},
             "portable": {"bf16": (56.0509, 100), "f16": (99.9679, 100), "f32": (98.8998, 99.9581)}},
 }
 

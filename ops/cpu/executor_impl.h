@@ -18,6 +18,9 @@ namespace CL_EXEC_NS {
 namespace {
 
 constexpr int64_t kBlock = 512;
+// Lanes of the fp32 SLEEF vector in PyTorch's AVX2 kernels (Sleef_*f8): the group over
+// which its sin/cos choose one argument reduction.
+constexpr int64_t kTorchFloatLanes = 8;
 
 template <typename T>
 inline T reg_value(const void* p, int64_t j) {
@@ -233,6 +236,29 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
       return;
     }
   }
+  if constexpr (std::is_same<T, float>::value && (VAR & kVarImplMask) == kTorchCpu) {
+    if (in.op == kOpSin || in.op == kOpCos) {
+      // SLEEF's sinf/cosf (the build PyTorch links) reduce all lanes of a vector one way,
+      // chosen by the vector's largest |x| (math_torch_cpu.h): groups of kTorchFloatLanes
+      // elements from the block's start, which is a multiple of the group in a contiguous
+      // tensor, as PyTorch's loop sees it.
+      const bool want_cos = in.op == kOpCos;
+      for (int64_t g = 0; g < n; g += kTorchFloatLanes) {
+        const int64_t e = std::min<int64_t>(n, g + kTorchFloatLanes);
+        int mode = 0;
+        for (int64_t j = g; j < e; ++j)
+          mode = std::max(mode, torch_cpu::detail::sincosf_mode(a[j]));
+        if (mode == 0 && want_cos)
+          for (int64_t j = g; j < e; ++j) d[j] = torch_cpu::cosf_u35(a[j], 0);
+        else if (mode == 0)
+          for (int64_t j = g; j < e; ++j) d[j] = torch_cpu::sinf_u35(a[j], 0);
+        else
+          for (int64_t j = g; j < e; ++j)
+            d[j] = want_cos ? torch_cpu::cosf_u35(a[j], mode) : torch_cpu::sinf_u35(a[j], mode);
+      }
+      return;
+    }
+  }
   switch (in.op) {
     case kOpConst: {
       const T k = static_cast<T>(in.imm);
@@ -250,14 +276,28 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
   }
 }
 
+// PyTorch's ops whose CPU kernel is cpu_kernel_vec with a scalar lambda that calls the C
+// library: on a non-contiguous layout the whole loop is that lambda (Loops.h basic_loop),
+// so under the torch_cpu implementation those blocks compute with libm instead.
+// (exp/log/sin/cos/tanh/erf copy strided input into a buffer and stay vectorised.)
+inline bool torch_scalar_lambda_op(int op) {
+  return op == kOpSigmoid || op == kOpSilu || op == kOpGelu || op == kOpGeluTanh || op == kOpPow;
+}
+
 template <typename T>
-void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n) {
-  const bool portable = (in.var & kVarImplMask) == kPortable;
+void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n,
+             bool torch_scalar_path) {
+  int impl = in.var & kVarImplMask;
+  if (impl == kTorchCpu && torch_scalar_path && torch_scalar_lambda_op(in.op)) impl = kLibm;
   const bool mul_sigmoid = (in.var & kVarSiluMulSigmoid) != 0;
-  if (portable && !mul_sigmoid)
+  if (impl == kPortable && !mul_sigmoid)
     compute_var<T, kPortable>(in, d, a, b, c, n);
-  else if (portable)
+  else if (impl == kPortable)
     compute_var<T, kPortable | kVarSiluMulSigmoid>(in, d, a, b, c, n);
+  else if (impl == kTorchCpu && !mul_sigmoid)
+    compute_var<T, kTorchCpu>(in, d, a, b, c, n);
+  else if (impl == kTorchCpu)
+    compute_var<T, kTorchCpu | kVarSiluMulSigmoid>(in, d, a, b, c, n);
   else if (!mul_sigmoid)
     compute_var<T, kLibm>(in, d, a, b, c, n);
   else
@@ -333,6 +373,16 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
 
   std::vector<char*> bases(nops);
   for (int k = 0; k < nops; ++k) bases[k] = static_cast<char*>(ops[k]->data_ptr());
+
+  // PyTorch's loops vectorise only when every operand is contiguous in the innermost
+  // dimension (an input may also be a broadcast scalar there); otherwise they run the
+  // scalar lambda: see torch_scalar_lambda_op.
+  bool torch_scalar = false;
+  if (inner > 1)
+    for (int k = 0; k < nops; ++k) {
+      const int64_t s = it.stride(k, nd - 1);
+      if (s != 1 && !(s == 0 && k >= nout)) torch_scalar = true;
+    }
 
   const int64_t work_per_block =
       rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
@@ -467,12 +517,12 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           compute(in, static_cast<double*>(d),
                   static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
                   static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                  static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+                  static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar);
         else
           compute(in, static_cast<float*>(d),
                   static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
                   static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                  static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+                  static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar);
       }
       for (int k = 0; k < nout; ++k) {
         const OutputSpec& os = prog.outputs[k];

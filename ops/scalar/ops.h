@@ -203,25 +203,28 @@ CL_HD T op_minimum(T a, T b, int) {
 // exponent of +-0.5 is lowered to sqrt (PyTorch's pow_tensor_scalar) before it gets here.
 // The device's own pow (CUDA's powf for float, pow for double; the C library on the CPU,
 // where the lowering never asks for it): what PyTorch's CUDA pow kernels call.
-CL_HD float pow_device(float x, float y) {
+// With the torch_cpu implementation on the CPU: SLEEF's pow, which the vector body of
+// PyTorch's CPU pow kernels calls (Vectorized<float/double>::pow).
+CL_HD float pow_device(float x, float y, int impl) {
 #if defined(__CUDA_ARCH__)
   return powf(x, y);
 #else
-  return std::pow(x, y);
+  return impl == kTorchCpu ? torch_cpu::powf_u10(x, y) : std::pow(x, y);
 #endif
 }
-CL_HD double pow_device(double x, double y) {
+CL_HD double pow_device(double x, double y, int impl) {
 #if defined(__CUDA_ARCH__)
   return pow(x, y);
 #else
-  return std::pow(x, y);
+  return impl == kTorchCpu ? torch_cpu::pow_u10(x, y) : std::pow(x, y);
 #endif
 }
 
 template <typename T>
 CL_HD T op_pow(T x, T y, int var) {
   // PyTorch's CUDA pow_tensor_tensor: pow(x, y) for every pair, no special cases
-  if ((var & kVarPowDevice) && (var & kVarPowTensorExp)) return pow_device(x, y);
+  if ((var & kVarPowDevice) && (var & kVarPowTensorExp))
+    return pow_device(x, y, var & kVarImplMask);
   if (y == T(0) || x == T(1)) return T(1);  // pow(x, +-0) = pow(+1, y) = 1, even for NaN
   // Exponents PyTorch's pow_tensor_scalar kernels special-case: these give C pow's result
   // for every x, except +-0.5 at x = -0 and -inf (sqrt(-0) = -0, sqrt(-inf) = NaN).
@@ -233,7 +236,8 @@ CL_HD T op_pow(T x, T y, int var) {
   if (y == T(-1)) return T(1) / x;
   if (y == T(-2)) return T(1) / (x * x);
   if (y == T(1)) return x;
-  if (var & kVarPowDevice) return pow_device(x, y);  // pow_tensor_scalar's general case
+  if (var & kVarPowDevice)  // pow_tensor_scalar's general case
+    return pow_device(x, y, var & kVarImplMask);
   // General case: exp(y * log|x|) in double, with C pow's sign and special-value rules.
   const int impl = var & kVarImplMask;
   const double dx = (double)x, dy = (double)y;

@@ -1085,10 +1085,11 @@ class ProgramBuilder:
             out = self.new()
             self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
-            var = low.math.variant_bits(op, f64 == F64, low.cuda)
+            dt = node.dtype.name if node.dtype is not None else None
+            var = low.math.variant_bits(op, f64 == F64, low.cuda, dt)
             if var != d.variant or not d.description:
                 d.variant = var
-                d.description = low.math.describe_op(op, low.cuda) or ""
+                d.description = low.math.describe_op(op, low.cuda, dt) or ""
             contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
                 low.math.fma or low.kernel_contracts(node)) else None)
             quirk = self._pow_scalar_root(e, f64) if contracted is None else None

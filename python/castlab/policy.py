@@ -368,7 +368,21 @@ def as_policy(p: Any) -> Policy:
     raise TypeError(f"policy must be a name or castlab.Policy, not {type(p).__name__}")
 
 
-_IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast")
+_IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu")
+
+# Under the torch_cpu implementation: the op/dtype pairs whose PyTorch CPU kernel is code
+# castlab cannot rebuild from a published algorithm (docs/torch_cpu_kernels.md), where
+# castlab's portable functions stand in: MKL VML (fp32/fp64 exp, log, sin, cos, tanh,
+# erf; vml.h) and oneDNN's JIT gelu (contiguous fp32, and bf16 on CPUs with avx512_bf16).
+_TORCH_CPU_OPAQUE = {
+    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf")
+       for dt in ("float32", "float64")},
+    ("gelu", "float32"): "oneDNN", ("gelu", "bfloat16"): "oneDNN",
+}
+# Bits the torch_cpu implementation adds on the CPU: GCC contracts gelu's tanh form
+# x + kKappa*x^3 into an fma in PyTorch's build (Gelu.h); pow calls SLEEF's pow (vector
+# body) or the C library's (scalar lambda) directly, after pow_tensor_scalar's shortcuts.
+_TORCH_CPU_BITS = BITS["fma_in_op"] | BITS["pow_device"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,9 +393,13 @@ class Math:
         impl: exp/log/sin/cos/tanh/erf implementation: "portable" (castlab's own, the
             same bits on every device), "libm" (the platform's: the C library on the
             CPU, CUDA's precise functions on the GPU), "cuda" (CUDA's precise functions on
-            the GPU; on the CPU, where they do not exist, the portable ones stand in: like
-            SLEEF in PyTorch's CPU kernels they are vectorised and within 1 ulp, here
-            <= 0.51 ulp), or "cuda_fast" (``__expf`` and friends, GPU only).
+            the GPU; on the CPU, where they do not exist, the portable ones stand in),
+            "torch_cpu" (what PyTorch's CPU kernels compute: SLEEF's vectorised functions
+            and ATen's own erf polynomial, re-implemented in castlab, with the C library
+            where PyTorch's loop runs its scalar lambda on a non-contiguous layout; where
+            PyTorch calls MKL VML or oneDNN the portable functions stand in; on the GPU it
+            means "portable"), "torch" (PyTorch's own kernels for the device: "cuda" on a
+            GPU, "torch_cpu" on the CPU), or "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
             between them (as nvcc and Triton do by default).
         silu: "div" for ``x / (1 + exp(-x))`` (PyTorch eager, Inductor) or "mul_sigmoid"
@@ -454,22 +472,47 @@ class Math:
             raise ValueError(f"unknown math preset {name!r}; valid: "
                              + ", ".join(_PRESETS)) from None
 
-    def _impl_code(self, cuda: bool) -> int:
-        name = "fast" if self.impl == "cuda_fast" else self.impl
+    def impl_on(self, cuda: bool) -> str:
+        """The implementation the device runs ("torch" and "cuda" resolved).
+
+        >>> cl.Math.preset("torch_eager").impl_on(cuda=False)
+        'torch_cpu'
+        """
+        name = self.impl
+        if name == "torch":
+            name = "cuda" if cuda else "torch_cpu"
         if name == "cuda":  # precise CUDA functions; portable ones on the CPU
             name = "libm" if cuda else "portable"
-        if name == "fast" and not cuda:
-            name = "libm"
+        if name == "torch_cpu" and cuda:
+            name = "portable"
+        if name in ("fast", "cuda_fast"):
+            name = "fast" if cuda else "libm"
+        return name
+
+    def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool) -> str | None:
+        """The library PyTorch's CPU kernel calls for this op and dtype where castlab's
+        torch_cpu implementation cannot reproduce it (None where it does)."""
+        if cuda or self.impl_on(cuda) != "torch_cpu":
+            return None
+        return _TORCH_CPU_OPAQUE.get((op, dtype))
+
+    def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None) -> int:
+        name = self.impl_on(cuda)
+        if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda):
+            name = "portable"
         return MATH_IMPLS[name]
 
-    def variant_bits(self, op: str, f64: bool, cuda: bool) -> int:
+    def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
         factors the op table lists for it, so two runs differ in an op's bits exactly
-        when they compute it differently."""
+        when they compute it differently. `dtype`: the op's storage dtype name (the
+        torch_cpu implementation depends on it)."""
         f = OPS[op].factors
-        bits = self._impl_code(cuda) if f & IMPL_MASK else 0
+        bits = self._impl_code(cuda, op, dtype) if f & IMPL_MASK else 0
         if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
             bits |= SILU_MUL_SIGMOID
+        if not cuda and self.impl_on(cuda) == "torch_cpu":
+            bits |= f & _TORCH_CPU_BITS
         if cuda and self.cuda_kernels:
             bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
@@ -501,11 +544,19 @@ class Math:
         # silu reaches a sigmoid only in its x*sigmoid(x) form
         return not factors & SILU_MUL_SIGMOID or self.silu == "mul_sigmoid"
 
-    def describe_op(self, op: str, cuda: bool) -> str:
+    def describe_op(self, op: str, cuda: bool, dtype: str | None = None) -> str:
         """Human-readable variant of one op, as shown in traces."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
+        if impl == "torch":
+            impl = "cuda" if cuda else "torch_cpu"
         if impl == "cuda" and not cuda:
             impl = "portable (CPU stand-in for cuda)"
+        if impl == "torch_cpu" and cuda:
+            impl = "portable (torch_cpu is CPU-only)"
+        opaque = self._torch_cpu_opaque(op, dtype, cuda)
+        if opaque:
+            impl = (f"portable (PyTorch's CPU kernel calls {opaque} here: not reproduced, "
+                    "not bit-exact)")
         info = OPS.get(op)
         f = info.factors if info is not None else 0
         notes = []
@@ -517,6 +568,8 @@ class Math:
             notes.append(f"exp={impl}")
         elif f & IMPL_MASK:
             notes.append(f"impl={impl}")
+        if (not cuda and impl == "torch_cpu" and f & _TORCH_CPU_BITS & BITS["fma_in_op"]):
+            notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
         if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
         if cuda and self.cuda_kernels:
@@ -540,7 +593,8 @@ _TORCH_CUDA_NOTES = {
 
 _PRESETS = {
     # PyTorch eager CUDA kernels: precise expf, IEEE division, no contraction.
-    "torch_eager": Math("torch_eager", impl="cuda", fma=False, silu="div", cuda_kernels=True,
+    # On the CPU, PyTorch's CPU kernels: SLEEF and ATen's erf polynomial (impl "torch").
+    "torch_eager": Math("torch_eager", impl="torch", fma=False, silu="div", cuda_kernels=True,
                         reduction="torch"),
     # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
     # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.

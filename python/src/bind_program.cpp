@@ -137,6 +137,7 @@ void bind_program(py::module_& m) {
   impls["portable"] = static_cast<int>(cl::kPortable);
   impls["libm"] = static_cast<int>(cl::kLibm);
   impls["fast"] = static_cast<int>(cl::kFast);
+  impls["torch_cpu"] = static_cast<int>(cl::kTorchCpu);
   m.attr("MATH_IMPLS") = impls;
   py::dict modes;
   modes["nearest"] = static_cast<int>(cl::kNearestEven);
