@@ -108,7 +108,7 @@ class Record:
     :class:`Decision` per node it computed (``decisions``, by node index; ``of(node)``).
     A jit plan carries it as ``plan.record``; ``trace()`` prints it.
 
-    >>> f = cl.jit(lambda x: cl.silu(x) * x, policy="eager")
+    >>> f = cl.jit(lambda x: cl.silu(x) * x, policy="eager", math="inductor")
     >>> x = cl.randn(8, seed=0, dtype=cl.bfloat16)
     >>> y = f(x)
     >>> for d in f.graph(x).default_plan.record.decisions:
