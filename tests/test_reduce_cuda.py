@@ -117,7 +117,8 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
     """The row kernel (a block per row: prologue, reduction, epilogue) gives the bits of
     the separate steps on the GPU and of the CPU's row chunks under portable math, for
     RMSNorm, softmax, log_softmax, layer_norm and max-subtraction on rows of 1 to 12288
-    elements with NaN, inf and -0 in them; bf16 and fp32."""
+    elements with NaN, inf and -0 in them; bf16 and fp32. The pairwise order's leaves are
+    summed by 8 lanes each, and 2^k equal leaves by a butterfly: both are checked here."""
     from castlab import _lower
 
     fns = [lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="hf"),
@@ -126,7 +127,10 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
            lambda x, w: cl.layer_norm(x, x.shape[-1], w),
            lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True)]
     m = cl.Math("p", impl="portable", reduction=order)
-    for shape in [(5, 1), (7, 31), (9, 333), (16, 4096), (3, 12288)]:
+    # NumPy's tree over leaves: one leaf (1, 31, 100), uneven (333, 8200), 2^k equal leaves
+    # (896: 8 x 112 on part of a warp; 3584, 4096: 32; 12288: 128, 4 per lane)
+    for shape in [(5, 1), (7, 31), (3, 100), (9, 333), (4, 896), (3, 3584), (16, 4096),
+                  (3, 8200), (3, 12288)]:
         for dt in (cl.bfloat16, cl.float32):
             x = cl.randn(*shape, seed=shape[-1], dtype=cl.float32)
             t = torch.from_dlpack(x)

@@ -1,6 +1,7 @@
 #include "ops/cuda/row_kernel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -19,6 +20,9 @@ namespace cuda {
 namespace {
 
 constexpr int64_t kRowThreads = 256;
+
+std::vector<int32_t> pairwise_table(int64_t n);
+bool balanced_table(const std::vector<int32_t>& tab);
 constexpr int64_t kUnroll = 8;  // elements each thread loads before using any
 
 std::string num(int64_t x) { return std::to_string(static_cast<long long>(x)); }
@@ -35,20 +39,98 @@ int64_t max_parts(const RowStep& s) {
 }
 
 // Operands `ins` at elements j0 + u * blockDim (u < kUnroll, inside the row) into a<i>[u].
-std::string unrolled_loads(const Tensor* const* ops, const std::vector<int>& ins,
+// The strides are the step's own (fixed when it was planned), so they are written in as
+// constants: a unit stride indexes directly, and an operand constant along the row (a row
+// result, a per-row scale: column stride 0) is read once per row into h<k> before the
+// loop (`row_invariant_loads`), so that the epilogue's per-row arithmetic on it (RMSNorm's
+// mean, + eps, rsqrt) is the same expression for every element and leaves the loop.
+std::string row_invariant_loads(const RowStep& st, const Tensor* const* ops,
+                                const std::vector<int>& ins) {
+  std::string s;
+  std::vector<int> done;
+  for (int k : ins) {
+    if (st.cs[k] != 0 || std::find(done.begin(), done.end(), k) != done.end()) continue;
+    done.push_back(k);
+    const std::string t = storage_type(ops[k]->dtype());
+    s += "  const " + t + " h" + num(k) + " = ((const " + t + "*)P.ptr[" + num(k) + "])[row * " +
+         num(st.rs[k]) + "LL];\n";
+  }
+  return s;
+}
+
+std::string unrolled_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
                            const std::string& j0) {
   std::string s;
   for (size_t a = 0; a < ins.size(); ++a) {
     const int k = ins[a];
     const std::string K = num(k), A = "a" + num(static_cast<int64_t>(a));
     const std::string t = storage_type(ops[k]->dtype());
-    s += "    " + t + " " + A + "[" + num(kUnroll) + "];\n";
-    s += "    {\n      const " + t + "* p = (const " + t + "*)P.ptr[" + K + "] + row * P.rs[" + K +
-         "];\n      const long long cs = P.cs[" + K + "];\n";
-    s += "#pragma unroll\n      for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
-    s += "        const long long j = " + j0 + " + u * (long long)blockDim.x;\n";
-    s += "        " + A + "[u] = j < n ? p[j * cs] : (" + t + ")0;\n      }\n    }\n";
+    s += "      " + t + " " + A + "[" + num(kUnroll) + "];\n";
+    if (st.cs[k] == 0) {
+      s += "#pragma unroll\n      for (int u = 0; u < " + num(kUnroll) + "; ++u) " + A + "[u] = h" +
+           K + ";\n";
+      continue;
+    }
+    const std::string idx = st.cs[k] == 1 ? "j" : "(long long)j * " + num(st.cs[k]) + "LL";
+    s += "      {\n        const " + t + "* p = (const " + t + "*)P.ptr[" + K + "] + row * " +
+         num(st.rs[k]) + "LL;\n";
+    s += "#pragma unroll\n        for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
+    s += "          const int j = " + j0 + " + u * (int)blockDim.x;\n";
+    s += "          " + A + "[u] = j < n ? p[" + idx + "] : (" + t + ")0;\n        }\n      }\n";
   }
+  return s;
+}
+
+// The vector path (P.vec: every operand varying along the row has unit stride and 16-byte
+// aligned rows, n % 8 == 0): thread c holds elements 8c .. 8c + 7 of each operand, read
+// and written as 16-byte words (8-byte for 1-byte types).
+std::string vector_word(size_t esize) { return esize == 1 ? "uint2" : "uint4"; }
+int64_t vector_words(size_t esize) { return esize == 1 ? 1 : static_cast<int64_t>(esize / 2); }
+
+std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins) {
+  std::string s;
+  for (size_t a = 0; a < ins.size(); ++a) {
+    const int k = ins[a];
+    const std::string K = num(k), A = "a" + num(static_cast<int64_t>(a));
+    const std::string t = storage_type(ops[k]->dtype());
+    s += "      __align__(16) " + t + " " + A + "[8];\n";
+    if (st.cs[k] == 0) {
+      s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) " + A + "[u] = h" + K + ";\n";
+      continue;
+    }
+    const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
+    const std::string w = vector_word(es);
+    s += "      {\n        const " + w + "* p = (const " + w + "*)((const " + t + "*)P.ptr[" + K +
+         "] + row * " + num(st.rs[k]) + "LL + 8 * c);\n";
+    s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) ((" + w +
+         "*)" + A + ")[v] = p[v];\n      }\n";
+  }
+  return s;
+}
+
+// A loop over the row, twice: the vector path and the general one (kUnroll elements
+// blockDim apart per thread, all loaded before any is used). `body(vec)` is the code for
+// element j (its operands in a<i>[u]).
+template <typename Body>
+std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
+                     Body body) {
+  std::string s = "  {\n" + row_invariant_loads(st, ops, ins);
+  s += "    if (P.vec) {\n#pragma unroll 2\n";
+  s += "    for (int c = threadIdx.x; c < (n >> 3); c += blockDim.x) {\n";
+  s += vector_loads(st, ops, ins);
+  s += body(true, "pre");
+  s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n        const int j = 8 * c + u;\n"
+       "        (void)j;\n";
+  s += body(true, "each");
+  s += "      }\n";
+  s += body(true, "post");
+  s += "    }\n    } else {\n";
+  s += "    for (int j0 = threadIdx.x; j0 < n; j0 += step) {\n";
+  s += unrolled_loads(st, ops, ins, "j0");
+  s += "#pragma unroll\n      for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
+  s += "        const int j = j0 + u * (int)blockDim.x;\n        if (j >= n) break;\n";
+  s += body(false, "each");
+  s += "      }\n    }\n    }\n  }\n";
   return s;
 }
 
@@ -89,7 +171,8 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
                                  static_cast<int>(s.epi_outs.size()), "cl_epi");
   src += "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
          "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
-         num(static_cast<int64_t>(nops)) + "];\n  long long n;\n  cl::RedPlan plan[" +
+         num(static_cast<int64_t>(nops)) +
+         "];\n  long long n;\n  long long vec;\n  cl::RedPlan plan[" +
          num(static_cast<int64_t>(s.phases.size())) + "];\n  const int* tab[" +
          num(static_cast<int64_t>(s.phases.size())) + "];\n};\n";
   // the row in shared memory, one pad word per 32 (parts reading chunks of 32 m elements,
@@ -104,42 +187,83 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
          ", 4) KERNEL_NAME(const RowParams P) {\n";  // 4 blocks per SM: at most 64 registers
   src += "  extern __shared__ __align__(16) unsigned char cl_smem[];\n";
   src += "  ACC* buf = reinterpret_cast<ACC*>(cl_smem);\n";
-  src += "  const long long n = P.n;\n  ACC* parts = buf + (n + (n >> 5) + 1);\n";
+  src += "  const int n = (int)P.n;\n  ACC* parts = buf + (n + (n >> 5) + 1);\n";
   src += "  const long long row = blockIdx.x;\n";
-  src += "  const long long step = (long long)blockDim.x * " + num(kUnroll) + ";\n";
+  src += "  const int step = (int)blockDim.x * " + num(kUnroll) + ";\n";
   for (size_t k = 0; k < s.phases.size(); ++k) {
     const RowPhase& p = s.phases[k];
     const std::string K = num(static_cast<int64_t>(k));
     const std::string PL = "P.plan[" + K + "]";
-    // the row's values: each thread loads kUnroll elements (blockDim apart) before using
-    // any, so that many loads are in flight
-    src += "  for (long long j0 = threadIdx.x; j0 < n; j0 += step) {\n";
-    src += unrolled_loads(ops, p.ins, "j0");
-    src += "#pragma unroll\n    for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
-    src += "      const long long j = j0 + u * (long long)blockDim.x;\n      if (j >= n) break;\n";
-    if (p.prog) {
-      src += "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
-      for (size_t a = 0; a < p.ins.size(); ++a) src += ", a" + num(static_cast<int64_t>(a)) + "[u]";
-      src += ", y);\n      buf[j + (j >> 5)] = y;\n";
-    } else {
-      src += "      buf[j + (j >> 5)] = a0[u];\n";
-    }
-    src += "    }\n  }\n  __syncthreads();\n";
+    // the row's values, into the padded row in shared memory
+    src += row_loop(s, ops, p.ins, [&](bool, const char* where) -> std::string {
+      if (std::string(where) != "each") return "";
+      std::string b;
+      if (p.prog) {
+        b += "        ACC y;\n        cl_phase" + K + "(0ull, 0ull";
+        for (size_t a = 0; a < p.ins.size(); ++a) b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
+        b += ", y);\n        buf[j + (j >> 5)] = y;\n";
+      } else {
+        b += "        buf[j + (j >> 5)] = a0[u];\n";
+      }
+      return b;
+    });
+    src += "  __syncthreads();\n";
     const std::string Q = "((ACC*)P.ptr[" + num(p.q) + "])[row]";
     const std::string O = num(p.spec.order);
     if (p.spec.order == kOrdPairwise && p.spec.kind == kRedSum) {
-      // NumPy's tree from its table (leaves, then the additions in post-order)
-      src += "  {\n    const int* T = P.tab[" + K + "];\n    const int L = T[0];\n";
-      src += "    for (int t = threadIdx.x; t < L; t += blockDim.x)\n";
+      // NumPy's tree from its table (its leaves, then its additions in order). Each leaf
+      // (at most 128 elements) is summed by 8 lanes, lane k holding NumPy's accumulator
+      // r[k]; the xor shuffles add them as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) (a + b ==
+      // b + a exactly, so every lane's sum is the one NumPy forms), then lane 0 adds the
+      // last n % 8 in order. A row of 2^k equal leaves (4096 = 32 x 128, 3584 = 32 x 112)
+      // has the complete tree over neighbours: a butterfly; any other tree runs from the
+      // table on one thread.
+      const std::vector<int32_t> tab = pairwise_table(s.n);
+      const int64_t L = tab[0];
+      src += "  {\n    const int* T = P.tab[" + K + "];\n    const int L = " + num(L) + ";\n";
+      src += "    const PadRow rowv{buf, 0};\n";
+      src += "    for (int base = 0; base < L; base += blockDim.x >> 3) {\n";
+      src += "      const int t = base + (threadIdx.x >> 3), k = threadIdx.x & 7;\n";
       src +=
-          "      parts[t] = cl::red_pairwise_block<ACC>(PadRow{buf, T[1 + 2 * t]}, T[2 + 2 * "
-          "t]);\n";
-      src += "    __syncthreads();\n    if (threadIdx.x == 0) {\n";
-      src += "      const int* G = T + 1 + 2 * L;\n";
-      src +=
-          "      for (int i = 0; i < L - 1; ++i) parts[G[3 * i]] = parts[G[3 * i + 1]] + parts[G[3 "
-          "* i + 2]];\n";
-      src += "      " + Q + " = parts[L == 1 ? 0 : 2 * L - 2];\n    }\n  }\n";
+          "      int st = 0, len = 0;\n      if (t < L) { st = T[1 + 2 * t]; len = T[2 + 2 * t]; "
+          "}\n";
+      src += "      const int full = len - len % 8;\n      ACC v = ACC(0);\n";
+      src += "      if (len >= 8) {\n        v = rowv[st + k];\n";
+      src += "        for (int i = 8; i < full; i += 8) v += rowv[st + i + k];\n      }\n";
+      src += "      v += __shfl_xor_sync(0xffffffffu, v, 1);\n";
+      src += "      v += __shfl_xor_sync(0xffffffffu, v, 2);\n";
+      src += "      v += __shfl_xor_sync(0xffffffffu, v, 4);\n";
+      src += "      if (k == 0 && t < L) {\n        ACC r = len >= 8 ? v : ACC(-0.0);\n";
+      src += "        for (int i = full; i < len; ++i) r += rowv[st + i];\n";
+      src += "        parts[t] = r;\n      }\n    }\n    __syncthreads();\n";
+      if (balanced_table(tab)) {
+        const int64_t m = L > 32 ? L / 32 : 1, lanes = L > 32 ? 32 : L;
+        src += "    if (threadIdx.x < " + num(lanes) + ") {\n";
+        if (m > 1) {  // each lane's complete subtree of m neighbouring leaves, level by level
+          src += "      ACC* q = parts + threadIdx.x * " + num(m) + ";\n";
+          src += "      for (int h = 1; h < " + num(m) + "; h *= 2)\n";
+          src +=
+              "        for (int i = 0; i < " + num(m) + "; i += 2 * h) q[i] = q[i] + q[i + h];\n";
+        }
+        src += "      ACC v = parts[threadIdx.x * " + num(m) + "];\n";
+        for (int64_t h = 1; h < lanes; h *= 2)
+          src += "      v += __shfl_xor_sync(0x" +
+                 std::string(lanes == 32 ? "ffffffff" : [&] {
+                   char b[16];
+                   std::snprintf(b, sizeof b, "%llx",
+                                 static_cast<unsigned long long>((1ull << lanes) - 1));
+                   return std::string(b);
+                 }()) +
+                 "u, v, " + num(h) + ");\n";
+        src += "      if (threadIdx.x == 0) " + Q + " = v;\n    }\n  }\n";
+      } else {
+        src += "    if (threadIdx.x == 0) {\n";
+        src += "      const int* G = T + 1 + 2 * L;\n";
+        src +=
+            "      for (int i = 0; i < L - 1; ++i) parts[G[3 * i]] = parts[G[3 * i + 1]] + "
+            "parts[G[3 * i + 2]];\n";
+        src += "      " + Q + " = parts[L == 1 ? 0 : 2 * L - 2];\n    }\n  }\n";
+      }
     } else {
       src += "  for (long long t = threadIdx.x; t < " + PL + ".nparts; t += blockDim.x)\n";
       src +=
@@ -184,25 +308,50 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
     src += "  __syncthreads();\n";
   }
   if (s.epilogue) {
-    src += "  for (long long j0 = threadIdx.x; j0 < n; j0 += step) {\n";
-    src += unrolled_loads(ops, s.epi_ins, "j0");
-    src += "#pragma unroll\n    for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
-    src += "      const long long j = j0 + u * (long long)blockDim.x;\n      if (j >= n) break;\n";
-    for (size_t o = 0; o < s.epi_outs.size(); ++o)
-      src += "      " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
+    src += row_loop(s, ops, s.epi_ins, [&](bool vec, const char* where) -> std::string {
+      const std::string w(where);
+      std::string b;
+      if (w == "pre") {  // the outputs of the 8 elements, stored as words after
+        for (size_t o = 0; o < s.epi_outs.size(); ++o)
+          b += "      __align__(16) " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) +
+               " yv" + num(static_cast<int64_t>(o)) + "[8];\n";
+        return b;
+      }
+      if (w == "post") {
+        for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+          const int k = s.epi_outs[o];
+          const std::string t = storage_type(ops[k]->dtype());
+          const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
+          const std::string vw = vector_word(es);
+          b += "      {\n        " + vw + "* q = (" + vw + "*)((" + t + "*)P.ptr[" + num(k) +
+               "] + row * " + num(s.rs[k]) + "LL + 8 * c);\n";
+          b += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) +
+               "; ++v) q[v] = ((const " + vw + "*)yv" + num(static_cast<int64_t>(o)) +
+               ")[v];\n      }\n";
+        }
+        return b;
+      }
+      for (size_t o = 0; o < s.epi_outs.size(); ++o)
+        b += "        " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
              num(static_cast<int64_t>(o)) + ";\n";
-    src += "      cl_epi(0ull, 0ull";
-    for (size_t a = 0; a < s.epi_ins.size(); ++a)
-      src += ", a" + num(static_cast<int64_t>(a)) + "[u]";
-    for (size_t o = 0; o < s.epi_outs.size(); ++o) src += ", y" + num(static_cast<int64_t>(o));
-    src += ");\n";
-    for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-      const std::string K = num(s.epi_outs[o]);
-      src += "      ((" + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + "*)P.ptr[" + K +
-             "])[row * P.rs[" + K + "] + j * P.cs[" + K + "]] = y" + num(static_cast<int64_t>(o)) +
-             ";\n";
-    }
-    src += "    }\n  }\n";
+      b += "        cl_epi(0ull, 0ull";
+      for (size_t a = 0; a < s.epi_ins.size(); ++a)
+        b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
+      for (size_t o = 0; o < s.epi_outs.size(); ++o) b += ", y" + num(static_cast<int64_t>(o));
+      b += ");\n";
+      for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+        const int k = s.epi_outs[o];
+        const std::string Y = num(static_cast<int64_t>(o));
+        if (vec) {
+          b += "        yv" + Y + "[u] = y" + Y + ";\n";
+        } else {
+          const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
+          b += "        ((" + std::string(storage_type(ops[k]->dtype())) + "*)P.ptr[" + num(k) +
+               "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = y" + Y + ";\n";
+        }
+      }
+      return b;
+    });
   }
   src += "}\n";
   const std::string name = "castlab_row" + sha256_hex(src).substr(0, 20);
@@ -250,6 +399,26 @@ std::vector<int32_t> pairwise_table(int64_t n) {
   red_pairwise(static_cast<const PairNode*>(nullptr), n, leaves.data());
   PairNode::adds = nullptr;
   return out;
+}
+
+// Whether the table's tree is the complete binary tree over 2^k leaves of neighbours (each
+// addition joins two neighbouring, equally large, aligned runs of leaves), so that a
+// butterfly over lanes forms the same sums.
+bool balanced_table(const std::vector<int32_t>& tab) {
+  const int32_t L = tab[0];
+  if (L < 1 || (L & (L - 1)) != 0) return false;
+  std::vector<std::pair<int32_t, int32_t>> range(static_cast<size_t>(2 * L));
+  for (int32_t k = 0; k < L; ++k) range[static_cast<size_t>(k)] = {k, k + 1};
+  for (int32_t i = 0; i < L - 1; ++i) {
+    const size_t at = static_cast<size_t>(1 + 2 * L + 3 * i);
+    const auto node = tab[at], l = tab[at + 1], r = tab[at + 2];
+    if (node < L || node >= 2 * L || l < 0 || r < 0 || l >= 2 * L || r >= 2 * L) return false;
+    const auto a = range[static_cast<size_t>(l)], b = range[static_cast<size_t>(r)];
+    const int32_t w = a.second - a.first;
+    if (a.second != b.first || b.second - b.first != w || a.first % (2 * w) != 0) return false;
+    range[static_cast<size_t>(node)] = {a.first, b.second};
+  }
+  return L == 1 || range[static_cast<size_t>(2 * L - 2)] == std::make_pair(0, L);
 }
 
 // Compiled row kernels (and the pairwise tables on the device) by (step id, device,
@@ -302,7 +471,7 @@ const RowKernel& kernel_for(const RowStep& s, const Tensor* const* ops, size_t n
 }  // namespace
 
 void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) {
-  check_row_step(s, ops, nops);
+  check_row_bounds(s, ops, nops);
   const Device dev = ops[s.phases[0].q]->device();
   for (size_t k = 0; k < nops; ++k)
     if (ops[k]->device() != dev)
@@ -316,9 +485,9 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
   const RowKernel& rk = kernel_for(s, ops, nops, dev.index);
   const CompiledKernel& k = rk.k;
   const CUstream stream = launch_stream(dev.index);
-  // the parameter block: ptr[], rs[], cs[], n, plan[] (8-byte fields; RedPlan is the same
+  // the parameter block: ptr[], rs[], cs[], n, vec, plan[] (8-byte fields; RedPlan is the same
   // struct on both sides)
-  std::vector<unsigned char> buf((3 * nops + 1) * 8 + s.phases.size() * (sizeof(RedPlan) + 8));
+  std::vector<unsigned char> buf((3 * nops + 2) * 8 + s.phases.size() * (sizeof(RedPlan) + 8));
   size_t w = 0;
   auto put = [&](const void* p, size_t sz) {
     std::memcpy(buf.data() + w, p, sz);
@@ -332,6 +501,16 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
   for (size_t k2 = 0; k2 < nops; ++k2) put(&s.cs[k2], 8);
   const long long n = s.n;
   put(&n, 8);
+  // the vector path: every operand varying along the row has unit stride and rows that
+  // start on 16-byte boundaries, and rows are whole words (n % 8 == 0)
+  long long vec = s.n % 8 == 0;
+  for (size_t k2 = 0; k2 < nops && vec; ++k2) {
+    if (s.cs[k2] == 0) continue;
+    const auto es = ops[k2]->itemsize();
+    const auto addr = reinterpret_cast<uintptr_t>(ops[k2]->data_ptr());
+    if (s.cs[k2] != 1 || addr % 16 != 0 || (s.rows > 1 && (s.rs[k2] * es) % 16 != 0)) vec = 0;
+  }
+  put(&vec, 8);
   for (const RowPhase& p : s.phases) {
     const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
     put(&plan, sizeof(RedPlan));
