@@ -77,6 +77,7 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
       P->a = s.p0;
       P->b = s.p1;
       P->c = s.p2 != 0 ? 1 : 0;
+      P->d = s.p3 != 0 ? 1 : 0;
       P->nparts = 1;
       break;
     case kOrdTorchCuda:
@@ -177,7 +178,8 @@ std::string describe_red_plan(const RedPlan& p) {
       case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";
       case kOrdCpuMoments:
         return r + " torch_cpu RowwiseMoments (" + num(p.a) + "-element loads, " + num(p.b) +
-               " lanes, " + (p.c ? "fused multiply-adds)" : "no fma)");
+               " lanes, " + (p.c ? "fused multiply-adds" : "no fma") +
+               (p.d ? ", the tail's too)" : ")");
       case kOrdCudaLnVec: return r + " torch_cuda vectorized_layer_norm_kernel (32x4 threads)";
       case kOrdCudaLnBlock: return r + " torch_cuda RowwiseMomentsCUDAKernel (512 threads)";
       default:

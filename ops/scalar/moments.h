@@ -96,10 +96,11 @@ CL_HD void mom_cpu_merge_lanes(int64_t m0_add, const T* m1_add, const T* m2_add,
 // RowwiseMoments of N elements. vec: elements per loaded vector (lanes, or 2 * lanes for
 // bf16/fp16, whose vector converts to two float vectors, each its own chain within a
 // chunk); lanes: float (8) or double (4) lanes of the AVX2 build (AVX512 machines run the
-// same kernel: REGISTER_DISPATCH); fused: the build has FMA (AVX2; not the DEFAULT build).
-// Returns the mean and M2 (the kernel's variance is M2 / N).
+// same kernel: REGISTER_DISPATCH); fused: the build has FMA (AVX2; not the DEFAULT build);
+// tail_fused: GCC fuses the scalar tail's M2 update too (measured: in the fp16 kernel, not
+// in the fp32, fp64 and bf16 ones). Returns the mean and M2 (the variance is M2 / N).
 template <typename T, typename A>
-CL_HD Moments<T> mom_rowwise(A v, int64_t N, int64_t vec, int lanes, bool fused) {
+CL_HD Moments<T> mom_rowwise(A v, int64_t N, int64_t vec, int lanes, bool fused, bool tail_fused) {
   constexpr int kChunk = 16;
   const int64_t nvec = N / vec;
   const int64_t chunks = (nvec + kChunk - 1) / kChunk;
@@ -139,8 +140,8 @@ CL_HD Moments<T> mom_rowwise(A v, int64_t N, int64_t vec, int lanes, bool fused)
   }
   for (int d = 1; d < depth; ++d)
     mom_cpu_merge_lanes(m0s[d], m1s[d], m2s[d], &m0s[0], m1s[0], m2s[0], lanes, fused);
-  // the scalar tail (GCC leaves its M2 update unfused: measured), then the lanes (AddMoments:
-  // GCC fuses m1 += c * delta and m2_add + delta * delta * c * m0)
+  // the scalar tail, then the lanes (AddMoments: GCC fuses m1 += c * delta and
+  // m2_add + delta * delta * c * m0)
   int64_t m0 = 0;
   T m1 = T(0), m2 = T(0);
   for (int64_t i = nvec * vec; i < N; ++i) {
@@ -148,7 +149,7 @@ CL_HD Moments<T> mom_rowwise(A v, int64_t N, int64_t vec, int lanes, bool fused)
     const T delta = x - m1;
     ++m0;
     m1 = m1 + delta / static_cast<T>(m0);
-    m2 = m2 + delta * (x - m1);
+    m2 = mom_madd(delta, x - m1, m2, tail_fused);
   }
   const int64_t m0_add = nvec * vec / lanes;
   for (int k = 0; k < lanes; ++k) {
@@ -282,7 +283,8 @@ CL_HD T mom_pick(int kind, Moments<T> s) {
 template <typename T, typename A>
 CL_HD T mom_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if (P.order == kOrdTorchCpu) return mom_pick(P.kind, mom_welford_row<T>(v, n));
-  if (P.order == kOrdCpuMoments) return mom_pick(P.kind, mom_rowwise<T>(v, n, P.a, P.b, P.c != 0));
+  if (P.order == kOrdCpuMoments)
+    return mom_pick(P.kind, mom_rowwise<T>(v, n, P.a, P.b, P.c != 0, P.d != 0));
   const int64_t k = t / 3;
   Moments<T> s;
   if (P.order == kOrdCudaLnVec)

@@ -52,7 +52,8 @@ enum ReduceOrder : int {
 //   softmax_warp:  a = warp width, b = iterations per lane
 //   softmax_block: a = block size, b = elements per vector load (ILP)
 //   cpu_moments: a = elements per loaded vector (8, 16 or 4), b = lanes (8 or 4), c = 1
-//               when the build fuses multiply-adds (ops/scalar/moments.h)
+//               when the build fuses multiply-adds, d = 1 when it fuses the scalar tail's
+//               too (ops/scalar/moments.h)
 // The moments (kinds kRedMean, kRedM2) keep three parts per emulated thread under the
 // CUDA orders (torch_cuda: a..f as above), one part under the CPU orders.
 // chunk: max and min under the serial orders (sequential, pairwise, torch_cpu) take parts

@@ -370,6 +370,7 @@ def expand(node: Node, ctx: Any) -> tuple:
     finally:
         st.graph, st.annot, st.where = saved
     kernel = {k: node.attrs[k] for k in ("kernel", "kernel_id") if k in node.attrs}
+    kernel.update(getattr(ctx, "attrs", None) or {})  # what the expansion says of them all
     for n in new:
         n.index = node.index
         n.attrs = {**n.attrs, **kernel}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import _C
 from ._device import as_device
-from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
+from ._dtype import _BY_CODE, as_dtype, dtype, float16, float32, float64, int64
 from ._graph import COMPARE, EXPANSIONS, Node, expand
 from ._optable import (
     BACKWARD_KERNELS,
@@ -342,7 +342,7 @@ class Lowering:
         portable math keeps the CPU and the GPU identical."""
         k = self._kernel(node)
         return (k is not None and k.contract["cuda" if self.cuda else "cpu"]
-                and self.math.cuda_kernels)
+                and self.math.cuda_kernels and not node.attrs.get("no_fma"))
 
     def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
         """Does this product contract into the fma of the add/sub `into` (in f64 or not)
@@ -543,6 +543,11 @@ class Lowering:
         acc = float64 if self.vt(node) == F64 else float32
         ev = self.expr(x)
         layout = _reduce_layout(ev, x.shape, dims)
+        if isinstance(ev, Leaf) and self._memory_order(node):
+            # ATen's CPU reduction loops visit a strided input's reduced elements in memory
+            # order (TensorIterator sorts the dims by stride): so does a one-pass row here
+            st = ev.t._strides
+            dims = tuple(sorted(dims, key=lambda d: -abs(st[d])))
         perm = tuple(kept + list(dims))
         if nd == 0:
             ev = self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
@@ -564,6 +569,13 @@ class Lowering:
         d.description = _C.describe_reduce(*spec, n, rows)
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _memory_order(self, node: Node) -> bool:
+        """Does this reduction visit its elements one after another as ATen's CPU loops do
+        (var's Welford pass, the second pass of its reduction to one value)?"""
+        order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
+        return (node.attrs.get("algo") == "var" and order == "torch_cpu") or (
+            node.attrs.get("order") == "sequential")
 
     def _temp_from(self, e, shape: tuple, dt: dtype) -> Leaf:
         k = len(self.temps)
@@ -625,8 +637,10 @@ class Lowering:
             fma = int(self.math.torch_cpu_fma())
             if self.vt64(node):
                 return (kind, ORDER_CODE["cpu_moments"], 4, 4, fma, 0)
-            vec = 16 if node.attrs.get("elem_bytes") == 2 else 8
-            return (kind, ORDER_CODE["cpu_moments"], vec, 8, fma, 0)
+            src = node.inputs[0].dtype
+            # GCC fuses the scalar tail's M2 update in the fp16 kernel only (measured)
+            tail = int(fma and src is float16)
+            return (kind, ORDER_CODE["cpu_moments"], 16 if src.bits == 16 else 8, 8, fma, tail)
         if order == "torch_cuda":
             if ln:
                 o = "cuda_layer_norm_vec" if node.attrs.get("vectorized") else "cuda_layer_norm_block"
@@ -782,8 +796,21 @@ class _ExpandContext:
     def __init__(self, low: Lowering, node: Node, order: str):
         self.order = order
         self.cuda = low.cuda
+        self.math = low.math
+        self.attrs: dict = {}  # set by the expansion: attrs of every node it records
         self._low = low
         self._node = node
+
+    def memory_perm(self) -> tuple:
+        """The permutation of the first operand's dims into memory order (largest stride
+        first), as TensorIterator walks a strided input; identity for a computed value."""
+        a = self._node.inputs[0]
+        e = self._low.expr(a)
+        nd = len(a.shape)
+        if not isinstance(e, Leaf):
+            return tuple(range(nd))
+        st = e.t._strides
+        return tuple(sorted(range(nd), key=lambda d: -abs(st[d])))
 
     def aligned(self, nbytes: int) -> bool:
         """Would every operand's data start at a multiple of `nbytes` in PyTorch's kernel?

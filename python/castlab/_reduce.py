@@ -228,10 +228,20 @@ def _expand_var(ctx, node: Node, p: Proxy) -> Proxy:
         return ops.astype(v, out_dt) if v.dtype is not out_dt else v
     if rows == 1 and out_dt in (float32, float64):
         # std_var_all_cpu (ReduceOps.cpp): torch's CPU mean in the input's dtype, then
-        # sum((double(x) - mean)**2) in double, one element after another
+        # sum((double(x) - mean)**2) in double, one element after another (both over
+        # the input in memory order: a permuted view of a contiguous tensor is walked
+        # as that tensor)
+        perm = ctx.memory_perm()
+        if perm != tuple(range(len(p.shape))):
+            p = ops.permute(p, perm)
+            dims = tuple(sorted(perm.index(d) for d in dims))
+            keepdim = False  # one value: shaped below
         m = _reduce("sum", p, dims, True) / float(n)
         d = ops.astype(p, float64) - ops.astype(m, float64)
-        v = _reduce("sum", d * d, dims, keepdim, attrs={"order": "sequential"}) / denom
+        v = _reduce("sum", d * d, dims, keepdim, attrs={"order": "sequential", "algo": "var"})
+        v = v / denom
+        if tuple(v.shape) != tuple(node.shape):
+            v = ops.reshape(v, tuple(node.shape))
     else:
         # std_var_kernel_impl: WelfordOps with a double accumulator, one pass per output
         v = _reduce("moments_m2", p, dims, keepdim, float64, {"algo": "var"}) / denom
@@ -436,6 +446,8 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
     v = _reduce("moments_m2", p, dims, True, acc, a) / float(n)
     d = xf - m
     if ctx.order == "torch_cpu":  # layer_norm_kernel.cpp, as GCC builds it (measured)
+        if not ctx.math.torch_cpu_fma():
+            ctx.attrs["no_fma"] = True  # the DEFAULT build: no fma instruction to contract to
         r = 1.0 / ops.sqrt(v + e)
         if in_dt in (float32, float64):
             # (x + -mean) * rstd * gamma + beta; without gamma GCC drops the * 1:
