@@ -22,8 +22,9 @@ namespace cl {
 //   softmax_warp / softmax_block: p0 = the input's element size in bytes
 //   kinds kRedMean / kRedM2 (ops/scalar/moments.h): torch_cpu (WelfordOps, no parameter),
 //               cpu_moments (p0 = elements per vector load, p1 = lanes, p2 = 1 for a build
-//               with fma, p3 = 1 where it fuses the scalar tail too), torch_cuda (Reduce.cuh: as above, vt0 = input_vec_size = 2),
-//               cuda_layer_norm_vec and cuda_layer_norm_block (no parameter)
+//               with fma, p3 = 1 where it fuses the scalar tail too), torch_cuda (Reduce.cuh: as
+//               above, vt0 = input_vec_size = 2), cuda_layer_norm_vec and cuda_layer_norm_block (no
+//               parameter)
 struct ReduceSpec {
   int kind = kRedSum;
   int order = kOrdSequential;

@@ -3,7 +3,10 @@ rms_norm and layer_norm, eager or traced.
 
 The graph has three reduction ops (``sum``, ``amax``, ``amin``: a row reduction each, in
 the order of accumulation ``Math.reduction`` names); everything else here is built from
-them and the elementwise ops, the way PyTorch's kernels compute it. Where PyTorch runs a
+them and the elementwise ops, the way PyTorch's kernels compute it. var and layer_norm
+are kernel nodes the lowering expands for its order: PyTorch's Welford kernels (the row
+moments ``moments_mean`` / ``moments_m2``, ops/scalar/moments.h) under the torch orders,
+two passes of sums under castlab's own. Where PyTorch runs a
 composite as one kernel (softmax, log_softmax, mean, var, layer_norm), its inner nodes
 carry that kernel's name, so the eager policy rounds only its result, as PyTorch does;
 HF's RMSNorm is several PyTorch ops, and each rounds under eager.
