@@ -66,10 +66,45 @@ void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
   P->nparts = P->a * P->b * ctas;
 }
 
+// The row moments (ops/scalar/moments.h): one part for the CPU kernels, three per thread
+// (a Welford state) for the CUDA ones.
+void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
+  switch (s.order) {
+    case kOrdTorchCpu: P->nparts = 1; break;
+    case kOrdCpuMoments:
+      if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4)))
+        throw std::invalid_argument("cpu_moments order: vector (8, 8), (16, 8) or (4, 4)");
+      P->a = s.p0;
+      P->b = s.p1;
+      P->c = s.p2 != 0 ? 1 : 0;
+      P->d = s.p3 != 0 ? 1 : 0;
+      P->nparts = 1;
+      break;
+    case kOrdTorchCuda:
+      cuda_config(P, s, n, rows);
+      P->nparts *= 3;
+      break;
+    case kOrdCudaLnVec:  // PyTorch takes it for rows of a multiple of 4 only (castlab's lowering
+                         // too)
+      P->a = 32;
+      P->b = 4;
+      P->nparts = 3 * 128;
+      break;
+    case kOrdCudaLnBlock:
+      P->a = 512;
+      P->nparts = 3 * 512;
+      break;
+    default:
+      throw std::invalid_argument(
+          "reduce: a mean or M2 of a row needs one of PyTorch's Welford orders (torch_cpu, "
+          "cpu_moments, torch_cuda, cuda_layer_norm_vec, cuda_layer_norm_block)");
+  }
+}
+
 }  // namespace
 
 RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
-  if (s.kind < kRedSum || s.kind > kRedMin)
+  if (s.kind < kRedSum || s.kind > kRedM2)
     throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
   if (s.order < 0 || s.order >= kOrdCount)
     throw std::invalid_argument("reduce: unknown order " + std::to_string(s.order));
@@ -78,6 +113,12 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   P.kind = s.kind;
   P.order = s.order;
   P.n = n;
+  if (s.kind >= kRedMean) {
+    moments_config(&P, s, n, rows);
+    return P;
+  }
+  if (s.order >= kOrdCpuMoments)
+    throw std::invalid_argument("reduce: the Welford orders compute a mean or M2, not a sum");
   switch (s.order) {
     case kOrdTorchCpu:
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4) ||
@@ -129,9 +170,25 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
 }
 
 std::string describe_red_plan(const RedPlan& p) {
-  static const char* kKinds[] = {"sum", "max", "min"};
+  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2"};
   std::string r = kKinds[p.kind];
   auto num = [](int64_t x) { return std::to_string(static_cast<long long>(x)); };
+  if (p.kind >= kRedMean) {
+    switch (p.order) {
+      case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";
+      case kOrdCpuMoments:
+        return r + " torch_cpu RowwiseMoments (" + num(p.a) + "-element loads, " + num(p.b) +
+               " lanes, " + (p.c ? "fused multiply-adds" : "no fma") +
+               (p.d ? ", the tail's too)" : ")");
+      case kOrdCudaLnVec: return r + " torch_cuda vectorized_layer_norm_kernel (32x4 threads)";
+      case kOrdCudaLnBlock: return r + " torch_cuda RowwiseMomentsCUDAKernel (512 threads)";
+      default:
+        return r + " torch_cuda Reduce.cuh WelfordOps block (" + num(p.a) + "," + num(p.b) + ")" +
+               (p.d ? " vectorized x" + num(p.c) : " " + num(p.c) + " accumulators") +
+               (p.e ? ", row split across warps" : "") +
+               (p.f > 1 ? ", " + num(p.f) + " CTAs per row" : "");
+    }
+  }
   switch (p.order) {
     case kOrdSequential: return r + " sequential";
     case kOrdPairwise: return r + (p.kind == kRedSum ? " pairwise (NumPy)" : " sequential");

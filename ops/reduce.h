@@ -20,6 +20,11 @@ namespace cl {
 //               for a reduction over the innermost dims, else the output vector size (1, 2
 //               or 4) of a reduction over outer dims (each thread owns an output)
 //   softmax_warp / softmax_block: p0 = the input's element size in bytes
+//   kinds kRedMean / kRedM2 (ops/scalar/moments.h): torch_cpu (WelfordOps, no parameter),
+//               cpu_moments (p0 = elements per vector load, p1 = lanes, p2 = 1 for a build
+//               with fma, p3 = 1 where it fuses the scalar tail too), torch_cuda (Reduce.cuh: as
+//               above, vt0 = input_vec_size = 2), cuda_layer_norm_vec and cuda_layer_norm_block (no
+//               parameter)
 struct ReduceSpec {
   int kind = kRedSum;
   int order = kOrdSequential;

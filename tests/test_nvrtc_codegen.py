@@ -498,7 +498,11 @@ def test_nvrtc_compiles_the_reduce_kernel():
 def test_nvrtc_compiles_row_kernels(monkeypatch):
     """The row kernels (ops/cuda/row_kernel.cpp) of RMSNorm (both casts), softmax,
     log_softmax, layer_norm and amax, for every input dtype and under the fp64 policy,
-    compile without a warning."""
+    and of var and layer_norm in every Welford order (ops/scalar/moments.h: the CPU's
+    WelfordOps and RowwiseMoments, Reduce.cuh's WelfordOps, the vectorized and the block
+    layer_norm kernels), compile without a warning."""
+    import dataclasses
+
     import castlab as cl
     from castlab import _lower
 
@@ -512,6 +516,12 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
     cases = [(dt, "eager", math, fn) for dt in ("bfloat16", "float32") for fn in fns
              for math in ("torch_eager", "inductor")]
     cases += [("float16", "fp64", "torch_eager", fn) for fn in fns[:3]]
+    welford = [lambda x, w: cl.layer_norm(x, 64, w, w),
+               lambda x, w: cl.layer_norm(x[:, :63], 63, None, w[:63]),
+               lambda x, w: cl.var(x, -1, keepdim=True) * w]
+    for order in ("torch_cpu", "torch_cuda"):
+        m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction=order)
+        cases += [(dt, "eager", m, fn) for dt in ("bfloat16", "float64") for fn in welford]
     for dt, policy, math, fn in cases:
         x = cl.randn(8, 64, seed=0, dtype=dt)
         w = cl.randn(64, seed=1, dtype=dt)

@@ -65,16 +65,72 @@ def test_hf_rmsnorm_equals_torch_cuda(dt, h):
     assert mismatches(f.run(cl.from_dlpack(t), cl.from_dlpack(w), **EAGER), ref) == 0
 
 
-@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
-def test_layer_norm_close_to_torch_cuda(dt):
-    # PyTorch's layer_norm kernel uses Welford's update, castlab two passes: measured
-    # 6-97 of 229,376-917,504 bf16/fp16 elements differ by an ulp
-    td = DT[dt][1]
-    t = _x((256, 3584), td, 1, scale=1.0)
-    w, b = _x((3584,), td, 2), _x((3584,), td, 3)
-    f = cl.jit(lambda x, w, b: cl.layer_norm(x, 3584, w, b))
-    got = f.run(cl.from_dlpack(t), cl.from_dlpack(w), cl.from_dlpack(b), **EAGER)
-    assert mismatches(got, torch.nn.functional.layer_norm(t, (3584,), w, b)) <= t.numel() // 2000
+WELFORD_DT = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+
+
+def _bits_bad(got, want) -> int:
+    """Elements whose bits differ (NaN vs NaN counts as equal)."""
+    g = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
+    assert g.dtype == want.dtype and g.shape == want.shape, (g.dtype, g.shape, want.shape)
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.dtype.itemsize]
+    diff = g.contiguous().view(ints) != want.contiguous().view(ints)
+    return int((diff & ~(g.double().isnan() & want.double().isnan())).sum())
+
+
+@pytest.mark.parametrize("td", WELFORD_DT)
+@pytest.mark.parametrize("h", [896, 3584, 4096])
+def test_layer_norm_equals_torch_cuda(td, h):
+    """PyTorch's CUDA layer_norm, bit for bit (ops/scalar/moments.h): the vectorized
+    kernel (rows of a multiple of 4, aligned, not fp64), RowwiseMomentsCUDAKernel +
+    LayerNormForwardCUDAKernel otherwise (fp64; a contiguous view starting 2 elements
+    in; rows of h - 1 elements), on Qwen2's hidden sizes and 1 to 2048 rows."""
+    f = cl.jit(lambda x, w, b: cl.layer_norm(x, x.shape[-1], w, b, 1e-6))
+    f_nw = cl.jit(lambda x, b: cl.layer_norm(x, x.shape[-1], None, b))
+    f_nb = cl.jit(lambda x, w: cl.layer_norm(x, x.shape[-1], w))
+    f_none = cl.jit(lambda x: cl.layer_norm(x, x.shape[-1]))
+    for rows in (1, 2, 3, 17, 128, 1000, 2048):
+        t = _x((rows, h + 2), td, rows, scale=1.5) + 0.25
+        if rows > 3:
+            t[1, 5] = float("nan")
+            t[2, 7] = float("inf")
+        flat = t.reshape(-1)
+        for x in (t[:, :h].contiguous(), t[:, 2:],  # PyTorch copies a strided view
+                  flat[2: 2 + rows * h].view(rows, h),  # contiguous, 8 bytes off
+                  t[:, : h - 1].contiguous()):
+            n = x.shape[-1]
+            w, b = _x((n,), td, 2) * 0.5 + 1, _x((n,), td, 3) * 0.2
+            X, W, B = cl.from_dlpack(x), cl.from_dlpack(w), cl.from_dlpack(b)
+            F = torch.nn.functional.layer_norm
+            assert _bits_bad(f.run(X, W, B, **EAGER), F(x, (n,), w, b, 1e-6)) == 0, (rows, n)
+            assert _bits_bad(f_nw.run(X, B, **EAGER), F(x, (n,), None, b)) == 0, (rows, n)
+            assert _bits_bad(f_nb.run(X, W, **EAGER), F(x, (n,), w, None)) == 0, (rows, n)
+            assert _bits_bad(f_none.run(X, **EAGER), F(x, (n,))) == 0, (rows, n)
+
+
+@pytest.mark.parametrize("td", WELFORD_DT)
+@pytest.mark.parametrize("h", [896, 3584, 4096])
+def test_var_equals_torch_cuda(td, h):
+    """PyTorch's CUDA var (Reduce.cuh with WelfordOps, vt0 = 2), bit for bit: rows
+    along the last dim (1 to 2048 of them), the first dim, both, one output, and rows
+    long enough to be split across warps and CTAs."""
+    for rows in (1, 2, 3, 17, 128, 1000, 2048):
+        t = _x((rows, h), td, rows + h) + 0.5
+        x = cl.from_dlpack(t)
+        for corr in (0, 1, 2):
+            f = cl.jit(lambda x, c=corr: cl.var(x, -1, correction=c))
+            assert _bits_bad(f.run(x, **EAGER), t.var(-1, correction=corr)) == 0, (rows, corr)
+        f0 = cl.jit(lambda x: cl.var(x, 0))
+        assert _bits_bad(f0.run(x, **EAGER), t.var(0)) == 0, rows
+    t = _x((8, 64, h), td, 7)
+    x = cl.from_dlpack(t)
+    for dims in ((0, 1), (1, 2), None):
+        f = cl.jit(lambda x, d=dims: cl.var(x, d, keepdim=d is not None))
+        want = t.var(dims, keepdim=True) if dims is not None else t.var()
+        assert _bits_bad(f.run(x, **EAGER), want) == 0, dims
+    for shape in ((3, 1 << 20), (1, 1 << 22)):
+        t = _x(shape, td, 9)
+        f = cl.jit(lambda x: cl.var(x, -1))
+        assert _bits_bad(f.run(cl.from_dlpack(t), **EAGER), t.var(-1)) == 0, shape
 
 
 @pytest.mark.parametrize("order", ["pairwise", "sequential", "torch_cpu", "torch_cuda"])
@@ -85,7 +141,8 @@ def test_gpu_equals_cpu_under_portable_math(order, policy):
     w = cl.randn(896, seed=1, dtype=cl.bfloat16)
     fns = [lambda x, w: cl.sum(x * w, -1), lambda x, w: cl.softmax(x, -1),
            lambda x, w: cl.rms_norm(x, 896, w), lambda x, w: cl.layer_norm(x, 896, w),
-           lambda x, w: cl.amax(x, 0) + cl.mean(x * x), lambda x, w: cl.log_softmax(x, 0)]
+           lambda x, w: cl.amax(x, 0) + cl.mean(x * x), lambda x, w: cl.log_softmax(x, 0),
+           lambda x, w: cl.var(x, -1) + cl.var(x * w, 0)[:64]]
     for fn in fns:
         f = cl.jit(fn)
         g = f.run(x.cuda(), w.cuda(), policy=policy, math=m)

@@ -17,13 +17,15 @@
 //                row-contiguous input: the launch configuration setReduceConfig picks
 //   cuda_softmax_warp / cuda_softmax_block   the sums in SoftMax.cu's persistent warp
 //                softmax and its block softmax (cunn_SoftMaxForward*, BlockReduce)
+// The row moments (kinds kRedMean, kRedM2: var and layer_norm) have orders of their own,
+// PyTorch's Welford kernels: ops/scalar/moments.h.
 // docs/torch_reductions.md has the derivations.
 #pragma once
 #include "core/cl_defs.h"
 
 namespace cl {
 
-enum ReduceKind : int { kRedSum = 0, kRedMax = 1, kRedMin = 2 };
+enum ReduceKind : int { kRedSum = 0, kRedMax = 1, kRedMin = 2, kRedMean = 3, kRedM2 = 4 };
 enum ReduceOrder : int {
   kOrdSequential = 0,
   kOrdPairwise = 1,
@@ -31,7 +33,10 @@ enum ReduceOrder : int {
   kOrdTorchCuda = 3,
   kOrdSoftmaxWarp = 4,
   kOrdSoftmaxBlock = 5,
-  kOrdCount = 6
+  kOrdCpuMoments = 6,
+  kOrdCudaLnVec = 7,
+  kOrdCudaLnBlock = 8,
+  kOrdCount = 9
 };
 
 // A reduction's order with its launch configuration resolved for one row length.
@@ -46,6 +51,11 @@ enum ReduceOrder : int {
 //               else (outer: one thread per output, a = 1) the block's width in outputs
 //   softmax_warp:  a = warp width, b = iterations per lane
 //   softmax_block: a = block size, b = elements per vector load (ILP)
+//   cpu_moments: a = elements per loaded vector (8, 16 or 4), b = lanes (8 or 4), c = 1
+//               when the build fuses multiply-adds, d = 1 when it fuses the scalar tail's
+//               too (ops/scalar/moments.h)
+// The moments (kinds kRedMean, kRedM2) keep three parts per emulated thread under the
+// CUDA orders (torch_cuda: a..f as above), one part under the CPU orders.
 // chunk: max and min under the serial orders (sequential, pairwise, torch_cpu) take parts
 // of `chunk` consecutive elements combined in row order: the value of one pass over the
 // row (max and min are exact and associative, and the first NaN of the row still wins),
@@ -432,11 +442,16 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
   return red_warp_down(P.kind, w);
 }
 
+}  // namespace cl
+#include "ops/scalar/moments.h"  // after RedPlan and the cascade sum, which it uses
+namespace cl {
+
 // ---- the two steps ----
 // ORDER: the ReduceOrder when it is known as the kernel is generated (the row kernel: the
 // GPU then compiles only that order's code), or -1: dispatch on P.order.
 template <typename T, int ORDER = -1, typename A>
 CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  if (P.kind >= kRedMean) return mom_part<T>(P, v, n, row, t);
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -473,6 +488,7 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
 
 template <typename T, int ORDER = -1>
 CL_HD T red_combine(const RedPlan& P, T* parts) {
+  if (P.kind >= kRedMean) return mom_combine<T>(P, parts);
   if (P.chunk > 0) return red_sequential<T>(P.kind, static_cast<const T*>(parts), P.nparts);
   if constexpr (ORDER < 0) {
     switch (P.order) {

@@ -342,3 +342,40 @@ def reduce_node(op: str, x: Node, dims: tuple, keepdim: bool, dt: dtype) -> Node
                 raise IndexError(f"{op}(): Expected reduction dim {d} to have non-zero size.")
     shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape) if keepdim or i not in dims)
     return Node(op, (x,), shape, dt, x.device, {"dims": tuple(dims), "keepdim": bool(keepdim)})
+
+
+# ---------------------------------------------------------------- kernel expansions
+
+#: Ops that stand for one of PyTorch's kernels whose arithmetic depends on how the graph
+#: is lowered (var and layer_norm: Welford's algorithm under the torch orders, two passes
+#: under castlab's own): op name -> expand(ctx, node, *inputs) -> Proxy, which records the
+#: kernel's nodes with the op builders. castlab._reduce registers them; the lowering calls
+#: :func:`expand` with what it knows (the order, the device, the operands' alignment).
+EXPANSIONS: dict = {}
+
+
+def expand(node: Node, ctx: Any) -> tuple:
+    """(result, new nodes in order): the nodes `node` stands for under `ctx` (a fresh
+    sub-graph of its inputs). Every new node carries node's kernel and position (index,
+    source line); all but the result are inside the kernel, so the eager policy rounds
+    only the result."""
+    st = _state
+    saved = (st.graph, st.annot, st.where)
+    st.graph, st.where = [], node.where
+    keep = {k: node.attrs[k] for k in ("phase",) if k in node.attrs}
+    st.annot = keep or None
+    try:
+        out = EXPANSIONS[node.op](ctx, node, *[Proxy(a) for a in node.inputs]).node
+        new = st.graph
+    finally:
+        st.graph, st.annot, st.where = saved
+    kernel = {k: node.attrs[k] for k in ("kernel", "kernel_id") if k in node.attrs}
+    kernel.update(getattr(ctx, "attrs", None) or {})  # what the expansion says of them all
+    for n in new:
+        n.index = node.index
+        n.attrs = {**n.attrs, **kernel}
+        if n is not out:
+            n.attrs["kernel_inner"] = True
+    if node.attrs.get("kernel_inner"):
+        out.attrs["kernel_inner"] = True
+    return out, new

@@ -714,8 +714,23 @@ def format_trace(tr: Traced, record: Record) -> str:
     def round_note(d) -> str:
         return rounding + ("; done by the output store" if d.round_elided else "")
 
+    def listed():
+        """The graph's nodes, each kernel node (var, layer_norm) as the nodes the lowering
+        expanded it into (named t<index>_<k>; the kernel node then names their result)."""
+        for n in tr.nodes:
+            sub = record.expansions.get(id(n))
+            if not sub:
+                yield n
+                continue
+            for k, m in enumerate(sub):
+                sub_names[id(m)] = f"t{n.index}_{k}"
+                yield m
+            names[id(n)] = names[id(sub[-1])]
+            rep[id(n)] = rep[id(sub[-1])]
+
+    sub_names: dict = {}
     phase = None
-    for n in tr.nodes:
+    for n in listed():
         where = _where(n)
         ph = n.attrs.get("phase")
         if ph != phase and ph is not None:
@@ -723,7 +738,7 @@ def format_trace(tr: Traced, record: Record) -> str:
                                    else "backward (vector-Jacobian product)"))
             phase = ph
         if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
-            t = f"t{n.index}"
+            t = sub_names.get(id(n), f"t{n.index}")
             names[id(n)] = t
             rep[id(n)] = rep[id(n.inputs[0])]
             emit(t, f"{n.op}({names[id(n.inputs[0])]}, {_vop_args(n)})",
@@ -733,7 +748,7 @@ def format_trace(tr: Traced, record: Record) -> str:
         if n.op == "cat":
             cdt = max((rep[id(p)][1] for p in n.inputs), key=lambda d: d.bits)
             parts = [operand(p, cdt) if rep[id(p)][1] is not cdt else names[id(p)] for p in n.inputs]
-            t = f"t{n.index}"
+            t = sub_names.get(id(n), f"t{n.index}")
             names[id(n)] = t
             kinds = {rep[id(p)][0] for p in n.inputs}
             rep[id(n)] = ("st", n.dtype) if kinds == {"st"} and cdt is n.dtype else ("cp", cdt)
@@ -742,7 +757,7 @@ def format_trace(tr: Traced, record: Record) -> str:
             continue
         d = record.of(n)
         cdt = comp_dt(n)
-        t = f"t{n.index}"
+        t = sub_names.get(id(n), f"t{n.index}")
         if n.op == "astype":
             src = operand(n.inputs[0], cdt)
             names[id(n)] = t

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from . import _C
 from ._device import as_device
-from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
-from ._graph import COMPARE, Node
+from ._dtype import _BY_CODE, as_dtype, dtype, float16, float32, float64, int64
+from ._graph import COMPARE, EXPANSIONS, Node, expand
 from ._optable import (
     BACKWARD_KERNELS,
     BITS,
@@ -127,6 +127,7 @@ class Record:
         self.device = device  # castlab.device the graph was lowered for
         self.cuda = device.is_cuda
         self._by_node: dict = {}
+        self.expansions: dict = {}  # id(kernel node) -> the nodes it was lowered as
 
     @property
     def decisions(self) -> list:
@@ -341,7 +342,7 @@ class Lowering:
         portable math keeps the CPU and the GPU identical."""
         k = self._kernel(node)
         return (k is not None and k.contract["cuda" if self.cuda else "cpu"]
-                and self.math.cuda_kernels)
+                and self.math.cuda_kernels and not node.attrs.get("no_fma"))
 
     def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
         """Does this product contract into the fma of the add/sub `into` (in f64 or not)
@@ -381,6 +382,8 @@ class Lowering:
             e = self.reduce_expr(node)
         elif op == "rms_scale":
             e = self.expr(self._rms_scale(node))
+        elif op in EXPANSIONS:
+            e = self.expr(self._expand(node))
         else:
             args = []
             for a in node.inputs:
@@ -540,6 +543,11 @@ class Lowering:
         acc = float64 if self.vt(node) == F64 else float32
         ev = self.expr(x)
         layout = _reduce_layout(ev, x.shape, dims)
+        if isinstance(ev, Leaf) and self._memory_order(node):
+            # ATen's CPU reduction loops visit a strided input's reduced elements in memory
+            # order (TensorIterator sorts the dims by stride): so does a one-pass row here
+            st = ev.t._strides
+            dims = tuple(sorted(dims, key=lambda d: -abs(st[d])))
         perm = tuple(kept + list(dims))
         if nd == 0:
             ev = self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
@@ -562,6 +570,13 @@ class Lowering:
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
 
+    def _memory_order(self, node: Node) -> bool:
+        """Does this reduction visit its elements one after another as ATen's CPU loops do
+        (var's Welford pass, the second pass of its reduction to one value)?"""
+        order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
+        return (node.attrs.get("algo") == "var" and order == "torch_cpu") or (
+            node.attrs.get("order") == "sequential")
+
     def _temp_from(self, e, shape: tuple, dt: dtype) -> Leaf:
         k = len(self.temps)
         self.temps.append((tuple(shape), dt))
@@ -577,9 +592,11 @@ class Lowering:
         fastest-moving dim is reduced), with unit stride, and `cols`, the contiguous kept
         extent below the reduced dims of an outer reduction."""
         kind = REDUCE_OPS[node.op]
-        order = self.math.reduction_order(self.cuda)
+        order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
         src = node.inputs[0].dtype
         inner, unit, cols = layout
+        if kind >= REDUCE_OPS["moments_mean"]:
+            return self._moments_spec(node, kind, order, layout)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
@@ -610,12 +627,56 @@ class Lowering:
             return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
 
+    def _moments_spec(self, node: Node, kind: int, order: str, layout: tuple) -> tuple:
+        """The spec of a row's mean or M2 (ops/scalar/moments.h): the Welford kernel of
+        layer_norm or var for the order."""
+        ln = node.attrs.get("algo") == "layer_norm"
+        if order == "torch_cpu":
+            if not ln:  # std_var_kernel_impl: WelfordOps in one pass
+                return (kind, ORDER_CODE[order], 0, 0, 0, 0)
+            fma = int(self.math.torch_cpu_fma())
+            if self.vt64(node):
+                return (kind, ORDER_CODE["cpu_moments"], 4, 4, fma, 0)
+            src = node.inputs[0].dtype
+            # GCC fuses the scalar tail's M2 update in the fp16 kernel only (measured)
+            tail = int(fma and src is float16)
+            return (kind, ORDER_CODE["cpu_moments"], 16 if src.bits == 16 else 8, 8, fma, tail)
+        if order == "torch_cuda":
+            if ln:
+                o = "cuda_layer_norm_vec" if node.attrs.get("vectorized") else "cuda_layer_norm_block"
+                return (kind, ORDER_CODE[o], 0, 0, 0, 0)
+            # ReduceMomentKernel.cu: gpu_reduce_kernel<scalar_t, out_t, 2>, so vt0 =
+            # input_vec_size = 2 (a strided row: no vectorized loads)
+            inner, unit, cols = layout
+            ivs, vt0, ovs = (2, 2, 0) if unit or not inner else (4, 2, 0)
+            if not inner:
+                ovs = 4
+                while cols % ovs:
+                    ovs //= 2
+            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
+        raise ValueError(f"the row moments have no {order!r} order (a torch order only)")
+
     def _num_sms(self) -> int:
         """Streaming multiprocessors of the graph's GPU (Reduce.cuh sizes its grid by
         them); 132 (H100/H200) when emulating on the CPU."""
         if not self.cuda:
             return 132
         return _C.cuda_sm_count(self.device.index or 0)
+
+    def _expand(self, node: Node) -> Node:
+        """A kernel node (var, layer_norm) as the nodes it computes under this lowering's
+        order of accumulation (castlab._graph.expand)."""
+        order = self.math.reduction_order(self.cuda)
+        key = ("expand", id(node), order)
+        r = self._expr_memo.get(key)
+        if r is None:
+            r, new = expand(node, _ExpandContext(self, node, order))
+            self._expr_memo[key] = r
+            self.record.expansions[id(node)] = [m for m in new if m is not r] + [r]
+            how = ("PyTorch's Welford kernel" if order in ("torch_cpu", "torch_cuda")
+                   else "two passes")
+            self.record.decide(node, F32).description = f"{node.op}: {how} ({order})"
+        return r
 
     def _rms_scale(self, node: Node) -> Node:
         """castlab.rms_norm's last step, where the cast placement (Math.rms_norm, unless
@@ -728,6 +789,40 @@ class Lowering:
         self.steps.append((prog, b.leaves, outs))
 
 
+class _ExpandContext:
+    """What a kernel expansion may ask the lowering: the order, the device, whether
+    PyTorch would see the operands aligned."""
+
+    def __init__(self, low: Lowering, node: Node, order: str):
+        self.order = order
+        self.cuda = low.cuda
+        self.math = low.math
+        self.attrs: dict = {}  # set by the expansion: attrs of every node it records
+        self._low = low
+        self._node = node
+
+    def memory_perm(self) -> tuple:
+        """The permutation of the first operand's dims into memory order (largest stride
+        first), as TensorIterator walks a strided input; identity for a computed value."""
+        a = self._node.inputs[0]
+        e = self._low.expr(a)
+        nd = len(a.shape)
+        if not isinstance(e, Leaf):
+            return tuple(range(nd))
+        st = e.t._strides
+        return tuple(sorted(range(nd), key=lambda d: -abs(st[d])))
+
+    def aligned(self, nbytes: int) -> bool:
+        """Would every operand's data start at a multiple of `nbytes` in PyTorch's kernel?
+        A contiguous input view as it is; anything else PyTorch makes contiguous first
+        (a fresh, aligned buffer)."""
+        for a in self._node.inputs:
+            e = self._low.expr(a)
+            if isinstance(e, Leaf) and e.t.is_contiguous() and e.t.data_ptr() % nbytes:
+                return False
+        return True
+
+
 def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
     """(inner, unit, cols) of a reduction of `e` over `dims`, as PyTorch's kernels see its
     memory: inner when the fastest-moving dim (smallest stride, size > 1) is reduced; unit
@@ -763,8 +858,10 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
 #: benchmarks/RESULTS.md), True always, False never (tests check that fusing changes no
 #: bit; benchmarks measure what it gains).
 FUSE_ROWS: bool | str = "auto"
-_FAST_ROW_SUMS = {ORDER_CODE["pairwise"]}
 _FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu")}
+# by ReduceKind (the Welford moments: never measured fused, so not fused by default)
+_FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"]}, REDUCE_OPS["amax"]: _FAST_ROW_MAX,
+             REDUCE_OPS["amin"]: _FAST_ROW_MAX}
 
 def _rows_strides(t, rows: int, n: int) -> tuple | None:
     """(rs, cs) when the view `t` (of an index space of rows * n elements, the reduced
@@ -869,6 +966,8 @@ def _row_group(low: Lowering, steps: list, i: int, readers: dict):
         r, m = src.t.shape
         if r * m == 0 or (rows is not None and (r, m) != (rows, n)):
             break
+        if phases and _dtype_code(dst.t) != _dtype_code(phases[0][3].t):
+            break  # one accumulator type per row step (var's CPU M2 is in double)
         rows, n = r, m
         ins = prog[1] if prog else [src]
         if not rowable(ins):
@@ -905,8 +1004,7 @@ def _row_group(low: Lowering, steps: list, i: int, readers: dict):
             epi_outs, rs, cs)
     acc64 = _dtype_code(phases[0][3].t) == float64.code
     if FUSE_ROWS == "auto" and not (low.cuda and all(
-            red[3][1] in (_FAST_ROW_SUMS if red[3][0] == REDUCE_OPS["sum"] else _FAST_ROW_MAX)
-            for _, _, red, _ in phases)):
+            red[3][1] in _FAST_ROW.get(red[3][0], ()) for _, _, red, _ in phases)):
         return None
     if low.cuda and not _C.row_kernel_fits(spec, acc64, low.device.index or 0):
         return None

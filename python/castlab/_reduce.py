@@ -3,7 +3,10 @@ rms_norm and layer_norm, eager or traced.
 
 The graph has three reduction ops (``sum``, ``amax``, ``amin``: a row reduction each, in
 the order of accumulation ``Math.reduction`` names); everything else here is built from
-them and the elementwise ops, the way PyTorch's kernels compute it. Where PyTorch runs a
+them and the elementwise ops, the way PyTorch's kernels compute it. var and layer_norm
+are kernel nodes the lowering expands for its order: PyTorch's Welford kernels (the row
+moments ``moments_mean`` / ``moments_m2``, ops/scalar/moments.h) under the torch orders,
+two passes of sums under castlab's own. Where PyTorch runs a
 composite as one kernel (softmax, log_softmax, mean, var, layer_norm), its inner nodes
 carry that kernel's name, so the eager policy rounds only its result, as PyTorch does;
 HF's RMSNorm is several PyTorch ops, and each rounds under eager.
@@ -17,8 +20,8 @@ from typing import Any
 
 from . import ops
 from ._creation import asarray
-from ._dtype import as_dtype, float32, float64, promote_types
-from ._graph import Node, Proxy, record, reduce_dims, reduce_node, tracing
+from ._dtype import as_dtype, bfloat16, float16, float32, float64, promote_types
+from ._graph import EXPANSIONS, Node, Proxy, record, reduce_dims, reduce_node, tracing
 from ._graph import _state as _trace_state
 from ._lower import input_node, lower
 from .ops import Tensor, TensorLike
@@ -185,8 +188,12 @@ def _extreme(op: str, x: TensorLike, dim, keepdim: bool) -> TensorLike:
 def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: float = 1,
         keepdim: bool = False) -> TensorLike:
     """Variance over `dim` with Bessel's `correction` (1: unbiased, 0: population), as
-    ``torch.var``, computed in two passes in op-math: ``sum((x - mean)**2) / (N -
-    correction)``. (PyTorch uses Welford's update; the two differ in the last bits.)
+    ``torch.var``: ``M2 / max(N - correction, 0)`` with M2 the sum of squared deviations
+    from the mean. Under ``Math.reduction`` "torch_cpu" / "torch_cuda" M2 comes from
+    PyTorch's own Welford kernel, bit for bit (the CPU's in double; Reduce.cuh's in
+    fp32, or fp64 for fp64 input), and a CPU reduction to one value takes the CPU's two
+    passes in double; under "pairwise" / "sequential" castlab computes two passes in
+    op-math: ``sum((x - mean)**2)`` in that order.
 
     >>> cl.var(cl.tensor([1.0, 2.0, 3.0, 4.0])).item()
     1.6666666269302368
@@ -196,16 +203,54 @@ def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: fl
     x = _arg(x)
     _check_float("var", x)
     dims = reduce_dims("var", _shape(x), dim)
-    n = _numel(_shape(x), dims)
-    denom = max(0.0, n - float(correction))
+    attrs = {"dims": dims, "keepdim": bool(keepdim), "correction": float(correction)}
 
     def body(p):
+        shape = tuple(1 if i in dims else s for i, s in enumerate(p.shape)
+                      if keepdim or i not in dims)
+        return Proxy(record(Node("var", (p.node,), shape, p.dtype, p.node.device, attrs)))
+    return _call(body, [x], kernel="var")
+
+
+def _expand_var(ctx, node: Node, p: Proxy) -> Proxy:
+    """castlab.var's kernel under the lowering's order (see var)."""
+    dims, keepdim, corr = node.attrs["dims"], node.attrs["keepdim"], node.attrs["correction"]
+    n = _numel(_shape(p), dims)
+    denom = max(0.0, n - corr)
+    out_dt = p.dtype
+    rows = _numel(_shape(p), tuple(d for d in range(len(p.shape)) if d not in dims))
+    if n == 0 or ctx.order not in ("torch_cpu", "torch_cuda"):
         xf = p if p.dtype in (float32, float64) else ops.astype(p, float32)
         m = _reduce("sum", xf, dims, True) / float(n)  # n = 0: NaN, and so is the variance
         d = xf - m
-        s = _reduce("sum", d * d, dims, keepdim)
-        return ops.astype(s / denom, p.dtype) if p.dtype is not xf.dtype else s / denom
-    return _call(body, [x], kernel="var")
+        s = _reduce("sum", d * d, dims, keepdim) / denom
+        return ops.astype(s, out_dt) if s.dtype is not out_dt else s
+    if ctx.order == "torch_cuda":  # ReduceMomentKernel.cu: WelfordOps, M2 / divisor in acc
+        acc = float64 if out_dt is float64 else float32
+        v = _reduce("moments_m2", p, dims, keepdim, acc, {"algo": "var"}) / denom
+        return ops.astype(v, out_dt) if v.dtype is not out_dt else v
+    if rows == 1 and out_dt in (float32, float64):
+        # std_var_all_cpu (ReduceOps.cpp): torch's CPU mean in the input's dtype, then
+        # sum((double(x) - mean)**2) in double, one element after another (both over
+        # the input in memory order: a permuted view of a contiguous tensor is walked
+        # as that tensor)
+        perm = ctx.memory_perm()
+        if perm != tuple(range(len(p.shape))):
+            p = ops.permute(p, perm)
+            dims = tuple(sorted(perm.index(d) for d in dims))
+            keepdim = False  # one value: shaped below
+        m = _reduce("sum", p, dims, True) / float(n)
+        d = ops.astype(p, float64) - ops.astype(m, float64)
+        v = _reduce("sum", d * d, dims, keepdim, attrs={"order": "sequential", "algo": "var"})
+        v = v / denom
+        if tuple(v.shape) != tuple(node.shape):
+            v = ops.reshape(v, tuple(node.shape))
+    else:
+        # std_var_kernel_impl: WelfordOps with a double accumulator, one pass per output
+        v = _reduce("moments_m2", p, dims, keepdim, float64, {"algo": "var"}) / denom
+    if out_dt in (bfloat16, float16):
+        v = ops.astype(v, float32)  # c10::BFloat16 / c10::Half are built from a float
+    return ops.astype(v, out_dt) if v.dtype is not out_dt else v
 
 
 # ---------------------------------------------------------------- softmax
@@ -342,9 +387,13 @@ def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
                weight: TensorLike | None = None, bias: TensorLike | None = None,
                eps: float = 1e-5) -> TensorLike:
     """LayerNorm over the trailing `normalized_shape` dims, as
-    ``torch.nn.functional.layer_norm``: one kernel in op-math, ``(x - mean) * rstd *
-    weight + bias`` with the mean and the (population) variance in two passes and
-    ``rstd = rsqrt(var + eps)``, rounded once. (PyTorch's kernels use Welford's update.)
+    ``torch.nn.functional.layer_norm``: one kernel in op-math (the mean, the population
+    variance, ``rstd = 1 / sqrt(var + eps)``, then ``(x - mean) * rstd * weight + bias``),
+    rounded once. Under ``Math.reduction`` "torch_cpu" / "torch_cuda" it is PyTorch's
+    kernel bit for bit: its Welford moments (CPU: RowwiseMoments; CUDA: the vectorized
+    kernel when the row is a multiple of 4 and aligned, else RowwiseMomentsCUDAKernel)
+    and its epilogue as its compiler builds it (fused multiply-adds included, with
+    ``Math.cuda_kernels``). Under "pairwise" / "sequential": two passes in that order.
 
     >>> y = cl.layer_norm(cl.tensor([[1.0, 3.0]]), 2)
     >>> [round(v, 4) for v in y.tolist()[0]]
@@ -358,24 +407,76 @@ def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
     ns, dims = _norm_dims("layer_norm", x, normalized_shape)
     _check_param("layer_norm", "weight", w, ns, x)
     _check_param("layer_norm", "bias", b, ns, x)
-    n = _numel(_shape(x), dims)
-    in_dt = x.dtype
+    attrs = {"dims": dims, "eps": e, "weight": w is not None, "bias": b is not None}
 
-    def body(p, pw=None, pb=None):
-        xf = p if p.dtype is float64 else ops.astype(p, float32)
+    def body(*ps):
+        p = ps[0]
+        node = Node("layer_norm", tuple(q.node for q in ps), p.shape, p.dtype, p.node.device,
+                    attrs)
+        return Proxy(record(node))
+    return _call(body, [a for a in (x, w, b) if a is not None], kernel="layer_norm")
+
+
+def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
+    """castlab.layer_norm's kernel under the lowering's order (see layer_norm)."""
+    dims, e = node.attrs["dims"], node.attrs["eps"]
+    it = iter(params)
+    pw = next(it) if node.attrs["weight"] else None
+    pb = next(it) if node.attrs["bias"] else None
+    n = _numel(_shape(p), dims)
+    in_dt = p.dtype
+    xf = p if in_dt is float64 else ops.astype(p, float32)
+    acc = xf.dtype
+
+    def param(q):
+        return None if q is None else (q if q.dtype is acc else ops.astype(q, acc))
+    g, b = param(pw), param(pb)
+    if n == 0 or ctx.order not in ("torch_cpu", "torch_cuda"):
         m = _reduce("sum", xf, dims, True) / float(n)
         d = xf - m
         v = _reduce("sum", d * d, dims, True) / float(n)
         y = d * ops.rsqrt(v + e)
-        if pw is not None:
-            y = y * (pw if pw.dtype is xf.dtype else ops.astype(pw, xf.dtype))
-        if pb is not None:
-            y = y + (pb if pb.dtype is xf.dtype else ops.astype(pb, xf.dtype))
+        if g is not None:
+            y = y * g
+        if b is not None:
+            y = y + b
         return ops.astype(y, in_dt) if y.dtype is not in_dt else y
-    args = [x, w, b]
-    while args and args[-1] is None:
-        args.pop()
-    return _call(body, args, kernel="layer_norm")
+    a = {"algo": "layer_norm", "elem_bytes": in_dt.bits // 8}
+    if ctx.order == "torch_cuda":
+        a["vectorized"] = (in_dt is not float64 and n % 4 == 0 and n <= 1 << 24
+                           and ctx.aligned(in_dt.bits // 8 * 4))
+    m = _reduce("moments_mean", p, dims, True, acc, a)
+    v = _reduce("moments_m2", p, dims, True, acc, a) / float(n)
+    d = xf - m
+    if ctx.order == "torch_cpu":  # layer_norm_kernel.cpp, as GCC builds it (measured)
+        if not ctx.math.torch_cpu_fma():
+            ctx.attrs["no_fma"] = True  # the DEFAULT build: no fma instruction to contract to
+        r = 1.0 / ops.sqrt(v + e)
+        if in_dt in (float32, float64):
+            # (x + -mean) * rstd * gamma + beta; without gamma GCC drops the * 1:
+            # fma(x - mean, rstd, beta)
+            t = d * r
+            if g is None:
+                y = t + (b if b is not None else 0.0)
+            else:
+                y = t * g + (b if b is not None else 0.0)
+        else:  # the mixed-type kernel: fma(fma(x, rstd, -rstd * mean), gamma, beta)
+            t = xf * r + (-r) * m
+            y = (t * g if g is not None else t) + (b if b is not None else 0.0)
+    elif a["vectorized"]:  # vectorized_layer_norm_kernel: gamma * (rstd * (x - mean)) + beta
+        r = ops.rsqrt(v + e)
+        t = r * d
+        y = g * t if g is not None else t
+        if b is not None:
+            y = y + b
+    else:  # LayerNormForwardCUDAKernel: fma((x - mean) * rstd, gamma or 1, beta or 0)
+        r = ops.rsqrt(v + e)
+        y = (d * r) * (g if g is not None else 1.0) + (b if b is not None else 0.0)
+    return ops.astype(y, in_dt) if y.dtype is not in_dt else y
+
+
+EXPANSIONS["var"] = _expand_var
+EXPANSIONS["layer_norm"] = _expand_layer_norm
 
 
 def _arg(x):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -415,6 +416,12 @@ class Math:
             (NumPy's pairwise summation) or "sequential". Every order runs on both devices
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
+        cpu_isa: the build of PyTorch's CPU kernels the "torch_cpu" order follows where it
+            matters (layer_norm's Welford moments, with or without fused multiply-adds):
+            "avx2" (x86-64 with AVX2, and AVX512 too: PyTorch runs the AVX2 build of these
+            kernels there), "default" (``ATEN_CPU_CAPABILITY=default``: no fma) or "auto"
+            (``torch.backends.cpu.get_cpu_capability()`` when torch is imported, else
+            "avx2"). The vector width is 8 floats in all three.
         rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
             (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
             multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
@@ -442,6 +449,7 @@ class Math:
     cuda_kernels: bool = False
     reduction: str = "pairwise"
     rms_norm: str = "hf"
+    cpu_isa: str = "auto"
 
     def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
         return _cached_hash(self)
@@ -457,6 +465,7 @@ class Math:
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
         _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))
+        _check_choice("Math", "cpu_isa", self.cpu_isa, ("auto", "avx2", "default"))
 
     @staticmethod
     def presets() -> list[str]:
@@ -531,6 +540,21 @@ class Math:
         if self.reduction == "torch":
             return "torch_cuda" if cuda else "torch_cpu"
         return self.reduction
+
+    def torch_cpu_fma(self) -> bool:
+        """Do the "torch_cpu" order's Welford kernels fuse multiply-adds (``cpu_isa``
+        resolved: only PyTorch's DEFAULT build does not)?
+
+        >>> cl.Math(cpu_isa="default").torch_cpu_fma()
+        False
+        """
+        isa = self.cpu_isa
+        if isa == "auto":
+            torch = sys.modules.get("torch")  # never imported here: only asked if loaded
+            cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
+                          "get_cpu_capability", None)
+            isa = "default" if cap is not None and cap() == "DEFAULT" else "avx2"
+        return isa != "default"
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a table of the fields.
