@@ -197,7 +197,7 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                 t[2, :] = -0.0
             x = x.astype(dt)
             w = cl.randn(shape[-1], seed=1, dtype=dt)
-            for fn in fns:
+            for fi, fn in enumerate(fns):
                 outs = []
                 for fuse in (True, False):
                     _lower.FUSE_ROWS = fuse
@@ -207,6 +207,9 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                         _lower.FUSE_ROWS = "auto"
                 c = cl.jit(fn).run(x, w, policy=policy, math=m)
                 g0, g1 = (torch.from_dlpack(o).cpu() for o in outs)
-                assert mismatches(g0, g1) == 0, (shape, dt, order)
+                assert mismatches(g0, g1) == 0, ("fused != unfused", shape, dt, order, fi,
+                                                 mismatches(g0, g1))
                 if order != "torch":  # "torch" is each device's own order
-                    assert mismatches(g0, torch.from_dlpack(c)) == 0, (shape, dt, order)
+                    assert mismatches(g0, torch.from_dlpack(c)) == 0, (
+                        "GPU != CPU", shape, dt, order, fi, mismatches(g0, torch.from_dlpack(c)),
+                        mismatches(g1, torch.from_dlpack(c)))
