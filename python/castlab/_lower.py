@@ -1008,6 +1008,8 @@ def _row_group(low: Lowering, steps: list, i: int, readers: dict):
         return None
     if low.cuda and not _C.row_kernel_fits(spec, acc64, low.device.index or 0):
         return None
+    if low.cuda and any(red[3][0] >= REDUCE_OPS["moments_mean"] for _, _, red, _ in phases):
+        return None  # Welford moments in a row kernel have not run on a GPU: kept apart
     end = j + (1 if epi else 0)
     return ("row", leaves, outs, spec), end, dropped
 
