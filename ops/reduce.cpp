@@ -121,6 +121,14 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     throw std::invalid_argument("reduce: the Welford orders compute a mean or M2, not a sum");
   switch (s.order) {
     case kOrdTorchCpu:
+      if (s.p3 != 0) {  // SoftMaxKernel.cpp's vec::reduce_all over W lanes
+        if (s.p3 < 0 || s.p3 > 4 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
+            s.p2 != 0)
+          throw std::invalid_argument("torch_cpu order: reduce_all takes W = 4, 8 or 16 lanes");
+        P.a = P.b = s.p0;
+        P.d = s.p3;
+        break;
+      }
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4) ||
             (s.p0 == 1 && s.p1 == 1)))
         throw std::invalid_argument("torch_cpu order: vector (8, 8), (16, 8), (4, 4) or (1, 1)");

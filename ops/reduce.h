@@ -15,7 +15,9 @@ namespace cl {
 // parameters:
 //   torch_cpu:  p0 = elements per vector load (8 fp32, 16 bf16/fp16 pairs, 4 fp64),
 //               p1 = lanes (8 or 4), p2 = 0 (innermost reduction) or the contiguous
-//               extent of the kept dims after the reduced ones (an outer reduction)
+//               extent of the kept dims after the reduced ones (an outer reduction),
+//               p3 = 0; or SoftMaxKernel.cpp's row sums: p0 = p1 = W lanes (16: AVX512
+//               floats, 8, 4), p2 = 0, p3 = 1 (fp32/fp64 rows) or 2 (the bf16 kernel)
 //   torch_cuda: p0 = input_vec_size, p1 = vt0, p2 = SMs (0: 132, an H100/H200), p3 = 0
 //               for a reduction over the innermost dims, else the output vector size (1, 2
 //               or 4) of a reduction over outer dims (each thread owns an output)

@@ -43,7 +43,9 @@ enum ReduceOrder : int {
 //   torch_cpu:  a = elements per loaded vector (8: fp32, 16: bf16/fp16 pair loads, 4: fp64,
 //               1: a strided row, scalar_inner_sum),
 //               b = float lanes per vector (8 or 4), c = 0 for an innermost reduction, else
-//               the contiguous extent of the kept dims after the reduced ones (outer sum)
+//               the contiguous extent of the kept dims after the reduced ones (outer sum),
+//               d = 0 (the cascade sum), or 1 / 2: SoftMaxKernel.cpp's vec::reduce_all over
+//               a = b = W lanes (red_cpu_reduce_all)
 //   torch_cuda: a = block width, b = block height, c = accumulators per thread (vt0, or
 //               the vector size when vectorized), d = 1 when the input is vectorized,
 //               e = 1 when the row is split across the block's rows (threadIdx.y),
@@ -298,6 +300,74 @@ CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes) {
   return T(0) + fin;
 }
 
+// ATen's vec::reduce_all (cpu/vec/functional_base.h) as SoftMaxKernel.cpp sums a softmax
+// row, W lanes (mode 1: fp32/fp64 rows): lane l starts at v[l] and adds v[l + W], ...;
+// the last partial vector is added into the low lanes; then vec_reduce_all's butterfly
+// (lane l + lane l ^ h, h = W/2 .. 1). A row shorter than W is summed in order. Mode 2
+// (the bf16 kernel): W float lanes from 0 over the full vectors, the butterfly, then the
+// remaining elements one after another.
+template <typename T, typename A>
+CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
+  if (n <= 0) return T(0);
+  if (mode == 4) {  // reduce_all over bf16/fp16 (functional_bfloat16.h): float halves
+    T a0[16], a1[16];
+    if (n < 2 * W) {  // one partial vector: its halves added, then lanes in order
+      const int64_t m = n < W ? n : W;
+      for (int64_t l = 0; l < m; ++l) a0[l] = v[l];
+      for (int64_t l = 0; l + W < n; ++l) a0[l] = a0[l] + v[W + l];
+      T s = a0[0];
+      for (int64_t l = 1; l < m; ++l) s = s + a0[l];
+      return s;
+    }
+    for (int64_t l = 0; l < W; ++l) {
+      a0[l] = v[l];
+      a1[l] = v[W + l];
+    }
+    const int64_t full = n - n % (2 * W);
+    for (int64_t d = 2 * W; d < full; d += 2 * W)
+      for (int64_t l = 0; l < W; ++l) {
+        a0[l] = a0[l] + v[d + l];
+        a1[l] = a1[l] + v[d + W + l];
+      }
+    const int64_t k = n - full;
+    for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l];
+    for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l];
+    for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
+    for (int64_t h = W / 2; h >= 1; h /= 2) {
+      T nx[16];
+      for (int64_t l = 0; l < W; ++l) nx[l] = a0[l] + a0[l ^ h];
+      for (int64_t l = 0; l < W; ++l) a0[l] = nx[l];
+    }
+    return a0[0];
+  }
+  if (mode != 2 && n < W) {
+    T s = v[0];
+    for (int64_t i = 1; i < n; ++i) s = s + v[i];
+    return s;
+  }
+  T acc[16];
+  const int64_t full = n - n % W;
+  for (int64_t l = 0; l < W; ++l) acc[l] = mode != 2 ? T(v[l]) : T(0);
+  for (int64_t d = mode != 2 ? W : 0; d < full; d += W)
+    for (int64_t l = 0; l < W; ++l) acc[l] = acc[l] + v[d + l];
+  if (mode != 2)
+    for (int64_t l = 0; l < n - full; ++l) acc[l] = acc[l] + v[full + l];
+  if (mode == 3) {  // the generic vec_reduce_all: lane 0 adds the other lanes in order
+    T s = acc[0];
+    for (int64_t l = 1; l < W; ++l) s = s + acc[l];
+    return s;
+  }
+  for (int64_t h = W / 2; h >= 1; h /= 2) {
+    T nx[16];
+    for (int64_t l = 0; l < W; ++l) nx[l] = acc[l] + acc[l ^ h];
+    for (int64_t l = 0; l < W; ++l) acc[l] = nx[l];
+  }
+  T s = acc[0];
+  if (mode == 2)
+    for (int64_t i = full; i < n; ++i) s = s + v[i];
+  return s;
+}
+
 // ---- ATen's CUDA reduction kernel (Reduce.cuh), one row of n contiguous elements ----
 // Part t = (x, y, cta) of the emulated launch: x + a * (y + b * cta). When each row of
 // threads reduces its own output, only threadIdx.y's row matters (b = 1 then).
@@ -477,6 +547,7 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
     return red_pairwise_block<T>(v + start, length);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
     if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);
     return red_torch_cpu<T>(v, n, P.a, P.b);
   } else {

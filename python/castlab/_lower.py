@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import _C
 from ._device import as_device
-from ._dtype import _BY_CODE, as_dtype, dtype, float16, float32, float64, int64
+from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64, int64
 from ._graph import COMPARE, EXPANSIONS, Node, expand
 from ._optable import (
     BACKWARD_KERNELS,
@@ -329,6 +329,13 @@ class Lowering:
         k = node.attrs.get("kernel")
         return BACKWARD_KERNELS[k] if k is not None else None
 
+    def torch_cpu_softmax(self, node: Node) -> bool:
+        """Is this node inside softmax/log_softmax as PyTorch's CPU kernel computes it
+        (the torch_cpu order and implementation on the CPU)?"""
+        return (not self.cuda and node.attrs.get("kernel") in ("softmax", "log_softmax")
+                and self.math.reduction_order(False) == "torch_cpu"
+                and self.math.impl_on(False) == "torch_cpu")
+
     def kernel_inner(self, node: Node) -> bool:
         """Is this node inside one of PyTorch's fused backward kernels that computes in
         op-math on this device (its value is never rounded on its own)?"""
@@ -597,6 +604,15 @@ class Lowering:
         inner, unit, cols = layout
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout)
+        if order == "torch_cpu" and node.attrs.get("algo") == "softmax" and inner and unit:
+            # SoftMaxKernel.cpp's _vec_softmax_lastdim / _vec_log_softmax_lastdim: the row's
+            # sum by vec::reduce_all over the dispatched vector's lanes (mode 1); the bf16
+            # kernel sums float lanes over full vectors, then the rest in order (mode 2)
+            w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
+            half = src in (bfloat16, float16)
+            mode = (2 if half and node.attrs.get("kernel") == "softmax" else 4 if half
+                    else 3 if acc is float64 else 1)
+            return (kind, ORDER_CODE[order], w, w, 0, mode)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
@@ -1186,6 +1202,8 @@ class ProgramBuilder:
             self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
             dt = node.dtype.name if node.dtype is not None else None
+            if low.torch_cpu_softmax(node):
+                dt = None  # the kernel's Vectorized exp/log: SLEEF's, whatever the dtype
             var = low.math.variant_bits(op, f64 == F64, low.cuda, dt)
             if var != d.variant or not d.description:
                 d.variant = var
@@ -1195,6 +1213,28 @@ class ProgramBuilder:
             quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
+            if (quirk is None and contracted is None and op == "log"
+                    and low.torch_cpu_softmax(node) and node.attrs.get("storage_dtype")):
+                # serial_vec_log_softmax_lastdim_range (LogSoftmaxKernelImpl.h): the row's
+                # sum is stored in a bf16/fp16 array, its log is taken there (rounded again)
+                sdt = as_dtype(node.attrs["storage_dtype"])
+                rne = ROUND_MODES["nearest"]
+                a = self.operand(args[0], f64)
+                r1, lg, quirk = self.new(), self.new(), self.new()
+                self.ins("round", f64, r1, a=a, dtype=sdt.code, mode=rne, aux=node.index + 1)
+                self.ins("log", f64, lg, r1, var=var)
+                self.ins("round", f64, quirk, a=lg, dtype=sdt.code, mode=rne, aux=node.index + 1)
+                d.quirk = (f"the sum and its log held in {sdt.short} "
+                           "(LogSoftmaxKernelImpl.h, scalar_t tmp_sum)")
+            if (quirk is None and contracted is None and op == "div"
+                    and low.torch_cpu_softmax(node)):
+                # _vec_softmax_lastdim: tmp_sum = 1 / tmp_sum, then x * tmp_sum
+                a, b = (self.operand(x, f64) for x in args)
+                one, inv, quirk = self.new(), self.new(), self.new()
+                self.ins("const", f64, one, imm=1.0)
+                self.ins("div", f64, inv, one, b)
+                self.ins("mul", f64, quirk, a, inv)
+                d.quirk = "expanded as x * (1 / sum) (SoftMaxKernel.cpp)"
             if contracted is not None:
                 out, mul = contracted
                 d.fma_with = mul

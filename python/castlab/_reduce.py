@@ -277,7 +277,13 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
         z = xf - m
         ez = ops.exp(z)
         s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs=a)
-        y = z - ops.log(s) if log else ez / s
+        if log:
+            ls = ops.log(s)
+            if out_dt.bits == 16:  # PyTorch's CPU kernel keeps the sum and its log in bf16/fp16
+                ls.node.attrs = {**ls.node.attrs, "storage_dtype": out_dt.name}
+            y = z - ls
+        else:
+            y = ez / s
         if len(p.shape) == 0:
             y = ops.reshape(y, ())
         return ops.astype(y, out_dt) if y.dtype is not out_dt else y
@@ -288,7 +294,8 @@ def softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:
     """Softmax along `dim`, as ``torch.softmax``: one kernel in op-math (max, ``exp(x -
     max)``, their sum, a true division), rounded once. Under ``Math.reduction="torch"``
     on a GPU the sums follow SoftMax.cu (warp softmax for rows up to 2048 elements, block
-    softmax above).
+    softmax above); on the CPU, with torch_eager math, SoftMaxKernel.cpp (SLEEF's exp, the
+    vector lanes' sums, ``x * (1 / sum)``) for the last dim.
 
     >>> y = cl.softmax(cl.tensor([[0.0, 1.0], [2.0, 2.0]]), dim=-1)
     >>> [round(v, 4) for v in y[0].tolist()]

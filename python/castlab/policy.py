@@ -417,11 +417,12 @@ class Math:
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
         cpu_isa: the build of PyTorch's CPU kernels the "torch_cpu" order follows where it
-            matters (layer_norm's Welford moments, with or without fused multiply-adds):
-            "avx2" (x86-64 with AVX2, and AVX512 too: PyTorch runs the AVX2 build of these
-            kernels there), "default" (``ATEN_CPU_CAPABILITY=default``: no fma) or "auto"
-            (``torch.backends.cpu.get_cpu_capability()`` when torch is imported, else
-            "avx2"). The vector width is 8 floats in all three.
+            matters (layer_norm's Welford moments, with or without fused multiply-adds;
+            softmax's row sums over the vector's lanes): "avx512" (kernels PyTorch also
+            builds for AVX512, as softmax, run 16-float vectors; the rest run their AVX2
+            build), "avx2" (x86-64 with AVX2), "default" (``ATEN_CPU_CAPABILITY=default``:
+            no fma) or "auto" (``torch.backends.cpu.get_cpu_capability()`` when torch is
+            imported, else "avx2").
         rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
             (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
             multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
@@ -465,7 +466,7 @@ class Math:
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
         _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))
-        _check_choice("Math", "cpu_isa", self.cpu_isa, ("auto", "avx2", "default"))
+        _check_choice("Math", "cpu_isa", self.cpu_isa, ("auto", "avx512", "avx2", "default"))
 
     @staticmethod
     def presets() -> list[str]:
@@ -540,6 +541,23 @@ class Math:
         if self.reduction == "torch":
             return "torch_cuda" if cuda else "torch_cpu"
         return self.reduction
+
+    def torch_cpu_vector_bytes(self) -> int:
+        """The width of PyTorch's CPU vectors where the "torch_cpu" order follows a kernel
+        built for AVX512 as well (``ALSO_REGISTER_AVX512_DISPATCH``, e.g. softmax): 64 on
+        an AVX512 build (``cpu_isa`` "avx512", or "auto" with torch loaded reporting
+        AVX512), else 32.
+
+        >>> cl.Math(cpu_isa="avx2").torch_cpu_vector_bytes()
+        32
+        """
+        isa = self.cpu_isa
+        if isa == "auto":
+            torch = sys.modules.get("torch")  # never imported here: only asked if loaded
+            cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
+                          "get_cpu_capability", None)
+            isa = "avx512" if cap is not None and cap() == "AVX512" else "avx2"
+        return 64 if isa == "avx512" else 32
 
     def torch_cpu_fma(self) -> bool:
         """Do the "torch_cpu" order's Welford kernels fuse multiply-adds (``cpu_isa``
