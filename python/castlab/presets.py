@@ -416,7 +416,7 @@ def _build() -> dict:
              _GH + "NVIDIA/TransformerEngine", Math.preset("transformer_engine"), [
                  ("swiglu", _hf_swiglu, _FUSED,
                   "silu = x*(1/(1+expf(-x))), * gate in fp32, one rounding",
-                  _TE + "common/util/math.h"),
+                  _TE + "common/util/math.h#L39-L83"),
                  ("rope", _from_freqs(False, False), _FUSED,
                   "fp32 sincosf of fp32 angles (never rounded), fma(x, cos, rot*sin), "
                   "one rounding", _TE + "common/fused_rope/fused_rope.cu#L38-L91"),
