@@ -143,6 +143,10 @@ def test_liger_rope_alternatives_for_diagnosis():
     C, S, Q = cl_(cos), cl_(sin), cl_(q)
     counts = {name: mismatches(t_(cl.library(name).rope(Q, C, S)), oq)
               for name in ("liger", "torch_eager", "flash_attn", "vllm")}
+    # the other fma choice: the second product of each add/sub fused, the first rounded
+    p = cl.library("liger")["rope"]
+    other = cl.jit(p.fn, policy=cl.Policy("custom", round_after=(6, 8, 9, 11)), math=p.math)
+    counts["liger_second_product_fused"] = mismatches(t_(other(Q, C, S)), oq)
     report(case="rope forward q: liger vs each castlab preset", library="liger",
            dtype="bfloat16", elements=oq.numel(), mismatches=counts)
 
