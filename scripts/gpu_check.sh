@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build castlab from source on a GPU machine, run the CUDA tests and the CUDA benchmark.
-# Logs go to $OUT (default ./gpu_check_out). Usage: bash scripts/gpu_check.sh [--no-bench] [--cpu-tests]
+# Logs go to $OUT (default ./gpu_check_out).
+# Usage: bash scripts/gpu_check.sh [--no-bench] [--cpu-tests] [--presets-only]
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_check_out}"
@@ -10,9 +11,9 @@ export PYTHONUNBUFFERED=1
 export CASTLAB_CACHE_DIR="${CASTLAB_CACHE_DIR:-/tmp/castlab_kernel_cache}"
 export CASTLAB_GPU_REPORT="$OUT/report.jsonl"
 rm -f "$CASTLAB_GPU_REPORT"
-BENCH=1; CPU=0
+BENCH=1; CPU=0; PRESETS_ONLY=0
 for a in "$@"; do
-  case "$a" in --no-bench) BENCH=0 ;; --cpu-tests) CPU=1 ;; esac
+  case "$a" in --no-bench) BENCH=0 ;; --cpu-tests) CPU=1 ;; --presets-only) PRESETS_ONLY=1 ;; esac
 done
 {
   date -u; hostname; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -62,6 +63,23 @@ PYEOF
   exit 1
 fi
 cat "$OUT/smoke.log"
+
+# ---- kernel libraries for tests/test_presets_cuda.py (the GPU machine has no network) ----
+# wheels/ is git-ignored: download here beforehand and carry it to the GPU machine
+# (the run tool's carry=["wheels"]):
+#   pip download liger-kernel==0.8.5 --no-deps -d wheels/
+#   git show <flash-attention commit>:flash_attn/ops/triton/rotary.py > wheels/flash_attn_rotary.py
+# liger-kernel is pure Python on Triton; --no-deps keeps the image's torch and triton.
+if ls wheels/liger_kernel-*.whl > /dev/null 2>&1; then
+  $PY -m pip install --no-deps --no-index wheels/liger_kernel-*.whl > "$OUT/pip_wheels.log" 2>&1 \
+    && echo "installed: $(ls wheels/*.whl | xargs -n1 basename)" || tail -5 "$OUT/pip_wheels.log"
+fi
+# Just the presets vs the libraries (fast): bash scripts/gpu_check.sh --presets-only
+if [ "$PRESETS_ONLY" = 1 ]; then
+  $PY -m pytest -m cuda tests/test_presets_cuda.py -q -rfEs -s -p no:cacheprovider 2>&1 \
+    | tee "$OUT/test_presets_cuda.log" | tail -60
+  exit 0
+fi
 
 # ---- CUDA tests ----
 t0=$(date +%s)

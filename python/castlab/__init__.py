@@ -16,14 +16,15 @@
 #                                         reductions and norms
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics -> torch, sweep -> study, plot -> cli  analysis, PyTorch model capture
+#   6  numerics -> torch, presets, sweep -> study, plot -> cli  analysis, PyTorch model
+#                                         capture, kernel-library presets,
 #                                         (castlab.torch: imported on its own, it needs torch),
 #                                         Dask sweeps, studies, plots, the CLI
 #   7  castlab (this file), __main__
 # Tensor methods are installed by _tensor; modules below it may call them on tensors
 # (t.clone(), t.astype()) at run time, but never import it.
 
-from . import _C, _debug, cli, cuda, numerics, study
+from . import _C, _debug, cli, cuda, numerics, presets, study
 from ._creation import (
     arange,
     asarray,
@@ -74,6 +75,7 @@ from ._tensor import Tensor
 from .ops import *  # noqa: F403  (the op table's functions and the shape functions)
 from .ops import __all__ as _ops_all
 from .policy import Math, Policy, use_math
+from .presets import libraries, library
 
 __version__ = _C.__version__
 _debug.level()  # pass CASTLAB_DEBUG on to C++
@@ -90,7 +92,7 @@ __all__ = [
     "sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm", "layer_norm",
     "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
     "numerics",
-    "study", "info",
+    "study", "info", "presets", "library", "libraries",
 ]
 
 

@@ -1,0 +1,483 @@
+"""Kernel-library presets: the SwiGLU and RoPE kernels people run, as castlab graphs.
+
+A library's kernel differs from PyTorch eager in where it rounds and in which formula it
+evaluates; castlab names both. Each preset is an ordinary castlab function (the library's
+formula, operand order included, since it decides which product an fma absorbs), the
+:class:`~castlab.Policy` that places the library's roundings, and the
+:class:`~castlab.Math` of its compiler and functions. One name per library selects all of
+them for every op it covers:
+
+>>> import castlab as cl
+>>> lib = cl.library("liger")
+>>> lib.ops
+('swiglu', 'swiglu_backward', 'rope', 'rope_backward')
+>>> a, b = cl.randn(4, 8, seed=0, dtype=cl.bfloat16), cl.randn(4, 8, seed=1, dtype=cl.bfloat16)
+>>> y = lib.swiglu(a, b)                                  # runs castlab's reproduction
+>>> lib["swiglu"].policy.round_after
+('silu',)
+>>> f = cl.jit(lib["swiglu"].fn, policy=lib["swiglu"].policy, math=lib.math)  # same thing
+
+Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Face):
+
+- ``swiglu(a, b)``: gate ``a`` and up ``b``, same shape and dtype.
+- ``swiglu_backward(dc, a, b)`` -> ``(da, db)``.
+- ``rope(x, cos, sin)``: ``x`` [..., S, D]; ``cos``/``sin`` [S, R] as Hugging Face builds
+  them (``cat(freqs, freqs)``, R = rotary dims <= D, the rest of ``x`` passes through), in
+  the dtype of the cache the library reads. Libraries that compute cos/sin in the kernel
+  (``apex``, ``transformer_engine``) take ``rope(x, freqs)``: the fp32 angles [S, R]
+  (``cat(freqs, freqs)``; for the interleaved layout, ``repeat_interleave(freqs, 2)``).
+- ``rope_backward(dy, cos, sin)`` (or ``(dy, freqs)``) -> ``dx``.
+- ``rope_interleaved`` / ``rope_interleaved_backward``: the GPT-J layout (pairs
+  ``x[2i], x[2i+1]`` rotate together; cos/sin [S, R] read at column i for pair i).
+
+Every preset is written from the library's source (cited in its ``source``) and marked
+by ``verified``: whether it has been run against the library itself (README, "Kernel
+libraries"). tests/test_presets.py checks each against a NumPy reference of the library's
+formula on the CPU; tests/test_presets_cuda.py against the library on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from ._dtype import float32
+from ._jit import JitFunction, jit
+from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
+from .policy import Math, Policy
+
+__all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS"]
+
+#: The ops a library preset can cover, in display order.
+OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
+       "rope_interleaved_backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpPreset:
+    """One library's op: its formula as a castlab function, the policy placing the
+    library's roundings, the math of its compiler, and where it comes from.
+
+    >>> p = cl.library("flash_attn")["rope"]
+    >>> p.policy.name, p.math.fma
+    ('fused', True)
+    """
+
+    library: str
+    op: str
+    fn: Callable
+    policy: Policy
+    math: Math
+    summary: str        # where it rounds, which formula: one line
+    source: str         # file and lines (with the commit read), as a URL
+    inputs: str = ""
+    #: gradients by castlab's autodiff instead of a formula of the library's own:
+    #: (forward function, argnums); the op is called as (cotangent, *other primals)
+    grad_of: tuple | None = None
+
+    def jit(self) -> JitFunction:
+        """The op as a ``cl.jit`` function under the preset's policy and math (cached).
+
+        >>> swiglu = cl.library("liger")["swiglu"].jit()
+        """
+        key = (self.library, self.op)
+        j = _JITS.get(key)
+        if j is None:
+            j = _JITS[key] = jit(self.grad_of[0] if self.grad_of else self.fn,
+                                 policy=self.policy, math=self.math)
+        return j
+
+    def __call__(self, *args):
+        """Run the preset on castlab tensors (any device).
+
+        >>> x = cl.randn(1, 2, 4, 8, seed=0, dtype=cl.bfloat16)
+        >>> freqs = cl.randn(4, 8, seed=1)
+        >>> y = cl.library("transformer_engine")["rope"](x, freqs)
+        """
+        if self.grad_of is None:
+            return self.jit()(*args)
+        # autodiff, called as the library ops are: swiglu_backward(dc, a, b) has every
+        # primal; rope_backward(dy, cos, sin) lacks x, which RoPE's gradient (linear in
+        # x) never reads: dy stands in for it as a tensor of the right shape and dtype
+        _, argnums = self.grad_of
+        dy, *rest = args
+        primals = rest if self.op.startswith("swiglu") else [dy, *rest]
+        return self.jit().backward(*primals, grad_outputs=dy, argnums=argnums)
+
+    def trace(self, *args) -> str:
+        """The listing of the graph castlab runs for these inputs (casts shown)."""
+        return self.jit().trace(*args)
+
+
+_JITS: dict = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The presets of one kernel library, by op. ``lib.swiglu(a, b)`` runs one;
+    ``lib["swiglu"]`` is its :class:`OpPreset`; an op the library does not have raises
+    a ValueError that lists which libraries cover which ops.
+
+    >>> cl.library("flash_attn").swiglu          # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: flash_attn has no swiglu kernel...
+    """
+
+    name: str
+    summary: str
+    url: str
+    math: Math
+    presets: dict
+    verified: str = "from source, not yet run against the library"
+
+    @property
+    def ops(self) -> tuple:
+        return tuple(op for op in OPS if op in self.presets)
+
+    def __getitem__(self, op: str) -> OpPreset:
+        try:
+            return self.presets[op]
+        except KeyError:
+            raise ValueError(_missing(self.name, op)) from None
+
+    def __getattr__(self, op: str):
+        if op.startswith("_") or op not in OPS:
+            raise AttributeError(op)
+        return self[op]
+
+    def describe(self) -> str:
+        """One line per op: where it rounds, which formula, the source."""
+        lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}]"]
+        lines += [f"  {p.op}: {p.summary} [{p.source}]" for p in self.presets.values()]
+        return "\n".join(lines)
+
+
+def _missing(name: str, op: str) -> str:
+    by_op = coverage()
+    if op not in by_op:
+        return (f"unknown op {op!r}; kernel-library presets cover: " + ", ".join(OPS))
+    table = "; ".join(f"{o}: {', '.join(libs)}" for o, libs in by_op.items())
+    return (f"{name} has no {op} kernel, so castlab has no {op} preset for it. "
+            f"Presets by op: {table}")
+
+
+# ---------------------------------------------------------------- formulas
+
+def _split(x, rd: int):
+    """The rotary part of x's last dim and the part that passes through (or None)."""
+    d = x.shape[-1]
+    if rd > d or rd % 2:
+        raise ValueError(f"RoPE: rotary dims {rd} must be even and <= head dim {d}")
+    return (x, None) if rd == d else (x[..., :rd], x[..., rd:])
+
+
+def _join(out, rest, dt):
+    out = out.astype(dt)
+    return out if rest is None else cat([out, rest], dim=-1)
+
+
+def _rope_hf(x, c, s):
+    """Hugging Face's apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, cos/sin
+    [S, R] = cat(freqs, freqs); dims past R pass through (partial rotary)."""
+    xr, rest = _split(x, c.shape[-1])
+    h = c.shape[-1] // 2
+    rot = cat([-xr[..., h:], xr[..., :h]], dim=-1)
+    return _join(xr * c + rot * s, rest, x.dtype)
+
+
+def _rope_interleaved_rot(x, c, s):
+    """GPT-J layout, TransformerEngine's form: x*cos + rot(x)*sin with
+    rot(x)[2i] = -x[2i+1], rot(x)[2i+1] = x[2i]; cos/sin per element."""
+    xr, rest = _split(x, c.shape[-1])
+    p = reshape(xr, *xr.shape[:-1], xr.shape[-1] // 2, 2)
+    rot = reshape(stack([-p[..., 1], p[..., 0]], dim=-1), *xr.shape)
+    return _join(xr * c + rot * s, rest, x.dtype)
+
+
+def _hf_swiglu(a, b):
+    return silu(a) * b
+
+
+def _hf_rope(x, c, s):
+    return _rope_hf(x, c, s)
+
+
+def _from_freqs(round_to_input: bool, conj: bool, interleaved: bool = False):
+    """RoPE with cos/sin computed from fp32 angles inside the kernel (sincosf), cast to
+    the input dtype first (Apex, TransformerEngine's unfused path) or kept in fp32
+    (TransformerEngine fused). `conj`: the backward, sin negated."""
+    body = _rope_interleaved_rot if interleaved else _rope_hf
+
+    def rope_from_freqs(x, freqs):
+        c, s = cos(freqs), sin(freqs)
+        if round_to_input:
+            c, s = c.astype(x.dtype), s.astype(x.dtype)
+        return body(x, c, -s if conj else s)
+
+    return rope_from_freqs
+
+
+# Liger/Unsloth RoPE: x cast to the cos/sin dtype, then `x1*c - x2*s`, `x2*c + x1*s` in
+# that dtype. With a bf16 cache every op rounds to bf16, except that Triton's fp fusion
+# contracts the first product of each add/sub into an fma (LLVM fuses the left operand's
+# multiply first; castlab's lowering does the same). The policy rounds after the nodes
+# below by index (``trace()`` shows them): x2*s, the sub, x1*s and the add; the products
+# x1*c (t6) and x2*c (t9) stay exact for their fmas. In the backward, sin's negation is
+# node t2 and every later index moves up by one.
+# Known limit: Triton's fma here is fma.rn.bf16/.f16, one rounding to the storage dtype;
+# castlab's fma computes in fp32 and the cast rounds again. On 1M CPU elements the two
+# agree everywhere in bf16 and differ in 7 fp16 elements (double rounding): a residual the
+# GPU test would show for fp16, until an fma-in-storage-dtype factor exists.
+_LIGER_ROPE_ROUNDED = (7, 8, 10, 11)
+
+
+def _liger_rope(conj: bool):
+    def liger_rope(x, c, s):
+        rd = c.shape[-1]
+        h = rd // 2
+        c, s = c[..., :h], s[..., :h]                                     # t0, t1
+        if conj:
+            s = -s                                                        # (t2)
+        if rd > x.shape[-1] or rd % 2:
+            raise ValueError(f"RoPE: rotary dims {rd} must be even and <= head dim "
+                             f"{x.shape[-1]}")
+        xr = x[..., :rd].astype(c.dtype)                                  # t2, t3
+        x1, x2 = xr[..., :h], xr[..., h:]                                 # t4, t5
+        o1 = x1 * c - x2 * s                                              # t6 t7 t8
+        o2 = x2 * c + x1 * s                                              # t9 t10 t11
+        out = cat([o1, o2], dim=-1).astype(x.dtype)
+        if rd == x.shape[-1]:
+            return out
+        return cat([out, x[..., rd:]], dim=-1)                            # pass-through
+
+    return liger_rope
+
+
+def _liger_rope_policy(conj: bool) -> Policy:
+    return Policy("custom", round_after=tuple(i + int(conj) for i in _LIGER_ROPE_ROUNDED))
+
+
+def _pairs_fp32(flash: bool, interleaved: bool, conj: bool):
+    """flash-attn's and vLLM's RoPE: x, cos, sin widened to fp32, pairs (x0, x1) rotated
+    as x0*c - x1*s and (flash-attn) x0*s + x1*c or (vLLM) x1*c + x0*s, one rounding."""
+
+    def rope_fp32(x, c, s):
+        rd = c.shape[-1]
+        h = rd // 2
+        c, s = c[..., :h].astype(float32), s[..., :h].astype(float32)
+        if conj:
+            s = -s
+        xr, rest = _split(x, rd)
+        xr = xr.astype(float32)
+        if interleaved:
+            p = reshape(xr, *xr.shape[:-1], h, 2)
+            x0, x1 = p[..., 0], p[..., 1]
+        else:
+            x0, x1 = xr[..., :h], xr[..., h:]
+        o0 = x0 * c - x1 * s
+        o1 = x0 * s + x1 * c if flash else x1 * c + x0 * s
+        if interleaved:
+            out = reshape(stack([o0, o1], dim=-1), *xr.shape)
+        else:
+            out = cat([o0, o1], dim=-1)
+        return _join(out, rest, x.dtype)
+
+    return rope_fp32
+
+
+def _liger_swiglu_backward(dc, a, b):
+    # Liger swiglu.py: recompute sigmoid and silu in fp32; db = dc*silu, da =
+    # dc*(silu*(1-sig) + sig)*b, each rounded once on store
+    sig = sigmoid(a)
+    silu_a = a * sig
+    db = dc * silu_a
+    da = dc * (silu_a * (1.0 - sig) + sig) * b
+    return da, db
+
+
+def _unsloth_swiglu_backward(dc, a, b):
+    # Unsloth swiglu.py _DWf_DW_dfg_kernel: f = e*sig rounded to the dtype (t1), df = dW*f,
+    # dg = dW*g rounded (t3), de = dg*sig*(1 + e*(1-sig)) rounded once
+    sig = sigmoid(a)                      # t0
+    f = a * sig                           # t1: rounded
+    db = dc * f                           # t2
+    dg = dc * b                           # t3: rounded
+    da = dg * sig * (1.0 + a * (1.0 - sig))
+    return da, db
+
+
+_UNSLOTH_SWIGLU_BWD = Policy("custom", round_after=(1, 3))
+_ROUND_SILU = Policy("custom", round_after=("silu",))
+
+# ---------------------------------------------------------------- the libraries
+
+_GH = "https://github.com/"
+_LIGER = _GH + "linkedin/Liger-Kernel/blob/v0.8.5/src/liger_kernel/ops/"
+_UNSLOTH = _GH + "unslothai/unsloth/blob/015bdef0d94a241bcd94eec7a405b1700632180d/unsloth/kernels/"
+_FLASH = _GH + "Dao-AILab/flash-attention/blob/0251105a2fb19d2957484b7f023cd8c115286ced/flash_attn/"
+_VLLM = _GH + "vllm-project/vllm/blob/"
+_APEX = _GH + "NVIDIA/apex/blob/6424da3b4faa6c8f062da4a48c424fff3f02d42d/csrc/megatron/"
+_TE = _GH + "NVIDIA/TransformerEngine/blob/d0067d0da6cb01811b8072a7d304f0e00344ce2b/transformer_engine/"
+
+_EAGER = Policy("eager")
+_FUSED = Policy("fused")
+
+
+def _lib(name: str, summary: str, url: str, math: Math, ops: list) -> Library:
+    presets = {}
+    for op, fn, policy, summ, source, *grad in ops:
+        presets[op] = OpPreset(name, op, fn, policy, math, summ, source,
+                               grad_of=grad[0] if grad else None)
+    return Library(name, summary, url, math, presets)
+
+
+def _build() -> dict:
+    triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx")
+    libs = [
+        _lib("torch_eager",
+             "Hugging Face modeling code under PyTorch eager: every op rounds",
+             _GH + "huggingface/transformers/blob/main/src/transformers/models/qwen2/modeling_qwen2.py",
+             Math.preset("torch_eager"), [
+                 ("swiglu", _hf_swiglu, _EAGER,
+                  "silu(a) = a/(1+expf(-a)) rounded, * b rounded",
+                  "aten/src/ATen/native/cuda/ActivationSiluKernel.cu"),
+                 ("swiglu_backward", None, _EAGER,
+                  "autograd: dsilu = dc*b rounded; silu_backward dy*s*(1+x*(1-s)) rounded; "
+                  "db = dc*silu(a) rounded (castlab's autodiff)",
+                  "tools/autograd/derivatives.yaml", (_hf_swiglu, (0, 1))),
+                 ("rope", _hf_rope, _EAGER,
+                  "x*cos + rotate_half(x)*sin, cos/sin cast to x.dtype, every op rounded",
+                  "transformers models/qwen2/modeling_qwen2.py apply_rotary_pos_emb"),
+                 ("rope_backward", None, _EAGER,
+                  "autograd of the above (castlab's autodiff)",
+                  "tools/autograd/derivatives.yaml", (_hf_rope, 0)),
+             ]),
+        _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
+             Math("liger", **triton_sig), [
+                 ("swiglu", _hf_swiglu, _ROUND_SILU,
+                  "silu = a*tl.sigmoid(a) in fp32, rounded to b's dtype, * b rounded",
+                  _LIGER + "swiglu.py#L44-L75"),
+                 ("swiglu_backward", _liger_swiglu_backward, _FUSED,
+                  "fp32: db = dc*silu, da = dc*fma(silu, 1-sig, sig)*b, one rounding each",
+                  _LIGER + "swiglu.py#L79-L105"),
+                 ("rope", _liger_rope(False), _liger_rope_policy(False),
+                  "x cast to the cos/sin dtype; x1*c - x2*s, x2*c + x1*s per op in that "
+                  "dtype, first product fma-contracted (Triton fp fusion)",
+                  _LIGER + "rope.py#L67-L104"),
+                 ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
+                  "as rope with sin negated: x1*c + x2*s, x2*c - x1*s",
+                  _LIGER + "rope.py#L105-L116"),
+             ]),
+        _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
+             Math("unsloth", **triton_sig), [
+                 ("swiglu", _hf_swiglu, _ROUND_SILU,
+                  "f = e*tl.sigmoid(e) in fp32, rounded to g's dtype, * g rounded",
+                  _UNSLOTH + "swiglu.py#L37-L47"),
+                 ("swiglu_backward", _unsloth_swiglu_backward, _UNSLOTH_SWIGLU_BWD,
+                  "f and dW*g rounded like eager; de = dg*sig*fma(e, 1-sig, 1) rounded once",
+                  _UNSLOTH + "swiglu.py#L86-L109"),
+                 ("rope", _liger_rope(False), _liger_rope_policy(False),
+                  "Q cast to the cos/sin dtype; Q1*c - Q2*s, Q2*c + Q1*s per op (as Liger)",
+                  _UNSLOTH + "rope_embedding.py#L129-L158"),
+                 ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
+                  "as rope with sin negated", _UNSLOTH + "rope_embedding.py#L140-L142"),
+             ]),
+        _lib("flash_attn", "flash-attn's Triton rotary kernel (apply_rotary_emb)",
+             _GH + "Dao-AILab/flash-attention", Math("flash_attn", impl="cuda", fma=True), [
+                 ("rope", _pairs_fp32(True, False, False), _FUSED,
+                  "x, cos, sin widened to fp32; x0*c - x1*s, x0*s + x1*c (fma); one rounding",
+                  _FLASH + "ops/triton/rotary.py#L73-L88"),
+                 ("rope_backward", _pairs_fp32(True, False, True), _FUSED,
+                  "conjugate=True: as rope with sin negated", _FLASH + "ops/triton/rotary.py#L75-L76"),
+                 ("rope_interleaved", _pairs_fp32(True, True, False), _FUSED,
+                  "interleaved pairs, same formula", _FLASH + "ops/triton/rotary.py#L89-L99"),
+                 ("rope_interleaved_backward", _pairs_fp32(True, True, True), _FUSED,
+                  "interleaved, sin negated", _FLASH + "ops/triton/rotary.py#L75-L99"),
+             ]),
+        _lib("vllm", "vLLM's CUDA kernels (inference: forward only)",
+             _GH + "vllm-project/vllm", Math("vllm", impl="cuda", fma=True, silu="div"), [
+                 ("swiglu", _hf_swiglu, _EAGER,
+                  "silu_and_mul: (T)(x/(1+expf(-x))) * y in T: two roundings, as eager",
+                  _VLLM + "00ccbd42dc1f40412cc711c5737cc4be0e7a8145/csrc/activation_kernels.cu#L14-L48"),
+                 ("rope", _pairs_fp32(False, False, False), _FUSED,
+                  "NeoX: x*cos - y*sin, y*cos + x*sin in fp32 (nvcc fma), one rounding",
+                  _VLLM + "0f5257e245116449bfbe78a87c22aeef632eba8f/csrc/pos_encoding_kernels.cu#L8-L33"),
+                 ("rope_interleaved", _pairs_fp32(False, True, False), _FUSED,
+                  "GPT-J layout, same formula",
+                  _VLLM + "0f5257e245116449bfbe78a87c22aeef632eba8f/csrc/pos_encoding_kernels.cu#L20-L32"),
+             ]),
+        _lib("apex", "Apex's Megatron fused RoPE (fused_apply_rotary_pos_emb)",
+             _GH + "NVIDIA/apex", Math("apex", impl="cuda", fma=True), [
+                 ("rope", _from_freqs(True, False), _EAGER,
+                  "sincosf of fp32 angles cast to scalar_t; x*cos + rot*sin in scalar_t, "
+                  "every op rounded", _APEX + "fused_rotary_positional_embedding.h#L27-L46"),
+                 ("rope_backward", _from_freqs(True, True), _EAGER,
+                  "cosf/sinf cast to scalar_t, sin negated on the rotated half, per op",
+                  _APEX + "fused_rotary_positional_embedding.h#L62-L81"),
+             ]),
+        _lib("transformer_engine",
+             "TransformerEngine: fused RoPE and its SwiGLU (fp32, one rounding)",
+             _GH + "NVIDIA/TransformerEngine", Math.preset("transformer_engine"), [
+                 ("swiglu", _hf_swiglu, _FUSED,
+                  "silu = x*(1/(1+expf(-x))), * gate in fp32, one rounding",
+                  _TE + "common/util/math.h#L39-L83"),
+                 ("rope", _from_freqs(False, False), _FUSED,
+                  "fp32 sincosf of fp32 angles (never rounded), fma(x, cos, rot*sin), "
+                  "one rounding", _TE + "common/fused_rope/fused_rope.cu#L38-L91"),
+                 ("rope_backward", _from_freqs(False, True), _FUSED,
+                  "as rope with sin negated on the rotated half",
+                  _TE + "common/fused_rope/fused_rope.cu#L93-L136"),
+                 ("rope_interleaved", _from_freqs(False, False, True), _FUSED,
+                  "interleaved: rot[2i] = -x[2i+1], rot[2i+1] = x[2i]",
+                  _TE + "common/fused_rope/fused_rope.cu#L64-L75"),
+                 ("rope_interleaved_backward", _from_freqs(False, True, True), _FUSED,
+                  "interleaved, sin negated", _TE + "common/fused_rope/fused_rope.cu#L126-L135"),
+             ]),
+        _lib("transformer_engine_unfused",
+             "TransformerEngine's unfused RoPE (apply_rotary_pos_emb, fused=False)",
+             _GH + "NVIDIA/TransformerEngine", Math.preset("torch_eager"), [
+                 ("rope", _from_freqs(True, False), _EAGER,
+                  "torch.cos/sin(freqs).to(t.dtype), then t*cos + rotate_half(t)*sin eager",
+                  _TE + "pytorch/attention/rope.py#L279-L317"),
+                 ("rope_interleaved", _from_freqs(True, False, True), _EAGER,
+                  "interleaved rotate_half, eager", _TE + "pytorch/attention/rope.py#L258-L317"),
+             ]),
+    ]
+    return {lib.name: lib for lib in libs}
+
+
+_LIBRARIES = _build()
+
+
+def libraries() -> list[str]:
+    """The names of the kernel-library presets.
+
+    >>> "liger" in cl.libraries()
+    True
+    """
+    return list(_LIBRARIES)
+
+
+def library(name: str) -> Library:
+    """A kernel library's presets by name (see :func:`libraries`).
+
+    >>> cl.library("vllm").ops
+    ('swiglu', 'rope', 'rope_interleaved')
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"library: name must be a str, not {type(name).__name__}")
+    try:
+        return _LIBRARIES[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel library {name!r}; valid: "
+                         + ", ".join(_LIBRARIES)) from None
+
+
+def coverage() -> dict:
+    """Which libraries cover which op: ``{op: [library, ...]}``.
+
+    >>> cl.presets.coverage()["rope_interleaved"]
+    ['flash_attn', 'vllm', 'transformer_engine', 'transformer_engine_unfused']
+    """
+    return {op: [n for n, lib in _LIBRARIES.items() if op in lib.presets] for op in OPS}

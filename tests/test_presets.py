@@ -1,0 +1,325 @@
+"""Kernel-library presets (castlab.presets) on the CPU, against NumPy references written
+from each library's published formula with explicit roundings.
+
+Correctly rounded steps (products, sums, fma, casts) are computed exactly in float64 and
+rounded once; the transcendental parts (sigmoid, cos, sin) come from the same castlab
+function under the preset's math, so these tests check cast placement and formula order,
+bit for bit. The GPU comparison with the libraries themselves is tests/test_presets_cuda.py.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import castlab as cl
+
+BF16 = ml_dtypes.bfloat16
+NP = {"bfloat16": BF16, "float16": np.float16, "float32": np.float32}
+CL = {"bfloat16": cl.bfloat16, "float16": cl.float16, "float32": cl.float32}
+
+
+# ---------------------------------------------------------------- exact rounding helpers
+
+def rnd(v, dt: str):
+    """float64 values rounded once (nearest even) to dt, returned as float64."""
+    v = np.asarray(v, dtype=np.float64)
+    if dt == "float64":
+        return v
+    if dt == "bfloat16":
+        # float64 -> float32 rounded to odd, then -> bf16: one correct rounding
+        f = v.astype(np.float32)
+        over = np.abs(f.astype(np.float64)) > np.abs(v)
+        f = np.where(over, np.nextafter(f, np.float32(0)), f)
+        bits = f.view(np.uint32) | (f.astype(np.float64) != v).astype(np.uint32)
+        return bits.view(np.float32).astype(BF16).astype(np.float64)
+    return v.astype(NP[dt]).astype(np.float64)  # NumPy rounds float64 directly
+
+
+def fma(a, b, c, dt: str):
+    """a*b + c computed exactly and rounded once to dt (a*b is exact in float64 for
+    the operand widths used here; the sum is checked, and redone in rationals where the
+    float64 sum is not exact)."""
+    a, b, c = (np.broadcast_to(np.asarray(t, np.float64), np.broadcast_shapes(
+        np.shape(a), np.shape(b), np.shape(c))) for t in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)  # TwoSum error term
+    out = rnd(s, dt)
+    for i in zip(*np.nonzero(err)):
+        exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+        out[i] = _round_fraction(exact, dt)
+    return out
+
+
+def _round_fraction(x: Fraction, dt: str) -> float:
+    lo = float(x)  # nearest float64; the dt rounding of an inexact value needs care
+    cands = np.unique(np.array([np.nextafter(lo, -np.inf), lo, np.nextafter(lo, np.inf)]))
+    r = rnd(cands, dt)
+    best = min(set(r.tolist()), key=lambda y: (abs(Fraction(y) - x), _odd(y, dt)))
+    return best
+
+
+def _odd(y: float, dt: str) -> int:
+    return int(np.array([y]).astype(NP[dt]).view(np.uint16 if dt != "float32" else
+                                                   np.uint32)[0]) & 1
+
+
+def as_np(t) -> np.ndarray:
+    return np.asarray(t.astype(cl.float64).tolist(), dtype=np.float64)
+
+
+def data(shape, dt: str, seed: int, scale: float = 1.0):
+    return cl.randn(*shape, seed=seed, dtype=cl.float64).__mul__(scale).astype(CL[dt])
+
+
+def freqs_table(s: int, r: int, interleaved: bool = False):
+    """Hugging Face's fp32 angles: outer(positions, inv_freq), as cat(f, f) (or
+    repeat_interleave for the interleaved layout)."""
+    inv = (1.0 / (10000.0 ** (np.arange(0, r, 2).astype(np.float32) / r))).astype(np.float32)
+    f = np.outer(np.arange(s, dtype=np.float32), inv).astype(np.float32)
+    f = np.repeat(f, 2, axis=-1) if interleaved else np.concatenate([f, f], axis=-1)
+    return cl.tensor(f.astype(np.float64)).astype(cl.float32)
+
+
+def cos_sin(freqs, dt: str, math):
+    """cos/sin of fp32 angles by castlab (the transcendental part), cast to dt."""
+    f = cl.jit(lambda x: (cl.cos(x), cl.sin(x)), policy="fused", math=math)
+    c, s = f(freqs)
+    return c.astype(CL[dt]), s.astype(CL[dt])
+
+
+# ---------------------------------------------------------------- selection and errors
+
+def test_every_library_is_named_and_described():
+    assert set(cl.libraries()) >= {"liger", "unsloth", "flash_attn", "vllm", "apex",
+                                   "transformer_engine", "transformer_engine_unfused"}
+    for name in cl.libraries():
+        lib = cl.library(name)
+        text = lib.describe()
+        assert name in text and "not yet run against the library" in text
+        for op in lib.ops:
+            p = lib[op]
+            assert p.summary and p.source and p.policy is not None and p.math is lib.math
+
+
+def test_an_op_a_library_lacks_names_who_covers_it():
+    with pytest.raises(ValueError) as e:
+        _ = cl.library("flash_attn").swiglu
+    msg = str(e.value)
+    assert "flash_attn has no swiglu kernel" in msg
+    assert "swiglu: torch_eager, liger, unsloth, vllm, transformer_engine" in msg
+    assert "rope_interleaved: flash_attn, vllm" in msg
+    with pytest.raises(ValueError, match="no swiglu_backward kernel"):
+        cl.library("vllm")["swiglu_backward"]
+    with pytest.raises(ValueError, match="unknown kernel library 'ligr'.*liger"):
+        cl.library("ligr")
+    with pytest.raises(AttributeError):
+        _ = cl.library("liger").not_an_op
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+def _sigmoid32(a, math):
+    """fp32 sigmoid of a by castlab under `math` (the transcendental part)."""
+    return as_np(cl.jit(lambda x: cl.sigmoid(x.astype(cl.float32)), policy="fused",
+                        math=math)(a))
+
+
+@pytest.mark.parametrize("name", ["liger", "unsloth"])
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_triton_swiglu_forward(name, dt):
+    # silu = a*tl.sigmoid(a) in fp32, cast to b's dtype, * b in b's dtype
+    lib = cl.library(name)
+    a, b = data((64, 96), dt, 1, 4.0), data((64, 96), dt, 2)
+    A, B = as_np(a), as_np(b)
+    silu = rnd(rnd(A * _sigmoid32(a, lib.math), "float32"), dt)
+    ref = rnd(silu * B, dt)
+    assert np.array_equal(as_np(lib.swiglu(a, b)), ref)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_liger_swiglu_backward(dt):
+    # swiglu.py backward: sig, silu in fp32; db = dc*silu; da = dc*fma(silu, 1-sig, sig)*b
+    lib = cl.library("liger")
+    a, b, dc = data((64, 96), dt, 3, 4.0), data((64, 96), dt, 4), data((64, 96), dt, 5)
+    A, B, DC = as_np(a), as_np(b), as_np(dc)
+    sig = _sigmoid32(a, lib.math)
+    silu = rnd(A * sig, "float32")
+    one_minus = rnd(1.0 - sig, "float32")
+    t = fma(silu, one_minus, sig, "float32")
+    da = rnd(rnd(rnd(DC * t, "float32") * B, "float32"), dt)
+    db = rnd(rnd(DC * silu, "float32"), dt)
+    got_da, got_db = lib.swiglu_backward(dc, a, b)
+    assert np.array_equal(as_np(got_db), db)
+    assert np.array_equal(as_np(got_da), da)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_unsloth_swiglu_backward(dt):
+    # f = (e*sig) rounded; df = dW*f; dg = dW*g rounded; de = dg*sig*fma(e, 1-sig, 1)
+    lib = cl.library("unsloth")
+    a, b, dc = data((64, 96), dt, 6, 4.0), data((64, 96), dt, 7), data((64, 96), dt, 8)
+    A, B, DC = as_np(a), as_np(b), as_np(dc)
+    sig = _sigmoid32(a, lib.math)
+    f = rnd(rnd(A * sig, "float32"), dt)  # fp32 product, then the cast
+    db = rnd(DC * f, dt)
+    dg = rnd(DC * B, dt)
+    inner = fma(A, rnd(1.0 - sig, "float32"), np.ones_like(A), "float32")
+    da = rnd(rnd(rnd(dg * sig, "float32") * inner, "float32"), dt)
+    got_da, got_db = lib.swiglu_backward(dc, a, b)
+    assert np.array_equal(as_np(got_db), db)
+    assert np.array_equal(as_np(got_da), da)
+
+
+def test_vllm_swiglu_is_eager_two_roundings():
+    # silu_and_mul: (T)(x / (1 + expf(-x))) * y: silu rounded, product rounded
+    lib, eager = cl.library("vllm"), cl.library("torch_eager")
+    a, b = data((64, 96), "bfloat16", 9, 4.0), data((64, 96), "bfloat16", 10)
+    silu = as_np(cl.jit(lambda x: cl.silu(x), policy="eager", math=lib.math)(a))
+    assert np.array_equal(as_np(lib.swiglu(a, b)), rnd(silu * as_np(b), "bfloat16"))
+    with cl.use_math(lib.math):
+        assert np.array_equal(as_np(eager.swiglu(a, b)), as_np(lib.swiglu(a, b)))
+
+
+# ---------------------------------------------------------------- RoPE
+
+SHAPE = (2, 3, 16, 64)   # [B, H, S, D]
+
+
+def _halves(X, C, S, rd):
+    h = rd // 2
+    return X[..., :h], X[..., h:rd], C[..., :h], S[..., :h]
+
+
+@pytest.mark.parametrize("name", ["liger", "unsloth"])
+@pytest.mark.parametrize("rd", [64, 32])
+@pytest.mark.parametrize("backward", [False, True])
+def test_liger_unsloth_rope(name, rd, backward):
+    # x cast to the cache dtype (bf16); x1*c - x2*s and x2*c + x1*s per op in bf16, the
+    # first product of each fma-contracted; backward: sin negated
+    if name == "unsloth" and rd != 64:
+        pytest.skip("Unsloth rotates the whole head")
+    lib = cl.library(name)
+    x = data(SHAPE, "bfloat16", 11)
+    c, s = cos_sin(freqs_table(SHAPE[2], rd), "bfloat16", lib.math)
+    X, C, S = as_np(x), as_np(c), as_np(s)
+    x1, x2, c1, s1 = _halves(X, C, S, rd)
+    if backward:
+        s1 = -s1
+    o1 = fma(x1, c1, -rnd(x2 * s1, "bfloat16"), "bfloat16")
+    o2 = fma(x2, c1, rnd(x1 * s1, "bfloat16"), "bfloat16")
+    ref = np.concatenate([o1, o2, X[..., rd:]], axis=-1)
+    got = lib["rope_backward" if backward else "rope"](x, c, s)
+    assert np.array_equal(as_np(got), ref)
+
+
+@pytest.mark.parametrize("name", ["flash_attn", "vllm"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rd", [64, 32])
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_fp32_pair_rope(name, interleaved, rd, dt):
+    # x, cos, sin widened to fp32; o0 = fma(x0, c, -(x1*s)); flash-attn o1 = fma(x0, s,
+    # x1*c), vLLM o1 = fma(x1, c, x0*s); one rounding to the input dtype
+    lib = cl.library(name)
+    x = data(SHAPE, dt, 12)
+    c, s = cos_sin(freqs_table(SHAPE[2], rd), dt, lib.math)
+    X, C, S = as_np(x), as_np(c), as_np(s)
+    h = rd // 2
+    c1, s1 = C[..., :h], S[..., :h]
+    if interleaved:
+        x0, x1 = X[..., :rd:2], X[..., 1:rd:2]
+    else:
+        x0, x1 = X[..., :h], X[..., h:rd]
+    o0 = fma(x0, c1, -rnd(x1 * s1, "float32"), "float32")
+    if name == "flash_attn":
+        o1 = fma(x0, s1, rnd(x1 * c1, "float32"), "float32")
+    else:
+        o1 = fma(x1, c1, rnd(x0 * s1, "float32"), "float32")
+    o0, o1 = rnd(o0, dt), rnd(o1, dt)
+    rot = (np.stack([o0, o1], axis=-1).reshape(*o0.shape[:-1], rd) if interleaved
+           else np.concatenate([o0, o1], axis=-1))
+    ref = np.concatenate([rot, X[..., rd:]], axis=-1)
+    op = "rope_interleaved" if interleaved else "rope"
+    assert np.array_equal(as_np(lib[op](x, c, s)), ref)
+    if name == "flash_attn":  # conjugate=True is the same kernel with sin negated
+        back = lib[op + "_backward"](x, c, s)
+        fwd_neg = lib[op](x, c, cl.neg(s))
+        assert np.array_equal(as_np(back), as_np(fwd_neg))
+
+
+@pytest.mark.parametrize("name", ["apex", "transformer_engine_unfused", "transformer_engine"])
+@pytest.mark.parametrize("rd", [64, 32])
+@pytest.mark.parametrize("backward", [False, True])
+def test_rope_from_freqs(name, rd, backward):
+    # apex / TE unfused: cos, sin of fp32 angles cast to the input dtype, HF formula per op;
+    # TE fused: fp32 cos/sin, fma(x, cos, rot*sin), one rounding; backward: sin negated on
+    # the rotated half (the same bits as the forward with -sin)
+    lib = cl.library(name)
+    op = "rope_backward" if backward else "rope"
+    if op not in lib.ops:
+        pytest.skip(f"{name} has no {op}")
+    dt = "bfloat16"
+    x = data(SHAPE, dt, 13)
+    freqs = freqs_table(SHAPE[2], rd)
+    fused = name == "transformer_engine"
+    c, s = cos_sin(freqs, "float32" if fused else dt, lib.math)
+    X, C, S = as_np(x), as_np(c), as_np(s)
+    if backward:
+        S = -S
+    h = rd // 2
+    xr = X[..., :rd]
+    rot = np.concatenate([-xr[..., h:], xr[..., :h]], axis=-1)
+    if fused:
+        out = rnd(fma(xr, C, rnd(rot * S, "float32"), "float32"), dt)
+    else:
+        out = rnd(rnd(xr * C, dt) + rnd(rot * S, dt), dt)
+    ref = np.concatenate([out, X[..., rd:]], axis=-1)
+    assert np.array_equal(as_np(lib[op](x, freqs)), ref)
+
+
+def test_te_interleaved_rope():
+    lib = cl.library("transformer_engine")
+    x = data(SHAPE, "bfloat16", 14)
+    freqs = freqs_table(SHAPE[2], 64, interleaved=True)
+    c, s = cos_sin(freqs, "float32", lib.math)
+    X, C, S = as_np(x), as_np(c), as_np(s)
+    rot = np.stack([-X[..., 1::2], X[..., 0::2]], axis=-1).reshape(X.shape)
+    ref = rnd(fma(X, C, rnd(rot * S, "float32"), "float32"), "bfloat16")
+    assert np.array_equal(as_np(lib.rope_interleaved(x, freqs)), ref)
+
+
+# ---------------------------------------------------------------- torch_eager: HF under PyTorch
+
+torch = pytest.importorskip("torch")
+
+
+def _hf_rope_torch(q, cos, sin):
+    h = q.shape[-1] // 2
+    return q * cos + torch.cat([-q[..., h:], q[..., :h]], dim=-1) * sin
+
+
+def test_torch_eager_rope_matches_pytorch_forward_and_backward():
+    lib = cl.library("torch_eager")
+    x = data(SHAPE, "bfloat16", 15)
+    c, s = cos_sin(freqs_table(SHAPE[2], 64), "bfloat16", lib.math)
+    dy = data(SHAPE, "bfloat16", 16)
+    tx = torch.from_dlpack(x).clone().requires_grad_()
+    tc, ts = torch.from_dlpack(c), torch.from_dlpack(s)
+    ty = _hf_rope_torch(tx, tc, ts)
+    ty.backward(torch.from_dlpack(dy))
+    assert torch.equal(torch.from_dlpack(lib.rope(x, c, s)), ty.detach())
+    assert torch.equal(torch.from_dlpack(lib.rope_backward(dy, c, s)), tx.grad)
+
+
+def test_presets_differ_from_eager_where_the_library_rounds_less():
+    # sanity: the fp32 presets are not eager in disguise on these inputs
+    x = data(SHAPE, "bfloat16", 17)
+    c, s = cos_sin(freqs_table(SHAPE[2], 64), "bfloat16", cl.Math.preset("portable"))
+    eager = as_np(cl.library("torch_eager").rope(x, c, s))
+    for name in ("liger", "flash_attn", "vllm"):
+        assert not np.array_equal(as_np(cl.library(name).rope(x, c, s)), eager), name
