@@ -47,15 +47,16 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
 #define CL_ELEMENTWISE_OPS(X)                                                                      \
   X(Neg, "neg", 1, kCatUnarySigned, 0, 1, 1, op_neg, 1, "-x, exact", "dx = -g")                    \
   X(Abs, "abs", 1, kCatUnarySigned, 0, 1, 1, op_abs, 1, "|x|, exact", "dx = g * sgn(x)")           \
-  X(Exp, "exp", 1, kCatUnaryFloat, kFImpl, 8, 8, op_exp, 1, "e**x", "dx = g * y")                  \
-  X(Log, "log", 1, kCatUnaryFloat, kFImpl, 24, 24, op_log, 1, "natural logarithm", "dx = g / x")   \
+  X(Exp, "exp", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 8, 8, op_exp, 1, "e**x", "dx = g * y")   \
+  X(Log, "log", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_log, 1, "natural logarithm",  \
+    "dx = g / x")                                                                                  \
   X(Sigmoid, "sigmoid", 1, kCatUnaryFloat, kFImpl | kFDiv | kVarSigmoidEx2, 18, 18, op_sigmoid, 1, \
     "1/(1+exp(-x))", "[sigmoid_backward] dx = g * (1 - y) * y")                                    \
   X(Silu, "silu", 1, kCatUnaryFloat, kFImpl | kFDiv | kVarSiluMulSigmoid | kVarSigmoidEx2, 18, 18, \
     op_silu, 1, "x/(1+exp(-x))",                                                                   \
     "[silu_backward] s = 1 / (1 + exp(-x)); dx = g * s * (1 + x * (1 - s))")                       \
-  X(Tanh, "tanh", 1, kCatUnaryFloat, kFImpl, 16, 16, op_tanh, 1, "hyperbolic tangent",             \
-    "[tanh_backward] dx = g * (1 - y * y)")                                                        \
+  X(Tanh, "tanh", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 16, 16, op_tanh, 1,                    \
+    "hyperbolic tangent", "[tanh_backward] dx = g * (1 - y * y)")                                  \
   X(Gelu, "gelu", 1, kCatUnaryFloat, kFImpl, 24, 24, op_gelu, 1, "x*0.5*(1+erf(x/sqrt(2)))",       \
     "[gelu_backward] cdf = 0.5 * (1 + erf(x * M_SQRT1_2)); pdf = exp(-0.5 * x * x) * GELU_BETA; "  \
     "dx = g * (cdf + x * pdf)")                                                                    \
@@ -67,15 +68,18 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
     "inner_derivative = GELU_TANH_BETA * (1 + GELU_TANH_3KAPPA * x_sq); "                          \
     "right_derivative = left * tanh_derivative * inner_derivative; "                               \
     "dx = g * (left_derivative + right_derivative)")                                               \
-  X(Sqrt, "sqrt", 1, kCatUnaryFloat, 0, 6, 6, op_sqrt, 1, "IEEE square root", "dx = g / (2 * y)")  \
-  X(Rsqrt, "rsqrt", 1, kCatUnaryFloat, kVarRsqrtFast, 4, 4, op_rsqrt, 1, "1/sqrt(x)",              \
-    "dx = -0.5 * g * pow(y, 3)")                                                                   \
+  X(Sqrt, "sqrt", 1, kCatUnaryFloat, kVarTorchVml, 6, 6, op_sqrt, 1, "IEEE square root",           \
+    "dx = g / (2 * y)")                                                                            \
+  X(Rsqrt, "rsqrt", 1, kCatUnaryFloat, kVarRsqrtFast | kVarRsqrtScalar16, 4, 4, op_rsqrt, 1,       \
+    "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                                      \
   X(Reciprocal, "reciprocal", 1, kCatUnaryFloat, kFDiv, 8, 3, op_reciprocal, 1, "1/x",             \
     "dx = -g * (y * y)")                                                                           \
   X(Square, "square", 1, kCatUnarySigned, 0, 1, 1, op_square, 1, "x*x", "dx = g * (2.0 * x)")      \
-  X(Cos, "cos", 1, kCatUnaryFloat, kFImpl, 24, 24, op_cos, 1, "cosine", "dx = g * -sin(x)")        \
-  X(Sin, "sin", 1, kCatUnaryFloat, kFImpl, 24, 24, op_sin, 1, "sine", "dx = g * cos(x)")           \
-  X(Erf, "erf", 1, kCatUnaryFloat, kFImpl, 20, 20, op_erf, 1, "error function",                    \
+  X(Cos, "cos", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_cos, 1, "cosine",             \
+    "dx = g * -sin(x)")                                                                            \
+  X(Sin, "sin", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_sin, 1, "sine",               \
+    "dx = g * cos(x)")                                                                             \
+  X(Erf, "erf", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 20, 20, op_erf, 1, "error function",     \
     "dx = 1.1283791670955126 * exp(-pow(x, 2)) * g")                                               \
   X(Hardswish, "hardswish", 1, kCatUnaryFloat, kVarHardswishRecip6, 4, 4, op_hardswish, 1,         \
     "x*min(max(x+3,0),6)/6",                                                                       \

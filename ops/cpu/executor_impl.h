@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 
 namespace cl {
@@ -284,9 +285,34 @@ inline bool torch_scalar_lambda_op(int op) {
   return op == kOpSigmoid || op == kOpSilu || op == kOpGelu || op == kOpGeluTanh || op == kOpPow;
 }
 
+// PyTorch's scalar lambda for bf16/fp16 rsqrt, `1 / std::sqrt(x)` in scalar_t
+// (UnaryOpsKernel.cpp rsqrt_kernel): c10's sqrt of a BFloat16/Half rounds the (correctly
+// rounded) float sqrt to the 16-bit type, then the division is float, rounded once more
+// by the caller's store. The contiguous body is Vectorized's float 1/sqrt, rounded once.
+inline void rsqrt_scalar16(float* d, const float* a, int64_t n, int dtype) {
+  if (dtype == kBFloat16)
+    for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / bf16_to_f32(f32_to_bf16_rne(std::sqrt(a[j])));
+  else
+    for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / f16_to_f32(f32_to_f16_rne(std::sqrt(a[j])));
+}
+
 template <typename T>
 void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n,
              bool torch_scalar_path) {
+  if (in.var & kVarTorchVml) {
+    // MKL VML over the whole block, as PyTorch's vml::v<op> over its chunk (torch_vml.h).
+    // The lowering sets this bit only once torch_vml_load succeeded.
+    if (!torch_vml(in.op, a, d, n))
+      throw std::logic_error(std::string("cpu executor: ") + op_name(in.op) +
+                             " asks for MKL VML, which is not loaded");
+    return;
+  }
+  if constexpr (std::is_same<T, float>::value) {
+    if (torch_scalar_path && (in.var & kVarRsqrtScalar16) && in.op == kOpRsqrt) {
+      rsqrt_scalar16(d, a, n, in.dtype);
+      return;
+    }
+  }
   int impl = in.var & kVarImplMask;
   if (impl == kTorchCpu && torch_scalar_path && torch_scalar_lambda_op(in.op)) impl = kLibm;
   const bool mul_sigmoid = (in.var & kVarSiluMulSigmoid) != 0;

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from . import _torch_vml
 from ._dtype import as_dtype, dtype, float64
 from ._optable import (
     APPROX_DIV,
@@ -375,8 +376,10 @@ _IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu")
 # castlab cannot rebuild from a published algorithm (docs/torch_cpu_kernels.md), where
 # castlab's portable functions stand in: MKL VML (fp32/fp64 exp, log, sin, cos, tanh,
 # erf; vml.h) and oneDNN's JIT gelu (contiguous fp32, and bf16 on CPUs with avx512_bf16).
+# MKL VML is called from torch's own library once torch is imported (_torch_vml), so those
+# pairs are opaque only while it is unavailable.
 _TORCH_CPU_OPAQUE = {
-    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf")
+    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf", "sqrt")
        for dt in ("float32", "float64")},
     ("gelu", "float32"): "oneDNN", ("gelu", "bfloat16"): "oneDNN",
 }
@@ -503,7 +506,17 @@ class Math:
         torch_cpu implementation cannot reproduce it (None where it does)."""
         if cuda or self.impl_on(cuda) != "torch_cpu":
             return None
-        return _TORCH_CPU_OPAQUE.get((op, dtype))
+        lib = _TORCH_CPU_OPAQUE.get((op, dtype))
+        if lib == "MKL VML":
+            why = _torch_vml.unavailable()
+            return None if why is None else f"MKL VML unavailable ({why})"
+        return lib
+
+    def _torch_vml(self, op: str, dtype: str | None, cuda: bool) -> bool:
+        """Does this op call MKL VML from libtorch_cpu.so (as PyTorch's CPU kernel does)?"""
+        return (not cuda and self.impl_on(cuda) == "torch_cpu"
+                and _TORCH_CPU_OPAQUE.get((op, dtype)) == "MKL VML"
+                and _torch_vml.unavailable() is None)
 
     def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None) -> int:
         name = self.impl_on(cuda)
@@ -522,6 +535,10 @@ class Math:
             bits |= SILU_MUL_SIGMOID
         if not cuda and self.impl_on(cuda) == "torch_cpu":
             bits |= f & _TORCH_CPU_BITS
+            if dtype in ("bfloat16", "float16"):  # 1 / sqrt rounded to 16 bits, scalar loop
+                bits |= f & BITS["rsqrt_scalar16"]
+            if f & BITS["torch_vml"] and self._torch_vml(op, dtype, cuda):
+                bits |= BITS["torch_vml"]
         if cuda and self.cuda_kernels:
             bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
@@ -578,9 +595,13 @@ class Math:
         if impl == "torch_cpu" and cuda:
             impl = "portable (torch_cpu is CPU-only)"
         opaque = self._torch_cpu_opaque(op, dtype, cuda)
-        if opaque:
+        if opaque and opaque.startswith("MKL VML unavailable"):
+            impl = f"portable ({opaque}: portable stand-in, not bit-exact)"
+        elif opaque:
             impl = (f"portable (PyTorch's CPU kernel calls {opaque} here: not reproduced, "
                     "not bit-exact)")
+        elif self._torch_vml(op, dtype, cuda):
+            impl = "torch_cpu (MKL VML from libtorch_cpu.so, as PyTorch's kernel)"
         info = OPS.get(op)
         f = info.factors if info is not None else 0
         notes = []
@@ -590,8 +611,11 @@ class Math:
         elif f & SIGMOID_EX2:
             notes.append(info.formula)
             notes.append(f"exp={impl}")
-        elif f & IMPL_MASK:
+        elif f & IMPL_MASK or (f & BITS["torch_vml"] and (opaque or impl.startswith("torch_cpu ("))):
             notes.append(f"impl={impl}")
+        if not cuda and f & BITS["rsqrt_scalar16"] and impl == "torch_cpu" and dtype in (
+                "bfloat16", "float16"):
+            notes.append("strided: 1/round(sqrt(x)) (PyTorch's scalar loop)")
         if (not cuda and impl == "torch_cpu" and f & _TORCH_CPU_BITS & BITS["fma_in_op"]):
             notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
         if f & APPROX_DIV and self.division == "approx":
