@@ -281,10 +281,9 @@ def _cl_unary(op):
 # What is not reproduced, and why (docs/torch_cpu_kernels.md):
 # - bf16 gelu (erf form): oneDNN's JIT eltwise_gelu_erf where PyTorch thinks the CPU can run
 #   bf16 oneDNN kernels (contiguous input); castlab's portable erf stands in.
-# - strided bf16/fp16 rsqrt: PyTorch's scalar lambda `1 / std::sqrt(x)` rounds sqrt to the
-#   16-bit type first; castlab computes 1/sqrt in fp32 and rounds once (the vector body).
-_NOT_REPRODUCED = {("gelu", torch.bfloat16, "contiguous"), ("rsqrt", torch.bfloat16, "strided"),
-                   ("rsqrt", torch.float16, "strided")}
+# (Strided bf16/fp16 rsqrt is reproduced: PyTorch's scalar lambda `1 / std::sqrt(x)` rounds
+# sqrt to the 16-bit type first, and castlab does so where it sees a non-unit stride.)
+_NOT_REPRODUCED = {("gelu", torch.bfloat16, "contiguous")}
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
@@ -344,11 +343,102 @@ def test_gated_chains_equal_torch(dt):
             assert _mismatches(got, tf(a, b)) == 0, name
 
 
-def test_trace_says_what_is_not_reproduced():
+_POW = {"x**3": 3, "x**-2": -2, "x**0.5": 0.5, "x**-0.5": -0.5, "x**2.5": 2.5}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("name", list(_POW))
+def test_pow_python_exponent_all_16bit_patterns_equal_torch(name, dt, layout):
+    """PowKernel.cpp on the CPU: bf16 x**3 and x**-2 round x*x to bf16 (scalar_t = BFloat16),
+    bf16 x**-0.5 is rsqrt_kernel (so its strided scalar loop rounds sqrt to bf16), fp16
+    takes the std::pow / Vec::pow branch (x**0.5 is pow, not sqrt: pow(-0, 0.5) = +0)."""
+    x = _all_patterns(dt)
+    if layout == "strided":
+        x = torch.stack([x, x], 1)[:, 0]
+    e = _POW[name]
+    with cl.use_math("torch_eager"):
+        got = _to_torch(_to_cl(x) ** e)
+    bad = _mismatches(got, x ** e)
+    assert bad == 0, f"{name} {dt} {layout}: {bad} of 65536 differ"
+
+
+def _vml_or_skip():
+    why = cl._torch_vml.unavailable()
+    if why is not None:
+        pytest.skip(f"PyTorch's MKL VML functions cannot be called here: {why}")
+
+
+_VML_OPS = ["exp", "log", "sin", "cos", "tanh", "erf", "sqrt"]
+
+
+@pytest.fixture(scope="module")
+def vml_inputs():
+    n = 1 << 20
+    return {torch.float32: torch.from_numpy(_f32_inputs(n, seed=23)),
+            torch.float64: torch.from_numpy(_f64_inputs(n, seed=23)[:n].copy())}
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("op", _VML_OPS)
+def test_mkl_vml_ops_equal_torch(op, dt, vml_inputs):
+    """fp32/fp64 exp, log, sin, cos, tanh, erf and sqrt: PyTorch calls MKL VML HA
+    (vml.h); castlab calls the same functions from libtorch_cpu.so. 1M random bit patterns,
+    normals, uniforms and specials; contiguous, and strided (PyTorch copies strided input
+    into a buffer for VML; castlab's registers are that buffer)."""
+    _vml_or_skip()
+    x = vml_inputs[dt]
+    tf, cf = getattr(torch, op), getattr(cl, op)
+    with cl.use_math("torch_eager"):
+        assert _mismatches(_to_torch(cf(_to_cl(x))), tf(x)) == 0
+        xs = torch.stack([x, x], 1)[:, 0]
+        assert _mismatches(_to_torch(cf(_to_cl(xs))), tf(xs)) == 0
+        # fused: a program of several VML ops calls VML per op, as eager does
+        f = cl.jit(lambda a: cf(a) * 2.0, math="torch_eager")
+        assert _mismatches(_to_torch(f(_to_cl(x))), tf(x) * 2.0) == 0
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_mkl_vml_bits_do_not_depend_on_length_or_alignment(dt):
+    """VML is elementwise: the bits do not depend on the call's length or the pointers'
+    alignment (lengths 1..40 at element offsets 0..4 of an aligned buffer)."""
+    _vml_or_skip()
+    g = torch.Generator().manual_seed(4)
+    big = torch.randn(4096, generator=g, dtype=dt) * 10
+    with cl.use_math("torch_eager"):
+        for op in _VML_OPS:
+            tf, cf = getattr(torch, op), getattr(cl, op)
+            for n in range(1, 41):
+                for off in range(5):
+                    v = big[off:off + n]
+                    bad = _mismatches(_to_torch(cf(_to_cl(v))), tf(v))
+                    assert bad == 0, f"{op} n={n} offset={off}: {bad} differ"
+
+
+def test_trace_says_where_mkl_vml_runs():
+    _vml_or_skip()
     x = cl.ones(4, dtype=cl.float32)
     text = str(cl.jit(lambda a: cl.exp(a)).trace(x, math="torch_eager"))
-    assert "MKL VML" in text and "not bit-exact" in text
+    assert "MKL VML from libtorch_cpu.so" in text
+    text = str(cl.jit(lambda a: cl.gelu(a)).trace(x, math="torch_eager"))
+    assert "oneDNN" in text and "not bit-exact" in text
     text = str(cl.jit(lambda a: cl.exp(a)).trace(x.astype(cl.bfloat16), math="torch_eager"))
-    assert "impl=torch_cpu" in text
+    assert "impl=torch_cpu" in text and "MKL" not in text
     # on a GPU the preset keeps CUDA's precise functions (the "libm" code there)
     assert cl.Math.preset("torch_eager").impl_on(cuda=True) == "libm"
+
+
+def test_without_torch_the_trace_says_mkl_vml_is_unavailable():
+    """castlab never imports torch: before it is imported the portable functions stand in."""
+    code = ("import castlab as cl, sys\n"
+            "x = cl.from_numpy(__import__('numpy').linspace(-3, 3, 64, dtype='float32'))\n"
+            "t = str(cl.jit(lambda a: cl.exp(a)).trace(x, math='torch_eager'))\n"
+            "y = cl.exp(x).numpy()\n"
+            "assert 'torch' not in sys.modules\n"
+            "print(t)\n")
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           p for p in [os.path.dirname(os.path.dirname(cl.__file__)),
+                                       os.environ.get("PYTHONPATH", "")] if p)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "MKL VML unavailable (torch not loaded): portable stand-in, not bit-exact" in r.stdout
