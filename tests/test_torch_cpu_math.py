@@ -8,11 +8,14 @@ Two levels:
   op over all 65,536 bf16 and fp16 patterns (contiguous and strided), the SLEEF-path
   fp32/fp64 ops on random and special inputs, and SwiGLU/GELU-gated chains.
 
+- fp32/fp64 exp, log, sin, cos, tanh, erf and sqrt, which PyTorch computes with MKL VML:
+  castlab calls the same functions from libtorch_cpu.so (skipped where they cannot be
+  borrowed), and the scalar tails of cpu_kernel_vec loops (every length 1..160, and an odd
+  size over several thread chunks with 1 and 2 torch threads).
+
 PyTorch runs its AVX2 (or AVX512) kernels only on such CPUs; with the DEFAULT capability
 its loops call the C library everywhere, so these tests are skipped there. torch's thread
-count is set to 1 while comparing: every thread chunk of a cpu_kernel_vec loop ends in a
-scalar tail computed with glibc (Loops.h), and the sizes here are multiples of 64, so with
-one chunk there is no tail on any ISA (docs/torch_cpu_kernels.md).
+count is 1 unless a test says otherwise (docs/torch_cpu_kernels.md).
 """
 
 from __future__ import annotations
@@ -442,3 +445,58 @@ def test_without_torch_the_trace_says_mkl_vml_is_unavailable():
                                        os.environ.get("PYTHONPATH", "")] if p)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "MKL VML unavailable (torch not loaded): portable stand-in, not bit-exact" in r.stdout
+
+
+_TAIL_OPS = {
+    "sigmoid": (torch.sigmoid, cl.sigmoid), "silu": (_UNARY["silu"], cl.silu),
+    "gelu_tanh": (_UNARY["gelu_tanh"], _cl_unary("gelu_tanh")), "gelu": (_UNARY["gelu"], cl.gelu),
+    "rsqrt": (torch.rsqrt, cl.rsqrt),
+    "pow": (lambda x: torch.pow(x.abs(), x / 4), lambda x: cl.pow(cl.abs(x), x / 4)),
+}
+# (op, dtype) pairs whose contiguous layout PyTorch computes with oneDNN (not reproduced)
+_TAIL_SKIP = {("gelu", torch.float32), ("gelu", torch.bfloat16)}
+
+
+def _tail_cases():
+    for op in _TAIL_OPS:
+        for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            if (op, dt) not in _TAIL_SKIP:
+                yield op, dt
+
+
+@pytest.mark.parametrize("op,dt", list(_tail_cases()),
+                         ids=[f"{o}-{str(d)[6:]}" for o, d in _tail_cases()])
+def test_scalar_tails_equal_torch_at_every_length(op, dt):
+    """cpu_kernel_vec's last (n mod 2*Vec::size()) elements run the scalar lambda (glibc;
+    for bf16/fp16 rsqrt, sqrt rounded to 16 bits first): contiguous lengths 1..160, one
+    call each, so every tail length of every ISA's vector width occurs."""
+    _vml_or_skip()  # the tail geometry needs torch's library (thread count)
+    g = torch.Generator().manual_seed(2)
+    a = (torch.randn(161 * 160, generator=g, dtype=torch.float64) * 4).to(dt)
+    if op == "rsqrt":
+        a = a.abs()
+    tf, cf = _TAIL_OPS[op]
+    bad = 0
+    with cl.use_math("torch_eager"):
+        for n in range(1, 161):
+            x = a[n * 160:n * 160 + n]
+            bad += _mismatches(_to_torch(cf(_to_cl(x))), tf(x))
+    assert bad == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scalar_tails_follow_torch_thread_chunks(threads):
+    """An odd size over 32768 elements: at::parallel_for gives each of torch's threads a
+    chunk with its own scalar tail; castlab reads torch's thread count when it runs."""
+    _vml_or_skip()
+    torch.set_num_threads(threads)  # the autouse fixture restores it
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2_097_147, generator=g, dtype=torch.float64) * 4
+    with cl.use_math("torch_eager"):
+        for op, dt in [("silu", torch.float32), ("sigmoid", torch.float32),
+                       ("gelu_tanh", torch.float32), ("gelu_tanh", torch.float64),
+                       ("gelu", torch.float16), ("rsqrt", torch.float16), ("pow", torch.float32)]:
+            x = base.to(dt).abs() if op == "rsqrt" else base.to(dt)
+            tf, cf = _TAIL_OPS[op]
+            bad = _mismatches(_to_torch(cf(_to_cl(x))), tf(x))
+            assert bad == 0, f"{op} {dt} on {threads} torch threads: {bad} differ"

@@ -27,6 +27,8 @@ constexpr VmlOp kVmlOps[] = {{kOpExp, "Exp"},   {kOpLog, "Ln"},  {kOpSin, "Sin"}
                              {kOpTanh, "Tanh"}, {kOpErf, "Erf"}, {kOpSqrt, "Sqrt"}};
 constexpr int kNumVmlOps = sizeof(kVmlOps) / sizeof(kVmlOps[0]);
 
+using NumThreads = int (*)();
+NumThreads g_num_threads = nullptr;
 VmlS g_s[kOpCount] = {};
 VmlD g_d[kOpCount] = {};
 std::atomic<bool> g_loaded{false};
@@ -60,6 +62,8 @@ std::string torch_vml_load(const std::string& path) {
       return path + " does not export " + (s[i] ? nd : ns) + " (a PyTorch build without MKL)";
     }
   }
+  // at::get_num_threads(), by its Itanium-mangled name (ATen/Parallel.h); optional
+  g_num_threads = reinterpret_cast<NumThreads>(dlsym(lib, "_ZN2at15get_num_threadsEv"));
   for (int i = 0; i < kNumVmlOps; ++i) {
     g_s[kVmlOps[i].op] = s[i];
     g_d[kVmlOps[i].op] = d[i];
@@ -69,6 +73,8 @@ std::string torch_vml_load(const std::string& path) {
 }
 
 bool torch_vml_loaded() { return g_loaded.load(); }
+
+int torch_num_threads() { return g_loaded.load() && g_num_threads ? g_num_threads() : 0; }
 
 bool torch_vml(int op, const float* in, float* out, int64_t n) {
   if (!g_loaded.load() || op < 0 || op >= kOpCount || !g_s[op]) return false;

@@ -1,5 +1,6 @@
-// MKL VML, borrowed at run time from PyTorch's own libtorch_cpu.so: what torch's CPU
-// kernels compute for float/double exp, log, sin, cos, tanh, erf and sqrt.
+// MKL VML (and torch's intra-op thread count), borrowed at run time from PyTorch's own
+// libtorch_cpu.so: what torch's CPU kernels compute for float/double exp, log, sin, cos, tanh, erf
+// and sqrt.
 //
 // ATen/cpu/vml.h (torch 2.13, hdr@cf30153) L109-137: with AT_MKL_ENABLED, vml::v<op> for
 // float and double is IMPLEMENT_VML_MKL_STUB, i.e.
@@ -28,5 +29,9 @@ bool torch_vml_loaded();
 // untouched).
 bool torch_vml(int op, const float* in, float* out, int64_t n);
 bool torch_vml(int op, const double* in, double* out, int64_t n);
+
+// at::get_num_threads() of the loaded torch (its intra-op OpenMP threads, which decide how
+// at::parallel_for splits a loop), or 0 when torch's library is not borrowed.
+int torch_num_threads();
 
 }  // namespace cl

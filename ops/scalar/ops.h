@@ -36,6 +36,9 @@ enum VariantBits : uint32_t {
                                // exp/log/sin/cos/tanh/erf/sqrt kernels call it
   kVarRsqrtScalar16 = 0x800,   // CPU only, on layouts where PyTorch runs its scalar lambda:
                                // 1 / sqrt(x) with sqrt rounded to the 16-bit Instr.dtype first
+  kVarTorchTail = 0x1000,      // CPU only: PyTorch's cpu_kernel_vec runs the last
+                               // (n mod Instr.aux) elements of each thread chunk with its
+                               // scalar lambda (glibc), Loops.h; the executor does so too
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----

@@ -38,6 +38,7 @@ from .policy import Math, Policy
 K_ROUND = OPCODE["round"]
 POW_DEVICE = BITS["pow_device"]
 RSQRT_SCALAR16 = BITS["rsqrt_scalar16"]
+TORCH_TAIL = BITS["torch_tail"]
 # Python-number exponents PyTorch's pow_tensor_scalar kernels special-case (op_pow and the
 # lowering reproduce each); any other goes to pow in the tensor's dtype
 _POW_SHORTCUTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3.0)
@@ -1210,11 +1211,18 @@ class ProgramBuilder:
             else:
                 if op == "pow" and var & POW_DEVICE:
                     var, args = self._pow_device(e, var, d)
+                if op == "pow" and not var & POW_TENSOR_EXP:
+                    # pow_tensor_scalar's scalar lambda is std::pow(x, double(y)) for float:
+                    # not modelled, so its tails keep the vector body's function
+                    var &= ~TORCH_TAIL
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
-                # rsqrt's scalar-loop rounding needs the 16-bit storage dtype
+                # rsqrt's scalar-loop rounding needs the 16-bit storage dtype; the tail
+                # width of PyTorch's vectorised loop rides in aux
                 code = node.dtype.code if var & RSQRT_SCALAR16 else 0
-                self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code)
+                tail = low.math.torch_cpu_tail(op, dt, low.cuda) if var & TORCH_TAIL else 0
+                self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code,
+                         aux=tail)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
@@ -1262,7 +1270,8 @@ class ProgramBuilder:
             # pow_tensor_scalar_kernel sends -0.5 to rsqrt_kernel (float, double, bf16)
             var = low.math.variant_bits("rsqrt", f64 == F64, False, dt)
             self.ins("rsqrt", f64, out, x, var=var,
-                     dtype=node.dtype.code if var & RSQRT_SCALAR16 else 0)
+                     dtype=node.dtype.code if var & RSQRT_SCALAR16 else 0,
+                     aux=low.math.torch_cpu_tail("rsqrt", dt) if var & TORCH_TAIL else 0)
             low.record.decide(node, f64).quirk = "expanded as rsqrt(x) (pow_tensor_scalar)"
             return out
         if float(args[1].value) == -0.5 and low.cuda and low.math.cuda_kernels:

@@ -383,6 +383,22 @@ _TORCH_CPU_OPAQUE = {
        for dt in ("float32", "float64")},
     ("gelu", "float32"): "oneDNN", ("gelu", "bfloat16"): "oneDNN",
 }
+# PyTorch's kernels registered with ALSO_REGISTER_AVX512_DISPATCH: on an AVX512 CPU they run
+# 64-byte vectors; every other kernel runs its AVX2 build there (DispatchStub.h L495-502).
+# UnaryOpsKernel.cpp registers sigmoid so; silu, gelu and gelu_tanh measured as 64-byte
+# loops (docs/torch_cpu_kernels.md); pow and rsqrt are plain REGISTER_DISPATCH.
+_TORCH_CPU_AVX512_OPS = frozenset({"sigmoid", "silu", "gelu", "gelu_tanh", "pow"})
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _torch_cpu_capability() -> str:
+    """torch.backends.cpu.get_cpu_capability() of the loaded torch ("" when not loaded)."""
+    torch = sys.modules.get("torch")  # never imported here: only asked if loaded
+    cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
+                  "get_cpu_capability", None)
+    return cap() if cap is not None else ""
+
+
 # Bits the torch_cpu implementation adds on the CPU: GCC contracts gelu's tanh form
 # x + kKappa*x^3 into an fma in PyTorch's build (Gelu.h); pow calls SLEEF's pow (vector
 # body) or the C library's (scalar lambda) directly, after pow_tensor_scalar's shortcuts.
@@ -524,6 +540,30 @@ class Math:
             name = "portable"
         return MATH_IMPLS[name]
 
+    def torch_cpu_tail(self, op: str, dtype: str | None, cuda: bool = False) -> int:
+        """Width of the vectorised step of PyTorch's CPU loop for this op (``2 *
+        Vec::size()``), whose remainder in each thread chunk runs the kernel's scalar
+        lambda (glibc): 0 where that changes no bits, or where torch is not loaded (its
+        ISA and thread count then are unknown) or its capability is not AVX2/AVX512.
+
+        >>> import torch
+        >>> cl.Math.preset("torch_eager").torch_cpu_tail("silu", "float32") in (16, 32)
+        True
+        """
+        f = OPS[op].factors if op in OPS else 0
+        if cuda or self.impl_on(cuda) != "torch_cpu" or not f & BITS["torch_tail"]:
+            return 0
+        size = _ITEMSIZE.get(dtype or "")
+        if size is None or (op, dtype) in _TORCH_CPU_OPAQUE:
+            return 0
+        if op == "rsqrt" and size != 2:  # float/double: the scalar 1/sqrt is the vector's
+            return 0
+        cap = _torch_cpu_capability()
+        # the executor reads torch's thread count through the library _torch_vml borrows
+        if cap not in ("AVX2", "AVX512") or _torch_vml.unavailable() is not None:
+            return 0
+        return 2 * (64 if cap == "AVX512" and op in _TORCH_CPU_AVX512_OPS else 32) // size
+
     def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
         factors the op table lists for it, so two runs differ in an op's bits exactly
@@ -539,6 +579,8 @@ class Math:
                 bits |= f & BITS["rsqrt_scalar16"]
             if f & BITS["torch_vml"] and self._torch_vml(op, dtype, cuda):
                 bits |= BITS["torch_vml"]
+            if self.torch_cpu_tail(op, dtype, cuda):
+                bits |= BITS["torch_tail"]
         if cuda and self.cuda_kernels:
             bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
