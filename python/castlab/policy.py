@@ -416,8 +416,10 @@ class Math:
             the GPU; on the CPU, where they do not exist, the portable ones stand in),
             "torch_cpu" (what PyTorch's CPU kernels compute: SLEEF's vectorised functions
             and ATen's own erf polynomial, re-implemented in castlab, with the C library
-            where PyTorch's loop runs its scalar lambda on a non-contiguous layout; where
-            PyTorch calls MKL VML or oneDNN the portable functions stand in; on the GPU it
+            where PyTorch's loop runs its scalar lambda: non-contiguous layouts and the
+            tail of each of torch's thread chunks; where PyTorch calls MKL VML, the same
+            MKL functions from torch's libtorch_cpu.so once torch is imported; where it
+            calls oneDNN, or without torch, the portable functions stand in; on the GPU it
             means "portable"), "torch" (PyTorch's own kernels for the device: "cuda" on a
             GPU, "torch_cpu" on the CPU), or "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
