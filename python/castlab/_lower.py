@@ -1186,16 +1186,20 @@ class ProgramBuilder:
             self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
             dt = node.dtype.name if node.dtype is not None else None
-            var = low.math.variant_bits(op, f64 == F64, low.cuda, dt)
+            # a step inside another PyTorch kernel (layer_norm, softmax, a backward kernel)
+            # is not PyTorch's own kernel for the op: none of that kernel's details apply
+            kern = node.attrs.get("kernel") is not None
+            var = low.math.variant_bits(op, f64 == F64, low.cuda, dt, kern)
             if var != d.variant or not d.description:
                 d.variant = var
-                d.description = low.math.describe_op(op, low.cuda, dt) or ""
+                d.description = low.math.describe_op(op, low.cuda, dt, kern) or ""
             contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
                 low.math.fma or low.kernel_contracts(node)) else None)
             quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
-            elif quirk is None and contracted is None and low.math.impl_on(low.cuda) == "torch_cpu":
+            elif (quirk is None and contracted is None and not kern
+                  and low.math.impl_on(low.cuda) == "torch_cpu"):
                 # PyTorch's CPU pow_tensor_scalar_optimized_kernel runs for bf16 with
                 # scalar_t = BFloat16 (PowKernel.cpp): x*x*x and 1/(x*x) round x*x to bf16,
                 # in the vector body and the scalar lambda alike. fp16 takes its
@@ -1261,14 +1265,15 @@ class ProgramBuilder:
             return None
         low = self.low
         torch_cpu = not low.cuda and low.math.impl_on(False) == "torch_cpu"
+        kern = node.attrs.get("kernel") is not None
         dt = node.dtype.name if node.dtype is not None else None
-        if torch_cpu and dt == "float16":
+        if torch_cpu and dt == "float16" and not kern:
             return None  # PowKernel.cpp's Half branch: std::pow / Vec::pow, no shortcuts
         x = self.operand(args[0], f64)
         out = self.new()
-        if float(args[1].value) == -0.5 and torch_cpu:
+        if float(args[1].value) == -0.5 and torch_cpu and not kern:
             # pow_tensor_scalar_kernel sends -0.5 to rsqrt_kernel (float, double, bf16)
-            var = low.math.variant_bits("rsqrt", f64 == F64, False, dt)
+            var = low.math.variant_bits("rsqrt", f64 == F64, False, dt, kern)
             self.ins("rsqrt", f64, out, x, var=var,
                      dtype=node.dtype.code if var & RSQRT_SCALAR16 else 0,
                      aux=low.math.torch_cpu_tail("rsqrt", dt) if var & TORCH_TAIL else 0)
@@ -1281,7 +1286,7 @@ class ProgramBuilder:
             return out
         # (under torch_cpu, 0.5 goes to sqrt_kernel: MKL VML for float and double)
         self.ins("sqrt", f64, out, x,
-                 var=low.math.variant_bits("sqrt", f64 == F64, low.cuda, dt) if torch_cpu else 0)
+                 var=low.math.variant_bits("sqrt", f64 == F64, low.cuda, dt, kern) if torch_cpu else 0)
         form = "sqrt(x)"
         if float(args[1].value) == -0.5:
             r = self.new()

@@ -519,26 +519,30 @@ class Math:
             name = "fast" if cuda else "libm"
         return name
 
-    def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool) -> str | None:
+    def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool,
+                          kernel: bool = False) -> str | None:
         """The library PyTorch's CPU kernel calls for this op and dtype where castlab's
-        torch_cpu implementation cannot reproduce it (None where it does)."""
+        torch_cpu implementation cannot reproduce it (None where it does). `kernel`: the
+        op is a step inside another of PyTorch's kernels (layer_norm, softmax, a backward
+        kernel), which never calls MKL VML's function for it: castlab does not either."""
         if cuda or self.impl_on(cuda) != "torch_cpu":
             return None
         lib = _TORCH_CPU_OPAQUE.get((op, dtype))
-        if lib == "MKL VML":
+        if lib == "MKL VML" and not kernel:
             why = _torch_vml.unavailable()
             return None if why is None else f"MKL VML unavailable ({why})"
         return lib
 
-    def _torch_vml(self, op: str, dtype: str | None, cuda: bool) -> bool:
+    def _torch_vml(self, op: str, dtype: str | None, cuda: bool, kernel: bool = False) -> bool:
         """Does this op call MKL VML from libtorch_cpu.so (as PyTorch's CPU kernel does)?"""
-        return (not cuda and self.impl_on(cuda) == "torch_cpu"
+        return (not cuda and not kernel and self.impl_on(cuda) == "torch_cpu"
                 and _TORCH_CPU_OPAQUE.get((op, dtype)) == "MKL VML"
                 and _torch_vml.unavailable() is None)
 
-    def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None) -> int:
+    def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None,
+                   kernel: bool = False) -> int:
         name = self.impl_on(cuda)
-        if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda):
+        if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda, kernel):
             name = "portable"
         return MATH_IMPLS[name]
 
@@ -566,17 +570,21 @@ class Math:
             return 0
         return 2 * (64 if cap == "AVX512" and op in _TORCH_CPU_AVX512_OPS else 32) // size
 
-    def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None) -> int:
+    def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None,
+                     kernel: bool = False) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
         factors the op table lists for it, so two runs differ in an op's bits exactly
         when they compute it differently. `dtype`: the op's storage dtype name (the
-        torch_cpu implementation depends on it)."""
+        torch_cpu implementation depends on it); `kernel`: the op is a step inside another
+        of PyTorch's kernels, so not PyTorch's own kernel for the op (no MKL VML call, no
+        scalar-tail or 16-bit rsqrt details of that kernel)."""
         f = OPS[op].factors
-        bits = self._impl_code(cuda, op, dtype) if f & IMPL_MASK else 0
+        bits = self._impl_code(cuda, op, dtype, kernel) if f & IMPL_MASK else 0
         if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
             bits |= SILU_MUL_SIGMOID
         if not cuda and self.impl_on(cuda) == "torch_cpu":
             bits |= f & _TORCH_CPU_BITS
+        if not cuda and not kernel and self.impl_on(cuda) == "torch_cpu":
             if dtype in ("bfloat16", "float16"):  # 1 / sqrt rounded to 16 bits, scalar loop
                 bits |= f & BITS["rsqrt_scalar16"]
             if f & BITS["torch_vml"] and self._torch_vml(op, dtype, cuda):
@@ -629,8 +637,10 @@ class Math:
         # silu reaches a sigmoid only in its x*sigmoid(x) form
         return not factors & SILU_MUL_SIGMOID or self.silu == "mul_sigmoid"
 
-    def describe_op(self, op: str, cuda: bool, dtype: str | None = None) -> str:
-        """Human-readable variant of one op, as shown in traces."""
+    def describe_op(self, op: str, cuda: bool, dtype: str | None = None,
+                    kernel: bool = False) -> str:
+        """Human-readable variant of one op, as shown in traces (`kernel`: as in
+        :meth:`variant_bits`)."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
         if impl == "torch":
             impl = "cuda" if cuda else "torch_cpu"
@@ -638,13 +648,13 @@ class Math:
             impl = "portable (CPU stand-in for cuda)"
         if impl == "torch_cpu" and cuda:
             impl = "portable (torch_cpu is CPU-only)"
-        opaque = self._torch_cpu_opaque(op, dtype, cuda)
+        opaque = self._torch_cpu_opaque(op, dtype, cuda, kernel)
         if opaque and opaque.startswith("MKL VML unavailable"):
             impl = f"portable ({opaque}: portable stand-in, not bit-exact)"
         elif opaque:
             impl = (f"portable (PyTorch's CPU kernel calls {opaque} here: not reproduced, "
                     "not bit-exact)")
-        elif self._torch_vml(op, dtype, cuda):
+        elif self._torch_vml(op, dtype, cuda, kernel):
             impl = "torch_cpu (MKL VML from libtorch_cpu.so, as PyTorch's kernel)"
         info = OPS.get(op)
         f = info.factors if info is not None else 0
@@ -657,8 +667,8 @@ class Math:
             notes.append(f"exp={impl}")
         elif f & IMPL_MASK or (f & BITS["torch_vml"] and (opaque or impl.startswith("torch_cpu ("))):
             notes.append(f"impl={impl}")
-        if not cuda and f & BITS["rsqrt_scalar16"] and impl == "torch_cpu" and dtype in (
-                "bfloat16", "float16"):
+        if not cuda and not kernel and f & BITS["rsqrt_scalar16"] and impl == "torch_cpu" and (
+                dtype in ("bfloat16", "float16")):
             notes.append("strided: 1/round(sqrt(x)) (PyTorch's scalar loop)")
         if (not cuda and impl == "torch_cpu" and f & _TORCH_CPU_BITS & BITS["fma_in_op"]):
             notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
