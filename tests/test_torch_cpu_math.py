@@ -500,3 +500,18 @@ def test_scalar_tails_follow_torch_thread_chunks(threads):
             tf, cf = _TAIL_OPS[op]
             bad = _mismatches(_to_torch(cf(_to_cl(x))), tf(x))
             assert bad == 0, f"{op} {dt} on {threads} torch threads: {bad} differ"
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_pow_python_exponent_float_equals_torch(dt):
+    """fp32/fp64 x**y with a Python number y: pow_tensor_scalar's shortcuts, SLEEF's pow in
+    the vector body and, for fp32, the scalar lambda's std::pow(float, double) (pow in
+    double with y's double value: 1.1 is not 1.1f) in tails and on strided input."""
+    _vml_or_skip()
+    x = torch.from_numpy(_f32_inputs(262_152, seed=8)).to(dt)[:262_147]  # odd: tails
+    xs = torch.stack([x, x], 1)[:, 0]
+    with cl.use_math("torch_eager"):
+        for e in (2.5, 1.1, -3.7, 7, 3, -2, 0.5, -0.5, -1, 2, 1, 0):
+            for v in (x, xs):
+                bad = _mismatches(_to_torch(_to_cl(v) ** e), v ** e)
+                assert bad == 0, f"x**{e} {dt} stride {v.stride()}: {bad} differ"

@@ -312,6 +312,25 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
       rsqrt_scalar16(d, a, n, in.dtype);
       return;
     }
+    if (torch_scalar_path && in.op == kOpPow && in.dtype == kFloat32 &&
+        (in.var & kVarImplMask) == kTorchCpu && (in.var & kVarPowDevice) &&
+        !(in.var & kVarPowTensorExp)) {
+      // PowKernel.cpp's pow_tensor_scalar_optimized_kernel<float, double>: its general
+      // scalar lambda is std::pow(float base, double exp), i.e. pow in double with the
+      // Python number's double value (Instr.imm; the vector body's Vec::pow gets it as a
+      // float, register b), rounded to float. The exponents it (or pow_tensor_scalar)
+      // special-cases compute in float, as op_pow does. The lowering passes the storage
+      // dtype: bf16/fp16 call float pow there.
+      const int v = static_cast<int>((in.var & ~kVarImplMask) | kLibm);
+      for (int64_t j = 0; j < n; ++j) {
+        const float y = b[j];
+        const bool shortcut = y == 0.0f || y == 1.0f || y == 2.0f || y == 3.0f || y == 0.5f ||
+                              y == -0.5f || y == -1.0f || y == -2.0f || a[j] == 1.0f;
+        d[j] = shortcut ? op_pow<float>(a[j], y, v)
+                        : static_cast<float>(std::pow(static_cast<double>(a[j]), in.imm));
+      }
+      return;
+    }
   }
   int impl = in.var & kVarImplMask;
   if (impl == kTorchCpu && torch_scalar_path && torch_scalar_lambda_op(in.op)) impl = kLibm;

@@ -1215,18 +1215,17 @@ class ProgramBuilder:
             else:
                 if op == "pow" and var & POW_DEVICE:
                     var, args = self._pow_device(e, var, d)
-                if op == "pow" and not var & POW_TENSOR_EXP:
-                    # pow_tensor_scalar's scalar lambda is std::pow(x, double(y)) for float:
-                    # not modelled, so its tails keep the vector body's function
-                    var &= ~TORCH_TAIL
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
-                # rsqrt's scalar-loop rounding needs the 16-bit storage dtype; the tail
+                # rsqrt's scalar-loop rounding and pow's scalar lambda (double pow for a
+                # float tensor and a Python exponent) need the storage dtype; the tail
                 # width of PyTorch's vectorised loop rides in aux
-                code = node.dtype.code if var & RSQRT_SCALAR16 else 0
+                code = node.dtype.code if var & (RSQRT_SCALAR16 | TORCH_TAIL) else 0
                 tail = low.math.torch_cpu_tail(op, dt, low.cuda) if var & TORCH_TAIL else 0
+                imm = (float(args[1].value) if op == "pow" and var & TORCH_TAIL
+                       and isinstance(args[1], Scalar) else 0.0)  # the exponent, in double
                 self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code,
-                         aux=tail)
+                         aux=tail, imm=imm)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
