@@ -385,6 +385,10 @@ MEASURED = {
 }
 
 
+# fp32 ops whose PyTorch kernel is MKL VML, which torch_eager math calls from torch's library
+_MKL_OPS = ("exp", "log", "sin", "cos", "tanh", "erf")
+
+
 def _bound(measured: float) -> float:
     return measured - max(0.005, 0.05 * (100 - measured))
 
@@ -429,6 +433,9 @@ def test_transcendental_exact_match_rates(op, mathv, dt):
     rate_t = 100 * (ulp_dist(y[fin], yt[fin]) == 0).mean()
     rate_r = 100 * (ulp_dist(y[fin], yr[fin]) == 0).mean()
     mt, mr = MEASURED[op][mathv][dt.short]
+    if (mathv == "torch_eager" and dt is cl.float32 and op in _MKL_OPS
+            and cl._torch_vml.unavailable() is not None):
+        mt, mr = MEASURED[op]["portable"][dt.short]  # MKL VML not callable: the stand-in
     assert rate_t >= _torch_bound(mt), f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})"
     assert rate_r >= _bound(mr), f"{op}/{mathv}/{dt.short}: {rate_r:.4f}% == fp64 ref (measured {mr})"
 
