@@ -162,14 +162,15 @@ UNARY_EXACT = {
 def test_unary_exact_vs_torch(op, dt):
     cf, tf = UNARY_EXACT[op]
     for a, _ in operand_sets(dt):
-        if op == "sqrt" and dt is cl.float32:
-            # torch 2.13 CPU's vectorised fp32 sqrt is NOT correctly rounded (8.6% of these
-            # samples differ by 1 ulp, e.g. sqrt(18.93106f) = 4.3509836 vs IEEE 4.350984);
-            # NumPy's float32 sqrt is IEEE.
-            exp = np.sqrt(a)
-        else:
-            exp = from_torch(tf(to_torch(a)))
+        exp = from_torch(tf(to_torch(a)))
         assert_same(cf(C(a)).numpy(), exp, f"{op} {dt.name}", (a,))
+        if op == "sqrt" and dt is cl.float32:
+            # torch 2.13 CPU's fp32 sqrt is MKL VML's, NOT correctly rounded (8.6% of these
+            # samples differ by 1 ulp, e.g. sqrt(18.93106f) = 4.3509836 vs IEEE 4.350984):
+            # the default torch_eager math calls the same MKL function (torch is loaded
+            # here); portable math is IEEE, as NumPy's float32 sqrt.
+            with cl.use_math("portable"):
+                assert_same(cf(C(a)).numpy(), np.sqrt(a), "portable sqrt float32", (a,))
 
 
 @pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.name)
@@ -346,23 +347,26 @@ TF = {"exp": torch.exp, "log": torch.log, "sigmoid": torch.sigmoid,
 #   torch wherever PyTorch's kernel is reproduced. fp32 sigmoid/silu/gelu_tanh and fp16
 #   gelu/gelu_tanh are exact in PyTorch's vector body, but the scalar tail of each thread
 #   chunk calls glibc (where it falls depends on the thread count and ISA), so they are
-#   entered as 99.99. fp32/bf16 gelu (oneDNN) and fp32 exp/log/sin/cos/tanh/erf (MKL VML)
-#   are not reproduced: castlab's portable functions stand in. bf16 erf is ATen's A&S
-#   polynomial, hence 56% against the fp64 reference.
+#   entered as 99.99. fp32 exp/log/sin/cos/tanh/erf call MKL VML from torch's own
+#   libtorch_cpu.so (torch is imported here), as PyTorch does: 100% equal to torch, and
+#   MKL's HA functions are not correctly rounded, hence the fp64-reference rates (portable
+#   math's rates against torch, mirrored). fp32/bf16 gelu (oneDNN) is not reproduced:
+#   castlab's portable erf stands in. bf16 erf is ATen's A&S polynomial, hence 56% against
+#   the fp64 reference.
 # - portable sin/cos bf16: 100% over all patterns, huge arguments included (an earlier
 #   math_portable.h did not reduce |x| >= 2^50 and scored 69.4%; see
 #   test_portable_sincos_huge_arguments).
 MEASURED = {
     # op: {math: {dtype: (vs torch, vs fp64 ref)}}
-    "exp": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9889, 99.9635)},
+    "exp": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (100, 98.9906)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9997), "f32": (98.9889, 99.9635)}},
-    "log": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (92.0264, 99.9998)},
+    "log": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 92.0266)},
             "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (92.0264, 99.9998)}},
     "sigmoid": {"torch_eager": {"bf16": (100, 99.9877), "f16": (100, 99.9989), "f32": (99.99, 64.8613)},
                 "portable": {"bf16": (100, 99.9877), "f16": (100, 99.9989), "f32": (95.9879, 65.2126)}},
     "silu": {"torch_eager": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (99.99, 69.5522)},
              "portable": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (95.8448, 69.9123)}},
-    "tanh": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (99.8602, 99.9878)},
+    "tanh": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 99.8696)},
              "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (99.8602, 99.9878)}},
     "gelu": {"torch_eager": {"bf16": (98.9890, 99.8254), "f16": (99.99, 92.5580), "f32": (68.0483, 50.1493)},
              "portable": {"bf16": (99.9954, 99.8254), "f16": (96.8033, 94.3079), "f32": (48.4136, 50.1493)}},
@@ -372,13 +376,17 @@ MEASURED = {
               "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 72.5011)}},
     "reciprocal": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 100)},
                    "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 100)}},
-    "cos": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (95.0197, 99.9987)},
+    "cos": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (100, 95.0190)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9996), "f32": (95.0197, 99.9987)}},
-    "sin": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (95.0764, 99.9987)},
+    "sin": {"torch_eager": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (100, 95.0757)},
             "portable": {"bf16": (100, 100), "f16": (100, 99.9974), "f32": (95.0764, 99.9987)}},
-    "erf": {"torch_eager": {"bf16": (100, 56.0509), "f16": (100, 99.9679), "f32": (98.8998, 99.9581)},
+    "erf": {"torch_eager": {"bf16": (100, 56.0509), "f16": (100, 99.9679), "f32": (100, 98.8999)},
             "portable": {"bf16": (56.0509, 100), "f16": (99.9679, 100), "f32": (98.8998, 99.9581)}},
 }
+
+
+# fp32 ops whose PyTorch kernel is MKL VML, which torch_eager math calls from torch's library
+_MKL_OPS = ("exp", "log", "sin", "cos", "tanh", "erf")
 
 
 def _bound(measured: float) -> float:
@@ -425,6 +433,9 @@ def test_transcendental_exact_match_rates(op, mathv, dt):
     rate_t = 100 * (ulp_dist(y[fin], yt[fin]) == 0).mean()
     rate_r = 100 * (ulp_dist(y[fin], yr[fin]) == 0).mean()
     mt, mr = MEASURED[op][mathv][dt.short]
+    if (mathv == "torch_eager" and dt is cl.float32 and op in _MKL_OPS
+            and cl._torch_vml.unavailable() is not None):
+        mt, mr = MEASURED[op]["portable"][dt.short]  # MKL VML not callable: the stand-in
     assert rate_t >= _torch_bound(mt), f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})"
     assert rate_r >= _bound(mr), f"{op}/{mathv}/{dt.short}: {rate_r:.4f}% == fp64 ref (measured {mr})"
 

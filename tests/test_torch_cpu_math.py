@@ -8,11 +8,14 @@ Two levels:
   op over all 65,536 bf16 and fp16 patterns (contiguous and strided), the SLEEF-path
   fp32/fp64 ops on random and special inputs, and SwiGLU/GELU-gated chains.
 
+- fp32/fp64 exp, log, sin, cos, tanh, erf and sqrt, which PyTorch computes with MKL VML:
+  castlab calls the same functions from libtorch_cpu.so (skipped where they cannot be
+  borrowed), and the scalar tails of cpu_kernel_vec loops (every length 1..160, and an odd
+  size over several thread chunks with 1 and 2 torch threads).
+
 PyTorch runs its AVX2 (or AVX512) kernels only on such CPUs; with the DEFAULT capability
 its loops call the C library everywhere, so these tests are skipped there. torch's thread
-count is set to 1 while comparing: every thread chunk of a cpu_kernel_vec loop ends in a
-scalar tail computed with glibc (Loops.h), and the sizes here are multiples of 64, so with
-one chunk there is no tail on any ISA (docs/torch_cpu_kernels.md).
+count is 1 unless a test says otherwise (docs/torch_cpu_kernels.md).
 """
 
 from __future__ import annotations
@@ -281,10 +284,9 @@ def _cl_unary(op):
 # What is not reproduced, and why (docs/torch_cpu_kernels.md):
 # - bf16 gelu (erf form): oneDNN's JIT eltwise_gelu_erf where PyTorch thinks the CPU can run
 #   bf16 oneDNN kernels (contiguous input); castlab's portable erf stands in.
-# - strided bf16/fp16 rsqrt: PyTorch's scalar lambda `1 / std::sqrt(x)` rounds sqrt to the
-#   16-bit type first; castlab computes 1/sqrt in fp32 and rounds once (the vector body).
-_NOT_REPRODUCED = {("gelu", torch.bfloat16, "contiguous"), ("rsqrt", torch.bfloat16, "strided"),
-                   ("rsqrt", torch.float16, "strided")}
+# (Strided bf16/fp16 rsqrt is reproduced: PyTorch's scalar lambda `1 / std::sqrt(x)` rounds
+# sqrt to the 16-bit type first, and castlab does so where it sees a non-unit stride.)
+_NOT_REPRODUCED = {("gelu", torch.bfloat16, "contiguous")}
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
@@ -344,11 +346,172 @@ def test_gated_chains_equal_torch(dt):
             assert _mismatches(got, tf(a, b)) == 0, name
 
 
-def test_trace_says_what_is_not_reproduced():
+_POW = {"x**3": 3, "x**-2": -2, "x**0.5": 0.5, "x**-0.5": -0.5, "x**2.5": 2.5}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("name", list(_POW))
+def test_pow_python_exponent_all_16bit_patterns_equal_torch(name, dt, layout):
+    """PowKernel.cpp on the CPU: bf16 x**3 and x**-2 round x*x to bf16 (scalar_t = BFloat16),
+    bf16 x**-0.5 is rsqrt_kernel (so its strided scalar loop rounds sqrt to bf16), fp16
+    takes the std::pow / Vec::pow branch (x**0.5 is pow, not sqrt: pow(-0, 0.5) = +0)."""
+    x = _all_patterns(dt)
+    if layout == "strided":
+        x = torch.stack([x, x], 1)[:, 0]
+    e = _POW[name]
+    with cl.use_math("torch_eager"):
+        got = _to_torch(_to_cl(x) ** e)
+    bad = _mismatches(got, x ** e)
+    assert bad == 0, f"{name} {dt} {layout}: {bad} of 65536 differ"
+
+
+def _vml_or_skip():
+    why = cl._torch_vml.unavailable()
+    if why is not None:
+        pytest.skip(f"PyTorch's MKL VML functions cannot be called here: {why}")
+
+
+_VML_OPS = ["exp", "log", "sin", "cos", "tanh", "erf", "sqrt"]
+
+
+@pytest.fixture(scope="module")
+def vml_inputs():
+    n = 1 << 20
+    return {torch.float32: torch.from_numpy(_f32_inputs(n, seed=23)),
+            torch.float64: torch.from_numpy(_f64_inputs(n, seed=23)[:n].copy())}
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("op", _VML_OPS)
+def test_mkl_vml_ops_equal_torch(op, dt, vml_inputs):
+    """fp32/fp64 exp, log, sin, cos, tanh, erf and sqrt: PyTorch calls MKL VML HA
+    (vml.h); castlab calls the same functions from libtorch_cpu.so. 1M random bit patterns,
+    normals, uniforms and specials; contiguous, and strided (PyTorch copies strided input
+    into a buffer for VML; castlab's registers are that buffer)."""
+    _vml_or_skip()
+    x = vml_inputs[dt]
+    tf, cf = getattr(torch, op), getattr(cl, op)
+    with cl.use_math("torch_eager"):
+        assert _mismatches(_to_torch(cf(_to_cl(x))), tf(x)) == 0
+        xs = torch.stack([x, x], 1)[:, 0]
+        assert _mismatches(_to_torch(cf(_to_cl(xs))), tf(xs)) == 0
+        # fused: a program of several VML ops calls VML per op, as eager does
+        f = cl.jit(lambda a: cf(a) * 2.0, math="torch_eager")
+        assert _mismatches(_to_torch(f(_to_cl(x))), tf(x) * 2.0) == 0
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_mkl_vml_bits_do_not_depend_on_length_or_alignment(dt):
+    """VML is elementwise: the bits do not depend on the call's length or the pointers'
+    alignment (lengths 1..40 at element offsets 0..4 of an aligned buffer)."""
+    _vml_or_skip()
+    g = torch.Generator().manual_seed(4)
+    big = torch.randn(4096, generator=g, dtype=dt) * 10
+    with cl.use_math("torch_eager"):
+        for op in _VML_OPS:
+            tf, cf = getattr(torch, op), getattr(cl, op)
+            for n in range(1, 41):
+                for off in range(5):
+                    v = big[off:off + n]
+                    bad = _mismatches(_to_torch(cf(_to_cl(v))), tf(v))
+                    assert bad == 0, f"{op} n={n} offset={off}: {bad} differ"
+
+
+def test_trace_says_where_mkl_vml_runs():
+    _vml_or_skip()
     x = cl.ones(4, dtype=cl.float32)
     text = str(cl.jit(lambda a: cl.exp(a)).trace(x, math="torch_eager"))
-    assert "MKL VML" in text and "not bit-exact" in text
+    assert "MKL VML from libtorch_cpu.so" in text
+    text = str(cl.jit(lambda a: cl.gelu(a)).trace(x, math="torch_eager"))
+    assert "oneDNN" in text and "not bit-exact" in text
     text = str(cl.jit(lambda a: cl.exp(a)).trace(x.astype(cl.bfloat16), math="torch_eager"))
-    assert "impl=torch_cpu" in text
+    assert "impl=torch_cpu" in text and "MKL" not in text
     # on a GPU the preset keeps CUDA's precise functions (the "libm" code there)
     assert cl.Math.preset("torch_eager").impl_on(cuda=True) == "libm"
+
+
+def test_without_torch_the_trace_says_mkl_vml_is_unavailable():
+    """castlab never imports torch: before it is imported the portable functions stand in."""
+    code = ("import castlab as cl, sys\n"
+            "x = cl.from_numpy(__import__('numpy').linspace(-3, 3, 64, dtype='float32'))\n"
+            "t = str(cl.jit(lambda a: cl.exp(a)).trace(x, math='torch_eager'))\n"
+            "y = cl.exp(x).numpy()\n"
+            "assert 'torch' not in sys.modules\n"
+            "print(t)\n")
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           p for p in [os.path.dirname(os.path.dirname(cl.__file__)),
+                                       os.environ.get("PYTHONPATH", "")] if p)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "MKL VML unavailable (torch not loaded): portable stand-in, not bit-exact" in r.stdout
+
+
+_TAIL_OPS = {
+    "sigmoid": (torch.sigmoid, cl.sigmoid), "silu": (_UNARY["silu"], cl.silu),
+    "gelu_tanh": (_UNARY["gelu_tanh"], _cl_unary("gelu_tanh")), "gelu": (_UNARY["gelu"], cl.gelu),
+    "rsqrt": (torch.rsqrt, cl.rsqrt),
+    "pow": (lambda x: torch.pow(x.abs(), x / 4), lambda x: cl.pow(cl.abs(x), x / 4)),
+}
+# (op, dtype) pairs whose contiguous layout PyTorch computes with oneDNN (not reproduced)
+_TAIL_SKIP = {("gelu", torch.float32), ("gelu", torch.bfloat16)}
+
+
+def _tail_cases():
+    for op in _TAIL_OPS:
+        for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            if (op, dt) not in _TAIL_SKIP:
+                yield op, dt
+
+
+@pytest.mark.parametrize("op,dt", list(_tail_cases()),
+                         ids=[f"{o}-{str(d)[6:]}" for o, d in _tail_cases()])
+def test_scalar_tails_equal_torch_at_every_length(op, dt):
+    """cpu_kernel_vec's last (n mod 2*Vec::size()) elements run the scalar lambda (glibc;
+    for bf16/fp16 rsqrt, sqrt rounded to 16 bits first): contiguous lengths 1..160, one
+    call each, so every tail length of every ISA's vector width occurs."""
+    _vml_or_skip()  # the tail geometry needs torch's library (thread count)
+    g = torch.Generator().manual_seed(2)
+    a = (torch.randn(161 * 160, generator=g, dtype=torch.float64) * 4).to(dt)
+    if op == "rsqrt":
+        a = a.abs()
+    tf, cf = _TAIL_OPS[op]
+    bad = 0
+    with cl.use_math("torch_eager"):
+        for n in range(1, 161):
+            x = a[n * 160:n * 160 + n]
+            bad += _mismatches(_to_torch(cf(_to_cl(x))), tf(x))
+    assert bad == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scalar_tails_follow_torch_thread_chunks(threads):
+    """An odd size over 32768 elements: at::parallel_for gives each of torch's threads a
+    chunk with its own scalar tail; castlab reads torch's thread count when it runs."""
+    _vml_or_skip()
+    torch.set_num_threads(threads)  # the autouse fixture restores it
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2_097_147, generator=g, dtype=torch.float64) * 4
+    with cl.use_math("torch_eager"):
+        for op, dt in [("silu", torch.float32), ("sigmoid", torch.float32),
+                       ("gelu_tanh", torch.float32), ("gelu_tanh", torch.float64),
+                       ("gelu", torch.float16), ("rsqrt", torch.float16), ("pow", torch.float32)]:
+            x = base.to(dt).abs() if op == "rsqrt" else base.to(dt)
+            tf, cf = _TAIL_OPS[op]
+            bad = _mismatches(_to_torch(cf(_to_cl(x))), tf(x))
+            assert bad == 0, f"{op} {dt} on {threads} torch threads: {bad} differ"
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_pow_python_exponent_float_equals_torch(dt):
+    """fp32/fp64 x**y with a Python number y: pow_tensor_scalar's shortcuts, SLEEF's pow in
+    the vector body and, for fp32, the scalar lambda's std::pow(float, double) (pow in
+    double with y's double value: 1.1 is not 1.1f) in tails and on strided input."""
+    _vml_or_skip()
+    x = torch.from_numpy(_f32_inputs(262_152, seed=8)).to(dt)[:262_147]  # odd: tails
+    xs = torch.stack([x, x], 1)[:, 0]
+    with cl.use_math("torch_eager"):
+        for e in (2.5, 1.1, -3.7, 7, 3, -2, 0.5, -0.5, -1, 2, 1, 0):
+            for v in (x, xs):
+                bad = _mismatches(_to_torch(_to_cl(v) ** e), v ** e)
+                assert bad == 0, f"x**{e} {dt} stride {v.stride()}: {bad} differ"

@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 
 namespace cl {
@@ -284,9 +285,53 @@ inline bool torch_scalar_lambda_op(int op) {
   return op == kOpSigmoid || op == kOpSilu || op == kOpGelu || op == kOpGeluTanh || op == kOpPow;
 }
 
+// PyTorch's scalar lambda for bf16/fp16 rsqrt, `1 / std::sqrt(x)` in scalar_t
+// (UnaryOpsKernel.cpp rsqrt_kernel): c10's sqrt of a BFloat16/Half rounds the (correctly
+// rounded) float sqrt to the 16-bit type, then the division is float, rounded once more
+// by the caller's store. The contiguous body is Vectorized's float 1/sqrt, rounded once.
+inline void rsqrt_scalar16(float* d, const float* a, int64_t n, int dtype) {
+  if (dtype == kBFloat16)
+    for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / bf16_to_f32(f32_to_bf16_rne(std::sqrt(a[j])));
+  else
+    for (int64_t j = 0; j < n; ++j) d[j] = 1.0f / f16_to_f32(f32_to_f16_rne(std::sqrt(a[j])));
+}
+
 template <typename T>
 void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n,
              bool torch_scalar_path) {
+  if (in.var & kVarTorchVml) {
+    // MKL VML over the whole block, as PyTorch's vml::v<op> over its chunk (torch_vml.h).
+    // The lowering sets this bit only once torch_vml_load succeeded.
+    if (!torch_vml(in.op, a, d, n))
+      throw std::logic_error(std::string("cpu executor: ") + op_name(in.op) +
+                             " asks for MKL VML, which is not loaded");
+    return;
+  }
+  if constexpr (std::is_same<T, float>::value) {
+    if (torch_scalar_path && (in.var & kVarRsqrtScalar16) && in.op == kOpRsqrt) {
+      rsqrt_scalar16(d, a, n, in.dtype);
+      return;
+    }
+    if (torch_scalar_path && in.op == kOpPow && in.dtype == kFloat32 &&
+        (in.var & kVarImplMask) == kTorchCpu && (in.var & kVarPowDevice) &&
+        !(in.var & kVarPowTensorExp)) {
+      // PowKernel.cpp's pow_tensor_scalar_optimized_kernel<float, double>: its general
+      // scalar lambda is std::pow(float base, double exp), i.e. pow in double with the
+      // Python number's double value (Instr.imm; the vector body's Vec::pow gets it as a
+      // float, register b), rounded to float. The exponents it (or pow_tensor_scalar)
+      // special-cases compute in float, as op_pow does. The lowering passes the storage
+      // dtype: bf16/fp16 call float pow there.
+      const int v = static_cast<int>((in.var & ~kVarImplMask) | kLibm);
+      for (int64_t j = 0; j < n; ++j) {
+        const float y = b[j];
+        const bool shortcut = y == 0.0f || y == 1.0f || y == 2.0f || y == 3.0f || y == 0.5f ||
+                              y == -0.5f || y == -1.0f || y == -2.0f || a[j] == 1.0f;
+        d[j] = shortcut ? op_pow<float>(a[j], y, v)
+                        : static_cast<float>(std::pow(static_cast<double>(a[j]), in.imm));
+      }
+      return;
+    }
+  }
   int impl = in.var & kVarImplMask;
   if (impl == kTorchCpu && torch_scalar_path && torch_scalar_lambda_op(in.op)) impl = kLibm;
   const bool mul_sigmoid = (in.var & kVarSiluMulSigmoid) != 0;
@@ -302,6 +347,58 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
     compute_var<T, kLibm>(in, d, a, b, c, n);
   else
     compute_var<T, kLibm | kVarSiluMulSigmoid>(in, d, a, b, c, n);
+}
+
+// Where PyTorch's cpu_kernel_vec (ATen/native/cpu/Loops.h) runs its scalar lambda on a
+// contiguous layout: TensorIterator::for_each splits the flat range [0, numel) into
+// at::parallel_for chunks (one when numel <= GRAIN_SIZE 32768 or torch has one thread;
+// else ParallelOpenMP.h's invoke_parallel: min(threads, ceil(numel / 32768)) chunks of
+// ceil(numel / that) elements); within a chunk each inner row is one loop call, whose
+// vectorized_loop handles 2*Vec::size() elements per step and leaves the last
+// (len mod 2*Vec::size()) to the scalar lambda. castlab's flat index is TensorIterator's
+// when both coalesce a contiguous output into the same rows (row-major, same shape).
+struct TorchTails {
+  int64_t numel = 0, inner = 1, chunk = 0;  // chunk 0: no tails to emulate
+  static TorchTails of(int64_t numel, int64_t inner) {
+    constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE
+    TorchTails t;
+    t.numel = numel;
+    t.inner = inner;
+    const int64_t threads = torch_num_threads();
+    if (threads <= 0) return t;  // torch not loaded: its geometry is unknown
+    int64_t nt = 1;
+    if (numel > kGrain && threads > 1)
+      nt = std::min<int64_t>(threads, (numel + kGrain - 1) / kGrain);
+    t.chunk = (numel + nt - 1) / nt;
+    return t;
+  }
+  // Calls f(j, len) for each run of block elements (block-local index j) in a tail of
+  // width w; the block covers rows [r0, r0+nrows) and columns [c0, c0+ncols).
+  template <typename F>
+  void each(int64_t w, int64_t r0, int64_t nrows, int64_t c0, int64_t ncols, F f) const {
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t rb = (r0 + r) * inner, re = rb + inner;
+      const int64_t f0 = rb + c0, f1 = f0 + ncols;
+      for (int64_t k = f0 / chunk; k * chunk < f1; ++k) {
+        const int64_t pb = std::max(rb, k * chunk);
+        const int64_t pe = std::min(std::min(re, (k + 1) * chunk), numel);
+        const int64_t tb = std::max(pe - (pe - pb) % w, f0), te = std::min(pe, f1);
+        if (tb < te) f(r * ncols + tb - f0, te - tb);
+      }
+    }
+  }
+};
+
+// compute() over one block, then PyTorch's scalar tails recomputed as its scalar lambda.
+template <typename T>
+void compute_block(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n,
+                   bool torch_scalar_path, const TorchTails& tails, int64_t r0, int64_t nrows,
+                   int64_t c0, int64_t ncols) {
+  compute(in, d, a, b, c, n, torch_scalar_path);
+  if (!(in.var & kVarTorchTail) || torch_scalar_path || tails.chunk == 0 || in.aux <= 0) return;
+  tails.each(in.aux, r0, nrows, c0, ncols, [&](int64_t j, int64_t len) {
+    compute(in, d + j, a + j, b + j, c + j, len, /*torch_scalar_path=*/true);
+  });
 }
 
 // An instruction computing in int64 registers: constants, comparisons and where.
@@ -383,6 +480,11 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       const int64_t s = it.stride(k, nd - 1);
       if (s != 1 && !(s == 0 && k >= nout)) torch_scalar = true;
     }
+
+  // PyTorch's thread chunks, for the scalar tails of its cpu_kernel_vec loops (TorchTails).
+  TorchTails tails;
+  for (const Instr& in : prog.code)
+    if (in.var & kVarTorchTail) tails = TorchTails::of(numel, inner);
 
   const int64_t work_per_block =
       rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
@@ -514,15 +616,17 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
                       static_cast<const int64_t*>(in.b >= 0 ? reg_ptr(in.b) : d),
                       static_cast<const int64_t*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
         else if (in.rtype == kRegF64)
-          compute(in, static_cast<double*>(d),
-                  static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
-                  static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                  static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar);
+          compute_block(in, static_cast<double*>(d),
+                        static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
+                        static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
+                        static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar,
+                        tails, r0, nrows, c0, ncols);
         else
-          compute(in, static_cast<float*>(d),
-                  static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
-                  static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                  static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar);
+          compute_block(in, static_cast<float*>(d),
+                        static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
+                        static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
+                        static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar,
+                        tails, r0, nrows, c0, ncols);
       }
       for (int k = 0; k < nout; ++k) {
         const OutputSpec& os = prog.outputs[k];

@@ -31,6 +31,14 @@ enum VariantBits : uint32_t {
   kVarPowDevice = 0x100,       // pow's general case is the device's pow: CUDA powf/pow (PyTorch)
   kVarPowTensorExp = 0x200,    // with kVarPowDevice: a tensor exponent, no pow_tensor_scalar
                                // shortcuts (PyTorch's pow_tensor_tensor calls pow directly)
+  kVarTorchVml = 0x400,        // CPU only: MKL VML's function from libtorch_cpu.so over the
+                               // whole block (ops/cpu/torch_vml.h), as PyTorch's fp32/fp64
+                               // exp/log/sin/cos/tanh/erf/sqrt kernels call it
+  kVarRsqrtScalar16 = 0x800,   // CPU only, on layouts where PyTorch runs its scalar lambda:
+                               // 1 / sqrt(x) with sqrt rounded to the 16-bit Instr.dtype first
+  kVarTorchTail = 0x1000,      // CPU only: PyTorch's cpu_kernel_vec runs the last
+                               // (n mod Instr.aux) elements of each thread chunk with its
+                               // scalar lambda (glibc), Loops.h; the executor does so too
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----

@@ -37,6 +37,8 @@ from .policy import Math, Policy
 
 K_ROUND = OPCODE["round"]
 POW_DEVICE = BITS["pow_device"]
+RSQRT_SCALAR16 = BITS["rsqrt_scalar16"]
+TORCH_TAIL = BITS["torch_tail"]
 # Python-number exponents PyTorch's pow_tensor_scalar kernels special-case (op_pow and the
 # lowering reproduce each); any other goes to pow in the tensor's dtype
 _POW_SHORTCUTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0, 3.0)
@@ -1202,17 +1204,28 @@ class ProgramBuilder:
             self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
             dt = node.dtype.name if node.dtype is not None else None
+            # a step inside another PyTorch kernel (layer_norm, softmax, a backward kernel)
+            # is not PyTorch's own kernel for the op: none of that kernel's details apply
+            kern = node.attrs.get("kernel") is not None
             if low.torch_cpu_softmax(node):
                 dt = None  # the kernel's Vectorized exp/log: SLEEF's, whatever the dtype
-            var = low.math.variant_bits(op, f64 == F64, low.cuda, dt)
+            var = low.math.variant_bits(op, f64 == F64, low.cuda, dt, kern)
             if var != d.variant or not d.description:
                 d.variant = var
-                d.description = low.math.describe_op(op, low.cuda, dt) or ""
+                d.description = low.math.describe_op(op, low.cuda, dt, kern) or ""
             contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
                 low.math.fma or low.kernel_contracts(node)) else None)
             quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
+            elif (quirk is None and contracted is None and not kern
+                  and low.math.impl_on(low.cuda) == "torch_cpu"):
+                # PyTorch's CPU pow_tensor_scalar_optimized_kernel runs for bf16 with
+                # scalar_t = BFloat16 (PowKernel.cpp): x*x*x and 1/(x*x) round x*x to bf16,
+                # in the vector body and the scalar lambda alike. fp16 takes its
+                # std::pow / Vec::pow branch instead: one rounding (measured: 0 of 65,536
+                # differ either way).
+                quirk = self._pow_inner_rounded(e, f64, ("bfloat16",), "PowKernel.cpp")
             if (quirk is None and contracted is None and op == "log"
                     and low.torch_cpu_softmax(node) and node.attrs.get("storage_dtype")):
                 # serial_vec_log_softmax_lastdim_range (LogSoftmaxKernelImpl.h): the row's
@@ -1246,7 +1259,15 @@ class ProgramBuilder:
                     var, args = self._pow_device(e, var, d)
                 regs = [self.operand(a, f64) for a in args]
                 out = self.new()
-                self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var)
+                # rsqrt's scalar-loop rounding and pow's scalar lambda (double pow for a
+                # float tensor and a Python exponent) need the storage dtype; the tail
+                # width of PyTorch's vectorised loop rides in aux
+                code = node.dtype.code if var & (RSQRT_SCALAR16 | TORCH_TAIL) else 0
+                tail = low.math.torch_cpu_tail(op, dt, low.cuda) if var & TORCH_TAIL else 0
+                imm = (float(args[1].value) if op == "pow" and var & TORCH_TAIL
+                       and isinstance(args[1], Scalar) else 0.0)  # the exponent, in double
+                self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code,
+                         aux=tail, imm=imm)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
@@ -1283,15 +1304,30 @@ class ProgramBuilder:
                 and not isinstance(args[0], Scalar) and not isinstance(args[1].value, bool)
                 and float(args[1].value) in (0.5, -0.5)):
             return None
+        low = self.low
+        torch_cpu = not low.cuda and low.math.impl_on(False) == "torch_cpu"
+        kern = node.attrs.get("kernel") is not None
+        dt = node.dtype.name if node.dtype is not None else None
+        if torch_cpu and dt == "float16" and not kern:
+            return None  # PowKernel.cpp's Half branch: std::pow / Vec::pow, no shortcuts
         x = self.operand(args[0], f64)
         out = self.new()
-        low = self.low
+        if float(args[1].value) == -0.5 and torch_cpu and not kern:
+            # pow_tensor_scalar_kernel sends -0.5 to rsqrt_kernel (float, double, bf16)
+            var = low.math.variant_bits("rsqrt", f64 == F64, False, dt, kern)
+            self.ins("rsqrt", f64, out, x, var=var,
+                     dtype=node.dtype.code if var & RSQRT_SCALAR16 else 0,
+                     aux=low.math.torch_cpu_tail("rsqrt", dt) if var & TORCH_TAIL else 0)
+            low.record.decide(node, f64).quirk = "expanded as rsqrt(x) (pow_tensor_scalar)"
+            return out
         if float(args[1].value) == -0.5 and low.cuda and low.math.cuda_kernels:
             # PyTorch's CUDA pow_tensor_scalar sends -0.5 to its rsqrt kernel (rsqrtf)
             self.ins("rsqrt", f64, out, x, var=low.math.variant_bits("rsqrt", f64 == F64, True))
             low.record.decide(node, f64).quirk = "expanded as rsqrt(x) (pow_tensor_scalar)"
             return out
-        self.ins("sqrt", f64, out, x)
+        # (under torch_cpu, 0.5 goes to sqrt_kernel: MKL VML for float and double)
+        self.ins("sqrt", f64, out, x,
+                 var=low.math.variant_bits("sqrt", f64 == F64, low.cuda, dt, kern) if torch_cpu else 0)
         form = "sqrt(x)"
         if float(args[1].value) == -0.5:
             r = self.new()
@@ -1344,9 +1380,19 @@ class ProgramBuilder:
             self.low.record.decide(node, f64).quirk = (
                 f"expanded as x * {inv!r} (div_true_kernel_cuda)")
             return out
+        return self._pow_inner_rounded(e, f64, ("bfloat16", "float16"),
+                                       "pow_tensor_scalar_kernel")
+
+    def _pow_inner_rounded(self, e: Elem, f64: bool, dtypes: tuple, kernel: str):
+        """x**3 and x**-2 (Python-number exponent) of a 16-bit tensor in `dtypes` as
+        PyTorch's kernels compute them in scalar_t: x*x rounded to the storage dtype, then
+        times x or its reciprocal."""
+        node = e.node
+        args = e.args
         if (node.op == "pow" and isinstance(args[1], Scalar) and not isinstance(args[0], Scalar)
+                and not isinstance(args[1].value, bool)
                 and float(args[1].value) in (3.0, -2.0) and not f64
-                and node.dtype.name in ("bfloat16", "float16")):
+                and node.dtype.name in dtypes):
             x = self.operand(args[0], f64)
             sq = self.new()
             self.ins("mul", f64, sq, x, x)
@@ -1360,7 +1406,7 @@ class ProgramBuilder:
                 self.ins("reciprocal", f64, out, r)
                 form = "1 / round(x*x, {0})"
             self.low.record.decide(node, f64).quirk = (
-                f"expanded as {form.format(node.dtype.short)} (pow_tensor_scalar_kernel)")
+                f"expanded as {form.format(node.dtype.short)} ({kernel})")
             return out
         return None
 

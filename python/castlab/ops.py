@@ -9,6 +9,7 @@ bf16 tensor stays bf16 and multiplies by 0.5 in fp32.
 from __future__ import annotations
 
 import operator
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any, Union
@@ -98,7 +99,9 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
             tensors.append(a if isinstance(a, Tensor) else _to_tensor(a))
             parts.append(None)
     math = current_math()
-    key = (tuple(parts), _attrs_key(attrs), _C.signature(tensors), math)
+    # torch_cpu math borrows MKL VML and torch's thread geometry once torch is imported
+    # (castlab._torch_vml): a plan lowered before that would keep the stand-ins
+    key = (tuple(parts), _attrs_key(attrs), _C.signature(tensors), math, "torch" in sys.modules)
     plan = _eager_cache.get(key)
     if plan is not None:
         return plan.run(tensors)[0]

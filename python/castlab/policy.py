@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from . import _torch_vml
 from ._dtype import as_dtype, dtype, float64
 from ._optable import (
     APPROX_DIV,
@@ -375,11 +376,29 @@ _IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu")
 # castlab cannot rebuild from a published algorithm (docs/torch_cpu_kernels.md), where
 # castlab's portable functions stand in: MKL VML (fp32/fp64 exp, log, sin, cos, tanh,
 # erf; vml.h) and oneDNN's JIT gelu (contiguous fp32, and bf16 on CPUs with avx512_bf16).
+# MKL VML is called from torch's own library once torch is imported (_torch_vml), so those
+# pairs are opaque only while it is unavailable.
 _TORCH_CPU_OPAQUE = {
-    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf")
+    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf", "sqrt")
        for dt in ("float32", "float64")},
     ("gelu", "float32"): "oneDNN", ("gelu", "bfloat16"): "oneDNN",
 }
+# PyTorch's kernels registered with ALSO_REGISTER_AVX512_DISPATCH: on an AVX512 CPU they run
+# 64-byte vectors; every other kernel runs its AVX2 build there (DispatchStub.h L495-502).
+# UnaryOpsKernel.cpp registers sigmoid so; silu, gelu and gelu_tanh measured as 64-byte
+# loops (docs/torch_cpu_kernels.md); pow and rsqrt are plain REGISTER_DISPATCH.
+_TORCH_CPU_AVX512_OPS = frozenset({"sigmoid", "silu", "gelu", "gelu_tanh", "pow"})
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _torch_cpu_capability() -> str:
+    """torch.backends.cpu.get_cpu_capability() of the loaded torch ("" when not loaded)."""
+    torch = sys.modules.get("torch")  # never imported here: only asked if loaded
+    cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
+                  "get_cpu_capability", None)
+    return cap() if cap is not None else ""
+
+
 # Bits the torch_cpu implementation adds on the CPU: GCC contracts gelu's tanh form
 # x + kKappa*x^3 into an fma in PyTorch's build (Gelu.h); pow calls SLEEF's pow (vector
 # body) or the C library's (scalar lambda) directly, after pow_tensor_scalar's shortcuts.
@@ -397,8 +416,10 @@ class Math:
             the GPU; on the CPU, where they do not exist, the portable ones stand in),
             "torch_cpu" (what PyTorch's CPU kernels compute: SLEEF's vectorised functions
             and ATen's own erf polynomial, re-implemented in castlab, with the C library
-            where PyTorch's loop runs its scalar lambda on a non-contiguous layout; where
-            PyTorch calls MKL VML or oneDNN the portable functions stand in; on the GPU it
+            where PyTorch's loop runs its scalar lambda: non-contiguous layouts and the
+            tail of each of torch's thread chunks; where PyTorch calls MKL VML, the same
+            MKL functions from torch's libtorch_cpu.so once torch is imported; where it
+            calls oneDNN, or without torch, the portable functions stand in; on the GPU it
             means "portable"), "torch" (PyTorch's own kernels for the device: "cuda" on a
             GPU, "torch_cpu" on the CPU), or "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
@@ -499,30 +520,78 @@ class Math:
             name = "fast" if cuda else "libm"
         return name
 
-    def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool) -> str | None:
+    def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool,
+                          kernel: bool = False) -> str | None:
         """The library PyTorch's CPU kernel calls for this op and dtype where castlab's
-        torch_cpu implementation cannot reproduce it (None where it does)."""
+        torch_cpu implementation cannot reproduce it (None where it does). `kernel`: the
+        op is a step inside another of PyTorch's kernels (layer_norm, softmax, a backward
+        kernel), which never calls MKL VML's function for it: castlab does not either."""
         if cuda or self.impl_on(cuda) != "torch_cpu":
             return None
-        return _TORCH_CPU_OPAQUE.get((op, dtype))
+        lib = _TORCH_CPU_OPAQUE.get((op, dtype))
+        if lib == "MKL VML" and not kernel:
+            why = _torch_vml.unavailable()
+            return None if why is None else f"MKL VML unavailable ({why})"
+        return lib
 
-    def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None) -> int:
+    def _torch_vml(self, op: str, dtype: str | None, cuda: bool, kernel: bool = False) -> bool:
+        """Does this op call MKL VML from libtorch_cpu.so (as PyTorch's CPU kernel does)?"""
+        return (not cuda and not kernel and self.impl_on(cuda) == "torch_cpu"
+                and _TORCH_CPU_OPAQUE.get((op, dtype)) == "MKL VML"
+                and _torch_vml.unavailable() is None)
+
+    def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None,
+                   kernel: bool = False) -> int:
         name = self.impl_on(cuda)
-        if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda):
+        if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda, kernel):
             name = "portable"
         return MATH_IMPLS[name]
 
-    def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None) -> int:
+    def torch_cpu_tail(self, op: str, dtype: str | None, cuda: bool = False) -> int:
+        """Width of the vectorised step of PyTorch's CPU loop for this op (``2 *
+        Vec::size()``), whose remainder in each thread chunk runs the kernel's scalar
+        lambda (glibc): 0 where that changes no bits, or where torch is not loaded (its
+        ISA and thread count then are unknown) or its capability is not AVX2/AVX512.
+
+        >>> import torch
+        >>> cl.Math.preset("torch_eager").torch_cpu_tail("silu", "float32") in (16, 32)
+        True
+        """
+        f = OPS[op].factors if op in OPS else 0
+        if cuda or self.impl_on(cuda) != "torch_cpu" or not f & BITS["torch_tail"]:
+            return 0
+        size = _ITEMSIZE.get(dtype or "")
+        if size is None or (op, dtype) in _TORCH_CPU_OPAQUE:
+            return 0
+        if op == "rsqrt" and size != 2:  # float/double: the scalar 1/sqrt is the vector's
+            return 0
+        cap = _torch_cpu_capability()
+        # the executor reads torch's thread count through the library _torch_vml borrows
+        if cap not in ("AVX2", "AVX512") or _torch_vml.unavailable() is not None:
+            return 0
+        return 2 * (64 if cap == "AVX512" and op in _TORCH_CPU_AVX512_OPS else 32) // size
+
+    def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None,
+                     kernel: bool = False) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
         factors the op table lists for it, so two runs differ in an op's bits exactly
         when they compute it differently. `dtype`: the op's storage dtype name (the
-        torch_cpu implementation depends on it)."""
+        torch_cpu implementation depends on it); `kernel`: the op is a step inside another
+        of PyTorch's kernels, so not PyTorch's own kernel for the op (no MKL VML call, no
+        scalar-tail or 16-bit rsqrt details of that kernel)."""
         f = OPS[op].factors
-        bits = self._impl_code(cuda, op, dtype) if f & IMPL_MASK else 0
+        bits = self._impl_code(cuda, op, dtype, kernel) if f & IMPL_MASK else 0
         if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
             bits |= SILU_MUL_SIGMOID
         if not cuda and self.impl_on(cuda) == "torch_cpu":
             bits |= f & _TORCH_CPU_BITS
+        if not cuda and not kernel and self.impl_on(cuda) == "torch_cpu":
+            if dtype in ("bfloat16", "float16"):  # 1 / sqrt rounded to 16 bits, scalar loop
+                bits |= f & BITS["rsqrt_scalar16"]
+            if f & BITS["torch_vml"] and self._torch_vml(op, dtype, cuda):
+                bits |= BITS["torch_vml"]
+            if self.torch_cpu_tail(op, dtype, cuda):
+                bits |= BITS["torch_tail"]
         if cuda and self.cuda_kernels:
             bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
@@ -586,8 +655,10 @@ class Math:
         # silu reaches a sigmoid only in its x*sigmoid(x) form
         return not factors & SILU_MUL_SIGMOID or self.silu == "mul_sigmoid"
 
-    def describe_op(self, op: str, cuda: bool, dtype: str | None = None) -> str:
-        """Human-readable variant of one op, as shown in traces."""
+    def describe_op(self, op: str, cuda: bool, dtype: str | None = None,
+                    kernel: bool = False) -> str:
+        """Human-readable variant of one op, as shown in traces (`kernel`: as in
+        :meth:`variant_bits`)."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
         if impl == "torch":
             impl = "cuda" if cuda else "torch_cpu"
@@ -595,10 +666,14 @@ class Math:
             impl = "portable (CPU stand-in for cuda)"
         if impl == "torch_cpu" and cuda:
             impl = "portable (torch_cpu is CPU-only)"
-        opaque = self._torch_cpu_opaque(op, dtype, cuda)
-        if opaque:
+        opaque = self._torch_cpu_opaque(op, dtype, cuda, kernel)
+        if opaque and opaque.startswith("MKL VML unavailable"):
+            impl = f"portable ({opaque}: portable stand-in, not bit-exact)"
+        elif opaque:
             impl = (f"portable (PyTorch's CPU kernel calls {opaque} here: not reproduced, "
                     "not bit-exact)")
+        elif self._torch_vml(op, dtype, cuda, kernel):
+            impl = "torch_cpu (MKL VML from libtorch_cpu.so, as PyTorch's kernel)"
         info = OPS.get(op)
         f = info.factors if info is not None else 0
         notes = []
@@ -608,8 +683,11 @@ class Math:
         elif f & SIGMOID_EX2:
             notes.append(info.formula)
             notes.append(f"exp={impl}")
-        elif f & IMPL_MASK:
+        elif f & IMPL_MASK or (f & BITS["torch_vml"] and (opaque or impl.startswith("torch_cpu ("))):
             notes.append(f"impl={impl}")
+        if not cuda and not kernel and f & BITS["rsqrt_scalar16"] and impl == "torch_cpu" and (
+                dtype in ("bfloat16", "float16")):
+            notes.append("strided: 1/round(sqrt(x)) (PyTorch's scalar loop)")
         if (not cuda and impl == "torch_cpu" and f & _TORCH_CPU_BITS & BITS["fma_in_op"]):
             notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
         if f & APPROX_DIV and self.division == "approx":

@@ -1,5 +1,6 @@
 #include <type_traits>
 
+#include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 #include "ops/runtime.h"
 #include "python/src/bindings.h"
@@ -132,7 +133,16 @@ void bind_program(py::module_& m) {
   bits["hardswish_recip6"] = static_cast<uint32_t>(cl::kVarHardswishRecip6);
   bits["pow_device"] = static_cast<uint32_t>(cl::kVarPowDevice);
   bits["pow_tensor_exp"] = static_cast<uint32_t>(cl::kVarPowTensorExp);
+  bits["torch_vml"] = static_cast<uint32_t>(cl::kVarTorchVml);
+  bits["rsqrt_scalar16"] = static_cast<uint32_t>(cl::kVarRsqrtScalar16);
+  bits["torch_tail"] = static_cast<uint32_t>(cl::kVarTorchTail);
   m.attr("VARIANT_BITS") = bits;
+  m.def("torch_vml_load", &cl::torch_vml_load, py::arg("path"),
+        "Borrow MKL VML's vms*/vmd* functions from the already-loaded library at path "
+        "(libtorch_cpu.so); returns '' on success, else why not. Never loads the library.");
+  m.def("torch_vml_loaded", &cl::torch_vml_loaded, "Are MKL VML's functions borrowed?");
+  m.def("torch_num_threads", &cl::torch_num_threads,
+        "at::get_num_threads() of the loaded torch (0 when not borrowed)");
   py::dict impls;
   impls["portable"] = static_cast<int>(cl::kPortable);
   impls["libm"] = static_cast<int>(cl::kLibm);
