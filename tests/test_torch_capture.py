@@ -82,6 +82,22 @@ def _torch_values(cm, flat):
 TRANSCENDENTAL = ("aten.cos.default", "aten.sin.default", "aten.silu.default")
 
 
+@pytest.mark.parametrize("big", [False, True], ids=["1layer", "0.5B-shaped-2layer"])
+def test_qwen2_fp32_eager_is_bit_identical_to_torch(big):
+    """fp32 on the CPU: RoPE's cos/sin and silu's exp are the MKL VML and SLEEF functions
+    torch CPU calls (torch_cpu math), so the captured model's logits are torch's."""
+    from castlab import _torch_vml
+
+    why = _torch_vml.unavailable()
+    if why is not None:
+        pytest.skip(f"MKL VML from torch's library: {why}")
+    m, ids = _qwen2(torch.float32, big)
+    cm = ct.capture(m, ids, kwargs=KW)
+    out = cm.run(ids, kwargs=KW, policy="eager", math="torch_eager").logits
+    ref = _torch_logits(m, ids)
+    assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} logits differ"
+
+
 def test_qwen2_fp32_eager_differs_only_through_transcendentals():
     """fp32 on the CPU: castlab's fp32 cos, sin and silu (exp) are not torch CPU's
     (SLEEF) bit for bit (issue 22). With torch's values of those nodes substituted, the
