@@ -620,13 +620,7 @@ class Math:
         >>> cl.Math(cpu_isa="avx2").torch_cpu_vector_bytes()
         32
         """
-        isa = self.cpu_isa
-        if isa == "auto":
-            torch = sys.modules.get("torch")  # never imported here: only asked if loaded
-            cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
-                          "get_cpu_capability", None)
-            isa = "avx512" if cap is not None and cap() == "AVX512" else "avx2"
-        return 64 if isa == "avx512" else 32
+        return 64 if self._cpu_isa() == "avx512" else 32
 
     def torch_cpu_fma(self) -> bool:
         """Do the "torch_cpu" order's Welford kernels fuse multiply-adds (``cpu_isa``
@@ -635,13 +629,13 @@ class Math:
         >>> cl.Math(cpu_isa="default").torch_cpu_fma()
         False
         """
-        isa = self.cpu_isa
-        if isa == "auto":
-            torch = sys.modules.get("torch")  # never imported here: only asked if loaded
-            cap = getattr(getattr(getattr(torch, "backends", None), "cpu", None),
-                          "get_cpu_capability", None)
-            isa = "default" if cap is not None and cap() == "DEFAULT" else "avx2"
-        return isa != "default"
+        return self._cpu_isa() != "default"
+
+    def _cpu_isa(self) -> str:
+        """``cpu_isa`` resolved: "auto" asks the loaded torch (AVX2 when it is not)."""
+        if self.cpu_isa != "auto":
+            return self.cpu_isa
+        return {"AVX512": "avx512", "DEFAULT": "default"}.get(_torch_cpu_capability(), "avx2")
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a table of the fields.
