@@ -83,10 +83,16 @@ CL_HD float ldexp2_f(float d, int32_t e) { return d * pow2i_f(e >> 1) * pow2i_f(
 // d * 2^e by adding e to the exponent field (vldexp3; no range checks).
 CL_HD float ldexp3_f(float d, int32_t e) { return fbits(bits(d) + ((uint32_t)e << 23)); }
 // d * 2^q in five multiplications, saturating the scale factors (vldexp).
+// SLEEF's vector integers wrap (q is INT_MIN for an infinite argument): the sums and
+// products are done in uint32_t, where wrapping is defined, and read back as int32_t.
+CL_HD int32_t wrap_i32(uint32_t u) { return static_cast<int32_t>(u); }
 CL_HD float ldexp_f(float x, int32_t q) {
   int32_t m = q >> 31;
-  m = (((m + q) >> 6) - m) * 16;
-  q = q - m * 4;
+  m = wrap_i32(
+      static_cast<uint32_t>(wrap_i32(static_cast<uint32_t>(m) + static_cast<uint32_t>(q)) >> 6) -
+      static_cast<uint32_t>(m));
+  m = wrap_i32(static_cast<uint32_t>(m) * 16u);
+  q = wrap_i32(static_cast<uint32_t>(q) - static_cast<uint32_t>(m) * 4u);
   m = m + 0x7f;
   m = m > 0 ? m : 0;
   m = m > 0xff ? 0xff : m;
@@ -335,7 +341,7 @@ inline RemPiF rempif(float a) {
   F2 y = df_mul(a, tab[1]);
   x = df_add2(x, y);
   rempisubf(x.x, rem, q2);
-  q += q2;
+  q = wrap_i32(static_cast<uint32_t>(q) + static_cast<uint32_t>(q2));
   x.x = rem;
   x = df_normalize(x);
   y = df_mul(f2(tab[2], tab[3]), a);
@@ -478,7 +484,7 @@ CL_HD float cosf_u35(float d, int mode) {
   using namespace detail;
   const float r = d;
   int32_t q = cvt_rn_f(d * (float)0.318309886183790671537767526745028724 - 0.5f);
-  q = q + q + 1;
+  q = wrap_i32(static_cast<uint32_t>(q) * 2u + 1u);  // INT_MIN for a NaN/huge argument
   const float u0 = (float)q;
   if (mode == 0) {
     d = fma(u0, -kPiA2f * 0.5f, d);
