@@ -109,125 +109,91 @@ CL_HD double ldexp3_d(double d, int32_t e) {
 }
 CL_HD int32_t ilogb2k_d(double d) { return (int32_t)((uint32_t)(bits(d) >> 52) & 0x7ffu) - 0x3ff; }
 
-// ---- double-float arithmetic (an unevaluated sum x + y), FMA forms -----------------
-struct F2 {
-  float x, y;
+// ---- double-word arithmetic (an unevaluated sum x + y, float or double), FMA forms ----
+template <typename T>
+struct W2 {
+  T x, y;
 };
+using F2 = W2<float>;
+using D2 = W2<double>;
 CL_HD F2 f2(float x, float y) { return F2{x, y}; }
-CL_HD F2 df_normalize(F2 t) {
-  const float s = t.x + t.y;
-  return F2{s, (t.x - s) + t.y};
+template <typename T>
+CL_HD W2<T> df_normalize(W2<T> t) {
+  const T s = t.x + t.y;
+  return W2<T>{s, (t.x - s) + t.y};
 }
-CL_HD F2 df_scale(F2 d, float s) { return F2{d.x * s, d.y * s}; }
-CL_HD F2 df_neg(F2 d) { return F2{-d.x, -d.y}; }
-CL_HD F2 df_add2(float x, float y) {  // no magnitude order assumed
-  const float s = x + y, v = s - x;
-  return F2{s, (x - (s - v)) + (y - v)};
+template <typename T>
+CL_HD W2<T> df_scale(W2<T> d, T s) {
+  return W2<T>{d.x * s, d.y * s};
 }
-CL_HD F2 df_add(F2 x, float y) {  // |x| >= |y|
-  const float s = x.x + y;
-  return F2{s, ((x.x - s) + y) + x.y};
+template <typename T>
+CL_HD W2<T> df_neg(W2<T> d) {
+  return W2<T>{-d.x, -d.y};
 }
-CL_HD F2 df_add2(F2 x, float y) {
-  const float s = x.x + y, v = s - x.x;
-  const float t = (x.x - (s - v)) + (y - v);
-  return F2{s, t + x.y};
+template <typename T>
+CL_HD W2<T> df_add2(T x, T y) {  // no magnitude order assumed
+  const T s = x + y, v = s - x;
+  return W2<T>{s, (x - (s - v)) + (y - v)};
 }
-CL_HD F2 df_add(float x, F2 y) {  // |x| >= |y|
-  const float s = x + y.x;
-  return F2{s, ((x - s) + y.x) + y.y};
+template <typename T>
+CL_HD W2<T> df_add(W2<T> x, T y) {  // |x| >= |y|
+  const T s = x.x + y;
+  return W2<T>{s, ((x.x - s) + y) + x.y};
 }
-CL_HD F2 df_add(F2 x, F2 y) {  // |x| >= |y|
-  const float s = x.x + y.x;
-  return F2{s, (((x.x - s) + y.x) + x.y) + y.y};
+template <typename T>
+CL_HD W2<T> df_add2(W2<T> x, T y) {
+  const T s = x.x + y, v = s - x.x;
+  const T t = (x.x - (s - v)) + (y - v);
+  return W2<T>{s, t + x.y};
 }
-CL_HD F2 df_add2(F2 x, F2 y) {
-  const float s = x.x + y.x, v = s - x.x;
-  const float t = (x.x - (s - v)) + (y.x - v);
-  return F2{s, t + (x.y + y.y)};
+template <typename T>
+CL_HD W2<T> df_add(T x, W2<T> y) {  // |x| >= |y|
+  const T s = x + y.x;
+  return W2<T>{s, ((x - s) + y.x) + y.y};
 }
-CL_HD F2 df_div(F2 n, F2 d) {
-  const float t = 1.0f / d.x;
-  const float s = n.x * t;
-  const float u = fma(t, n.x, -s);
-  const float v = fma(-d.y, t, fma(-d.x, t, 1.0f));
-  return F2{s, fma(s, v, fma(n.y, t, u))};
+template <typename T>
+CL_HD W2<T> df_add(W2<T> x, W2<T> y) {  // |x| >= |y|
+  const T s = x.x + y.x;
+  return W2<T>{s, (((x.x - s) + y.x) + x.y) + y.y};
 }
-CL_HD F2 df_mul(float x, float y) {
-  const float s = x * y;
-  return F2{s, fma(x, y, -s)};
+template <typename T>
+CL_HD W2<T> df_add2(W2<T> x, W2<T> y) {
+  const T s = x.x + y.x, v = s - x.x;
+  const T t = (x.x - (s - v)) + (y.x - v);
+  return W2<T>{s, t + (x.y + y.y)};
 }
-CL_HD F2 df_squ(F2 x) {
-  const float s = x.x * x.x;
-  return F2{s, fma(x.x + x.x, x.y, fma(x.x, x.x, -s))};
+template <typename T>
+CL_HD W2<T> df_div(W2<T> n, W2<T> d) {
+  const T t = T(1) / d.x;
+  const T s = n.x * t;
+  const T u = fma(t, n.x, -s);
+  const T v = fma(-d.y, t, fma(-d.x, t, T(1)));
+  return W2<T>{s, fma(s, v, fma(n.y, t, u))};
 }
-CL_HD F2 df_mul(F2 x, F2 y) {
-  const float s = x.x * y.x;
-  return F2{s, fma(x.x, y.y, fma(x.y, y.x, fma(x.x, y.x, -s)))};
+template <typename T>
+CL_HD W2<T> df_mul(T x, T y) {
+  const T s = x * y;
+  return W2<T>{s, fma(x, y, -s)};
 }
-CL_HD F2 df_mul(F2 x, float y) {
-  const float s = x.x * y;
-  return F2{s, fma(x.y, y, fma(x.x, y, -s))};
+template <typename T>
+CL_HD W2<T> df_squ(W2<T> x) {
+  const T s = x.x * x.x;
+  return W2<T>{s, fma(x.x + x.x, x.y, fma(x.x, x.x, -s))};
 }
-CL_HD F2 df_rec(F2 d) {
-  const float s = 1.0f / d.x;
-  return F2{s, s * fma(-d.y, s, fma(-d.x, s, 1.0f))};
+template <typename T>
+CL_HD W2<T> df_mul(W2<T> x, W2<T> y) {
+  const T s = x.x * y.x;
+  return W2<T>{s, fma(x.x, y.y, fma(x.y, y.x, fma(x.x, y.x, -s)))};
 }
-
-// ---- double-double arithmetic, FMA forms (the same shapes in double) ---------------
-struct D2 {
-  double x, y;
-};
-CL_HD D2 dd_normalize(D2 t) {
-  const double s = t.x + t.y;
-  return D2{s, (t.x - s) + t.y};
+template <typename T>
+CL_HD W2<T> df_mul(W2<T> x, T y) {
+  const T s = x.x * y;
+  return W2<T>{s, fma(x.y, y, fma(x.x, y, -s))};
 }
-CL_HD D2 dd_scale(D2 d, double s) { return D2{d.x * s, d.y * s}; }
-CL_HD D2 dd_neg(D2 d) { return D2{-d.x, -d.y}; }
-CL_HD D2 dd_add2(double x, double y) {
-  const double s = x + y, v = s - x;
-  return D2{s, (x - (s - v)) + (y - v)};
-}
-CL_HD D2 dd_add2(D2 x, double y) {
-  const double s = x.x + y, v = s - x.x;
-  const double w = (x.x - (s - v)) + (y - v);
-  return D2{s, w + x.y};
-}
-CL_HD D2 dd_add(double x, D2 y) {
-  const double s = x + y.x;
-  return D2{s, ((x - s) + y.x) + y.y};
-}
-CL_HD D2 dd_add(D2 x, D2 y) {
-  const double s = x.x + y.x;
-  return D2{s, (((x.x - s) + y.x) + x.y) + y.y};
-}
-CL_HD D2 dd_add2(D2 x, D2 y) {
-  const double s = x.x + y.x, v = s - x.x;
-  const double t = (x.x - (s - v)) + (y.x - v);
-  return D2{s, t + (x.y + y.y)};
-}
-CL_HD D2 dd_div(D2 n, D2 d) {
-  const double t = 1.0 / d.x;
-  const double s = n.x * t;
-  const double u = fma(t, n.x, -s);
-  const double v = fma(-d.y, t, fma(-d.x, t, 1.0));
-  return D2{s, fma(s, v, fma(n.y, t, u))};
-}
-CL_HD D2 dd_mul(D2 x, double y) {
-  const double s = x.x * y;
-  return D2{s, fma(x.y, y, fma(x.x, y, -s))};
-}
-CL_HD D2 dd_mul(D2 x, D2 y) {
-  const double s = x.x * y.x;
-  return D2{s, fma(x.x, y.y, fma(x.y, y.x, fma(x.x, y.x, -s)))};
-}
-CL_HD D2 dd_squ(D2 x) {
-  const double s = x.x * x.x;
-  return D2{s, fma(x.x + x.x, x.y, fma(x.x, x.x, -s))};
-}
-CL_HD D2 dd_rec(D2 d) {
-  const double s = 1.0 / d.x;
-  return D2{s, s * fma(-d.y, s, fma(-d.x, s, 1.0))};
+template <typename T>
+CL_HD W2<T> df_rec(W2<T> d) {
+  const T s = T(1) / d.x;
+  return W2<T>{s, s * fma(-d.y, s, fma(-d.x, s, T(1)))};
 }
 
 // Estrin's scheme as SLEEF's POLYn macros build it (coefficients highest order first).
@@ -563,8 +529,8 @@ CL_HD D2 logk(double d) {
   int32_t e = ilogb2k_d(d * (1.0 / 0.75));
   const double m = ldexp3_d(d, -e);
   e = o ? e - 64 : e;
-  D2 x = dd_div(dd_add2(-1.0, m), dd_add2(1.0, m));
-  const D2 x2 = dd_squ(x);
+  D2 x = df_div(df_add2(-1.0, m), df_add2(1.0, m));
+  const D2 x2 = df_squ(x);
   const double x4 = x2.x * x2.x, x8 = x4 * x4, x16 = x8 * x8;
   const double t = fma(
       x16, 0.116255524079935043668677,
@@ -572,12 +538,12 @@ CL_HD D2 logk(double d) {
             0.13332981086846273921509, 0.153846227114512262845736, 0.181818180850050775676507,
             0.222222222230083560345903, 0.285714285714249172087875, 0.400000000000000077715612));
   const D2 c = D2{0.666666666666666629659233, 3.80554962542412056336616e-17};
-  D2 s = dd_mul(D2{0.693147180559945286226764, 2.319046813846299558417771e-17}, (double)e);
-  s = dd_add(s, dd_scale(x, 2.0));
-  x = dd_mul(x2, x);
-  s = dd_add(s, dd_mul(x, c));
-  x = dd_mul(x2, x);
-  s = dd_add(s, dd_mul(x, t));
+  D2 s = df_mul(D2{0.693147180559945286226764, 2.319046813846299558417771e-17}, (double)e);
+  s = df_add(s, df_scale(x, 2.0));
+  x = df_mul(x2, x);
+  s = df_add(s, df_mul(x, c));
+  x = df_mul(x2, x);
+  s = df_add(s, df_mul(x, t));
   return s;
 }
 
@@ -586,17 +552,17 @@ CL_HD double expk(D2 d) {
   double u = (d.x + d.y) * kRLn2;
   const double dq = rint_d(u);
   const int32_t q = cvt_rn_d(dq);
-  D2 s = dd_add2(d, dq * -kL2U);
-  s = dd_add2(s, dq * -kL2L);
-  s = dd_normalize(s);
+  D2 s = df_add2(d, dq * -kL2U);
+  s = df_add2(s, dq * -kL2L);
+  s = df_normalize(s);
   const double s2 = s.x * s.x, s4 = s2 * s2, s8 = s4 * s4;
   u = fma(s8, poly2(s.x, 2.51069683420950419527139e-08, 2.76286166770270649116855e-07),
           poly8(s.x, s2, s4, 2.75572496725023574143864e-06, 2.48014973989819794114153e-05,
                 0.000198412698809069797676111, 0.0013888888939977128960529,
                 0.00833333333332371417601081, 0.0416666666665409524128449,
                 0.166666666666666740681535, 0.500000000000000999200722));
-  D2 t = dd_add(1.0, s);
-  t = dd_add(t, dd_mul(dd_squ(s), u));
+  D2 t = df_add(1.0, s);
+  t = df_add(t, df_mul(df_squ(s), u));
   u = ldexp2_d(t.x + t.y, q);
   return d.x < -1000.0 ? 0.0 : u;
 }
@@ -606,25 +572,25 @@ CL_HD D2 expk2(D2 d) {
   double u = (d.x + d.y) * kRLn2;
   const double dq = rint_d(u);
   const int32_t q = cvt_rn_d(dq);
-  D2 s = dd_add2(d, dq * -kL2U);
-  s = dd_add2(s, dq * -kL2L);
-  const D2 s2 = dd_squ(s), s4 = dd_squ(s2);
+  D2 s = df_add2(d, dq * -kL2U);
+  s = df_add2(s, dq * -kL2L);
+  const D2 s2 = df_squ(s), s4 = df_squ(s2);
   const double s8 = s4.x * s4.x;
   u = fma(s8, poly2(s.x, +0.1602472219709932072e-9, +0.2092255183563157007e-8),
           poly8(s.x, s2.x, s4.x, +0.2505230023782644465e-7, +0.2755724800902135303e-6,
                 +0.2755731892386044373e-5, +0.2480158735605815065e-4, +0.1984126984148071858e-3,
                 +0.1388888888886763255e-2, +0.8333333333333347095e-2, +0.4166666666666669905e-1));
-  D2 t = dd_add(0.5, dd_mul(s, +0.1666666666666666574e+0));
-  t = dd_add(1.0, dd_mul(t, s));
-  t = dd_add(1.0, dd_mul(t, s));
-  t = dd_add(t, dd_mul(s4, u));
+  D2 t = df_add(0.5, df_mul(s, +0.1666666666666666574e+0));
+  t = df_add(1.0, df_mul(t, s));
+  t = df_add(1.0, df_mul(t, s));
+  t = df_add(t, df_mul(s4, u));
   t.x = ldexp2_d(t.x, q);
   t.y = ldexp2_d(t.y, q);
   const bool z = d.x < -1000.0;
   return D2{z ? 0.0 : t.x, z ? 0.0 : t.y};
 }
 
-CL_HD D2 dd_mla(double x, D2 y, D2 z) { return dd_add(z, dd_mul(y, x)); }
+CL_HD D2 dd_mla(double x, D2 y, D2 z) { return df_add(z, df_mul(y, x)); }
 CL_HD D2 poly4dd(double x, double c3, D2 c2, D2 c1, D2 c0) {
   return dd_mla(x * x, dd_mla(x, D2{c3, 0.0}, c2), dd_mla(x, c1, c0));
 }
@@ -656,8 +622,8 @@ CL_HD double tanh_u10(double x) {
   using namespace detail;
   const double ax = dabs_(x);
   D2 d = expk2(D2{ax, 0.0});
-  const D2 e = dd_rec(d);
-  d = dd_div(dd_add2(d, dd_neg(e)), dd_add2(d, e));
+  const D2 e = df_rec(d);
+  d = df_div(df_add2(d, df_neg(e)), df_add2(d, e));
   double y = d.x + d.y;
   y = (ax > 18.714973875 || y != y) ? 1.0 : y;
   y = mulsign(y, x);
@@ -669,7 +635,7 @@ CL_HD double pow_u10(double x, double y) {
   using namespace detail;
   const bool yisint = rint_d(y) == y;
   const bool yisodd = rint_d(y * 0.5) != y * 0.5 && yisint;
-  const D2 d = dd_mul(logk(dabs_(x)), y);
+  const D2 d = df_mul(logk(dabs_(x)), y);
   double result = expk(d);
   result = d.x > kLogDblMax ? inf_d() : result;
   result = result * (x > 0.0 ? 1.0 : (yisint ? (yisodd ? -1.0 : 1.0) : qnan_d()));
@@ -721,11 +687,11 @@ CL_HD double erf_u10(double a) {
                   o ? D2{0.07052369794346953491, 9.5846628070792092842e-19}
                     : D2{-1.2261313785184804967e-05, -5.5329707514490107044e-22});
 #undef CL_C
-  D2 s2 = dd_add(1.0, dd_mul(t2, x));
-  s2 = dd_squ(dd_squ(dd_squ(dd_squ(s2))));
-  s2 = dd_rec(s2);
+  D2 s2 = df_add(1.0, df_mul(t2, x));
+  s2 = df_squ(df_squ(df_squ(df_squ(s2))));
+  s2 = df_rec(s2);
   t2 = o ? s2 : D2{expk(t2), 0.0};
-  t2 = dd_add2(t2, -1.0);
+  t2 = df_add2(t2, -1.0);
   double z = -(t2.x + t2.y);
   z = x < 1e-8 ? x * 1.12837916709551262756245475959 : z;
   z = x >= 6.0 ? 1.0 : z;

@@ -168,54 +168,17 @@ CL_HD Moments<T> mom_rowwise(A v, int64_t N, int64_t vec, int lanes, bool fused,
 // d = vectorized, e = rows split across warps, f = CTAs per row).
 template <typename T, typename A>
 CL_HD Moments<T> mom_cuda_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t k) {
-  const int64_t bw = P.a, bh = P.b, acc_n = P.c;
-  const int64_t x = k % bw, y = (k / bw) % bh, cta = k / (bw * bh);
-  int64_t idx0 = x, stride = bw;
-  if (P.e) {
-    idx0 += y * stride;
-    stride *= bh;
-  }
-  if (P.f > 1) {
-    idx0 += cta * stride;
-    stride *= P.f;
-  }
   Moments<T> acc[8];
   int64_t cnt[8];
   for (int i = 0; i < 8; ++i) {
     acc[i] = Moments<T>{T(0), T(0), T(0)};
     cnt[i] = 0;
   }
-  if (P.d) {  // input_vectorized_thread_reduce_impl (see red_cuda_part)
-    const int64_t shift = (row * n) % acc_n;
-    const bool tail_thread = y == 0 && cta == 0;
-    A d = v;
-    int64_t end = n;
-    if (shift > 0) {
-      d = v - shift;
-      end = n + shift;
-      if (x >= shift && x < acc_n && tail_thread)
-        acc[0] = mom_welford_add(acc[0], &cnt[0], static_cast<T>(d[x]), true);
-      end -= acc_n;
-      d = d + acc_n;
-    }
-    for (int64_t q = idx0; q * acc_n + acc_n - 1 < end; q += stride)
-      for (int i = 0; i < acc_n; ++i)
-        acc[i] = mom_welford_add(acc[i], &cnt[i], static_cast<T>(d[q * acc_n + i]), true);
-    const int64_t tail = end - end % acc_n;
-    if (tail_thread && tail + x < end)
-      acc[0] = mom_welford_add(acc[0], &cnt[0], static_cast<T>(d[tail + x]), true);
-  } else {  // thread_reduce_impl
-    int64_t idx = idx0;
-    while (idx + (acc_n - 1) * stride < n) {
-      for (int i = 0; i < acc_n; ++i)
-        acc[i] = mom_welford_add(acc[i], &cnt[i], static_cast<T>(v[idx + i * stride]), true);
-      idx += acc_n * stride;
-    }
-    for (int i = 0; i < acc_n && idx < n; ++i, idx += stride)
-      acc[i] = mom_welford_add(acc[i], &cnt[i], static_cast<T>(v[idx]), true);
-  }
+  red_cuda_walk(P, v, n, row, k, [&](int i, T x) {
+    acc[i] = mom_welford_add(acc[i], &cnt[i], static_cast<T>(x), true);
+  });
   Moments<T> r = acc[0];
-  for (int i = 1; i < acc_n; ++i) r = mom_welford_combine(r, acc[i]);
+  for (int i = 1; i < P.c; ++i) r = mom_welford_combine(r, acc[i]);
   return r;
 }
 

@@ -306,6 +306,17 @@ CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes) {
 // (lane l + lane l ^ h, h = W/2 .. 1). A row shorter than W is summed in order. Mode 2
 // (the bf16 kernel): W float lanes from 0 over the full vectors, the butterfly, then the
 // remaining elements one after another.
+// ATen's vec_reduce_all for float vectors: lane l + lane l ^ h, h = W/2 .. 1 (W <= 16).
+template <typename T>
+CL_HD T red_lane_butterfly(T* acc, int64_t W) {
+  for (int64_t h = W / 2; h >= 1; h /= 2) {
+    T nx[16];
+    for (int64_t l = 0; l < W; ++l) nx[l] = acc[l] + acc[l ^ h];
+    for (int64_t l = 0; l < W; ++l) acc[l] = nx[l];
+  }
+  return acc[0];
+}
+
 template <typename T, typename A>
 CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
   if (n <= 0) return T(0);
@@ -333,12 +344,7 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l];
     for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l];
     for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
-    for (int64_t h = W / 2; h >= 1; h /= 2) {
-      T nx[16];
-      for (int64_t l = 0; l < W; ++l) nx[l] = a0[l] + a0[l ^ h];
-      for (int64_t l = 0; l < W; ++l) a0[l] = nx[l];
-    }
-    return a0[0];
+    return red_lane_butterfly(a0, W);
   }
   if (mode != 2 && n < W) {
     T s = v[0];
@@ -357,12 +363,7 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 1; l < W; ++l) s = s + acc[l];
     return s;
   }
-  for (int64_t h = W / 2; h >= 1; h /= 2) {
-    T nx[16];
-    for (int64_t l = 0; l < W; ++l) nx[l] = acc[l] + acc[l ^ h];
-    for (int64_t l = 0; l < W; ++l) acc[l] = nx[l];
-  }
-  T s = acc[0];
+  T s = red_lane_butterfly(acc, W);
   if (mode == 2)
     for (int64_t i = full; i < n; ++i) s = s + v[i];
   return s;
@@ -371,8 +372,11 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
 // ---- ATen's CUDA reduction kernel (Reduce.cuh), one row of n contiguous elements ----
 // Part t = (x, y, cta) of the emulated launch: x + a * (y + b * cta). When each row of
 // threads reduces its own output, only threadIdx.y's row matters (b = 1 then).
-template <typename T, typename A>
-CL_HD T red_cuda_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+// Reduce.cuh's walk of one thread t over a row: add(i, v[j]) for each element j the thread
+// reads, into its accumulator i (i < acc_n = P.c), in the kernel's order. Shared by the
+// sums (red_cuda_part) and the Welford moments (mom_cuda_thread).
+template <typename A, typename Add>
+CL_HD void red_cuda_walk(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t, Add add) {
   const int64_t bw = P.a, bh = P.b, acc_n = P.c;
   const int64_t x = t % bw, y = (t / bw) % bh, cta = t / (bw * bh);
   // thread's first index and stride (in vectors when vectorized)
@@ -386,8 +390,6 @@ CL_HD T red_cuda_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) 
     idx0 += cta * stride;
     stride *= ctas;
   }
-  T acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = red_identity<T>(P.kind);
   if (P.d) {  // input_vectorized_thread_reduce_impl
     // rows of a contiguous tensor on an aligned base: row `row` starts `shift` elements
     // past a 16-byte boundary; those first elements go to threads shift..acc_n-1
@@ -398,31 +400,31 @@ CL_HD T red_cuda_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) 
     if (shift > 0) {
       d = v - shift;
       end = n + shift;
-      if (x >= shift && x < acc_n && tail_thread) acc[0] = red_op(P.kind, acc[0], d[x]);
+      if (x >= shift && x < acc_n && tail_thread) add(0, d[x]);
       end -= acc_n;
       d = d + acc_n;
     }
-    int64_t q = idx0;
-    while (q * acc_n + acc_n - 1 < end) {
-      for (int i = 0; i < acc_n; ++i) acc[i] = red_op(P.kind, acc[i], d[q * acc_n + i]);
-      q += stride;
-    }
+    for (int64_t q = idx0; q * acc_n + acc_n - 1 < end; q += stride)
+      for (int i = 0; i < acc_n; ++i) add(i, d[q * acc_n + i]);
     const int64_t tail = end - end % acc_n;
-    if (tail_thread && tail + x < end) acc[0] = red_op(P.kind, acc[0], d[tail + x]);
+    if (tail_thread && tail + x < end) add(0, d[tail + x]);
   } else {  // thread_reduce_impl: acc_n strided accumulators
     int64_t idx = idx0;
     while (idx + (acc_n - 1) * stride < n) {
-      for (int i = 0; i < acc_n; ++i) acc[i] = red_op(P.kind, acc[i], v[idx + i * stride]);
+      for (int i = 0; i < acc_n; ++i) add(i, v[idx + i * stride]);
       idx += acc_n * stride;
     }
-    for (int i = 0; i < acc_n; ++i) {
-      if (idx >= n) break;
-      acc[i] = red_op(P.kind, acc[i], v[idx]);
-      idx += stride;
-    }
+    for (int i = 0; i < acc_n && idx < n; ++i, idx += stride) add(i, v[idx]);
   }
+}
+
+template <typename T, typename A>
+CL_HD T red_cuda_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  T acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = red_identity<T>(P.kind);
+  red_cuda_walk(P, v, n, row, t, [&](int i, T x) { acc[i] = red_op(P.kind, acc[i], x); });
   T r = acc[0];
-  for (int i = 1; i < acc_n; ++i) r = red_op(P.kind, r, acc[i]);
+  for (int i = 1; i < P.c; ++i) r = red_op(P.kind, r, acc[i]);
   return r;
 }
 

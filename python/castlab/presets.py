@@ -199,10 +199,6 @@ def _hf_swiglu(a, b):
     return silu(a) * b
 
 
-def _hf_rope(x, c, s):
-    return _rope_hf(x, c, s)
-
-
 def _from_freqs(round_to_input: bool, conj: bool, interleaved: bool = False):
     """RoPE with cos/sin computed from fp32 angles inside the kernel (sincosf), cast to
     the input dtype first (Apex, TransformerEngine's unfused path) or kept in fp32
@@ -346,12 +342,12 @@ def _build() -> dict:
                   "autograd: dsilu = dc*b rounded; silu_backward dy*s*(1+x*(1-s)) rounded; "
                   "db = dc*silu(a) rounded (castlab's autodiff)",
                   "tools/autograd/derivatives.yaml", (_hf_swiglu, (0, 1))),
-                 ("rope", _hf_rope, _EAGER,
+                 ("rope", _rope_hf, _EAGER,
                   "x*cos + rotate_half(x)*sin, cos/sin cast to x.dtype, every op rounded",
                   "transformers models/qwen2/modeling_qwen2.py apply_rotary_pos_emb"),
                  ("rope_backward", None, _EAGER,
                   "autograd of the above (castlab's autodiff)",
-                  "tools/autograd/derivatives.yaml", (_hf_rope, 0)),
+                  "tools/autograd/derivatives.yaml", (_rope_hf, 0)),
              ]),
         _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
              Math("liger", **triton_sig), [
