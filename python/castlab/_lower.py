@@ -1420,25 +1420,38 @@ class ProgramBuilder:
 
         x, y = e.args
         op = e.node.op
-        mul = x if is_mul(x) else y
         if is_mul(x):
-            ma, mb = (self.operand(a, f64) for a in x.args)
-            c = self.operand(y, f64)
-            if op == "sub":
-                n = self.new()
-                self.ins("neg", f64, n, a=c)
-                c = n
+            mul, (ea, eb), ec, negate = x, x.args, y, "c"
         elif is_mul(y):
-            ma, mb = (self.operand(a, f64) for a in y.args)
-            c = self.operand(x, f64)
-            if op == "sub":
-                n = self.new()
-                self.ins("neg", f64, n, a=ma)
-                ma = n
+            mul, (ea, eb), ec, negate = y, y.args, x, "a"
         else:
             return None
+        tgt = low.round_target(e.node)
+        # a native 16-bit fma (fma.rn.bf16/.f16): the exact a*b + c rounded once. In fp64
+        # the product of two fp32 values is exact and the sum rounds once; the rounding to
+        # tgt follows (the caller's rounding of the result, a tgt value, changes nothing)
+        native = (low.math.fma_rounding == "storage" and f64 == F32 and tgt is not None
+                  and tgt.itemsize == 2 and tgt is e.node.dtype)
+        rt = F64 if native else f64
+        ma, mb, c = (self.operand(a, rt) for a in (ea, eb, ec))
+        if op == "sub":
+            n = self.new()
+            self.ins("neg", rt, n, a=c if negate == "c" else ma)
+            if negate == "c":
+                c = n
+            else:
+                ma = n
         out = self.new()
-        self.ins("fma", f64, out, ma, mb, c)
+        if not native:
+            self.ins("fma", f64, out, ma, mb, c)
+            return out, mul.node
+        wide, r = self.new(), self.new()
+        self.ins("fma", F64, wide, ma, mb, c)
+        self.ins("round", F64, r, a=wide, dtype=tgt.code, mode=low.policy.rounding_code,
+                 sat=int(low.policy.saturate), aux=e.node.index + 1)
+        self.ins("to_f32", F32, out, a=r)
+        low.record.decide(e.node, f64).quirk = (
+            f"fma rounded once to {tgt.short} (a native {tgt.short} fma: Math.fma_rounding)")
         return out, mul.node
 
 

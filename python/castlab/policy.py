@@ -429,6 +429,11 @@ class Math:
         sigmoid: "ieee" for ``1 / (1 + exp(-x))`` or "ex2_approx" for Triton's tl.sigmoid
             (``ex2.approx.f32``; GPU only).
         division: "ieee" or "approx" (Triton's ``/``: ``div.full.f32``; GPU only).
+        fma_rounding: where a contracted fma (``fma=True``) whose add/sub rounds to its own
+            16-bit dtype rounds: "fp32" (the fma runs in fp32 and the rounding to
+            bf16/fp16 follows: two roundings, as Inductor's and nvcc's fp32 op-math) or
+            "storage" (one rounding from the exact value, as Triton's ``fma.rn.bf16`` /
+            ``fma.rn.f16`` on 16-bit tensors: Liger's and Unsloth's RoPE).
         reduction: the order of accumulation of sum (and of mean, var, softmax and the
             norms built on it): "torch" (PyTorch's own kernel for the device: "torch_cuda"
             on a GPU, "torch_cpu" on the CPU), "torch_cuda" (ATen's CUDA reduction
@@ -468,6 +473,7 @@ class Math:
     silu: str = "div"
     sigmoid: str = "ieee"
     division: str = "ieee"
+    fma_rounding: str = "fp32"
     cuda_kernels: bool = False
     reduction: str = "pairwise"
     rms_norm: str = "hf"
@@ -484,6 +490,7 @@ class Math:
         _check_choice("Math", "silu", self.silu, ("div", "mul_sigmoid"))
         _check_choice("Math", "sigmoid", self.sigmoid, ("ieee", "ex2_approx"))
         _check_choice("Math", "division", self.division, ("ieee", "approx"))
+        _check_choice("Math", "fma_rounding", self.fma_rounding, ("fp32", "storage"))
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
         _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))

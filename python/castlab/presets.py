@@ -215,17 +215,20 @@ def _from_freqs(round_to_input: bool, conj: bool, interleaved: bool = False):
 
 
 # Liger/Unsloth RoPE: x cast to the cos/sin dtype, then `x1*c - x2*s`, `x2*c + x1*s` in
-# that dtype. With a bf16 cache every op rounds to bf16, except that Triton's fp fusion
-# contracts the first product of each add/sub into an fma (LLVM fuses the left operand's
-# multiply first; castlab's lowering does the same). The policy rounds after the nodes
-# below by index (``trace()`` shows them): x2*s, the sub, x1*s and the add; the products
-# x1*c (t6) and x2*c (t9) stay exact for their fmas. In the backward, sin's negation is
-# node t2 and every later index moves up by one.
-# Known limit: Triton's fma here is fma.rn.bf16/.f16, one rounding to the storage dtype;
-# castlab's fma computes in fp32 and the cast rounds again. On 1M CPU elements the two
-# agree everywhere in bf16 and differ in 7 fp16 elements (double rounding): a residual the
-# GPU test would show for fp16, until an fma-in-storage-dtype factor exists.
-_LIGER_ROPE_ROUNDED = (7, 8, 10, 11)
+# that dtype. With a bf16/fp16 cache Triton computes in that dtype: mul.bf16 for one
+# product, and fma.rn.bf16 (one rounding of the exact value) for the other product with
+# the add/sub. Which product LLVM's fp fusion takes was measured on the H200 against
+# Liger-Kernel 0.8.5 (its PTX: mul.bf16 / neg.bf16 / fma.rn.bf16, no other arithmetic):
+#   forward   x1*c - x2*s: x1*c fused;  x2*c + x1*s: x1*s fused
+#   backward  x1*c + x2*s: x2*s fused;  x2*c - x1*s: x2*c fused
+# In castlab's trace the forward's products are t6 (x1*c), t7 (x2*s), t9 (x2*c), t10
+# (x1*s), the sub t8 and the add t11; the backward negates sin first (t2), so it computes
+# x1*c - x2*(-s) (t7, t8, t9) and x2*c + x1*(-s) (t10, t11, t12). The policies round the
+# product that is not fused and the add/sub; Math.fma_rounding="storage" makes the fma
+# round once. Unsloth's kernel negates sin for its backward and keeps the forward's
+# sub/add, so its backward fuses like the forward (inferred from Liger's, not measured).
+_LIGER_ROPE_ROUNDED = {(False, "liger"): (7, 8, 9, 11), (True, "liger"): (8, 9, 11, 12),
+                       (False, "unsloth"): (7, 8, 9, 11), (True, "unsloth"): (8, 9, 10, 12)}
 
 
 def _liger_rope(conj: bool):
@@ -250,8 +253,8 @@ def _liger_rope(conj: bool):
     return liger_rope
 
 
-def _liger_rope_policy(conj: bool) -> Policy:
-    return Policy("custom", round_after=tuple(i + int(conj) for i in _LIGER_ROPE_ROUNDED))
+def _liger_rope_policy(conj: bool, lib: str = "liger") -> Policy:
+    return Policy("custom", round_after=_LIGER_ROPE_ROUNDED[(conj, lib)])
 
 
 def _pairs_fp32(flash: bool, interleaved: bool, conj: bool):
@@ -329,7 +332,8 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list) -> Library:
 
 
 def _build() -> dict:
-    triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx")
+    triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
+                      division="approx", fma_rounding="storage")
     libs = [
         _lib("torch_eager",
              "Hugging Face modeling code under PyTorch eager: every op rounds",
@@ -358,11 +362,11 @@ def _build() -> dict:
                   "fp32: db = dc*silu, da = dc*fma(silu, 1-sig, sig)*b, one rounding each",
                   _LIGER + "swiglu.py#L79-L105"),
                  ("rope", _liger_rope(False), _liger_rope_policy(False),
-                  "x cast to the cos/sin dtype; x1*c - x2*s, x2*c + x1*s per op in that "
-                  "dtype, first product fma-contracted (Triton fp fusion)",
+                  "x cast to the cos/sin dtype; x1*c - x2*s, x2*c + x1*s in that dtype: "
+                  "one product rounded, the other in a native-dtype fma (x1*c, x1*s)",
                   _LIGER + "rope.py#L67-L104"),
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
-                  "as rope with sin negated: x1*c + x2*s, x2*c - x1*s",
+                  "x1*c + x2*s, x2*c - x1*s; fused products x2*s, x2*c",
                   _LIGER + "rope.py#L105-L116"),
              ]),
         _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
@@ -373,10 +377,11 @@ def _build() -> dict:
                  ("swiglu_backward", _unsloth_swiglu_backward, _UNSLOTH_SWIGLU_BWD,
                   "f and dW*g rounded like eager; de = dg*sig*fma(e, 1-sig, 1) rounded once",
                   _UNSLOTH + "swiglu.py#L86-L109"),
-                 ("rope", _liger_rope(False), _liger_rope_policy(False),
-                  "Q cast to the cos/sin dtype; Q1*c - Q2*s, Q2*c + Q1*s per op (as Liger)",
+                 ("rope", _liger_rope(False), _liger_rope_policy(False, "unsloth"),
+                  "Q cast to the cos/sin dtype; Q1*c - Q2*s, Q2*c + Q1*s in that dtype, "
+                  "fused as Liger's forward",
                   _UNSLOTH + "rope_embedding.py#L129-L158"),
-                 ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
+                 ("rope_backward", _liger_rope(True), _liger_rope_policy(True, "unsloth"),
                   "as rope with sin negated", _UNSLOTH + "rope_embedding.py#L140-L142"),
              ]),
         _lib("flash_attn", "flash-attn's Triton rotary kernel (apply_rotary_emb)",

@@ -13,6 +13,7 @@ void bind_plan(py::module_& m);
 void bind_dlpack(py::module_& m);
 void bind_cuda(py::module_& m);
 void bind_exhaustive(py::module_& m);
+void bind_compare(py::module_& m);
 
 // Storage for memory owned by a Python object (NumPy array, DLPack producer): the
 // object is released, under the GIL, when the last castlab view of it dies.

@@ -24,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
   bind_dlpack(m);
   bind_cuda(m);
   bind_exhaustive(m);
+  bind_compare(m);
   // CASTLAB_DEBUG, read by Python (castlab._debug) and passed here: C++ prints generated
   // CUDA source from level 3 and the NVRTC log and PTX from level 4.
   m.def("_set_debug_level", &cl::set_debug_level, py::arg("level"));

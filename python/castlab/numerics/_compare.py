@@ -16,6 +16,8 @@ from ._formats import (
     _at_least_as_precise,
     _broadcast,
     _check_devices,
+    _cuda_tensor,
+    _DevVal,
     _f64,
     _float_val,
     _fmt,
@@ -24,7 +26,7 @@ from ._formats import (
     _ulp_np,
     _Val,
 )
-from ._metrics import _LEAF, _flat, scan
+from ._metrics import _LEAF, _flat, kernel_scan, scan
 from ._tables import _html_table, _text_table
 from ._torchcheck import (
     SameVerdict,
@@ -54,6 +56,13 @@ _LEGEND = ("max ulp err: |x - ref| / ulp(ref), per element (it explodes where re
            "e.g. after cancellation); max ulp err @scale: max |x - ref| / ulp(max |ref|), in "
            "ulps of the largest reference magnitude.\nworst index: the element with the "
            "largest per-element ulp err (Comparison.worst(name)); explain(fn, args, index) shows why.")
+
+
+def _element(v: _Val, idx: tuple) -> float:
+    """One element as a Python float; a value kept on a GPU copies only that element."""
+    if isinstance(v, _DevVal) and v._a is None:
+        return float(_f64(v.t[idx].cpu().numpy()))
+    return float(_f64(np.asarray(v.a[idx])))
 
 
 def _bits(v: float, dt) -> str:
@@ -174,10 +183,9 @@ class Comparison:
             raise ValueError("the compared tensors are empty")
         v = self._vals[k]
         f = _fmt(v.dt)
-        shape = tuple(v.a.shape)
+        shape = v.shape
         idx = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
-        x = float(_f64(np.asarray(v.a[idx])))
-        r = float(_f64(np.asarray(self._ref.a[idx])))
+        x, r = _element(v, idx), _element(self._ref, idx)
         cr = float(_round_np(np.array([r]), f)[0])
         ue = float(_ulp_error_np(np.array([x]), np.array([r]), f)[0])
         with np.errstate(all="ignore"):
@@ -266,7 +274,7 @@ class Comparison:
         return headers, rows
 
     def _caption(self) -> str:
-        shape = tuple(self._vals[0].a.shape)
+        shape = self._vals[0].shape
         ref = f"; reference {self.ref_dtype.name}" if self._ref is not None else "; no reference"
         return (f"castlab comparison: {len(self.names)} results, shape {shape}{ref}; mismatches "
                 f"and same() against {self.names[0]!r}")
@@ -333,11 +341,14 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
         raise ValueError(f"{len(names)} names for {len(results)} results")
     if len(set(names)) != len(names):
         raise ValueError(f"result names must be unique, got {names}")
-    vals = [_float_val(r, f"result {n!r}") for n, r in zip(names, results)]
+    gpu = _gpu_vals(results, ref, names)
+    if gpu is not None:
+        vals, rv = gpu
+    else:
+        vals = [_float_val(r, f"result {n!r}") for n, r in zip(names, results)]
+        rv = None if ref is None else _float_val(ref, "ref")
     allv, alln = list(vals), list(names)
-    rv = None
     if ref is not None:
-        rv = _float_val(ref, "ref")
         allv.append(rv)
         alln.append("ref")
         for n, v in zip(names, vals):
@@ -350,10 +361,16 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
     if math.prod(shape) == 0:
         raise ValueError(f"compare: the results are empty (shape {tuple(shape)}): there are "
                          "no elements to compare")
-    vals = [_Val(np.broadcast_to(v.a, shape), v.dt, v.device) for v in vals]
-    if rv is not None:
-        rv = _Val(np.broadcast_to(rv.a, shape), rv.dt, rv.device)
-    st = scan(vals, rv, shape)
+    if gpu is not None:
+        # on the GPU: castlab's own kernels (ops/compare.h), dense operands of one shape
+        vals = [_dense(v, shape) for v in vals]
+        rv = None if rv is None else _dense(rv, shape)
+        st = kernel_scan(vals, [v.t for v in vals], None if rv is None else rv.t, tol)
+    else:
+        vals = [_Val(np.broadcast_to(v.a, shape), v.dt, v.device) for v in vals]
+        if rv is not None:
+            rv = _Val(np.broadcast_to(rv.a, shape), rv.dt, rv.device)
+        st = scan(vals, rv, shape)
     rows = st["rows"]
     for k, (v, row) in enumerate(zip(vals, rows)):
         w = st["worst"][k]
@@ -361,6 +378,45 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
             if w is not None else None
         row["same"] = None if k == 0 else _same_fast(vals[0], v, rv, tol, st, k, shape)
     return Comparison(names, vals, rv, tol, rows, st["worst"], st["scale"])
+
+
+# Tests set this to run the GPU path's code (ops/compare.h) on castlab CPU tensors.
+_KERNELS_ON_CPU = False
+
+
+def _gpu_vals(results: tuple, ref: Any, names: list):
+    """The results and reference as values kept on their GPU (:class:`_DevVal`) when every
+    one is a castlab or torch tensor on a GPU and they are at most ``_C.CMP_MAX_RESULTS``;
+    else None (the host path copies them)."""
+    from .. import _C
+
+    if len(results) > int(_C.CMP_MAX_RESULTS):
+        return None
+    ts = [_cuda_tensor(r, _KERNELS_ON_CPU) for r in results]
+    rt = None if ref is None else _cuda_tensor(ref, _KERNELS_ON_CPU)
+    if any(t is None for t in ts) or (ref is not None and rt is None):
+        return None
+    out = []
+    for t, what in zip(ts + ([rt] if rt is not None else []),
+                       [f"result {n!r}" for n in names] + ["ref"]):
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{what} has dtype {t.dtype.name}; ULP metrics need a "
+                            "floating-point dtype (float64, float32, float16, bfloat16, "
+                            "float8_e4m3fn, float8_e5m2)")
+        out.append(_DevVal(t, t.dtype, str(t.device)))
+    return out[:len(ts)], (out[-1] if rt is not None else None)
+
+
+def _dense(v: _DevVal, shape: tuple) -> _DevVal:
+    """`v` broadcast to `shape` and contiguous, on its device (a copy only when needed)."""
+    from .. import broadcast_to, contiguous
+
+    t = v.t
+    if tuple(t.shape) != tuple(shape):
+        t = broadcast_to(t, tuple(shape))
+    if not t.is_contiguous():
+        t = contiguous(t)
+    return v if t is v.t else _DevVal(t, v.dt, v.device)
 
 
 def _same_fast(base: _Val, res: _Val, ref: _Val | None, tol: float, st: dict, k: int,
@@ -372,7 +428,13 @@ def _same_fast(base: _Val, res: _Val, ref: _Val | None, tol: float, st: dict, k:
     with NaN where the result and reference have none)."""
     if base.dt is not res.dt:
         return _same(base, res, ref, tol)
-    if _allclose(base, res, tol, st["has_nan"][0] or st["has_nan"][k]):
+    any_nan = st["has_nan"][0] or st["has_nan"][k]
+    not_close = st.get("not_close")
+    if not_close is not None:     # counted by the kernels (same dtype: always counted)
+        close = not any_nan and not_close[k] == 0
+    else:
+        close = _allclose(base, res, tol, any_nan)
+    if close:
         return SameVerdict(True, "allclose")
     if ref is None:
         if base.dt is float64:

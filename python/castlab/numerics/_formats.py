@@ -89,6 +89,41 @@ class _Val:
         with np.errstate(invalid="ignore"):  # NaN payloads of narrow types
             return self.a.astype(np.float64)
 
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.a.shape)
+
+
+class _DevVal(_Val):
+    """A value that stays on its GPU: ``t`` is the castlab tensor (contiguous); the host
+    array ``a`` is copied on first use only (per-element views, :meth:`Comparison.worst`)."""
+
+    __slots__ = ("t", "_a")
+
+    def __init__(self, t: Tensor, dt: dtype, device: str):  # noqa: D107
+        self.t, self.dt, self.device, self._a = t, dt, device, None
+
+    @property
+    def a(self) -> np.ndarray:   # type: ignore[override]
+        if self._a is None:
+            self._a = self.t.cpu().numpy()
+        return self._a
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.t.shape)
+
+
+def _cuda_tensor(x: Any, cpu: bool = False):
+    """`x` as a castlab CUDA tensor (torch tensors zero-copy through DLPack), or None when
+    it is not a tensor on a GPU (`cpu`: castlab CPU tensors too)."""
+    if isinstance(x, Tensor):
+        return x if (x.device.type == "cuda" or cpu) else None
+    if type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__") \
+            and getattr(x.device, "type", "cpu") == "cuda":
+        return from_dlpack(x.detach())
+    return None
+
 
 def _val(x: Any, what: str = "tensor") -> _Val:
     if isinstance(x, _Val):
@@ -136,9 +171,9 @@ def _check_devices(vals: list, names: list) -> None:
 
 def _broadcast(vals: list, names: list) -> tuple:
     try:
-        return np.broadcast_shapes(*[v.a.shape for v in vals])
+        return np.broadcast_shapes(*[v.shape for v in vals])
     except ValueError:
-        shapes = ", ".join(f"{n}: {tuple(v.a.shape)}" for n, v in zip(names, vals))
+        shapes = ", ".join(f"{n}: {v.shape}" for n, v in zip(names, vals))
         raise ValueError(f"shapes do not match and cannot be broadcast together ({shapes})") from None
 
 

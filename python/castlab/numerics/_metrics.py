@@ -187,54 +187,115 @@ def scan(vals: list, rv, shape: tuple) -> dict:
 
     parts = parallel_map(work, list(range(len(leaves))), n)
 
-    rows, worst, has_nan = [], [], []
-    ref_rms = None
-    rel_scale = None
-    if rv is not None:
-        r_sq = _tree_sum(tree, [p[1]["r_sq"] for p in parts])
-        ref_rms = float(np.sqrt(np.float64(r_sq) / n)) if n else math.nan
-        m = max(p[1]["r_absmax"] for p in parts)
-        rel_scale = m if m >= 0 else 0.0
+    tots = []
     for j, v in enumerate(vals):
-        f = fmts[j]
         ls = [p[0][j] for p in parts]
-        row: dict = {"dtype": v.dt.name, "numel": n}
-        row["mismatches"] = sum(o.mism for o in ls)
-        row["mismatch_fraction"] = row["mismatches"] / n if n else 0.0
-        row["nan_mismatches"] = sum(o.nan_mism for o in ls)
+        t = {"mism": sum(o.mism for o in ls), "nan_mism": sum(o.nan_mism for o in ls),
+             "has_nan": any(o.has_nan for o in ls)}
         if v.dt is base.dt:
-            row["max_ulp_apart"] = max(o.apart for o in ls) if n else 0
+            t["apart"] = max(o.apart for o in ls)
         else:
             ap = [o.apart for o in ls if o.apart is not None]
-            row["max_ulp_apart"] = float(max(ap)) if ap else 0.0
-        has_nan.append(any(o.has_nan for o in ls))
+            t["apart"] = max(ap) if ap else None
         if rv is not None:
-            row["max_abs_error"] = _nanmax([o.abs_max for o in ls]) if n else 0.0
-            row["mean_abs_error"] = float(np.float64(_tree_sum(tree, [o.abs_sum for o in ls])) / n) \
-                if n else 0.0
-            row["max_rel_error"] = _nanmax([o.rel_max for o in ls]) if n else 0.0
-            sq = _tree_sum(tree, [o.sq_sum for o in ls])
-            row["rmse"] = float(np.sqrt(np.float64(sq) / n)) if n else math.nan
-            rms = ref_rms
-            row["rel_rmse"] = row["rmse"] / rms if rms else (0.0 if row["rmse"] == 0 else math.inf)
             # worst element: the first largest ulp error (NaN counts largest, as in max)
             best_v, best_i = None, None
             for o in ls:
                 if best_v is None or (not math.isnan(best_v)
                                       and (math.isnan(o.ue_max) or o.ue_max > best_v)):
                     best_v, best_i = o.ue_max, o.ue_arg
-            row["max_ulp_error"] = float(best_v) if n else 0.0
-            row["mean_ulp_error"] = float(np.float64(_tree_sum(tree, [o.ue_sum for o in ls])) / n) \
-                if n else 0.0
+            t.update(abs_max=_nanmax([o.abs_max for o in ls]),
+                     abs_sum=_tree_sum(tree, [o.abs_sum for o in ls]),
+                     rel_max=_nanmax([o.rel_max for o in ls]),
+                     sq_sum=_tree_sum(tree, [o.sq_sum for o in ls]),
+                     ue_max=best_v, ue_arg=best_i,
+                     ue_sum=_tree_sum(tree, [o.ue_sum for o in ls]),
+                     ok=sum(o.ok for o in ls))
+        tots.append(t)
+    ref = None
+    if rv is not None:
+        ref = {"r_sq": _tree_sum(tree, [p[1]["r_sq"] for p in parts]),
+               "r_absmax": max(p[1]["r_absmax"] for p in parts)}
+    return assemble(vals, n, tots, ref)
+
+
+def assemble(vals: list, n: int, tots: list, ref: dict | None) -> dict:
+    """scan()'s result from the whole tensors' totals: per result (``tots[j]``) the counts
+    (mism, nan_mism, ok), maxima (apart, abs_max, rel_max, ue_max with its first index
+    ue_arg), NaN flag and the pairwise sums (abs_sum, sq_sum, ue_sum); for the reference
+    the sum of squares and the largest finite magnitude (-inf when none). The CPU scan and
+    castlab's own kernels (ops/compare.h) both end here."""
+    base = vals[0]
+    rows, worst, has_nan = [], [], []
+    ref_rms = None
+    rel_scale = None
+    if ref is not None:
+        ref_rms = float(np.sqrt(np.float64(ref["r_sq"]) / n))
+        m = ref["r_absmax"]
+        rel_scale = m if m >= 0 else 0.0
+    for j, v in enumerate(vals):
+        f = _fmt(v.dt)
+        t = tots[j]
+        row: dict = {"dtype": v.dt.name, "numel": n}
+        row["mismatches"] = int(t["mism"])
+        row["mismatch_fraction"] = row["mismatches"] / n
+        row["nan_mismatches"] = int(t["nan_mism"])
+        if v.dt is base.dt:
+            row["max_ulp_apart"] = int(t["apart"])
+        else:
+            row["max_ulp_apart"] = 0.0 if t["apart"] is None else float(t["apart"])
+        has_nan.append(bool(t["has_nan"]))
+        if ref is not None:
+            row["max_abs_error"] = float(t["abs_max"])
+            row["mean_abs_error"] = float(np.float64(t["abs_sum"]) / n)
+            row["max_rel_error"] = float(t["rel_max"])
+            row["rmse"] = float(np.sqrt(np.float64(t["sq_sum"]) / n))
+            rms = ref_rms
+            row["rel_rmse"] = row["rmse"] / rms if rms else (0.0 if row["rmse"] == 0 else math.inf)
+            row["max_ulp_error"] = float(t["ue_max"])
+            row["mean_ulp_error"] = float(np.float64(t["ue_sum"]) / n)
             su = float(_ulp_np(np.array([rel_scale]), f)[0])
-            row["max_ulp_error_at_scale"] = row["max_abs_error"] / su if n else 0.0
-            row["correctly_rounded"] = float(np.float64(sum(o.ok for o in ls)) / n) if n else 1.0
-            worst.append(best_i if n else None)
+            row["max_ulp_error_at_scale"] = row["max_abs_error"] / su
+            row["correctly_rounded"] = float(np.float64(int(t["ok"])) / n)
+            worst.append(int(t["ue_arg"]))
         else:
             worst.append(None)
         rows.append(row)
     return {"rows": rows, "worst": worst, "ref_rms": ref_rms, "has_nan": has_nan,
             "scale": rel_scale}
+
+
+# The layout of castlab._C._compare's totals (ops/scalar/compare.h: CmpD, CmpI).
+_CD = ("abs_max", "abs_sum", "rel_max", "sq_sum", "ue_max", "ue_sum", "apart_f")
+_CI = ("ue_arg", "ok", "mism", "nan_mism", "apart_i", "has_nan", "notclose")
+
+
+def kernel_scan(vals: list, tensors: list, ref_tensor, tol: float) -> dict:
+    """scan()'s result computed by castlab's own code on the tensors' device
+    (``_C._compare``: ops/compare.h, the same definitions and NumPy's summation tree), for
+    contiguous castlab tensors of one size. Adds ``"not_close"``: per result of the first
+    one's dtype, the elements where torch.isclose(first, result, tol, tol) fails."""
+    from .. import _C
+
+    n = tensors[0].numel()
+    d, i = _C._compare(tensors, ref_tensor, float(tol))
+    base = vals[0]
+    tots, not_close = [], []
+    for j, v in enumerate(vals):
+        t = dict(zip(_CD, d[2 + 7 * j: 9 + 7 * j]))
+        t.update(zip(_CI, i[7 * j: 7 * j + 7]))
+        if j == 0:
+            t["apart"] = 0
+        elif v.dt is base.dt:
+            t["apart"] = t["apart_i"]
+        else:
+            t["apart"] = None if t["apart_f"] == -math.inf else t["apart_f"]
+        not_close.append(t["notclose"] if (j > 0 and v.dt is base.dt) else None)
+        tots.append(t)
+    ref = None if ref_tensor is None else {"r_sq": d[0], "r_absmax": d[1]}
+    st = assemble(vals, n, tots, ref)
+    st["not_close"] = not_close
+    return st
 
 
 def _plain_ref(o, lo, x, r, f, crb) -> None:

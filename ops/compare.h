@@ -1,0 +1,40 @@
+// castlab.numerics.compare's metrics by castlab's own code (ops/scalar/compare.h), on the CPU
+// (threads) and on the GPU (ops/cuda/compare.cpp): the leaves of NumPy's pairwise tree in
+// parallel, then the tree combined level by level, so the sums are NumPy's on the whole array.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ops/scalar/compare.h"
+
+namespace cl {
+
+// NumPy's halving tree over [0, n): leaves 0..L-1 in index order (leaf k is
+// [leaf_lo[k], leaf_lo[k + 1])), internal nodes L..L+M-1 numbered by height (children before
+// parents; the root is the last node). Internal node L + i joins left[i] and right[i];
+// level_end[h] is the end (in i) of the nodes of height h + 1.
+struct CmpTree {
+  int64_t n = 0;
+  std::vector<int64_t> leaf_lo;
+  std::vector<int64_t> left, right;
+  std::vector<int64_t> level_end;
+  int64_t leaves() const { return static_cast<int64_t>(leaf_lo.size()) - 1; }
+  int64_t nodes() const { return leaves() + static_cast<int64_t>(left.size()); }
+};
+CmpTree cmp_tree(int64_t n);
+
+// The root's statistics: cmp_nd(nres) doubles, cmp_ni(nres) int64s (layout in compare.h).
+struct CmpTotals {
+  std::vector<double> d;
+  std::vector<int64_t> i;
+};
+// Checks the parameters (1..kCmpMaxResults results, n > 0, float dtype codes).
+void cmp_check(const CmpParams& P);
+CmpTotals compare_cpu(const CmpParams& P);
+namespace cuda {
+CmpTotals compare_cuda(const CmpParams& P, int device);
+// The source of its two kernels (cl_compare_leaves, cl_compare_tree), for NVRTC.
+extern const char* const kCompareSource;
+}  // namespace cuda
+
+}  // namespace cl

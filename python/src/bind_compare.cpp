@@ -1,0 +1,70 @@
+// castlab._C._compare: castlab.numerics.compare's metrics by castlab's own code
+// (ops/compare.h), on the tensors' device.
+#include <optional>
+#include <string>
+
+#include "ops/compare.h"
+#include "python/src/bindings.h"
+
+namespace {
+
+py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* ref, double tol) {
+  cl::CmpParams P{};
+  if (results.empty() || results.size() > static_cast<size_t>(cl::kCmpMaxResults))
+    throw std::invalid_argument("compare: 1 to " + std::to_string(cl::kCmpMaxResults) +
+                                " results, got " + std::to_string(results.size()));
+  const cl::Device dev = results[0].device();
+  const int64_t n = results[0].numel();
+  auto check = [&](const cl::Tensor& t, const std::string& what) {
+    if (!(t.device() == dev))
+      throw std::invalid_argument("compare: " + what + " is on another device");
+    if (t.numel() != n) throw std::invalid_argument("compare: " + what + " has another size");
+    if (!t.is_contiguous()) throw std::invalid_argument("compare: " + what + " is not contiguous");
+  };
+  P.nres = static_cast<int>(results.size());
+  for (int j = 0; j < P.nres; ++j) {
+    check(results[j], "result " + std::to_string(j));
+    P.x[j] = results[j].data_ptr();
+    P.code[j] = results[j].dtype();
+  }
+  if (ref) {
+    check(*ref, "the reference");
+    P.ref = ref->data_ptr();
+    P.ref_code = ref->dtype();
+  }
+  P.tol = tol;
+  P.n = n;
+  cl::CmpTotals t;
+  {
+    py::gil_scoped_release nogil;
+    t = dev.type == cl::DeviceType::CUDA ? cl::cuda::compare_cuda(P, dev.index)
+                                         : cl::compare_cpu(P);
+  }
+  return py::make_tuple(t.d, t.i);
+}
+
+}  // namespace
+
+void bind_compare(py::module_& m) {
+  m.def(
+      "_compare",
+      [](const std::vector<cl::Tensor>& results, std::optional<cl::Tensor> ref, double tol) {
+        return run_compare(results, ref ? &*ref : nullptr, tol);
+      },
+      "castlab.numerics.compare's metrics (ops/compare.h) of contiguous results of one size "
+      "on one device, against the first and the reference: (doubles, int64s) of the tree's root",
+      py::arg("results"), py::arg("ref"), py::arg("tol"));
+  m.def(
+      "_compare_cuda_source", [] { return std::string(cl::cuda::kCompareSource); },
+      "the CUDA source of compare's kernels (tests compile it with NVRTC)");
+  m.def(
+      "_compare_tree",
+      [](int64_t n) {
+        const cl::CmpTree t = cl::cmp_tree(n);
+        return py::make_tuple(t.leaf_lo, t.left, t.right, t.level_end);
+      },
+      "NumPy's pairwise tree over n elements as compare walks it: (leaf bounds, left, right, "
+      "level ends)",
+      py::arg("n"));
+  m.attr("CMP_MAX_RESULTS") = cl::kCmpMaxResults;
+}
