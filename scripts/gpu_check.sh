@@ -69,6 +69,8 @@ cat "$OUT/smoke.log"
 # (the run tool's carry=["wheels"]):
 #   pip download liger-kernel==0.8.5 --no-deps -d wheels/
 #   git show <flash-attention commit>:flash_attn/ops/triton/rotary.py > wheels/flash_attn_rotary.py
+#   git show 015bdef0:unsloth/kernels/swiglu.py > wheels/unsloth_swiglu.py   (unsloth repository)
+#   git show 015bdef0:unsloth/kernels/rope_embedding.py > wheels/unsloth_rope_embedding.py
 # liger-kernel is pure Python on Triton; --no-deps keeps the image's torch and triton.
 if ls wheels/liger_kernel-*.whl > /dev/null 2>&1; then
   $PY -m pip install --no-deps --no-index wheels/liger_kernel-*.whl > "$OUT/pip_wheels.log" 2>&1 \

@@ -7,7 +7,9 @@ to $CASTLAB_GPU_REPORT. A test skips when its library is absent. The GPU image h
 network: scripts/gpu_check.sh installs the wheels downloaded into wheels/ beforehand
 (``pip install --no-deps wheels/liger_kernel-*.whl``); flash-attn's Triton rotary kernel
 is loaded from wheels/flash_attn_rotary.py (flash_attn/ops/triton/rotary.py of the
-flash-attention repository, commit 0251105a) when flash_attn itself is not installed.
+flash-attention repository, commit 0251105a) when flash_attn itself is not installed, and
+Unsloth's Triton kernels from wheels/unsloth_swiglu.py and wheels/unsloth_rope_embedding.py
+(unsloth/kernels/ at commit 015bdef0).
 """
 
 from __future__ import annotations
@@ -186,6 +188,79 @@ def test_flash_attn_rope(dt, interleaved):
     eager = None if interleaved else hf_rope(q, cos, sin)
     check(f"{op} forward", "flash_attn", dt, t_(lib[op](cl_(q), C, S)), out, eager)
     check(f"{op} backward", "flash_attn", dt, t_(lib[op + "_backward"](cl_(dq), C, S)), back)
+
+
+# ---------------------------------------------------------------- Unsloth (Triton)
+
+def _unsloth(name: str):
+    """Unsloth's Triton kernel file (unsloth/kernels/<name>.py of the unsloth repository,
+    commit 015bdef0, saved as wheels/unsloth_<name>.py), loaded without the unsloth
+    package: its two package-relative imports (device count, launch helpers) are given
+    here, the kernels and their autograd wrappers run unchanged."""
+    pytest.importorskip("triton")
+    path = ROOT / "wheels" / f"unsloth_{name}.py"
+    if not path.exists():
+        pytest.skip(f"Unsloth's {name}.py is not in wheels/")
+    import contextlib
+
+    import triton
+
+    def calculate_settings(n):          # unsloth/kernels/utils.py calculate_settings
+        block = triton.next_power_of_2(n)
+        return block, 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+
+    src = path.read_text()
+    for line in src.splitlines():
+        if line.startswith("from ."):
+            src = src.replace(line, "")
+    ns = {"__name__": f"unsloth_{name}", "DEVICE_COUNT": torch.cuda.device_count(),
+          "calculate_settings": calculate_settings,
+          "torch_gpu_device": lambda device: contextlib.nullcontext(),
+          "torch_device_stream": lambda device: torch.cuda.current_stream(device)}
+    exec(compile(src, str(path), "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_unsloth_swiglu(dt):
+    k = _unsloth("swiglu")
+    lib = cl.library("unsloth")
+    a, b, dc = (randn(TOKENS, FFN, dt=dt, seed=s) for s in (1, 2, 3))
+    h = k["swiglu_fg_kernel"](a[None], b[None])[0]
+    ea, eb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    ec = torch.nn.functional.silu(ea) * eb
+    ec.backward(dc)
+    check("swiglu forward", "unsloth", dt, t_(lib.swiglu(cl_(a), cl_(b))), h, ec.detach())
+    # _DWf_DW_dfg_kernel(DW, e, g) overwrites its inputs with h, df (= db), de (= da)
+    _, df, de = k["swiglu_DWf_DW_dfg_kernel"](dc.clone(), a.clone(), b.clone())
+    da, db = lib.swiglu_backward(cl_(dc), cl_(a), cl_(b))
+    check("swiglu backward da", "unsloth", dt, t_(da), de, ea.grad)
+    check("swiglu backward db", "unsloth", dt, t_(db), df, eb.grad)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_unsloth_rope(dt):
+    k = _unsloth("rope_embedding")
+    lib = cl.library("unsloth")
+    cos, sin, _ = hf_cos_sin(dt)
+    q = randn(BATCH, HEADS, SEQ, DIM, dt=dt, seed=13)
+    dq = randn(BATCH, HEADS, SEQ, DIM, dt=dt, seed=14)
+    # Fast_RoPE_Embedding takes Q as (batch, seq, heads, dim) and rotates it in place
+    out = k["Fast_RoPE_Embedding"].apply(q.transpose(1, 2).contiguous(), cos, sin)
+    dx = dq.transpose(1, 2).contiguous()
+    back = k["Fast_RoPE_Embedding"].backward(
+        type("Ctx", (), {"cos": cos.squeeze(), "sin": sin.squeeze(),
+                         "BLOCK_SIZE": triton_next_pow2(DIM // 2), "num_warps": 4,
+                         "n_groups": -(-HEADS // 4)})(), dx.clone())[0]
+    C, S = cl_(cos), cl_(sin)
+    check("rope forward", "unsloth", dt, t_(lib.rope(cl_(q), C, S)), out.transpose(1, 2),
+          hf_rope(q, cos, sin))
+    check("rope backward", "unsloth", dt, t_(lib.rope_backward(cl_(dq), C, S)),
+          back.transpose(1, 2))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 # ---------------------------------------------------------------- TransformerEngine, Apex
