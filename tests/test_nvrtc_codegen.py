@@ -473,6 +473,28 @@ def test_nvrtc_compiles_every_generated_kernel():
     assert not warnings, "NVRTC warnings:\n" + "\n".join(warnings[:5])
 
 
+def test_double_device_pow_is_linked_from_a_fmad_build():
+    """CUDA's double pow as PyTorch's nvcc build has it (libdevice's pow contracts under
+    --fmad=true: 54 of 4M results differ from torch.pow without it, 0 with it, H200): a
+    kernel calling it starts with the define that makes the kernel cache link
+    cl_pow_fmad, compiled with --fmad=true; float pow and castlab's own pow do not."""
+    _nvrtc_or_skip()
+    dev = _C.VARIANT_BITS["pow_device"] | _C.VARIANT_BITS["pow_tensor_exp"]
+    srcs = {}
+    for f64, var in ((True, dev), (True, 0), (False, dev)):
+        pb = PB(f64=f64)
+        a, b = pb.load(DTYPES["float64" if f64 else "float32"]), pb.load(
+            DTYPES["float64" if f64 else "float32"])
+        pb.out(pb.ins("pow", a, b, var=var), DTYPES["float64" if f64 else "float32"])
+        _, srcs[(f64, var)] = _C._cuda_generate(
+            pb.program(), **gen_args(pb, dict(kind="contig", vec=1, unroll=1, idx32=True)))
+    define = "#define CL_LINK_POW_FMAD 1"
+    assert srcs[(True, dev)].split("\n")[1] == define
+    assert define not in srcs[(True, 0)] and define not in srcs[(False, dev)]
+    ok, log = _C._nvrtc_compile_check(srcs[(True, dev)], ARCH, "cl_pow_linked")
+    assert ok, log
+
+
 def test_nvrtc_compile_check_reports_errors():
     _nvrtc_or_skip()
     ok, log = _C._nvrtc_compile_check("__global__ void k() { undefined_name; }", ARCH)

@@ -96,6 +96,10 @@ void load_driver_locked() {
   sym(lib, "cuMemcpyPeerAsync", &d.cuMemcpyPeerAsync, &missing);
   sym(lib, "cuModuleLoadData", &d.cuModuleLoadData, &missing);
   sym(lib, "cuModuleGetFunction", &d.cuModuleGetFunction, &missing);
+  sym(lib, "cuLinkCreate_v2", &d.cuLinkCreate, &missing);
+  sym(lib, "cuLinkAddData_v2", &d.cuLinkAddData, &missing);
+  sym(lib, "cuLinkComplete", &d.cuLinkComplete, &missing);
+  sym(lib, "cuLinkDestroy", &d.cuLinkDestroy, &missing);
   sym(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute, &missing);
   sym(lib, "cuLaunchKernel", &d.cuLaunchKernel, &missing);
   sym(lib, "cuGetErrorString", &d.cuGetErrorString, &missing);

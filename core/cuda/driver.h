@@ -24,6 +24,11 @@ using CUstream = CUstream_st*;
 using CUmodule = CUmod_st*;
 using CUfunction = CUfunc_st*;
 using CUevent = CUevent_st*;
+struct CUlinkState_st;
+using CUlinkState = CUlinkState_st*;
+using CUjit_option = int;
+using CUjitInputType = int;
+constexpr CUjitInputType CU_JIT_INPUT_PTX = 1;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
@@ -69,6 +74,12 @@ struct DriverApi {
   CUresult (*cuMemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  // linking separately compiled device code (ops/cuda/kernel_cache.cpp: CUDA's double pow)
+  CUresult (*cuLinkCreate)(unsigned, CUjit_option*, void**, CUlinkState*);
+  CUresult (*cuLinkAddData)(CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned,
+                            CUjit_option*, void**);
+  CUresult (*cuLinkComplete)(CUlinkState, void**, size_t*);
+  CUresult (*cuLinkDestroy)(CUlinkState);
   CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, CUstream, void**, void**);

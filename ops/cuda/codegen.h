@@ -45,6 +45,9 @@ struct GeneratedKernel {
   std::string source;
 };
 GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L);
+// Does the Program call CUDA's double pow (pow with kVarPowDevice on double registers)? Its
+// kernel then starts with kLinkPowDefine (ops/cuda/kernel_cache.h).
+bool needs_linked_pow(const Program& prog);
 
 // The C++ type a dtype is stored as in generated kernels ("unsigned short" for bf16...).
 const char* storage_type(int dt);

@@ -434,6 +434,53 @@ std::string compile(const std::string& name, const std::string& source,
   return out;
 }
 
+// The one function compiled with --fmad=true and linked into kernels that define
+// CL_LINK_POW_FMAD: CUDA's double pow as PyTorch's CUDA build (nvcc, --fmad=true) has it.
+const char* const kPowFmadSource =
+    "// castlab: CUDA's double pow compiled with --fmad=true (ops/cuda/kernel_cache.cpp)\n"
+    "extern \"C\" __device__ double cl_pow_fmad(double x, double y) { return pow(x, y); }\n";
+
+// Relocatable PTX (a virtual architecture: NVRTC gives PTX for it) with fmad set.
+std::vector<std::string> with_options(std::vector<std::string> opts, bool fmad) {
+  const std::string arch = "--gpu-architecture=";
+  for (auto& o : opts) {
+    if (o.rfind("--fmad=", 0) == 0) o = fmad ? "--fmad=true" : "--fmad=false";
+    if (o.rfind(arch + "sm_", 0) == 0) o = arch + "compute_" + o.substr(arch.size() + 3);
+  }
+  opts.push_back("-rdc=true");
+  return opts;
+}
+
+// `source` (relocatable, --fmad=false) and kPowFmadSource (relocatable, --fmad=true), both
+// to PTX, linked by the driver into one CUBIN. PTX from --fmad=false has only explicitly
+// rounded mul/add (mul.rn, add.rn), which the driver's assembler never contracts.
+std::string compile_linked(const std::string& name, const std::string& source,
+                           const std::vector<std::string>& opts, std::string* kind) {
+  std::string k1, k2;
+  const std::string main_ptx = compile(name, source, with_options(opts, false), true, &k1);
+  const std::string pow_ptx =
+      compile("cl_pow_fmad", kPowFmadSource, with_options(opts, true), true, &k2);
+  const DriverApi& d = driver();
+  CUlinkState st = nullptr;
+  check(d.cuLinkCreate(0, nullptr, nullptr, &st), "cuLinkCreate");
+  struct Destroy {
+    const DriverApi& d;
+    CUlinkState st;
+    ~Destroy() { d.cuLinkDestroy(st); }
+  } destroy{d, st};
+  check(d.cuLinkAddData(st, CU_JIT_INPUT_PTX, const_cast<char*>(main_ptx.c_str()),
+                        main_ptx.size() + 1, (name + ".ptx").c_str(), 0, nullptr, nullptr),
+        "cuLinkAddData");
+  check(d.cuLinkAddData(st, CU_JIT_INPUT_PTX, const_cast<char*>(pow_ptx.c_str()),
+                        pow_ptx.size() + 1, "cl_pow_fmad.ptx", 0, nullptr, nullptr),
+        "cuLinkAddData");
+  void* cubin = nullptr;
+  size_t size = 0;
+  check(d.cuLinkComplete(st, &cubin, &size), "cuLinkComplete");
+  *kind = "cubin";
+  return std::string(static_cast<const char*>(cubin), size);  // copied before cuLinkDestroy
+}
+
 }  // namespace
 
 std::string cache_dir() {
@@ -506,8 +553,19 @@ NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arc
   }
   NvrtcCheck out;
   std::string error;
-  out.ok = nvrtc_compile(name, source, nvrtc_options_for_arch(arch), !sm, nullptr, nullptr,
-                         &out.log, &error);
+  if (source.find(kLinkPowDefine) != std::string::npos) {
+    // as get_kernel builds it: both parts relocatable, to PTX (the driver links them)
+    const std::vector<std::string> opts = nvrtc_options_for_arch(arch);
+    std::string pow_log;
+    out.ok = nvrtc_compile(name, source, with_options(opts, false), true, nullptr, nullptr,
+                           &out.log, &error) &&
+             nvrtc_compile("cl_pow_fmad", kPowFmadSource, with_options(opts, true), true, nullptr,
+                           nullptr, &pow_log, &error);
+    out.log += pow_log;
+  } else {
+    out.ok = nvrtc_compile(name, source, nvrtc_options_for_arch(arch), !sm, nullptr, nullptr,
+                           &out.log, &error);
+  }
   if (!out.ok) out.log = "NVRTC: " + error + "\n" + out.log;
   return out;
 }
@@ -532,6 +590,8 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
   key_text += "nvrtc " + std::to_string(vmaj) + "." + std::to_string(vmin) + "\n";
   for (const auto& o : opts) key_text += o + "\n";
   key_text += "headers " + headers_hash() + "\n";
+  const bool linked = source.find(kLinkPowDefine) != std::string::npos;
+  if (linked) key_text += std::string("linked with:\n") + kPowFmadSource;
   key_text += source;
   const std::string file_key = sha256_hex(key_text);
   const int dfd = disk_dir(cache_dir());
@@ -549,7 +609,9 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
   } else {
     if (got != "missing" && got != "off") g_stats.disk_rejects++;  // present but refused
     const auto t0 = std::chrono::steady_clock::now();
-    image = compile(name, source, opts, ptx_only, &kind);
+    if (linked) set_device(dev);  // the driver links for the current context's device
+    image = linked ? compile_linked(name, source, opts, &kind)
+                   : compile(name, source, opts, ptx_only, &kind);
     g_stats.compile_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     g_stats.compiles++;

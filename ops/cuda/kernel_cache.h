@@ -10,6 +10,11 @@
 namespace cl {
 namespace cuda {
 
+// A generated source that starts with this line calls CUDA's double pow as nvcc
+// --fmad=true compiles it (ops/scalar/ops.h: cl_pow_fmad): get_kernel compiles that function
+// separately with --fmad=true, the kernel with --fmad=false as always, and links the two.
+constexpr const char* kLinkPowDefine = "#define CL_LINK_POW_FMAD 1\n";
+
 struct CompiledKernel {
   CUfunction fn = nullptr;
   std::string name;

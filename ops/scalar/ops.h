@@ -220,8 +220,17 @@ CL_HD float pow_device(float x, float y, int impl) {
   return impl == kTorchCpu ? torch_cpu::powf_u10(x, y) : std::pow(x, y);
 #endif
 }
+#if defined(__CUDA_ARCH__) && defined(CL_LINK_POW_FMAD)
+// CUDA's double pow as PyTorch's nvcc build compiles it: libdevice's pow contracts some of
+// its multiply-adds only under --fmad=true, which castlab's kernels are not compiled with.
+// The kernel cache compiles this one function separately with --fmad=true and links it
+// (ops/cuda/kernel_cache.cpp); a generated kernel that needs it defines CL_LINK_POW_FMAD.
+extern "C" __device__ double cl_pow_fmad(double x, double y);
+#endif
 CL_HD double pow_device(double x, double y, int impl) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && defined(CL_LINK_POW_FMAD)
+  return cl_pow_fmad(x, y);
+#elif defined(__CUDA_ARCH__)
   return pow(x, y);
 #else
   return impl == kTorchCpu ? torch_cpu::pow_u10(x, y) : std::pow(x, y);

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import _C
 from .._dtype import float64
+from ..ops import broadcast_to, contiguous
 from ._formats import (
     _at_least_as_precise,
     _broadcast,
@@ -388,8 +390,6 @@ def _gpu_vals(results: tuple, ref: Any, names: list):
     """The results and reference as values kept on their GPU (:class:`_DevVal`) when every
     one is a castlab or torch tensor on a GPU and they are at most ``_C.CMP_MAX_RESULTS``;
     else None (the host path copies them)."""
-    from .. import _C
-
     if len(results) > int(_C.CMP_MAX_RESULTS):
         return None
     ts = [_cuda_tensor(r, _KERNELS_ON_CPU) for r in results]
@@ -409,8 +409,6 @@ def _gpu_vals(results: tuple, ref: Any, names: list):
 
 def _dense(v: _DevVal, shape: tuple) -> _DevVal:
     """`v` broadcast to `shape` and contiguous, on its device (a copy only when needed)."""
-    from .. import broadcast_to, contiguous
-
     t = v.t
     if tuple(t.shape) != tuple(shape):
         t = broadcast_to(t, tuple(shape))

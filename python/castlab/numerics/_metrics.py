@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import _C
 from ._formats import (
     _f64,
     _fmt,
@@ -275,8 +276,6 @@ def kernel_scan(vals: list, tensors: list, ref_tensor, tol: float) -> dict:
     (``_C._compare``: ops/compare.h, the same definitions and NumPy's summation tree), for
     contiguous castlab tensors of one size. Adds ``"not_close"``: per result of the first
     one's dtype, the elements where torch.isclose(first, result, tol, tol) fails."""
-    from .. import _C
-
     n = tensors[0].numel()
     d, i = _C._compare(tensors, ref_tensor, float(tol))
     base = vals[0]
