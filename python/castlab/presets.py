@@ -50,7 +50,7 @@ from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
 from .policy import Math, Policy
 
 __all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "VERIFIED",
-           "NOT_RUN"]
+           "NOT_RUN", "BASELINE"]
 
 #: The ops a library preset can cover, in display order.
 OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
@@ -60,6 +60,8 @@ OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
 #: H200 with 0 mismatches against castlab's presets, and of one written from source only.
 VERIFIED = "verified against the library on the H200"
 NOT_RUN = "from source, not run"
+#: ``torch_eager``'s: the eager code the others are measured against
+BASELINE = "the baseline: PyTorch eager"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +417,7 @@ def _build() -> dict:
                  ("rope_interleaved_backward", None, _EAGER,
                   "autograd of the above (castlab's autodiff)",
                   "tools/autograd/derivatives.yaml", (_rope_interleaved_torch, 0)),
-             ]),
+             ], BASELINE),
         _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
              Math("liger", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
