@@ -111,3 +111,10 @@ def test_cli_commas_in_chains_for_the_policy_study_too(tmp_path, capsys):
                    "--out", str(tmp_path / "p")])
     assert rc == 0, capsys.readouterr().err
     assert set(pd.read_csv(tmp_path / "p" / "results.csv").chain) == {"swiglu", "rope"}
+
+
+def test_single_names_and_repeats():
+    df = study.libraries("vllm", ops=["swiglu", "swiglu"], dtypes="float16", size=4096,
+                         device="cpu")
+    assert df[["library", "op", "dtype"]].values.tolist() == [["vllm", "swiglu", "float16"]]
+    assert bool(df.identical_to_eager.iloc[0])

@@ -38,7 +38,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import cuda, numerics, presets
+from . import cuda, numerics
+from . import presets as _presets  # (run() has a parameter named presets)
 from ._creation import rand, randn, tensor
 from ._device import as_device
 from ._dtype import as_dtype, float32, float64
@@ -1032,7 +1033,7 @@ def _one_tensor(out: Any):
 
 def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = None,
               dtypes: Sequence[str] = LIBRARY_DTYPES, device: str | None = None,
-              size: int = 1 << 20, seed: int = 0):
+              size: int = 1 << 20, seed: int = 0) -> Any:
     """Each kernel-library preset (``cl.library``) against Hugging Face eager (the
     ``torch_eager`` library) and against the library's own formula in fp64
     (``OpPreset.reference``), on the same Qwen2-shaped inputs (:func:`library_inputs`):
@@ -1044,9 +1045,9 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     from :func:`castlab.numerics.compare`, which runs on the device. A backward op's
     outputs (``da``, ``db``) count together. ``status``: whether the library's kernel has
     been run against castlab's preset (``Library.status``). `names` default to every
-    library, `ops` to every op each one covers (``presets.OPS``); an op a library lacks
-    is skipped. RoPE from angles (``apex``, ``transformer_engine``) reads ``freqs``, and
-    its fp64 reference uses the exact cos/sin of the fp32 angles.
+    library, `ops` to every op each one covers (``castlab.presets.OPS``); an op a
+    library lacks is skipped. RoPE from angles (``apex``, ``transformer_engine``) reads
+    ``freqs``, and its fp64 reference uses the exact cos/sin of the fp32 angles.
 
     >>> df = cl.study.libraries(["torch_eager", "flash_attn"], ops=["rope"], size=4096,
     ...                         device="cpu")
@@ -1055,19 +1056,23 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     """
     import pandas as pd
 
-    names = presets.libraries() if names is None else list(names)
-    libs = [presets.library(n) for n in names]     # ValueError listing the valid names
-    ops = list(presets.OPS) if ops is None else list(ops)
+    def listed(v: Any, default: Sequence[str]) -> list:
+        v = default if v is None else [v] if isinstance(v, str) else v
+        return list(dict.fromkeys(v))
+
+    names, ops = listed(names, _presets.libraries()), listed(ops, _presets.OPS)
+    dtypes = listed(dtypes, LIBRARY_DTYPES)
+    libs = [_presets.library(n) for n in names]     # ValueError listing the valid names
     for op in ops:
-        if op not in presets.OPS:
+        if op not in _presets.OPS:
             raise ValueError(f"unknown op {op!r}; kernel-library presets cover: "
-                             + ", ".join(presets.OPS))
+                             + ", ".join(_presets.OPS))
     for d in dtypes:
         if d not in LIBRARY_DTYPES:
             raise ValueError(f"unknown dtype {d!r} for the library presets; valid: "
                              + ", ".join(LIBRARY_DTYPES))
     device = str(as_device(device or _device_default()))
-    eager = presets.library("torch_eager")
+    eager = _presets.library("torch_eager")
     rows = []
     for d in dtypes:
         ins = library_inputs(size, d, seed, device)
@@ -1091,7 +1096,7 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
                              "elements": got.numel(), "device": device,
                              "status": lib.status(op, d)})
     order = {(n, op, d): i for i, (n, op, d) in enumerate(
-        (n, op, d) for n in names for op in presets.OPS for d in dtypes)}
+        (n, op, d) for n in names for op in _presets.OPS for d in dtypes)}
     rows.sort(key=lambda r: order[(r["library"], r["op"], r["dtype"])])
     df = pd.DataFrame(rows, columns=LIBRARY_COLUMNS)
     df.attrs.update(size=size, seed=seed)
