@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import castlab as cl
+from castlab import presets
 
 BF16 = ml_dtypes.bfloat16
 NP = {"bfloat16": BF16, "float16": np.float16, "float32": np.float32}
@@ -95,13 +96,23 @@ def cos_sin(freqs, dt: str, math):
 
 # ---------------------------------------------------------------- selection and errors
 
+def test_status_verified_only_for_libraries_run_on_the_gpu():
+    verified = {n for n in cl.libraries() if cl.library(n).verified == presets.VERIFIED}
+    assert verified == {"liger", "flash_attn"}
+    liger = cl.library("liger")
+    assert liger.status("rope", "bfloat16") == presets.VERIFIED
+    assert liger.status("rope", "float16") == "verification pending"
+    assert cl.library("vllm").status("rope", "bfloat16") == presets.NOT_RUN
+
+
 def test_every_library_is_named_and_described():
     assert set(cl.libraries()) >= {"liger", "unsloth", "flash_attn", "vllm", "apex",
                                    "transformer_engine", "transformer_engine_unfused"}
     for name in cl.libraries():
         lib = cl.library(name)
         text = lib.describe()
-        assert name in text and "not yet run against the library" in text
+        assert name in text and lib.verified in text
+        assert lib.verified in (presets.VERIFIED, presets.NOT_RUN, presets.BASELINE)
         for op in lib.ops:
             p = lib[op]
             assert p.summary and p.source and p.policy is not None and p.math is lib.math
@@ -113,7 +124,7 @@ def test_an_op_a_library_lacks_names_who_covers_it():
     msg = str(e.value)
     assert "flash_attn has no swiglu kernel" in msg
     assert "swiglu: torch_eager, liger, unsloth, vllm, transformer_engine" in msg
-    assert "rope_interleaved: flash_attn, vllm" in msg
+    assert "rope_interleaved: torch_eager, flash_attn, vllm" in msg
     with pytest.raises(ValueError, match="no swiglu_backward kernel"):
         cl.library("vllm")["swiglu_backward"]
     with pytest.raises(ValueError, match="unknown kernel library 'ligr'.*liger"):
@@ -323,6 +334,37 @@ def test_torch_eager_rope_matches_pytorch_forward_and_backward():
     ty.backward(torch.from_dlpack(dy))
     assert torch.equal(torch.from_dlpack(lib.rope(x, c, s)), ty.detach())
     assert torch.equal(torch.from_dlpack(lib.rope_backward(dy, c, s)), tx.grad)
+
+
+def _interleaved_rope_torch(q, cos, sin):
+    # flash-attn's apply_rotary_emb_torch(interleaved=True), cos/sin [S, R/2]
+    cos, sin = (torch.repeat_interleave(t, 2, dim=-1) for t in (cos, sin))
+    rot = torch.stack([-q[..., 1::2], q[..., 0::2]], dim=-1).flatten(-2)
+    return q * cos + rot * sin
+
+
+def test_torch_eager_interleaved_rope_matches_pytorch_forward_and_backward():
+    lib = cl.library("torch_eager")
+    x = data(SHAPE, "bfloat16", 18)
+    c, s = cos_sin(freqs_table(SHAPE[2], 64), "bfloat16", lib.math)
+    dy = data(SHAPE, "bfloat16", 19)
+    tx = torch.from_dlpack(x).clone().requires_grad_()
+    tc, ts = (torch.from_dlpack(t)[:, :32] for t in (c, s))
+    ty = _interleaved_rope_torch(tx, tc, ts)
+    ty.backward(torch.from_dlpack(dy))
+    assert torch.equal(torch.from_dlpack(lib.rope_interleaved(x, c, s)), ty.detach())
+    assert torch.equal(torch.from_dlpack(lib.rope_interleaved_backward(dy, c, s)), tx.grad)
+
+
+def test_reference_is_the_formula_in_fp64():
+    p = cl.library("flash_attn")["rope"]
+    x = data(SHAPE, "bfloat16", 20)
+    c, s = cos_sin(freqs_table(SHAPE[2], 64), "bfloat16", p.math)
+    ref = p.reference(x, c, s)
+    assert ref.dtype == cl.float64 and ref.shape == x.shape
+    # flash-attn rounds its fp32 value once: nearly always the fp64 value rounded
+    got, want = as_np(p(x, c, s)), rnd(as_np(ref), "bfloat16")
+    assert (got == want).mean() > 0.999
 
 
 def test_presets_differ_from_eager_where_the_library_rounds_less():

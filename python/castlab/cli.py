@@ -16,14 +16,16 @@ from typing import Any
 from . import _C, cuda, numerics, ops, study
 from ._optable import BITS, IMPL_MASK, OPS
 from .policy import Math
-from .study import CHAINS, DEFAULT, QUICK
+from .presets import libraries
+from .study import CHAINS, DEFAULT, LIBRARY_DTYPES, QUICK
 
 HELP = """castlab: eager vs fused low-precision numerics, bit by bit.
 
 commands:
   study   run an A/B precision study (default: SwiGLU and RoPE; bf16, fp16, fp32;
           eager vs fused vs the fp64 reference, plus SwiGLU's formula presets) and write
-          results.csv, summary.json and plots to --out
+          results.csv, summary.json and plots to --out; with --math (--libraries), the
+          kernel libraries' SwiGLU and RoPE (Liger, flash-attn, ...) against HF eager and fp64
   exhaustive  run a chain on every input of a dtype (or a sampled part) under several
           policies and math presets; print exact / correctly rounded / 1 ulp / >1 ulp
           counts against fp64 and where configurations disagree; write JSON and CSV
@@ -68,6 +70,22 @@ config file (--config FILE, TOML; settings on the command line win):
 output: results.csv (and results.parquet with pyarrow), one row per chain, shape,
 input, scale, dtype, seed, math, policy and rounding; cells.jsonl (finished cells, for
 --resume); summary.json; plots (means over seeds, whiskers min-max).
+
+kernel libraries (--math, also spelled --libraries):
+
+  castlab study --chains swiglu,rope --math all
+  castlab study --math liger,flash_attn --dtypes bfloat16 --device cuda
+
+  runs each library preset (castlab.library: """ + ", ".join(libraries()) + """)
+  on the same Qwen2-shaped inputs (1M elements per input; 64K with --quick) against
+  Hugging Face eager and the library's own formula in fp64 (castlab.study.libraries):
+  one row per library, op and dtype (bfloat16, float16) with identical_to_eager,
+  mismatch_vs_eager, correctly_rounded, max_ulp_error, max_ulp_error_at_scale, elements,
+  device and status (whether the preset has been run against the library itself).
+  --chains picks the ops: swiglu (forward and backward), rope (half-split and
+  interleaved, forward and backward) or rope_interleaved. Writes results.csv,
+  summary.json and results.parquet (with pyarrow) to --out. (Not the math presets of
+  --presets or of `castlab exhaustive --math`: those are compiler math variants.)
 """
 
 
@@ -98,10 +116,15 @@ def _parser() -> argparse.ArgumentParser:
                        "and compare each result with the fp64 reference.",
                        epilog=STUDY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--chains", nargs="+", metavar="CHAIN",
-                   help="chains to study: built-in names (" + ", ".join(CHAINS) + "), "
+                   help="chains to study, space- or comma-separated: built-in names ("
+                   + ", ".join(CHAINS) + "), "
                    "pkg.module:function or path/file.py:function (any castlab.jit-able "
                    "function; give its inputs with --shape CHAIN=AxB or in --config); "
                    "default: swiglu rope")
+    s.add_argument("--libraries", "--math", dest="libraries", nargs="+", metavar="LIBRARY",
+                   help="measure kernel-library presets instead of policies: 'all' or "
+                   "names, space- or comma-separated (" + ", ".join(libraries()) + "), e.g. "
+                   "`castlab study --chains swiglu,rope --math all` (see below)")
     s.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                    choices=["bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
                             "float8_e5m2"],
@@ -496,7 +519,7 @@ def _study_settings(args: argparse.Namespace) -> dict:
                 "device", "seeds"):
         v = getattr(args, key)
         if v is not None:
-            st[key] = v
+            st[key] = _split_commas(v) if key == "chains" else v
     if args.seed is not None:
         st["seeds"] = [args.seed]
     st["grad"] = bool(args.grad or st.get("grad", False))
@@ -523,6 +546,122 @@ def _study_settings(args: argparse.Namespace) -> dict:
         if not ok:
             raise CLIError(f"--device cuda: no usable GPU ({why})")
     return st
+
+
+def _split_commas(items: list[str]) -> list[str]:
+    """`--chains swiglu,rope` as `--chains swiglu rope`."""
+    return [x for it in items for x in it.split(",") if x]
+
+
+# ---------------------------------------------------------------- castlab study --math
+
+#: The ops of the kernel-library presets that each --chains name selects.
+LIBRARY_CHAINS = {
+    "swiglu": ["swiglu", "swiglu_backward"],
+    "rope": ["rope", "rope_backward", "rope_interleaved", "rope_interleaved_backward"],
+    "rope_interleaved": ["rope_interleaved", "rope_interleaved_backward"],
+}
+# study settings that have no meaning for fixed library formulas: refused, not ignored
+_NOT_WITH_LIBRARIES = ("policies", "presets", "extra_presets", "rounding", "shape", "input",
+                       "scale", "grad", "attribute", "config", "resume", "workers",
+                       "scheduler")
+LIBRARY_TABLE_COLUMNS = ["library", "op", "dtype", "identical_to_eager", "mismatch_vs_eager",
+                         "correctly_rounded", "max_ulp_error", "max_ulp_error_at_scale",
+                         "elements", "status"]
+
+
+def _library_names(items: list[str]) -> list[str]:
+    names = _split_commas(items)
+    if names == ["all"]:
+        return libraries()
+    for n in names:
+        if n not in libraries():
+            raise CLIError(f"--math: unknown library {n!r}; valid: all, "
+                           + ", ".join(libraries()))
+    if not names:
+        raise CLIError("--math needs 'all' or library names: " + ", ".join(libraries()))
+    return list(dict.fromkeys(names))
+
+
+def _library_settings(args: argparse.Namespace) -> dict:
+    """The arguments of castlab.study.libraries from the command line."""
+    for key in _NOT_WITH_LIBRARIES:
+        v = getattr(args, key)
+        if v not in (None, False) and v != []:
+            flag = "--" + key.replace("_", "-")
+            raise CLIError(f"{flag} does not apply to --math (kernel-library presets have "
+                           "their own formulas and roundings); drop it")
+    ops: list[str] = []
+    for c in _split_commas(args.chains or ["swiglu", "rope"]):
+        if c not in LIBRARY_CHAINS:
+            raise CLIError(f"--chains {c!r}: kernel-library presets cover "
+                           + ", ".join(LIBRARY_CHAINS))
+        ops += [op for op in LIBRARY_CHAINS[c] if op not in ops]
+    dtypes = list(args.dtypes or LIBRARY_DTYPES)
+    for d in dtypes:
+        _one_of("--dtypes (with --math)", d, LIBRARY_DTYPES)
+    seeds = args.seeds or [args.seed or 0]
+    if len(seeds) != 1:
+        raise CLIError("--math runs one seed: give --seed N")
+    dev = args.device or study._device_default()
+    if dev == "cuda" and not cuda.is_available():
+        raise CLIError(f"--device cuda: no usable GPU ({cuda.unavailable_reason()})")
+    return {"names": _library_names(args.libraries), "ops": ops, "dtypes": dtypes,
+            "device": dev, "size": 1 << 16 if args.quick else 1 << 20, "seed": seeds[0]}
+
+
+def cmd_libraries(args: argparse.Namespace) -> int:
+    """``castlab study --math ...``: the kernel-library matrix (castlab.study.libraries)."""
+    kw = _library_settings(args)
+    out = args.out or "castlab-study"
+    _prepare_out(out, args.overwrite)
+    t0 = time.perf_counter()
+    try:
+        df = study.libraries(**kw)
+    except (ValueError, TypeError) as e:
+        raise CLIError(str(e)) from None
+    elapsed = time.perf_counter() - t0
+    print(format_library_table(df))
+    headline = library_headline(df)
+    csv_path = os.path.join(out, "results.csv")
+    df.to_csv(csv_path, index=False)
+    written = [csv_path]
+    pq = os.path.join(out, "results.parquet")
+    if write_parquet(df, pq):
+        written.append(pq)
+    summary = {"elapsed_s": round(elapsed, 3), "rows": len(df), "size": kw["size"],
+               "seed": kw["seed"], "device": kw["device"], "headline": headline,
+               "cases": df.to_dict("records")}
+    written.append(os.path.join(out, "summary.json"))
+    with open(written[-1], "w") as fj:
+        json.dump(summary, fj, indent=2)
+    print(f"\n{headline}")
+    print("wrote " + ", ".join(written) + f"  ({elapsed:.1f} s)")
+    return 0
+
+
+def format_library_table(df) -> str:
+    show = df[LIBRARY_TABLE_COLUMNS].copy()
+    show["mismatch_vs_eager"] = show["mismatch_vs_eager"].map(lambda v: f"{100 * v:.3f}%")
+    show["correctly_rounded"] = show["correctly_rounded"].map(lambda v: f"{100 * v:.4f}%")
+    show["max_ulp_error"] = show["max_ulp_error"].map(_fmt_ulp)
+    show["max_ulp_error_at_scale"] = show["max_ulp_error_at_scale"].map(_fmt_ulp)
+    show = show.rename(columns={"identical_to_eager": "= eager", "max_ulp_error": "max_ulp",
+                                "max_ulp_error_at_scale": "max_ulp@scale"})
+    return show.to_string(index=False) + "\n" + ULP_LEGEND.split(" results.csv")[0]
+
+
+def library_headline(df) -> str:
+    """Per op and dtype: the most accurate libraries (the highest correctly-rounded
+    fraction) and those bit-identical to Hugging Face eager."""
+    lines = []
+    for (op, dt), g in df.groupby(["op", "dtype"], sort=False):
+        best = g[g.correctly_rounded == g.correctly_rounded.max()]
+        same = g[g.identical_to_eager & (g.library != "torch_eager")]
+        lines.append(f"{op} {dt}: most accurate {', '.join(best.library)} "
+                     f"({100 * best.correctly_rounded.iloc[0]:.4f}% correctly rounded); "
+                     f"identical to eager: {', '.join(same.library) or 'none'}")
+    return "\n".join(lines)
 
 
 def _prepare_out(out: str, overwrite: bool, resume: bool = False) -> None:
@@ -947,6 +1086,8 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "exhaustive":
         return cmd_exhaustive(args)
+    if args.libraries is not None:
+        return cmd_libraries(args)
     return cmd_study(args)
 
 

@@ -32,13 +32,16 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
 
 Every preset is written from the library's source (cited in its ``source``) and marked
 by ``verified``: whether it has been run against the library itself (README, "Kernel
-libraries"). tests/test_presets.py checks each against a NumPy reference of the library's
-formula on the CPU; tests/test_presets_cuda.py against the library on the GPU.
+libraries"), with the (op, dtype) cases still ``pending``. tests/test_presets.py checks
+each against a NumPy reference of the library's formula on the CPU;
+tests/test_presets_cuda.py against the library on the GPU. ``castlab.study.libraries``
+measures them all against Hugging Face eager and fp64.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 from ._dtype import float32
@@ -46,11 +49,19 @@ from ._jit import JitFunction, jit
 from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
 from .policy import Math, Policy
 
-__all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS"]
+__all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "VERIFIED",
+           "NOT_RUN", "BASELINE"]
 
 #: The ops a library preset can cover, in display order.
 OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
        "rope_interleaved_backward")
+
+#: ``Library.verified`` of a library whose kernels tests/test_presets_cuda.py ran on the
+#: H200 with 0 mismatches against castlab's presets, and of one written from source only.
+VERIFIED = "verified against the library on the H200"
+NOT_RUN = "from source, not run"
+#: ``torch_eager``'s: the eager code the others are measured against
+BASELINE = "the baseline: PyTorch eager"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +81,10 @@ class OpPreset:
     math: Math
     summary: str        # where it rounds, which formula: one line
     source: str         # file and lines (with the commit read), as a URL
-    inputs: str = ""
+    #: the arguments the op takes, by name: ("x", "c", "s") for RoPE from a cos/sin
+    #: cache, ("x", "freqs") for RoPE from the fp32 angles (the first is the cotangent
+    #: for a backward op)
+    inputs: tuple = ()
     #: gradients by castlab's autodiff instead of a formula of the library's own:
     #: (forward function, argnums); the op is called as (cotangent, *other primals)
     grad_of: tuple | None = None
@@ -94,15 +108,29 @@ class OpPreset:
         >>> freqs = cl.randn(4, 8, seed=1)
         >>> y = cl.library("transformer_engine")["rope"](x, freqs)
         """
+        return self._run(args)
+
+    def reference(self, *args):
+        """The library's own formula on the same inputs in fp64, with no rounding anywhere
+        (``Policy("fp64")``, castlab's portable fp64 functions): what a correctly rounded
+        kernel of this library would round once.
+
+        >>> a, b = cl.randn(4, 8, seed=0, dtype=cl.bfloat16), cl.randn(4, 8, seed=1, dtype=cl.bfloat16)
+        >>> cl.library("liger")["swiglu"].reference(a, b).dtype
+        castlab.float64
+        """
+        return self._run(args, policy="fp64", math="portable")
+
+    def _run(self, args: tuple, **how):
         if self.grad_of is None:
-            return self.jit()(*args)
+            return self.jit().run(*args, **how) if how else self.jit()(*args)
         # autodiff, called as the library ops are: swiglu_backward(dc, a, b) has every
         # primal; rope_backward(dy, cos, sin) lacks x, which RoPE's gradient (linear in
         # x) never reads: dy stands in for it as a tensor of the right shape and dtype
         _, argnums = self.grad_of
         dy, *rest = args
         primals = rest if self.op.startswith("swiglu") else [dy, *rest]
-        return self.jit().backward(*primals, grad_outputs=dy, argnums=argnums)
+        return self.jit().backward(*primals, grad_outputs=dy, argnums=argnums, **how)
 
     def trace(self, *args) -> str:
         """The listing of the graph castlab runs for these inputs (casts shown)."""
@@ -129,7 +157,9 @@ class Library:
     url: str
     math: Math
     presets: dict
-    verified: str = "from source, not yet run against the library"
+    verified: str = NOT_RUN
+    #: (op, dtype) cases of a verified library whose check against it is still to run
+    pending: tuple = ()
 
     @property
     def ops(self) -> tuple:
@@ -146,9 +176,21 @@ class Library:
             raise AttributeError(op)
         return self[op]
 
+    def status(self, op: str, dtype: str) -> str:
+        """Whether this op in this dtype has been run against the library itself.
+
+        >>> cl.library("flash_attn").status("rope", "bfloat16")
+        'verified against the library on the H200'
+        """
+        if (op, dtype) in self.pending:
+            return "verification pending"
+        return self.verified
+
     def describe(self) -> str:
         """One line per op: where it rounds, which formula, the source."""
-        lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}]"]
+        pend = "; pending: " + ", ".join(f"{o} {d}" for o, d in self.pending) \
+            if self.pending else ""
+        lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}{pend}]"]
         lines += [f"  {p.op}: {p.summary} [{p.source}]" for p in self.presets.values()]
         return "\n".join(lines)
 
@@ -193,6 +235,14 @@ def _rope_interleaved_rot(x, c, s):
     p = reshape(xr, *xr.shape[:-1], xr.shape[-1] // 2, 2)
     rot = reshape(stack([-p[..., 1], p[..., 0]], dim=-1), *xr.shape)
     return _join(xr * c + rot * s, rest, x.dtype)
+
+
+def _rope_interleaved_torch(x, c, s):
+    """flash-attn's PyTorch reference, apply_rotary_emb_torch(interleaved=True): cos/sin
+    read at column i for pair i and repeated to (d 2), then x*cos + rot(x)*sin."""
+    h = c.shape[-1] // 2
+    c, s = (reshape(stack([t[..., :h], t[..., :h]], dim=-1), *t.shape) for t in (c, s))
+    return _rope_interleaved_rot(x, c, s)
 
 
 def _hf_swiglu(a, b):
@@ -323,12 +373,19 @@ _EAGER = Policy("eager")
 _FUSED = Policy("fused")
 
 
-def _lib(name: str, summary: str, url: str, math: Math, ops: list) -> Library:
+def _lib(name: str, summary: str, url: str, math: Math, ops: list, verified: str = NOT_RUN,
+         pending: tuple = ()) -> Library:
     presets = {}
     for op, fn, policy, summ, source, *grad in ops:
-        presets[op] = OpPreset(name, op, fn, policy, math, summ, source,
-                               grad_of=grad[0] if grad else None)
-    return Library(name, summary, url, math, presets)
+        grad_of = grad[0] if grad else None
+        args = tuple(inspect.signature(grad_of[0] if grad_of else fn).parameters)
+        if grad_of and op.startswith("swiglu"):
+            args = ("dc",) + args           # swiglu_backward(dc, a, b)
+        elif op.startswith("rope") and op.endswith("_backward"):
+            args = ("dy",) + args[1:]       # rope_backward(dy, cos, sin): dy in x's place
+        presets[op] = OpPreset(name, op, fn, policy, math, summ, source, inputs=args,
+                               grad_of=grad_of)
+    return Library(name, summary, url, math, presets, verified, pending)
 
 
 def _build() -> dict:
@@ -336,7 +393,8 @@ def _build() -> dict:
                       division="approx", fma_rounding="storage")
     libs = [
         _lib("torch_eager",
-             "Hugging Face modeling code under PyTorch eager: every op rounds",
+             "Hugging Face modeling code (interleaved RoPE: flash-attn's PyTorch "
+             "reference) under PyTorch eager: every op rounds",
              _GH + "huggingface/transformers/blob/main/src/transformers/models/qwen2/modeling_qwen2.py",
              Math.preset("torch_eager"), [
                  ("swiglu", _hf_swiglu, _EAGER,
@@ -352,7 +410,14 @@ def _build() -> dict:
                  ("rope_backward", None, _EAGER,
                   "autograd of the above (castlab's autodiff)",
                   "tools/autograd/derivatives.yaml", (_rope_hf, 0)),
-             ]),
+                 ("rope_interleaved", _rope_interleaved_torch, _EAGER,
+                  "GPT-J layout as flash-attn's PyTorch reference: x*cos + "
+                  "rotate_every_two(x)*sin, every op rounded",
+                  _FLASH + "layers/rotary.py#L12-L38"),
+                 ("rope_interleaved_backward", None, _EAGER,
+                  "autograd of the above (castlab's autodiff)",
+                  "tools/autograd/derivatives.yaml", (_rope_interleaved_torch, 0)),
+             ], BASELINE),
         _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
              Math("liger", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
@@ -368,7 +433,7 @@ def _build() -> dict:
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
                   "x1*c + x2*s, x2*c - x1*s; fused products x2*s, x2*c",
                   _LIGER + "rope.py#L105-L116"),
-             ]),
+             ], VERIFIED, pending=(("rope", "float16"), ("rope_backward", "float16"))),
         _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
              Math("unsloth", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
@@ -395,7 +460,7 @@ def _build() -> dict:
                   "interleaved pairs, same formula", _FLASH + "ops/triton/rotary.py#L89-L99"),
                  ("rope_interleaved_backward", _pairs_fp32(True, True, True), _FUSED,
                   "interleaved, sin negated", _FLASH + "ops/triton/rotary.py#L75-L99"),
-             ]),
+             ], VERIFIED),
         _lib("vllm", "vLLM's CUDA kernels (inference: forward only)",
              _GH + "vllm-project/vllm", Math("vllm", impl="cuda", fma=True, silu="div"), [
                  ("swiglu", _hf_swiglu, _EAGER,
@@ -479,6 +544,6 @@ def coverage() -> dict:
     """Which libraries cover which op: ``{op: [library, ...]}``.
 
     >>> cl.presets.coverage()["rope_interleaved"]
-    ['flash_attn', 'vllm', 'transformer_engine', 'transformer_engine_unfused']
+    ['torch_eager', 'flash_attn', 'vllm', 'transformer_engine', 'transformer_engine_unfused']
     """
     return {op: [n for n, lib in _LIBRARIES.items() if op in lib.presets] for op in OPS}
