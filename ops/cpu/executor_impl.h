@@ -481,13 +481,34 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       if (s != 1 && !(s == 0 && k >= nout)) torch_scalar = true;
     }
 
+  // PyTorch's gelu calls oneDNN only on a contiguous tensor of 2 or more elements
+  // (Activation.cpp use_mkldnn): every operand one unit-stride row here. Elsewhere its
+  // Gelu.h loop runs, so the instruction drops the oneDNN bits (keeping the tail ones);
+  // under oneDNN there are no scalar tails.
+  const std::vector<Instr>* code = &prog.code;
+  std::vector<Instr> code_here;
+  for (const Instr& in : prog.code)
+    if (in.var & kVarOneDnnGelu) {
+      bool onednn = nd == 1 && numel > 1;
+      for (int k = 0; k < nops; ++k) onednn = onednn && it.stride(k, 0) == 1;
+      code_here = prog.code;
+      for (Instr& i : code_here)
+        if (i.var & kVarOneDnnGelu)
+          i.var &=
+              onednn
+                  ? ~static_cast<uint32_t>(kVarTorchTail)
+                  : ~static_cast<uint32_t>(kVarOneDnnGelu | kVarOneDnnGeluAvx2 | kVarOneDnnBf16Ftz);
+      code = &code_here;
+      break;
+    }
+
   // PyTorch's thread chunks, for the scalar tails of its cpu_kernel_vec loops (TorchTails).
   TorchTails tails;
-  for (const Instr& in : prog.code)
+  for (const Instr& in : *code)
     if (in.var & kVarTorchTail) tails = TorchTails::of(numel, inner);
 
   const int64_t work_per_block =
-      rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
+      rows_per_block * col_chunk * static_cast<int64_t>(code->size() + 1);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
 
   parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
@@ -527,7 +548,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           for (int64_t c = 0; c < ncols; ++c, ++j)
             rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
       }
-      for (const Instr& in : prog.code) {
+      for (const Instr& in : *code) {
         void* d = reg_ptr(in.dst);
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;
