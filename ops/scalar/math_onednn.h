@@ -36,9 +36,9 @@ CL_HD float sign_of(float x) { return fbits(bits(x) & 0x80000000u); }
 CL_HD float xor_sign(float x, float s) { return fbits(bits(x) ^ bits(s)); }
 
 // The injector's minimax table (gelu_erf_minimax_polynomial, L2518-2718): six coefficients
-// (degree 0..5) for each of 25 pieces of |x|; the JIT pads each row to 32 entries, which
-// its indices (1..24) never reach.
-constexpr uint32_t kGeluErfPol[6][25] = {
+// (degree 0..5) for each of 25 pieces of |x|, each row padded to 32 entries as in the JIT
+// (its indices, 1..24, never reach the padding).
+alignas(64) constexpr uint32_t kGeluErfPol[6][32] = {
     {
         // degree 0
         0xa6f2cb94u, 0x32827792u, 0x3381cc0cu, 0x34523d4au, 0x351ac44du, 0x35f36d88u, 0x36ee8229u,
@@ -115,19 +115,39 @@ CL_HD float exp_jit(float x) {
 // erf(s/sqrt2) is a degree-5 polynomial in |s| picked by the exponent and two leading
 // mantissa bits of |s| (index = (bits(|s|) + 0xc21fffff) >> 21, clamped to [1, 24], 23 above
 // the bound 0x40b15cee where erf is 1); gelu = s * (1 + sign(s)*P(|s|)) * 0.5.
-CL_HD float gelu_erf_minimax(float s) {
+// In three steps, so that the CPU executor can look the coefficients up for a whole block
+// at once (the JIT's vpermt2ps; a compiler does not vectorise table loads without gathers):
+// the piece of s, its coefficient of degree d, and the polynomial.
+CL_HD int32_t gelu_erf_minimax_piece(float s) {
   using namespace detail;
   const float a = fbits(bits(s) & 0x7fffffffu);
   // vpaddd then vpsrad: wrapping integer add, arithmetic shift
   int32_t idx = static_cast<int32_t>(bits(a) + 0xc21fffffu) >> 21;
-  idx = idx < 1 ? 1 : idx;               // vpmaxsd
-  idx = idx > 24 ? 24 : idx;             // vpminsd
-  if (fbits(0x40b15ceeu) < a) idx = 23;  // _cmp_lt_os: a NaN keeps its index
-  float p = fbits(kGeluErfPol[5][idx]);
-  for (int d = 4; d >= 0; --d) p = fma(p, a, fbits(kGeluErfPol[d][idx]));
+  idx = idx < 1 ? 1 : idx;                   // vpmaxsd
+  idx = idx > 24 ? 24 : idx;                 // vpminsd
+  return fbits(0x40b15ceeu) < a ? 23 : idx;  // _cmp_lt_os: a NaN keeps its index
+}
+CL_HD float gelu_erf_minimax_coef(int degree, int32_t piece) {
+  return detail::fbits(detail::kGeluErfPol[degree][piece]);
+}
+CL_HD float gelu_erf_minimax_poly(float s, float c0, float c1, float c2, float c3, float c4,
+                                  float c5) {
+  using namespace detail;
+  const float a = fbits(bits(s) & 0x7fffffffu);
+  float p = fma(c5, a, c4);  // Horner from degree 5, one vfmadd213ps per step
+  p = fma(p, a, c3);
+  p = fma(p, a, c2);
+  p = fma(p, a, c1);
+  p = fma(p, a, c0);
   p = xor_sign(p, sign_of(s));
   p = p + 1.0f;
   return s * p * 0.5f;
+}
+CL_HD float gelu_erf_minimax(float s) {
+  const int32_t i = gelu_erf_minimax_piece(s);
+  return gelu_erf_minimax_poly(s, gelu_erf_minimax_coef(0, i), gelu_erf_minimax_coef(1, i),
+                               gelu_erf_minimax_coef(2, i), gelu_erf_minimax_coef(3, i),
+                               gelu_erf_minimax_coef(4, i), gelu_erf_minimax_coef(5, i));
 }
 
 // gelu_erf_compute_vector_fwd below AVX512 (L1366-1422): Abramowitz & Stegun 7.1.26 on
@@ -148,6 +168,14 @@ CL_HD float gelu_erf_as(float s) {
   const float erf = xor_sign(fma(et, r, 1.0f), sign_of(s));
   const float half_s = s * 0.5f;
   return fma(erf, half_s, half_s);
+}
+
+// oneDNN's bf16 store on CPUs with avx512_bf16, vcvtneps2bf16, writes a subnormal float as
+// a signed zero (Intel SDM, VCVTNEPS2BF16: denormal inputs are treated as zero); what it
+// keeps of y, so that the round to nearest even that follows is exact.
+CL_HD float bf16_store_ftz(float y) {
+  using namespace detail;
+  return (bits(y) & 0x7f800000u) == 0 ? sign_of(y) : y;
 }
 
 }  // namespace onednn

@@ -120,13 +120,11 @@ CL_HD T op_tanh(T x, int var) {
 }
 #if !defined(__CUDACC__)
 // oneDNN's gelu where PyTorch's CPU kernel calls it (kVarOneDnnGelu): the JIT's result, and
-// for bf16 output what vcvtneps2bf16 keeps of it (a subnormal becomes a signed zero; the
-// rounding to bf16 that follows is then exact).
+// for bf16 output what vcvtneps2bf16 keeps of it. (The CPU executor runs the same functions
+// in one loop per form: compute_var.)
 CL_HD float gelu_onednn(float x, int var) {
   const float y = (var & kVarOneDnnGeluAvx2) ? onednn::gelu_erf_as(x) : onednn::gelu_erf_minimax(x);
-  if ((var & kVarOneDnnBf16Ftz) && (f32_bits(y) & 0x7f800000u) == 0)
-    return f32_from_bits(f32_bits(y) & 0x80000000u);
-  return y;
+  return (var & kVarOneDnnBf16Ftz) ? onednn::bf16_store_ftz(y) : y;
 }
 #endif
 
