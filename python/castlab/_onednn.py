@@ -41,7 +41,14 @@ _CAP_AVX512_NO_BF16 = ("avx512_core", "avx512_core_vnni")
 
 
 @functools.cache
-def _path(cap: str) -> GeluPath:
+def gelu_path() -> GeluPath:
+    """oneDNN's gelu_erf form on this CPU (see the module docstring). Read once, as oneDNN
+    reads its ISA cap once.
+
+    >>> cl._onednn.gelu_path().form in ("avx512", "avx2", None)
+    True
+    """
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").lower()
     if not (_C.cpu_has("avx2") and _C.cpu_has("fma")) or cap in _CAP_BELOW_AVX2:
         return GeluPath(None, "rne")  # SSE/AVX JIT (fma emulated) or another architecture
     avx512_core = all(_C.cpu_has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
@@ -50,16 +57,6 @@ def _path(cap: str) -> GeluPath:
     # avx512_core_bf16 = avx512_core_vnni + avx512_bf16 (cpu_isa_traits.hpp L441-452)
     native = _C.cpu_has("avx512vnni") and _C.cpu_has("avx512bf16")
     return GeluPath("avx512", "ftz" if native and cap not in _CAP_AVX512_NO_BF16 else "rne")
-
-
-def gelu_path() -> GeluPath:
-    """oneDNN's gelu_erf form on this CPU (see the module docstring).
-
-    >>> cl._onednn.gelu_path().form in ("avx512", "avx2", None)
-    True
-    """
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    return _path(cap.lower())
 
 
 def gelu_calls_onednn(dtype: str | None) -> bool:
@@ -86,10 +83,12 @@ def _torch_takes_bf16(torch) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def state() -> tuple:
-    """What decides PyTorch's CPU gelu path now, for caches of lowered plans.
+def state() -> bool | None:
+    """What of PyTorch's gelu path can change while castlab runs (its oneDNN flag,
+    ``torch.backends.mkldnn.enabled``; None without torch), for caches of lowered plans.
 
-    >>> len(cl._onednn.state())
-    3
+    >>> cl._onednn.state() in (True, False, None)
+    True
     """
-    return (gelu_path(), gelu_calls_onednn("float32"), gelu_calls_onednn("bfloat16"))
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch._C._get_mkldnn_enabled()
