@@ -19,6 +19,7 @@ OPS = {
     "exp": (torch.exp, cl.exp), "log": (torch.log, cl.log), "sin": (torch.sin, cl.sin),
     "cos": (torch.cos, cl.cos), "tanh": (torch.tanh, cl.tanh), "erf": (torch.erf, cl.erf),
     "sigmoid": (torch.sigmoid, cl.sigmoid), "silu": (torch.nn.functional.silu, cl.silu),
+    "gelu": (torch.nn.functional.gelu, cl.gelu),
     "gelu_tanh": (lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
                   lambda x: cl.gelu(x, approximate="tanh")),
 }

@@ -341,6 +341,10 @@ TF = {"exp": torch.exp, "log": torch.log, "sigmoid": torch.sigmoid,
 #   ~65-72% land on the correctly rounded value (torch agrees bit-for-bit on rsqrt).
 # - gelu (both forms) f32: x*0.5*(1+erf(x/sqrt2)) cancels for x < 0, so one ulp of erf
 #   becomes many ulps of the result; torch's vectorised erf differs from glibc's erff.
+# - gelu (erf form) torch_eager f32/bf16: PyTorch's oneDNN kernel, which castlab follows;
+#   its accuracy depends on oneDNN's form for the CPU (vs fp64: f32 43.51% minimax on AVX512
+#   cores, 32.75% Abramowitz & Stegun on AVX2; bf16 98.83% on avx512_bf16, 99.82% where
+#   bf16 stays on Gelu.h): the lower of each is listed.
 # - erf bf16, portable vs torch: 56%: torch CPU's bf16 erf is not the correctly rounded one
 #   (portable matches the fp64 reference on 100% of bf16 inputs).
 # - torch_eager on the CPU is the torch_cpu implementation (SLEEF, ATen's A&S erf): equal to
@@ -368,7 +372,7 @@ MEASURED = {
              "portable": {"bf16": (100, 99.9740), "f16": (100, 100), "f32": (95.8448, 69.9123)}},
     "tanh": {"torch_eager": {"bf16": (100, 100), "f16": (100, 100), "f32": (100, 99.8696)},
              "portable": {"bf16": (100, 100), "f16": (100, 100), "f32": (99.8602, 99.9878)}},
-    "gelu": {"torch_eager": {"bf16": (98.9890, 99.8254), "f16": (99.99, 92.5580), "f32": (68.0483, 50.1493)},
+    "gelu": {"torch_eager": {"bf16": (100, 98.8281), "f16": (99.99, 92.5580), "f32": (100, 32.7535)},
              "portable": {"bf16": (99.9954, 99.8254), "f16": (96.8033, 94.3079), "f32": (48.4136, 50.1493)}},
     "gelu_tanh": {"torch_eager": {"bf16": (100, 99.8591), "f16": (99.99, 95.2050), "f32": (99.99, 51.7239)},
                   "portable": {"bf16": (99.9939, 99.8591), "f16": (99.5715, 95.2223), "f32": (99.1244, 51.7110)}},

@@ -2,8 +2,9 @@
 // output elements (several rows when the innermost dimension is short). Each
 // instruction runs as one tight loop over the block, so the compiler vectorises the
 // arithmetic; loads and stores gather/scatter through the operands' strides.
-// The loops live in executor_impl.h, compiled here for the baseline ISA and in
-// executor_avx2.cpp for AVX2+FMA; run_program_cpu picks one at run time.
+// The loops live in executor_impl.h, compiled here for the baseline ISA, in
+// executor_avx2.cpp for AVX2+FMA and in executor_avx512.cpp for AVX512; run_program_cpu
+// picks one at run time. All three compute the same bits.
 #include "ops/program.h"
 
 #define CL_EXEC_NS cpu_base
@@ -17,11 +18,19 @@ bool available();
 void run(const Program& prog, const std::vector<Tensor>& inputs,
          const std::vector<Tensor>& outputs);
 }  // namespace cpu_avx2
+namespace cpu_avx512 {
+bool available();
+void run(const Program& prog, const std::vector<Tensor>& inputs,
+         const std::vector<Tensor>& outputs);
+}  // namespace cpu_avx512
 
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs) {
+  static const bool avx512 = cpu_avx512::available();
   static const bool avx2 = cpu_avx2::available();
-  if (avx2)
+  if (avx512)
+    cpu_avx512::run(prog, inputs, outputs);
+  else if (avx2)
     cpu_avx2::run(prog, inputs, outputs);
   else
     cpu_base::run(prog, inputs, outputs);

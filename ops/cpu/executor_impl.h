@@ -8,6 +8,9 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -22,6 +25,52 @@ constexpr int64_t kBlock = 512;
 // Lanes of the fp32 SLEEF vector in PyTorch's AVX2 kernels (Sleef_*f8): the group over
 // which its sin/cos choose one argument reduction.
 constexpr int64_t kTorchFloatLanes = 8;
+
+// The coefficients of oneDNN's minimax gelu (math_onednn.h) for the pieces piece[0..n),
+// n <= kBlock, into c[degree][j]. The JIT looks them up with one vpermt2ps per degree over
+// the 32-entry rows; so does this, where the CPU has AVX512F (which the minimax form implies:
+// oneDNN runs it only on AVX512 cores). A table lookup is exact: only the speed differs.
+#if defined(__x86_64__)
+__attribute__((target("avx512f"), noinline)) void onednn_gelu_coefs_avx512(const int32_t* piece,
+                                                                           float (*c)[kBlock],
+                                                                           int64_t n) {
+  __m512 lo[6], hi[6];
+  for (int k = 0; k < 6; ++k) {
+    lo[k] = _mm512_castsi512_ps(_mm512_load_si512(&onednn::detail::kGeluErfPol[k][0]));
+    hi[k] = _mm512_castsi512_ps(_mm512_load_si512(&onednn::detail::kGeluErfPol[k][16]));
+  }
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512i i = _mm512_maskz_loadu_epi32(m, piece + j);
+    for (int k = 0; k < 6; ++k)
+      _mm512_mask_storeu_ps(&c[k][j], m, _mm512_permutex2var_ps(lo[k], i, hi[k]));
+  }
+}
+#endif
+
+void onednn_gelu_minimax(float* d, const float* a, int64_t n) {
+  alignas(64) int32_t piece[kBlock];
+  alignas(64) float c[6][kBlock];
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+#else
+  constexpr bool avx512 = false;
+#endif
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - j0);
+    const float* x = a + j0;
+    for (int64_t j = 0; j < m; ++j) piece[j] = onednn::gelu_erf_minimax_piece(x[j]);
+#if defined(__x86_64__)
+    if (avx512) onednn_gelu_coefs_avx512(piece, c, m);
+#endif
+    if (!avx512)
+      for (int k = 0; k < 6; ++k)
+        for (int64_t j = 0; j < m; ++j) c[k][j] = onednn::gelu_erf_minimax_coef(k, piece[j]);
+    for (int64_t j = 0; j < m; ++j)
+      d[j0 + j] =
+          onednn::gelu_erf_minimax_poly(x[j], c[0][j], c[1][j], c[2][j], c[3][j], c[4][j], c[5][j]);
+  }
+}
 
 template <typename T>
 inline T reg_value(const void* p, int64_t j) {
@@ -238,6 +287,17 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
     }
   }
   if constexpr (std::is_same<T, float>::value && (VAR & kVarImplMask) == kTorchCpu) {
+    if (in.op == kOpGelu && (in.var & kVarOneDnnGelu)) {
+      // op_gelu's oneDNN branch (gelu_onednn) with the form chosen once per block, so
+      // neither form is computed for every element and the loops vectorise
+      if (in.var & kVarOneDnnGeluAvx2)
+        for (int64_t j = 0; j < n; ++j) d[j] = onednn::gelu_erf_as(a[j]);
+      else
+        onednn_gelu_minimax(d, a, n);  // gelu_erf_minimax, its lookups per block
+      if (in.var & kVarOneDnnBf16Ftz)
+        for (int64_t j = 0; j < n; ++j) d[j] = onednn::bf16_store_ftz(d[j]);
+      return;
+    }
     if (in.op == kOpSin || in.op == kOpCos) {
       // SLEEF's sinf/cosf (the build PyTorch links) reduce all lanes of a vector one way,
       // chosen by the vector's largest |x| (math_torch_cpu.h): groups of kTorchFloatLanes
@@ -481,13 +541,34 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       if (s != 1 && !(s == 0 && k >= nout)) torch_scalar = true;
     }
 
+  // PyTorch's gelu calls oneDNN only on a contiguous tensor of 2 or more elements
+  // (Activation.cpp use_mkldnn): every operand one unit-stride row here. Elsewhere its
+  // Gelu.h loop runs, so the instruction drops the oneDNN bits (keeping the tail ones);
+  // under oneDNN there are no scalar tails.
+  const std::vector<Instr>* code = &prog.code;
+  std::vector<Instr> code_here;
+  for (const Instr& in : prog.code)
+    if (in.var & kVarOneDnnGelu) {
+      bool onednn = nd == 1 && numel > 1;
+      for (int k = 0; k < nops; ++k) onednn = onednn && it.stride(k, 0) == 1;
+      code_here = prog.code;
+      for (Instr& i : code_here)
+        if (i.var & kVarOneDnnGelu)
+          i.var &=
+              onednn
+                  ? ~static_cast<uint32_t>(kVarTorchTail)
+                  : ~static_cast<uint32_t>(kVarOneDnnGelu | kVarOneDnnGeluAvx2 | kVarOneDnnBf16Ftz);
+      code = &code_here;
+      break;
+    }
+
   // PyTorch's thread chunks, for the scalar tails of its cpu_kernel_vec loops (TorchTails).
   TorchTails tails;
-  for (const Instr& in : prog.code)
+  for (const Instr& in : *code)
     if (in.var & kVarTorchTail) tails = TorchTails::of(numel, inner);
 
   const int64_t work_per_block =
-      rows_per_block * col_chunk * static_cast<int64_t>(prog.code.size() + 1);
+      rows_per_block * col_chunk * static_cast<int64_t>(code->size() + 1);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
 
   parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
@@ -527,7 +608,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           for (int64_t c = 0; c < ncols; ++c, ++j)
             rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
       }
-      for (const Instr& in : prog.code) {
+      for (const Instr& in : *code) {
         void* d = reg_ptr(in.dst);
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;

@@ -11,6 +11,7 @@
 #include "core/cl_defs.h"
 #include "ops/scalar/math_portable.h"
 #if !defined(__CUDACC__)
+#include "ops/scalar/math_onednn.h"
 #include "ops/scalar/math_torch_cpu.h"
 #define CL_TORCH_CPU(call) \
   if (impl == kTorchCpu) return torch_cpu::call

@@ -39,6 +39,13 @@ enum VariantBits : uint32_t {
   kVarTorchTail = 0x1000,      // CPU only: PyTorch's cpu_kernel_vec runs the last
                                // (n mod Instr.aux) elements of each thread chunk with its
                                // scalar lambda (glibc), Loops.h; the executor does so too
+  kVarOneDnnGelu = 0x2000,     // CPU only, fp32 gelu (erf): oneDNN's JIT eltwise_gelu_erf
+                               // (math_onednn.h), minimax form (AVX512 cores), which PyTorch
+                               // calls on contiguous input of 2 or more elements; the executor
+                               // clears it on other layouts (then Gelu.h's loop, kVarTorchTail)
+  kVarOneDnnGeluAvx2 = 0x4000,  // with kVarOneDnnGelu: the JIT's form below AVX512 (A&S)
+  kVarOneDnnBf16Ftz = 0x8000,   // with kVarOneDnnGelu: bf16 stored by vcvtneps2bf16, which
+                                // writes a subnormal float as a signed zero (avx512_bf16 CPUs)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -111,8 +118,22 @@ template <typename T>
 CL_HD T op_tanh(T x, int var) {
   return m_tanh(x, var & kVarImplMask);
 }
+#if !defined(__CUDACC__)
+// oneDNN's gelu where PyTorch's CPU kernel calls it (kVarOneDnnGelu): the JIT's result, and
+// for bf16 output what vcvtneps2bf16 keeps of it. (The CPU executor runs the same functions
+// in one loop per form: compute_var.)
+CL_HD float gelu_onednn(float x, int var) {
+  const float y = (var & kVarOneDnnGeluAvx2) ? onednn::gelu_erf_as(x) : onednn::gelu_erf_minimax(x);
+  return (var & kVarOneDnnBf16Ftz) ? onednn::bf16_store_ftz(y) : y;
+}
+#endif
+
 template <typename T>
-CL_HD T op_gelu(T x, int var) {                // erf form
+CL_HD T op_gelu(T x, int var) {  // erf form
+#if !defined(__CUDACC__)
+  if constexpr (sizeof(T) == 4)  // oneDNN's gelu is fp32 (and bf16, computed in fp32) only
+    if (var & kVarOneDnnGelu) return gelu_onednn(x, var);
+#endif
   const T kAlpha = T(0.70710678118654752440);  // M_SQRT1_2
   return x * T(0.5) * (T(1) + m_erf(x * kAlpha, var & kVarImplMask));
 }

@@ -8,9 +8,10 @@
 
 # Layers (each module imports only from layers below it; no import inside a function
 # targets a castlab module; tests/test_layering.py checks this):
-#   0  _C, _debug, _progress, _dtype, _device, _optable, _torch_vml  leaves (C++ core,
-#                                         debug level, progress bar, dtypes, devices, ops,
-#                                         torch's MKL VML when torch is loaded)
+#   0  _C, _debug, _progress, _dtype, _device, _optable, _torch_vml, _onednn  leaves (C++
+#                                         core, debug level, progress bar, dtypes, devices,
+#                                         ops, torch's MKL VML when torch is loaded, where
+#                                         PyTorch's gelu calls oneDNN)
 #   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
 #   2  _lower                                 graph -> Programs -> a Plan
 #   3  _dlpack -> _creation -> ops -> _reduce  interchange, creation, the op functions,

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Union
 
-from . import _C
+from . import _C, _onednn
 from ._creation import _to_device, asarray, full
 from ._dtype import as_dtype, dtype, promote_types
 from ._graph import (
@@ -100,8 +100,10 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
             parts.append(None)
     math = current_math()
     # torch_cpu math borrows MKL VML and torch's thread geometry once torch is imported
-    # (castlab._torch_vml): a plan lowered before that would keep the stand-ins
-    key = (tuple(parts), _attrs_key(attrs), _C.signature(tensors), math, "torch" in sys.modules)
+    # (castlab._torch_vml): a plan lowered before that would keep the stand-ins; gelu
+    # follows whether PyTorch calls oneDNN now (torch.backends.mkldnn.enabled, _onednn)
+    key = (tuple(parts), _attrs_key(attrs), _C.signature(tensors), math, "torch" in sys.modules,
+           _onednn.state() if op == "gelu" else None)
     plan = _eager_cache.get(key)
     if plan is not None:
         return plan.run(tensors)[0]

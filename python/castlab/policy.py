@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _torch_vml
+from . import _onednn, _torch_vml
 from ._dtype import as_dtype, dtype, float64
 from ._optable import (
     APPROX_DIV,
@@ -375,13 +375,13 @@ _IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu")
 # Under the torch_cpu implementation: the op/dtype pairs whose PyTorch CPU kernel is code
 # castlab cannot rebuild from a published algorithm (docs/torch_cpu_kernels.md), where
 # castlab's portable functions stand in: MKL VML (fp32/fp64 exp, log, sin, cos, tanh,
-# erf; vml.h) and oneDNN's JIT gelu (contiguous fp32, and bf16 on CPUs with avx512_bf16).
-# MKL VML is called from torch's own library once torch is imported (_torch_vml), so those
-# pairs are opaque only while it is unavailable.
+# erf; vml.h). MKL VML is called from torch's own library once torch is imported
+# (_torch_vml), so those pairs are opaque only while it is unavailable. oneDNN's JIT gelu
+# (contiguous fp32, and bf16 where oneDNN takes it) is rebuilt (ops/scalar/math_onednn.h)
+# except on CPUs whose oneDNN path castlab does not model (_onednn.gelu_path).
 _TORCH_CPU_OPAQUE = {
-    **{(op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf", "sqrt")
-       for dt in ("float32", "float64")},
-    ("gelu", "float32"): "oneDNN", ("gelu", "bfloat16"): "oneDNN",
+    (op, dt): "MKL VML" for op in ("exp", "log", "sin", "cos", "tanh", "erf", "sqrt")
+    for dt in ("float32", "float64")
 }
 # PyTorch's kernels registered with ALSO_REGISTER_AVX512_DISPATCH: on an AVX512 CPU they run
 # 64-byte vectors; every other kernel runs its AVX2 build there (DispatchStub.h L495-502).
@@ -419,7 +419,8 @@ class Math:
             where PyTorch's loop runs its scalar lambda: non-contiguous layouts and the
             tail of each of torch's thread chunks; where PyTorch calls MKL VML, the same
             MKL functions from torch's libtorch_cpu.so once torch is imported; where it
-            calls oneDNN, or without torch, the portable functions stand in; on the GPU it
+            calls oneDNN (gelu), castlab's re-implementation of oneDNN's JIT kernel;
+            without torch, the portable functions stand in for MKL; on the GPU it
             means "portable"), "torch" (PyTorch's own kernels for the device: "cuda" on a
             GPU, "torch_cpu" on the CPU), or "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
@@ -535,11 +536,34 @@ class Math:
         kernel), which never calls MKL VML's function for it: castlab does not either."""
         if cuda or self.impl_on(cuda) != "torch_cpu":
             return None
+        if (op == "gelu" and not kernel and _onednn.gelu_calls_onednn(dtype)
+                and not self._onednn_gelu_bits(op, dtype, cuda, kernel)):
+            return "oneDNN"
         lib = _TORCH_CPU_OPAQUE.get((op, dtype))
         if lib == "MKL VML" and not kernel:
             why = _torch_vml.unavailable()
             return None if why is None else f"MKL VML unavailable ({why})"
         return lib
+
+    def _onednn_gelu(self, op: str, dtype: str | None, cuda: bool, kernel: bool = False) -> str:
+        """oneDNN's gelu_erf form castlab computes for this op, as PyTorch's CPU kernel
+        calls it ("avx512" minimax or "avx2" Abramowitz & Stegun; "" where it does not, or
+        where castlab does not model its path: _onednn.gelu_path)."""
+        if (op != "gelu" or cuda or kernel or self.impl_on(cuda) != "torch_cpu"
+                or not _onednn.gelu_calls_onednn(dtype)):
+            return ""
+        form = _onednn.gelu_path().form
+        # bf16 below AVX512 (avx2_vnni_2's vcvtneps2bf16) is not modelled
+        return form if form == "avx512" or (form == "avx2" and dtype == "float32") else ""
+
+    def _onednn_gelu_bits(self, op: str, dtype: str | None, cuda: bool, kernel: bool) -> int:
+        form = self._onednn_gelu(op, dtype, cuda, kernel)
+        if not form:
+            return 0
+        bits = BITS["onednn_gelu"] | (BITS["onednn_gelu_avx2"] if form == "avx2" else 0)
+        if dtype == "bfloat16" and _onednn.gelu_path().bf16_store == "ftz":
+            bits |= BITS["onednn_bf16_ftz"]
+        return bits
 
     def _torch_vml(self, op: str, dtype: str | None, cuda: bool, kernel: bool = False) -> bool:
         """Does this op call MKL VML from libtorch_cpu.so (as PyTorch's CPU kernel does)?"""
@@ -568,7 +592,7 @@ class Math:
         if cuda or self.impl_on(cuda) != "torch_cpu" or not f & BITS["torch_tail"]:
             return 0
         size = _ITEMSIZE.get(dtype or "")
-        if size is None or (op, dtype) in _TORCH_CPU_OPAQUE:
+        if size is None or self._torch_cpu_opaque(op, dtype, cuda) is not None:
             return 0
         if op == "rsqrt" and size != 2:  # float/double: the scalar 1/sqrt is the vector's
             return 0
@@ -599,6 +623,9 @@ class Math:
                 bits |= BITS["torch_vml"]
             if self.torch_cpu_tail(op, dtype, cuda):
                 bits |= BITS["torch_tail"]
+            # oneDNN on contiguous input of 2+ elements; the executor drops these bits on
+            # other layouts, where the tail bits above apply (Gelu.h's loop)
+            bits |= self._onednn_gelu_bits(op, dtype, cuda, kernel)
         if cuda and self.cuda_kernels:
             bits |= f & TORCH_CUDA_BITS
         if cuda and not f64:
@@ -675,6 +702,10 @@ class Math:
                     "not bit-exact)")
         elif self._torch_vml(op, dtype, cuda, kernel):
             impl = "torch_cpu (MKL VML from libtorch_cpu.so, as PyTorch's kernel)"
+        elif self._onednn_gelu(op, dtype, cuda, kernel):
+            form = self._onednn_gelu(op, dtype, cuda, kernel)
+            impl = (f"torch_cpu (oneDNN's JIT gelu_erf, {form} form, on contiguous input as "
+                    "PyTorch's kernel; Gelu.h's loop on other layouts)")
         info = OPS.get(op)
         f = info.factors if info is not None else 0
         notes = []

@@ -1,5 +1,6 @@
 #include <type_traits>
 
+#include "ops/cpu/cpu_features.h"
 #include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 #include "ops/runtime.h"
@@ -136,11 +137,16 @@ void bind_program(py::module_& m) {
   bits["torch_vml"] = static_cast<uint32_t>(cl::kVarTorchVml);
   bits["rsqrt_scalar16"] = static_cast<uint32_t>(cl::kVarRsqrtScalar16);
   bits["torch_tail"] = static_cast<uint32_t>(cl::kVarTorchTail);
+  bits["onednn_gelu"] = static_cast<uint32_t>(cl::kVarOneDnnGelu);
+  bits["onednn_gelu_avx2"] = static_cast<uint32_t>(cl::kVarOneDnnGeluAvx2);
+  bits["onednn_bf16_ftz"] = static_cast<uint32_t>(cl::kVarOneDnnBf16Ftz);
   m.attr("VARIANT_BITS") = bits;
   m.def("torch_vml_load", &cl::torch_vml_load, py::arg("path"),
         "Borrow MKL VML's vms*/vmd* functions from the already-loaded library at path "
         "(libtorch_cpu.so); returns '' on success, else why not. Never loads the library.");
   m.def("torch_vml_loaded", &cl::torch_vml_loaded, "Are MKL VML's functions borrowed?");
+  m.def("cpu_has", &cl::cpu_has, py::arg("feature"),
+        "Does this CPU have the x86 feature (GCC's __builtin_cpu_supports name)?");
   m.def("torch_num_threads", &cl::torch_num_threads,
         "at::get_num_threads() of the loaded torch (0 when not borrowed)");
   py::dict impls;

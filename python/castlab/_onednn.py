@@ -1,0 +1,94 @@
+"""Where PyTorch's CPU gelu calls oneDNN, and which of oneDNN's JIT forms then runs.
+
+``torch.nn.functional.gelu(x)`` (erf form) on a contiguous CPU tensor of 2 or more
+elements calls oneDNN's ``eltwise_gelu_erf`` for fp32, and for bf16 where oneDNN supports
+bf16 (aten/src/ATen/native/Activation.cpp ``use_mkldnn``; ``mkldnn_bf16_device_check`` is
+ideep's ``has_bf16_type_support``: oneDNN's ISA at least avx512_core). oneDNN's JIT computes
+it two ways (ops/scalar/math_onednn.h): a minimax polynomial on AVX512 cores, Abramowitz &
+Stegun below; its bf16 store is ``vcvtneps2bf16`` on CPUs with avx512_bf16 (a subnormal
+becomes a signed zero) and an emulated round-to-nearest-even on other AVX512 cores.
+oneDNN picks its ISA from the CPU (``mayiuse``, src/cpu/x64/cpu_isa_traits.hpp L425-460),
+capped by ``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA`` (cpu_isa_traits.cpp L30-75);
+castlab follows both. PyTorch's choices (whether oneDNN is enabled, whether it takes bf16)
+are asked of torch when it is loaded; without torch, its defaults are assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+
+from . import _C
+
+
+@dataclasses.dataclass(frozen=True)
+class GeluPath:
+    """oneDNN's gelu_erf on this machine: the JIT form ("avx512" minimax or "avx2"
+    Abramowitz & Stegun; None where castlab does not model it: below AVX2, not x86) and
+    how its bf16 store rounds ("ftz": vcvtneps2bf16; "rne": the emulated conversion)."""
+
+    form: str | None
+    bf16_store: str
+
+
+# oneDNN's user names of its ISA caps (cpu_isa_traits.hpp user_option_env), by the form of
+# gelu and the bf16 store they leave; any other value (or none) caps nothing.
+_CAP_BELOW_AVX2 = ("sse41", "avx")
+_CAP_AVX2 = ("avx2", "avx2_vnni", "avx2_vnni_2")
+_CAP_AVX512_NO_BF16 = ("avx512_core", "avx512_core_vnni")
+
+
+@functools.cache
+def gelu_path() -> GeluPath:
+    """oneDNN's gelu_erf form on this CPU (see the module docstring). Read once, as oneDNN
+    reads its ISA cap once.
+
+    >>> cl._onednn.gelu_path().form in ("avx512", "avx2", None)
+    True
+    """
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").lower()
+    if not (_C.cpu_has("avx2") and _C.cpu_has("fma")) or cap in _CAP_BELOW_AVX2:
+        return GeluPath(None, "rne")  # SSE/AVX JIT (fma emulated) or another architecture
+    avx512_core = all(_C.cpu_has(f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+    if not avx512_core or cap in _CAP_AVX2:
+        return GeluPath("avx2", "rne")
+    # avx512_core_bf16 = avx512_core_vnni + avx512_bf16 (cpu_isa_traits.hpp L441-452)
+    native = _C.cpu_has("avx512vnni") and _C.cpu_has("avx512bf16")
+    return GeluPath("avx512", "ftz" if native and cap not in _CAP_AVX512_NO_BF16 else "rne")
+
+
+def gelu_calls_onednn(dtype: str | None) -> bool:
+    """Does PyTorch's CPU gelu (erf form) call oneDNN for a contiguous tensor of this dtype
+    (2 or more elements)? Asks the loaded torch; without it, PyTorch's defaults.
+
+    >>> cl._onednn.gelu_calls_onednn("float64")
+    False
+    """
+    if dtype not in ("float32", "bfloat16"):
+        return False
+    torch = sys.modules.get("torch")  # never imported here: only asked if loaded
+    if torch is not None:
+        if not (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
+            return False
+        return dtype == "float32" or _torch_takes_bf16(torch)
+    return dtype == "float32" or gelu_path().form == "avx512"
+
+
+@functools.cache
+def _torch_takes_bf16(torch) -> bool:
+    # mkldnn_bf16_device_check (ideep's has_bf16_type_support): fixed once oneDNN has
+    # read the CPU, so asked once
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def state() -> bool | None:
+    """What of PyTorch's gelu path can change while castlab runs (its oneDNN flag,
+    ``torch.backends.mkldnn.enabled``; None without torch), for caches of lowered plans.
+
+    >>> cl._onednn.state() in (True, False, None)
+    True
+    """
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch._C._get_mkldnn_enabled()
