@@ -54,7 +54,8 @@ def test_status_column(matrix):
     status = dict(zip(zip(matrix.library, matrix.op, matrix.dtype), matrix.status))
     assert status[("flash_attn", "rope_interleaved", "float16")] == presets.VERIFIED
     assert status[("liger", "swiglu", "bfloat16")] == presets.VERIFIED
-    assert status[("liger", "rope", "float16")] == "verification pending"
+    assert status[("liger", "rope", "float16")] == presets.VERIFIED
+    assert status[("unsloth", "rope_backward", "float16")] == presets.VERIFIED
     assert status[("vllm", "rope", "bfloat16")] == presets.NOT_RUN
 
 

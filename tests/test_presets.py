@@ -98,10 +98,10 @@ def cos_sin(freqs, dt: str, math):
 
 def test_status_verified_only_for_libraries_run_on_the_gpu():
     verified = {n for n in cl.libraries() if cl.library(n).verified == presets.VERIFIED}
-    assert verified == {"liger", "flash_attn"}
+    assert verified == {"liger", "unsloth", "flash_attn"}
     liger = cl.library("liger")
     assert liger.status("rope", "bfloat16") == presets.VERIFIED
-    assert liger.status("rope", "float16") == "verification pending"
+    assert liger.status("rope", "float16") == presets.VERIFIED
     assert cl.library("vllm").status("rope", "bfloat16") == presets.NOT_RUN
 
 

@@ -276,7 +276,7 @@ def _from_freqs(round_to_input: bool, conj: bool, interleaved: bool = False):
 # x1*c - x2*(-s) (t7, t8, t9) and x2*c + x1*(-s) (t10, t11, t12). The policies round the
 # product that is not fused and the add/sub; Math.fma_rounding="storage" makes the fma
 # round once. Unsloth's kernel negates sin for its backward and keeps the forward's
-# sub/add, so its backward fuses like the forward (inferred from Liger's, not measured).
+# sub/add, so its backward fuses like the forward (as measured against Unsloth's kernels).
 _LIGER_ROPE_ROUNDED = {(False, "liger"): (7, 8, 9, 11), (True, "liger"): (8, 9, 11, 12),
                        (False, "unsloth"): (7, 8, 9, 11), (True, "unsloth"): (8, 9, 10, 12)}
 
@@ -433,7 +433,7 @@ def _build() -> dict:
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
                   "x1*c + x2*s, x2*c - x1*s; fused products x2*s, x2*c",
                   _LIGER + "rope.py#L105-L116"),
-             ], VERIFIED, pending=(("rope", "float16"), ("rope_backward", "float16"))),
+             ], VERIFIED),
         _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
              Math("unsloth", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
@@ -448,7 +448,7 @@ def _build() -> dict:
                   _UNSLOTH + "rope_embedding.py#L129-L158"),
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True, "unsloth"),
                   "as rope with sin negated", _UNSLOTH + "rope_embedding.py#L140-L142"),
-             ]),
+             ], VERIFIED),
         _lib("flash_attn", "flash-attn's Triton rotary kernel (apply_rotary_emb)",
              _GH + "Dao-AILab/flash-attention", Math("flash_attn", impl="cuda", fma=True), [
                  ("rope", _pairs_fp32(True, False, False), _FUSED,
