@@ -62,6 +62,16 @@ class CudaCachingAllocator : public Allocator {
     return st;
   }
 
+  // Is [p, p + n) inside a block castlab's allocator handed out on device d?
+  bool owns(int d, uintptr_t p, size_t n) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto& live = dev_[d].live;
+    auto it = live.upper_bound(static_cast<CUdeviceptr>(p));
+    if (it == live.begin()) return false;
+    --it;
+    return p >= it->first && p - it->first <= it->second && n <= it->second - (p - it->first);
+  }
+
   MemoryStats stats(int d) {
     std::lock_guard<std::mutex> lk(mu_);
     return dev_[d].stats;
@@ -81,6 +91,7 @@ class CudaCachingAllocator : public Allocator {
  private:
   struct Dev {
     std::multimap<size_t, CUdeviceptr> free;
+    std::map<CUdeviceptr, size_t> live;  // blocks handed out: start -> size
     MemoryStats stats;
   };
 
@@ -94,6 +105,7 @@ class CudaCachingAllocator : public Allocator {
         dv.free.erase(it);
         dv.stats.cache_hits++;
         note_alloc(dv, size);
+        dv.live.emplace(p, size);
         return p;
       }
     }
@@ -125,6 +137,7 @@ class CudaCachingAllocator : public Allocator {
     dv.stats.reserved += size;
     dv.stats.num_device_allocs++;
     note_alloc(dv, size);
+    dv.live.emplace(p, size);
     return p;
   }
 
@@ -138,6 +151,7 @@ class CudaCachingAllocator : public Allocator {
     std::lock_guard<std::mutex> lk(mu_);
     Dev& dv = dev_[d];
     dv.free.emplace(size, static_cast<CUdeviceptr>(p));
+    dv.live.erase(static_cast<CUdeviceptr>(p));
     dv.stats.allocated -= size;
     dv.stats.num_frees++;
   }
@@ -183,6 +197,11 @@ void register_cuda_allocator() { register_allocator(DeviceType::CUDA, &alloc());
 MemoryStats memory_stats(int device) {
   if (device < 0 || device >= kMaxDev) throw std::invalid_argument("bad CUDA device index");
   return alloc().stats(device);
+}
+
+bool owns_memory(int device, uintptr_t ptr, size_t nbytes) {
+  if (device < 0 || device >= kMaxDev || g_alloc == nullptr) return false;
+  return alloc().owns(device, ptr, nbytes);
 }
 
 void empty_cache() {

@@ -164,6 +164,9 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(int device);
 void empty_cache();
+// Does [ptr, ptr + nbytes) lie in memory castlab's caching allocator handed out on `device`
+// (and not freed)? Such memory is reused only in the order of castlab's own stream.
+bool owns_memory(int device, uintptr_t ptr, size_t nbytes);
 void register_cuda_allocator();  // idempotent
 
 // ---- executor.cpp ----

@@ -168,6 +168,32 @@ def _resolve_torch_bits(x: Any, copy: bool | None) -> tuple[Any, bool]:
 # ---- consumer --------------------------------------------------------------------------
 
 
+_EXTERNAL_STREAMS: dict = {}
+
+
+def from_torch_tracked(t: Any) -> Any:
+    """castlab.torch's import of a torch tensor that PyTorch's caching allocator made (an
+    op's output, a parameter): as :func:`from_dlpack`, and on a GPU the allocator is told
+    (``Tensor.record_stream``) that castlab's stream reads the memory, so it reuses it only
+    after castlab's queued work; releasing castlab's view then needs no host
+    synchronisation. Not for tensors whose memory another library allocated (record_stream
+    does nothing there): those go through :func:`from_dlpack`."""
+    if t.device.type != "cuda":
+        return from_dlpack(t)
+    import torch
+
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    s = _EXTERNAL_STREAMS.get(idx)
+    if s is None:
+        s = _EXTERNAL_STREAMS[idx] = torch.cuda.ExternalStream(
+            cuda.consumer_stream(idx), device=torch.device("cuda", idx))
+    x, _ = _resolve_torch_bits(t, None)
+    with _producer_device(x, (_kDLCUDA, idx)):
+        capsule = x.__dlpack__(max_version=_MAX_VERSION, stream=cuda.consumer_stream(idx))
+    x.record_stream(s)
+    return _C.from_dlpack_capsule(capsule, True)
+
+
 def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
     """A castlab Tensor sharing memory with ``x`` (zero-copy), per the array API standard.
 

@@ -258,7 +258,8 @@ const cl::Storage* castlab_export_storage(const Managed* m) {
 }
 
 template <class Managed>
-Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool readonly) {
+Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool readonly,
+                      bool stream_tracked) {
   const dl::DLTensor& d = m->dl_tensor;
   auto bad = [](const std::string& msg) { throw cl::buffer_error("from_dlpack: " + msg); };
   // Validate everything before taking ownership: on error the capsule stays unconsumed
@@ -323,8 +324,16 @@ Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool
   if (PyCapsule_SetName(capsule, used_name) != 0) throw py::error_already_set();
   // On CUDA, castlab's kernels may still read the memory when its last castlab tensor goes:
   // they finish before the producer gets its memory back (its allocator may reuse it at
-  // once on a stream that does not wait for castlab's).
-  const bool cuda = device.type == cl::DeviceType::CUDA;
+  // once on a stream that does not wait for castlab's). A host synchronisation, unless the
+  // producer's allocator tracks castlab's stream itself (stream_tracked: the importer told
+  // PyTorch's caching allocator, Tensor.record_stream, to wait for castlab's queued work).
+  // Also none for memory castlab's own allocator handed out (a castlab export coming back
+  // through another library): castlab reuses it only in its stream's order.
+  const bool cuda =
+      device.type == cl::DeviceType::CUDA && !stream_tracked &&
+      !(storage->nbytes > 0 &&
+        cl::cuda::owns_memory(device.index, reinterpret_cast<uintptr_t>(storage->data),
+                              storage->nbytes));
   const int dev_index = device.index;
   storage->deleter = [m, cuda, dev_index](void*) {
     if (cuda) {
@@ -338,7 +347,7 @@ Tensor import_managed(PyObject* capsule, Managed* m, const char* used_name, bool
   return t;
 }
 
-Tensor from_dlpack_capsule(py::handle obj) {
+Tensor from_dlpack_capsule(py::handle obj, bool stream_tracked) {
   PyObject* cap = obj.ptr();
   if (!PyCapsule_CheckExact(cap))
     throw cl::type_error(std::string("from_dlpack_capsule expects a PyCapsule, got ") +
@@ -353,11 +362,11 @@ Tensor from_dlpack_capsule(py::handle obj) {
     if (m->flags & dl::kFlagIsSubbyteTypePadded)
       throw cl::type_error("unsupported DLPack tensor: padded sub-byte type");
     return import_managed(cap, m, dl::kUsedCapsuleNameVersioned,
-                          (m->flags & dl::kFlagReadOnly) != 0);
+                          (m->flags & dl::kFlagReadOnly) != 0, stream_tracked);
   }
   if (PyCapsule_IsValid(cap, dl::kCapsuleName)) {
     auto* m = static_cast<dl::DLManagedTensor*>(PyCapsule_GetPointer(cap, dl::kCapsuleName));
-    return import_managed(cap, m, dl::kUsedCapsuleName, false);
+    return import_managed(cap, m, dl::kUsedCapsuleName, false, stream_tracked);
   }
   const char* name = PyCapsule_GetName(cap);
   if (name == nullptr) PyErr_Clear();
@@ -378,7 +387,10 @@ void bind_dlpack(py::module_& m) {
         "'dltensor'). Zero-copy: the capsule keeps the storage alive; on CUDA, when the "
         "consumer releases it, castlab's stream waits for consumer_stream's work (0: none).");
   m.def("from_dlpack_capsule", &from_dlpack_capsule, py::arg("capsule"),
-        "Consume a 'dltensor_versioned' or 'dltensor' capsule into a Tensor (zero-copy).");
+        py::arg("stream_tracked") = false,
+        "Consume a 'dltensor_versioned' or 'dltensor' capsule into a Tensor (zero-copy). "
+        "stream_tracked: the producer's allocator waits for castlab's stream itself (PyTorch "
+        "after Tensor.record_stream), so releasing the memory needs no synchronisation.");
   // Facts about castlab's declaration of the ABI, checked against other producers in tests.
   m.def("_dlpack_abi", [] {
     py::dict d;

@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 
 from .. import _graph
 from .. import numerics as _nm
-from .._dlpack import from_dlpack
+from .._dlpack import from_dlpack, from_torch_tracked
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
 from . import _aten
@@ -331,8 +331,13 @@ def _region_function(seg: Segment) -> Callable:
     return region
 
 
-def _to_castlab(t: torch.Tensor):
-    return from_dlpack(t.detach())
+def _to_castlab(t: torch.Tensor, made_by_torch: bool = True):
+    """A region's input as a castlab tensor, zero-copy. A tensor PyTorch's allocator made
+    (an external node's output, a parameter, a region's output handed back) is imported
+    without a host synchronisation at its release (from_torch_tracked); a user's input,
+    whose memory may come from another library, is imported as from_dlpack does."""
+    t = t.detach()
+    return from_torch_tracked(t) if made_by_torch else from_dlpack(t)
 
 
 def _to_torch(x) -> torch.Tensor:
@@ -508,7 +513,8 @@ class CapturedModel:
         for k in range(start, len(segs)):
             seg = segs[k]
             if seg.kind == "region":
-                xs = [_to_castlab(env[n.name]) for n in seg.inputs]
+                xs = [_to_castlab(env[n.name], n.name not in self._user)
+                      for n in seg.inputs]
                 region_inputs[k] = xs
                 rp = policy if region_policy is None else region_policy.get(k, policy)
                 outs = seg.jit.run(*xs, policy=rp, math=math)
