@@ -15,10 +15,12 @@ are asked of torch when it is loaded; without torch, its defaults are assumed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import sys
+import threading
 
 from . import _C
 
@@ -66,7 +68,7 @@ def gelu_calls_onednn(dtype: str | None) -> bool:
     >>> cl._onednn.gelu_calls_onednn("float64")
     False
     """
-    if dtype not in ("float32", "bfloat16"):
+    if dtype not in ("float32", "bfloat16") or getattr(_local, "strided", False):
         return False
     torch = sys.modules.get("torch")  # never imported here: only asked if loaded
     if torch is not None:
@@ -83,12 +85,30 @@ def _torch_takes_bf16(torch) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def state() -> bool | None:
-    """What of PyTorch's gelu path can change while castlab runs (its oneDNN flag,
-    ``torch.backends.mkldnn.enabled``; None without torch), for caches of lowered plans.
+_local = threading.local()
 
-    >>> cl._onednn.state() in (True, False, None)
+
+@contextlib.contextmanager
+def input_not_contiguous():
+    """castlab.ops runs an op on a permuted (transposed) tensor over its memory-ordered,
+    contiguous view; PyTorch's gelu takes oneDNN only for an input contiguous as given,
+    so within this context gelu_calls_onednn is False."""
+    prev = getattr(_local, "strided", False)
+    _local.strided = True
+    try:
+        yield
+    finally:
+        _local.strided = prev
+
+
+def state() -> tuple:
+    """What of PyTorch's gelu path can change while castlab runs (its oneDNN flag,
+    ``torch.backends.mkldnn.enabled``, None without torch; and whether the input is a
+    permuted view: input_not_contiguous), for caches of lowered plans.
+
+    >>> cl._onednn.state()[0] in (True, False, None)
     True
     """
     torch = sys.modules.get("torch")
-    return None if torch is None else torch._C._get_mkldnn_enabled()
+    return (None if torch is None else torch._C._get_mkldnn_enabled(),
+            getattr(_local, "strided", False))

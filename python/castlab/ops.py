@@ -98,6 +98,19 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
         else:
             tensors.append(a if isinstance(a, Tensor) else _to_tensor(a))
             parts.append(None)
+    order = _memory_order(tensors)
+    if order is not None:
+        # PyTorch runs an elementwise op over dense, permuted operands (a transposed view)
+        # in memory order and returns the same layout (TensorIterator, preserve_format);
+        # its CPU kernels' vector body and scalar tail follow that order. So does castlab:
+        # the op on the memory-ordered views, the result permuted back.
+        inv = [0] * len(order)
+        for i, d in enumerate(order):
+            inv[d] = i
+        it = iter(t.permute(*order) for t in tensors)
+        pargs = [next(it) if p is None else a for a, p in zip(args, parts[1:])]
+        with _onednn.input_not_contiguous():
+            return _apply(op, pargs, attrs).permute(*inv)
     math = current_math()
     # torch_cpu math borrows MKL VML and torch's thread geometry once torch is imported
     # (castlab._torch_vml): a plan lowered before that would keep the stand-ins; gelu
@@ -125,6 +138,30 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
         while len(_eager_cache) > _EAGER_CACHE_SIZE:
             _eager_cache.pop(next(iter(_eager_cache)), None)
     return result[0]
+
+
+def _memory_order(tensors: list):
+    """The dims of the operands in memory order (outermost first), when every operand is
+    one CPU tensor layout that is dense and not contiguous (a permutation of a contiguous
+    layout, as a transposed view); else None."""
+    if not tensors:
+        return None
+    t0 = tensors[0]
+    if t0.is_contiguous() or t0.device.type != "cpu" or t0.ndim < 2:
+        return None
+    shape, strides = tuple(t0.shape), tuple(t0._strides)
+    for t in tensors[1:]:
+        if tuple(t.shape) != shape or tuple(t._strides) != strides or t.device.type != "cpu":
+            return None
+    order = sorted(range(len(shape)), key=lambda d: (-strides[d] if shape[d] > 1 else 1, d))
+    expect = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expect:
+            return None
+        expect *= shape[d]
+    if not t0.permute(*order).is_contiguous():
+        return None
+    return order
 
 
 def _attrs_key(attrs: dict | None):
