@@ -2,6 +2,7 @@
 torch CPU eager and torch.compile, on the same inputs.
 
     PYTHONPATH=python python3 benchmarks/bench_cpu.py [--quick] [--no-compile]
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py --vs-compile   # 1M/16M, bf16/fp32
 
 SwiGLU: silu(a) * b, bf16, a and b 16M elements each.
 RoPE:   x*cos + cat(-x2, x1)*sin, bf16 x [1,32,4096,128], cos/sin [4096,128] (broadcast).
@@ -25,16 +26,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYPATH = os.path.join(os.path.dirname(HERE), "python")
 
 
-def _setup(chain: str, quick: bool):
+def _setup(chain: str, quick: bool, n: int | None = None, dtype: str = "bfloat16"):
     import torch
 
     import castlab as cl
 
     torch.manual_seed(0)
+    tdt = getattr(torch, dtype)
     if chain == "swiglu":
-        n = (1 << 22) if quick else (1 << 24)
-        a = torch.randn(n).to(torch.bfloat16)
-        b = torch.randn(n).to(torch.bfloat16)
+        n = n or ((1 << 22) if quick else (1 << 24))
+        a = torch.randn(n).to(tdt)
+        b = torch.randn(n).to(tdt)
         targs = (a, b)
 
         def tfn(a, b):
@@ -43,11 +45,11 @@ def _setup(chain: str, quick: bool):
         def cfn(a, b):
             return cl.silu(a) * b
     else:
-        s = 1024 if quick else 4096
-        x = torch.randn(1, 32, s, 128).to(torch.bfloat16)
+        s = (n // (32 * 128)) if n else (1024 if quick else 4096)
+        x = torch.randn(1, 32, s, 128).to(tdt)
         ang = torch.arange(s)[:, None] * (10000.0 ** (-torch.arange(64) / 64))[None, :]
         ang = torch.cat([ang, ang], -1)
-        targs = (x, ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16))
+        targs = (x, ang.cos().to(tdt), ang.sin().to(tdt))
 
         def tfn(x, cos, sin):
             x1, x2 = x.chunk(2, -1)
@@ -122,13 +124,41 @@ def memory_child(chain: str, impl: str, quick: bool) -> None:
                       "in_mb": in_bytes / 2**20, "reset": reset}))
 
 
+def vs_compile(reps: int) -> None:
+    """castlab fused (cl.jit, default math) against torch.compile (Inductor C++) at 1M and
+    16M elements, bf16 and fp32, same inputs, same run (issue 21's CPU goal)."""
+    import torch
+
+    import castlab as cl
+
+    torch.set_num_threads(os.cpu_count())
+    print(f"castlab {cl.__version__}, torch {torch.__version__}, {os.cpu_count()} CPU threads")
+    print(f"{'chain':7} {'dtype':9} {'elements':>9} {'cl fused ms':>12} {'compile ms':>11} "
+          f"{'compile/cl':>11}")
+    for chain in ("swiglu", "rope"):
+        for dtype in ("bfloat16", "float32"):
+            for n in (1 << 20, 1 << 24):
+                _, _, targs, cargs, tfn, cfn = _setup(chain, False, n, dtype)
+                comp, jf = torch.compile(tfn), cl.jit(cfn)
+                comp(*targs)
+                t_cl = min(_best(jf, cargs, reps) for _ in range(3))
+                t_tc = min(_best(comp, targs, reps) for _ in range(3))
+                print(f"{chain:7} {dtype:9} {n:>9} {t_cl:12.3f} {t_tc:11.3f} {t_tc / t_cl:10.2f}x")
+    print("compile/cl > 1: castlab faster than torch.compile.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--vs-compile", action="store_true",
+                    help="castlab fused vs torch.compile at 1M and 16M, bf16 and fp32")
     ap.add_argument("--quick", action="store_true", help="4x smaller inputs")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--_mem", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.vs_compile:
+        vs_compile(a.reps)
+        return
     if a._mem:
         memory_child(a._mem[0], a._mem[1], a.quick)
         return
