@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -11,6 +12,16 @@
 namespace cl {
 
 namespace {
+
+constexpr std::chrono::microseconds kSpin{50};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 class Pool {
  public:
@@ -30,6 +41,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> g(m_);
       stopping_ = false;
+      stop_flag_.store(false);
       gen = generation_;
     }
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, gen] { loop(gen); });
@@ -49,11 +61,19 @@ class Pool {
       chunk_ = chunk;
       next_.store(0);
       pending_ = static_cast<int>(workers_.size());
+      pending_left_.store(pending_, std::memory_order_relaxed);
       error_ = nullptr;
       ++generation_;
+      gen_.store(generation_, std::memory_order_release);
     }
     cv_.notify_all();
     work();
+    // the workers' last chunks usually end within microseconds: spin before sleeping
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 1; pending_left_.load(std::memory_order_acquire) != 0; ++i) {
+      cpu_relax();
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
+    }
     std::unique_lock<std::mutex> g(m_);
     done_cv_.wait(g, [this] { return pending_ == 0; });
     fn_ = nullptr;
@@ -77,6 +97,14 @@ class Pool {
   }
   void loop(uint64_t seen) {
     for (;;) {
+      // Spin a little before sleeping: parallel jobs come in bursts (one per op or
+      // kernel), and waking a sleeping thread costs tens of microseconds, a large share
+      // of a job over a million elements. OpenMP runtimes spin likewise.
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 1; gen_.load(std::memory_order_acquire) == seen && !stop_flag_.load(); ++i) {
+        cpu_relax();
+        if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
+      }
       {
         std::unique_lock<std::mutex> g(m_);
         cv_.wait(g, [&] { return stopping_ || generation_ != seen; });
@@ -86,6 +114,7 @@ class Pool {
       work();
       {
         std::lock_guard<std::mutex> g(m_);
+        pending_left_.store(pending_ - 1, std::memory_order_release);
         if (--pending_ == 0) done_cv_.notify_all();
       }
     }
@@ -94,6 +123,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> g(m_);
       stopping_ = true;
+      stop_flag_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -110,6 +140,9 @@ class Pool {
   int pending_ = 0;
   uint64_t generation_ = 0;
   bool stopping_ = false;
+  std::atomic<uint64_t> gen_{0};        // generation_, readable without the lock (spinning)
+  std::atomic<bool> stop_flag_{false};  // stopping_, likewise
+  std::atomic<int> pending_left_{0};    // pending_, likewise
   std::exception_ptr error_;
 };
 

@@ -419,6 +419,11 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
 // when both coalesce a contiguous output into the same rows (row-major, same shape).
 struct TorchTails {
   int64_t numel = 0, inner = 1, chunk = 0;  // chunk 0: no tails to emulate
+  // true: PyTorch's kernel for this instruction sees its operands as one contiguous row of
+  // numel elements (its own inputs are contiguous: results of earlier ops, or leaves laid
+  // out as the output), so a tail ends a thread chunk only; false: a row of `inner`
+  // elements per outer index (a broadcast operand keeps TensorIterator 2-D).
+  bool flat = false;
   static TorchTails of(int64_t numel, int64_t inner) {
     constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE
     TorchTails t;
@@ -437,10 +442,10 @@ struct TorchTails {
   template <typename F>
   void each(int64_t w, int64_t r0, int64_t nrows, int64_t c0, int64_t ncols, F f) const {
     for (int64_t r = 0; r < nrows; ++r) {
-      const int64_t rb = (r0 + r) * inner, re = rb + inner;
+      const int64_t rb = (r0 + r) * inner, re = flat ? numel : rb + inner;
       const int64_t f0 = rb + c0, f1 = f0 + ncols;
       for (int64_t k = f0 / chunk; k * chunk < f1; ++k) {
-        const int64_t pb = std::max(rb, k * chunk);
+        const int64_t pb = flat ? k * chunk : std::max(rb, k * chunk);
         const int64_t pe = std::min(std::min(re, (k + 1) * chunk), numel);
         const int64_t tb = std::max(pe - (pe - pb) % w, f0), te = std::min(pe, f1);
         if (tb < te) f(r * ncols + tb - f0, te - tb);
@@ -533,31 +538,62 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
 
   // PyTorch's loops vectorise only when every operand is contiguous in the innermost
   // dimension (an input may also be a broadcast scalar there); otherwise they run the
-  // scalar lambda: see torch_scalar_lambda_op.
-  bool torch_scalar = false;
-  if (inner > 1)
-    for (int k = 0; k < nops; ++k) {
-      const int64_t s = it.stride(k, nd - 1);
-      if (s != 1 && !(s == 0 && k >= nout)) torch_scalar = true;
+  // scalar lambda (torch_scalar_lambda_op). What PyTorch's own kernel for each instruction sees
+  // (under the eager policy each op is its own kernel: its operands are the program's inputs, laid
+  // out as they are, or results of earlier ops, which PyTorch materialises contiguous). Per
+  // register: 0 an op's result, 1 an input laid out as the output, 2 a broadcast input, 3 an input
+  // with a non-unit innermost stride. An instruction reading a class-3 input runs PyTorch's scalar
+  // lambda; one reading only classes 0-1 sees one contiguous row (flat tails); else rows of inner.
+  bool out_strided = false;
+  for (int k = 0; k < nout; ++k)
+    if (inner > 1 && it.stride(k, nd - 1) != 1) out_strided = true;
+  auto leaf_class = [&](int k) -> uint8_t {
+    bool same = true;
+    for (int d = 0; d < nd; ++d)
+      if (it.shape[d] > 1 && it.stride(k, d) != it.stride(0, d)) same = false;
+    if (same) return 1;
+    const int64_t st = it.stride(k, nd - 1);
+    return (inner > 1 && st != 1 && st != 0) ? 3 : 2;
+  };
+  std::vector<uint8_t> prov(static_cast<size_t>(std::max(prog.n_regs, 1)), 0);
+  std::vector<uint8_t> ins_scalar(prog.code.size(), 0), ins_flat(prog.code.size(), 0);
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.op == kOpLoad) {
+      prov[in.dst] = leaf_class(nout + in.aux);
+      continue;
     }
+    if (in.op == kOpToF32 || in.op == kOpToF64) {  // a widening inside the op's kernel
+      prov[in.dst] = prov[in.a];
+      continue;
+    }
+    uint8_t worst = 0;
+    for (int r : {in.a, in.b, in.c})
+      if (r >= 0 && prov[r] > worst) worst = prov[r];
+    ins_scalar[i] = out_strided || worst == 3;
+    ins_flat[i] = worst <= 1;
+    prov[in.dst] = 0;
+  }
 
   // PyTorch's gelu calls oneDNN only on a contiguous tensor of 2 or more elements
-  // (Activation.cpp use_mkldnn): every operand one unit-stride row here. Elsewhere its
-  // Gelu.h loop runs, so the instruction drops the oneDNN bits (keeping the tail ones);
-  // under oneDNN there are no scalar tails.
+  // (Activation.cpp use_mkldnn): here, a gelu whose operand is an earlier op's result or an
+  // input laid out as the output (ins_flat). Elsewhere its Gelu.h loop runs, so the
+  // instruction drops the oneDNN bits (keeping the tail ones); under oneDNN there are no
+  // scalar tails.
   const std::vector<Instr>* code = &prog.code;
   std::vector<Instr> code_here;
   for (const Instr& in : prog.code)
     if (in.var & kVarOneDnnGelu) {
-      bool onednn = nd == 1 && numel > 1;
-      for (int k = 0; k < nops; ++k) onednn = onednn && it.stride(k, 0) == 1;
       code_here = prog.code;
-      for (Instr& i : code_here)
-        if (i.var & kVarOneDnnGelu)
-          i.var &=
-              onednn
-                  ? ~static_cast<uint32_t>(kVarTorchTail)
-                  : ~static_cast<uint32_t>(kVarOneDnnGelu | kVarOneDnnGeluAvx2 | kVarOneDnnBf16Ftz);
+      for (size_t i = 0; i < code_here.size(); ++i) {
+        Instr& g = code_here[i];
+        if (!(g.var & kVarOneDnnGelu)) continue;
+        const bool onednn = numel > 1 && ins_flat[i] && !out_strided;
+        g.var &=
+            onednn
+                ? ~static_cast<uint32_t>(kVarTorchTail)
+                : ~static_cast<uint32_t>(kVarOneDnnGelu | kVarOneDnnGeluAvx2 | kVarOneDnnBf16Ftz);
+      }
       code = &code_here;
       break;
     }
@@ -566,6 +602,8 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   TorchTails tails;
   for (const Instr& in : *code)
     if (in.var & kVarTorchTail) tails = TorchTails::of(numel, inner);
+  TorchTails tails_flat = tails;
+  tails_flat.flat = true;
 
   const int64_t work_per_block =
       rows_per_block * col_chunk * static_cast<int64_t>(code->size() + 1);
@@ -608,7 +646,8 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           for (int64_t c = 0; c < ncols; ++c, ++j)
             rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
       }
-      for (const Instr& in : *code) {
+      for (size_t ii = 0; ii < code->size(); ++ii) {
+        const Instr& in = (*code)[ii];
         void* d = reg_ptr(in.dst);
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;
@@ -700,14 +739,15 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           compute_block(in, static_cast<double*>(d),
                         static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
                         static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                        static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar,
-                        tails, r0, nrows, c0, ncols);
+                        static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n,
+                        ins_scalar[ii] != 0, ins_flat[ii] ? tails_flat : tails, r0, nrows, c0,
+                        ncols);
         else
-          compute_block(in, static_cast<float*>(d),
-                        static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
-                        static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                        static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, torch_scalar,
-                        tails, r0, nrows, c0, ncols);
+          compute_block(
+              in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
+              static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
+              static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, ins_scalar[ii] != 0,
+              ins_flat[ii] ? tails_flat : tails, r0, nrows, c0, ncols);
       }
       for (int k = 0; k < nout; ++k) {
         const OutputSpec& os = prog.outputs[k];
