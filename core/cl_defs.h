@@ -4,10 +4,14 @@
 // any system header.
 #pragma once
 
+// CL_HD_METHOD: the same for member functions (an accessor's operator[]); give their types
+// internal linkage on the host (an unnamed namespace), as CL_HD's static does for functions.
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define CL_HD __host__ __device__ __forceinline__
+#define CL_HD_METHOD __host__ __device__ __forceinline__
 #define CL_DEVICE_CODE 1
 #else
+#define CL_HD_METHOD inline
 // Internal linkage on the host: the CPU executor is compiled twice (baseline and
 // AVX2+FMA) and each copy must keep its own versions of these functions.
 // always_inline: the executor's loops over these functions vectorise only when the

@@ -23,6 +23,17 @@ inline void cpu_relax() {
 #endif
 }
 
+// Spins while waiting() holds, for at most kSpin; the caller then sleeps on its condition
+// variable (which re-checks under the lock).
+template <class Pred>
+void spin_while(Pred waiting) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; waiting(); ++i) {
+    cpu_relax();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) return;
+  }
+}
+
 class Pool {
  public:
   explicit Pool(int n) { resize(n); }
@@ -69,11 +80,7 @@ class Pool {
     cv_.notify_all();
     work();
     // the workers' last chunks usually end within microseconds: spin before sleeping
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 1; pending_left_.load(std::memory_order_acquire) != 0; ++i) {
-      cpu_relax();
-      if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
-    }
+    spin_while([this] { return pending_left_.load(std::memory_order_acquire) != 0; });
     std::unique_lock<std::mutex> g(m_);
     done_cv_.wait(g, [this] { return pending_ == 0; });
     fn_ = nullptr;
@@ -100,11 +107,8 @@ class Pool {
       // Spin a little before sleeping: parallel jobs come in bursts (one per op or
       // kernel), and waking a sleeping thread costs tens of microseconds, a large share
       // of a job over a million elements. OpenMP runtimes spin likewise.
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 1; gen_.load(std::memory_order_acquire) == seen && !stop_flag_.load(); ++i) {
-        cpu_relax();
-        if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) break;
-      }
+      spin_while(
+          [&] { return gen_.load(std::memory_order_acquire) == seen && !stop_flag_.load(); });
       {
         std::unique_lock<std::mutex> g(m_);
         cv_.wait(g, [&] { return stopping_ || generation_ != seen; });

@@ -18,13 +18,12 @@ struct Builder {
   std::vector<int> height;
   // returns the node's temporary id: k >= 0 a leaf, -1 - i the internal node i
   int64_t build(int64_t off, int64_t len, int* h) {
-    if (len <= 128) {
+    if (len <= kRedPairwiseBlock) {
       leaf_lo.push_back(off);
       *h = 0;
       return static_cast<int64_t>(leaf_lo.size()) - 1;
     }
-    int64_t n2 = len / 2;
-    n2 -= n2 % 8;
+    const int64_t n2 = red_pairwise_half(len);
     int hl = 0, hr = 0;
     const int64_t a = build(off, n2, &hl);
     const int64_t b = build(off + n2, len - n2, &hr);

@@ -141,7 +141,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     case kOrdPairwise:
       if (s.kind == kRedSum) {  // one part per leaf of NumPy's halving tree
         int64_t st = 0, len = 0;
-        P.nparts = n <= 128 ? 1 : red_pairwise_leaf(n, -1, &st, &len);
+        P.nparts = n <= kRedPairwiseBlock ? 1 : red_pairwise_leaf(n, -1, &st, &len);
       }
       break;
     case kOrdSoftmaxWarp: {

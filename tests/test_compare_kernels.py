@@ -159,8 +159,9 @@ def test_kernel_tree_is_numpys_pairwise_split():
     rng = np.random.default_rng(0)
     for n in (9, 1000, 99_999):
         v = rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n))
-        r = _C._compare([cl.from_numpy(v)], cl.from_numpy(np.zeros(n)), 1e-4)[0]
-        assert r[2 + 3] == np.add.reduce(v * v)         # the squared error against 0
+        ref, (r,) = _C._compare([cl.from_numpy(v)], cl.from_numpy(np.zeros(n)), 1e-4)
+        assert r["sq_sum"] == np.add.reduce(v * v)      # the squared error against 0
+        assert ref["r_sq"] == 0.0
 
 
 def test_kernel_rejects_bad_operands():

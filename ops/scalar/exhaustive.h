@@ -34,19 +34,25 @@ constexpr int kExHistBins = kExHistSpan + 3;
 // The output format's parameters the statistics need.
 struct ExFormat {
   int code;  // DTypeCode of the results
-  int bits;  // storage bits (8, 16 or 32)
+  int bits;  // storage bits (8, 16, 32 or 64)
   int p;     // explicit mantissa bits
   int emin;  // exponent of the smallest normal
 };
 
 CL_HD ExFormat ex_format(int code) {
   const FloatFormat f = format_of(code);
-  const int bits = code == kFloat32 ? 32 : (code == kFloat16 || code == kBFloat16) ? 16 : 8;
+  const int bits = code == kFloat64                          ? 64
+                   : code == kFloat32                        ? 32
+                   : (code == kFloat16 || code == kBFloat16) ? 16
+                                                             : 8;
   return ExFormat{code, bits, f.mant_bits, 1 - f.bias};
 }
 
 CL_HD double ex_abs(double x) { return f64_from_bits(f64_bits(x) & 0x7FFFFFFFFFFFFFFFull); }
-CL_HD double ex_pow2(int e) { return f64_from_bits((uint64_t)(e + 1023) << 52); }  // normal e
+// 2**e for -1074 <= e <= 1023, exactly (the fp64 format's ulps reach the subnormals)
+CL_HD double ex_pow2(int e) {
+  return e >= -1022 ? f64_from_bits((uint64_t)(e + 1023) << 52) : f64_from_bits(1ull << (e + 1074));
+}
 
 // ulp(r) of the format, for finite r: 2**floor(log2|r|) (|r|'s exponent bits alone),
 // scaled by 2**-p and floored at the smallest subnormal 2**(emin - p).

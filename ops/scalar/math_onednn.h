@@ -21,14 +21,15 @@
 #include <cstdint>
 
 #include "core/cl_defs.h"
+#include "ops/scalar/math_torch_cpu.h"
 
 namespace cl {
 namespace onednn {
 namespace detail {
 
-CL_HD uint32_t bits(float x) { return f32_bits(x); }
-CL_HD float fbits(uint32_t u) { return f32_from_bits(u); }
-CL_HD float fma(float a, float b, float c) { return fma_f(a, b, c); }
+using torch_cpu::detail::bits;
+using torch_cpu::detail::fbits;
+using torch_cpu::detail::fma;
 // vminps / vmaxps: a < b ? a : b (a > b ? a : b); a NaN in either gives b.
 CL_HD float minps(float a, float b) { return a < b ? a : b; }
 CL_HD float maxps(float a, float b) { return a > b ? a : b; }

@@ -101,6 +101,14 @@ CL_HD T red_sequential(int kind, A v, int64_t n) {
   return acc;
 }
 
+// NumPy's pairwise_sum: blocks of at most kRedPairwiseBlock elements are summed directly
+// (red_pairwise_block); a longer range splits at red_pairwise_half(len).
+constexpr int64_t kRedPairwiseBlock = 128;
+CL_HD int64_t red_pairwise_half(int64_t len) {
+  const int64_t n2 = len / 2;
+  return n2 - n2 % 8;
+}
+
 // NumPy's pairwise_sum, recursion unrolled into an explicit stack of (start, length).
 template <typename T, typename A>
 CL_HD T red_pairwise_block(A a, int64_t n) {
@@ -131,7 +139,7 @@ CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* l
   while (sp >= 0) {
     const int64_t off = so[sp], len = sl[sp];
     --sp;
-    if (len <= 128) {
+    if (len <= kRedPairwiseBlock) {
       if (count == k) {
         *start = off;
         *length = len;
@@ -140,8 +148,7 @@ CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* l
       ++count;
       continue;
     }
-    int64_t n2 = len / 2;
-    n2 -= n2 % 8;
+    const int64_t n2 = red_pairwise_half(len);
     so[++sp] = off + n2;  // right half after the left one
     sl[sp] = len - n2;
     so[++sp] = off;
@@ -155,7 +162,7 @@ CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* l
 // `ret`); 2: right half done. Leaf sums come from `leaves` (in order) when given.
 template <typename T>
 CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
-  if (n <= 128) return leaves ? leaves[0] : red_pairwise_block<T>(a, n);
+  if (n <= kRedPairwiseBlock) return leaves ? leaves[0] : red_pairwise_block<T>(a, n);
   int64_t off[64], len[64];
   int stage[64];
   T left[64];
@@ -166,8 +173,8 @@ CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
   T ret = T(0);
   int64_t leaf = 0;
   for (;;) {
-    if (len[sp] <= 128 || stage[sp] == 2) {
-      if (len[sp] <= 128)
+    if (len[sp] <= kRedPairwiseBlock || stage[sp] == 2) {
+      if (len[sp] <= kRedPairwiseBlock)
         ret = leaves ? leaves[leaf++] : red_pairwise_block<T>(a + off[sp], len[sp]);
       else
         ret = left[sp] + ret;
@@ -176,8 +183,7 @@ CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
       ++stage[sp];
       continue;
     }
-    int64_t n2 = len[sp] / 2;
-    n2 -= n2 % 8;
+    const int64_t n2 = red_pairwise_half(len[sp]);
     if (stage[sp] == 1) {
       left[sp] = ret;
       off[sp + 1] = off[sp] + n2;

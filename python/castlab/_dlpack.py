@@ -178,20 +178,18 @@ def from_torch_tracked(t: Any) -> Any:
     after castlab's queued work; releasing castlab's view then needs no host
     synchronisation. Not for tensors whose memory another library allocated (record_stream
     does nothing there): those go through :func:`from_dlpack`."""
-    if t.device.type != "cuda":
-        return from_dlpack(t)
+    return _import(t, None, None, track_stream=True)
+
+
+def _record_castlab_stream(x: Any, idx: int) -> None:
+    """x.record_stream(castlab's stream on device idx), the stream wrapped once per device."""
     import torch
 
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
     s = _EXTERNAL_STREAMS.get(idx)
     if s is None:
         s = _EXTERNAL_STREAMS[idx] = torch.cuda.ExternalStream(
             cuda.consumer_stream(idx), device=torch.device("cuda", idx))
-    x, _ = _resolve_torch_bits(t, None)
-    with _producer_device(x, (_kDLCUDA, idx)):
-        capsule = x.__dlpack__(max_version=_MAX_VERSION, stream=cuda.consumer_stream(idx))
     x.record_stream(s)
-    return _C.from_dlpack_capsule(capsule, True)
 
 
 def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
@@ -211,6 +209,12 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
     if copy is not None and not isinstance(copy, (bool, np.bool_)):
         raise TypeError(f"from_dlpack: copy must be None, True or False, got "
                         f"{type(copy).__name__} {copy!r}")
+    return _import(x, device, copy)
+
+
+def _import(x: Any, device: Any, copy: bool | None, track_stream: bool = False) -> Any:
+    """from_dlpack's import; `track_stream`: a torch CUDA tensor of PyTorch's caching
+    allocator, told to wait for castlab's stream (from_torch_tracked)."""
     if isinstance(x, _CAPSULE_TYPE):
         t = _C.from_dlpack_capsule(x)
         src = _device_pair(t)
@@ -253,7 +257,10 @@ def from_dlpack(x: Any, *, device: Any = None, copy: bool | None = None) -> Any:
             t = _from_numpy_fallback(x)
             return _clone(t) if copy else t
         raise
-    t = _C.from_dlpack_capsule(capsule)
+    track_stream = track_stream and src[0] == _kDLCUDA
+    if track_stream:
+        _record_castlab_stream(x, src[1])
+    t = _C.from_dlpack_capsule(capsule, track_stream)
     if isinstance(x, np.ndarray):
         _check_numpy_bounds(x, t)
     return _clone(t) if copy else t

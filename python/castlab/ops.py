@@ -98,7 +98,7 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
         else:
             tensors.append(a if isinstance(a, Tensor) else _to_tensor(a))
             parts.append(None)
-    order = _memory_order(tensors)
+    order = _dense_permuted_order(tensors)
     if order is not None:
         # PyTorch runs an elementwise op over dense, permuted operands (a transposed view)
         # in memory order and returns the same layout (TensorIterator, preserve_format);
@@ -140,7 +140,7 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
     return result[0]
 
 
-def _memory_order(tensors: list):
+def _dense_permuted_order(tensors: list):
     """The dims of the operands in memory order (outermost first), when every operand is
     one CPU tensor layout that is dense and not contiguous (a permutation of a contiguous
     layout, as a transposed view); else None."""

@@ -32,7 +32,7 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
 
 Every preset is written from the library's source (cited in its ``source``) and marked
 by ``verified``: whether it has been run against the library itself (README, "Kernel
-libraries"), with the (op, dtype) cases still ``pending``. tests/test_presets.py checks
+libraries"). tests/test_presets.py checks
 each against a NumPy reference of the library's formula on the CPU;
 tests/test_presets_cuda.py against the library on the GPU. ``castlab.study.libraries``
 measures them all against Hugging Face eager and fp64.
@@ -158,8 +158,6 @@ class Library:
     math: Math
     presets: dict
     verified: str = NOT_RUN
-    #: (op, dtype) cases of a verified library whose check against it is still to run
-    pending: tuple = ()
 
     @property
     def ops(self) -> tuple:
@@ -182,15 +180,11 @@ class Library:
         >>> cl.library("flash_attn").status("rope", "bfloat16")
         'verified against the library on the H200'
         """
-        if (op, dtype) in self.pending:
-            return "verification pending"
         return self.verified
 
     def describe(self) -> str:
         """One line per op: where it rounds, which formula, the source."""
-        pend = "; pending: " + ", ".join(f"{o} {d}" for o, d in self.pending) \
-            if self.pending else ""
-        lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}{pend}]"]
+        lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}]"]
         lines += [f"  {p.op}: {p.summary} [{p.source}]" for p in self.presets.values()]
         return "\n".join(lines)
 
@@ -373,8 +367,8 @@ _EAGER = Policy("eager")
 _FUSED = Policy("fused")
 
 
-def _lib(name: str, summary: str, url: str, math: Math, ops: list, verified: str = NOT_RUN,
-         pending: tuple = ()) -> Library:
+def _lib(name: str, summary: str, url: str, math: Math, ops: list,
+         verified: str = NOT_RUN) -> Library:
     presets = {}
     for op, fn, policy, summ, source, *grad in ops:
         grad_of = grad[0] if grad else None
@@ -385,7 +379,7 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list, verified: str
             args = ("dy",) + args[1:]       # rope_backward(dy, cos, sin): dy in x's place
         presets[op] = OpPreset(name, op, fn, policy, math, summ, source, inputs=args,
                                grad_of=grad_of)
-    return Library(name, summary, url, math, presets, verified, pending)
+    return Library(name, summary, url, math, presets, verified)
 
 
 def _build() -> dict:

@@ -40,7 +40,32 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
     t = dev.type == cl::DeviceType::CUDA ? cl::cuda::compare_cuda(P, dev.index)
                                          : cl::compare_cpu(P);
   }
-  return py::make_tuple(t.d, t.i);
+  // named as castlab.numerics._metrics.assemble reads them (ops/scalar/compare.h layout)
+  py::dict totals;
+  totals["r_sq"] = t.d[cl::kCdRefSq];
+  totals["r_absmax"] = t.d[cl::kCdRefAbsMax];
+  py::list res;
+  for (int j = 0; j < P.nres; ++j) {
+    const double* d = &t.d[cl::kCdRef + cl::kCdPer * j];
+    const int64_t* c = &t.i[cl::kCiPer * j];
+    py::dict r;
+    r["abs_max"] = d[cl::kCdAbsMax];
+    r["abs_sum"] = d[cl::kCdAbsSum];
+    r["rel_max"] = d[cl::kCdRelMax];
+    r["sq_sum"] = d[cl::kCdSqSum];
+    r["ue_max"] = d[cl::kCdUeMax];
+    r["ue_sum"] = d[cl::kCdUeSum];
+    r["apart_f"] = d[cl::kCdApart];
+    r["ue_arg"] = c[cl::kCiUeArg];
+    r["ok"] = c[cl::kCiOk];
+    r["mism"] = c[cl::kCiMism];
+    r["nan_mism"] = c[cl::kCiNanMism];
+    r["apart_i"] = c[cl::kCiApart];
+    r["has_nan"] = c[cl::kCiNan] != 0;
+    r["not_close"] = c[cl::kCiNotClose];
+    res.append(r);
+  }
+  return py::make_tuple(totals, res);
 }
 
 }  // namespace
@@ -52,7 +77,8 @@ void bind_compare(py::module_& m) {
         return run_compare(results, ref ? &*ref : nullptr, tol);
       },
       "castlab.numerics.compare's metrics (ops/compare.h) of contiguous results of one size "
-      "on one device, against the first and the reference: (doubles, int64s) of the tree's root",
+      "on one device, against the first and the reference: (reference totals, [per-result "
+      "totals]) as dicts",
       py::arg("results"), py::arg("ref"), py::arg("tol"));
   m.def(
       "_compare_cuda_source", [] { return std::string(cl::cuda::kCompareSource); },

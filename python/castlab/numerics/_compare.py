@@ -18,6 +18,7 @@ from ._formats import (
     _at_least_as_precise,
     _broadcast,
     _check_devices,
+    _check_float,
     _cuda_tensor,
     _DevVal,
     _f64,
@@ -399,10 +400,7 @@ def _gpu_vals(results: tuple, ref: Any, names: list):
     out = []
     for t, what in zip(ts + ([rt] if rt is not None else []),
                        [f"result {n!r}" for n in names] + ["ref"]):
-        if not t.dtype.is_floating_point:
-            raise TypeError(f"{what} has dtype {t.dtype.name}; ULP metrics need a "
-                            "floating-point dtype (float64, float32, float16, bfloat16, "
-                            "float8_e4m3fn, float8_e5m2)")
+        _check_float(t.dtype, what)
         out.append(_DevVal(t, t.dtype, str(t.device)))
     return out[:len(ts)], (out[-1] if rt is not None else None)
 

@@ -153,11 +153,15 @@ def _val(x: Any, what: str = "tensor") -> _Val:
                     f"got {type(x).__name__}")
 
 
+def _check_float(dt: dtype, what: str) -> None:
+    if not dt.is_floating_point:
+        raise TypeError(f"{what} has dtype {dt.name}; ULP metrics need a floating-point "
+                        "dtype (float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2)")
+
+
 def _float_val(x: Any, what: str) -> _Val:
     v = _val(x, what)
-    if not v.dt.is_floating_point:
-        raise TypeError(f"{what} has dtype {v.dt.name}; ULP metrics need a floating-point "
-                        "dtype (float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2)")
+    _check_float(v.dt, what)
     return v
 
 

@@ -266,33 +266,23 @@ def assemble(vals: list, n: int, tots: list, ref: dict | None) -> dict:
             "scale": rel_scale}
 
 
-# The layout of castlab._C._compare's totals (ops/scalar/compare.h: CmpD, CmpI).
-_CD = ("abs_max", "abs_sum", "rel_max", "sq_sum", "ue_max", "ue_sum", "apart_f")
-_CI = ("ue_arg", "ok", "mism", "nan_mism", "apart_i", "has_nan", "notclose")
-
-
 def kernel_scan(vals: list, tensors: list, ref_tensor, tol: float) -> dict:
     """scan()'s result computed by castlab's own code on the tensors' device
     (``_C._compare``: ops/compare.h, the same definitions and NumPy's summation tree), for
     contiguous castlab tensors of one size. Adds ``"not_close"``: per result of the first
     one's dtype, the elements where torch.isclose(first, result, tol, tol) fails."""
-    n = tensors[0].numel()
-    d, i = _C._compare(tensors, ref_tensor, float(tol))
+    ref, tots = _C._compare(tensors, ref_tensor, float(tol))
     base = vals[0]
-    tots, not_close = [], []
-    for j, v in enumerate(vals):
-        t = dict(zip(_CD, d[2 + 7 * j: 9 + 7 * j]))
-        t.update(zip(_CI, i[7 * j: 7 * j + 7]))
+    not_close = []
+    for j, (v, t) in enumerate(zip(vals, tots)):
         if j == 0:
             t["apart"] = 0
         elif v.dt is base.dt:
             t["apart"] = t["apart_i"]
         else:
             t["apart"] = None if t["apart_f"] == -math.inf else t["apart_f"]
-        not_close.append(t["notclose"] if (j > 0 and v.dt is base.dt) else None)
-        tots.append(t)
-    ref = None if ref_tensor is None else {"r_sq": d[0], "r_absmax": d[1]}
-    st = assemble(vals, n, tots, ref)
+        not_close.append(t["not_close"] if (j > 0 and v.dt is base.dt) else None)
+    st = assemble(vals, tensors[0].numel(), tots, None if ref_tensor is None else ref)
     st["not_close"] = not_close
     return st
 
