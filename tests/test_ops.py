@@ -440,7 +440,22 @@ def test_transcendental_exact_match_rates(op, mathv, dt):
     if (mathv == "torch_eager" and dt is cl.float32 and op in _MKL_OPS
             and cl._torch_vml.unavailable() is not None):
         mt, mr = MEASURED[op]["portable"][dt.short]  # MKL VML not callable: the stand-in
-    assert rate_t >= _torch_bound(mt), f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})"
+    # Where PyTorch's CPU kernel is a library that picks its code path from the CPU (MKL
+    # VML's fp32 functions, oneDNN's gelu), that library's accuracy is the CPU's: castlab
+    # under torch_eager calls or rebuilds the same path, so its rate against the fp64
+    # reference is torch's own on this CPU (the measured rates are one AMD EPYC's), and
+    # portable math's agreement with torch is not a property of castlab.
+    library = ((dt is cl.float32 and op in _MKL_OPS and cl._torch_vml.unavailable() is None)
+               or (op == "gelu" and cl._onednn.gelu_calls_onednn(dt.name)
+                   and bool(cl.Math.preset("torch_eager")._onednn_gelu(op, dt.name, False))))
+    if library and mathv == "torch_eager":
+        rate_tr = 100 * (ulp_dist(yt[fin], yr[fin]) == 0).mean()
+        assert rate_t == 100, f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch"
+        assert rate_r == rate_tr, (op, mathv, dt.short, rate_r, rate_tr)
+        return
+    if not (library and mathv == "portable"):
+        assert rate_t >= _torch_bound(mt), (
+            f"{op}/{mathv}/{dt.short}: {rate_t:.4f}% == torch (measured {mt})")
     assert rate_r >= _bound(mr), f"{op}/{mathv}/{dt.short}: {rate_r:.4f}% == fp64 ref (measured {mr})"
 
 

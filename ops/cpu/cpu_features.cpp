@@ -15,6 +15,7 @@ bool cpu_has(const std::string& feature) {
   CL_FEATURE("avx512dq")
   CL_FEATURE("avx512vnni")
   CL_FEATURE("avx512bf16")
+  CL_FEATURE("avx512fp16")
 #undef CL_FEATURE
 #endif
   return false;

@@ -1,9 +1,10 @@
 """Where PyTorch's CPU gelu calls oneDNN, and which of oneDNN's JIT forms then runs.
 
 ``torch.nn.functional.gelu(x)`` (erf form) on a contiguous CPU tensor of 2 or more
-elements calls oneDNN's ``eltwise_gelu_erf`` for fp32, and for bf16 where oneDNN supports
+elements calls oneDNN's ``eltwise_gelu_erf`` for fp32, for bf16 where oneDNN supports
 bf16 (aten/src/ATen/native/Activation.cpp ``use_mkldnn``; ``mkldnn_bf16_device_check`` is
-ideep's ``has_bf16_type_support``: oneDNN's ISA at least avx512_core). oneDNN's JIT computes
+ideep's ``has_bf16_type_support``: oneDNN's ISA at least avx512_core), and for fp16 where
+it supports fp16 (``mkldnn_fp16_device_check``: avx512_core_fp16, e.g. Sapphire Rapids). oneDNN's JIT computes
 it two ways (ops/scalar/math_onednn.h): a minimax polynomial on AVX512 cores, Abramowitz &
 Stegun below; its bf16 store is ``vcvtneps2bf16`` on CPUs with avx512_bf16 (a subnormal
 becomes a signed zero) and an emulated round-to-nearest-even on other AVX512 cores.
@@ -68,21 +69,30 @@ def gelu_calls_onednn(dtype: str | None) -> bool:
     >>> cl._onednn.gelu_calls_onednn("float64")
     False
     """
-    if dtype not in ("float32", "bfloat16") or getattr(_local, "strided", False):
+    if dtype not in ("float32", "bfloat16", "float16") or getattr(_local, "strided", False):
         return False
     torch = sys.modules.get("torch")  # never imported here: only asked if loaded
     if torch is not None:
         if not (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
             return False
-        return dtype == "float32" or _torch_takes_bf16(torch)
+        return dtype == "float32" or _torch_takes(torch, dtype)
+    if dtype == "float16":  # avx512_core_fp16 (an ISA cap below it turns it off)
+        cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+               or "").lower()
+        return (gelu_path().form == "avx512" and _C.cpu_has("avx512fp16")
+                and cap not in _CAP_AVX512_NO_BF16 + ("avx512_core_bf16",))
     return dtype == "float32" or gelu_path().form == "avx512"
 
 
 @functools.cache
-def _torch_takes_bf16(torch) -> bool:
-    # mkldnn_bf16_device_check (ideep's has_bf16_type_support): fixed once oneDNN has
-    # read the CPU, so asked once
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def _torch_takes(torch, dtype: str) -> bool:
+    # mkldnn_bf16_device_check / mkldnn_fp16_device_check (ideep's has_bf16_type_support,
+    # has_fp16_type_support: avx512_core_fp16 or avx2_vnni_2): fixed once oneDNN has read
+    # the CPU, so asked once. On CPUs with avx512_fp16 PyTorch's fp16 gelu is oneDNN's
+    # fp32 gelu rounded to fp16 (all 63,488 finite fp16 inputs, torch 2.13, Xeon).
+    if dtype == "bfloat16":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 _local = threading.local()
