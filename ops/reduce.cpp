@@ -117,7 +117,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     moments_config(&P, s, n, rows);
     return P;
   }
-  if (s.order >= kOrdCpuMoments)
+  if (s.order >= kOrdCpuMoments && s.order <= kOrdCudaLnBlock)
     throw std::invalid_argument("reduce: the Welford orders compute a mean or M2, not a sum");
   switch (s.order) {
     case kOrdTorchCpu:
@@ -161,6 +161,24 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       const int64_t isz = s.p0 > 0 ? s.p0 : 4;
       P.b = div_up(n, P.a) < 10 ? 1 : 16 / isz;
       P.nparts = P.a / 32;
+      break;
+    }
+    case kOrdTriton: {
+      // (R0_BLOCK, per thread, lanes, warps): powers of two, the threads' positions
+      // tiling R0_BLOCK exactly (no replicated layout), at most 1024 threads
+      auto pow2 = [](int64_t x) { return x >= 1 && (x & (x - 1)) == 0; };
+      const int64_t tile = s.p1 * s.p2 * s.p3;
+      if (!pow2(s.p0) || !pow2(s.p1) || !pow2(s.p2) || !pow2(s.p3) || s.p2 > 32 ||
+          s.p2 * s.p3 > 1024 || tile > s.p0 || s.p0 > (int64_t(1) << 20))
+        throw std::invalid_argument(
+            "triton order: (R0_BLOCK, per thread, lanes, warps) must be powers of two with "
+            "lanes <= 32, lanes * warps <= 1024 and per thread * lanes * warps <= R0_BLOCK");
+      P.a = s.p0;
+      P.b = s.p1;
+      P.c = s.p2;
+      P.d = s.p3;
+      P.e = (n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024 elements
+      P.nparts = s.p2 * s.p3;
       break;
     }
     default: break;
@@ -217,6 +235,9 @@ std::string describe_red_plan(const RedPlan& p) {
       return r + " torch_cuda persistent warp softmax (" + num(p.a) + " lanes x " + num(p.b) + ")";
     case kOrdSoftmaxBlock:
       return r + " torch_cuda block softmax (" + num(p.a) + " threads, ILP " + num(p.b) + ")";
+    case kOrdTriton:
+      return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
+             num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)";
   }
   return r;
 }

@@ -45,10 +45,10 @@ def test_tie_case_inductor_vs_transformer_engine_is_the_silu_formula():
     f = att.factors[0]
     assert (f.a, f.b) == ("div", "mul_sigmoid") and [att.node_labels[k].split()[1]
                                                       for k in f.nodes] == ["silu"]
-    # inductor's GPU-only factors have no effect on the CPU and are said to be inert, as is
-    # the RMSNorm cast placement (no rms_norm in SwiGLU)
+    # inductor's GPU-only factors have no effect on the CPU and are said to be inert, as are
+    # the RMSNorm cast placement and the reduction order (no rms_norm, no sum in SwiGLU)
     if str(x.device) == "cpu":
-        assert {g.key for g in att.inert} == {"sigmoid", "division", "rms_norm"}
+        assert {g.key for g in att.inert} == {"sigmoid", "division", "rms_norm", "reduction"}
     assert "attribution: math silu (tie)" in str(att.explain(0))
 
 

@@ -544,16 +544,23 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
     for order in ("torch_cpu", "torch_cuda"):
         m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction=order)
         cases += [(dt, "eager", m, fn) for dt in ("bfloat16", "float64") for fn in welford]
+    # Inductor's order: the register kernel (rows of 896, 1000 and 4096: persistent and
+    # looped tiles, vector words and a tail) and the general one (64: 8 lanes)
+    for n in (64, 896, 1000, 4096):
+        cases += [(dt, "fused", "inductor", lambda x, w, n=n: cl.rms_norm(x, n, w, cast="hf"))
+                  for dt in ("bfloat16", "float32")]
+        cases += [("bfloat16", "fused", "inductor", lambda x, w: cl.softmax(x * w, -1))]
     for dt, policy, math, fn in cases:
-        x = cl.randn(8, 64, seed=0, dtype=dt)
-        w = cl.randn(64, seed=1, dtype=dt)
+        n = 64 if "n" not in fn.__code__.co_varnames else fn.__defaults__[0]
+        x = cl.randn(8, n, seed=0, dtype=dt)
+        w = cl.randn(n, seed=1, dtype=dt)
         f = cl.jit(fn)
         f.run(x, w, policy=policy, math=math)
         tr, _ = f._traced(f._bind((x, w)))
         for plan in tr.plans.values():
             for spec, dts in plan.row_steps:
                 src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
-                at = src.index("castlab_row")
+                at = src.index("castlab_row" if "castlab_row" in src else "castlab_trow")
                 items[src[at:src.index("(", at)]] = src
     assert len(items) >= 20, len(items)
     names = sorted(items)

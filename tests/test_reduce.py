@@ -532,3 +532,70 @@ def test_softmax_log_softmax_equal_torch_cpu(dt):
                                                                math="torch_eager")
                 bad = _bit_mismatches(torch.from_dlpack(y), ref(t, -1))
                 assert bad == 0, (dt, n, fn.__name__, policy, bad)
+
+
+def _triton_emulation(x: np.ndarray, r: int, per: int, lanes: int, warps: int,
+                      looped: bool) -> np.ndarray:
+    """Triton's tl.sum over Inductor's tile in fp32, written with NumPy: positions summed
+    over the row's tiles (looped) or taken as they are, each thread folding its positions
+    in register order, then xor butterflies over the lanes and the warps."""
+    f = np.float32
+    n = x.shape[-1]
+    acc = np.zeros(x.shape[:-1] + (r,), f)
+    if looped:
+        for it in range(0, n, r):
+            m = min(r, n - it)
+            acc[..., :m] = (acc[..., :m] + x[..., it:it + m]).astype(f)
+    else:
+        acc[..., :n] = x
+    tile = per * lanes * warps
+    a = acc.reshape(x.shape[:-1] + (r // tile, lanes * warps, per))
+    out = None
+    for rep in range(r // tile):
+        for k in range(per):
+            out = a[..., rep, :, k].copy() if out is None else (out + a[..., rep, :, k]).astype(f)
+    p = out.reshape(x.shape[:-1] + (warps, lanes))
+    off = lanes // 2
+    while off:
+        p = (p[..., :off] + p[..., off:2 * off]).astype(f)
+        off //= 2
+    q = p[..., 0]
+    off = warps // 2
+    while off:
+        q = (q[..., :off] + q[..., off:2 * off]).astype(f)
+        off //= 2
+    return q[..., 0]
+
+
+@pytest.mark.parametrize("n", [1, 7, 32, 100, 128, 896, 1000, 2048, 3584, 4096, 5000, 12288])
+def test_triton_order_equals_a_numpy_emulation(n):
+    """The "triton" order (Inductor's tiles, Math.reduction="triton", the inductor preset's)
+    gives the sums of a NumPy emulation of Triton's tl.sum, for the tiles of softmax and of
+    other sums in bf16 and fp32, persistent and looped."""
+    from castlab import _lower
+    x = cl.randn(6, n, seed=n, dtype=cl.float32)
+    xn = np.asarray(x.numpy(), np.float32)
+    m = cl.Math("t", impl="portable", reduction="triton")
+    for algo, isz in (("softmax", 2), ("softmax", 4), (None, 2), (None, 4)):
+        cfg = _lower.triton_config(algo, n, isz)
+        _lower.TRITON_CONFIGS[(None, n, 4)] = cfg
+        try:
+            got = cl.jit(lambda x: cl.sum(x, -1)).run(x, policy="fused", math=m).numpy()
+        finally:
+            _lower.TRITON_CONFIGS.clear()
+        want = _triton_emulation(xn, *cfg, looped=n > 1024 or cfg[0] < n)
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), (algo, isz, cfg)
+    assert "triton" in cl.jit(lambda x: cl.softmax(x, -1)).trace(x, policy="fused",
+                                                                 math="inductor")
+
+
+def test_triton_order_rejects_tiles_it_cannot_hold():
+    from castlab import _lower
+    x = cl.randn(2, 64, seed=0)
+    for bad in [(48, 1, 32, 1), (64, 4, 32, 1), (64, 1, 64, 1)]:
+        _lower.TRITON_CONFIGS[(None, 64, 4)] = bad
+        try:
+            with pytest.raises(ValueError, match="triton order"):
+                cl.jit(lambda x: cl.sum(x, -1)).run(x, math=cl.Math("t", reduction="triton"))
+        finally:
+            _lower.TRITON_CONFIGS.clear()

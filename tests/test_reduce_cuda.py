@@ -139,7 +139,7 @@ def test_var_equals_torch_cuda(td, h):
         assert _bits_bad(f.run(cl.from_dlpack(t), **EAGER), t.var(-1)) == 0, shape
 
 
-@pytest.mark.parametrize("order", ["pairwise", "sequential", "torch_cpu", "torch_cuda"])
+@pytest.mark.parametrize("order", ["pairwise", "sequential", "torch_cpu", "torch_cuda", "triton"])
 @pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
 def test_gpu_equals_cpu_under_portable_math(order, policy):
     m = cl.Math("p", impl="portable", reduction=order)
@@ -175,7 +175,7 @@ def test_second_gpu_and_large_rows():
 
 
 @pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
-@pytest.mark.parametrize("order", ["torch", "pairwise", "torch_cuda", "sequential"])
+@pytest.mark.parametrize("order", ["torch", "pairwise", "torch_cuda", "sequential", "triton"])
 def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
     """The row kernel (a block per row: prologue, reduction, epilogue) gives the bits of
     the separate steps on the GPU and of the CPU's row chunks under portable math, for
@@ -219,3 +219,52 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                     assert mismatches(g0, torch.from_dlpack(c)) == 0, (
                         "GPU != CPU", shape, dt, order, fi, mismatches(g0, torch.from_dlpack(c)),
                         mismatches(g1, torch.from_dlpack(c)))
+
+
+def _compiled(fn, args, emulate_casts: bool):
+    torch._dynamo.reset()
+    old = torch._inductor.config.emulate_precision_casts
+    torch._inductor.config.emulate_precision_casts = emulate_casts
+    try:
+        return torch.compile(fn, dynamic=False)(*args)
+    finally:
+        torch._inductor.config.emulate_precision_casts = old
+        torch._dynamo.reset()
+
+
+# softmax rows measured bit for bit on the H200 (torch 2.11, Triton 3.6, 2026-12-01): the
+# tiles _lower.triton_config gives are the ones Inductor's autotuning picked there
+SOFTMAX_COMPILE = [("bfloat16", n) for n in (32, 128, 896, 1000, 2048, 4096)] + [
+    ("float16", 2048), ("float16", 4096), ("float32", 2048)]
+
+
+@pytest.mark.parametrize("dt,n", SOFTMAX_COMPILE)
+def test_inductor_softmax_equals_torch_compile(dt, n):
+    """softmax under the inductor preset (tl.sum over Inductor's tile, libdevice exp,
+    Triton's approximate division) equals torch.compile's fused kernel bit for bit, with
+    torch's default casts (Policy round_casts=False) and with emulate_precision_casts."""
+    t = _x((256, n), DT[dt][1], n, scale=3.0)
+    x = cl.from_dlpack(t)
+    f = cl.jit(lambda x: cl.softmax(x, -1))
+    sm = lambda t: torch.softmax(t, -1)  # noqa: E731
+    got = f.run(x, policy=cl.Policy("fused", round_casts=False), math="inductor")
+    assert _bits_bad(got, _compiled(sm, (t,), False)) == 0
+    assert _bits_bad(f.run(x, policy="fused", math="inductor"), _compiled(sm, (t,), True)) == 0
+
+
+@pytest.mark.parametrize("h", [3584, 4096])
+def test_inductor_hf_rmsnorm_equals_torch_compile_with_precision_casts(h):
+    """HF's Qwen2RMSNorm in bf16 under policy fused (casts round) and the inductor preset
+    equals torch.compile with emulate_precision_casts on, bit for bit (1024 rows; measured
+    on the H200). Rows of 896 differ in 3 of 917,504 elements, [16384, 4096] in 278 of
+    67M; torch's default (casts elided) against round_casts=False leaves 6 to 365."""
+    t = _x((1024, h), torch.bfloat16, h, scale=1.0)
+    w = (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16)
+
+    def hf(x, w):
+        v = x.to(torch.float32)
+        v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * v.to(x.dtype)
+    f = cl.jit(lambda x, w: cl.rms_norm(x, h, w, 1e-6, cast="hf"))
+    got = f.run(cl.from_dlpack(t), cl.from_dlpack(w), policy="fused", math="inductor")
+    assert _bits_bad(got, _compiled(hf, (t, w), True)) == 0

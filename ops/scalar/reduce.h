@@ -17,6 +17,8 @@
 //                row-contiguous input: the launch configuration setReduceConfig picks
 //   cuda_softmax_warp / cuda_softmax_block   the sums in SoftMax.cu's persistent warp
 //                softmax and its block softmax (cunn_SoftMaxForward*, BlockReduce)
+//   triton       Inductor's Triton reduction kernels (tl.sum / max2 over a [1, R0_BLOCK]
+//                tile, accumulated over the row's tiles in the looped form)
 // The row moments (kinds kRedMean, kRedM2: var and layer_norm) have orders of their own,
 // PyTorch's Welford kernels: ops/scalar/moments.h.
 // docs/torch_reductions.md has the derivations.
@@ -36,7 +38,8 @@ enum ReduceOrder : int {
   kOrdCpuMoments = 6,
   kOrdCudaLnVec = 7,
   kOrdCudaLnBlock = 8,
-  kOrdCount = 9
+  kOrdTriton = 9,
+  kOrdCount = 10
 };
 
 // A reduction's order with its launch configuration resolved for one row length.
@@ -53,6 +56,12 @@ enum ReduceOrder : int {
 //               else (outer: one thread per output, a = 1) the block's width in outputs
 //   softmax_warp:  a = warp width, b = iterations per lane
 //   softmax_block: a = block size, b = elements per vector load (ILP)
+//   triton:     a = R0_BLOCK (the tile along the row), b = contiguous elements per thread
+//               (sizePerThread), c = lanes along the row (threadsPerWarp), d = warps along
+//               the row (warpsPerCTA), e = 1 for the looped kernel (triton_red_: each tile
+//               position accumulates 0 + y0 + y1 ... over the row's tiles), 0 for the
+//               persistent one (triton_per_: one tile, positions past the row hold the
+//               identity); parts: the b * c * d... threads, part t = lane + c * warp
 //   cpu_moments: a = elements per loaded vector (8, 16 or 4), b = lanes (8 or 4), c = 1
 //               when the build fuses multiply-adds, d = 1 when it fuses the scalar tail's
 //               too (ops/scalar/moments.h)
@@ -520,6 +529,47 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
   return red_warp_down(P.kind, w);
 }
 
+// ---- Triton's tl.sum / max2, as Inductor's reduction kernels use it ----
+// Thread t (lane t % c of warp t / c) owns the tile positions rep * (b c d) + t b + k
+// (k < b); it folds its positions' values in register order (k, then rep) starting from
+// the first; the lanes of a warp then combine by an xor butterfly (offsets c/2 .. 1) and
+// the warps' results by another (d/2 .. 1). Addition is commutative, so lane 0's value is
+// the one every lane holds. In the looped form each position first accumulates its
+// values of every tile from the identity (Inductor's `_acc = _acc + y` from zeros).
+template <typename T, typename A>
+CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
+  const int64_t R = P.a, per = P.b, tile = P.b * P.c * P.d;
+  T out = red_identity<T>(P.kind);
+  bool first = true;
+  for (int64_t rep = 0; rep * tile < R; ++rep)
+    for (int64_t k = 0; k < per; ++k) {
+      const int64_t pos = rep * tile + t * per + k;
+      T acc = red_identity<T>(P.kind);
+      if (P.e) {
+        for (int64_t i = pos; i < n; i += R) acc = red_op(P.kind, acc, T(v[i]));
+      } else if (pos < n) {
+        acc = v[pos];
+      }
+      out = first ? acc : red_op(P.kind, out, acc);
+      first = false;
+    }
+  return out;
+}
+
+template <typename T>
+CL_HD T red_triton_combine(const RedPlan& P, T* p) {
+  const int64_t lanes = P.c, warps = P.d;
+  for (int64_t w = 0; w < warps; ++w) {
+    T* q = p + w * lanes;
+    for (int64_t off = lanes / 2; off > 0; off >>= 1)
+      for (int64_t l = 0; l < off; ++l) q[l] = red_op(P.kind, q[l], q[l + off]);
+  }
+  for (int64_t off = warps / 2; off > 0; off >>= 1)
+    for (int64_t w = 0; w < off; ++w)
+      p[w * lanes] = red_op(P.kind, p[w * lanes], p[(w + off) * lanes]);
+  return p[0];
+}
+
 }  // namespace cl
 #include "ops/scalar/moments.h"  // after RedPlan and the cascade sum, which it uses
 namespace cl {
@@ -542,6 +592,7 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
       case kOrdSoftmaxBlock: return red_part<T, kOrdSoftmaxBlock>(P, v, n, row, t);
       case kOrdPairwise: return red_part<T, kOrdPairwise>(P, v, n, row, t);
       case kOrdTorchCpu: return red_part<T, kOrdTorchCpu>(P, v, n, row, t);
+      case kOrdTriton: return red_part<T, kOrdTriton>(P, v, n, row, t);
       default: return red_part<T, kOrdSequential>(P, v, n, row, t);
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
@@ -553,6 +604,8 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
     int64_t start = 0, length = n;  // part t: leaf t of the halving tree
     red_pairwise_leaf(n, t, &start, &length);
     return red_pairwise_block<T>(v + start, length);
+  } else if constexpr (ORDER == kOrdTriton) {
+    return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
     if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
@@ -575,12 +628,15 @@ CL_HD T red_combine(const RedPlan& P, T* parts) {
       case kOrdSoftmaxWarp:
       case kOrdSoftmaxBlock: return red_combine<T, kOrdSoftmaxBlock>(P, parts);
       case kOrdPairwise: return red_combine<T, kOrdPairwise>(P, parts);
+      case kOrdTriton: return red_combine<T, kOrdTriton>(P, parts);
       default: return parts[0];
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
     return red_cuda_combine(P, parts);
   } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock) {
     return red_softmax_combine(P, parts);
+  } else if constexpr (ORDER == kOrdTriton) {
+    return red_triton_combine(P, parts);
   } else if constexpr (ORDER == kOrdPairwise) {
     return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts) : parts[0];
   } else {

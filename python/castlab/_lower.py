@@ -643,6 +643,9 @@ class Lowering:
                 while cols % ovs:
                     ovs //= 2
             return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
+        if order == "triton":
+            isz = node.attrs.get("elem_bytes", src.bits // 8)
+            return (kind, ORDER_CODE[order], *triton_config(node.attrs.get("algo"), n, isz))
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
 
     def _moments_spec(self, node: Node, kind: int, order: str, layout: tuple) -> tuple:
@@ -870,15 +873,68 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
     return (False, st[fastest] == 1, cols)
 
 
+# -- Inductor's Triton reductions --------------------------------------------------
+#: (algo, row length, loaded element bytes) -> (R0_BLOCK, per thread, lanes, warps): a
+#: configuration to use instead of triton_config's (a test or a study of another
+#: autotuning outcome sets it).
+TRITON_CONFIGS: dict = {}
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def triton_config(algo: str | None, n: int, isz: int) -> tuple:
+    """The tile of Inductor's Triton kernel for a row of `n` elements loaded as `isz`-byte
+    values: (R0_BLOCK, contiguous elements per thread, lanes, warps) along the row, as
+    torch 2.11's Inductor with Triton 3.6 chose them on an H200 (its heuristics, then its
+    autotuning by time: another GPU or version may pick other tiles, and so another order;
+    ``TRITON_CONFIGS`` overrides). Each thread holds up to 16 bytes of contiguous elements
+    (Triton's coalescing), fewer when the tile has fewer.
+
+    softmax: rows up to 4096 elements are one tile of the next power of two, on 2 warps
+    with several rows per block up to 128 elements, else 8 warps, 16 from 8 KiB per tile
+    (measured: bit for bit equal to torch.compile at 32 to 4096 elements, bf16, fp16 and
+    fp32, except where Inductor autotuned to two tiles); longer rows loop over tiles of
+    4096 (not measured). Other sums (RMSNorm's): rows up to 1024 elements are one tile on
+    1 warp (``triton_per_``); longer rows loop over tiles of 4096 (16-bit rows of a
+    multiple of 4096) or 2048 elements on 16 warps (``triton_red_``)."""
+    key = (algo, n, isz)
+    if key in TRITON_CONFIGS:
+        return tuple(TRITON_CONFIGS[key])
+    per16 = max(1, 16 // isz)
+    if algo == "softmax":
+        r = _pow2_at_least(max(n, 1)) if n <= 4096 else 4096
+        if r <= 64:
+            xblock, warps = 128, 2
+        elif r <= 128:
+            xblock, warps = 8, 2
+        else:
+            xblock, warps = 1, 16 if r * isz >= 8192 else 8
+    elif n <= 1024:
+        r, xblock, warps = _pow2_at_least(max(n, 1)), 1, 1
+    else:
+        r = 4096 if (isz == 2 and n % 4096 == 0) else 2048
+        xblock, warps = 1, 16
+    per = max(1, min(per16, r, r * xblock // (32 * warps)))
+    lanes = max(1, min(32, r // per))
+    wr = max(1, min(warps, r // (per * lanes)))
+    return (r, per, lanes, wr)
+
+
 # -- row steps: reductions fused with their prologues and epilogue ----------------
 #: Fuse reductions with their prologue and epilogue (row steps): "auto" where it was
 #: measured faster (on a GPU, runs whose sums are in NumPy's pairwise order and max/min:
 #: benchmarks/RESULTS.md), True always, False never (tests check that fusing changes no
 #: bit; benchmarks measure what it gains).
 FUSE_ROWS: bool | str = "auto"
-_FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu")}
+_FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")}
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
-_FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"]}, REDUCE_OPS["amax"]: _FAST_ROW_MAX,
+_FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
+             REDUCE_OPS["amax"]: _FAST_ROW_MAX,
              REDUCE_OPS["amin"]: _FAST_ROW_MAX}
 
 def _rows_strides(t, rows: int, n: int) -> tuple | None:
@@ -1061,7 +1117,12 @@ class ProgramBuilder:
 
     def elide_final_round(self, reg: int, out: Leaf) -> int:
         """A deterministic rounding to the output's own dtype right before the store is
-        done by the store itself: skip the separate step (same bits, less work)."""
+        done by the store itself: skip the separate step (same bits, less work). A value
+        stored to several outputs (a function returning it twice) is elided once and every
+        store rounds it."""
+        elided = self.__dict__.setdefault("_elided", {})
+        if reg in elided:
+            return elided[reg]
         ins = next((i for i in self.code if i.dst == reg), None)
         if (ins is None or ins.op != K_ROUND or ins.mode == ROUND_MODES["stochastic"]
                 or ins.dtype != _dtype_code(out.t)):
@@ -1074,6 +1135,7 @@ class ProgramBuilder:
         d = self._round_of.get(reg)
         if d is not None:
             d.round_elided = True
+        elided[reg] = ins.a
         return ins.a
 
     def new(self) -> int:

@@ -377,7 +377,8 @@ def rms_norm(x: TensorLike, normalized_shape: int | Sequence[int], weight: Tenso
 
     def body(p, pw=None):
         h = p if p.dtype is float64 else ops.astype(p, float32)
-        ms = _reduce("sum", h * h, dims, True) / float(n)
+        ms = _reduce("sum", h * h, dims, True,
+                     attrs={"algo": "rms_norm", "elem_bytes": in_dt.bits // 8}) / float(n)
         r = ops.rsqrt(ms + e)
         hn = h * r
         if pw is None:

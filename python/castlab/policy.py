@@ -439,8 +439,10 @@ class Math:
             norms built on it): "torch" (PyTorch's own kernel for the device: "torch_cuda"
             on a GPU, "torch_cpu" on the CPU), "torch_cuda" (ATen's CUDA reduction
             kernels: Reduce.cuh's launch configuration for the shape, SoftMax.cu's warp
-            and block sums), "torch_cpu" (ATen's vectorised cascade sum), "pairwise"
-            (NumPy's pairwise summation) or "sequential". Every order runs on both devices
+            and block sums), "torch_cpu" (ATen's vectorised cascade sum), "triton"
+            (Inductor's Triton reductions, ``tl.sum`` over the tile torch 2.11 picked on an
+            H200: _lower.triton_config; the inductor preset's order), "pairwise" (NumPy's
+            pairwise summation) or "sequential". Every order runs on both devices
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
         cpu_isa: the build of PyTorch's CPU kernels the "torch_cpu" order follows where it
@@ -553,7 +555,7 @@ class Math:
                 or not _onednn.gelu_calls_onednn(dtype)):
             return ""
         form = _onednn.gelu_path().form
-        # bf16 below AVX512 (avx2_vnni_2's vcvtneps2bf16) is not modelled
+        # bf16/fp16 below AVX512 (avx2_vnni_2's vcvtneps2bf16 / vcvtps2ph) is not modelled
         return form if form == "avx512" or (form == "avx2" and dtype == "float32") else ""
 
     def _onednn_gelu_bits(self, op: str, dtype: str | None, cuda: bool, kernel: bool) -> int:
@@ -750,8 +752,11 @@ _PRESETS = {
                         reduction="torch"),
     # torch.compile / Inductor (Triton): silu = x / (1 + libdevice.exp(-x)) with `/` as
     # div.full.f32, tl.sigmoid with ex2.approx, FMA contraction on.
+    # Its reductions: the Triton kernels' tl.sum order. torch.compile also drops a
+    # down-cast followed by an up-cast inside a kernel (config.emulate_precision_casts is
+    # off by default): compare it with Policy("fused", round_casts=False).
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
-                     division="approx"),
+                     division="approx", reduction="triton"),
     # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
     "nvfuser": Math("nvfuser", impl="cuda", fma=True, silu="mul_sigmoid"),
     # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.
