@@ -670,3 +670,19 @@ def test_trace_prints_the_recorded_cuda_quirks_and_fma():
                if d.op == "mul")
     assert mul.fma_into is not None and f"fma-contracted with t{mul.index}" in t
     assert "div_true_kernel_cuda" not in t
+
+
+def test_a_value_returned_twice_fills_both_outputs():
+    """A jit function returning one value twice (castlab.torch's region backward does:
+    the gradient of a residual add) writes it to both outputs under every policy. Before
+    the fix the eager policy's 16-bit result left the second output unwritten (zeros):
+    the final rounding was folded into the first output's store only."""
+    for dt in (cl.float32, cl.bfloat16, cl.float16):
+        x = cl.randn(4, 8, seed=0, dtype=dt)
+        f = cl.jit(lambda x: (lambda y: (y, y, y * 3))(x * 2 + 1))
+        g = cl.jit(lambda x: (lambda r: (r, r))(cl.sum(x, -1)))
+        for pol in ("eager", "fused", "fp64"):
+            a, b, _ = f.run(x, policy=pol)
+            assert a.tolist() == b.tolist() and any(v != 0 for v in a.reshape(-1).tolist())
+            r0, r1 = g.run(x, policy=pol)
+            assert r0.tolist() == r1.tolist()

@@ -15,8 +15,10 @@ created last first), in the value's dtype (rounded after each add under eager).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import threading
 from typing import Any
 
 from . import _C, _reduce, ops
@@ -35,6 +37,27 @@ __all__ = ["backward", "rule_text", "differentiable_ops"]
 def _sgn(x):
     """sign(x) in x's dtype, as torch.sgn for real x: +0 at +-0 and at NaN."""
     return ops.where(ops.gt(x, 0), 1.0, ops.where(ops.lt(x, 0), -1.0, 0.0)).astype(x.dtype)
+
+
+class _Wide(threading.local):
+    on = False
+
+
+#: float64 cotangents for outputs of any floating dtype (castlab.torch's fp64 reference
+#: backward: its values are float64 whatever the nominal dtype); see wide_cotangents.
+_WIDE = _Wide()
+
+
+@contextlib.contextmanager
+def wide_cotangents():
+    """Within: a float64 cotangent is accepted for an output of any floating dtype (the
+    backward then computes from it in float64)."""
+    prev = _WIDE.on
+    _WIDE.on = True
+    try:
+        yield
+    finally:
+        _WIDE.on = prev
 
 
 def _zeros(shape, dt, device):
@@ -217,6 +240,10 @@ def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: 
                 if id(m) not in final:
                     m.attrs["kernel_inner"] = True
         return outs
+    if op in ("sum", "amax", "amin"):
+        return [_reduce_backward(n, g, proxies)]
+    if op == "rms_scale":
+        return _rms_scale_backward(n, g, proxies, want)
     if op == "cat":
         d = n.attrs["dim"]
         out, o = [], 0
@@ -226,6 +253,52 @@ def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: 
             o += s
         return out
     return [_view_backward(n, g)]
+
+
+def _reduce_backward(n: Node, g: Proxy, proxies: dict):
+    """sum: the gradient broadcast back over the reduced dims (autograd's sum_backward;
+    mean's division by n is its own node). amax/amin: split evenly among the elements
+    equal to the result (autograd's scale_grad_by_count). The max softmax and log_softmax
+    subtract gets none: their result does not depend on it, and PyTorch's softmax
+    backward has no such term."""
+    x = n.inputs[0]
+    dims = tuple(sorted(n.attrs["dims"]))
+    shape = tuple(x.shape)
+    if n.op != "sum" and n.attrs.get("algo") == "softmax":
+        return _zeros(shape, x.dtype, x.device)
+    gg, yy = g, _value(n, proxies)
+    if not n.attrs.get("keepdim"):
+        for d in dims:
+            gg, yy = ops.unsqueeze(gg, d), ops.unsqueeze(yy, d)
+    if n.op == "sum":
+        out = ops.expand(gg, shape)
+    else:
+        mask = ops.astype(ops.eq(_value(x, proxies), yy), gg.dtype)
+        out = (gg / _reduce.sum(mask, dims, keepdim=True)) * mask
+    return out.astype(x.dtype) if out.dtype is not x.dtype else out
+
+
+def _rms_scale_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> list:
+    """castlab.rms_norm's last step (the normalised fp32 value h and the weight w), by its
+    cast placement: "hf" is ``w * h.to(x.dtype)`` (two PyTorch ops: the cast's and the
+    product's gradients), "te" ``(h * w.float()).to(out)``."""
+    h, w = n.inputs
+    cast = n.attrs.get("cast")
+    if cast is None:
+        raise GradError("rms_norm with cast=None has no derivative (Math.rms_norm decides "
+                        "its cast when the graph runs): pass cast='hf' or 'te'")
+    hp, wp = _value(h, proxies), _value(w, proxies)
+    if cast == "hf":
+        a = ops.astype(hp, n.attrs["in_dtype"])
+        dh = ops.astype(g * wp, h.dtype) if want[0] else None
+        dw = _sum_to(g * a, tuple(w.shape)) if want[1] else None
+    else:
+        gf = ops.astype(g, h.dtype)
+        dh = gf * ops.astype(wp, h.dtype) if want[0] else None
+        dw = _sum_to(gf * hp, tuple(w.shape)) if want[1] else None
+    if dw is not None and dw.dtype is not w.dtype:
+        dw = ops.astype(dw, w.dtype)
+    return [dh, dw]
 
 
 def _view_backward(n: Node, g: Proxy):
@@ -327,7 +400,7 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
         if tuple(c.shape) != tuple(o.shape):
             raise GradError(f"cotangent {cot_names[k]} has shape {list(c.shape)} but output "
                             f"{k} has shape {list(o.shape)}")
-        if c.dtype is not o.dtype:
+        if c.dtype is not o.dtype and not (_WIDE.on and c.dtype.name == "float64"):
             raise GradError(f"cotangent {cot_names[k]} has dtype {c.dtype.name} but output "
                             f"{k} has dtype {o.dtype.name}")
         if c.device != o.device:

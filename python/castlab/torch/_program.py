@@ -29,6 +29,7 @@ and keeps explicit casts exact), so the whole model has an fp64 reference.
 from __future__ import annotations
 
 import collections
+import contextlib
 import operator
 import os
 import warnings
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .. import _graph
+from .. import _autodiff, _creation, _graph
 from .. import numerics as _nm
 from .._dlpack import from_dlpack, from_torch_tracked
 from .._jit import JitFunction
@@ -412,6 +413,7 @@ class CapturedModel:
         self.nodes = list(self.graph.nodes)
         sig = ep.graph_signature
         self._consts: dict = {}
+        self._const_target: dict = {}  # placeholder name -> parameter/buffer name
         self._user: list = []  # placeholder names of the user inputs, in flat order
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
         for n, spec in zip(placeholders, sig.input_specs):
@@ -419,6 +421,7 @@ class CapturedModel:
             if kind == "USER_INPUT":
                 self._user.append(n.name)
             elif kind in ("PARAMETER", "BUFFER"):
+                self._const_target[n.name] = spec.target
                 v = ep.state_dict.get(spec.target)
                 if v is None:
                     v = ep.constants[spec.target]
@@ -584,6 +587,178 @@ class CapturedModel:
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.run(*inputs, kwargs=kwargs or None)
+
+    # -- gradients -----------------------------------------------------------------
+    def vjp(self, *inputs: Any, policy: Any = None, math: Any = None,
+            kwargs: dict | None = None) -> tuple:
+        """Run the captured forward and return ``(outputs, pullback)``, as ``jax.vjp``.
+        ``pullback(*cotangents, wrt="inputs")`` takes one cotangent per output (PyTorch
+        tensors in the outputs' structure; None for an output that does not matter) and
+        returns the gradient of each user input in flat order (None for one that is not
+        a floating tensor); ``wrt="parameters"`` returns ``{parameter or buffer name:
+        gradient}``, ``wrt="all"`` both. Each castlab region's backward is castlab's
+        (``castlab.jit.vjp``: its rules, under `policy` and `math`: eager rounds after
+        every backward op as PyTorch eager's autograd does); each external node's is
+        PyTorch's autograd of that ATen op, in the dtype it ran in (float64 under
+        ``"fp64"``). A value used by several nodes sums their gradients in its dtype, as
+        autograd accumulates.
+
+        >>> import torch, castlab.torch as ct
+        >>> x, w = torch.randn(4, 8), torch.randn(8, 8)
+        >>> m = ct.capture(lambda x, w: torch.nn.functional.silu(x @ w), x, w)
+        >>> y, pullback = m.vjp(x, w, policy="eager")
+        >>> dx, dw = pullback(torch.ones_like(y))
+        >>> dw.shape
+        torch.Size([8, 8])
+        """
+        pol = self.policy if policy is None else as_policy(policy)
+        mth = self.math if math is None else as_math(math)
+        flat = self._flat_inputs(inputs, kwargs)
+        with torch.no_grad():
+            run = self.execute(flat, pol, mth)
+        outs = self.outputs(run)
+
+        def pullback(*cotangents: Any, wrt: str = "inputs") -> Any:
+            if wrt not in ("inputs", "parameters", "all"):
+                raise ValueError(f"pullback: wrt must be 'inputs', 'parameters' or 'all', "
+                                 f"not {wrt!r}")
+            grads = self._backward(run, cotangents)
+            gi = tuple(grads.get(name) if isinstance(v, torch.Tensor) and v.is_floating_point()
+                       else None for name, v in zip(self._user, flat))
+            gp = {self._const_target[name]: grads[name] for name in self._consts
+                  if name in grads and name in self._const_target}
+            return gi if wrt == "inputs" else gp if wrt == "parameters" else (gi, gp)
+
+        return outs, pullback
+
+    def backward(self, *inputs: Any, grad_outputs: Any, policy: Any = None, math: Any = None,
+                 wrt: str = "inputs", kwargs: dict | None = None) -> Any:
+        """The gradients for the output cotangents `grad_outputs` (see :meth:`vjp`), as
+        ``torch.autograd.grad(outputs, inputs, grad_outputs)``.
+
+        >>> import torch, castlab.torch as ct
+        >>> x = torch.linspace(-2, 2, 8)
+        >>> m = ct.capture(lambda x: torch.tanh(x) * x, x)
+        >>> (dx,) = m.backward(x, grad_outputs=torch.ones(8), policy="eager")
+        >>> torch.allclose(dx, torch.func.grad(lambda v: (torch.tanh(v) * v).sum())(x))
+        True
+        """
+        _, pullback = self.vjp(*inputs, policy=policy, math=math, kwargs=kwargs)
+        cots = grad_outputs if isinstance(grad_outputs, tuple) else (grad_outputs,)
+        return pullback(*cots, wrt=wrt)
+
+    def _backward(self, run: Run, cotangents: tuple) -> dict:
+        """FX node name -> gradient, from the outputs' cotangents back through the
+        segments in reverse."""
+        leaves = pytree.tree_leaves(self._output_node.args[0])
+        cts = pytree.tree_leaves(cotangents, is_leaf=lambda c: c is None)
+        if len(cts) != len(leaves):
+            raise TypeError(f"{self.name}: pullback takes one cotangent per output "
+                            f"({len(leaves)} in flat order), got {len(cts)}")
+        grad: dict = {}
+
+        def add(name: str, g: Any) -> None:
+            if g is None:
+                return
+            grad[name] = g if name not in grad else grad[name] + g
+
+        for a, c in zip(leaves, cts):
+            if isinstance(a, torch.fx.Node) and c is not None:
+                v = run.env[a.name]
+                if not isinstance(c, torch.Tensor) or c.shape != v.shape:
+                    raise ValueError(f"{self.name}: the cotangent of output {a.name} must be "
+                                     f"a tensor of shape {list(v.shape)}")
+                add(a.name, c.to(dtype=v.dtype, device=v.device))
+        f64 = run.policy.name == "fp64"
+        for k in range(len(self.segments) - 1, -1, -1):
+            seg = self.segments[k]
+            if seg.kind == "region":
+                self._region_backward(k, seg, run, grad, add)
+                continue
+            (n,) = seg.nodes
+            g = grad.pop(n.name, None)
+            if g is None:
+                continue
+            if n.target is operator.getitem:
+                src, i = n.args[0], n.args[1]
+                if isinstance(src, torch.fx.Node):
+                    parts = grad.setdefault(src.name, [None] * len(run.env[src.name]))
+                    parts[i] = g if parts[i] is None else parts[i] + g
+                continue
+            self._external_backward(n, run, g, add, f64)
+        return grad
+
+    def _region_backward(self, k: int, seg: Segment, run: Run, grad: dict, add) -> None:
+        gs = [grad.pop(o.name, None) for o in seg.outputs]
+        if all(g is None for g in gs):
+            return
+        xs = run.region_inputs[k]
+        idx = tuple(i for i, x in enumerate(xs) if x.dtype.is_floating_point)
+        if not idx:
+            return
+        fn, keep = self._float_region(seg)
+        outs, pb = fn.vjp(*xs, argnums=idx, policy=run.policy, math=run.math)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        f64 = run.policy.name == "fp64"
+        cts = []
+        for g, o in zip([g for g, kp in zip(gs, keep) if kp], outs):
+            if g is None:
+                cts.append(_creation.zeros_like(o))
+            else:  # under fp64 the cotangent keeps its float64 values
+                dt = torch.float64 if f64 else _to_torch(o).dtype
+                cts.append(_to_castlab(g.to(dt).contiguous()))
+        with _autodiff.wide_cotangents() if f64 else contextlib.nullcontext():
+            got = pb(*cts)
+        for i, gx in zip(idx, got):
+            add(seg.inputs[i].name, _to_torch(gx))
+
+    def _float_region(self, seg: Segment) -> tuple:
+        """(jit, keep): the region's function returning only its floating outputs (the
+        ones that have gradients), and which of its outputs those are."""
+        keep = [isinstance(o.meta.get("val"), torch.Tensor) and o.meta["val"].is_floating_point()
+                for o in seg.outputs]
+        if all(keep):
+            return seg.jit, keep
+        if getattr(seg, "float_jit", None) is None:
+            inner = seg.jit.fn
+
+            def floats(*xs):
+                outs = inner(*xs)
+                outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+                return tuple(o for o, kp in zip(outs, keep) if kp)
+            seg.float_jit = JitFunction(floats)
+        return seg.float_jit, keep
+
+    def _external_backward(self, n, run: Run, g: Any, add, f64: bool) -> None:
+        src = self._wide_consts(n, run.env) if f64 else run.env
+        req: dict = {}
+        for a in _arg_nodes(n):
+            v = src[a.name]
+            if a.name in req or not isinstance(v, torch.Tensor) or not v.is_floating_point():
+                continue
+            req[a.name] = (_widen(v) if f64 else v).detach().requires_grad_(True)
+        if not req:
+            return
+        env = collections.ChainMap(req, src)
+        args, kwargs = _subst((list(n.args), dict(n.kwargs)), env)
+        if f64:
+            args, kwargs = pytree.tree_map(
+                lambda v: _widen(v) if not (isinstance(v, torch.Tensor) and v.requires_grad)
+                else v, (args, kwargs))
+        with torch.enable_grad():
+            out = n.target(*args, **kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        gs = list(g) if isinstance(g, list) else [g]
+        pairs = [(o, c) for o, c in zip(outs, gs) if c is not None and isinstance(o, torch.Tensor)
+                 and o.requires_grad]
+        if not pairs:
+            return
+        names = list(req)
+        got = torch.autograd.grad([o for o, _ in pairs], [req[m] for m in names],
+                                  [c.to(o.dtype) for o, c in pairs], allow_unused=True)
+        for m, gx in zip(names, got):
+            if gx is not None:
+                add(m, gx.to(run.env[m].dtype) if not f64 else gx)
 
     # -- inspection ----------------------------------------------------------------
     def externals(self) -> list:
