@@ -637,3 +637,22 @@ def test_vjp_of_captured_qwen2_parameters_bf16_equal_torch_autograd():
     assert compared > 26_000
     assert {"model.layers.0.mlp.gate_proj.weight", "model.layers.0.input_layernorm.weight",
             "model.embed_tokens.weight"} <= set(grads)
+
+
+def test_explain_a_node_of_a_captured_model():
+    """CapturedModel.explain: one element of a value a castlab region hands on (the
+    Qwen2 MLP's silu*up product), under eager and fused, on the region's eager inputs;
+    a node inside a region that hands nothing on is refused with the names it does."""
+    m, ids = _qwen2(torch.bfloat16)
+    cm = ct.capture(m, ids, kwargs=KW)
+    seg = next(s for s in cm.segments if s.kind == "region"
+               and any(n.target is torch.ops.aten.silu.default for n in s.nodes))
+    node = seg.outputs[0].name
+    e = cm.explain(node, (0, 3, 5), ids, kwargs=KW)
+    assert [o.label for o in e.outcomes] == ["eager/torch_eager", "fused/torch_eager"]
+    assert "exact (fp64 reference)" in str(e)
+    inner = next((n.name for n in seg.nodes if n.name not in {o.name for o in seg.outputs}),
+                 None)
+    if inner is not None:
+        with pytest.raises(ValueError, match="hands on"):
+            cm.explain(inner, (0, 3, 5), ids, kwargs=KW)

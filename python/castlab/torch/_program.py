@@ -852,6 +852,33 @@ class CapturedModel:
                          + (f"an {where} node, not in a castlab region" if where else
                             "not an op node of the captured graph"))
 
+    def explain(self, node: str, index: Any, *inputs: Any, policies: Any = ("eager", "fused"),
+                maths: Any = None, kwargs: dict | None = None) -> Any:
+        """castlab.numerics.explain of element `index` of FX node `node` (a value a castlab
+        region hands on: a name from ``trace()`` or ``drift``): its exact value, the
+        rounding of each policy/math and every region node's value there. The region's
+        inputs are the ones an eager run gives it, the same for every configuration, so
+        the differences are the region's own.
+
+        >>> import torch, castlab.torch as ct
+        >>> x = torch.linspace(-3, 3, 64).to(torch.bfloat16).reshape(8, 8)
+        >>> f = ct.capture(lambda a: torch.nn.functional.silu(a) * a, x)
+        >>> e = f.explain("mul", (0, 3), x)
+        >>> [o.label for o in e.outcomes]
+        ['eager/torch_eager', 'fused/torch_eager']
+        """
+        seg = next((sg for sg in self.segments if sg.kind == "region"
+                    and any(n.name == node for n in sg.nodes)), None)
+        jit, args = self.region(node, *inputs, policy="eager", kwargs=kwargs)
+        outs = [o.name for o in seg.outputs]
+        if node not in outs:
+            raise ValueError(f"{self.name}: node {node!r} is inside a castlab region but not "
+                             f"one of the values it hands on ({', '.join(outs)}); explain one "
+                             "of those")
+        mth = (self.math.name,) if maths is None else maths
+        return _nm.explain(jit, args, index, policies=policies, maths=mth,
+                           output=outs.index(node))
+
     def compare(self, *inputs: Any, configs: Any = ("eager", "fused/inductor"),
                 kwargs: dict | None = None, output: int = 0) -> Any:
         """castlab.numerics.compare of floating output number `output` (in flat order)
