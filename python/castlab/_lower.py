@@ -881,10 +881,7 @@ TRITON_CONFIGS: dict = {}
 
 
 def _pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def triton_config(algo: str | None, n: int, isz: int) -> tuple:
@@ -1114,15 +1111,15 @@ class ProgramBuilder:
         self._conv: dict = {}
         self._uses: dict = {}
         self._round_of: dict = {}   # register of an inserted rounding -> its Decision
+        self._elided: dict = {}     # rounding register -> the value its output store rounds
 
     def elide_final_round(self, reg: int, out: Leaf) -> int:
         """A deterministic rounding to the output's own dtype right before the store is
         done by the store itself: skip the separate step (same bits, less work). A value
         stored to several outputs (a function returning it twice) is elided once and every
         store rounds it."""
-        elided = self.__dict__.setdefault("_elided", {})
-        if reg in elided:
-            return elided[reg]
+        if reg in self._elided:
+            return self._elided[reg]
         ins = next((i for i in self.code if i.dst == reg), None)
         if (ins is None or ins.op != K_ROUND or ins.mode == ROUND_MODES["stochastic"]
                 or ins.dtype != _dtype_code(out.t)):
@@ -1135,7 +1132,7 @@ class ProgramBuilder:
         d = self._round_of.get(reg)
         if d is not None:
             d.round_elided = True
-        elided[reg] = ins.a
+        self._elided[reg] = ins.a
         return ins.a
 
     def new(self) -> int:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .. import _autodiff, _creation, _graph
+from .. import _autodiff, _graph
 from .. import numerics as _nm
 from .._dlpack import from_dlpack, from_torch_tracked
 from .._jit import JitFunction
@@ -697,18 +697,18 @@ class CapturedModel:
         if not idx:
             return
         fn, keep = self._float_region(seg)
-        outs, pb = fn.vjp(*xs, argnums=idx, policy=run.policy, math=run.math)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         f64 = run.policy.name == "fp64"
         cts = []
-        for g, o in zip([g for g, kp in zip(gs, keep) if kp], outs):
-            if g is None:
-                cts.append(_creation.zeros_like(o))
-            else:  # under fp64 the cotangent keeps its float64 values
-                dt = torch.float64 if f64 else _to_torch(o).dtype
-                cts.append(_to_castlab(g.to(dt).contiguous()))
+        for g, o, kp in zip(gs, seg.outputs, keep):
+            if not kp:
+                continue
+            v = run.env[o.name]  # the output's value: its shape, and its dtype but under fp64
+            dt = torch.float64 if f64 else v.dtype  # (there the cotangent stays float64)
+            c = torch.zeros(v.shape, dtype=dt, device=v.device) if g is None else g.to(dt)
+            cts.append(_to_castlab(c.contiguous()))
+        bwd = fn.backward_fn(len(xs), idx)
         with _autodiff.wide_cotangents() if f64 else contextlib.nullcontext():
-            got = pb(*cts)
+            got = bwd.run(*xs, *cts, policy=run.policy, math=run.math)
         for i, gx in zip(idx, got):
             add(seg.inputs[i].name, _to_torch(gx))
 
@@ -757,8 +757,7 @@ class CapturedModel:
         got = torch.autograd.grad([o for o, _ in pairs], [req[m] for m in names],
                                   [c.to(o.dtype) for o, c in pairs], allow_unused=True)
         for m, gx in zip(names, got):
-            if gx is not None:
-                add(m, gx.to(run.env[m].dtype) if not f64 else gx)
+            add(m, gx)  # in its leaf's dtype: the value's, or float64 under fp64
 
     # -- inspection ----------------------------------------------------------------
     def externals(self) -> list:
