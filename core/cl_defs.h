@@ -93,6 +93,15 @@ CL_HD double fma_d(double a, double b, double c) {
 #endif
 }
 
+// Rounding toward zero to an integer (exact).
+CL_HD double trunc_d(double x) {
+#if defined(__CUDA_ARCH__)
+  return trunc(x);
+#else
+  return std::trunc(x);
+#endif
+}
+
 CL_HD bool isnan_f(float x) { return x != x; }
 CL_HD bool isnan_d(double x) { return x != x; }
 

@@ -200,7 +200,8 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
     parts.assign(static_cast<size_t>(nblocks), Partial{});
     const double* rv = static_cast<const double*>(ref_out.data_ptr());
     parallel_for(nblocks, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<double> xv(static_cast<size_t>(nc));
+      std::vector<uint32_t> xbits(static_cast<size_t>(nc));
+      std::vector<char> xnan(static_cast<size_t>(nc));
       for (int64_t blk = b0; blk < b1; ++blk) {
         Partial& p = parts[blk];
         p.configs.assign(nc, ConfigStats{});
@@ -208,21 +209,21 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
         const int64_t lo = blk * kStatBlock, hi = std::min(n, lo + kStatBlock);
         for (int64_t i = lo; i < hi; ++i) {
           const uint64_t idx = start + static_cast<uint64_t>(i);
-          const double r = rv[i];
-          const uint32_t crbits = round_f64_to_bits(r, oc, kNearestEven, true, 0);
-          const double tie_d = ex_midpoint_distance(r, f);
+          const ExRef R = ex_ref(rv[i], f);
+          const double tie_d = ex_midpoint_distance(R, f);
           const bool tie = tie_d == 0.0;
           p.ties += tie;
           p.near_ties += ex_near_midpoint(tie_d, f);
           for (int c = 0; c < nc; ++c) {
             const uint32_t xb = load_bits(outs[c].data_ptr(), i, f.bits);
-            const double x = bits_to_f64(xb, oc);
-            xv[c] = x;
+            const double x = ex_value(xb, oc);
+            xbits[c] = xb;
+            xnan[c] = isnan_d(x);
             ConfigStats& s = p.configs[c];
-            const int cat = ex_category(xb, x, r, crbits, f);
+            double e;
+            const int cat = ex_classify(xb, x, R, f, &e);
             ++s.count[cat];
             if (cat == kExNanMismatch) continue;
-            const double e = ex_ulp_error(x, r, f);
             ++s.hist[ex_hist_bin(e)];
             if (e > s.max_error) {
               s.max_error = e;
@@ -232,7 +233,7 @@ ExhaustiveResult exhaustive_cpu(const ExhaustiveSpec& spec,
           size_t q = 0;
           for (int a = 0; a < nc; ++a)
             for (int b = a + 1; b < nc; ++b, ++q) {
-              if (!ex_differ(xv[a], xv[b])) continue;
+              if (!ex_differ_bits(xbits[a], xbits[b], xnan[a], xnan[b], f)) continue;
               PairStats& ps = p.pairs[q];
               ++ps.differ;
               ps.differ_at_ties += tie;

@@ -382,15 +382,20 @@ static const unsigned long long tables[] = {%(tables)s};
 int main() {
   const cl::ExFormat F = cl::ex_format(%(oc)d);
   unsigned long long cnt[%(nc)d][cl::kExCategories] = {}, ties = 0, near = 0, differ[%(np)d] = {};
+%(hoisted)s
   for (unsigned long long idx = 0; idx < %(total)dull; ++idx) {
 %(body)s
-    const unsigned int crbits = cl::round_f64_to_bits(r, %(oc)d, 0, true, 0u);
-    const double tie_d = cl::ex_midpoint_distance(r, F);
+    double xv[%(nc)d];
+    for (int c = 0; c < %(nc)d; ++c) xv[c] = cl::ex_value(xb[c], %(oc)d);
+    const cl::ExRef R = cl::ex_ref(r, F);
+    const double tie_d = cl::ex_midpoint_distance(R, F);
     ties += tie_d == 0.0;
     near += cl::ex_near_midpoint(tie_d, F);
-    for (int c = 0; c < %(nc)d; ++c) cnt[c][cl::ex_category(xb[c], xv[c], r, crbits, F)]++;
+    double e;
+    for (int c = 0; c < %(nc)d; ++c) cnt[c][cl::ex_classify(xb[c], xv[c], R, F, &e)]++;
     for (int a = 0, q = 0; a < %(nc)d; ++a)
-      for (int b = a + 1; b < %(nc)d; ++b, ++q) differ[q] += cl::ex_differ(xv[a], xv[b]);
+      for (int b = a + 1; b < %(nc)d; ++b, ++q)
+        differ[q] += cl::ex_differ_bits(xb[a], xb[b], cl::isnan_d(xv[a]), cl::isnan_d(xv[b]), F);
   }
   printf("%%llu %%llu", ties, near);
   for (int c = 0; c < %(nc)d; ++c)
@@ -415,14 +420,15 @@ def test_gpu_kernel_per_element_code_compiled_for_the_host_equals_the_cpu(config
     if cxx is None:
         pytest.skip("no host C++ compiler")
     src = _kernel_source(swiglu, enums, configs, first_k=1)
-    body = src[src.index("    unsigned long long rest = idx;"):src.index("    const unsigned int crbits")]
+    body = src[src.index("    unsigned long long rest = idx;"):src.index("    const cl::ExRef R")]
+    hoisted = src[src.index("  // hoisted: begin"):src.index("  // hoisted: end")]
     nc = len(configs)
     words, _ = cl._C._exhaustive_cuda_tables([e._spec() for e in enums])
     oc = int(re.search(r"cl::ex_format\((\d+)\)", src).group(1))
     total = int(np.prod([len(e) for e in enums]))
     (tmp_path / "k.cpp").write_text(HOST_KERNEL % {
         "tables": ",".join(f"{w}ull" for w in words), "oc": oc, "nc": nc,
-        "np": max(1, nc * (nc - 1) // 2), "total": total, "body": body})
+        "np": max(1, nc * (nc - 1) // 2), "total": total, "body": body, "hoisted": hoisted})
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # -ffp-contract=off: as NVRTC's --fmad=false, no fused multiply-adds
     subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
@@ -445,7 +451,7 @@ def test_gpu_kernel_compiles_with_nvrtc(case):
         pytest.skip(f"NVRTC not found: {e}")
     fn, inputs, configs, k = NVRTC_CASES[case]
     src = _kernel_source(fn, inputs, configs, first_k=k)
-    assert 'extern "C" __global__' in src and "cl::ex_category" in src
+    assert 'extern "C" __global__' in src and "cl::ex_classify" in src
     ok, log = cl._C._nvrtc_compile_check(src, arch, "cl_exhaustive")
     assert ok, log + "\n" + src
 
@@ -563,3 +569,48 @@ def test_labels_hold_against_the_exact_value_outside_near_ties():
     assert set(wrong) <= set(np.flatnonzero(near).tolist())
     # the caveat is real: some fp64-rounded labels are wrong (30 of 65,280 here), all near ties
     assert 0 < len(wrong) <= res.near_ties
+
+
+ROUND_CHECK = r"""
+#include "ops/scalar/exhaustive.h"
+extern "C" __global__ void k(const double* x, unsigned* bad, unsigned long long n, int code) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    if (cl::ex_round_nearest(x[i], code) != cl::round_f64_to_bits(x[i], code, 0, true, 0u))
+      atomicAdd(bad, 1u);
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+@pytest.mark.parametrize("dt", [cl.bfloat16, cl.float16])
+def test_gpu_hardware_rounding_of_the_reference_equals_castlabs(dt):
+    """The kernel rounds the fp64 reference with one conversion instruction on Hopper;
+    castlab's software conversion is the definition. Every value of the format, every
+    midpoint between neighbours, each +-1 and +-2 fp64 ulps, zeros, infinities, NaNs and
+    16M random doubles."""
+    cupy = pytest.importorskip("cupy")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mod = cupy.RawModule(code=ROUND_CHECK, options=("-I" + root, "--std=c++17"))
+    vals = np.arange(1 << 16, dtype=np.uint16).view(dt.numpy).astype(np.float64)
+    vals = vals[np.isfinite(vals)]
+    s = np.sort(np.unique(vals))
+    mids = (s[:-1] + s[1:]) / 2                   # exact in fp64 for 16-bit formats
+    top = float(ml_dtypes.finfo(dt.numpy).max)
+    ulp_top = top - float(s[-2])
+    base = np.concatenate([s, mids, [top + ulp_top / 2, top + ulp_top, np.inf, -np.inf,
+                                     np.nan, 0.0, -0.0, 5e-324]])
+    near = [base]
+    for k in (1, 2):
+        up, down = base.copy(), base.copy()
+        for _ in range(k):
+            up, down = np.nextafter(up, np.inf), np.nextafter(down, -np.inf)
+        near += [up, down]
+    rng = np.random.default_rng(23)
+    near.append(rng.integers(0, 2**64, 1 << 24, dtype=np.uint64).view(np.float64))
+    x = cupy.asarray(np.concatenate(near))
+    bad = cupy.zeros(1, dtype=cupy.uint32)
+    code = {cl.bfloat16: 3, cl.float16: 2}[dt]
+    mod.get_function("k")((1024,), (256,), (x, bad, np.uint64(x.size), np.int32(code)))
+    assert int(bad[0]) == 0

@@ -33,20 +33,13 @@ constexpr int kExHistBins = kExHistSpan + 3;
 
 // The output format's parameters the statistics need.
 struct ExFormat {
-  int code;  // DTypeCode of the results
-  int bits;  // storage bits (8, 16, 32 or 64)
-  int p;     // explicit mantissa bits
-  int emin;  // exponent of the smallest normal
+  int code;         // DTypeCode of the results
+  int bits;         // storage bits (8, 16, 32 or 64)
+  int p;            // explicit mantissa bits
+  int emin;         // exponent of the smallest normal
+  bool scale;       // 1/ulp is a normal double for every r (p - emin <= 1023: all but fp64)
+  double overflow;  // the largest finite value's midpoint with the next power of two
 };
-
-CL_HD ExFormat ex_format(int code) {
-  const FloatFormat f = format_of(code);
-  const int bits = code == kFloat64                          ? 64
-                   : code == kFloat32                        ? 32
-                   : (code == kFloat16 || code == kBFloat16) ? 16
-                                                             : 8;
-  return ExFormat{code, bits, f.mant_bits, 1 - f.bias};
-}
 
 CL_HD double ex_abs(double x) { return f64_from_bits(f64_bits(x) & 0x7FFFFFFFFFFFFFFFull); }
 // 2**e for -1074 <= e <= 1023, exactly (the fp64 format's ulps reach the subnormals)
@@ -62,13 +55,93 @@ CL_HD double ex_ulp(double r, const ExFormat& f) {
   return e > lo ? e : lo;
 }
 
+// 1 / ulp(r) = 2**(p - max(floor(log2|r|), emin)), exactly, for finite r where f.scale.
+CL_HD double ex_inv_ulp(double r, const ExFormat& f) {
+  const int e = (int)((f64_bits(r) >> 52) & 0x7FF) - 1023;
+  return ex_pow2(f.p - (e > f.emin ? e : f.emin));
+}
+
+// The factor that turns a difference into ulps of r (finite r): 1/ulp(r) where that is
+// a normal double (every format but fp64: f.scale), else ulp(r). A product with 1/ulp is
+// the quotient by ulp bit for bit (both round the same real v * 2**k once), and costs a
+// GPU a fraction of an IEEE division.
+CL_HD double ex_ulp_factor(double r, const ExFormat& f) {
+  return f.scale ? ex_inv_ulp(r, f) : ex_ulp(r, f);
+}
+CL_HD double ex_in_ulps(double v, double factor, const ExFormat& f) {
+  return f.scale ? v * factor : v / factor;
+}
+
+CL_HD ExFormat ex_format(int code) {
+  const FloatFormat ff = format_of(code);
+  const int bits = code == kFloat64                          ? 64
+                   : code == kFloat32                        ? 32
+                   : (code == kFloat16 || code == kBFloat16) ? 16
+                                                             : 8;
+  ExFormat f{code, bits, ff.mant_bits, 1 - ff.bias, false, 0.0};
+  f.scale = f.p - f.emin <= 1023;
+  const double mx = decode_magnitude(ff.max_bits, ff);
+  f.overflow = mx + 0.5 * ex_ulp(mx, f);
+  return f;
+}
+
+// The ulp error of x against r, given r's NaN and infinity tests and ulp factor (NaN when
+// exactly one of them is NaN).
+CL_HD double ex_error(double x, double r, bool rnan, bool rinf, double factor, const ExFormat& f) {
+  const bool xn = isnan_d(x);
+  if (xn || rnan) return xn && rnan ? 0.0 : f64_from_bits(0x7FF8000000000000ull);
+  if (rinf) return x == r ? 0.0 : f64_from_bits(0x7FF0000000000000ull);
+  return ex_in_ulps(ex_abs(x - r), factor, f);
+}
+
 // The ulp error of x against r (NaN when exactly one of them is NaN).
 CL_HD double ex_ulp_error(double x, double r, const ExFormat& f) {
-  const bool xn = isnan_d(x), rn = isnan_d(r);
-  if (xn || rn) return xn && rn ? 0.0 : f64_from_bits(0x7FF8000000000000ull);
-  const double inf = f64_from_bits(0x7FF0000000000000ull);
-  if (ex_abs(r) == inf) return x == r ? 0.0 : inf;
-  return ex_abs(x - r) / ex_ulp(r, f);
+  return ex_error(x, r, isnan_d(r), ex_abs(r) == f64_from_bits(0x7FF0000000000000ull),
+                  ex_ulp_factor(r, f), f);
+}
+
+// What the statistics of every configuration's result need from the reference r of one
+// input, computed once per input.
+struct ExRef {
+  double r;
+  uint32_t crbits;  // r correctly rounded to the format (nearest even, castlab's conversion)
+  bool nan, inf;    // r is NaN; r is infinite
+  double factor;    // ex_ulp_factor(r)
+};
+
+// round_f64_to_bits(r, code, kNearestEven, true, 0): on Hopper, one conversion instruction
+// for bf16 and fp16 (one rounding, subnormals kept, overflow to infinity), NaN made
+// castlab's. The GPU tests check the two against each other.
+CL_HD uint32_t ex_round_nearest(double r, int code) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (code == kBFloat16 || code == kFloat16) {
+    unsigned short h;
+    if (code == kBFloat16)
+      asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h) : "d"(r));
+    else
+      asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(r));
+    return isnan_d(r) ? format_of(code).nan_bits : (uint32_t)h;
+  }
+#endif
+  return round_f64_to_bits(r, code, kNearestEven, true, 0u);
+}
+
+CL_HD ExRef ex_ref(double r, const ExFormat& f) {
+  ExRef R;
+  R.r = r;
+  R.crbits = ex_round_nearest(r, f.code);
+  R.nan = isnan_d(r);
+  R.inf = ex_abs(r) == f64_from_bits(0x7FF0000000000000ull);
+  R.factor = ex_ulp_factor(r, f);
+  return R;
+}
+
+// The value of a result's encoding: bits_to_f64, through float where that is exact (for a
+// NaN: a NaN, whatever its payload; the statistics only ask whether it is one).
+CL_HD double ex_value(uint32_t bits, int code) {
+  if (code == kBFloat16) return (double)bf16_to_f32((uint16_t)bits);
+  if (code == kFloat32) return (double)f32_from_bits(bits);
+  return bits_to_f64(bits, code);
 }
 
 // The position of a (non-NaN) encoding in the ordered list of the format's values: the
@@ -79,13 +152,18 @@ CL_HD int64_t ex_ordinal(uint32_t bits, int nbits) {
   return (bits & sign) ? -mag : mag;
 }
 
-// The category of a result with encoding `xbits` (value x) against the reference r, whose
-// correctly rounded encoding is `crbits`.
-CL_HD int ex_category(uint32_t xbits, double x, double r, uint32_t crbits, const ExFormat& f) {
-  const bool xn = isnan_d(x), rn = isnan_d(r);
-  if (xn != rn) return kExNanMismatch;
-  if (xn || x == r) return kExExact;
-  int64_t d = ex_ordinal(xbits, f.bits) - ex_ordinal(crbits, f.bits);
+// The category of a result with encoding `xbits` (value x) against the reference R, and
+// its ulp error (*err; NaN for a NaN mismatch).
+CL_HD int ex_classify(uint32_t xbits, double x, const ExRef& R, const ExFormat& f, double* err) {
+  const bool xn = isnan_d(x);
+  *err = ex_error(x, R.r, R.nan, R.inf, R.factor, f);
+  if (xn != R.nan) return kExNanMismatch;
+  if (xn || x == R.r) return kExExact;
+  if (f.bits <= 16) {  // ordinals of 16-bit formats and their differences fit an int
+    const int d = (int)ex_ordinal(xbits, f.bits) - (int)ex_ordinal(R.crbits, f.bits);
+    return d == 0 ? kExRounded : (d == 1 || d == -1 ? kExOneUlp : kExFar);
+  }
+  int64_t d = ex_ordinal(xbits, f.bits) - ex_ordinal(R.crbits, f.bits);
   if (d < 0) d = -d;
   return d == 0 ? kExRounded : (d == 1 ? kExOneUlp : kExFar);
 }
@@ -104,21 +182,14 @@ CL_HD int ex_hist_bin(double e) {
 // in [0, 0.5]; 0 exactly on a midpoint. 0.5 for NaN, infinities, zero and values beyond
 // the largest finite value's midpoint with the next power of two (the overflow threshold
 // of round-to-nearest), which have no midpoint to break.
-CL_HD double ex_midpoint_distance(double r, const ExFormat& f) {
-  const double a = ex_abs(r);
-  if (isnan_d(a) || a == f64_from_bits(0x7FF0000000000000ull) || a == 0.0) return 0.5;
-  const FloatFormat ff = format_of(f.code);
-  const double mx = decode_magnitude(ff.max_bits, ff);
-  if (a > mx + 0.5 * ex_ulp(mx, f)) return 0.5;
-  const double q = a / ex_ulp(a, f);
-  if (q >= 9007199254740992.0) return 0.5;  // (q < 2**(p + 2) for every double)
-  const double d = q - (double)(uint64_t)q - 0.5;
+CL_HD double ex_midpoint_distance(const ExRef& R, const ExFormat& f) {
+  const double a = ex_abs(R.r);
+  if (R.nan || R.inf || a == 0.0 || a > f.overflow) return 0.5;
+  const double q = ex_in_ulps(a, R.factor, f);  // |r| has r's ulp
+  if (q >= 9007199254740992.0) return 0.5;      // (q < 2**(p + 2) for every double)
+  const double d = q - trunc_d(q) - 0.5;        // q >= 0, an integer part below 2**53
   return d < 0 ? -d : d;
 }
-
-// Whether r is exactly a midpoint of two consecutive values of the format (or of the
-// largest finite value and the next power of two), where round-to-nearest breaks a tie.
-CL_HD bool ex_is_midpoint(double r, const ExFormat& f) { return ex_midpoint_distance(r, f) == 0.0; }
 
 // Whether r lies so close to a midpoint (within 256 fp64 ulps: tie distance <= 2**(p - 44)
 // ulps of the format) that the fp64 reference's own error could put it on the wrong side:
@@ -129,5 +200,11 @@ CL_HD bool ex_near_midpoint(double tie_d, const ExFormat& f) { return tie_d <= e
 // Two results differ unless they are equal values or both NaN (the definition of
 // castlab.numerics.compare's mismatches: +0 and -0 do not differ).
 CL_HD bool ex_differ(double a, double b) { return !(a == b || (isnan_d(a) && isnan_d(b))); }
+// The same from their encodings in the format (one encoding per value but for the zeros
+// and the NaNs) and NaN tests: integer work instead of three fp64 comparisons.
+CL_HD bool ex_differ_bits(uint32_t a, uint32_t b, bool anan, bool bnan, const ExFormat& f) {
+  const uint32_t mag = (1u << (f.bits - 1)) - 1u;
+  return !(a == b || ((a | b) & mag) == 0u || (anan && bnan));
+}
 
 }  // namespace cl
