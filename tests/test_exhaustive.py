@@ -322,6 +322,14 @@ NVRTC_CASES = {
                               Enumeration.bits(cl.float16, 0, 16)], ["eager", "fused/portable"], 4),
     "float32 range": (lambda x: cl.tanh(x), [Enumeration.bits(cl.float32, 0x3F800000, 0x3F800100)],
                       ["fused/nvfuser", "eager/torch_eager"], 2),
+    # the most configurations the API takes (120 pairs: shared memory must still fit), and
+    # a product beyond 2**32 inputs (64-bit best indices)
+    "16 configs, 3 inputs": (lambda a, b, c: mixed3(a, b, c),
+                             [cl.bfloat16, cl.bfloat16, cl.float8_e4m3fn],
+                             [(p, m) for p in ("eager", "fused", cl.Policy("fused", round_casts=False),
+                                               cl.Policy("eager", round_casts=False))
+                              for m in ("torch_eager", "inductor", "nvfuser", "transformer_engine")],
+                             10),
 }
 
 

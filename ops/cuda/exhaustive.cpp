@@ -29,8 +29,9 @@ namespace cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+// Threads per block: 256, or 128 with more than 8 configurations (the per-warp rows of
+// shared memory grow with the number of pairs; 16 configurations must fit in 48 KB).
+int ex_threads(int nc) { return nc <= 8 ? 256 : 128; }
 constexpr int kBlocksPerSm = 3;
 // Rounds (of 32 inputs per warp) between two flushes of the packed per-thread counters:
 // an 8-bit field gains at most one per round, and a warp's sum of one field (32 x 255)
@@ -243,7 +244,12 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   const int K = spec.first_k;
   const ExLayout L{nc, np, K};
   const ExSlots S{nc, np};
+  const int kThreads = ex_threads(nc), kWarps = kThreads / 32;
   const int nin = static_cast<int>(spec.inputs.size());
+  // best indices as offsets from `begin` in 32 bits where the range allows (registers)
+  const uint64_t span = (spec.end == 0 ? enumeration_size(spec.inputs) : spec.end) - spec.begin;
+  const bool narrow_idx = span <= (uint64_t(1) << 32);
+  const std::string bi_t = narrow_idx ? "unsigned" : "unsigned long long";
   const int oc = spec.out_dtype;
   // hoisting pays when the outer inputs stay the same across a warp's consecutive rounds
   const bool hoist = nin >= 2 && spec.inputs.back().size() >= 64;
@@ -270,6 +276,14 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
        "  return v;\n"
        "#endif\n"
        "}\n";
+  s += "__device__ __forceinline__ unsigned cl_wmax(unsigned v) {\n"
+       "#if __CUDA_ARCH__ >= 800\n"
+       "  return __reduce_max_sync(0xffffffffu, v);\n"
+       "#else\n"
+       "  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+       "  return v;\n"
+       "#endif\n"
+       "}\n";
   // adds the warp's totals of the four 8-bit fields of v to d[0..3] (lane 0 writes)
   s += "__device__ __forceinline__ void cl_flush4(unsigned long long* d, unsigned v) {\n"
        "  const unsigned lo = cl_wsum(v & 0x00FF00FFu), hi = cl_wsum((v >> 8) & 0x00FF00FFu);\n"
@@ -288,9 +302,10 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "  __shared__ unsigned long long s_rare[" + I(nrare) + "];\n";
   s += "  __shared__ unsigned int s_wfn[" + I(kWarps) + "][" + I(std::max(np, 1)) + "];\n";
   // per lane, the largest tie distance among its differing inputs of each pair (rarely set)
-  s += "  __shared__ double s_td[" + I(kWarps) + "][" + I(std::max(np, 1)) + "][32];\n";
-  s += "  for (int t = threadIdx.x; t < " + I(kWarps * std::max(np, 1) * 32) +
-       "; t += blockDim.x) (&s_td[0][0][0])[t] = -1.0;\n";
+  // per warp and pair, the largest tie distance of its differing inputs: f64 bits + 1 (0: none)
+  s += "  __shared__ unsigned long long s_td[" + I(kWarps) + "][" + I(std::max(np, 1)) + "];\n";
+  s += "  for (int t = threadIdx.x; t < " + I(kWarps * std::max(np, 1)) +
+       "; t += blockDim.x) (&s_td[0][0])[t] = 0ull;\n";
   s += "  __shared__ double s_e[" + I(kThreads) + "];\n";
   s += "  __shared__ unsigned long long s_i[" + I(kThreads) + "];\n";
   s += "  for (int t = threadIdx.x; t < " + I(kWarps * S.size()) +
@@ -310,9 +325,11 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "  unsigned long long* const wfirst = out + " + u64(L.global_words()) + " + gridDim.x * " +
        u64(L.block_words()) + " + (blockIdx.x * " + I(kWarps) + "ull + warp) * " +
        u64(L.warp_words()) + ";\n";
-  s += "  double best_e[" + I(nc) + "];\n  unsigned long long best_i[" + I(nc) + "];\n";
+  // the worst error in a register; its index, written only when it changes, in shared memory
+  s += "  double best_e[" + I(nc) + "];\n";
+  s += "  __shared__ " + bi_t + " s_bi[" + I(nc) + "][" + I(kThreads) + "];\n";
   s += "#pragma unroll\n  for (int c = 0; c < " + I(nc) +
-       "; ++c) { best_e[c] = -1.0; best_i[c] = 0ull; }\n";
+       "; ++c) { best_e[c] = -1.0; s_bi[c][threadIdx.x] = 0; }\n";
   if (np > 0) {
     s += "  unsigned wfn[" + I(np) + "];\n";
     s += "#pragma unroll\n  for (int q = 0; q < " + I(np) + "; ++q) wfn[q] = 0u;\n";
@@ -403,7 +420,9 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
        " pk_win[c][2] += inc_win[c][2];\n";
   s += "      rany[c] = eqp[c] ? rany[c - 1] : __any_sync(0xffffffffu, rare[c]);\n";
   s += "      if (rany[c]) cl_wadd(s_rare + c * " + I(kExHistBins) + ", bins[c], rare[c]);\n";
-  s += "      if (has_e[c] && errs[c] > best_e[c]) { best_e[c] = errs[c]; best_i[c] = idx; }\n";
+  s +=
+      "      if (has_e[c] && errs[c] > best_e[c]) { best_e[c] = errs[c]; s_bi[c][threadIdx.x] = (" +
+      bi_t + ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
   s += "    }\n";
   int q = 0;
   for (int a = 0; a < nc; ++a)
@@ -421,8 +440,12 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
       s += "        const unsigned wt = __ballot_sync(0xffffffffu, d && tie);\n";
       s += "        if (lane == 0) { sw[" + I(S.differ() + q) + "] += __popc(wd); sw[" +
            I(S.differ_ties() + q) + "] += __popc(wt); }\n";
-      s += "        if (d && tie_d > s_td[warp][" + Q + "][lane]) s_td[warp][" + Q +
-           "][lane] = tie_d;\n";
+      s += "        { const unsigned long long tb = d ? cl::f64_bits(tie_d) + 1ull : 0ull;\n";
+      s += "          const unsigned hi = cl_wmax((unsigned)(tb >> 32));\n";
+      s += "          const unsigned lo = cl_wmax((unsigned)(tb >> 32) == hi ? (unsigned)tb : "
+           "0u);\n";
+      s += "          const unsigned long long m = ((unsigned long long)hi << 32) | lo;\n";
+      s += "          if (lane == 0 && m > s_td[warp][" + Q + "]) s_td[warp][" + Q + "] = m; }\n";
       if (K > 0) {
         // the warp's first K differing inputs, in index order (its inputs are in order)
         s += "        if (wfn[" + Q + "] < " + I(K) + "u) {\n";
@@ -467,14 +490,14 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
       "    if (s_rare[t]) atomicAdd(&out[" + I(static_cast<int>(L.hist())) + " + t], s_rare[t]);\n";
   // the largest tie distance of each pair's differing inputs (-1: none)
   s += "  for (int q = threadIdx.x; q < " + I(np) + "; q += blockDim.x) {\n";
-  s += "    double m = -1.0;\n";
-  s += "    for (int w = 0; w < " + I(kWarps) + "; ++w)\n";
-  s += "      for (int l = 0; l < 32; ++l) m = s_td[w][q][l] > m ? s_td[w][q][l] : m;\n";
-  s += "    if (m >= 0.0) atomicMax(&out[" + I(static_cast<int>(L.tie_dist())) +
-       " + q], (unsigned long long)cl::f64_bits(m));\n  }\n";
+  s += "    unsigned long long m = 0ull;\n";
+  s += "    for (int w = 0; w < " + I(kWarps) + "; ++w) m = s_td[w][q] > m ? s_td[w][q] : m;\n";
+  s +=
+      "    if (m) atomicMax(&out[" + I(static_cast<int>(L.tie_dist())) + " + q], m - 1ull);\n  }\n";
   const std::string blk = u64(L.global_words()) + " + blockIdx.x * " + u64(L.block_words());
   s += "  for (int c = 0; c < " + I(nc) + "; ++c) {\n";
-  s += "    s_e[threadIdx.x] = best_e[c]; s_i[threadIdx.x] = best_i[c];\n";
+  s += "    s_e[threadIdx.x] = best_e[c]; s_i[threadIdx.x] = " +
+       (narrow_idx ? std::string("begin + ") : std::string()) + "s_bi[c][threadIdx.x];\n";
   s += "    __syncthreads();\n";
   s += "    for (int h = blockDim.x / 2; h > 0; h >>= 1) {\n";
   s += "      if (threadIdx.x < h) {\n";
@@ -521,6 +544,7 @@ ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<E
   check(driver().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
         "cuDeviceGetAttribute");
   const uint64_t n = end - spec.begin;
+  const int kThreads = ex_threads(nc), kWarps = kThreads / 32;
   // enough blocks to fill the GPU in whole waves (12 per SM: 4 waves of kBlocksPerSm), each
   // a contiguous segment of whole rounds; fewer where the warps' first-K lists would pass
   // 64M words (a large first_k)
