@@ -502,6 +502,27 @@ def test_gpu_equals_cpu_under_portable_math():
     assert a.rows == b.rows and a.pairs == b.pairs and a.n == b.n
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")
+def test_gpu_equals_cpu_with_more_than_eight_configurations():
+    """Beyond 8 configurations the kernel runs 128-thread blocks (its shared memory grows
+    with the 45 pairs): the same counts as the CPU under portable math."""
+    P = cl.Policy
+    pols = ["eager", "fused", P("c1", round_after=("silu",)),
+            P("c2", compute="float64", round_after="all"),
+            P("c3", compute="float64", round_after="none"),
+            P("c4", rounding="toward_zero", round_after="all"),
+            P("c5", rounding="toward_zero", round_after="none"), P("c6", round_after=("mul",)),
+            P("c7", compute="float64", round_after=("silu",)),
+            P("c8", rounding="toward_zero", round_after=("silu",))]
+    cfg = [(p, "portable") for p in pols]
+    enums = [Enumeration.finite(cl.bfloat16), Enumeration.sample(cl.bfloat16, 64, seed=5)]
+    cpu = nm.exhaustive(swiglu, enums, cfg, first_k=6)
+    gpu = nm.exhaustive(swiglu, enums, cfg, first_k=6, device="cuda")
+    assert cpu.rows == gpu.rows and cpu.pairs == gpu.pairs
+    assert (cpu.ties, cpu.near_ties) == (gpu.ties, gpu.near_ties)
+
+
 def test_enumerations():
     v = Enumeration.sample(cl.float32, 500, seed=2).values()
     assert len(np.unique(v.view(np.uint32))) == 500 and np.isfinite(v).all()
