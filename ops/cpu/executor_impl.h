@@ -615,6 +615,11 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
     std::vector<int64_t> rbits(random ? kBlock : 0);  // element index per lane
     std::vector<int64_t> idx(nd > 1 ? nd - 1 : 1);
     auto reg_ptr = [&](int r) -> void* { return regs.data() + static_cast<size_t>(r) * kBlock; };
+    // Where each register's values are read from: its own block, or, for a load of a float32
+    // (float64) input into a float32 (float64) register whose block is one contiguous,
+    // aligned run of the input, the input itself (no copy).
+    std::vector<const void*> read_at(static_cast<size_t>(std::max(prog.n_regs, 1)));
+    auto in_ptr = [&](int r) -> const void* { return read_at[static_cast<size_t>(r)]; };
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t rb = blk / col_blocks, cb = blk % col_blocks;
       const int64_t r0 = rb * rows_per_block;
@@ -649,8 +654,22 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       for (size_t ii = 0; ii < code->size(); ++ii) {
         const Instr& in = (*code)[ii];
         void* d = reg_ptr(in.dst);
+        read_at[static_cast<size_t>(in.dst)] = d;
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;
+          const size_t esz = in.dtype == kFloat64 ? 8 : 4;
+          if ((in.rtype == kRegF32 && in.dtype == kFloat32) ||
+              (in.rtype == kRegF64 && in.dtype == kFloat64)) {
+            const int64_t* ro = &row_off[k * rows_per_block];
+            bool run = it.stride(k, nd - 1) == 1 || ncols == 1;
+            for (int64_t r = 1; run && r < nrows; ++r) run = ro[r] == ro[0] + r * ncols;
+            const char* p =
+                bases[k] + (ro[0] + c0 * it.stride(k, nd - 1)) * static_cast<int64_t>(esz);
+            if (run && reinterpret_cast<uintptr_t>(p) % esz == 0) {
+              read_at[static_cast<size_t>(in.dst)] = p;
+              continue;
+            }
+          }
           if (in.rtype == kRegI64)
             load_rows_int(static_cast<int64_t*>(d), bases[k], in.dtype,
                           &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1));
@@ -666,7 +685,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           const bool sr = in.mode == kStochastic;
           if (in.rtype == kRegF64) {
             double* o = static_cast<double*>(d);
-            const double* a = static_cast<const double*>(reg_ptr(in.a));
+            const double* a = static_cast<const double*>(in_ptr(in.a));
             for (int64_t j = 0; j < n; ++j)
               o[j] = round_f64_to(a[j], in.dtype, in.mode, in.saturate,
                                   sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux),
@@ -674,7 +693,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
                                      : 0u);
           } else {
             float* o = static_cast<float*>(d);
-            const float* a = static_cast<const float*>(reg_ptr(in.a));
+            const float* a = static_cast<const float*>(in_ptr(in.a));
             if (in.mode == kNearestEven && in.dtype == kBFloat16) {
               for (int64_t j = 0; j < n; ++j) o[j] = bf16_to_f32(f32_to_bf16_rne(a[j]));
             } else if (in.mode == kNearestEven && in.dtype == kFloat16) {
@@ -703,7 +722,7 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
           continue;
         }
         if (in.op == kOpToF64 || in.op == kOpToF32 || in.op == kOpToI64) {
-          const void* a = reg_ptr(in.a);
+          const void* a = in_ptr(in.a);
           const int src = rtypes[in.a];
           auto conv = [&](auto* o) {
             using O = typename std::remove_pointer<decltype(o)>::type;
@@ -732,21 +751,20 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         }
         if (in.rtype == kRegI64)
           compute_int(in, static_cast<int64_t*>(d),
-                      static_cast<const int64_t*>(in.a >= 0 ? reg_ptr(in.a) : d),
-                      static_cast<const int64_t*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                      static_cast<const int64_t*>(in.c >= 0 ? reg_ptr(in.c) : d), n);
+                      static_cast<const int64_t*>(in.a >= 0 ? in_ptr(in.a) : d),
+                      static_cast<const int64_t*>(in.b >= 0 ? in_ptr(in.b) : d),
+                      static_cast<const int64_t*>(in.c >= 0 ? in_ptr(in.c) : d), n);
         else if (in.rtype == kRegF64)
-          compute_block(in, static_cast<double*>(d),
-                        static_cast<const double*>(in.a >= 0 ? reg_ptr(in.a) : d),
-                        static_cast<const double*>(in.b >= 0 ? reg_ptr(in.b) : d),
-                        static_cast<const double*>(in.c >= 0 ? reg_ptr(in.c) : d), n,
-                        ins_scalar[ii] != 0, ins_flat[ii] ? tails_flat : tails, r0, nrows, c0,
-                        ncols);
+          compute_block(
+              in, static_cast<double*>(d), static_cast<const double*>(in.a >= 0 ? in_ptr(in.a) : d),
+              static_cast<const double*>(in.b >= 0 ? in_ptr(in.b) : d),
+              static_cast<const double*>(in.c >= 0 ? in_ptr(in.c) : d), n, ins_scalar[ii] != 0,
+              ins_flat[ii] ? tails_flat : tails, r0, nrows, c0, ncols);
         else
           compute_block(
-              in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? reg_ptr(in.a) : d),
-              static_cast<const float*>(in.b >= 0 ? reg_ptr(in.b) : d),
-              static_cast<const float*>(in.c >= 0 ? reg_ptr(in.c) : d), n, ins_scalar[ii] != 0,
+              in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? in_ptr(in.a) : d),
+              static_cast<const float*>(in.b >= 0 ? in_ptr(in.b) : d),
+              static_cast<const float*>(in.c >= 0 ? in_ptr(in.c) : d), n, ins_scalar[ii] != 0,
               ins_flat[ii] ? tails_flat : tails, r0, nrows, c0, ncols);
       }
       for (int k = 0; k < nout; ++k) {
@@ -760,15 +778,15 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         }
         const int ort = rtypes[os.reg];
         if (ort == kRegI64)
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const int64_t*>(reg_ptr(os.reg)),
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const int64_t*>(in_ptr(os.reg)),
                      &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());
         else if (ort == kRegF64)
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(reg_ptr(os.reg)),
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(in_ptr(os.reg)),
                      &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());
         else
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const float*>(reg_ptr(os.reg)),
+          store_rows(bases[k], outputs[k].dtype(), static_cast<const float*>(in_ptr(os.reg)),
                      &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
                      os.saturate, sbits.empty() ? nullptr : sbits.data());
       }
