@@ -80,6 +80,10 @@ CL_HD ExFormat ex_format(int code) {
                                                              : 8;
   ExFormat f{code, bits, ff.mant_bits, 1 - ff.bias, false, 0.0};
   f.scale = f.p - f.emin <= 1023;
+  if (bits == 64) {  // every finite double is below fp64's own overflow threshold
+    f.overflow = f64_from_bits(0x7FF0000000000000ull);
+    return f;
+  }
   const double mx = decode_magnitude(ff.max_bits, ff);
   f.overflow = mx + 0.5 * ex_ulp(mx, f);
   return f;
