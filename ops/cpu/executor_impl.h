@@ -657,9 +657,9 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         read_at[static_cast<size_t>(in.dst)] = d;
         if (in.op == kOpLoad) {
           const int k = nout + in.aux;
-          const size_t esz = in.dtype == kFloat64 ? 8 : 4;
           if ((in.rtype == kRegF32 && in.dtype == kFloat32) ||
               (in.rtype == kRegF64 && in.dtype == kFloat64)) {
+            const size_t esz = in.dtype == kFloat64 ? 8 : 4;
             const int64_t* ro = &row_off[k * rows_per_block];
             bool run = it.stride(k, nd - 1) == 1 || ncols == 1;
             for (int64_t r = 1; run && r < nrows; ++r) run = ro[r] == ro[0] + r * ncols;

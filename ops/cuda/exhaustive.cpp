@@ -301,7 +301,6 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "  __shared__ unsigned long long s_w[" + I(kWarps) + "][" + I(S.size()) + "];\n";
   s += "  __shared__ unsigned long long s_rare[" + I(nrare) + "];\n";
   s += "  __shared__ unsigned int s_wfn[" + I(kWarps) + "][" + I(std::max(np, 1)) + "];\n";
-  // per lane, the largest tie distance among its differing inputs of each pair (rarely set)
   // per warp and pair, the largest tie distance of its differing inputs: f64 bits + 1 (0: none)
   s += "  __shared__ unsigned long long s_td[" + I(kWarps) + "][" + I(std::max(np, 1)) + "];\n";
   s += "  for (int t = threadIdx.x; t < " + I(kWarps * std::max(np, 1)) +
