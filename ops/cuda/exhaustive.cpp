@@ -2,9 +2,13 @@
 // makes every input from its index (no input tensor exists), runs each configuration's
 // Program and the fp64 reference's (one line per instruction, the expressions of the
 // fused kernels: emit_instr.h) and reduces the statistics of ops/scalar/exhaustive.h on
-// the device. What makes it fast (all 2**32 bf16 SwiGLU pairs: 277 -> 58 ms on the H200):
+// the device. What makes it fast (all 2**32 bf16 SwiGLU pairs: 277 -> 48 ms on the H200):
 //   - values that do not depend on the fastest-varying input are computed once per value
 //     of the outer inputs (SwiGLU's silu(a) and its fp64 reference, not once per pair);
+//   - the class of the correctly rounded value (category, error, bin, midpoint distance)
+//     is worked out once per input, from one scaling of the reference (ex_ref_class); in a
+//     round where every configuration returns it in every lane (85% of SwiGLU's), that is
+//     all: one warp vote, the counters of a row shared by the configurations, no pair work;
 //   - counts and the common histogram bins live in packed 8-bit fields of per-thread
 //     registers, summed per warp (REDUX) every 255 rounds into the warp's shared row;
 //   - a configuration whose results equal the previous one's in the whole warp takes its
@@ -226,7 +230,10 @@ struct ExLayout {
 };
 
 // Per-warp accumulators in shared memory (one row per warp, written by its lane 0 alone):
-//   cats[nc][4] | window bins[nc][kWinBins] | ties | near_ties | differ[np] | differ_ties[np]
+//   cats[nc][4] | window bins[nc][kWinBins] | ties | near_ties | differ[np] | differ_ties[np] |
+//   ref cats[4] | ref window bins[kWinBins]
+// The ref row counts the rounds where every configuration returned the correctly rounded
+// value in every lane, once for all of them: the block adds it to each configuration's.
 struct ExSlots {
   int nc, np;
   int cats() const { return 0; }
@@ -234,7 +241,9 @@ struct ExSlots {
   int ties() const { return win() + kWinBins * nc; }
   int differ() const { return ties() + 2; }
   int differ_ties() const { return differ() + np; }
-  int size() const { return differ_ties() + np; }
+  int rcats() const { return differ_ties() + np; }
+  int rwin() const { return rcats() + 4; }
+  int size() const { return rwin() + kWinBins; }
 };
 
 std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vector<ExChain>& cfgs,
@@ -329,6 +338,7 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "  __shared__ " + bi_t + " s_bi[" + I(nc) + "][" + I(kThreads) + "];\n";
   s += "#pragma unroll\n  for (int c = 0; c < " + I(nc) +
        "; ++c) { best_e[c] = -1.0; s_bi[c][threadIdx.x] = 0; }\n";
+  s += "  double best_lo = -1.0;  // the least of best_e\n";
   if (np > 0) {
     s += "  unsigned wfn[" + I(np) + "];\n";
     s += "#pragma unroll\n  for (int q = 0; q < " + I(np) + "; ++q) wfn[q] = 0u;\n";
@@ -342,13 +352,15 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "  for (unsigned long long cb = w0; cb < w1; cb += " + u64(32ull * kFlushRounds) + ") {\n";
   s += "  const unsigned long long ce = cb + " + u64(32ull * kFlushRounds) + " < w1 ? cb + " +
        u64(32ull * kFlushRounds) + " : w1;\n";
-  s += "  unsigned pk_cat[" + I(nc) + "], pk_win[" + I(nc) + "][3], pk_tie = 0u;\n";
+  s += "  unsigned pk_cat[" + I(nc) + "], pk_win[" + I(nc) + "][3], pk_tie = 0u, pk_rcat = 0u;\n";
+  s += "  unsigned pk_rwin[3] = {0u, 0u, 0u};\n";
   s += "#pragma unroll\n  for (int c = 0; c < " + I(nc) +
        "; ++c) { pk_cat[c] = 0u; pk_win[c][0] = pk_win[c][1] = pk_win[c][2] = 0u; }\n";
-  s += "  for (unsigned long long base = cb; base < ce; base += 32) {\n";
-  s += "    const unsigned long long i0 = base + lane;\n";
-  s += "    const bool valid = i0 < ce;\n";
-  s += "    const unsigned long long idx = valid ? i0 : ce - 1;\n";
+  // offsets in the chunk (at most 32 x kFlushRounds) in 32 bits
+  s += "  const unsigned cn = (unsigned)(ce - cb);\n";
+  s += "  for (unsigned off = lane; off - lane < cn; off += 32) {\n";
+  s += "    const bool valid = off < cn;\n";
+  s += "    const unsigned long long idx = cb + (valid ? off : cn - 1u);\n";
   s += "    unsigned long long rest = idx;\n";
   // digits: the last input varies fastest; table inputs read their patterns from `tables`
   const ExTables tabs = exhaustive_tables(spec.inputs);
@@ -380,21 +392,68 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
     s += program_block(cfgs[c], hs[c], I(c), "xb[" + I(c) + "] = ", false, oc);
   }
   s += "    const cl::ExRef R = cl::ex_ref(r, F);\n";
-  s += "    const double tie_d = cl::ex_midpoint_distance(R, F);\n";
+  // the class of the correctly rounded value: that of every result equal to it, which is
+  // most results of most configurations (all of a warp's, in most rounds)
+  s += "    const cl::ExRefClass RC = cl::ex_ref_class(R, F);\n";
+  s += "    const double tie_d = RC.tie_d, e_cr = RC.err;\n";
+  s += "    const int cat_cr = RC.cat;\n";
   s += "    const bool tie = tie_d == 0.0;\n";
   s += "    pk_tie += valid ? (tie ? 1u : 0u) + (cl::ex_near_midpoint(tie_d, F) ? 0x100u : 0u) : "
        "0u;\n";
+  s += "    const bool he_cr = valid && cat_cr != cl::kExNanMismatch;\n";
+  s += "    const int bin_cr = cl::ex_hist_bin(e_cr);\n";
+  s += "    const unsigned w_cr = (unsigned)(bin_cr - 1);\n";
+  s += "    const unsigned iw_cr = he_cr && w_cr < " + I(kWinBins) +
+       "u ? 1u << (8 * (w_cr & 3u)) : 0u;\n";
+  s += "    const unsigned ic_cr = he_cr ? 1u << (8 * cat_cr) : 0u;\n";
+  s += "    const bool rare_cr = he_cr && bin_cr > " + I(kWinBins) + ";\n";
+  s += "    bool mism[" + I(nc) + "];\n";
+  s += "#pragma unroll\n    for (int c = 0; c < " + I(nc) +
+       "; ++c) mism[c] = valid && xb[c] != R.crbits;\n";
+  std::string any_mism = "rare_cr";
+  for (int c = 0; c < nc; ++c) any_mism += " || mism[" + I(c) + "]";
+  s += "    if (!__any_sync(0xffffffffu, " + any_mism + ")) {\n";
+  // the common round: the reference's class counted once for every configuration (its own
+  // row, added to each configuration's at the block's end), no pair differs
+  s += "      pk_rcat += ic_cr;\n";
+  s += "      pk_rwin[0] += w_cr < 4u ? iw_cr : 0u; pk_rwin[1] += (w_cr >> 2) == 1u ? iw_cr : 0u;"
+       " pk_rwin[2] += (w_cr >> 2) == 2u ? iw_cr : 0u;\n";
+  s += "      if (he_cr && e_cr > best_lo) {\n";
+  s += "#pragma unroll\n        for (int c = 0; c < " + I(nc) + "; ++c)\n";
+  s += "          if (e_cr > best_e[c]) { best_e[c] = e_cr; s_bi[c][threadIdx.x] = (" + bi_t +
+       ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
+  s += "        best_lo = best_e[0];\n";
+  s += "#pragma unroll\n        for (int c = 1; c < " + I(nc) +
+       "; ++c) best_lo = best_e[c] < best_lo ? best_e[c] : best_lo;\n";
+  s += "      }\n";
+  s += "      continue;\n";
+  s += "    }\n";
   // a configuration whose results equal the previous one's in every lane of the warp
   // (fused ones mostly do) takes its category, error and counter increments instead of
-  // working them out again
+  // working them out again; one that returns the correctly rounded value in every lane
+  // takes the reference's class
   s += "    bool xn[" + I(nc) + "], has_e[" + I(nc) + "], rare[" + I(nc) + "], eqp[" + I(nc) +
        "], rany[" + I(nc) + "];\n";
+  s += "    unsigned mm[" + I(nc) + "];\n";
   s += "    int bins[" + I(nc) + "];\n    double errs[" + I(nc) + "];\n";
   s += "    unsigned inc_cat[" + I(nc) + "], inc_win[" + I(nc) + "][3];\n";
   s += "#pragma unroll\n";
   s += "    for (int c = 0; c < " + I(nc) + "; ++c) {\n";
-  s += "      eqp[c] = c > 0 && !__any_sync(0xffffffffu, xb[c] != xb[c - 1]);\n";
-  s += "      if (!eqp[c]) {\n";
+  s += "      mm[c] = __ballot_sync(0xffffffffu, mism[c]);\n";
+  s += "      eqp[c] = c > 0 && ((mm[c] | mm[c - 1]) == 0u || "
+       "!__any_sync(0xffffffffu, xb[c] != xb[c - 1]));\n";
+  s += "      if (eqp[c]) {\n";
+  s += "        errs[c] = errs[c - 1]; xn[c] = xn[c - 1]; has_e[c] = has_e[c - 1];\n";
+  s += "        inc_cat[c] = inc_cat[c - 1]; bins[c] = bins[c - 1]; rare[c] = rare[c - 1];\n";
+  s += "        inc_win[c][0] = inc_win[c - 1][0]; inc_win[c][1] = inc_win[c - 1][1];\n";
+  s += "        inc_win[c][2] = inc_win[c - 1][2];\n";
+  s += "      } else if (mm[c] == 0u) {\n";
+  s += "        errs[c] = e_cr; xn[c] = R.nan; has_e[c] = he_cr;\n";
+  s += "        inc_cat[c] = ic_cr; bins[c] = bin_cr; rare[c] = rare_cr;\n";
+  s += "        inc_win[c][0] = w_cr < 4u ? iw_cr : 0u; inc_win[c][1] = (w_cr >> 2) == 1u ? iw_cr"
+       " : 0u;\n";
+  s += "        inc_win[c][2] = (w_cr >> 2) == 2u ? iw_cr : 0u;\n";
+  s += "      } else {\n";
   s += "        const double xv = cl::ex_value(xb[c], " + I(oc) + ");\n";
   s += "        const int cat = cl::ex_classify(xb[c], xv, R, F, &errs[c]);\n";
   s += "        xn[c] = cl::isnan_d(xv);\n";
@@ -408,11 +467,6 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "        inc_win[c][1] = (w >> 2) == 1u ? inc : 0u;\n";
   s += "        inc_win[c][2] = (w >> 2) == 2u ? inc : 0u;\n";
   s += "        rare[c] = has_e[c] && bins[c] > " + I(kWinBins) + ";\n";
-  s += "      } else {\n";
-  s += "        errs[c] = errs[c - 1]; xn[c] = xn[c - 1]; has_e[c] = has_e[c - 1];\n";
-  s += "        inc_cat[c] = inc_cat[c - 1]; bins[c] = bins[c - 1]; rare[c] = rare[c - 1];\n";
-  s += "        inc_win[c][0] = inc_win[c - 1][0]; inc_win[c][1] = inc_win[c - 1][1];\n";
-  s += "        inc_win[c][2] = inc_win[c - 1][2];\n";
   s += "      }\n";
   s += "      pk_cat[c] += inc_cat[c];\n";
   s += "      pk_win[c][0] += inc_win[c][0]; pk_win[c][1] += inc_win[c][1];"
@@ -423,15 +477,20 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
       "      if (has_e[c] && errs[c] > best_e[c]) { best_e[c] = errs[c]; s_bi[c][threadIdx.x] = (" +
       bi_t + ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
   s += "    }\n";
+  s += "    best_lo = best_e[0];\n";
+  s += "#pragma unroll\n    for (int c = 1; c < " + I(nc) +
+       "; ++c) best_lo = best_e[c] < best_lo ? best_e[c] : best_lo;\n";
   int q = 0;
   for (int a = 0; a < nc; ++a)
     for (int b = a + 1; b < nc; ++b, ++q) {
       const std::string Q = I(q);
-      // where b's results equal b-1's in the whole warp, (a, b) differ where (a, b-1) do
+      // (a, b) differ only where one of them is not the correctly rounded value; where b's
+      // results equal b-1's in the whole warp, (a, b) differ where (a, b-1) do
       const std::string ballot = "__ballot_sync(0xffffffffu, valid && cl::ex_differ_bits(xb[" +
                                  I(a) + "], xb[" + I(b) + "], xn[" + I(a) + "], xn[" + I(b) +
                                  "], F))";
-      s += "    const unsigned wd" + I(a) + "_" + I(b) + " = eqp[" + I(b) + "] ? " +
+      s += "    const unsigned wd" + I(a) + "_" + I(b) + " = (mm[" + I(a) + "] | mm[" + I(b) +
+           "]) == 0u ? 0u : eqp[" + I(b) + "] ? " +
            (b > a + 1 ? "wd" + I(a) + "_" + I(b - 1) : std::string("0u")) + " : " + ballot + ";\n";
       s += "    {\n      const unsigned wd = wd" + I(a) + "_" + I(b) + ";\n";
       s += "      const bool d = (wd >> lane) & 1u;\n";
@@ -463,6 +522,10 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "    cl_flush4(sw + " + I(S.win()) + " + " + I(kWinBins) + " * c + 4, pk_win[c][1]);\n";
   s += "    cl_flush4(sw + " + I(S.win()) + " + " + I(kWinBins) + " * c + 8, pk_win[c][2]);\n";
   s += "  }\n";
+  s += "  cl_flush4(sw + " + I(S.rcats()) + ", pk_rcat);\n";
+  s += "  cl_flush4(sw + " + I(S.rwin()) + ", pk_rwin[0]);\n";
+  s += "  cl_flush4(sw + " + I(S.rwin() + 4) + ", pk_rwin[1]);\n";
+  s += "  cl_flush4(sw + " + I(S.rwin() + 8) + ", pk_rwin[2]);\n";
   s += "  { const unsigned t = cl_wsum(pk_tie & 0xFFu), m = cl_wsum(pk_tie >> 8);\n";
   s += "    if (lane == 0) { sw[" + I(S.ties()) + "] += t; sw[" + I(S.ties() + 1) + "] += m; } }\n";
   s += "  }\n";
@@ -473,9 +536,14 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
          ";\n  }\n";
   s += "  __syncthreads();\n";
   // the warps' rows summed, each into its word of the global layout
-  s += "  for (int t = threadIdx.x; t < " + I(S.size()) + "; t += blockDim.x) {\n";
+  s += "  for (int t = threadIdx.x; t < " + I(S.rcats()) + "; t += blockDim.x) {\n";
   s += "    unsigned long long v = 0ull;\n";
-  s += "    for (int w = 0; w < " + I(kWarps) + "; ++w) v += s_w[w][t];\n";
+  s += "    const int rt = t < " + I(S.win()) + " ? " + I(S.rcats()) + " + (t & 3) : t < " +
+       I(S.ties()) + " ? " + I(S.rwin()) + " + (t - " + I(S.win()) + ") % " + I(kWinBins) +
+       " : -1;\n";
+  s += "    for (int w = 0; w < " + I(kWarps) +
+       "; ++w) v += s_w[w][t] + (rt >= 0 ? s_w[w][rt] : "
+       "0ull);\n";
   s += "    if (!v) continue;\n";
   s += "    int g;\n";
   s += "    if (t < " + I(S.win()) + ") g = (t >> 2) * " + I(kExCategories) + " + (t & 3);\n";

@@ -55,10 +55,12 @@ CL_HD double ex_ulp(double r, const ExFormat& f) {
   return e > lo ? e : lo;
 }
 
-// 1 / ulp(r) = 2**(p - max(floor(log2|r|), emin)), exactly, for finite r where f.scale.
+// 1 / ulp(r) = 2**(p - max(floor(log2|r|), emin)), exactly, for finite r where f.scale:
+// its exponent lies in [p - 1023, p - emin] (and is NaN and infinity's p - 1024 for those,
+// where no caller uses it), so the power of two is a normal double made from its exponent.
 CL_HD double ex_inv_ulp(double r, const ExFormat& f) {
   const int e = (int)((f64_bits(r) >> 52) & 0x7FF) - 1023;
-  return ex_pow2(f.p - (e > f.emin ? e : f.emin));
+  return f64_from_bits((uint64_t)(f.p - (e > f.emin ? e : f.emin) + 1023) << 52);
 }
 
 // The factor that turns a difference into ulps of r (finite r): 1/ulp(r) where that is
@@ -193,6 +195,39 @@ CL_HD double ex_midpoint_distance(const ExRef& R, const ExFormat& f) {
   if (q >= 9007199254740992.0) return 0.5;      // (q < 2**(p + 2) for every double)
   const double d = q - trunc_d(q) - 0.5;        // q >= 0, an integer part below 2**53
   return d < 0 ? -d : d;
+}
+
+// What ex_classify and ex_midpoint_distance give the correctly rounded value R.crbits
+// itself: the result of most configurations for most inputs, computed once per input.
+struct ExRefClass {
+  double tie_d;  // ex_midpoint_distance(R, f)
+  double err;    // the ulp error of R.crbits
+  int cat;       // its category
+};
+
+// Where 1/ulp scales exactly (f.scale) and r is finite, nonzero and below the overflow
+// threshold, from one scaling of |r|: q = |r| / ulp(r) is exact, the correctly rounded
+// value is round(q) ulps, so its error |x - r| / ulp(r) is q's distance from the nearer
+// integer, min(frac, 1 - frac) with frac = q - trunc(q), which ex_error's |x - r| * factor
+// gives bit for bit: x - r is exact (Sterbenz: x lies within half an ulp of r, and x is 0
+// only where r is below half the smallest subnormal), the scaling by 1/ulp is exact (the
+// error is 0 or at least 2**(p - 52) ulps), and so are frac and 1 - frac (frac >= 0.5).
+// Elsewhere (NaN, infinities, zero, overflow, fp64) the general functions.
+CL_HD ExRefClass ex_ref_class(const ExRef& R, const ExFormat& f) {
+  ExRefClass c;
+  const double a = ex_abs(R.r);
+  if (!f.scale || !(a < f.overflow) || a == 0.0) {
+    c.tie_d = ex_midpoint_distance(R, f);
+    c.cat = ex_classify(R.crbits, ex_value(R.crbits, f.code), R, f, &c.err);
+    return c;
+  }
+  const double q = a * R.factor;  // below 2**(p + 2) <= 2**53: frac is exact
+  const double frac = q - trunc_d(q);
+  const double d = frac - 0.5;  // ex_midpoint_distance's expression
+  c.tie_d = d < 0 ? -d : d;
+  c.err = frac <= 0.5 ? frac : 1.0 - frac;
+  c.cat = frac == 0.0 ? kExExact : kExRounded;
+  return c;
 }
 
 // Whether r lies so close to a midpoint (within 256 fp64 ulps: tie distance <= 2**(p - 44)
