@@ -2,7 +2,10 @@
 item 4): RoPE q [1, 28, 4096, 128] bf16 with cos/sin [4096, 128] (14.7M elements) and
 SwiGLU x [4096, 8192] bf16 (output 16.8M elements), policies eager and fused.
 
-    python benchmarks/bench_drift_cpu.py [--repeat 3] [--case rope|swiglu|all]
+    python benchmarks/bench_drift_cpu.py [--repeat 3] [--case rope|swiglu|all] [--device cuda]
+
+On a GPU (--device cuda) drift runs castlab's compare kernels where the values are; the
+peak column is then the host's memory only.
 
 Wall and CPU time (all threads) of each call, best of `--repeat`; peak memory as the
 process's resident high-water mark (VmHWM, reset through /proc/self/clear_refs) above what
@@ -22,13 +25,13 @@ import castlab.numerics as nm
 from castlab.study import CHAINS
 
 
-def _case(name: str):
+def _case(name: str, device: str = "cpu"):
     if name == "rope":
         ch = CHAINS["rope"]
-        args = ch.make_inputs((1, 28, 4096, 128), cl.bfloat16, 0, "normal", 1.0, "cpu")
+        args = ch.make_inputs((1, 28, 4096, 128), cl.bfloat16, 0, "normal", 1.0, device)
     else:
         ch = CHAINS["swiglu"]
-        args = ch.make_inputs((4096, 2 * 4096), cl.bfloat16, 0, "normal", 1.0, "cpu")
+        args = ch.make_inputs((4096, 2 * 4096), cl.bfloat16, 0, "normal", 1.0, device)
     return cl.jit(ch.fn), args
 
 
@@ -51,11 +54,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--case", default="all", choices=["rope", "swiglu", "all"])
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     cases = ["rope", "swiglu"] if a.case == "all" else [a.case]
     print(f"{'case':<28} {'wall s (best)':>13} {'CPU s (best)':>13} {'peak extra MiB':>15}")
     for name in cases:
-        fn, args = _case(name)
+        fn, args = _case(name, a.device)
         w, c, p = _timed(lambda fn=fn, args=args: nm.drift(fn, args, policies=("eager", "fused")),
                          a.repeat)
         ps = f"{p:15.0f}" if p is not None else f"{'n/a':>15}"
@@ -65,7 +69,8 @@ def main() -> None:
         ps = f"{p:15.0f}" if p is not None else f"{'n/a':>15}"
         print(f"{'near_ties ' + name:<28} {w:13.2f} {c:13.2f} {ps}")
         del fn, args, ref
-    d = nm.drift(*_case("rope"), policies=("eager", "fused")) if a.case != "swiglu" else None
+    d = nm.drift(*_case("rope", a.device), policies=("eager", "fused")) \
+        if a.case != "swiglu" else None
     if d is not None:
         print()
         print(d)

@@ -81,6 +81,9 @@ void cmp_check(const CmpParams& P) {
     if (!is_float(P.code[j]) || P.x[j] == nullptr)
       throw std::invalid_argument("compare: result " + std::to_string(j) +
                                   " is not a float tensor");
+    else if (!is_float(P.fmt[j]))
+      throw std::invalid_argument("compare: the format of result " + std::to_string(j) +
+                                  " is not a float format");
   if (P.ref != nullptr && !is_float(P.ref_code))
     throw std::invalid_argument("compare: the reference is not a float tensor");
 }

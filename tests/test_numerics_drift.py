@@ -1,10 +1,15 @@
-"""drift() and near_ties() at scale: the chunked, threaded metrics (numerics/_metrics.py
-drift_scan, numerics/_ties.py) equal the plain NumPy definitions they replace, bit for
-bit, on random data with NaN, inf, subnormals, signed zeros, rounding ties and overflow."""
+"""drift() and near_ties() at scale: castlab's compare kernels (numerics/_metrics.py
+drift_kernel, what drift() runs), the chunked, threaded NumPy scan (drift_scan, for more
+combinations than the kernels take) and numerics/_ties.py equal the plain NumPy
+definitions they replace, bit for bit, on random data with NaN, inf, subnormals, signed
+zeros, rounding ties and overflow."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
 import warnings
 
 import ml_dtypes
@@ -12,6 +17,7 @@ import numpy as np
 import pytest
 
 import castlab as cl
+import castlab.cuda as clcuda
 import castlab.numerics as nm
 from castlab.numerics import _metrics
 from castlab.numerics._explain import (
@@ -189,6 +195,13 @@ def test_drift_scan_equals_plain_definitions(fmt, n, special):
     xs = [x.reshape(shape) for x in xs]
     r = r.reshape(shape)
     got = _metrics.drift_scan(xs, r, f, True)
+    # castlab's compare kernels (what drift() runs): the same bits
+    kern = _metrics.drift_kernel([cl.from_numpy(np.ascontiguousarray(x)) for x in xs],
+                                 cl.from_numpy(np.ascontiguousarray(r)), f, True)
+    assert kern["mismatches"] == got["mismatches"] and kern["differs"] == got["differs"]
+    for k in range(len(xs)):
+        assert all(_same(a, b) for a, b in zip(kern["rows"][k], got["rows"][k])), \
+            (k, kern["rows"][k], got["rows"][k])
     for k, x in enumerate(xs):
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -203,6 +216,71 @@ def test_drift_scan_equals_plain_definitions(fmt, n, special):
         assert got["differs"][k] == bool(d.any()), k
         diff |= d
     assert got["mismatches"] == int(diff.sum())
+
+
+CMP_ROUND_CHECK = r"""#include <cmath>
+#include <cstdio>
+#include <random>
+#include "ops/scalar/compare.h"
+using namespace cl;
+static unsigned long long checked = 0, bad = 0;
+static void check(double v, int code) {
+  const double a = cmp_round(v, code), b = round_f64_to(v, code, kNearestEven, true, 0);
+  ++checked;
+  if (f64_bits(a) != f64_bits(b) && !(a != a && b != b) && bad++ < 5)
+    printf("code %d v %a: %a vs %a\n", code, v, a, b);
+}
+static void around(double v, int code) {
+  double u = v, d = v;
+  check(v, code);
+  for (int k = 0; k < 3; ++k) {
+    u = std::nextafter(u, INFINITY);
+    d = std::nextafter(d, -INFINITY);
+    check(u, code);
+    check(d, code);
+  }
+}
+int main() {
+  std::mt19937_64 g(3);
+  for (int code : {kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN, kFloat8E5M2}) {
+    const int nb = code == kFloat32 ? 20 : (code == kBFloat16 || code == kFloat16) ? 16 : 8;
+    for (unsigned long long k = 0; k + 1 < (1ull << nb); ++k) {  // values, midpoints, +-3 ulps
+      const uint32_t b = code == kFloat32 ? (uint32_t)g() : (uint32_t)k;
+      const double v = bits_to_f64(b, code), w = bits_to_f64(b + 1, code);
+      around(v, code);
+      around(-v, code);
+      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, code);
+    }
+    for (int k = 0; k < 1000000; ++k) {
+      check(f64_from_bits(g()), code);
+      check(std::ldexp((double)(g() >> 11) * 0x1p-53, (int)(g() % 340) - 170), code);
+    }
+    check(INFINITY, code);
+    check(-INFINITY, code);
+    check(NAN, code);
+  }
+  printf("%llu %llu\n", checked, bad);
+  return 0;
+}
+"""
+
+
+def test_compare_fast_rounding_is_castlabs_conversion(tmp_path):
+    """cmp_round (compare's and drift's correctly rounded values: fp32 by the hardware
+    conversion, bf16/fp16 by rounding the double's own mantissa) equals castlab's
+    conversion, round_f64_to, bit for bit: every bf16/fp16/fp8 value, its negation, the
+    midpoints with the next encoding, 3 fp64 ulps either side, random fp32 values,
+    specials, and 2M random doubles per format."""
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "r.cpp").write_text(CMP_ROUND_CHECK)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
+                    str(tmp_path / "r.cpp"), "-o", str(tmp_path / "r")], check=True)
+    out = subprocess.run([str(tmp_path / "r")], check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert int(out[-2]) > 10_000_000 and int(out[-1]) == 0, " ".join(out)
 
 
 def test_round_ieee_is_castlabs_conversion():
@@ -306,3 +384,59 @@ def test_near_ties_equals_previous_implementation(n, fmt):
     assert split == nm.TieSplit(int((mism & m).sum()), int(m.sum()), int((mism & ~m).sum()),
                                 int((~m).sum()))
     assert ml_dtypes is not None
+
+
+# ---------------------------------------------------------------- on the GPU
+
+needs_gpu = [pytest.mark.cuda,
+             pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")]
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("_g", [pytest.param(0, marks=needs_gpu)])
+def test_drift_kernel_on_the_gpu_equals_the_scan(fmt, _g):
+    """drift's metrics on the GPU (castlab's compare kernels, only the totals copied back)
+    equal the NumPy scan's on the same values, bit for bit."""
+    n = 3 * (1 << 15) * 5 + 13
+    rng = np.random.default_rng(3 + len(fmt))
+    f = _fmt(getattr(cl, fmt))
+    r = _nasty_ref(rng, n, f)
+    x32 = r.astype(np.float32)
+    x32[rng.random(n) < 0.3] *= np.float32(1.0001)
+    xs = [x32, _sprinkle(rng, x32.copy(), 0.002), r.copy()]
+    if f.bits < 64:
+        xs.append(_round_np(r, f).astype(f.dt.numpy))
+    r[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    want = _metrics.drift_scan(xs, r, f, True)
+    got = _metrics.drift_kernel([cl.from_numpy(x).to("cuda") for x in xs],
+                                cl.from_numpy(r).to("cuda"), f, True)
+    assert got["mismatches"] == want["mismatches"] and got["differs"] == want["differs"]
+    for g, w in zip(got["rows"], want["rows"]):
+        assert all(_same(a, b) for a, b in zip(g, w)), (g, w)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("_g", [pytest.param(0, marks=needs_gpu)])
+def test_drift_on_the_gpu_equals_the_cpu(dt, _g):
+    """nm.drift of CUDA tensors (the kernels) gives the CPU's rows (the NumPy scan), bit
+    for bit, on a chain with NaN, inf and subnormal inputs."""
+    dt = getattr(cl, dt)
+    rng = np.random.default_rng(17)
+
+    @cl.jit
+    def chain(x, c, s):
+        a, b = cl.chunk(x, 2, dim=-1)
+        y = x * c + cl.cat([-b, a], dim=-1) * s
+        return cl.silu(y) * cl.exp(y) / (c + s), y * y
+
+    shape = (2, 3, 700, 64)
+    args = (_nasty_input(rng, shape, dt), _nasty_input(rng, shape[-2:], dt),
+            _nasty_input(rng, shape[-2:], dt))
+    pols = ("eager", "fused")
+    cpu = nm.drift(chain, args, policies=pols, maths=("portable",), ref_math="portable")
+    gpu = nm.drift(chain, tuple(a.to("cuda") for a in args), policies=pols,
+                   maths=("portable",), ref_math="portable")
+    assert gpu.node_labels == cpu.node_labels and gpu.first_divergence == cpu.first_divergence
+    for g, w in zip(gpu.rows, cpu.rows):
+        assert all(_same(g[k], w[k]) for k in w), (g, w)

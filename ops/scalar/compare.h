@@ -11,17 +11,22 @@
 // are the exhaustive statistics' (ops/scalar/exhaustive.h).
 //
 // Per-element definitions (x a result, b the first result, r the reference, all as fp64;
-// f = x's format; ulp(r) as ex_ulp):
+// f = the result's metric format: x's own, or one the caller names (drift measures fp32
+// register values in ulps of the node's dtype); ulp(r) as ex_ulp):
 //   abs error    both NaN ? 0 : |x - r|          (max propagates NaN; summed)
 //   rel error    r == 0 ? (err == 0 ? 0 : inf) : err / |r|
 //   squared      (x - r)^2                       (summed: RMSE)
 //   ulp error    ex_ulp_error (summed; its maximum and first arg-maximum, NaN counts largest)
-//   correctly rounded   x == round(r to f) (castlab's conversion, core/convert.h), NaN == NaN
+//   correctly rounded   round(x to f) == round(r to f) (castlab's conversion, core/convert.h;
+//                x itself where f is x's format, unless drift), NaN == NaN, +0 == -0
 //   vs b         mismatch: ex_differ; NaN mismatch: exactly one NaN; same dtype: ulps apart
 //                (ordinal distance of the bit patterns; both NaN 0, one NaN -1); other
 //                dtypes: the coarser one's ulp error at the finer one, NaN skipped; not
 //                close: torch.isclose(b, x, rtol=tol, atol=tol) false, computed in the
-//                dtype as PyTorch does (16-bit: each op in fp32, rounded)
+//                dtype as PyTorch does (16-bit: each op in fp32, rounded); these three
+//                use x's own format
+//   union        (one count for all results, drift only) the elements where some result
+//                differs from the first (ex_differ)
 #pragma once
 #include "core/convert.h"
 #include "ops/scalar/exhaustive.h"
@@ -35,10 +40,15 @@ constexpr int kCmpMaxResults = 8;
 enum CmpRefD : int { kCdRefSq = 0, kCdRefAbsMax = 1, kCdRef = 2 };
 enum CmpD : int { kCdAbsMax, kCdAbsSum, kCdRelMax, kCdSqSum, kCdUeMax, kCdUeSum, kCdApart, kCdPer };
 enum CmpI : int { kCiUeArg, kCiOk, kCiMism, kCiNanMism, kCiApart, kCiNan, kCiNotClose, kCiPer };
+// after the per-result int64s: the union count
 
 struct CmpParams {
   const void* x[kCmpMaxResults];  // contiguous results, n elements each
   int code[kCmpMaxResults];       // their dtype codes (core/convert.h)
+  int fmt[kCmpMaxResults];        // the formats their ulps and rounding are measured in
+  int drift;  // drift's definitions: correctly rounded compares round(x to f), not x, also
+              // in x's own format (they differ for fp8, whose conversion saturates: inf ->
+              // the largest), and the union count is made (another pass over the results)
   int nres;
   const void* ref;  // contiguous reference, or null
   int ref_code;
@@ -47,7 +57,8 @@ struct CmpParams {
 };
 
 CL_HD int cmp_nd(int nres) { return kCdRef + kCdPer * nres; }
-CL_HD int cmp_ni(int nres) { return kCiPer * nres; }
+CL_HD int cmp_ni(int nres) { return kCiPer * nres + 1; }
+CL_HD int cmp_union(int nres) { return kCiPer * nres; }
 
 CL_HD double cmp_inf() { return f64_from_bits(0x7FF0000000000000ull); }
 CL_HD float cmp_absf(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
@@ -66,7 +77,30 @@ CL_HD uint64_t cmp_bits(const void* a, int code, int64_t i) {
   }
 }
 CL_HD double cmp_value(uint64_t bits, int code) {
-  return code == kFloat64 ? f64_from_bits(bits) : bits_to_f64((uint32_t)bits, code);
+  return code == kFloat64 ? f64_from_bits(bits) : ex_value((uint32_t)bits, code);
+}
+// round_f64_to(v, code, nearest even, saturating fp8), as a double. fp32: the hardware
+// conversion (nearest even, subnormals kept, overflow to infinity; a NaN stays a NaN).
+// bf16 and fp16, for v in the format's normal range or above it: v's own mantissa rounded
+// to the format's width in integer arithmetic (a carry moves into the exponent; a result
+// past the largest finite value, ties included, is infinity, as IEEE rounding). Elsewhere
+// (subnormal results, zeros, fp8) the general conversion.
+CL_HD double cmp_round(double v, int code) {
+  if (code == kFloat32) return (double)(float)v;
+  if (code == kBFloat16 || code == kFloat16) {
+    const int M = code == kBFloat16 ? 7 : 10, emax = code == kBFloat16 ? 127 : 15;
+    const uint64_t u = f64_bits(v), a = u & 0x7FFFFFFFFFFFFFFFull, sign = u ^ a;
+    const int e = (int)(a >> 52) - 1023;
+    if (e == 1024) return v;  // NaN, infinities
+    if (e > emax) return f64_from_bits(sign | 0x7FF0000000000000ull);
+    if (e >= 1 - emax) {
+      const int sh = 52 - M;
+      uint64_t r = (a + ((1ull << (sh - 1)) - 1ull) + ((a >> sh) & 1ull)) & ~((1ull << sh) - 1ull);
+      if ((int)(r >> 52) - 1023 > emax) r = 0x7FF0000000000000ull;
+      return f64_from_bits(sign | r);
+    }
+  }
+  return round_f64_to(v, code, kNearestEven, true, 0);
 }
 CL_HD double cmp_load(const void* a, int code, int64_t i) {
   return cmp_value(cmp_bits(a, code, i), code);
@@ -105,6 +139,14 @@ CL_HD bool cmp_isclose(double b, double x, int code, double tol) {
 }
 
 // The summed quantities of element lo + i, as reduce.h's pairwise sums read them (a[i]).
+// On the host a leaf keeps the reference's values and each result's ulp errors in buffers
+// (each element's costly parts once); a GPU thread, whose local memory is dear, recomputes
+// them. Same values either way.
+#ifdef __CUDA_ARCH__
+constexpr int64_t kCmpBuf = 1;
+#else
+constexpr int64_t kCmpBuf = kRedPairwiseBlock;
+#endif
 enum CmpSum : int { kSumRefSq, kSumAbs, kSumSq, kSumUlp };
 namespace {
 struct CmpSummand {
@@ -112,12 +154,15 @@ struct CmpSummand {
   int j;  // the result (not read for kSumRefSq)
   int kind;
   int64_t lo;
+  const double* rbuf;   // the reference's values (host), or null
+  const double* uebuf;  // result j's ulp errors (host), or null
   CL_HD_METHOD double operator[](int64_t i) const {
-    const double r = cmp_load(P->ref, P->ref_code, lo + i);
+    const double r = rbuf ? rbuf[i] : cmp_load(P->ref, P->ref_code, lo + i);
     if (kind == kSumRefSq) return r * r;
+    if (kind == kSumUlp && uebuf) return uebuf[i];
     const double x = cmp_load(P->x[j], P->code[j], lo + i);
     if (kind == kSumSq) return (x - r) * (x - r);
-    if (kind == kSumUlp) return ex_ulp_error(x, r, ex_format(P->code[j]));
+    if (kind == kSumUlp) return ex_ulp_error(x, r, ex_format(P->fmt[j]));
     return (x != x && r != r) ? 0.0 : ex_abs(x - r);
   }
 };
@@ -128,18 +173,33 @@ struct CmpSummand {
 // and counts one pass in index order (the first worst element wins).
 CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_t* I) {
   const bool has_ref = P.ref != nullptr;
+  const bool buf = kCmpBuf > 1;
   const int bcode = P.code[0];
   const ExFormat bf = ex_format(bcode);
-  D[kCdRefSq] = has_ref ? red_pairwise_block<double>(CmpSummand{&P, 0, kSumRefSq, lo}, m) : 0.0;
+  double rv[kCmpBuf], ue_v[kCmpBuf];
   double amax = -cmp_inf();  // the reference's largest finite magnitude
   for (int64_t i = 0; has_ref && i < m; ++i) {
-    const double a = ex_abs(cmp_load(P.ref, P.ref_code, lo + i));
+    const double r = cmp_load(P.ref, P.ref_code, lo + i);
+    if (buf) rv[i] = r;
+    const double a = ex_abs(r);
     if (a - a == 0.0 && a > amax) amax = a;
   }
+  const double* rb = has_ref && buf ? rv : nullptr;
+  D[kCdRefSq] =
+      has_ref ? red_pairwise_block<double>(CmpSummand{&P, 0, kSumRefSq, lo, rb, nullptr}, m) : 0.0;
   D[kCdRefAbsMax] = amax;
+  int64_t uni = 0;
+  for (int64_t i = 0; P.drift && P.nres > 1 && i < m; ++i) {
+    const double b = cmp_load(P.x[0], bcode, lo + i);
+    bool d = false;
+    for (int j = 1; j < P.nres && !d; ++j) d = ex_differ(cmp_load(P.x[j], P.code[j], lo + i), b);
+    uni += d ? 1 : 0;
+  }
+  I[cmp_union(P.nres)] = uni;
   for (int j = 0; j < P.nres; ++j) {
-    const int code = P.code[j];
-    const ExFormat f = ex_format(code);
+    const int code = P.code[j], fc = P.fmt[j];
+    const ExFormat f = ex_format(code), mf = ex_format(fc);
+    const bool round_x = fc != code || P.drift;
     double* d = D + kCdRef + kCdPer * j;
     int64_t* c = I + kCiPer * j;
     double abs_max = -cmp_inf(), rel_max = -cmp_inf(), ue_max = -cmp_inf(), apart_f = -cmp_inf();
@@ -152,16 +212,18 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
       const bool xn = x != x;
       has_nan |= xn ? 1 : 0;
       if (has_ref) {
-        const double r = cmp_load(P.ref, P.ref_code, k);
+        const double r = buf ? rv[i] : cmp_load(P.ref, P.ref_code, k);
         const double err = (xn && r != r) ? 0.0 : ex_abs(x - r);
         abs_max = cmp_nanmax(abs_max, err);
         rel_max = cmp_nanmax(rel_max, r == 0.0 ? (err == 0.0 ? 0.0 : cmp_inf()) : err / ex_abs(r));
-        const double ue = ex_ulp_error(x, r, f);
+        const double ue = ex_ulp_error(x, r, mf);
+        if (buf) ue_v[i] = ue;
         if (!(ue_max != ue_max) && (ue != ue || ue > ue_max)) {
           ue_max = ue;
           ue_arg = k;
         }
-        ok += ex_differ(round_f64_to(r, code, kNearestEven, true, 0), x) ? 0 : 1;
+        const double xr = round_x ? cmp_round(x, fc) : x;
+        ok += ex_differ(cmp_round(r, fc), xr) ? 0 : 1;
       }
       if (j > 0) {
         const uint64_t bb = cmp_bits(P.x[0], bcode, k);
@@ -185,9 +247,10 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
     d[kCdApart] = apart_f;
     d[kCdAbsSum] = d[kCdSqSum] = d[kCdUeSum] = 0.0;
     if (has_ref) {
-      d[kCdAbsSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumAbs, lo}, m);
-      d[kCdSqSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumSq, lo}, m);
-      d[kCdUeSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumUlp, lo}, m);
+      const double* ub = buf ? ue_v : nullptr;
+      d[kCdAbsSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumAbs, lo, rb, ub}, m);
+      d[kCdSqSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumSq, lo, rb, ub}, m);
+      d[kCdUeSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumUlp, lo, rb, ub}, m);
     }
     c[kCiUeArg] = ue_arg;
     c[kCiOk] = ok;
@@ -204,6 +267,7 @@ CL_HD void cmp_combine(int nres, const double* DL, const int64_t* IL, const doub
                        const int64_t* IR, double* D, int64_t* I) {
   D[kCdRefSq] = DL[kCdRefSq] + DR[kCdRefSq];
   D[kCdRefAbsMax] = DR[kCdRefAbsMax] > DL[kCdRefAbsMax] ? DR[kCdRefAbsMax] : DL[kCdRefAbsMax];
+  I[cmp_union(nres)] = IL[cmp_union(nres)] + IR[cmp_union(nres)];
   for (int j = 0; j < nres; ++j) {
     const int o = kCdRef + kCdPer * j, q = kCiPer * j;
     const double* l = DL + o;

@@ -8,7 +8,8 @@
 
 namespace {
 
-py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* ref, double tol) {
+py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* ref, double tol,
+                      const std::vector<std::string>& fmts) {
   cl::CmpParams P{};
   if (results.empty() || results.size() > static_cast<size_t>(cl::kCmpMaxResults))
     throw std::invalid_argument("compare: 1 to " + std::to_string(cl::kCmpMaxResults) +
@@ -22,11 +23,15 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
     if (!t.is_contiguous()) throw std::invalid_argument("compare: " + what + " is not contiguous");
   };
   P.nres = static_cast<int>(results.size());
+  if (!fmts.empty() && fmts.size() != results.size())
+    throw std::invalid_argument("compare: one format per result");
   for (int j = 0; j < P.nres; ++j) {
     check(results[j], "result " + std::to_string(j));
     P.x[j] = results[j].data_ptr();
     P.code[j] = results[j].dtype();
+    P.fmt[j] = fmts.empty() ? P.code[j] : cl::dtype_from_name(fmts[j]);
   }
+  P.drift = fmts.empty() ? 0 : 1;  // drift's definitions (ops/scalar/compare.h)
   if (ref) {
     check(*ref, "the reference");
     P.ref = ref->data_ptr();
@@ -44,6 +49,7 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
   py::dict totals;
   totals["r_sq"] = t.d[cl::kCdRefSq];
   totals["r_absmax"] = t.d[cl::kCdRefAbsMax];
+  if (P.drift) totals["union_mism"] = t.i[cl::cmp_union(P.nres)];
   py::list res;
   for (int j = 0; j < P.nres; ++j) {
     const double* d = &t.d[cl::kCdRef + cl::kCdPer * j];
@@ -73,13 +79,17 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
 void bind_compare(py::module_& m) {
   m.def(
       "_compare",
-      [](const std::vector<cl::Tensor>& results, std::optional<cl::Tensor> ref, double tol) {
-        return run_compare(results, ref ? &*ref : nullptr, tol);
+      [](const std::vector<cl::Tensor>& results, std::optional<cl::Tensor> ref, double tol,
+         const std::vector<std::string>& fmts) {
+        return run_compare(results, ref ? &*ref : nullptr, tol, fmts);
       },
       "castlab.numerics.compare's metrics (ops/compare.h) of contiguous results of one size "
       "on one device, against the first and the reference: (reference totals, [per-result "
-      "totals]) as dicts",
-      py::arg("results"), py::arg("ref"), py::arg("tol"));
+      "totals]) as dicts. fmts: the dtype names each result's ulps and rounding are measured "
+      "in (default: its own); given, drift's definitions: results are rounded to them too, "
+      "and union_mism counts the elements where some result differs from the first",
+      py::arg("results"), py::arg("ref"), py::arg("tol"),
+      py::arg("fmts") = std::vector<std::string>{});
   m.def(
       "_compare_cuda_source", [] { return std::string(cl::cuda::kCompareSource); },
       "the CUDA source of compare's kernels (tests compile it with NVRTC)");

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _jit, ops
+from .. import _C, _jit, ops
 from .._creation import arange
 from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
@@ -30,7 +30,7 @@ from ._formats import (
     _ulp_np,
     _val,
 )
-from ._metrics import drift_scan
+from ._metrics import drift_kernel, drift_scan
 from ._tables import _html_table, _text_table
 
 __all__ = ["explain", "Explanation", "drift", "Drift", "Divergence"]
@@ -710,21 +710,29 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     rows, labels = [], []
     first = None
 
+    # On a GPU, castlab's compare kernels where the values are (only the totals come back;
+    # at most CMP_MAX_RESULTS combinations at once). On the CPU, and beyond that many
+    # combinations, the threaded NumPy scan, chunk by chunk: the same bits (tests), and on
+    # 2 CPU cores faster than the kernels' scalar code (benchmarks/RESULTS.md).
     def add(label, op, idx, dt, xs, r):
         nonlocal first
         labels.append(label)
-        res = drift_scan(xs, r, _fmt(dt), first is None and len(xs) > 1)
+        diverge = first is None and len(xs) > 1
+        if len(xs) <= _C.CMP_MAX_RESULTS and r.device.type == "cuda":
+            res = drift_kernel(xs, r, _fmt(dt), diverge)
+        else:
+            res = drift_scan([_val(x).a for x in xs], _val(r).a, _fmt(dt), diverge)
         for (clabel, _, _), (mx, mean, rr, crf) in zip(combos, res["rows"]):
             rows.append({"node": label, "index": idx, "op": op, "dtype": dt.name, "combo": clabel,
                          "max_ulp": mx, "mean_ulp": mean, "rel_rmse": rr, "correctly_rounded": crf})
         if res.get("mismatches"):
             who = tuple(c[0] for c, d in zip(combos[1:], res["differs"]) if d)
-            first = Divergence(idx, op, label, res["mismatches"], int(xs[0].size), who)
+            first = Divergence(idx, op, label, res["mismatches"], int(r.numel()), who)
 
     for n in tr.nodes:
         if n.op in _VIEWS or n.op == "scalar" or not n.dtype.is_floating_point:
             continue
-        vals = [_val(c(n)).a for c in compute]
+        vals = [c(n) for c in compute]
         add(_node_expr(n, names), n.op, n.index, n.dtype, vals[1:], vals[0])
         del vals
     ref_out = jf.run(*args, policy=ref_pol, math=ref_m)
@@ -734,9 +742,9 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
         o = jf.run(*args, policy=pol, math=mth)
         outs.append(list(o) if isinstance(o, (tuple, list)) else [o])
     for k, on in enumerate(tr.outputs):
-        xs = [_val(o[k]) for o in outs]
+        xs = [o[k] for o in outs]
         add(f"output{k if len(tr.outputs) > 1 else ''} ({names.get(id(on), '?')} rounded)",
-            "output", -1, xs[0].dt, [x.a for x in xs], _val(ref_outs[k]).a)
+            "output", -1, xs[0].dtype, xs, ref_outs[k])
     return Drift(getattr(jf.fn, "__name__", "fn"), [c[0] for c in combos], rows, first, labels)
 
 

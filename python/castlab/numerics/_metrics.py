@@ -349,6 +349,34 @@ def _plain_round(v: np.ndarray, f) -> np.ndarray:
         return _round_np(v, f)
 
 
+def drift_kernel(xs: list, r, f, diverge: bool) -> dict:
+    """:func:`drift_scan`'s result computed by castlab's own code on the tensors' device
+    (``_C._compare``, ops/scalar/compare.h, with every result measured in ulps of `f` and
+    rounded to `f`): the same definitions and NumPy's summation tree, so the same bits.
+    `xs` and `r`: castlab tensors of one shape on one device, at most
+    ``_C.CMP_MAX_RESULTS`` results; no float64 copy is made and nothing but the totals
+    leaves the device."""
+    n = r.numel()
+    nx = len(xs)
+    if n == 0:   # the plain definitions' values, as drift_scan
+        return {"rows": [(0.0, 0.0, math.inf, 1.0)] * nx, "mismatches": 0,
+                "differs": [False] * (nx - 1)}
+    xs = [x.contiguous() for x in xs]
+    ref, tots = _C._compare(xs, r.contiguous(), 0.0, [f.dt.name] * nx)
+    rms = float(np.sqrt(np.float64(ref["r_sq"]) / n))
+    rows = []
+    for t in tots:
+        mean = float(np.float64(t["ue_sum"]) / n)
+        e = float(np.sqrt(np.float64(t["sq_sum"]) / n))
+        rr = e / rms if rms else (0.0 if e == 0 else math.inf)
+        rows.append((float(t["ue_max"]), mean, rr, float(np.float64(int(t["ok"])) / n)))
+    res: dict = {"rows": rows}
+    if diverge and nx > 1:
+        res["mismatches"] = int(ref["union_mism"])
+        res["differs"] = [int(t["mism"]) > 0 for t in tots[1:]]
+    return res
+
+
 def drift_scan(xs: list, r: np.ndarray, f, diverge: bool) -> dict:
     """drift()'s metrics of one node: each array of `xs` (the node's values under one
     policy/math, any float dtype, e.g. fp32 registers) against `r` (the fp64 policy's
