@@ -116,4 +116,41 @@ CmpTotals compare_cpu(const CmpParams& P) {
   return out;
 }
 
+int64_t near_ties_cpu(const void* ref, int ref_code, int64_t n, int fmt, double fmax, double within,
+                      uint8_t* mask, double* dist) {
+  const ExFormat f = ex_format(fmt);
+  constexpr int64_t kChunk = 1 << 15;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int64_t> count(static_cast<size_t>(std::max<int64_t>(chunks, 1)), 0);
+  parallel_for(chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      int64_t k = 0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        bool in = false;
+        dist[i] = tie_distance(cmp_load(ref, ref_code, i), f, fmax, within, &in);
+        mask[i] = in ? 1 : 0;
+        k += in ? 1 : 0;
+      }
+      count[static_cast<size_t>(c)] = k;
+    }
+  });
+  int64_t total = 0;
+  for (int64_t k : count) total += k;
+  return total;
+}
+
+void tie_split_cpu(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
+                   int64_t n, int64_t* out3) {
+  constexpr int64_t kChunk = 1 << 15;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int64_t> tc(static_cast<size_t>(std::max<int64_t>(chunks, 1)) * 3, 0);
+  parallel_for(chunks, 1, [&](int64_t b0, int64_t e0) {
+    for (int64_t c = b0; c < e0; ++c)
+      tie_split_range(a, acode, b, bcode, mask, c * kChunk, std::min(n, (c + 1) * kChunk),
+                      &tc[static_cast<size_t>(c) * 3]);
+  });
+  out3[0] = out3[1] = out3[2] = 0;
+  for (size_t c = 0; c < tc.size(); ++c) out3[c % 3] += tc[c];
+}
+
 }  // namespace cl

@@ -31,9 +31,22 @@ struct CmpTotals {
 // Checks the parameters (1..kCmpMaxResults results, n > 0, float dtype codes).
 void cmp_check(const CmpParams& P);
 CmpTotals compare_cpu(const CmpParams& P);
+// near_ties over n elements of `ref` (dtype ref_code) for format `fmt` (largest finite
+// value fmax): mask (1 byte each) and signed distances (fp64) written, the mask's count
+// returned (ops/scalar/compare.h, tie_distance).
+int64_t near_ties_cpu(const void* ref, int ref_code, int64_t n, int fmt, double fmax, double within,
+                      uint8_t* mask, double* dist);
+// NearTies.mismatch_rate's counts (mismatches inside, inside, all mismatches) of n elements.
+void tie_split_cpu(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
+                   int64_t n, int64_t* out3);
 namespace cuda {
 CmpTotals compare_cuda(const CmpParams& P, int device);
-// The source of its two kernels (cl_compare_leaves, cl_compare_tree), for NVRTC.
+int64_t near_ties_cuda(const void* ref, int ref_code, int64_t n, int fmt, double fmax,
+                       double within, uint8_t* mask, double* dist, int device);
+void tie_split_cuda(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
+                    int64_t n, int64_t* out3, int device);
+// The source of its kernels (cl_compare_leaves, cl_compare_tree, cl_near_ties,
+// cl_tie_split), for NVRTC.
 extern const char* const kCompareSource;
 }  // namespace cuda
 

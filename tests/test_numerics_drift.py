@@ -440,3 +440,32 @@ def test_drift_on_the_gpu_equals_the_cpu(dt, _g):
     assert gpu.node_labels == cpu.node_labels and gpu.first_divergence == cpu.first_divergence
     for g, w in zip(gpu.rows, cpu.rows):
         assert all(_same(g[k], w[k]) for k in w), (g, w)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float32", "float8_e4m3fn"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("_g", [pytest.param(0, marks=needs_gpu)])
+def test_near_ties_on_the_gpu_equals_the_cpu(fmt, _g):
+    """near_ties of a CUDA reference runs on the GPU (mask and distances stay there) and
+    gives the CPU's bits; mismatch_rate of CUDA results the CPU's counts."""
+    n = 3 * (1 << 15) * 5 + 13
+    rng = np.random.default_rng(9)
+    dt = getattr(cl, fmt)
+    f = _fmt(dt)
+    r = _nasty_ref(rng, n, f)
+    r[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    ref = cl.from_numpy(r)
+    for within in (0.0, 0.01, 0.4999):
+        cpu = nm.near_ties(ref, dt, within=within)
+        gpu = nm.near_ties(ref.to("cuda"), dt, within=within)
+        assert gpu.mask.device.type == "cuda" and gpu.count == cpu.count
+        assert np.array_equal(gpu.mask.cpu().numpy(), cpu.mask.numpy())
+        assert gpu.distance.cpu().numpy().tobytes() == cpu.distance.numpy().tobytes()
+    a = _round_np(r, f).astype(dt.numpy)
+    b = a.copy()
+    b[rng.random(n) < 0.2] = np.float64(2.0)
+    b[:3] = [np.nan, -0.0, 0.0]
+    ta, tb = cl.from_numpy(a), cl.from_numpy(b)
+    assert gpu.mismatch_rate(ta.to("cuda"), tb.to("cuda")) == cpu.mismatch_rate(ta, tb)
+    with pytest.raises(ValueError, match="different devices"):
+        gpu.mismatch_rate(ta, tb)

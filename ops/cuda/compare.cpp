@@ -3,8 +3,10 @@
 // the tree combines the nodes of that level (children before parents); the host reads the root.
 #include "ops/compare.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/cuda/driver.h"
 #include "core/tensor.h"
@@ -39,6 +41,34 @@ const char* const kCompareSource =
     "  const long long a = left[i], c = right[i], node = L + i;\n"
     "  cl::cmp_combine(nres, D + a * nd, (const int64_t*)I + a * ni, D + c * nd,\n"
     "                  (const int64_t*)I + c * ni, D + node * nd, (int64_t*)I + node * ni);\n"
+    "}\n"
+    // near_ties: one element per thread (grid-stride), the mask's count one atomic per warp
+    "extern \"C\" __global__ void cl_near_ties(const void* ref, int ref_code, long long n,\n"
+    "    int fmt, double fmax, double within, unsigned char* mask, double* dist,\n"
+    "    unsigned long long* count) {\n"
+    "  const cl::ExFormat f = cl::ex_format(fmt);\n"
+    "  unsigned long long k = 0;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x) {\n"
+    "    bool in = false;\n"
+    "    dist[i] = cl::tie_distance(cl::cmp_load(ref, ref_code, i), f, fmax, within, &in);\n"
+    "    mask[i] = in ? 1 : 0;\n"
+    "    k += in ? 1 : 0;\n"
+    "  }\n"
+    "  for (int o = 16; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);\n"
+    "  if ((threadIdx.x & 31) == 0 && k) atomicAdd(count, k);\n"
+    "}\n"
+    "extern \"C\" __global__ void cl_tie_split(const void* a, int acode, const void* b,\n"
+    "    int bcode, const unsigned char* mask, long long n, unsigned long long* out) {\n"
+    "  long long tc[3] = {0, 0, 0};\n"
+    "  const long long step = (long long)gridDim.x * blockDim.x;\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)\n"
+    "    cl::tie_split_range(a, acode, b, bcode, mask, i, i + 1, (int64_t*)tc);\n"
+    "  for (int j = 0; j < 3; ++j) {\n"
+    "    unsigned long long v = (unsigned long long)tc[j];\n"
+    "    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    if ((threadIdx.x & 31) == 0 && v) atomicAdd(out + j, v);\n"
+    "  }\n"
     "}\n";
 
 namespace {
@@ -114,6 +144,56 @@ CmpTotals compare_cuda(const CmpParams& P, int device) {
         "cuMemcpyDtoHAsync");
   synchronize(device);
   return out;
+}
+
+namespace {
+
+// Blocks of 256 threads for a grid-stride loop over n elements: enough to fill the GPU.
+unsigned stride_blocks(int64_t n, int device) {
+  int sms = 0;
+  CUdevice dev = 0;
+  check(driver().cuDeviceGet(&dev, device), "cuDeviceGet");
+  check(driver().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+        "cuDeviceGetAttribute");
+  const int64_t want = (n + 255) / 256;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sms) * 8)));
+}
+
+// The counters a kernel adds to: zeroed on the device, read back after it.
+std::vector<int64_t> run_counted(const CompiledKernel& k, int device, int64_t n, int ncount,
+                                 std::vector<void*> args) {
+  const CUstream stream = launch_stream(device);
+  const Tensor cnt = Tensor::empty({ncount}, kInt64, Device{DeviceType::CUDA, device});
+  std::vector<int64_t> host(static_cast<size_t>(ncount), 0);
+  check(driver().cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(cnt.data_ptr()), host.data(),
+                                   host.size() * 8, stream),
+        "cuMemcpyHtoDAsync");
+  void* cp = cnt.data_ptr();
+  args.push_back(&cp);
+  if (n > 0) launch(k, device, stride_blocks(n, device), 256, stream, args.data());
+  check(driver().cuMemcpyDtoHAsync(host.data(), reinterpret_cast<CUdeviceptr>(cnt.data_ptr()),
+                                   host.size() * 8, stream),
+        "cuMemcpyDtoHAsync");
+  synchronize(device);
+  return host;
+}
+
+}  // namespace
+
+int64_t near_ties_cuda(const void* ref, int ref_code, int64_t n, int fmt, double fmax,
+                       double within, uint8_t* mask, double* dist, int device) {
+  const CompiledKernel k = get_kernel(device, "cl_near_ties", kCompareSource);
+  long long nn = n;
+  return run_counted(k, device, n, 1,
+                     {&ref, &ref_code, &nn, &fmt, &fmax, &within, &mask, &dist})[0];
+}
+
+void tie_split_cuda(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
+                    int64_t n, int64_t* out3, int device) {
+  const CompiledKernel k = get_kernel(device, "cl_tie_split", kCompareSource);
+  long long nn = n;
+  const std::vector<int64_t> c = run_counted(k, device, n, 3, {&a, &acode, &b, &bcode, &mask, &nn});
+  for (int j = 0; j < 3; ++j) out3[j] = c[static_cast<size_t>(j)];
 }
 
 }  // namespace cuda

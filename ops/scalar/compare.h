@@ -292,4 +292,33 @@ CL_HD void cmp_combine(int nres, const double* DL, const int64_t* IL, const doub
   }
 }
 
+// ---- near ties (castlab.numerics.near_ties, python/castlab/numerics/_ties.py) ----
+// The signed distance of |r| from the nearest rounding midpoint of format f, in ulps of f at
+// |r| (positive: above the midpoint in magnitude): t = |r| / ulp(r) (exact), minus its floor,
+// minus 1/2. NaN for NaN, infinite and beyond-the-largest-finite (fmax) values. *in: within
+// `within` ulps of the midpoint, the exact values (t == 0) excepted.
+CL_HD double tie_distance(double r, const ExFormat& f, double fmax, double within, bool* in) {
+  const double a = ex_abs(r);
+  *in = false;
+  if (!(a <= fmax)) return f64_from_bits(0x7FF8000000000000ull);
+  const double q = ex_in_ulps(a, ex_ulp_factor(a, f), f);
+  const double t = q - trunc_d(q);
+  const double d = t - 0.5;
+  *in = ex_abs(d) <= within && t != 0.0;
+  return d;
+}
+
+// NearTies.mismatch_rate's counts over [lo, hi): tc[0] mismatches inside the set, tc[1] the
+// set's size, tc[2] all mismatches (ex_differ: NaN equals NaN, +0 equals -0).
+CL_HD void tie_split_range(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
+                           int64_t lo, int64_t hi, int64_t* tc) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const bool m = mask[i] != 0;
+    const bool d = ex_differ(cmp_load(a, acode, i), cmp_load(b, bcode, i));
+    tc[0] += (d && m) ? 1 : 0;
+    tc[1] += m ? 1 : 0;
+    tc[2] += d ? 1 : 0;
+  }
+}
+
 }  // namespace cl

@@ -74,9 +74,66 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
   return py::make_tuple(totals, res);
 }
 
+// castlab.numerics.near_ties on the reference's device: (mask, signed distances, count)
+py::tuple run_near_ties(const cl::Tensor& ref, const std::string& fmt_name, double within) {
+  const int fmt = cl::dtype_from_name(fmt_name);
+  const int rc = ref.dtype();
+  auto is_float = [](int c) { return c >= cl::kFloat64 && c <= cl::kFloat8E5M2; };
+  if (!is_float(rc) || !is_float(fmt) || fmt == cl::kFloat64)
+    throw std::invalid_argument("near_ties: a float reference and a format below float64");
+  if (!ref.is_contiguous()) throw std::invalid_argument("near_ties: the reference is strided");
+  const cl::FloatFormat ff = cl::format_of(fmt);
+  const double fmax = cl::decode_magnitude(ff.max_bits, ff);
+  const cl::Device dev = ref.device();
+  cl::Tensor mask = cl::Tensor::empty(ref.shape(), cl::kBool, dev);
+  cl::Tensor dist = cl::Tensor::empty(ref.shape(), cl::kFloat64, dev);
+  const int64_t n = ref.numel();
+  int64_t count = 0;
+  {
+    py::gil_scoped_release nogil;
+    auto* mp = static_cast<uint8_t*>(mask.data_ptr());
+    auto* dp = static_cast<double*>(dist.data_ptr());
+    count =
+        dev.type == cl::DeviceType::CUDA
+            ? cl::cuda::near_ties_cuda(ref.data_ptr(), rc, n, fmt, fmax, within, mp, dp, dev.index)
+            : cl::near_ties_cpu(ref.data_ptr(), rc, n, fmt, fmax, within, mp, dp);
+  }
+  return py::make_tuple(mask, dist, count);
+}
+
+// NearTies.mismatch_rate's counts: (mismatches inside, inside, all mismatches)
+py::tuple run_tie_split(const cl::Tensor& a, const cl::Tensor& b, const cl::Tensor& mask) {
+  const cl::Device dev = mask.device();
+  for (const cl::Tensor* t : {&a, &b, &mask}) {
+    if (!(t->device() == dev)) throw std::invalid_argument("mismatch_rate: devices differ");
+    if (t->numel() != mask.numel() || !t->is_contiguous())
+      throw std::invalid_argument("mismatch_rate: contiguous tensors of the mask's size");
+  }
+  if (mask.dtype() != cl::kBool) throw std::invalid_argument("mismatch_rate: a bool mask");
+  int64_t c[3] = {0, 0, 0};
+  {
+    py::gil_scoped_release nogil;
+    const auto* mp = static_cast<const uint8_t*>(mask.data_ptr());
+    if (dev.type == cl::DeviceType::CUDA)
+      cl::cuda::tie_split_cuda(a.data_ptr(), a.dtype(), b.data_ptr(), b.dtype(), mp, mask.numel(),
+                               c, dev.index);
+    else
+      cl::tie_split_cpu(a.data_ptr(), a.dtype(), b.data_ptr(), b.dtype(), mp, mask.numel(), c);
+  }
+  return py::make_tuple(c[0], c[1], c[2]);
+}
+
 }  // namespace
 
 void bind_compare(py::module_& m) {
+  m.def("_near_ties", &run_near_ties,
+        "castlab.numerics.near_ties by castlab's code on the reference's device: (bool mask, "
+        "float64 signed distances, count)",
+        py::arg("ref"), py::arg("fmt"), py::arg("within"));
+  m.def("_tie_split", &run_tie_split,
+        "NearTies.mismatch_rate's counts (mismatches inside, inside, all mismatches) of "
+        "contiguous a, b and mask of one size on one device",
+        py::arg("a"), py::arg("b"), py::arg("mask"));
   m.def(
       "_compare",
       [](const std::vector<cl::Tensor>& results, std::optional<cl::Tensor> ref, double tol,

@@ -8,20 +8,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._dtype import dtype, float64
+from .. import _C
+from .._dlpack import from_dlpack
+from .._dtype import dtype
 from ._formats import (
     Tensor,
     _at_least_as_precise,
-    _broadcast,
-    _check_devices,
-    _f64,
-    _float_val,
+    _check_float,
     _fmt,
     _tensor,
-    _ulp_np,
-    _Val,
+    _val,
 )
-from ._metrics import _LEAF, _flat, parallel_map
 
 __all__ = ["near_ties", "NearTies", "TieSplit"]
 
@@ -67,12 +64,12 @@ class TieSplit(NamedTuple):
 
 
 class NearTies:
-    """Result of :func:`near_ties`.
+    """Result of :func:`near_ties`, on the reference's device.
 
     Attributes: ``mask`` (castlab bool tensor), ``distance`` (float64 tensor: signed
     distance of the exact value from the nearest rounding midpoint, in ulps of `dtype`;
-    positive = above the midpoint in magnitude), ``count``, ``fraction``, ``dtype``,
-    ``within``.
+    positive = above the midpoint in magnitude; NaN where there is none: NaN, infinite or
+    beyond the largest finite value), ``count``, ``fraction``, ``dtype``, ``within``.
 
     >>> import castlab as cl, castlab.numerics as nm
     >>> r = cl.tensor([1 + 2**-8, 1 + 2**-8 + 2**-20, 1.25], dtype=cl.float64)
@@ -83,31 +80,33 @@ class NearTies:
     2 of 3 elements (66.67%) lie within 0.01 ulp of a bfloat16 rounding midpoint
     """
 
-    def __init__(self, mask: np.ndarray, dist: np.ndarray, dt: dtype, within: float, device: str):
+    def __init__(self, mask: Tensor, dist: Tensor, count: int, dt: dtype, within: float):
         self._mask = mask
         self._dist = dist
+        self._count = int(count)
         self.dtype = dt
         self.within = within
-        self._device = device
 
     @property
     def mask(self) -> Tensor:
-        return _tensor(self._mask)
+        return self._mask
 
     @property
     def distance(self) -> Tensor:
-        return _tensor(self._dist)
+        return self._dist
 
     @property
     def count(self) -> int:
-        return int(self._mask.sum())
+        return self._count
 
     @property
     def fraction(self) -> float:
-        return self.count / self._mask.size if self._mask.size else 0.0
+        n = self._mask.numel()
+        return self._count / n if n else 0.0
 
     def mismatch_rate(self, a: Any, b: Any) -> TieSplit:
-        """Split the mismatches between results `a` and `b` into inside vs outside.
+        """Split the mismatches between results `a` and `b` into inside vs outside (counted
+        by castlab's code on the mask's device; NaN equals NaN, +0 equals -0).
 
         >>> import castlab as cl, castlab.numerics as nm
         >>> r = cl.tensor([1 + 2**-8, 1 + 2**-8 + 2**-20, 1.25], dtype=cl.float64)
@@ -117,50 +116,53 @@ class NearTies:
         >>> nt.mismatch_rate(y1, y2)
         TieSplit(inside_mismatches=1, inside_count=2, outside_mismatches=0, outside_count=1)
         """
-        va, vb = _float_val(a, "a"), _float_val(b, "b")
-        _check_devices([va, vb], ["a", "b"])
-        shape = _broadcast([va, vb, _Val(self._mask, float64, "cpu")], ["a", "b", "ref"])
-        if shape != self._mask.shape:
-            raise ValueError(f"results of shape {shape} do not match the reference's "
-                             f"{self._mask.shape}")
+        ta, tb = _float_tensor(a, "a"), _float_tensor(b, "b")
         m = self._mask
-        if va.a.shape != m.shape or vb.a.shape != m.shape:
-            x, y = np.broadcast_arrays(va.f64, vb.f64)
-            mism = ~((x == y) | (np.isnan(x) & np.isnan(y)))
-            return TieSplit(int((mism & m).sum()), int(m.sum()), int((mism & ~m).sum()),
-                            int((~m).sum()))
-        # chunk by chunk, without float64 copies: (mismatches inside, inside, all mismatches)
-        xf, yf, mf = _flat(va.a), _flat(vb.a), _flat(m)
-        native = xf.dtype == yf.dtype and xf.dtype in (np.float32, np.float64)
-
-        def work(lo, hi):
-            x, y = xf[lo:hi], yf[lo:hi]
-            if not native:
-                x, y = _f64(x), _f64(y)
-            eq = x == y
-            if not eq.all():
-                eq |= np.isnan(x) & np.isnan(y)
-            mism = np.logical_not(eq, out=eq)
-            mc = mf[lo:hi]
-            return (int(np.count_nonzero(mism & mc)), int(np.count_nonzero(mc)),
-                    int(np.count_nonzero(mism)))
-
-        parts = _map_chunks(work, mf.size)
-        mi, inside, mall = (sum(p[k] for p in parts) for k in range(3))
-        return TieSplit(mi, inside, mall - mi, mf.size - inside)
+        devs = {str(t.device) for t in (ta, tb, m)}
+        if len(devs) > 1:
+            raise ValueError(f"tensors are on different devices (a: {ta.device}, b: "
+                             f"{tb.device}, near ties: {m.device}); move them to one device "
+                             "first (e.g. .cpu())")
+        shape = tuple(m.shape)
+        try:
+            full = np.broadcast_shapes(tuple(ta.shape), tuple(tb.shape), shape)
+        except ValueError:
+            raise ValueError(f"shapes do not match and cannot be broadcast together (a: "
+                             f"{tuple(ta.shape)}, b: {tuple(tb.shape)}, ref: {shape})") from None
+        if full != shape:
+            raise ValueError(f"results of shape {full} do not match the reference's {shape}")
+        ta, tb = (t if tuple(t.shape) == shape else t.broadcast_to(shape) for t in (ta, tb))
+        mi, inside, mall = _C._tie_split(ta.contiguous(), tb.contiguous(), m)
+        n = m.numel()
+        return TieSplit(int(mi), int(inside), int(mall - mi), int(n - inside))
 
     def __str__(self) -> str:
-        return (f"{self.count} of {self._mask.size} elements ({100 * self.fraction:.4g}%) lie "
-                f"within {self.within} ulp of a {self.dtype.name} rounding midpoint")
+        return (f"{self.count} of {self._mask.numel()} elements ({100 * self.fraction:.4g}%) "
+                f"lie within {self.within} ulp of a {self.dtype.name} rounding midpoint")
 
     __repr__ = __str__
+
+
+def _float_tensor(x: Any, what: str) -> Tensor:
+    """`x` as a castlab tensor on its own device (castlab and torch tensors without a
+    copy, NumPy arrays and Python numbers as CPU tensors), of a floating-point dtype."""
+    if isinstance(x, Tensor):
+        t = x
+    elif type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__"):
+        t = from_dlpack(x.detach())
+    else:
+        v = _val(x, what)
+        t = _tensor(v.a)
+    _check_float(t.dtype, what)
+    return t
 
 
 def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
     """Elements whose exact value (`ref`, e.g. the fp64 policy's output) lies within
     `within` ulps of `dtype` of a rounding midpoint of `dtype` (where two correct-looking
     computations can round different ways). ``.mismatch_rate(a, b)`` splits the
-    mismatches of two results into inside vs outside that set.
+    mismatches of two results into inside vs outside that set. Computed by castlab's code
+    on the reference's device (CPU threads or the GPU); the mask and distances stay there.
 
     >>> import castlab as cl, castlab.numerics as nm
     >>> r = cl.tensor([1 + 2**-8, 1 + 2**-8 + 2**-20, 1.25], dtype=cl.float64)
@@ -172,48 +174,10 @@ def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
                         f"got {type(within).__name__} {within!r}")
     if not 0 <= within < 0.5:
         raise ValueError(f"within must be a fraction of an ulp in [0, 0.5), got {within}")
-    v = _float_val(ref, "ref")
+    t = _float_tensor(ref, "ref")
     f = _fmt(dtype)
-    if not _at_least_as_precise(_fmt(v.dt), f) or v.dt is f.dt:
+    if not _at_least_as_precise(_fmt(t.dtype), f) or t.dtype is f.dt:
         raise ValueError(f"near_ties needs a reference more precise than {f.name}, got "
-                         f"{v.dt.name}")
-    mask, dist = _tie_scan(v.a, f, within)
-    return NearTies(mask, dist, f.dt, within, v.device)
-
-
-def _chunks(n: int) -> list:
-    return [(lo, min(lo + _LEAF, n)) for lo in range(0, n, _LEAF)]
-
-
-def _map_chunks(work, n: int) -> list:
-    """work(lo, hi) over chunks of [0, n), on a few threads when n is large."""
-    return parallel_map(lambda c: work(*c), _chunks(n), n)
-
-
-def _tie_scan(ra: np.ndarray, f, within: float) -> tuple:
-    """(mask, dist) of near_ties, chunk by chunk (elementwise: the values of the whole-array
-    definitions), without a float64 copy of the reference: |r| / ulp(r) - its floor is
-    the position between two neighbours, minus 1/2 the signed distance from the midpoint;
-    NaN, infinite and beyond-the-largest-finite elements have distance NaN, no mask."""
-    rflat = _flat(ra)
-    n = rflat.size
-    mask = np.empty(n, dtype=bool)
-    dist = np.empty(n, dtype=np.float64)
-
-    def work(lo, hi):
-        with np.errstate(all="ignore"):
-            a = np.abs(_f64(rflat[lo:hi]))
-            t = a / _ulp_np(a, f)
-            t -= np.floor(t)
-            d = np.subtract(t, 0.5, out=dist[lo:hi])
-            ok = np.isfinite(a)
-            ok &= a <= f.max
-            m = np.abs(d) <= within
-            m &= ok
-            m &= t != 0
-            mask[lo:hi] = m
-            if not ok.all():
-                d[~ok] = np.nan
-
-    _map_chunks(work, n)
-    return mask.reshape(ra.shape), dist.reshape(ra.shape)
+                         f"{t.dtype.name}")
+    mask, dist, count = _C._near_ties(t.contiguous(), f.dt.name, float(within))
+    return NearTies(mask, dist, count, f.dt, within)
