@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from fractions import Fraction
 
+import _hostcheck
 import ml_dtypes
 import numpy as np
 import pytest
@@ -449,58 +450,41 @@ def test_gpu_kernel_per_element_code_compiled_for_the_host_equals_the_cpu(config
     assert got == want
 
 
-REF_CLASS_CHECK = r"""#include <cmath>
-#include <cstdio>
-#include <random>
-#include "ops/scalar/exhaustive.h"
+REF_CLASS_CHECK = r"""#include "ops/scalar/exhaustive.h"
 using namespace cl;
-static unsigned long long checked = 0, bad = 0;
-static bool same(double a, double b) { return f64_bits(a) == f64_bits(b); }
 static void check(double r, const ExFormat& f) {
   const ExRef R = ex_ref(r, f);
   const ExRefClass c = ex_ref_class(R, f);
   double e;
   const int cat = ex_classify(R.crbits, ex_value(R.crbits, f.code), R, f, &e);
   const double t = ex_midpoint_distance(R, f);
-  ++checked;
-  if (cat != c.cat || !same(e, c.err) || !same(t, c.tie_d)) {
-    if (bad++ < 5)
-      printf("format %d r %a: cat %d vs %d, err %a vs %a, tie %a vs %a\n", f.code, r, c.cat, cat,
-             c.err, e, c.tie_d, t);
-  }
-}
-static void around(double v, const ExFormat& f) {
-  check(v, f);
-  double u = v, d = v;
-  for (int k = 0; k < 3; ++k) {
-    u = std::nextafter(u, INFINITY);
-    d = std::nextafter(d, -INFINITY);
-    check(u, f);
-    check(d, f);
-  }
+  report(cat == c.cat && f64_bits(e) == f64_bits(c.err) && f64_bits(t) == f64_bits(c.tie_d),
+         "format %d r %a: cat %d vs %d, err %a vs %a, tie %a vs %a\n", f.code, r, c.cat, cat,
+         c.err, e, c.tie_d, t);
 }
 int main() {
   std::mt19937_64 g(7);
   for (int code : {kBFloat16, kFloat16, kFloat8E4M3FN, kFloat8E5M2, kFloat32, kFloat64}) {
     const ExFormat f = ex_format(code);
+    const auto at = [&](double v) { check(v, f); };
     // every value of the 16- and 8-bit formats (2**20 random fp32 ones), the midpoints
     // with the next encoding, and 3 fp64 ulps either side of each
     const unsigned long long n = f.bits <= 16 ? 1ull << f.bits : 1ull << 20;
     for (unsigned long long k = 0; k + 1 < n && f.bits <= 32; ++k) {
       const uint32_t b = f.bits <= 16 ? (uint32_t)k : (uint32_t)g();
       const double v = bits_to_f64(b, code), w = bits_to_f64(b + 1, code);
-      around(v, f);
-      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, f);
+      around(v, at);
+      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, at);
     }
-    around(f.overflow, f);
-    around(0.0, f);
-    around(-0.0, f);
+    around(f.overflow, at);
+    around(0.0, at);
+    around(-0.0, at);
     check(INFINITY, f);
     check(-INFINITY, f);
     check(NAN, f);
     const double tiny = std::ldexp(1.0, f.emin - f.p);  // the smallest subnormal
-    around(tiny / 2, f);
-    around(-tiny / 2, f);
+    around(tiny / 2, at);
+    around(-tiny / 2, at);
     for (int k = 0; k < 1000000; ++k) {  // random doubles, and random ones in the format's range
       check(f64_from_bits(g()), f);
       check(std::ldexp((double)(g() >> 11) * 0x1p-53, (int)(g() % 300) - 150), f);
@@ -517,17 +501,8 @@ def test_reference_class_fast_path_equals_the_general_functions(tmp_path):
     |r|) gives what ex_classify and ex_midpoint_distance give, bit for bit: every value and
     midpoint of the 8- and 16-bit formats and 3 fp64 ulps either side, random fp32 values,
     the overflow threshold, zeros, subnormal halves, specials, 2M random doubles per format."""
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "c.cpp").write_text(REF_CLASS_CHECK)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
-                    str(tmp_path / "c.cpp"), "-o", str(tmp_path / "c")], check=True)
-    out = subprocess.run([str(tmp_path / "c")], check=True, capture_output=True,
-                         text=True).stdout.split()
-    checked, bad = int(out[-2]), int(out[-1])
-    assert checked > 6_000_000 and bad == 0, " ".join(out)
+    checked, bad, out = _hostcheck.run(tmp_path, REF_CLASS_CHECK)
+    assert checked > 6_000_000 and bad == 0, out
 
 
 @pytest.mark.parametrize("case", list(NVRTC_CASES))

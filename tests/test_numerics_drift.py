@@ -7,11 +7,9 @@ zeros, rounding ties and overflow."""
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
 import warnings
 
+import _hostcheck
 import ml_dtypes
 import numpy as np
 import pytest
@@ -218,38 +216,24 @@ def test_drift_scan_equals_plain_definitions(fmt, n, special):
     assert got["mismatches"] == int(diff.sum())
 
 
-CMP_ROUND_CHECK = r"""#include <cmath>
-#include <cstdio>
-#include <random>
-#include "ops/scalar/compare.h"
+CMP_ROUND_CHECK = r"""#include "ops/scalar/compare.h"
 using namespace cl;
-static unsigned long long checked = 0, bad = 0;
 static void check(double v, int code) {
   const double a = cmp_round(v, code), b = round_f64_to(v, code, kNearestEven, true, 0);
-  ++checked;
-  if (f64_bits(a) != f64_bits(b) && !(a != a && b != b) && bad++ < 5)
-    printf("code %d v %a: %a vs %a\n", code, v, a, b);
-}
-static void around(double v, int code) {
-  double u = v, d = v;
-  check(v, code);
-  for (int k = 0; k < 3; ++k) {
-    u = std::nextafter(u, INFINITY);
-    d = std::nextafter(d, -INFINITY);
-    check(u, code);
-    check(d, code);
-  }
+  report(f64_bits(a) == f64_bits(b) || (a != a && b != b), "code %d v %a: %a vs %a\n", code, v,
+         a, b);
 }
 int main() {
   std::mt19937_64 g(3);
   for (int code : {kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN, kFloat8E5M2}) {
+    const auto at = [&](double v) { check(v, code); };
     const int nb = code == kFloat32 ? 20 : (code == kBFloat16 || code == kFloat16) ? 16 : 8;
     for (unsigned long long k = 0; k + 1 < (1ull << nb); ++k) {  // values, midpoints, +-3 ulps
       const uint32_t b = code == kFloat32 ? (uint32_t)g() : (uint32_t)k;
       const double v = bits_to_f64(b, code), w = bits_to_f64(b + 1, code);
-      around(v, code);
-      around(-v, code);
-      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, code);
+      around(v, at);
+      around(-v, at);
+      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, at);
     }
     for (int k = 0; k < 1000000; ++k) {
       check(f64_from_bits(g()), code);
@@ -271,16 +255,8 @@ def test_compare_fast_rounding_is_castlabs_conversion(tmp_path):
     conversion, round_f64_to, bit for bit: every bf16/fp16/fp8 value, its negation, the
     midpoints with the next encoding, 3 fp64 ulps either side, random fp32 values,
     specials, and 2M random doubles per format."""
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "r.cpp").write_text(CMP_ROUND_CHECK)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", root,
-                    str(tmp_path / "r.cpp"), "-o", str(tmp_path / "r")], check=True)
-    out = subprocess.run([str(tmp_path / "r")], check=True, capture_output=True,
-                         text=True).stdout.split()
-    assert int(out[-2]) > 10_000_000 and int(out[-1]) == 0, " ".join(out)
+    checked, bad, out = _hostcheck.run(tmp_path, CMP_ROUND_CHECK)
+    assert checked > 10_000_000 and bad == 0, out
 
 
 def test_round_ieee_is_castlabs_conversion():
@@ -307,20 +283,26 @@ def _nasty_input(rng, shape, dt, p=0.003):
     return cl.from_numpy(a.reshape(shape))
 
 
+@cl.jit
+def _rope_like(x, c, s):
+    """A RoPE-like chain with a second output, for drift."""
+    a, b = cl.chunk(x, 2, dim=-1)
+    y = x * c + cl.cat([-b, a], dim=-1) * s
+    return cl.silu(y) * cl.exp(y) / (c + s), y * y
+
+
+def _nasty_args(rng, shape, dt):
+    return (_nasty_input(rng, shape, dt), _nasty_input(rng, shape[-2:], dt),
+            _nasty_input(rng, shape[-2:], dt))
+
+
 @pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
 def test_drift_equals_previous_implementation(dt):
     dt = getattr(cl, dt)
     rng = np.random.default_rng(11)
 
-    @cl.jit
-    def chain(x, c, s):
-        a, b = cl.chunk(x, 2, dim=-1)
-        y = x * c + cl.cat([-b, a], dim=-1) * s
-        return cl.silu(y) * cl.exp(y) / (c + s), y * y
-
-    shape = (2, 3, 1400, 64)     # > 4 chunks of 2**15: the threaded path
-    args = (_nasty_input(rng, shape, dt), _nasty_input(rng, shape[-2:], dt),
-            _nasty_input(rng, shape[-2:], dt))
+    chain = _rope_like
+    args = _nasty_args(rng, (2, 3, 1400, 64), dt)   # > 4 chunks of 2**15: the threaded path
     pols = ("eager", "fused", cl.Policy(name="custom", round_after=(1, 3)))
     d = nm.drift(chain, args, policies=pols, maths=("torch_eager", "inductor"))
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -424,15 +406,8 @@ def test_drift_on_the_gpu_equals_the_cpu(dt, _g):
     dt = getattr(cl, dt)
     rng = np.random.default_rng(17)
 
-    @cl.jit
-    def chain(x, c, s):
-        a, b = cl.chunk(x, 2, dim=-1)
-        y = x * c + cl.cat([-b, a], dim=-1) * s
-        return cl.silu(y) * cl.exp(y) / (c + s), y * y
-
-    shape = (2, 3, 700, 64)
-    args = (_nasty_input(rng, shape, dt), _nasty_input(rng, shape[-2:], dt),
-            _nasty_input(rng, shape[-2:], dt))
+    chain = _rope_like
+    args = _nasty_args(rng, (2, 3, 700, 64), dt)
     pols = ("eager", "fused")
     cpu = nm.drift(chain, args, policies=pols, maths=("portable",), ref_math="portable")
     gpu = nm.drift(chain, tuple(a.to("cuda") for a in args), policies=pols,

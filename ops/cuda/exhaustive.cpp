@@ -293,6 +293,35 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
        "  return v;\n"
        "#endif\n"
        "}\n";
+  // a result's counter increments from its class: the category's 8-bit field, the window
+  // bin's field in one of three words, the histogram bin, and whether the bin is rare
+  s += "struct ClInc { unsigned cat, win[3]; int bin; bool rare; };\n"
+       "__device__ __forceinline__ ClInc cl_inc(bool has_e, int cat, double err) {\n"
+       "  ClInc r;\n"
+       "  r.bin = cl::ex_hist_bin(err);\n"
+       "  const unsigned w = (unsigned)(r.bin - 1);\n"
+       "  const unsigned inc = has_e && w < " +
+       I(kWinBins) +
+       "u ? 1u << (8 * (w & 3u)) : 0u;\n"
+       "  r.cat = has_e ? 1u << (8 * cat) : 0u;\n"
+       "  r.win[0] = w < 4u ? inc : 0u;\n"
+       "  r.win[1] = (w >> 2) == 1u ? inc : 0u;\n"
+       "  r.win[2] = (w >> 2) == 2u ? inc : 0u;\n"
+       "  r.rare = has_e && r.bin > " +
+       I(kWinBins) +
+       ";\n"
+       "  return r;\n"
+       "}\n";
+  // the least of the configurations' worst errors (a round whose errors are all below it
+  // changes none of them)
+  s += "__device__ __forceinline__ double cl_least(const double* b) {\n"
+       "  double m = b[0];\n"
+       "#pragma unroll\n"
+       "  for (int c = 1; c < " +
+       I(nc) +
+       "; ++c) m = b[c] < m ? b[c] : m;\n"
+       "  return m;\n"
+       "}\n";
   // adds the warp's totals of the four 8-bit fields of v to d[0..3] (lane 0 writes)
   s += "__device__ __forceinline__ void cl_flush4(unsigned long long* d, unsigned v) {\n"
        "  const unsigned lo = cl_wsum(v & 0x00FF00FFu), hi = cl_wsum((v >> 8) & 0x00FF00FFu);\n"
@@ -401,30 +430,23 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "    pk_tie += valid ? (tie ? 1u : 0u) + (cl::ex_near_midpoint(tie_d, F) ? 0x100u : 0u) : "
        "0u;\n";
   s += "    const bool he_cr = valid && cat_cr != cl::kExNanMismatch;\n";
-  s += "    const int bin_cr = cl::ex_hist_bin(e_cr);\n";
-  s += "    const unsigned w_cr = (unsigned)(bin_cr - 1);\n";
-  s += "    const unsigned iw_cr = he_cr && w_cr < " + I(kWinBins) +
-       "u ? 1u << (8 * (w_cr & 3u)) : 0u;\n";
-  s += "    const unsigned ic_cr = he_cr ? 1u << (8 * cat_cr) : 0u;\n";
-  s += "    const bool rare_cr = he_cr && bin_cr > " + I(kWinBins) + ";\n";
+  s += "    const ClInc inc_cr = cl_inc(he_cr, cat_cr, e_cr);\n";
   s += "    bool mism[" + I(nc) + "];\n";
   s += "#pragma unroll\n    for (int c = 0; c < " + I(nc) +
        "; ++c) mism[c] = valid && xb[c] != R.crbits;\n";
-  std::string any_mism = "rare_cr";
+  std::string any_mism = "inc_cr.rare";
   for (int c = 0; c < nc; ++c) any_mism += " || mism[" + I(c) + "]";
   s += "    if (!__any_sync(0xffffffffu, " + any_mism + ")) {\n";
   // the common round: the reference's class counted once for every configuration (its own
   // row, added to each configuration's at the block's end), no pair differs
-  s += "      pk_rcat += ic_cr;\n";
-  s += "      pk_rwin[0] += w_cr < 4u ? iw_cr : 0u; pk_rwin[1] += (w_cr >> 2) == 1u ? iw_cr : 0u;"
-       " pk_rwin[2] += (w_cr >> 2) == 2u ? iw_cr : 0u;\n";
+  s += "      pk_rcat += inc_cr.cat;\n";
+  s += "      pk_rwin[0] += inc_cr.win[0]; pk_rwin[1] += inc_cr.win[1]; pk_rwin[2] += "
+       "inc_cr.win[2];\n";
   s += "      if (he_cr && e_cr > best_lo) {\n";
   s += "#pragma unroll\n        for (int c = 0; c < " + I(nc) + "; ++c)\n";
   s += "          if (e_cr > best_e[c]) { best_e[c] = e_cr; s_bi[c][threadIdx.x] = (" + bi_t +
        ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
-  s += "        best_lo = best_e[0];\n";
-  s += "#pragma unroll\n        for (int c = 1; c < " + I(nc) +
-       "; ++c) best_lo = best_e[c] < best_lo ? best_e[c] : best_lo;\n";
+  s += "        best_lo = cl_least(best_e);\n";
   s += "      }\n";
   s += "      continue;\n";
   s += "    }\n";
@@ -432,11 +454,11 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   // (fused ones mostly do) takes its category, error and counter increments instead of
   // working them out again; one that returns the correctly rounded value in every lane
   // takes the reference's class
-  s += "    bool xn[" + I(nc) + "], has_e[" + I(nc) + "], rare[" + I(nc) + "], eqp[" + I(nc) +
-       "], rany[" + I(nc) + "];\n";
+  s += "    bool xn[" + I(nc) + "], has_e[" + I(nc) + "], eqp[" + I(nc) + "], rany[" + I(nc) +
+       "];\n";
   s += "    unsigned mm[" + I(nc) + "];\n";
-  s += "    int bins[" + I(nc) + "];\n    double errs[" + I(nc) + "];\n";
-  s += "    unsigned inc_cat[" + I(nc) + "], inc_win[" + I(nc) + "][3];\n";
+  s += "    double errs[" + I(nc) + "];\n";
+  s += "    ClInc inc[" + I(nc) + "];\n";
   s += "#pragma unroll\n";
   s += "    for (int c = 0; c < " + I(nc) + "; ++c) {\n";
   s += "      mm[c] = __ballot_sync(0xffffffffu, mism[c]);\n";
@@ -444,42 +466,27 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
        "!__any_sync(0xffffffffu, xb[c] != xb[c - 1]));\n";
   s += "      if (eqp[c]) {\n";
   s += "        errs[c] = errs[c - 1]; xn[c] = xn[c - 1]; has_e[c] = has_e[c - 1];\n";
-  s += "        inc_cat[c] = inc_cat[c - 1]; bins[c] = bins[c - 1]; rare[c] = rare[c - 1];\n";
-  s += "        inc_win[c][0] = inc_win[c - 1][0]; inc_win[c][1] = inc_win[c - 1][1];\n";
-  s += "        inc_win[c][2] = inc_win[c - 1][2];\n";
+  s += "        inc[c] = inc[c - 1];\n";
   s += "      } else if (mm[c] == 0u) {\n";
-  s += "        errs[c] = e_cr; xn[c] = R.nan; has_e[c] = he_cr;\n";
-  s += "        inc_cat[c] = ic_cr; bins[c] = bin_cr; rare[c] = rare_cr;\n";
-  s += "        inc_win[c][0] = w_cr < 4u ? iw_cr : 0u; inc_win[c][1] = (w_cr >> 2) == 1u ? iw_cr"
-       " : 0u;\n";
-  s += "        inc_win[c][2] = (w_cr >> 2) == 2u ? iw_cr : 0u;\n";
+  s += "        errs[c] = e_cr; xn[c] = R.nan; has_e[c] = he_cr; inc[c] = inc_cr;\n";
   s += "      } else {\n";
   s += "        const double xv = cl::ex_value(xb[c], " + I(oc) + ");\n";
   s += "        const int cat = cl::ex_classify(xb[c], xv, R, F, &errs[c]);\n";
   s += "        xn[c] = cl::isnan_d(xv);\n";
   s += "        has_e[c] = valid && cat != cl::kExNanMismatch;\n";
-  s += "        inc_cat[c] = has_e[c] ? 1u << (8 * cat) : 0u;\n";
-  s += "        bins[c] = cl::ex_hist_bin(errs[c]);\n";
-  s += "        const unsigned w = (unsigned)(bins[c] - 1);\n";
-  s += "        const unsigned inc = has_e[c] && w < " + I(kWinBins) +
-       "u ? 1u << (8 * (w & 3u)) : 0u;\n";
-  s += "        inc_win[c][0] = w < 4u ? inc : 0u;\n";
-  s += "        inc_win[c][1] = (w >> 2) == 1u ? inc : 0u;\n";
-  s += "        inc_win[c][2] = (w >> 2) == 2u ? inc : 0u;\n";
-  s += "        rare[c] = has_e[c] && bins[c] > " + I(kWinBins) + ";\n";
+  s += "        inc[c] = cl_inc(has_e[c], cat, errs[c]);\n";
   s += "      }\n";
-  s += "      pk_cat[c] += inc_cat[c];\n";
-  s += "      pk_win[c][0] += inc_win[c][0]; pk_win[c][1] += inc_win[c][1];"
-       " pk_win[c][2] += inc_win[c][2];\n";
-  s += "      rany[c] = eqp[c] ? rany[c - 1] : __any_sync(0xffffffffu, rare[c]);\n";
-  s += "      if (rany[c]) cl_wadd(s_rare + c * " + I(kExHistBins) + ", bins[c], rare[c]);\n";
+  s += "      pk_cat[c] += inc[c].cat;\n";
+  s += "      pk_win[c][0] += inc[c].win[0]; pk_win[c][1] += inc[c].win[1];"
+       " pk_win[c][2] += inc[c].win[2];\n";
+  s += "      rany[c] = eqp[c] ? rany[c - 1] : __any_sync(0xffffffffu, inc[c].rare);\n";
+  s +=
+      "      if (rany[c]) cl_wadd(s_rare + c * " + I(kExHistBins) + ", inc[c].bin, inc[c].rare);\n";
   s +=
       "      if (has_e[c] && errs[c] > best_e[c]) { best_e[c] = errs[c]; s_bi[c][threadIdx.x] = (" +
       bi_t + ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
   s += "    }\n";
-  s += "    best_lo = best_e[0];\n";
-  s += "#pragma unroll\n    for (int c = 1; c < " + I(nc) +
-       "; ++c) best_lo = best_e[c] < best_lo ? best_e[c] : best_lo;\n";
+  s += "    best_lo = cl_least(best_e);\n";
   int q = 0;
   for (int a = 0; a < nc; ++a)
     for (int b = a + 1; b < nc; ++b, ++q) {
