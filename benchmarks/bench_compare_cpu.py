@@ -1,6 +1,7 @@
 """Speed and peak memory of castlab.numerics.compare on the CPU: three 16M-element bf16
 results against an fp64 reference (issue 20 item 4: under 1 s on 2 CPU cores, memory at
-most one extra fp64 copy).
+most one extra fp64 copy), given as castlab tensors (castlab's compare kernels on the
+CPU's threads) and, in the same run, as NumPy arrays (the chunked NumPy scan).
 
     python benchmarks/bench_compare_cpu.py [--n 16777216] [--repeat 3]
 
@@ -21,6 +22,7 @@ import ml_dtypes
 import numpy as np
 from _memory import reset_peak, rss_kib
 
+import castlab as cl
 import castlab.numerics as nm
 
 
@@ -43,32 +45,41 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1 << 24)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    res, ref = inputs(args.n)
+    res_np, ref_np = inputs(args.n)
     names = ["eager", "fp32-path", "bumped"]
-    nm.compare(*[r[:1] for r in res], ref=ref[:1], names=names)  # imports, first-call setup
-    times, cpus, peaks = [], [], []
-    for _ in range(args.repeat):
-        ok = reset_peak()
-        base = rss_kib("VmRSS")
-        t, tc = time.perf_counter(), time.process_time()
-        c = nm.compare(*res, ref=ref, names=names)
-        times.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - tc)
-        peaks.append((rss_kib("VmHWM") - base) / 1024 if ok else float("nan"))
-        del c
-    tracemalloc.start()
-    c = nm.compare(*res, ref=ref, names=names)
-    tm_peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    del c
-    f64 = args.n * 8 / 2**20
     print(f"# castlab compare CPU benchmark {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           f"  cores={os.cpu_count()}  n={args.n}  3 bf16 results vs fp64 ref")
-    print(f"compare: best {min(times):.3f} s wall, {min(cpus):.3f} s CPU (all threads)  "
-          f"(wall runs {', '.join(f'{t:.3f}' for t in times)}; load average "
-          f"{os.getloadavg()[0]:.1f})")
-    print(f"peak extra resident memory (first call): {peaks[0]:.0f} MiB; NumPy allocations "
-          f"peak (tracemalloc): {tm_peak:.0f} MiB  (one fp64 copy = {f64:.0f} MiB)")
+    f64 = args.n * 8 / 2**20
+    best = {}
+    for label, res, ref in [
+            ("castlab tensors (kernels)", [cl.from_numpy(r) for r in res_np],
+             cl.from_numpy(ref_np)),
+            ("NumPy arrays (scan)", res_np, ref_np)]:
+        nm.compare(*[r[:1] for r in res], ref=ref[:1], names=names)  # first-call setup
+        times, cpus, peaks = [], [], []
+        for _ in range(args.repeat):
+            ok = reset_peak()
+            base = rss_kib("VmRSS")
+            t, tc = time.perf_counter(), time.process_time()
+            c = nm.compare(*res, ref=ref, names=names)
+            times.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - tc)
+            peaks.append((rss_kib("VmHWM") - base) / 1024 if ok else float("nan"))
+            del c
+        tracemalloc.start()
+        c = nm.compare(*res, ref=ref, names=names)
+        tm_peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        del c
+        best[label] = min(times)
+        print(f"{label}: best {min(times):.3f} s wall, {min(cpus):.3f} s CPU (all threads)  "
+              f"(wall runs {', '.join(f'{t:.3f}' for t in times)}; load average "
+              f"{os.getloadavg()[0]:.1f})")
+        print(f"  peak extra resident memory (first call): {peaks[0]:.0f} MiB; NumPy "
+              f"allocations peak (tracemalloc): {tm_peak:.0f} MiB  (one fp64 copy = "
+              f"{f64:.0f} MiB)")
+    k, sc = best["castlab tensors (kernels)"], best["NumPy arrays (scan)"]
+    print(f"kernels / scan time: {k / sc:.2f}")
     return 0
 
 

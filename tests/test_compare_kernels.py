@@ -16,7 +16,6 @@ import castlab as cl
 import castlab.cuda as clcuda
 import castlab.numerics as nm
 from castlab import _C
-from castlab.numerics import _compare
 from castlab.numerics._formats import _DevVal, _fmt, _round_np
 
 _PW = 128   # NumPy's pairwise block
@@ -68,22 +67,20 @@ def _assert_same_comparison(got, want):
                 assert _same_value(rg[key], rw[key]), (key, rg[key], rw[key])
 
 
-def _both_paths(monkeypatch, xs, ref, tol=1e-4):
+def _both_paths(xs, ref, tol=1e-4):
     names = [f"r{i}" for i in range(len(xs))]
-    want = nm.compare(*xs, ref=ref, names=names, tol=tol)
-    monkeypatch.setattr(_compare, "_KERNELS_ON_CPU", True)
+    want = nm.compare(*xs, ref=ref, names=names, tol=tol)   # NumPy arrays: the scan
     ts = [cl.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x for x in xs]
     rt = None if ref is None else (cl.from_numpy(np.ascontiguousarray(ref))
                                    if isinstance(ref, np.ndarray) else ref)
     got = nm.compare(*ts, ref=rt, names=names, tol=tol)
-    monkeypatch.setattr(_compare, "_KERNELS_ON_CPU", False)
     assert all(isinstance(v, _DevVal) for v in got._vals)    # it took the kernels' path
     return got, want
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 127, 128, 129, 136, 1000, 4099, 100_003])
 @pytest.mark.parametrize("with_ref", ["special", "finite", None])
-def test_kernel_metrics_equal_the_numpy_scan(monkeypatch, n, with_ref):
+def test_kernel_metrics_equal_the_numpy_scan(n, with_ref):
     rng = np.random.default_rng(n)
     ref = _ref(rng, n, special=with_ref == "special")
     bf = cl.bfloat16
@@ -94,7 +91,7 @@ def test_kernel_metrics_equal_the_numpy_scan(monkeypatch, n, with_ref):
     xs.append(_nasty(rng, n, cl.float32, ref, p))
     xs.append(_nasty(rng, n, cl.float8_e5m2, ref, p))
     xs.append(_nasty(rng, n, cl.float8_e4m3fn, ref, p))
-    got, want = _both_paths(monkeypatch, xs, ref if with_ref else None)
+    got, want = _both_paths(xs, ref if with_ref else None)
     if with_ref == "finite" and n > 1:
         assert all(math.isfinite(r["rmse"]) for r in want.rows[:5]), "the sums were not tested"
     _assert_same_comparison(got, want)
@@ -105,7 +102,7 @@ def test_kernel_metrics_equal_the_numpy_scan(monkeypatch, n, with_ref):
 
 @pytest.mark.parametrize("dt", [cl.bfloat16, cl.float16, cl.float32, cl.float64,
                                 cl.float8_e4m3fn, cl.float8_e5m2])
-def test_kernel_metrics_every_dtype_and_same_verdicts(monkeypatch, dt):
+def test_kernel_metrics_every_dtype_and_same_verdicts(dt):
     rng = np.random.default_rng(7)
     n = 5003
     ref = _ref(rng, n, special=False)
@@ -118,15 +115,15 @@ def test_kernel_metrics_every_dtype_and_same_verdicts(monkeypatch, dt):
     if dt is not cl.float8_e4m3fn:
         nan[17] = np.nan
     for tol in (1e-4, 1e-2, 0.1):
-        got, want = _both_paths(monkeypatch, [base, close, far, nan], ref, tol)
+        got, want = _both_paths([base, close, far, nan], ref, tol)
         _assert_same_comparison(got, want)
     # an fp32 reference for 16-bit results
     if dt.itemsize <= 2:
-        got, want = _both_paths(monkeypatch, [base, close], ref.astype(np.float32))
+        got, want = _both_paths([base, close], ref.astype(np.float32))
         _assert_same_comparison(got, want)
 
 
-def test_kernel_metrics_of_broadcast_and_strided_operands(monkeypatch):
+def test_kernel_metrics_of_broadcast_and_strided_operands():
     rng = np.random.default_rng(3)
     ref = rng.standard_normal((64, 1, 33))
     x = _round_np(ref, _fmt(cl.bfloat16)).astype(ml_dtypes.bfloat16)
@@ -137,7 +134,6 @@ def test_kernel_metrics_of_broadcast_and_strided_operands(monkeypatch):
     assert not strided.is_contiguous()
     names = ["b", "full", "strided"]
     want = nm.compare(x, full, full, ref=ref, names=names)
-    monkeypatch.setattr(_compare, "_KERNELS_ON_CPU", True)
     got = nm.compare(cl.from_numpy(x), t_full, strided, ref=cl.from_numpy(ref), names=names)
     _assert_same_comparison(got, want)
     assert repr(got.worst(1)) == repr(want.worst(1))

@@ -320,6 +320,23 @@ def test_drift_equals_previous_implementation(dt):
     assert dt is cl.float32 or any(math.isnan(r["max_ulp"]) for r in rows)
 
 
+def test_drift_beyond_the_kernels_results_takes_the_scan():
+    """More combinations than the compare kernels take at once (9 > CMP_MAX_RESULTS):
+    the NumPy scan, with the previous implementation's rows."""
+    assert 9 > cl._C.CMP_MAX_RESULTS
+    rng = np.random.default_rng(4)
+    args = _nasty_args(rng, (2, 40, 64), cl.bfloat16)
+    pols = ("eager", "fused", cl.Policy(name="custom", round_after=(1, 3)))
+    maths = ("torch_eager", "inductor", "portable")
+    d = nm.drift(_rope_like, args, policies=pols, maths=maths)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rows, first, labels = _old_drift(_rope_like, args, policies=pols, maths=maths)
+    assert len(d.combos) == 9 and d.node_labels == labels and d.first_divergence == first
+    for g, w in zip(d.rows, rows):
+        assert all(_same(g[k], w[k]) for k in w), (g, w)
+
+
 def test_drift_small_and_without_divergence():
     sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
     for x in (cl.randn(32, 32, seed=0, dtype=cl.bfloat16), cl.randn(1, 2, seed=1, dtype=cl.float16)):
@@ -401,8 +418,8 @@ def test_drift_kernel_on_the_gpu_equals_the_scan(fmt, _g):
 @pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("_g", [pytest.param(0, marks=needs_gpu)])
 def test_drift_on_the_gpu_equals_the_cpu(dt, _g):
-    """nm.drift of CUDA tensors (the kernels) gives the CPU's rows (the NumPy scan), bit
-    for bit, on a chain with NaN, inf and subnormal inputs."""
+    """nm.drift of CUDA tensors gives the CPU's rows, bit for bit, on a chain with NaN,
+    inf and subnormal inputs."""
     dt = getattr(cl, dt)
     rng = np.random.default_rng(17)
 

@@ -63,6 +63,7 @@ CL_HD int cmp_ni(int nres) { return kCiPer * nres + 1; }
 CL_HD int cmp_union(int nres) { return kCiPer * nres; }
 
 CL_HD double cmp_inf() { return f64_from_bits(0x7FF0000000000000ull); }
+CL_HD double cmp_nan() { return f64_from_bits(0x7FF8000000000000ull); }
 CL_HD float cmp_absf(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
 // NumPy's maximum: NaN propagates.
 CL_HD double cmp_nanmax(double a, double b) {
@@ -141,9 +142,10 @@ CL_HD bool cmp_isclose(double b, double x, int code, double tol) {
 }
 
 // The summed quantities of element lo + i, as reduce.h's pairwise sums read them (a[i]).
-// On the host a leaf keeps the reference's values and each result's ulp errors in buffers
-// (each element's costly parts once); a GPU thread, whose local memory is dear, recomputes
-// them. Same values either way.
+// On the host a leaf keeps in buffers the reference's values, its ulp factor and correctly
+// rounded value per metric format, and each result's summed quantities (each element's
+// costly parts once); a GPU thread, whose local memory is dear, recomputes them. Same
+// values either way.
 #ifdef __CUDA_ARCH__
 constexpr int64_t kCmpBuf = 1;
 #else
@@ -156,12 +158,12 @@ struct CmpSummand {
   int j;  // the result (not read for kSumRefSq)
   int kind;
   int64_t lo;
-  const double* rbuf;   // the reference's values (host), or null
-  const double* uebuf;  // result j's ulp errors (host), or null
+  const double* rbuf;  // the reference's values (host), or null
+  const double* vbuf;  // the summed values themselves, kept by the leaf's pass (host), or null
   CL_HD_METHOD double operator[](int64_t i) const {
+    if (vbuf) return vbuf[i];
     const double r = rbuf ? rbuf[i] : cmp_load(P->ref, P->ref_code, lo + i);
     if (kind == kSumRefSq) return r * r;
-    if (kind == kSumUlp && uebuf) return uebuf[i];
     const double x = cmp_load(P->x[j], P->code[j], lo + i);
     if (kind == kSumSq) return (x - r) * (x - r);
     if (kind == kSumUlp) return ex_ulp_error(x, r, ex_format(P->fmt[j]));
@@ -178,7 +180,11 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
   const bool buf = kCmpBuf > 1;
   const int bcode = P.code[0];
   const ExFormat bf = ex_format(bcode);
-  double rv[kCmpBuf], ue_v[kCmpBuf];
+  double rv[kCmpBuf], ue_v[kCmpBuf], sq_v[kCmpBuf], abs_v[kCmpBuf];
+  // per metric format (cached while the results share it): the reference's ulp factor (NaN
+  // where r is not finite: the general ulp error) and its correctly rounded value
+  double fac[kCmpBuf], crr[kCmpBuf];
+  int cached_fc = -1;
   double amax = -cmp_inf();  // the reference's largest finite magnitude
   for (int64_t i = 0; has_ref && i < m; ++i) {
     const double r = cmp_load(P.ref, P.ref_code, lo + i);
@@ -201,7 +207,16 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
   for (int j = 0; j < P.nres; ++j) {
     const int code = P.code[j], fc = P.fmt[j];
     const ExFormat f = ex_format(code), mf = ex_format(fc);
-    const bool round_x = fc != code || P.drift;
+    // x in its own format rounds to itself but under fp8's saturation (inf -> the largest)
+    const bool round_x = fc != code || (P.drift && f.bits == 8);
+    if (buf && has_ref && fc != cached_fc) {
+      for (int64_t i = 0; i < m; ++i) {
+        const double r = rv[i];
+        fac[i] = r - r == 0.0 && mf.scale ? ex_inv_ulp(r, mf) : cmp_nan();
+        crr[i] = cmp_round(r, fc);
+      }
+      cached_fc = fc;
+    }
     double* d = D + kCdRef + kCdPer * j;
     int64_t* c = I + kCiPer * j;
     double abs_max = -cmp_inf(), rel_max = -cmp_inf(), ue_max = -cmp_inf(), apart_f = -cmp_inf();
@@ -215,20 +230,25 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
       has_nan |= xn ? 1 : 0;
       if (has_ref) {
         const double r = buf ? rv[i] : cmp_load(P.ref, P.ref_code, k);
+        if (buf) sq_v[i] = (x - r) * (x - r);
         if (!P.drift) {  // drift reads none of the absolute and relative errors
           const double err = (xn && r != r) ? 0.0 : ex_abs(x - r);
+          if (buf) abs_v[i] = err;
           abs_max = cmp_nanmax(abs_max, err);
           rel_max =
               cmp_nanmax(rel_max, r == 0.0 ? (err == 0.0 ? 0.0 : cmp_inf()) : err / ex_abs(r));
         }
-        const double ue = ex_ulp_error(x, r, mf);
+        // finite r and non-NaN x: |x - r| / ulp(r) by the factor, as ex_ulp_error computes
+        // it (an infinite x gives inf there too)
+        const double ue =
+            buf && fac[i] == fac[i] && !xn ? ex_abs(x - r) * fac[i] : ex_ulp_error(x, r, mf);
         if (buf) ue_v[i] = ue;
         if (!(ue_max != ue_max) && (ue != ue || ue > ue_max)) {
           ue_max = ue;
           ue_arg = k;
         }
         const double xr = round_x ? cmp_round(x, fc) : x;
-        ok += ex_differ(cmp_round(r, fc), xr) ? 0 : 1;
+        ok += ex_differ(buf ? crr[i] : cmp_round(r, fc), xr) ? 0 : 1;
       }
       if (j > 0) {
         const uint64_t bb = cmp_bits(P.x[0], bcode, k);
@@ -253,11 +273,13 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
     d[kCdApart] = apart_f;
     d[kCdAbsSum] = d[kCdSqSum] = d[kCdUeSum] = 0.0;
     if (has_ref) {
-      const double* ub = buf ? ue_v : nullptr;
       if (!P.drift)
-        d[kCdAbsSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumAbs, lo, rb, ub}, m);
-      d[kCdSqSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumSq, lo, rb, ub}, m);
-      d[kCdUeSum] = red_pairwise_block<double>(CmpSummand{&P, j, kSumUlp, lo, rb, ub}, m);
+        d[kCdAbsSum] = red_pairwise_block<double>(
+            CmpSummand{&P, j, kSumAbs, lo, rb, buf ? abs_v : nullptr}, m);
+      d[kCdSqSum] =
+          red_pairwise_block<double>(CmpSummand{&P, j, kSumSq, lo, rb, buf ? sq_v : nullptr}, m);
+      d[kCdUeSum] =
+          red_pairwise_block<double>(CmpSummand{&P, j, kSumUlp, lo, rb, buf ? ue_v : nullptr}, m);
     }
     c[kCiUeArg] = ue_arg;
     c[kCiOk] = ok;

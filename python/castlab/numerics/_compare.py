@@ -19,7 +19,7 @@ from ._formats import (
     _broadcast,
     _check_devices,
     _check_float,
-    _cuda_tensor,
+    _device_tensor,
     _DevVal,
     _f64,
     _float_val,
@@ -317,9 +317,12 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
     ``same(first, result, ref, tol)`` verdict (:func:`same`). Results may also be given
     as one dict ``{name: tensor}``. Shapes must broadcast; all on one device.
 
-    The metrics are computed in one pass over chunks of the tensors, on up to 8 threads,
-    without keeping a float64 copy of each: three 16M-element bf16 results against an
-    fp64 reference take well under a second on 2 cores (benchmarks/bench_compare_cpu.py).
+    castlab and torch tensors (at most ``_C.CMP_MAX_RESULTS`` results) are measured by
+    castlab's compare kernels on their device, CPU threads or the GPU, without a float64
+    copy: three 16M-element bf16 results against an fp64 reference take about 0.5 s on 2
+    CPU cores and 5-7 ms on an H200 (benchmarks/bench_compare_cpu.py, bench_compare_cuda.py).
+    NumPy arrays and more results go through a chunked NumPy scan with the same
+    definitions and the same bits.
 
     >>> import castlab as cl, castlab.numerics as nm
     >>> sw = cl.jit(lambda x: cl.silu(cl.chunk(x, 2, -1)[0]) * cl.chunk(x, 2, -1)[1])
@@ -344,9 +347,9 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
         raise ValueError(f"{len(names)} names for {len(results)} results")
     if len(set(names)) != len(names):
         raise ValueError(f"result names must be unique, got {names}")
-    gpu = _gpu_vals(results, ref, names)
-    if gpu is not None:
-        vals, rv = gpu
+    kern = _kernel_vals(results, ref, names)
+    if kern is not None:
+        vals, rv = kern
     else:
         vals = [_float_val(r, f"result {n!r}") for n, r in zip(names, results)]
         rv = None if ref is None else _float_val(ref, "ref")
@@ -364,8 +367,9 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
     if math.prod(shape) == 0:
         raise ValueError(f"compare: the results are empty (shape {tuple(shape)}): there are "
                          "no elements to compare")
-    if gpu is not None:
-        # on the GPU: castlab's own kernels (ops/compare.h), dense operands of one shape
+    if kern is not None:
+        # castlab's own kernels (ops/compare.h) on the tensors' device, dense operands of
+        # one shape
         vals = [_dense(v, shape) for v in vals]
         rv = None if rv is None else _dense(rv, shape)
         st = kernel_scan(vals, [v.t for v in vals], None if rv is None else rv.t, tol)
@@ -383,18 +387,15 @@ def compare(*results: Any, ref: Any = None, names: Any = None, tol: float = 1e-4
     return Comparison(names, vals, rv, tol, rows, st["worst"], st["scale"])
 
 
-# Tests set this to run the GPU path's code (ops/compare.h) on castlab CPU tensors.
-_KERNELS_ON_CPU = False
-
-
-def _gpu_vals(results: tuple, ref: Any, names: list):
-    """The results and reference as values kept on their GPU (:class:`_DevVal`) when every
-    one is a castlab or torch tensor on a GPU and they are at most ``_C.CMP_MAX_RESULTS``;
-    else None (the host path copies them)."""
+def _kernel_vals(results: tuple, ref: Any, names: list):
+    """The results and reference as values kept on their device (:class:`_DevVal`), for
+    castlab's compare kernels (ops/compare.h: CPU threads or the GPU), when every one is a
+    castlab or torch tensor and they are at most ``_C.CMP_MAX_RESULTS``; else None (the
+    NumPy scan of host copies)."""
     if len(results) > int(_C.CMP_MAX_RESULTS):
         return None
-    ts = [_cuda_tensor(r, _KERNELS_ON_CPU) for r in results]
-    rt = None if ref is None else _cuda_tensor(ref, _KERNELS_ON_CPU)
+    ts = [_device_tensor(r) for r in results]
+    rt = None if ref is None else _device_tensor(ref)
     if any(t is None for t in ts) or (ref is not None and rt is None):
         return None
     out = []

@@ -710,15 +710,14 @@ def drift(fn: Any, args: Any, policies: Any = ("eager", "fused"), maths: Any = (
     rows, labels = [], []
     first = None
 
-    # On a GPU, castlab's compare kernels where the values are (only the totals come back;
-    # at most CMP_MAX_RESULTS combinations at once). On the CPU, and beyond that many
-    # combinations, the threaded NumPy scan, chunk by chunk: the same bits (tests), and on
-    # 2 CPU cores faster than the kernels' scalar code (benchmarks/RESULTS.md).
+    # castlab's compare kernels where the values are (CPU threads or the GPU; only the
+    # totals come back), at most CMP_MAX_RESULTS combinations at once; beyond, the
+    # threaded NumPy scan of host copies, chunk by chunk (the same bits: tests)
     def add(label, op, idx, dt, xs, r):
         nonlocal first
         labels.append(label)
         diverge = first is None and len(xs) > 1
-        if len(xs) <= _C.CMP_MAX_RESULTS and r.device.type == "cuda":
+        if len(xs) <= _C.CMP_MAX_RESULTS:
             res = drift_kernel(xs, r, _fmt(dt), diverge)
         else:
             res = drift_scan([_val(x).a for x in xs], _val(r).a, _fmt(dt), diverge)

@@ -114,13 +114,12 @@ class _DevVal(_Val):
         return tuple(self.t.shape)
 
 
-def _cuda_tensor(x: Any, cpu: bool = False):
-    """`x` as a castlab CUDA tensor (torch tensors zero-copy through DLPack), or None when
-    it is not a tensor on a GPU (`cpu`: castlab CPU tensors too)."""
+def _device_tensor(x: Any):
+    """`x` as a castlab tensor on its own device (torch tensors zero-copy through DLPack),
+    or None when it is not a castlab or torch tensor."""
     if isinstance(x, Tensor):
-        return x if (x.device.type == "cuda" or cpu) else None
-    if type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__") \
-            and getattr(x.device, "type", "cpu") == "cuda":
+        return x
+    if type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__"):
         return from_dlpack(x.detach())
     return None
 

@@ -350,7 +350,8 @@ def _plain_round(v: np.ndarray, f) -> np.ndarray:
 
 
 def drift_kernel(xs: list, r, f, diverge: bool) -> dict:
-    """:func:`drift_scan`'s result computed by castlab's own code on the tensors' device
+    """drift()'s metrics of one node: :func:`drift_scan`'s result computed by castlab's
+    own code on the tensors' device
     (``_C._compare``, ops/scalar/compare.h, with every result measured in ulps of `f` and
     rounded to `f`): the same definitions and NumPy's summation tree, so the same bits.
     `xs` and `r`: castlab tensors of one shape on one device, at most
