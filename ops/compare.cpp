@@ -153,4 +153,22 @@ void tie_split_cpu(const void* a, int acode, const void* b, int bcode, const uin
   for (size_t c = 0; c < tc.size(); ++c) out3[c % 3] += tc[c];
 }
 
+void ulp_error_cpu(const void* x, int xcode, const void* r, int rcode, int64_t n, int fmt,
+                   double* out) {
+  const ExFormat f = ex_format(fmt);
+  parallel_for(n, 1 << 15, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[i] = ulp_error_at(x, xcode, r, rcode, i, f);
+  });
+}
+
+void ulp_diff_cpu(const void* a, const void* b, int code, int64_t n, int64_t* out, uint8_t* mask) {
+  parallel_for(n, 1 << 15, [&](int64_t b0, int64_t e0) {
+    for (int64_t i = b0; i < e0; ++i) {
+      bool m = false;
+      out[i] = ulp_diff_at(a, b, code, i, &m);
+      mask[i] = m ? 1 : 0;
+    }
+  });
+}
+
 }  // namespace cl

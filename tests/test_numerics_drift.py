@@ -32,6 +32,7 @@ from castlab.numerics._formats import (
     _fmt,
     _rmse,
     _round_np,
+    _ulp_diff_np,
     _ulp_error_np,
     _ulp_np,
     _val,
@@ -385,6 +386,37 @@ def test_near_ties_equals_previous_implementation(n, fmt):
     assert ml_dtypes is not None
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_ulp_error_and_ulp_diff_equal_the_numpy_definitions(fmt):
+    """ulp_error and ulp_diff (castlab's code on the operands' device) give the NumPy
+    definitions' values on NaN/inf/subnormal/overflow data, with a dtype override and
+    broadcast operands too."""
+    rng = np.random.default_rng(21 + len(fmt))
+    dt = getattr(cl, fmt)
+    f = _fmt(dt)
+    n = 40_000
+    r = _nasty_ref(rng, n, f)
+    r[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    x = _sprinkle(rng, _round_np(r, f).astype(dt.numpy), 0.01)
+    y = x.copy()
+    y.view(f.uint)[rng.random(n) < 0.3] += np.array(1, dtype=f.uint)
+    y[:4] = np.array([np.nan, -0.0, 0.0, np.inf]).astype(dt.numpy)
+    got = nm.ulp_error(cl.from_numpy(x), cl.from_numpy(r)).numpy()
+    assert np.array_equal(got, _ulp_error_np(x.astype(np.float64), r, f), equal_nan=True)
+    x32 = r.astype(np.float32)
+    if f.bits < 32:   # fp32 registers measured in the node's ulps
+        got = nm.ulp_error(cl.from_numpy(x32), cl.from_numpy(r), dtype=dt).numpy()
+        assert np.array_equal(got, _ulp_error_np(x32.astype(np.float64), r, f), equal_nan=True)
+    d, m = nm.ulp_diff(cl.from_numpy(x), cl.from_numpy(y), return_nan_mask=True)
+    wd, wm = _ulp_diff_np(_val(x), _val(y))
+    assert np.array_equal(d.numpy(), wd) and np.array_equal(m.numpy(), wm)
+    # broadcast: a row against a matrix
+    row, mat = cl.from_numpy(x[:50]), cl.from_numpy(y[:200].reshape(4, 50))
+    assert np.array_equal(nm.ulp_diff(row, mat).numpy(),
+                          _ulp_diff_np(_val(x[:50]), _val(y[:200].reshape(4, 50)))[0])
+
+
 # ---------------------------------------------------------------- on the GPU
 
 needs_gpu = [pytest.mark.cuda,
@@ -461,3 +493,28 @@ def test_near_ties_on_the_gpu_equals_the_cpu(fmt, _g):
     assert gpu.mismatch_rate(ta.to("cuda"), tb.to("cuda")) == cpu.mismatch_rate(ta, tb)
     with pytest.raises(ValueError, match="different devices"):
         gpu.mismatch_rate(ta, tb)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float32", "float64", "float8_e5m2"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("_g", [pytest.param(0, marks=needs_gpu)])
+def test_ulp_error_and_ulp_diff_on_the_gpu_equal_the_cpu(fmt, _g):
+    rng = np.random.default_rng(23)
+    dt = getattr(cl, fmt)
+    f = _fmt(dt)
+    n = 100_003
+    r = _nasty_ref(rng, n, f)
+    r[rng.integers(0, n, 3)] = [np.nan, np.inf, -np.inf]
+    x = _sprinkle(rng, _round_np(r, f).astype(dt.numpy), 0.01)
+    y = x.copy()
+    y.view(f.uint)[rng.random(n) < 0.3] += np.array(1, dtype=f.uint)
+    tx, ty, tr = cl.from_numpy(x), cl.from_numpy(y), cl.from_numpy(r)
+    ref64 = r if f.bits < 64 else r.astype(np.float64)
+    cpu = nm.ulp_error(tx, cl.from_numpy(ref64)).numpy()
+    gpu = nm.ulp_error(tx.to("cuda"), tr.to("cuda"))
+    assert gpu.device.type == "cuda"
+    assert gpu.cpu().numpy().tobytes() == cpu.tobytes()
+    d, m = nm.ulp_diff(tx.to("cuda"), ty.to("cuda"), return_nan_mask=True)
+    wd, wm = nm.ulp_diff(tx, ty, return_nan_mask=True)
+    assert np.array_equal(d.cpu().numpy(), wd.numpy()) and np.array_equal(m.cpu().numpy(),
+                                                                          wm.numpy())

@@ -69,6 +69,22 @@ const char* const kCompareSource =
     "    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
     "    if ((threadIdx.x & 31) == 0 && v) atomicAdd(out + j, v);\n"
     "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void cl_ulp_error(const void* x, int xcode, const void* r,\n"
+    "    int rcode, long long n, int fmt, double* out) {\n"
+    "  const cl::ExFormat f = cl::ex_format(fmt);\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x)\n"
+    "    out[i] = cl::ulp_error_at(x, xcode, r, rcode, i, f);\n"
+    "}\n"
+    "extern \"C\" __global__ void cl_ulp_diff(const void* a, const void* b, int code,\n"
+    "    long long n, long long* out, unsigned char* mask) {\n"
+    "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x) {\n"
+    "    bool m = false;\n"
+    "    out[i] = cl::ulp_diff_at(a, b, code, i, &m);\n"
+    "    mask[i] = m ? 1 : 0;\n"
+    "  }\n"
     "}\n";
 
 namespace {
@@ -194,6 +210,24 @@ void tie_split_cuda(const void* a, int acode, const void* b, int bcode, const ui
   long long nn = n;
   const std::vector<int64_t> c = run_counted(k, device, n, 3, {&a, &acode, &b, &bcode, &mask, &nn});
   for (int j = 0; j < 3; ++j) out3[j] = c[static_cast<size_t>(j)];
+}
+
+void ulp_error_cuda(const void* x, int xcode, const void* r, int rcode, int64_t n, int fmt,
+                    double* out, int device) {
+  const CompiledKernel k = get_kernel(device, "cl_ulp_error", kCompareSource);
+  long long nn = n;
+  void* args[] = {&x, &xcode, &r, &rcode, &nn, &fmt, &out};
+  if (n > 0) launch(k, device, stride_blocks(n, device), 256, launch_stream(device), args);
+  synchronize(device);
+}
+
+void ulp_diff_cuda(const void* a, const void* b, int code, int64_t n, int64_t* out, uint8_t* mask,
+                   int device) {
+  const CompiledKernel k = get_kernel(device, "cl_ulp_diff", kCompareSource);
+  long long nn = n;
+  void* args[] = {&a, &b, &code, &nn, &out, &mask};
+  if (n > 0) launch(k, device, stride_blocks(n, device), 256, launch_stream(device), args);
+  synchronize(device);
 }
 
 }  // namespace cuda

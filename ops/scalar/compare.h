@@ -337,6 +337,21 @@ CL_HD double tie_distance(double r, const ExFormat& f, double fmax, double withi
   return d;
 }
 
+// numerics.ulp_error and ulp_diff, element i (python/castlab/numerics/_formats.py):
+// x's ulp error against r in format f (ex_ulp_error), and the distance of two encodings of
+// one format in representable values (NaN vs NaN 0; NaN vs a number -1, *nan_mismatch).
+CL_HD double ulp_error_at(const void* x, int xcode, const void* r, int rcode, int64_t i,
+                          const ExFormat& f) {
+  return ex_ulp_error(cmp_load(x, xcode, i), cmp_load(r, rcode, i), f);
+}
+CL_HD int64_t ulp_diff_at(const void* a, const void* b, int code, int64_t i, bool* nan_mismatch) {
+  const uint64_t ab = cmp_bits(a, code, i), bb = cmp_bits(b, code, i);
+  const double av = cmp_value(ab, code), bv = cmp_value(bb, code);
+  const bool an = av != av, bn = bv != bv;
+  *nan_mismatch = an != bn;
+  return (an && bn) ? 0 : (an != bn) ? -1 : cmp_ulps_apart(ab, bb, ex_format(code).bits);
+}
+
 // NearTies.mismatch_rate's counts over [lo, hi): tc[0] mismatches inside the set, tc[1] the
 // set's size, tc[2] all mismatches (ex_differ: NaN equals NaN, +0 equals -0).
 CL_HD void tie_split_range(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,

@@ -123,9 +123,56 @@ py::tuple run_tie_split(const cl::Tensor& a, const cl::Tensor& b, const cl::Tens
   return py::make_tuple(c[0], c[1], c[2]);
 }
 
+// contiguous operands of one size on one device (numerics.ulp_error / ulp_diff)
+cl::Device same_device(const cl::Tensor& a, const cl::Tensor& b, const char* what) {
+  if (!(a.device() == b.device()) || a.numel() != b.numel() || !a.is_contiguous() ||
+      !b.is_contiguous())
+    throw std::invalid_argument(std::string(what) +
+                                ": contiguous operands of one size on one device");
+  return a.device();
+}
+
+cl::Tensor run_ulp_error(const cl::Tensor& x, const cl::Tensor& r, const std::string& fmt_name) {
+  const cl::Device dev = same_device(x, r, "ulp_error");
+  const int fmt = cl::dtype_from_name(fmt_name);
+  cl::Tensor out = cl::Tensor::empty(x.shape(), cl::kFloat64, dev);
+  py::gil_scoped_release nogil;
+  auto* op = static_cast<double*>(out.data_ptr());
+  if (dev.type == cl::DeviceType::CUDA)
+    cl::cuda::ulp_error_cuda(x.data_ptr(), x.dtype(), r.data_ptr(), r.dtype(), x.numel(), fmt, op,
+                             dev.index);
+  else
+    cl::ulp_error_cpu(x.data_ptr(), x.dtype(), r.data_ptr(), r.dtype(), x.numel(), fmt, op);
+  return out;
+}
+
+py::tuple run_ulp_diff(const cl::Tensor& a, const cl::Tensor& b) {
+  const cl::Device dev = same_device(a, b, "ulp_diff");
+  if (a.dtype() != b.dtype()) throw std::invalid_argument("ulp_diff: one dtype");
+  cl::Tensor d = cl::Tensor::empty(a.shape(), cl::kInt64, dev);
+  cl::Tensor m = cl::Tensor::empty(a.shape(), cl::kBool, dev);
+  {
+    py::gil_scoped_release nogil;
+    auto* dp = static_cast<int64_t*>(d.data_ptr());
+    auto* mp = static_cast<uint8_t*>(m.data_ptr());
+    if (dev.type == cl::DeviceType::CUDA)
+      cl::cuda::ulp_diff_cuda(a.data_ptr(), b.data_ptr(), a.dtype(), a.numel(), dp, mp, dev.index);
+    else
+      cl::ulp_diff_cpu(a.data_ptr(), b.data_ptr(), a.dtype(), a.numel(), dp, mp);
+  }
+  return py::make_tuple(d, m);
+}
+
 }  // namespace
 
 void bind_compare(py::module_& m) {
+  m.def("_ulp_error", &run_ulp_error,
+        "numerics.ulp_error by castlab's code on the operands' device: a float64 tensor",
+        py::arg("x"), py::arg("ref"), py::arg("fmt"));
+  m.def("_ulp_diff", &run_ulp_diff,
+        "numerics.ulp_diff by castlab's code on the operands' device: (int64 distances, bool "
+        "NaN-mismatch mask)",
+        py::arg("a"), py::arg("b"));
   m.def("_near_ties", &run_near_ties,
         "castlab.numerics.near_ties by castlab's code on the reference's device: (bool mask, "
         "float64 signed distances, count)",

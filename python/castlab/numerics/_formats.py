@@ -164,6 +164,33 @@ def _float_val(x: Any, what: str) -> _Val:
     return v
 
 
+def _float_tensor(x: Any, what: str) -> Tensor:
+    """`x` as a castlab tensor on its own device (castlab and torch tensors without a
+    copy, NumPy arrays and Python numbers as CPU tensors), of a floating-point dtype."""
+    t = _device_tensor(x)
+    if t is None:
+        t = _tensor(_val(x, what).a)
+    _check_float(t.dtype, what)
+    return t
+
+
+def _dense_operands(ts: list, names: list) -> list:
+    """Tensors of one device broadcast to their common shape, each contiguous (castlab's
+    elementwise kernels read them flat)."""
+    devs = {str(t.device) for t in ts}
+    if len(devs) > 1:
+        where = ", ".join(f"{n}: {t.device}" for n, t in zip(names, ts))
+        raise ValueError(f"tensors are on different devices ({where}); move them to one "
+                         "device first (e.g. .cpu())")
+    try:
+        shape = tuple(np.broadcast_shapes(*[tuple(t.shape) for t in ts]))
+    except ValueError:
+        shapes = ", ".join(f"{n}: {tuple(t.shape)}" for n, t in zip(names, ts))
+        raise ValueError(f"shapes do not match and cannot be broadcast together ({shapes})") \
+            from None
+    return [(t if tuple(t.shape) == shape else t.broadcast_to(shape)).contiguous() for t in ts]
+
+
 def _check_devices(vals: list, names: list) -> None:
     devs = {v.device for v in vals}
     if len(devs) > 1:
@@ -245,7 +272,8 @@ def _ulp_diff_np(a: _Val, b: _Val) -> tuple:
 def ulp_diff(a: Any, b: Any, *, return_nan_mask: bool = False):
     """Distance between `a` and `b` (one floating-point dtype) in units in the last place:
     the number of representable values of the dtype one has to step through to go from
-    one to the other. Returns an int64 castlab tensor (broadcast shape).
+    one to the other. Returns an int64 castlab tensor (broadcast shape), computed by
+    castlab's code on the operands' device.
 
     Signs are handled through a monotone mapping of the bit patterns (+0 and -0 are 0
     apart, -min_subnormal and +min_subnormal are 2 apart, the largest finite value is 1
@@ -260,17 +288,14 @@ def ulp_diff(a: Any, b: Any, *, return_nan_mask: bool = False):
     >>> nm.ulp_diff(a, b).tolist()
     [1, 0, 0, -1]
     """
-    va, vb = _float_val(a, "a"), _float_val(b, "b")
-    if va.dt is not vb.dt:
-        raise TypeError(f"ulp_diff needs two tensors of one dtype, got {va.dt.name} and "
-                        f"{vb.dt.name}; to measure a result against a more precise reference "
-                        "use ulp_error(x, ref)")
-    _check_devices([va, vb], ["a", "b"])
-    _broadcast([va, vb], ["a", "b"])
-    d, nm = _ulp_diff_np(va, vb)
-    if return_nan_mask:
-        return _tensor(d), _tensor(nm)
-    return _tensor(d)
+    ta, tb = _float_tensor(a, "a"), _float_tensor(b, "b")
+    if ta.dtype is not tb.dtype:
+        raise TypeError(f"ulp_diff needs two tensors of one dtype, got {ta.dtype.name} and "
+                        f"{tb.dtype.name}; to measure a result against a more precise "
+                        "reference use ulp_error(x, ref)")
+    ta, tb = _dense_operands([ta, tb], ["a", "b"])
+    d, nan_mismatch = _C._ulp_diff(ta, tb)
+    return (d, nan_mismatch) if return_nan_mask else d
 
 
 def _ulp_error_np(x64: np.ndarray, r64: np.ndarray, f: _Fmt) -> np.ndarray:
@@ -287,8 +312,9 @@ def ulp_error(x: Any, ref: Any, *, dtype: Any = None) -> Tensor:
     """Error of `x` against a reference at least as precise, in (fractional) ulps of
     x's format at the reference value: ``|x - ref| / ulp(ref)`` with
     ulp(r) = 2**(max(floor(log2|r|), emin) - p) taken from the exact r. A correctly
-    rounded x has error <= 0.5. Returns a float64 tensor; NaN vs NaN and equal
-    infinities are 0, NaN vs a number is NaN, a finite x against an infinite ref is inf.
+    rounded x has error <= 0.5. Returns a float64 tensor on the operands' device
+    (castlab's code: CPU threads or the GPU); NaN vs NaN and equal infinities are 0, NaN vs
+    a number is NaN, a finite x against an infinite ref is inf.
 
     `dtype` overrides the format the ulps are counted in (e.g. a bf16 node held in fp32
     registers).
@@ -298,15 +324,14 @@ def ulp_error(x: Any, ref: Any, *, dtype: Any = None) -> Tensor:
     >>> nm.ulp_error(x, cl.tensor([1.001953125], dtype=cl.float64)).tolist()
     [0.25]
     """
-    vx, vr = _float_val(x, "x"), _float_val(ref, "ref")
-    f = _fmt(vx.dt if dtype is None else dtype)
-    if dtype is None and not _at_least_as_precise(_fmt(vr.dt), f):
-        raise ValueError(f"the reference ({vr.dt.name}) is less precise than the result "
-                         f"({vx.dt.name}); pass a reference of higher precision (e.g. the "
+    tx, tr = _float_tensor(x, "x"), _float_tensor(ref, "ref")
+    f = _fmt(tx.dtype if dtype is None else dtype)
+    if dtype is None and not _at_least_as_precise(_fmt(tr.dtype), f):
+        raise ValueError(f"the reference ({tr.dtype.name}) is less precise than the result "
+                         f"({tx.dtype.name}); pass a reference of higher precision (e.g. the "
                          "fp64 policy's output)")
-    _check_devices([vx, vr], ["x", "ref"])
-    _broadcast([vx, vr], ["x", "ref"])
-    return _tensor(_ulp_error_np(vx.f64, vr.f64, f))
+    tx, tr = _dense_operands([tx, tr], ["x", "ref"])
+    return _C._ulp_error(tx, tr, f.dt.name)
 
 
 def _rmse(a: np.ndarray, b: np.ndarray) -> float:

@@ -9,16 +9,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _C
-from .._dlpack import from_dlpack
 from .._dtype import dtype
-from ._formats import (
-    Tensor,
-    _at_least_as_precise,
-    _check_float,
-    _fmt,
-    _tensor,
-    _val,
-)
+from ._formats import Tensor, _at_least_as_precise, _float_tensor, _fmt
 
 __all__ = ["near_ties", "NearTies", "TieSplit"]
 
@@ -141,20 +133,6 @@ class NearTies:
                 f"lie within {self.within} ulp of a {self.dtype.name} rounding midpoint")
 
     __repr__ = __str__
-
-
-def _float_tensor(x: Any, what: str) -> Tensor:
-    """`x` as a castlab tensor on its own device (castlab and torch tensors without a
-    copy, NumPy arrays and Python numbers as CPU tensors), of a floating-point dtype."""
-    if isinstance(x, Tensor):
-        t = x
-    elif type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__"):
-        t = from_dlpack(x.detach())
-    else:
-        v = _val(x, what)
-        t = _tensor(v.a)
-    _check_float(t.dtype, what)
-    return t
 
 
 def near_ties(ref: Any, dtype: Any, within: float = 0.01) -> NearTies:
