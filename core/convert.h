@@ -268,9 +268,37 @@ CL_HD float round_f32_to(float x, int code, int mode, bool saturate, uint32_t rb
 }
 
 // Round a double to format `code` (directly, one rounding) and return it as a double.
+// bf16 / fp16, nearest even, for |x| in the format's normal range or above it (as a double):
+// x's own mantissa rounded to the format's width in integer arithmetic (a carry moves into the
+// exponent; past the largest finite value, ties included, is infinity, as IEEE rounding).
+// false where it does not apply (subnormal results, zeros): the general conversion then.
+CL_HD bool round_f64_nearest_16(double x, int code, double* out) {
+  const int M = code == kBFloat16 ? 7 : 10, emax = code == kBFloat16 ? 127 : 15;
+  const uint64_t u = f64_bits(x), a = u & 0x7FFFFFFFFFFFFFFFull, sign = u ^ a;
+  const int e = (int)(a >> 52) - 1023;
+  if (e == 1024) {  // infinities exact; a NaN the format's NaN, as the general path
+    *out = isnan_d(x) ? f64_from_bits(0x7FF8000000000000ull) : x;
+    return true;
+  }
+  if (e > emax) {
+    *out = f64_from_bits(sign | 0x7FF0000000000000ull);
+    return true;
+  }
+  if (e < 1 - emax) return false;
+  const int sh = 52 - M;
+  uint64_t r = (a + ((1ull << (sh - 1)) - 1ull) + ((a >> sh) & 1ull)) & ~((1ull << sh) - 1ull);
+  if ((int)(r >> 52) - 1023 > emax) r = 0x7FF0000000000000ull;
+  *out = f64_from_bits(sign | r);
+  return true;
+}
+
 CL_HD double round_f64_to(double x, int code, int mode, bool saturate, uint32_t rbits) {
   if (code == kFloat64) return x;
   if (code == kFloat32 && mode == kNearestEven) return (double)(float)x;
+  double fast;
+  if ((code == kBFloat16 || code == kFloat16) && mode == kNearestEven &&
+      round_f64_nearest_16(x, code, &fast))
+    return fast;
   if (code == kBool) return x != 0.0 ? 1.0 : 0.0;
   return bits_to_f64(round_f64_to_bits(x, code, mode, saturate, rbits), code);
 }

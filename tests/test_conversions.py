@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import _hostcheck
 import ml_dtypes
 import numpy as np
 import pytest
@@ -494,3 +495,51 @@ def test_stochastic_rounding_unbiased(frac, src):
     assert abs(phat - p) < 5 * sigma + 1e-9, (phat, p, sigma)
     # the mean of many stochastic roundings approaches the exact value
     assert abs(y.mean() - x_val) < 5 * sigma * ulp + 1e-12
+
+
+ROUND_CHECK = r"""#include "core/convert.h"
+using namespace cl;
+static void check(double v, int code) {
+  for (bool sat : {true, false}) {
+    const double a = round_f64_to(v, code, kNearestEven, sat, 0);
+    const double b = bits_to_f64(round_f64_to_bits(v, code, kNearestEven, sat, 0), code);
+    // (fp32's hardware conversion keeps a NaN's payload; the general path makes it canonical)
+    const bool nan32 = code == kFloat32 && a != a && b != b;
+    report(f64_bits(a) == f64_bits(b) || nan32, "code %d v %a: %a vs %a\n", code, v, a, b);
+  }
+}
+int main() {
+  std::mt19937_64 g(3);
+  for (int code : {kBFloat16, kFloat16, kFloat32, kFloat8E4M3FN, kFloat8E5M2}) {
+    const auto at = [&](double v) { check(v, code); };
+    const int nb = code == kFloat32 ? 20 : (code == kBFloat16 || code == kFloat16) ? 16 : 8;
+    for (unsigned long long k = 0; k + 1 < (1ull << nb); ++k) {  // values, midpoints, +-3 ulps
+      const uint32_t b = code == kFloat32 ? (uint32_t)g() : (uint32_t)k;
+      const double v = bits_to_f64(b, code), w = bits_to_f64(b + 1, code);
+      around(v, at);
+      around(-v, at);
+      if (std::isfinite(v) && std::isfinite(w)) around(v + (w - v) / 2, at);
+    }
+    for (int k = 0; k < 1000000; ++k) {
+      check(f64_from_bits(g()), code);
+      check(std::ldexp((double)(g() >> 11) * 0x1p-53, (int)(g() % 340) - 170), code);
+    }
+    check(INFINITY, code);
+    check(-INFINITY, code);
+    check(NAN, code);
+    check(-NAN, code);
+  }
+  printf("%llu %llu\n", checked, bad);
+  return 0;
+}
+"""
+
+
+def test_round_f64_to_fast_paths_are_the_general_conversion(tmp_path):
+    """round_f64_to's nearest-even fast paths (fp32 by the hardware conversion, bf16/fp16
+    by rounding the double's own mantissa) give the general conversion's value bit for
+    bit (a NaN is the format's NaN; fp32's keeps its payload): every bf16/fp16/fp8 value, its negation, the midpoints with the
+    next encoding, 3 fp64 ulps either side, random fp32 values, specials, and 2M random
+    doubles per format, saturating and not."""
+    checked, bad, out = _hostcheck.run(tmp_path, ROUND_CHECK)
+    assert checked > 20_000_000 and bad == 0, out

@@ -166,13 +166,9 @@ namespace {
 
 // Blocks of 256 threads for a grid-stride loop over n elements: enough to fill the GPU.
 unsigned stride_blocks(int64_t n, int device) {
-  int sms = 0;
-  CUdevice dev = 0;
-  check(driver().cuDeviceGet(&dev, device), "cuDeviceGet");
-  check(driver().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-        "cuDeviceGetAttribute");
   const int64_t want = (n + 255) / 256;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t(sms) * 8)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(want, int64_t(multiprocessor_count(device)) * 8)));
 }
 
 // The counters a kernel adds to: zeroed on the device, read back after it.

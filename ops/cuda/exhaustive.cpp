@@ -259,6 +259,13 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   const uint64_t span = (spec.end == 0 ? enumeration_size(spec.inputs) : spec.end) - spec.begin;
   const bool narrow_idx = span <= (uint64_t(1) << 32);
   const std::string bi_t = narrow_idx ? "unsigned" : "unsigned long long";
+  // configuration c's worst error and its index (an offset from `begin` in 32 bits where
+  // the range allows): updated where `counted` and `err` exceeds it
+  auto keep_worst = [&](const std::string& counted, const std::string& err) {
+    return "if (" + counted + " && " + err + " > best_e[c]) { best_e[c] = " + err +
+           "; s_bi[c][threadIdx.x] = (" + bi_t + ")(idx" + (narrow_idx ? " - begin" : "") +
+           "); }\n";
+  };
   const int oc = spec.out_dtype;
   // hoisting pays when the outer inputs stay the same across a warp's consecutive rounds
   const bool hoist = nin >= 2 && spec.inputs.back().size() >= 64;
@@ -444,8 +451,7 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
        "inc_cr.win[2];\n";
   s += "      if (he_cr && e_cr > best_lo) {\n";
   s += "#pragma unroll\n        for (int c = 0; c < " + I(nc) + "; ++c)\n";
-  s += "          if (e_cr > best_e[c]) { best_e[c] = e_cr; s_bi[c][threadIdx.x] = (" + bi_t +
-       ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
+  s += "          " + keep_worst("he_cr", "e_cr");
   s += "        best_lo = cl_least(best_e);\n";
   s += "      }\n";
   s += "      continue;\n";
@@ -482,9 +488,7 @@ std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vect
   s += "      rany[c] = eqp[c] ? rany[c - 1] : __any_sync(0xffffffffu, inc[c].rare);\n";
   s +=
       "      if (rany[c]) cl_wadd(s_rare + c * " + I(kExHistBins) + ", inc[c].bin, inc[c].rare);\n";
-  s +=
-      "      if (has_e[c] && errs[c] > best_e[c]) { best_e[c] = errs[c]; s_bi[c][threadIdx.x] = (" +
-      bi_t + ")(idx" + (narrow_idx ? " - begin" : "") + "); }\n";
+  s += "      " + keep_worst("has_e[c]", "errs[c]");
   s += "    }\n";
   s += "    best_lo = cl_least(best_e);\n";
   int q = 0;
@@ -612,11 +616,7 @@ ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<E
   const std::string source = exhaustive_kernel_source(spec, cfgs, ref, "cl_exhaustive");
   const CompiledKernel k = get_kernel(device, "cl_exhaustive", source);
   set_device(device);
-  int sms = 0;
-  CUdevice dev = 0;
-  check(driver().cuDeviceGet(&dev, device), "cuDeviceGet");
-  check(driver().cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-        "cuDeviceGetAttribute");
+  const int sms = multiprocessor_count(device);
   const uint64_t n = end - spec.begin;
   const int kThreads = ex_threads(nc), kWarps = kThreads / 32;
   // enough blocks to fill the GPU in whole waves (12 per SM: 4 waves of kBlocksPerSm), each

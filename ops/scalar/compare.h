@@ -63,7 +63,6 @@ CL_HD int cmp_ni(int nres) { return kCiPer * nres + 1; }
 CL_HD int cmp_union(int nres) { return kCiPer * nres; }
 
 CL_HD double cmp_inf() { return f64_from_bits(0x7FF0000000000000ull); }
-CL_HD double cmp_nan() { return f64_from_bits(0x7FF8000000000000ull); }
 CL_HD float cmp_absf(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
 // NumPy's maximum: NaN propagates.
 CL_HD double cmp_nanmax(double a, double b) {
@@ -82,29 +81,6 @@ CL_HD uint64_t cmp_bits(const void* a, int code, int64_t i) {
 CL_HD double cmp_value(uint64_t bits, int code) {
   return code == kFloat64 ? f64_from_bits(bits) : ex_value((uint32_t)bits, code);
 }
-// round_f64_to(v, code, nearest even, saturating fp8), as a double. fp32: the hardware
-// conversion (nearest even, subnormals kept, overflow to infinity; a NaN stays a NaN).
-// bf16 and fp16, for v in the format's normal range or above it: v's own mantissa rounded
-// to the format's width in integer arithmetic (a carry moves into the exponent; a result
-// past the largest finite value, ties included, is infinity, as IEEE rounding). Elsewhere
-// (subnormal results, zeros, fp8) the general conversion.
-CL_HD double cmp_round(double v, int code) {
-  if (code == kFloat32) return (double)(float)v;
-  if (code == kBFloat16 || code == kFloat16) {
-    const int M = code == kBFloat16 ? 7 : 10, emax = code == kBFloat16 ? 127 : 15;
-    const uint64_t u = f64_bits(v), a = u & 0x7FFFFFFFFFFFFFFFull, sign = u ^ a;
-    const int e = (int)(a >> 52) - 1023;
-    if (e == 1024) return v;  // NaN, infinities
-    if (e > emax) return f64_from_bits(sign | 0x7FF0000000000000ull);
-    if (e >= 1 - emax) {
-      const int sh = 52 - M;
-      uint64_t r = (a + ((1ull << (sh - 1)) - 1ull) + ((a >> sh) & 1ull)) & ~((1ull << sh) - 1ull);
-      if ((int)(r >> 52) - 1023 > emax) r = 0x7FF0000000000000ull;
-      return f64_from_bits(sign | r);
-    }
-  }
-  return round_f64_to(v, code, kNearestEven, true, 0);
-}
 CL_HD double cmp_load(const void* a, int code, int64_t i) {
   return cmp_value(cmp_bits(a, code, i), code);
 }
@@ -117,6 +93,10 @@ CL_HD int64_t cmp_ulps_apart(uint64_t a, uint64_t b, int width) {
   uint64_t d = sa == sb ? (ma >= mb ? ma - mb : mb - ma) : ma + mb;
   if (d > 0x7FFFFFFFFFFFFFFFull) d = 0x7FFFFFFFFFFFFFFFull;
   return (int64_t)d;
+}
+// ulps apart of two encodings of one format, given their NaN tests: both NaN 0, one NaN -1
+CL_HD int64_t cmp_ulps_apart_nan(uint64_t a, uint64_t b, bool an, bool bn, int width) {
+  return (an && bn) ? 0 : (an != bn) ? -1 : cmp_ulps_apart(a, b, width);
 }
 // torch.isclose(actual=b, expected=x, rtol=tol, atol=tol) for one dtype, as PyTorch computes
 // it (castlab's eager ops follow it): |b - x| <= |x * tol| + tol, each op in the dtype's
@@ -181,8 +161,8 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
   const int bcode = P.code[0];
   const ExFormat bf = ex_format(bcode);
   double rv[kCmpBuf], ue_v[kCmpBuf], sq_v[kCmpBuf], abs_v[kCmpBuf];
-  // per metric format (cached while the results share it): the reference's ulp factor (NaN
-  // where r is not finite: the general ulp error) and its correctly rounded value
+  // per metric format (cached while the results share it): the reference's ulp factor and
+  // its correctly rounded value
   double fac[kCmpBuf], crr[kCmpBuf];
   int cached_fc = -1;
   double amax = -cmp_inf();  // the reference's largest finite magnitude
@@ -212,8 +192,8 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
     if (buf && has_ref && fc != cached_fc) {
       for (int64_t i = 0; i < m; ++i) {
         const double r = rv[i];
-        fac[i] = r - r == 0.0 && mf.scale ? ex_inv_ulp(r, mf) : cmp_nan();
-        crr[i] = cmp_round(r, fc);
+        fac[i] = ex_ulp_factor(r, mf);
+        crr[i] = round_f64_to(r, fc, kNearestEven, true, 0);
       }
       cached_fc = fc;
     }
@@ -238,17 +218,17 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
           rel_max =
               cmp_nanmax(rel_max, r == 0.0 ? (err == 0.0 ? 0.0 : cmp_inf()) : err / ex_abs(r));
         }
-        // finite r and non-NaN x: |x - r| / ulp(r) by the factor, as ex_ulp_error computes
-        // it (an infinite x gives inf there too)
+        // ex_ulp_error, with the leaf's cached factor on the host
         const double ue =
-            buf && fac[i] == fac[i] && !xn ? ex_abs(x - r) * fac[i] : ex_ulp_error(x, r, mf);
+            ex_error(x, r, r != r, ex_abs(r) == cmp_inf(), buf ? fac[i] : ex_ulp_factor(r, mf), mf);
         if (buf) ue_v[i] = ue;
         if (!(ue_max != ue_max) && (ue != ue || ue > ue_max)) {
           ue_max = ue;
           ue_arg = k;
         }
-        const double xr = round_x ? cmp_round(x, fc) : x;
-        ok += ex_differ(buf ? crr[i] : cmp_round(r, fc), xr) ? 0 : 1;
+        const double xr = round_x ? round_f64_to(x, fc, kNearestEven, true, 0) : x;
+        const double rr = buf ? crr[i] : round_f64_to(r, fc, kNearestEven, true, 0);
+        ok += ex_differ(rr, xr) ? 0 : 1;
       }
       if (j > 0) {
         const uint64_t bb = cmp_bits(P.x[0], bcode, k);
@@ -256,9 +236,9 @@ CL_HD void cmp_leaf(const CmpParams& P, int64_t lo, int64_t m, double* D, int64_
         const bool bn = b != b;
         mism += ex_differ(x, b) ? 1 : 0;
         nan_mism += xn != bn ? 1 : 0;
-        if (P.drift) {  // nor the distances between results
-        } else if (code == bcode) {
-          const int64_t dist = (xn && bn) ? 0 : (xn != bn) ? -1 : cmp_ulps_apart(xb, bb, f.bits);
+        if (P.drift) continue;  // nor the distances between results
+        if (code == bcode) {
+          const int64_t dist = cmp_ulps_apart_nan(xb, bb, xn, bn, f.bits);
           if (dist > apart_i) apart_i = dist;
           notclose += cmp_isclose(b, x, code, P.tol) ? 0 : 1;
         } else {  // the coarser format's ulp error at the finer value
@@ -329,7 +309,7 @@ CL_HD void cmp_combine(int nres, const double* DL, const int64_t* IL, const doub
 CL_HD double tie_distance(double r, const ExFormat& f, double fmax, double within, bool* in) {
   const double a = ex_abs(r);
   *in = false;
-  if (!(a <= fmax)) return f64_from_bits(0x7FF8000000000000ull);
+  if (!(a <= fmax)) return f64_from_bits(0x7FF8000000000000ull);  // no midpoint
   const double q = ex_in_ulps(a, ex_ulp_factor(a, f), f);
   const double t = q - trunc_d(q);
   const double d = t - 0.5;
@@ -349,7 +329,7 @@ CL_HD int64_t ulp_diff_at(const void* a, const void* b, int code, int64_t i, boo
   const double av = cmp_value(ab, code), bv = cmp_value(bb, code);
   const bool an = av != av, bn = bv != bv;
   *nan_mismatch = an != bn;
-  return (an && bn) ? 0 : (an != bn) ? -1 : cmp_ulps_apart(ab, bb, ex_format(code).bits);
+  return cmp_ulps_apart_nan(ab, bb, an, bn, ex_format(code).bits);
 }
 
 // NearTies.mismatch_rate's counts over [lo, hi): tc[0] mismatches inside the set, tc[1] the

@@ -78,8 +78,8 @@ py::tuple run_compare(const std::vector<cl::Tensor>& results, const cl::Tensor* 
 py::tuple run_near_ties(const cl::Tensor& ref, const std::string& fmt_name, double within) {
   const int fmt = cl::dtype_from_name(fmt_name);
   const int rc = ref.dtype();
-  auto is_float = [](int c) { return c >= cl::kFloat64 && c <= cl::kFloat8E5M2; };
-  if (!is_float(rc) || !is_float(fmt) || fmt == cl::kFloat64)
+  if (!cl::is_floating(static_cast<cl::DTypeCode>(rc)) ||
+      !cl::is_floating(static_cast<cl::DTypeCode>(fmt)) || fmt == cl::kFloat64)
     throw std::invalid_argument("near_ties: a float reference and a format below float64");
   if (!ref.is_contiguous()) throw std::invalid_argument("near_ties: the reference is strided");
   const cl::FloatFormat ff = cl::format_of(fmt);

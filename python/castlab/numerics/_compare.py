@@ -13,12 +13,12 @@ import numpy as np
 
 from .. import _C
 from .._dtype import float64
-from ..ops import broadcast_to, contiguous
 from ._formats import (
     _at_least_as_precise,
     _broadcast,
     _check_devices,
     _check_float,
+    _dense,
     _device_tensor,
     _DevVal,
     _f64,
@@ -404,16 +404,6 @@ def _kernel_vals(results: tuple, ref: Any, names: list):
         _check_float(t.dtype, what)
         out.append(_DevVal(t, t.dtype, str(t.device)))
     return out[:len(ts)], (out[-1] if rt is not None else None)
-
-
-def _dense(v: _DevVal, shape: tuple) -> _DevVal:
-    """`v` broadcast to `shape` and contiguous, on its device (a copy only when needed)."""
-    t = v.t
-    if tuple(t.shape) != tuple(shape):
-        t = broadcast_to(t, tuple(shape))
-    if not t.is_contiguous():
-        t = contiguous(t)
-    return v if t is v.t else _DevVal(t, v.dt, v.device)
 
 
 def _same_fast(base: _Val, res: _Val, ref: _Val | None, tol: float, st: dict, k: int,

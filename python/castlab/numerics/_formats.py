@@ -17,6 +17,7 @@ from .._dlpack import from_dlpack
 from .._dtype import as_dtype, dtype, float64
 from .._graph import elementwise
 from .._lower import input_node, lower
+from ..ops import broadcast_to, contiguous
 from ..policy import Policy, current_math
 
 __all__ = ["ulp", "ulp_diff", "ulp_error", "round_to", "neighbours"]
@@ -95,8 +96,8 @@ class _Val:
 
 
 class _DevVal(_Val):
-    """A value that stays on its GPU: ``t`` is the castlab tensor (contiguous); the host
-    array ``a`` is copied on first use only (per-element views, :meth:`Comparison.worst`)."""
+    """A value that stays on its device: ``t`` is the castlab tensor; the host array ``a``
+    is copied on first use only (per-element views, :meth:`Comparison.worst`)."""
 
     __slots__ = ("t", "_a")
 
@@ -174,23 +175,6 @@ def _float_tensor(x: Any, what: str) -> Tensor:
     return t
 
 
-def _dense_operands(ts: list, names: list) -> list:
-    """Tensors of one device broadcast to their common shape, each contiguous (castlab's
-    elementwise kernels read them flat)."""
-    devs = {str(t.device) for t in ts}
-    if len(devs) > 1:
-        where = ", ".join(f"{n}: {t.device}" for n, t in zip(names, ts))
-        raise ValueError(f"tensors are on different devices ({where}); move them to one "
-                         "device first (e.g. .cpu())")
-    try:
-        shape = tuple(np.broadcast_shapes(*[tuple(t.shape) for t in ts]))
-    except ValueError:
-        shapes = ", ".join(f"{n}: {tuple(t.shape)}" for n, t in zip(names, ts))
-        raise ValueError(f"shapes do not match and cannot be broadcast together ({shapes})") \
-            from None
-    return [(t if tuple(t.shape) == shape else t.broadcast_to(shape)).contiguous() for t in ts]
-
-
 def _check_devices(vals: list, names: list) -> None:
     devs = {v.device for v in vals}
     if len(devs) > 1:
@@ -205,6 +189,25 @@ def _broadcast(vals: list, names: list) -> tuple:
     except ValueError:
         shapes = ", ".join(f"{n}: {v.shape}" for n, v in zip(names, vals))
         raise ValueError(f"shapes do not match and cannot be broadcast together ({shapes})") from None
+
+
+def _dense(v: _DevVal, shape: tuple) -> _DevVal:
+    """`v` broadcast to `shape` and contiguous, on its device (a copy only when needed)."""
+    t = v.t
+    if tuple(t.shape) != tuple(shape):
+        t = broadcast_to(t, tuple(shape))
+    if not t.is_contiguous():
+        t = contiguous(t)
+    return v if t is v.t else _DevVal(t, v.dt, v.device)
+
+
+def _dense_tensors(ts: list, names: list) -> tuple:
+    """Tensors of one device broadcast to their common shape, each contiguous (castlab's
+    elementwise kernels read them flat), and that shape."""
+    vals = [_DevVal(t, t.dtype, str(t.device)) for t in ts]
+    _check_devices(vals, names)
+    shape = _broadcast(vals, names)
+    return [_dense(v, shape).t for v in vals], shape
 
 
 def _tensor(a: np.ndarray) -> Tensor:
@@ -293,7 +296,7 @@ def ulp_diff(a: Any, b: Any, *, return_nan_mask: bool = False):
         raise TypeError(f"ulp_diff needs two tensors of one dtype, got {ta.dtype.name} and "
                         f"{tb.dtype.name}; to measure a result against a more precise "
                         "reference use ulp_error(x, ref)")
-    ta, tb = _dense_operands([ta, tb], ["a", "b"])
+    (ta, tb), _ = _dense_tensors([ta, tb], ["a", "b"])
     d, nan_mismatch = _C._ulp_diff(ta, tb)
     return (d, nan_mismatch) if return_nan_mask else d
 
@@ -330,7 +333,7 @@ def ulp_error(x: Any, ref: Any, *, dtype: Any = None) -> Tensor:
         raise ValueError(f"the reference ({tr.dtype.name}) is less precise than the result "
                          f"({tx.dtype.name}); pass a reference of higher precision (e.g. the "
                          "fp64 policy's output)")
-    tx, tr = _dense_operands([tx, tr], ["x", "ref"])
+    (tx, tr), _ = _dense_tensors([tx, tr], ["x", "ref"])
     return _C._ulp_error(tx, tr, f.dt.name)
 
 

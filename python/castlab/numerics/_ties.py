@@ -6,11 +6,9 @@ from __future__ import annotations
 import numbers
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from .. import _C
 from .._dtype import dtype
-from ._formats import Tensor, _at_least_as_precise, _float_tensor, _fmt
+from ._formats import Tensor, _at_least_as_precise, _dense_tensors, _float_tensor, _fmt
 
 __all__ = ["near_ties", "NearTies", "TieSplit"]
 
@@ -108,23 +106,13 @@ class NearTies:
         >>> nt.mismatch_rate(y1, y2)
         TieSplit(inside_mismatches=1, inside_count=2, outside_mismatches=0, outside_count=1)
         """
-        ta, tb = _float_tensor(a, "a"), _float_tensor(b, "b")
         m = self._mask
-        devs = {str(t.device) for t in (ta, tb, m)}
-        if len(devs) > 1:
-            raise ValueError(f"tensors are on different devices (a: {ta.device}, b: "
-                             f"{tb.device}, near ties: {m.device}); move them to one device "
-                             "first (e.g. .cpu())")
-        shape = tuple(m.shape)
-        try:
-            full = np.broadcast_shapes(tuple(ta.shape), tuple(tb.shape), shape)
-        except ValueError:
-            raise ValueError(f"shapes do not match and cannot be broadcast together (a: "
-                             f"{tuple(ta.shape)}, b: {tuple(tb.shape)}, ref: {shape})") from None
-        if full != shape:
-            raise ValueError(f"results of shape {full} do not match the reference's {shape}")
-        ta, tb = (t if tuple(t.shape) == shape else t.broadcast_to(shape) for t in (ta, tb))
-        mi, inside, mall = _C._tie_split(ta.contiguous(), tb.contiguous(), m)
+        (ta, tb, _), shape = _dense_tensors([_float_tensor(a, "a"), _float_tensor(b, "b"), m],
+                                            ["a", "b", "near ties"])
+        if tuple(shape) != tuple(m.shape):
+            raise ValueError(f"results of shape {tuple(shape)} do not match the reference's "
+                             f"{tuple(m.shape)}")
+        mi, inside, mall = _C._tie_split(ta, tb, m)
         n = m.numel()
         return TieSplit(int(mi), int(inside), int(mall - mi), int(n - inside))
 
