@@ -76,6 +76,9 @@ CL_HD double f64_from_bits(uint64_t u) {
   return x;
 #endif
 }
+// The sign bit (of a zero or a NaN too).
+CL_HD bool sign_bit(float x) { return (f32_bits(x) >> 31) != 0; }
+CL_HD bool sign_bit(double x) { return (f64_bits(x) >> 63) != 0; }
 
 // IEEE fused multiply-add, used only where a math variant asks for it explicitly.
 CL_HD float fma_f(float a, float b, float c) {

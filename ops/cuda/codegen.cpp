@@ -153,7 +153,12 @@ Kernel analyse(const Program& prog, const KernelLayout& L) {
 
 // The per-element __device__ function cl_body(seed, e, x..., y&...): one line per
 // instruction, then one rounding store per output. It mirrors run_program_cpu.
-std::string emit_body(const Kernel& K, const std::string& name = "cl_body") {
+// `hoisted` (the row kernel's split, emit_split_element_function): the instructions
+// computed once per row; the body takes their values (those it reads) as parameters
+// named as their registers, after the inputs.
+std::string emit_body(const Kernel& K, const std::string& name = "cl_body",
+                      const std::vector<bool>* hoisted = nullptr,
+                      const std::vector<int>* handed = nullptr) {
   const Program& prog = K.prog;
   Out b;
   b << "__device__ __forceinline__ void " << name
@@ -161,6 +166,8 @@ std::string emit_body(const Kernel& K, const std::string& name = "cl_body") {
        "const unsigned long long e";
   for (int k = 0; k < K.nin; ++k)
     b << ", const " << (K.wide[k] ? std::string("float") : K.in_t(k)) << " x" << k;
+  if (handed)
+    for (int r : *handed) b << ", const " << reg_type_cxx(K.rtype[r]) << " " << reg_name(r);
   for (int k = 0; k < K.nout; ++k) b << ", " << K.body_t(k) << "& y" << k;
   b << ") {\n";
   b << "  (void)seed; (void)e;\n";
@@ -172,14 +179,18 @@ std::string emit_body(const Kernel& K, const std::string& name = "cl_body") {
     for (int a : {in.a, in.b, in.c})
       if (a >= 0 && a < prog.n_regs) read[a] = true;
   for (const OutputSpec& os : prog.outputs) read[os.reg] = true;
+  if (handed)
+    for (int r : *handed) declared[r] = true;
   for (int r = 0; r < prog.n_regs; ++r) {
-    if (K.writes[r] > 1 || (K.writes[r] == 0 && read[r])) {
+    if (!declared[r] && (K.writes[r] > 1 || (K.writes[r] == 0 && read[r]))) {
       b << "  " << reg_type_cxx(K.rtype[r] < 0 ? kRegF32 : K.rtype[r]) << " " << reg_name(r)
         << " = 0;\n";
       declared[r] = true;
     }
   }
-  for (const Instr& in : prog.code) {
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (hoisted && (*hoisted)[i]) continue;
     const std::string ex = instr_expr(in, K.wide, K.nin);
     b << "  ";
     if (!declared[in.dst]) {
@@ -510,6 +521,71 @@ std::string emit_element_function(const Program& prog, const std::vector<uint8_t
   K.wide.assign(K.nin, false);     // inputs arrive as stored
   K.paired.assign(K.nout, false);  // outputs leave rounded
   return emit_body(K, name);
+}
+
+SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
+                                          int n_out, const std::string& name,
+                                          const std::vector<bool>& invariant) {
+  KernelLayout L;
+  L.dtypes = dtypes;
+  L.n_out = n_out;
+  Kernel K = analyse(prog, L);
+  K.wide.assign(K.nin, false);
+  K.paired.assign(K.nout, false);
+  // an instruction is the row's when it writes its register once and reads only constants,
+  // invariant inputs and such registers (no random stream: that is per element)
+  const size_t n = prog.code.size();
+  std::vector<bool> hoisted(n, false), row_reg(prog.n_regs, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Instr& in = prog.code[i];
+    bool h = K.writes[in.dst] == 1;
+    if (in.op == kOpLoad)
+      h = h && in.aux >= 0 && in.aux < K.nin && invariant[in.aux];
+    else if (in.op == kOpRandUniform || in.op == kOpRandNormal ||
+             (in.op == kOpRound && in.mode == kStochastic))
+      h = false;
+    for (int a : {in.a, in.b, in.c})
+      if (a >= 0) h = h && row_reg[a];
+    hoisted[i] = h;
+    row_reg[in.dst] = h;
+  }
+  // what the element part reads of the row part
+  std::vector<bool> needed(prog.n_regs, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Instr& in = prog.code[i];
+    if (hoisted[i]) continue;
+    for (int a : {in.a, in.b, in.c})
+      if (a >= 0 && row_reg[a]) needed[a] = true;
+  }
+  for (const OutputSpec& os : prog.outputs)
+    if (row_reg[os.reg]) needed[os.reg] = true;
+  SplitFunction f;
+  for (int r = 0; r < prog.n_regs; ++r)
+    if (needed[r]) f.handed.push_back(r);
+  Out b;
+  b << "__device__ __forceinline__ void " << name << "_row(";
+  bool first = true;
+  for (int k = 0; k < K.nin; ++k) {
+    if (!invariant[k]) continue;
+    b << (first ? "" : ", ") << "const " << K.in_t(k) << " x" << k;
+    first = false;
+  }
+  for (int r : f.handed) {
+    b << (first ? "" : ", ") << reg_type_cxx(K.rtype[r]) << "& h" << r;
+    first = false;
+  }
+  b << ") {\n";
+  for (size_t i = 0; i < n; ++i) {
+    if (!hoisted[i]) continue;
+    const Instr& in = prog.code[i];
+    b << "  const " << reg_type_cxx(in.rtype) << " " << reg_name(in.dst) << " = "
+      << instr_expr(in, K.wide, K.nin) << ";  // " << op_name(in.op) << "\n";
+  }
+  for (int r : f.handed) b << "  h" << r << " = " << reg_name(r) << ";\n";
+  b << "}\n";
+  f.src = b.str() + emit_body(K, name, &hoisted, &f.handed);
+  for (int r : f.handed) f.types.push_back(reg_type_cxx(K.rtype[r]));
+  return f;
 }
 
 size_t param_bytes(const KernelLayout& L) {

@@ -59,5 +59,19 @@ const char* storage_type(int dt);
 std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                   int n_out, const std::string& name);
 
+// emit_element_function split in two where `invariant` (per input) marks the inputs that
+// are the same for every element of a row: `name`_row(x_k of those inputs..., h_r&...)
+// computes once per row every instruction that depends on nothing else, and
+// `name`(seed, e, x..., r..., y&...) the rest, taking those values (`handed`: their
+// registers, `types`: their C++ types) after the inputs.
+struct SplitFunction {
+  std::string src;
+  std::vector<int> handed;
+  std::vector<std::string> types;
+};
+SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
+                                          int n_out, const std::string& name,
+                                          const std::vector<bool>& invariant);
+
 }  // namespace cuda
 }  // namespace cl

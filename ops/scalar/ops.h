@@ -212,8 +212,6 @@ CL_HD T op_div(T a, T b, int var) {
 // -0 < +0 (maximum(-0, +0) = +0 and minimum(-0, +0) = -0 in either argument order).
 // (torch CPU is not consistent here: its vectorised loop returns the second argument on a
 // signed-zero tie, its scalar tail the first.)
-CL_HD bool sign_bit(float x) { return (f32_bits(x) >> 31) != 0; }
-CL_HD bool sign_bit(double x) { return (f64_bits(x) >> 63) != 0; }
 template <typename T>
 CL_HD T op_maximum(T a, T b, int) {
   if (a != a) return a;

@@ -88,18 +88,17 @@ CL_HD T red_identity(int kind) {
 }
 
 // NaN-propagating max/min with -0 < +0 (castlab's maximum/minimum).
+// Written as selects, not returns: GPU code then has no branch per element.
 template <typename T>
 CL_HD T red_op(int kind, T acc, T x) {
   if (kind == kRedSum) return acc + x;
-  if (acc != acc) return acc;
-  if (x != x) return x;
-  if (acc == x) {  // +-0: by the sign
-    const bool acc_neg = (acc == T(0)) && (T(1) / acc < T(0));
-    if (kind == kRedMax) return acc_neg ? x : acc;
-    return acc_neg ? acc : x;
-  }
-  if (kind == kRedMax) return acc > x ? acc : x;
-  return acc < x ? acc : x;
+  const bool mx = kind == kRedMax;
+  T r = (mx ? acc > x : acc < x) ? acc : x;
+  // +-0: by the sign (equal nonzero values have equal bits)
+  if (acc == x) r = (sign_bit(acc) == mx) ? x : acc;
+  if (x != x) r = x;
+  if (acc != acc) r = acc;
+  return r;
 }
 
 template <typename T, typename A>
