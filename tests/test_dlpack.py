@@ -775,3 +775,28 @@ def test_torch_neg_view_resolved():
     with pytest.raises(BufferError, match="is_neg"):
         from_dlpack(nv, copy=False)
     assert from_dlpack(base, copy=False).data_ptr() == base.data_ptr()
+
+
+def test_torch_region_import_and_export():
+    """castlab.torch's batched crossing of one region's inputs and outputs: zero-copy for
+    plain tensors (PyTorch's and a user's), a resolved copy for a lazily negated view, a
+    copy for negative strides on the way out (PyTorch takes none); the torch tensors keep
+    castlab's memory alive."""
+    from castlab._dlpack import from_torch_region, to_torch_region
+
+    a = torch.arange(6.0).reshape(2, 3)
+    b = torch.ones(3, dtype=torch.bfloat16)
+    nv = torch._neg_view(torch.arange(3.0))
+    xs = from_torch_region([a, b, nv, a.t()], [True, True, False, True])
+    assert xs[0].data_ptr() == a.data_ptr() and xs[1].data_ptr() == b.data_ptr()
+    assert xs[2].tolist() == [-0.0, -1.0, -2.0]
+    assert xs[3].shape == (3, 2) and xs[3]._strides == (1, 3)
+    assert xs[3].data_ptr() == a.data_ptr()
+    y = castlab.exp(xs[0])
+    flipped = castlab.from_numpy(np.arange(4.0)[::-1])
+    ta, ty, tf = to_torch_region([xs[0], y, flipped])
+    assert ta.data_ptr() == a.data_ptr()
+    assert ty.data_ptr() == y.data_ptr()
+    del y
+    assert ty.tolist() == torch.exp(a).tolist()
+    assert tf.tolist() == [3.0, 2.0, 1.0, 0.0] and tf.data_ptr() != flipped.data_ptr()

@@ -572,3 +572,36 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
     for (name, _), (ok, log) in zip(srcs, results):
         assert ok, f"{name}:\n{log[:3000]}"
         assert "warning" not in log, log[:3000]
+
+
+def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):
+    """The register row kernel (Triton's order) of HF RMSNorm computes the epilogue's
+    row-invariant part (mean, + eps, rsqrt) once per thread in cl_epi_row, and per
+    element only what reads the row's elements; the warps' partials are folded by a
+    butterfly of shuffles, not through an array every thread walks. (No NVRTC needed:
+    the source is inspected.)"""
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x = cl.randn(8, 4096, seed=0, dtype="bfloat16")
+    w = cl.randn(4096, seed=1, dtype="bfloat16")
+    f = cl.jit(lambda x, w: cl.rms_norm(x, 4096, w, 1e-6, cast="hf"))
+    f.run(x, w, policy="fused", math="inductor")
+    tr, _ = f._traced(f._bind((x, w)))
+    (plan,) = tr.plans.values()
+    (spec, dts), = plan.row_steps
+    one: dict = {}  # the row sum is read back from the memory it was written to
+    src = _C._row_kernel_source(spec, [one.setdefault(d, _C.empty([1], d, "cpu")) for d in dts])
+    assert "castlab_trow" in src
+
+    def body(name):
+        at = src.index(f"void {name}(")
+        return src[at:src.index("\n}\n", at)]
+    row, elem = body("cl_epi_row"), body("cl_epi")
+    assert "op_rsqrt" in row and "op_div" in row and "op_add" in row
+    assert "op_rsqrt" not in elem and "op_div" not in elem
+    assert "op_mul" in elem and "round_f32_to" in elem
+    kernel = src[src.index("__global__"):]
+    assert kernel.count("cl_epi_row(") == 1 and "ACC q[" not in kernel
+    assert kernel.count("__shfl_xor_sync") == 2  # in the warp, then across the warps

@@ -181,6 +181,60 @@ def from_torch_tracked(t: Any) -> Any:
     return _import(t, None, None, track_stream=True)
 
 
+def from_torch_region(ts: list, made_by_torch: list) -> list:
+    """castlab.torch's import of one region's inputs, zero-copy: as
+    :func:`from_torch_tracked` for tensors PyTorch's allocator made (`made_by_torch`) and
+    :func:`from_dlpack` for the others, with the stream order of the GPU tensors of
+    PyTorch's allocator set once per device (castlab's stream waits for PyTorch's current
+    stream, which queued their writers) instead of one event per tensor."""
+    import torch
+
+    out = []
+    waited: set = set()
+    for t, mine in zip(ts, made_by_torch):
+        if not isinstance(t, torch.Tensor) or t.is_neg() or t.is_conj():
+            out.append(_import(t, None, None, track_stream=mine))
+            continue
+        dev = t.device
+        if dev.type != "cuda":
+            out.append(_C.from_dlpack_capsule(t.__dlpack__(), False))
+            continue
+        idx = dev.index
+        if idx not in waited:
+            cuda.wait_on_stream(torch.cuda.current_stream(idx).cuda_stream, idx)
+            waited.add(idx)
+        capsule = t.__dlpack__(stream=-1)  # ordered above
+        if mine:
+            _record_castlab_stream(t, idx)
+        out.append(_C.from_dlpack_capsule(capsule, mine))
+    return out
+
+
+def to_torch_region(xs: list) -> list:
+    """castlab.torch's export of one region's outputs to PyTorch, zero-copy: as
+    ``torch.utils.dlpack.from_dlpack`` of each, with PyTorch's current stream made to wait
+    for castlab's once per device instead of once per tensor."""
+    import torch
+
+    out = []
+    streams: dict = {}
+    for x in xs:
+        if any(st < 0 for st in x._strides):  # (PyTorch takes no negative strides: a copy)
+            out.append(torch.utils.dlpack.from_dlpack(x))
+            continue
+        kind, idx = _device_pair(x)
+        if kind != _kDLCUDA:
+            out.append(torch.utils.dlpack.from_dlpack(_C.to_dlpack(x, False)))
+            continue
+        s = streams.get(idx)
+        if s is None:  # PyTorch's current stream (1: the legacy default one, as it passes)
+            s = streams[idx] = torch.cuda.current_stream(idx).cuda_stream or 1
+            _producer_sync(x, s)
+        # the capsule's release makes castlab wait for that stream, as __dlpack__(stream=s)
+        out.append(torch.utils.dlpack.from_dlpack(_C.to_dlpack(x, False, consumer_stream=s)))
+    return out
+
+
 def _record_castlab_stream(x: Any, idx: int) -> None:
     """x.record_stream(castlab's stream on device idx), the stream wrapped once per device."""
     import torch

@@ -196,6 +196,7 @@ class JitFunction:
         self._code_memo: dict = {}
         self._lock = threading.Lock()
         self._backward: dict = {}  # (nargs, argnums) -> the backward JitFunction
+        self._unguarded = getattr(fn, "_castlab_unguarded", False) is True
         functools.update_wrapper(self, fn)
 
     # -- tracing ---------------------------------------------------------------------
@@ -223,7 +224,9 @@ class JitFunction:
     def _traced(self, tensors: list) -> tuple[Traced, list]:
         """The graph for these inputs and the function's current guarded values, and
         the captured tensors to run it with."""
-        guard, objs = _guards(self.fn, self._code_memo)
+        # (castlab.torch's regions: functions castlab wrote, whose closures and globals
+        # never change, say so with _castlab_unguarded)
+        guard, objs = ((), []) if self._unguarded else _guards(self.fn, self._code_memo)
         key = (_signature(tensors), guard)
         tr = self._lookup(key)
         if tr is None:

@@ -41,7 +41,7 @@ import torch.utils._pytree as pytree
 
 from .. import _autodiff, _graph
 from .. import numerics as _nm
-from .._dlpack import from_dlpack, from_torch_tracked
+from .._dlpack import from_dlpack, from_torch_region, from_torch_tracked, to_torch_region
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
 from . import _aten
@@ -329,6 +329,7 @@ def _region_function(seg: Segment) -> Callable:
 
     region.__name__ = region.__qualname__ = f"region_{nodes[0].name}"
     region._castlab_arg_names = lambda k: input_names[:k]
+    region._castlab_unguarded = True  # its closure and globals are fixed at capture
     return region
 
 
@@ -516,13 +517,12 @@ class CapturedModel:
         for k in range(start, len(segs)):
             seg = segs[k]
             if seg.kind == "region":
-                xs = [_to_castlab(env[n.name], n.name not in self._user)
-                      for n in seg.inputs]
+                xs = from_torch_region([env[n.name].detach() for n in seg.inputs],
+                                       [n.name not in self._user for n in seg.inputs])
                 region_inputs[k] = xs
                 rp = policy if region_policy is None else region_policy.get(k, policy)
                 outs = seg.jit.run(*xs, policy=rp, math=math)
-                for n, o in zip(seg.outputs, outs):
-                    t = _to_torch(o)
+                for n, t in zip(seg.outputs, to_torch_region(outs)):
                     meta = n.meta.get("val")
                     if not f64 and isinstance(meta, torch.Tensor) and t.dtype != meta.dtype:
                         t = t.to(meta.dtype)  # a substituted input widened the region
