@@ -22,6 +22,7 @@ namespace CL_EXEC_NS {
 namespace {
 
 constexpr int64_t kBlock = 512;
+constexpr int64_t kRegStride = kBlock + 8;  // doubles between two registers of a block
 // Lanes of the fp32 SLEEF vector in PyTorch's AVX2 kernels (Sleef_*f8): the group over
 // which its sin/cos choose one argument reduction.
 constexpr int64_t kTorchFloatLanes = 8;
@@ -610,11 +611,16 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
 
   parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
-    std::vector<double> regs(static_cast<size_t>(prog.n_regs) * kBlock);
+    // Registers kRegStride doubles apart, from a 64-byte boundary: a stride of exactly
+    // 4 KiB (kBlock doubles) put every register on the same L1 sets and made loads of one
+    // look dependent on stores to another (4K aliasing).
+    std::vector<double> regs(static_cast<size_t>(prog.n_regs) * kRegStride + 8);
+    double* const reg0 =
+        regs.data() + ((64 - reinterpret_cast<uintptr_t>(regs.data()) % 64) % 64) / 8;
     std::vector<int64_t> row_off(static_cast<size_t>(nops) * rows_per_block);
     std::vector<int64_t> rbits(random ? kBlock : 0);  // element index per lane
     std::vector<int64_t> idx(nd > 1 ? nd - 1 : 1);
-    auto reg_ptr = [&](int r) -> void* { return regs.data() + static_cast<size_t>(r) * kBlock; };
+    auto reg_ptr = [&](int r) -> void* { return reg0 + static_cast<size_t>(r) * kRegStride; };
     // Where each register's values are read from: its own block, or, for a load of a float32
     // (float64) input into a float32 (float64) register whose block is one contiguous,
     // aligned run of the input, the input itself (no copy).
