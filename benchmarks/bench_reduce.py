@@ -8,7 +8,12 @@ Implementations: castlab ``jit(...).run(policy="fused", math="inductor")`` and
 device-to-device copy of the same bytes (the bandwidth anchor). Timing: CUDA events on one
 stream (bench_cuda.device_ms) and the host clock around many calls.
 
-Usage: python benchmarks/bench_reduce.py [--json PATH] [--small]
+Usage: python benchmarks/bench_reduce.py [--json PATH] [--small] [--profile]
+
+--profile times nothing: it runs castlab fused/inductor and torch.compile once each per
+case between torch.cuda.profiler.start() and stop(), for
+``ncu --profile-from-start off --clock-control none --section SpeedOfLight ... python
+benchmarks/bench_reduce.py --profile`` (each kernel of one call of each).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write the numbers to this file")
     ap.add_argument("--small", action="store_true", help="1/16 of the sizes (a smoke run)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one call of castlab fused/inductor and torch.compile per case, "
+                         "between profiler start/stop (for ncu); no timing")
     args = ap.parse_args()
     _require_gpu()
 
@@ -49,7 +57,20 @@ def main():
     rows = []
 
     def measure(case, nbytes, impls):
-        measure_case(case, nbytes, impls, rows, results)
+        if not args.profile:
+            measure_case(case, nbytes, impls, rows, results)
+            return
+        for name in ("castlab fused/inductor", "torch.compile"):
+            fn = impls[name][0]
+            for _ in range(3):  # compiled, planned, warm
+                fn()
+            clcuda.synchronize()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            fn()
+            clcuda.synchronize()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
 
     g = torch.Generator(device="cuda").manual_seed(0)
     cuda_order = cl.Math("cuda_order", impl="portable", reduction="torch_cuda")
