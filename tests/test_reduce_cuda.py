@@ -3,6 +3,8 @@ PyTorch's order) and against castlab on the CPU (portable math, every order)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import castlab as cl
@@ -238,18 +240,48 @@ SOFTMAX_COMPILE = [("bfloat16", n) for n in (32, 128, 896, 1000, 2048, 4096)] + 
     ("float16", 2048), ("float16", 4096), ("float32", 2048)]
 
 
+def _autotuned_tile(cache_dir) -> dict | None:
+    """The tile Inductor's autotuning chose for the one kernel compiled into `cache_dir`
+    (its .best_config: R0_BLOCK, XBLOCK, num_warps), or None where it wrote none."""
+    import glob
+    import json
+
+    found = glob.glob(os.path.join(str(cache_dir), "**", "*.best_config"), recursive=True)
+    if len(found) != 1:
+        return None
+    with open(found[0]) as fh:
+        tile = json.load(fh)
+    return tile if "R0_BLOCK" in tile and "num_warps" in tile else None
+
+
 @pytest.mark.parametrize("dt,n", SOFTMAX_COMPILE)
-def test_inductor_softmax_equals_torch_compile(dt, n):
+def test_inductor_softmax_equals_torch_compile(dt, n, tmp_path, monkeypatch):
     """softmax under the inductor preset (tl.sum over Inductor's tile, libdevice exp,
     Triton's approximate division) equals torch.compile's fused kernel bit for bit, with
-    torch's default casts (Policy round_casts=False) and with emulate_precision_casts."""
+    torch's default casts (Policy round_casts=False) and with emulate_precision_casts.
+    Inductor autotunes the tile by time, so each compile gets its own cache folder and
+    castlab takes the tile it chose (_lower.TRITON_CONFIGS); a choice of several tiles
+    per row (its online softmax across tiles, not modelled) is an expected failure."""
+    from castlab import _lower
+
     t = _x((256, n), DT[dt][1], n, scale=3.0)
     x = cl.from_dlpack(t)
-    f = cl.jit(lambda x: cl.softmax(x, -1))
     sm = lambda t: torch.softmax(t, -1)  # noqa: E731
-    got = f.run(x, policy=cl.Policy("fused", round_casts=False), math="inductor")
-    assert _bits_bad(got, _compiled(sm, (t,), False)) == 0
-    assert _bits_bad(f.run(x, policy="fused", math="inductor"), _compiled(sm, (t,), True)) == 0
+    isz = t.element_size()
+    for k, (policy, emulate) in enumerate([(cl.Policy("fused", round_casts=False), False),
+                                           (cl.Policy("fused"), True)]):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor{k}"))
+        want = _compiled(sm, (t,), emulate)
+        tile = _autotuned_tile(tmp_path / f"inductor{k}")
+        if tile is not None:
+            r = int(tile["R0_BLOCK"])
+            if r < n:
+                pytest.xfail(f"Inductor autotuned R0_BLOCK={r} for rows of {n}: its online "
+                             "softmax across tiles is not modelled")
+            cfg = _lower.triton_tile(r, int(tile.get("XBLOCK", 1)), int(tile["num_warps"]), isz)
+            monkeypatch.setitem(_lower.TRITON_CONFIGS, ("softmax", n, isz), cfg)
+        f = cl.jit(lambda x: cl.softmax(x, -1))  # planned with that tile
+        assert _bits_bad(f.run(x, policy=policy, math="inductor"), want) == 0, (tile, k)
 
 
 @pytest.mark.parametrize("h", [3584, 4096])

@@ -902,7 +902,6 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     key = (algo, n, isz)
     if key in TRITON_CONFIGS:
         return tuple(TRITON_CONFIGS[key])
-    per16 = max(1, 16 // isz)
     if algo == "softmax":
         r = _pow2_at_least(max(n, 1)) if n <= 4096 else 4096
         if r <= 64:
@@ -916,6 +915,15 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     else:
         r = 4096 if (isz == 2 and n % 4096 == 0) else 2048
         xblock, warps = 1, 16
+    return triton_tile(r, xblock, warps, isz)
+
+
+def triton_tile(r: int, xblock: int, warps: int, isz: int) -> tuple:
+    """(R0_BLOCK, contiguous elements per thread, lanes, warps) along the row of Triton's
+    blocked layout for a tile of R0_BLOCK `r` by XBLOCK `xblock` on `warps` warps, for
+    `isz`-byte elements: a tile Inductor chose (its ``.best_config``) in castlab's terms,
+    for ``TRITON_CONFIGS``."""
+    per16 = max(1, 16 // isz)
     per = max(1, min(per16, r, r * xblock // (32 * warps)))
     lanes = max(1, min(32, r // per))
     wr = max(1, min(warps, r // (per * lanes)))
