@@ -79,6 +79,18 @@ CL_HD double f64_from_bits(uint64_t u) {
 // The sign bit (of a zero or a NaN too).
 CL_HD bool sign_bit(float x) { return (f32_bits(x) >> 31) != 0; }
 CL_HD bool sign_bit(double x) { return (f64_bits(x) >> 63) != 0; }
+// IEEE 754-2019 maximum (`max`) or minimum of a and b: NaN-propagating (a's NaN first,
+// payload kept), and -0 < +0 in either argument order. The one definition of castlab's
+// maximum/minimum ops (ops/scalar/ops.h) and max/min reductions (ops/scalar/reduce.h).
+// Written as selects, not returns: GPU code has no branch per element.
+template <typename T>
+CL_HD T ieee_max_min(T a, T b, bool max) {
+  T r = (max ? a > b : a < b) ? a : b;
+  if (a == b) r = sign_bit(a) == max ? b : a;  // only a tie of zeros can differ
+  if (b != b) r = b;
+  if (a != a) r = a;
+  return r;
+}
 
 // IEEE fused multiply-add, used only where a math variant asks for it explicitly.
 CL_HD float fma_f(float a, float b, float c) {

@@ -576,7 +576,7 @@ def test_triton_order_equals_a_numpy_emulation(n):
     x = cl.randn(6, n, seed=n, dtype=cl.float32)
     xn = np.asarray(x.numpy(), np.float32)
     m = cl.Math("t", impl="portable", reduction="triton")
-    r = min(4096, 1 << max(n - 1, 0).bit_length())
+    r = min(4096, _lower._pow2_at_least(n))
     # the tiles castlab assumes, and others Inductor's autotuning may pick (triton_tile:
     # what test_reduce_cuda hands castlab from Inductor's .best_config)
     cfgs = [_lower.triton_config(algo, n, isz)

@@ -231,13 +231,15 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   const RedPlan P0 = make_red_plan(s.phases[0].spec, s.n, s.rows);
   const int64_t R = P0.a, PER = P0.b, W = P0.d, NT = lay.first, TILE = PER * NT;
   const int64_t ITS = (s.n + R - 1) / R, REPS = R / TILE, E = lay.second;
+  // the operands: phase results (registers), row invariants (one load), varying (registers)
+  std::vector<int> qs, varying, inv;
+  for (const RowPhase& p : s.phases) qs.push_back(p.q);
+  auto row_result = [&](int k) {
+    return std::find(qs.begin(), qs.end(), k) != qs.end() || alias[k] >= 0;
+  };
   // the epilogue's row-invariant part (RMSNorm's mean, + eps, rsqrt) runs once per thread
   std::vector<bool> epi_inv;
-  for (int k : s.epi_ins) {
-    bool row_value = s.cs[k] == 0 || alias[k] >= 0;
-    for (const RowPhase& p : s.phases) row_value = row_value || p.q == k;
-    epi_inv.push_back(row_value);
-  }
+  for (int k : s.epi_ins) epi_inv.push_back(row_result(k) || s.cs[k] == 0);
   SplitFunction epi;
   std::string src = row_preamble(s, ops, "triton order", &epi_inv, &epi);
   src += "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
@@ -259,11 +261,8 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
            num(PER) + ") % " + num(REPS) + ") * " + num(TILE) + " + t * " + num(PER) + " + (" + e +
            ") % " + num(PER);
   };
-  // the operands: phase results (registers), row invariants (one load), varying (registers)
-  std::vector<int> qs, varying, inv;
-  for (const RowPhase& p : s.phases) qs.push_back(p.q);
   auto note = [&](int k) {
-    if (std::find(qs.begin(), qs.end(), k) != qs.end() || alias[k] >= 0) return;
+    if (row_result(k)) return;
     auto& v = s.cs[k] == 0 ? inv : varying;
     if (std::find(v.begin(), v.end(), k) == v.end()) v.push_back(k);
   };

@@ -214,17 +214,11 @@ CL_HD T op_div(T a, T b, int var) {
 // signed-zero tie, its scalar tail the first.)
 template <typename T>
 CL_HD T op_maximum(T a, T b, int) {
-  if (a != a) return a;
-  if (b != b) return b;
-  if (a == b) return sign_bit(a) ? b : a;  // only a tie of zeros can differ
-  return a > b ? a : b;
+  return ieee_max_min(a, b, true);
 }
 template <typename T>
 CL_HD T op_minimum(T a, T b, int) {
-  if (a != a) return a;
-  if (b != b) return b;
-  if (a == b) return sign_bit(a) ? a : b;
-  return a < b ? a : b;
+  return ieee_max_min(a, b, false);
 }
 // C pow (C99 Annex F.9.4.4), which PyTorch's pow(tensor, tensor) is; a Python-number
 // exponent of +-0.5 is lowered to sqrt (PyTorch's pow_tensor_scalar) before it gets here.

@@ -87,18 +87,11 @@ CL_HD T red_identity(int kind) {
   return kind == kRedMax ? -inf : inf;
 }
 
-// NaN-propagating max/min with -0 < +0 (castlab's maximum/minimum).
-// Written as selects, not returns: GPU code then has no branch per element.
+// The sum, or castlab's maximum/minimum (NaN-propagating, -0 < +0: ieee_max_min).
 template <typename T>
 CL_HD T red_op(int kind, T acc, T x) {
   if (kind == kRedSum) return acc + x;
-  const bool mx = kind == kRedMax;
-  T r = (mx ? acc > x : acc < x) ? acc : x;
-  // +-0: by the sign (equal nonzero values have equal bits)
-  if (acc == x) r = (sign_bit(acc) == mx) ? x : acc;
-  if (x != x) r = x;
-  if (acc != acc) r = acc;
-  return r;
+  return ieee_max_min(acc, x, kind == kRedMax);
 }
 
 template <typename T, typename A>
