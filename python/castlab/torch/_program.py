@@ -124,6 +124,7 @@ class Segment:
         self.outputs: list = []     # region: FX nodes used outside
         self.jit: JitFunction | None = None
         self.maps: dict = {}        # region: id(first input node) -> {fx name: castlab node}
+        self.io: tuple | None = None  # region: (input names, made by PyTorch, output layouts)
 
     def __repr__(self) -> str:
         names = ", ".join(n.name for n in self.nodes[:4]) + (", ..." if len(self.nodes) > 4 else "")
@@ -366,17 +367,31 @@ def _dense(meta: torch.Tensor) -> bool:
     return True
 
 
-def _like_eager(t: torch.Tensor, meta: Any) -> torch.Tensor:
-    """`t` (castlab writes contiguous results) with the strides PyTorch eager gives that
-    value (the captured example's), so the next PyTorch kernel sees the same layout."""
-    if not isinstance(meta, torch.Tensor) or t.dim() == 0 or tuple(t.stride()) == tuple(meta.stride()):
+def _no_grad_view(v: Any) -> Any:
+    """`v`, detached where it requires grad (a parameter): DLPack exports no autograd."""
+    return v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v
+
+
+def _meta_dtype(n: Any) -> Any:
+    """The dtype PyTorch gives FX node `n`'s value, or None where it is not a tensor."""
+    meta = n.meta.get("val")
+    return meta.dtype if isinstance(meta, torch.Tensor) else None
+
+
+def _eager_layout(meta: Any) -> tuple | None:
+    """(shape, strides) PyTorch eager gives a value whose example is `meta` (castlab
+    writes contiguous results; the next PyTorch kernel must see eager's layout), or None
+    where castlab's layout is kept (not a tensor, a scalar, an expanded view: the values
+    are all PyTorch's kernels read)."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() == 0 or not _dense(meta):
+        return None
+    return tuple(meta.shape), tuple(meta.stride())
+
+
+def _relayout(t: torch.Tensor, layout: tuple | None) -> torch.Tensor:
+    if layout is None or t.stride() == layout[1] or t.shape != layout[0]:
         return t
-    if tuple(t.shape) != tuple(meta.shape):
-        return t
-    if not _dense(meta):
-        return t  # an expanded view: the values are all PyTorch's kernels read
-    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=t.dtype,
-                              device=t.device)
+    out = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
@@ -517,16 +532,21 @@ class CapturedModel:
         for k in range(start, len(segs)):
             seg = segs[k]
             if seg.kind == "region":
-                xs = from_torch_region([env[n.name].detach() for n in seg.inputs],
-                                       [n.name not in self._user for n in seg.inputs])
+                io = seg.io
+                if io is None:  # the names and layouts each run needs, found once
+                    io = seg.io = (
+                        [n.name for n in seg.inputs],
+                        [n.name not in self._user for n in seg.inputs],
+                        [(n.name, _meta_dtype(n), _eager_layout(n.meta.get("val")))
+                         for n in seg.outputs])
+                xs = from_torch_region([_no_grad_view(env[name]) for name in io[0]], io[1])
                 region_inputs[k] = xs
                 rp = policy if region_policy is None else region_policy.get(k, policy)
                 outs = seg.jit.run(*xs, policy=rp, math=math)
-                for n, t in zip(seg.outputs, to_torch_region(outs)):
-                    meta = n.meta.get("val")
-                    if not f64 and isinstance(meta, torch.Tensor) and t.dtype != meta.dtype:
-                        t = t.to(meta.dtype)  # a substituted input widened the region
-                    env[n.name] = _like_eager(t, meta)
+                for (name, dt, layout), t in zip(io[2], to_torch_region(outs)):
+                    if not f64 and dt is not None and t.dtype != dt:
+                        t = t.to(dt)  # a substituted input widened the region
+                    env[name] = _relayout(t, layout)
                 continue
             (n,) = seg.nodes
             src = self._wide_consts(n, env) if f64 and seg.kind == "external" else env
