@@ -224,6 +224,21 @@ def test_bad_input_data_dependent_control_flow():
         ct.capture(f, torch.ones(3))
 
 
+def test_bad_input_output_torch_export_cannot_flatten():
+    # A Hugging Face model returns its KV cache (a DynamicCache) unless use_cache=False:
+    # the error says which type and what to pass, not "data-dependent control flow".
+    m, ids = _qwen2(torch.float32)
+    with pytest.raises(ct.CaptureError, match=r"returns a [\w.]*DynamicCache.*use_cache': False"):
+        ct.capture(m, ids)
+
+    class Box:
+        pass
+
+    with pytest.raises(ct.CaptureError, match=r"returns a \S*Box, which torch.export cannot flatten") as ei:
+        ct.capture(lambda x: (x * 2, Box()), torch.ones(3))
+    assert "use_cache" not in str(ei.value)
+
+
 def test_bad_input_mutation_is_refused():
     class M(torch.nn.Module):
         def __init__(self):

@@ -32,6 +32,7 @@ import collections
 import contextlib
 import operator
 import os
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -1021,6 +1022,14 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             if ln.strip().startswith("File \"") and i >= 6:
                 head += lines[i:i + 2]
         head = "\n".join(head)
+        m = re.search(r"Found <class '([^']+)'> in output", str(e))
+        if m:  # an output torch.export cannot flatten (a Hugging Face KV cache, for one)
+            hint = (" A Hugging Face model returns its KV cache unless called with "
+                    "kwargs={'use_cache': False}." if m.group(1).endswith("Cache") else "")
+            raise CaptureError(
+                f"castlab.torch.capture: {name} returns a {m.group(1)}, which torch.export "
+                f"cannot flatten into tensors: return tensors (or tuples, lists or dicts of "
+                f"them).{hint}") from e
         raise CaptureError(
             f"castlab.torch.capture: torch.export could not capture {name} as one static "
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
