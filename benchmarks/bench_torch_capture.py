@@ -53,6 +53,50 @@ def _median(f, repeat: int, device: str) -> float:
     return statistics.median(ts)
 
 
+def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
+    """Host time of each step castlab takes per region of a fused/inductor forward
+    (median over `repeat` forwards, in microseconds per region): reading its inputs from
+    the run's values, importing them (DLPack, stream order), the jit call (of which the
+    plan's C++ run: allocation, launches or CPU kernels), exporting the outputs. The
+    regions are run one after another on the values of one full forward; a GPU is
+    synchronised only after each forward, as in a real run."""
+    from castlab._dlpack import from_torch_region, to_torch_region
+    from castlab.policy import as_math, as_policy
+
+    pol, mth = as_policy("fused"), as_math("inductor")
+    with torch.no_grad():
+        env = cm.execute(cm._flat_inputs((ids,), kw), pol, mth).env
+    regs = [s for s in cm.segments if s.kind == "region"]
+    names = ("gather", "import", "jit.run", "plan.run", "export")
+    per: dict = {k: [] for k in names}
+    for _ in range(repeat + 1):
+        acc = dict.fromkeys(names, 0.0)
+        for seg in regs:
+            t0 = time.perf_counter()
+            ins = [env[n.name].detach() for n in seg.inputs]
+            t1 = time.perf_counter()
+            xs = from_torch_region(ins, [n.name not in cm._user for n in seg.inputs])
+            t2 = time.perf_counter()
+            outs = seg.jit.run(*xs, policy=pol, math=mth)
+            t3 = time.perf_counter()
+            to_torch_region(outs if isinstance(outs, (list, tuple)) else [outs])
+            t4 = time.perf_counter()
+            tr, cap = seg.jit._traced(list(xs))
+            plan = tr.plans[(pol, mth)]
+            t5 = time.perf_counter()
+            plan.run(list(xs) + cap)
+            t6 = time.perf_counter()
+            for k, v in zip(names, (t1 - t0, t2 - t1, t3 - t2, t6 - t5, t4 - t3)):
+                acc[k] += v
+        _sync(device)
+        for k in names:
+            per[k].append(acc[k] / len(regs) * 1e6)
+    out = {k: statistics.median(v[1:]) for k, v in per.items()}
+    print(f"host time per region ({len(regs)} regions, fused/inductor), microseconds: "
+          + "  ".join(f"{k} {v:.1f}" for k, v in out.items()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -61,6 +105,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151936 // 16)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--drift", default="none", choices=["skip", "none", "rounding"])
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also the host time of each step of a castlab region, per region")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     m = _model(a.layers, a.vocab, a.device)
@@ -81,6 +127,8 @@ def main() -> None:
                     a.repeat, a.device)
         res[f"{pol}_s"] = t
         print(f"{'castlab ' + pol + '/' + mth:<24} {t:>10.4f} {t / base:>14.2f}")
+    if a.breakdown:
+        res["breakdown_us_per_region"] = _breakdown(cm, ids, kw, a.repeat, a.device)
     if a.drift != "skip":
         t0 = time.perf_counter()
         ct.drift(cm, (ids,), a="eager", b="fused/inductor", kwargs=kw,
