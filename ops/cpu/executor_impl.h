@@ -123,9 +123,18 @@ void load_rows(R* dst, const char* base, int dtype, const int64_t* row_off, int6
       }
       case kBFloat16: {
         const LoadAt<uint16_t> p{base + off * static_cast<int64_t>(sizeof(uint16_t))};
-        if (cstride == 1)
-          for (int64_t c = 0; c < ncols; ++c) dst[j + c] = static_cast<R>(bf16_to_f32(p[c]));
-        else
+        if (cstride == 1) {
+          // in chunks of 16 through a local copy: no aliasing test or vector-loop
+          // prologue per row (RoPE's rows are 64 elements)
+          int64_t c = 0;
+          for (; c + 16 <= ncols; c += 16) {
+            uint16_t h[16];
+            std::memcpy(h, p.b + 2 * c, sizeof h);
+            R* o = dst + j + c;
+            for (int l = 0; l < 16; ++l) o[l] = static_cast<R>(bf16_to_f32(h[l]));
+          }
+          for (; c < ncols; ++c) dst[j + c] = static_cast<R>(bf16_to_f32(p[c]));
+        } else
           for (int64_t c = 0; c < ncols; ++c)
             dst[j + c] = static_cast<R>(bf16_to_f32(p[c * cstride]));
         break;
@@ -200,10 +209,16 @@ void store_rows(char* base, int dtype, const R* src, const int64_t* row_off, int
       case kFloat16: {
         const StoreAt<uint16_t> p{base + off * static_cast<int64_t>(sizeof(uint16_t))};
         if (std::is_same<R, float>::value && mode == kNearestEven) {
-          if (dtype == kBFloat16 && cstride == 1)
-            for (int64_t c = 0; c < ncols; ++c)
-              p[c] = f32_to_bf16_rne(static_cast<float>(src[j + c]));
-          else
+          if (dtype == kBFloat16 && cstride == 1) {
+            int64_t c = 0;
+            for (; c + 16 <= ncols; c += 16) {  // as the bf16 load above
+              uint16_t h[16];
+              const R* a = src + j + c;
+              for (int l = 0; l < 16; ++l) h[l] = f32_to_bf16_rne(static_cast<float>(a[l]));
+              std::memcpy(p.b + 2 * c, h, sizeof h);
+            }
+            for (; c < ncols; ++c) p[c] = f32_to_bf16_rne(static_cast<float>(src[j + c]));
+          } else
             for (int64_t c = 0; c < ncols; ++c)
               p[c * cstride] = static_cast<uint16_t>(
                   narrow_f32(static_cast<float>(src[j + c]), dtype, kNearestEven, sat, 0));
@@ -639,14 +654,27 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         idx[d] = rem % it.shape[d];
         rem /= it.shape[d];
       }
+      // (a row after one that only stepped the innermost row index is the one before
+      // plus that dimension's stride; the full sum only after a carry)
+      bool carried = true;
       for (int64_t r = 0; r < nrows; ++r) {
-        for (int k = 0; k < nops; ++k) {
-          int64_t off = 0;
-          for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.stride(k, d);
-          row_off[k * rows_per_block + r] = off;
+        if (carried) {
+          for (int k = 0; k < nops; ++k) {
+            int64_t off = 0;
+            for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.stride(k, d);
+            row_off[k * rows_per_block + r] = off;
+          }
+        } else {
+          for (int k = 0; k < nops; ++k)
+            row_off[k * rows_per_block + r] =
+                row_off[k * rows_per_block + r - 1] + it.stride(k, nd - 2);
         }
+        carried = true;
         for (int d = nd - 2; d >= 0; --d) {
-          if (++idx[d] < it.shape[d]) break;
+          if (++idx[d] < it.shape[d]) {
+            carried = d != nd - 2;
+            break;
+          }
           idx[d] = 0;
         }
       }
