@@ -355,6 +355,9 @@ class Policy:
 
 
 _NAMED_POLICIES = {"eager": Policy.eager, "fused": Policy.fused, "fp64": Policy.fp64}
+# One instance per name (policies are frozen): building and validating one took ~3 us,
+# and a fresh one hashed again as a plan-cache key, on every `run(..., policy="fused")`.
+_NAMED_POLICY_OBJECTS: dict = {}
 
 
 def as_policy(p: Any) -> Policy:
@@ -362,8 +365,12 @@ def as_policy(p: Any) -> Policy:
     if isinstance(p, Policy):
         return p
     if isinstance(p, str):
+        pol = _NAMED_POLICY_OBJECTS.get(p)
+        if pol is not None:
+            return pol
         try:
-            return _NAMED_POLICIES[p]()
+            pol = _NAMED_POLICY_OBJECTS[p] = _NAMED_POLICIES[p]()
+            return pol
         except KeyError:
             raise ValueError(f"unknown policy {p!r}; valid: "
                              + ", ".join(_NAMED_POLICIES) + " or a castlab.Policy(...)") from None
