@@ -434,12 +434,50 @@ def test_qwen2_fused_inductor_against_torch_compile_cuda(big):
            "err_fused": (fused.double() - r64).abs().mean().item(),
            "err_compile": (compiled.double() - r64).abs().mean().item(),
            "err_eager": (eager.double() - r64).abs().mean().item()}
+    # every value castlab's regions hand to PyTorch, against torch.compile's
+    vs = ct.versus_compiled(cm, ids, kwargs=KW, policy="fused", math="inductor", model=m)
+    print(vs)
+    rec["model_outputs_equal_compiled_graph"] = vs.model_outputs_equal
+    rec["values_differing"] = [
+        {k: r[k] for k in ("node", "op", "module", "line", "mismatches", "numel")}
+        for r in vs.rows if r["mismatches"]]
+    rec["values_compared"] = len(vs.rows)
     print(rec)
     path = os.environ.get("CASTLAB_GPU_REPORT")
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(rec) + "\n")
     assert rec["max_fused_vs_compile"] <= tol
+
+
+def test_versus_compiled_counts_bits_against_torch_compile():
+    """Issue 17, contract 2's tool: castlab's values against torch.compile's (PyTorch's
+    Inductor, a reference castlab did not write) at every value a region hands back.
+    Under fused+inductor a region computing in fp32 and rounding once equals Inductor's
+    kernel; under eager (a rounding after each op) it differs there."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 256).to(torch.bfloat16)
+    w = (torch.randn(256, 256) / 16).to(torch.bfloat16)
+
+    def f(x, w):
+        h = torch.nn.functional.linear(x, w)
+        g = (h * 1.5 + x) * h  # a castlab region: three ops
+        return torch.nn.functional.linear(g, w).sum(-1)
+
+    cm = ct.capture(f, x, w)
+    fused = ct.versus_compiled(cm, x, w, policy="fused", math="inductor", model=f)
+    eager = ct.versus_compiled(cm, x, w, policy="eager", math="torch_eager")
+    assert fused.model_outputs_equal is True and eager.model_outputs_equal is None
+    (region,) = [r for r in fused.rows if r["op"] == "aten.mul.Tensor"]
+    assert region["kind"] == "region" and region["numel"] == 64 * 256
+    assert region["mismatches"] == 0 and region["max_abs_diff"] == 0.0
+    (region_e,) = [r for r in eager.rows if r["op"] == "aten.mul.Tensor"]
+    assert region_e["mismatches"] > 0 and eager.first["node"] == region_e["node"]
+    assert "first at " + region_e["node"] in str(eager)
+    assert list(eager.to_frame()["node"]) == [r["node"] for r in eager.rows]
+    assert "<table" in fused._repr_html_()
+    with pytest.raises(ValueError, match="captured for"):
+        ct.versus_compiled(cm, x[:8], w)
 
 
 @pytest.mark.parametrize("arch", ["Llama", "GPT2", "Mistral", "Gemma"])

@@ -3,7 +3,9 @@
 ``capture(model, *example_inputs)`` turns a PyTorch forward into a castlab program;
 ``drift(model, inputs, a=..., b=...)`` reports, per captured node, the error of two
 configurations against the fp64 run; ``torch.compile(model, backend=backend(policy=,
-math=))`` runs a model through castlab from inside PyTorch.
+math=))`` runs a model through castlab from inside PyTorch; ``versus_compiled(captured,
+*inputs)`` counts, at every value castlab hands to PyTorch, the bits that differ from
+``torch.compile``'s.
 
 Capture: ``torch.export`` (non-strict), not Dynamo. export gives one whole-graph ATen
 program or an error that names the line (Dynamo would split the model at graph breaks
@@ -41,6 +43,7 @@ except ImportError as e:  # pragma: no cover - CI installs torch
 from ._backend import CastlabBackend, backend
 from ._drift import ModelDrift, drift
 from ._program import CapturedModel, CaptureError, Segment, capture
+from ._versus import CompiledComparison, versus_compiled
 
 __all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
-           "backend", "CastlabBackend"]
+           "backend", "CastlabBackend", "versus_compiled", "CompiledComparison"]
