@@ -629,7 +629,11 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
     // Registers kRegStride doubles apart, from a 64-byte boundary: a stride of exactly
     // 4 KiB (kBlock doubles) put every register on the same L1 sets and made loads of one
     // look dependent on stores to another (4K aliasing).
-    std::vector<double> regs(static_cast<size_t>(prog.n_regs) * kRegStride + 8);
+    // (kept per thread between calls: zeroing a fresh n_regs x 4 KiB for every call was
+    // most of a small call's time; every instruction writes its register before any read)
+    thread_local std::vector<double> regs;
+    const size_t need = static_cast<size_t>(prog.n_regs) * kRegStride + 8;
+    if (regs.size() < need) regs.resize(need);
     double* const reg0 =
         regs.data() + ((64 - reinterpret_cast<uintptr_t>(regs.data()) % 64) % 64) / 8;
     std::vector<int64_t> row_off(static_cast<size_t>(nops) * rows_per_block);
