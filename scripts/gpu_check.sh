@@ -149,6 +149,9 @@ if [ "$BENCH" = 1 ]; then
   $PY benchmarks/bench_attribution.py --json "$OUT/bench_attribution.json" 2>&1 | tee "$OUT/bench_attribution.log"
   echo "bench attribution: $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
+  $PY benchmarks/bench_sizes.py --json "$OUT/bench_sizes.json" 2>&1 | tee "$OUT/bench_sizes.log"
+  echo "bench sizes: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
   $PY benchmarks/bench_reduce.py --json "$OUT/bench_reduce.json" 2>&1 | tee "$OUT/bench_reduce.log"
   echo "bench reduce: $(( $(date +%s) - t0 )) s"
   $PY scripts/reduce_gpu_report.py --quick > "$OUT/reduce_report.txt" 2>&1
