@@ -478,6 +478,10 @@ def test_versus_compiled_counts_bits_against_torch_compile():
     assert "<table" in fused._repr_html_()
     with pytest.raises(ValueError, match="captured for"):
         ct.versus_compiled(cm, x[:8], w)
+    with pytest.raises(TypeError, match="capture it first"):
+        ct.versus_compiled(f, x, w)
+    with pytest.raises(ValueError, match="unknown policy"):
+        ct.versus_compiled(cm, x, w, policy="fast")
 
 
 @pytest.mark.parametrize("arch", ["Llama", "GPT2", "Mistral", "Gemma"])

@@ -128,6 +128,9 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
     >>> ct.versus_compiled(cm, x, w, policy="fused", math="inductor").first is None
     True
     """
+    if not isinstance(cm, CapturedModel):
+        raise TypeError(f"versus_compiled: expected a model captured by castlab.torch.capture, "
+                        f"got {type(cm).__name__} (capture it first: ct.capture(model, *inputs))")
     pol, mth = as_policy(policy), as_math(math)
     flat = cm._flat_inputs(inputs, kwargs)
     kind_of = {n.name: s.kind for s in cm.segments for n in s.nodes}
