@@ -118,7 +118,9 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
     torch.compile compiles the captured graph with those values as extra outputs (see the
     module's notes); `model` (the module or function that was captured) is compiled too,
     to check that its outputs equal the graph's. `compile_options`: keyword arguments of
-    ``torch.compile`` (default ``dynamic=False``).
+    ``torch.compile`` (default ``dynamic=False``). Each compile starts from
+    ``torch._dynamo.reset()``, so functions compiled earlier in the process compile again
+    on their next call.
 
     >>> import torch, castlab.torch as ct
     >>> f = lambda x, w: (x @ w) * 1.5 + x
