@@ -95,6 +95,18 @@ def _n_steps(jf):
         return None
 
 
+def rope_t(x, cos, sin):
+    """RoPE on head dim 128 in PyTorch: x*cos + rotate_half(x)*sin."""
+    x1, x2 = x[..., :64], x[..., 64:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_c(x, cos, sin):
+    """The same in castlab."""
+    x1, x2 = x[..., :64], x[..., 64:]
+    return x * cos + cl.cat([-x2, x1], dim=-1) * sin
+
+
 def gbps(nbytes, ms):
     return nbytes / (ms * 1e-3) / 1e9
 
@@ -149,14 +161,6 @@ def main():
         del ta, tb, a, b
 
     # ---- RoPE [1,32,32768,128], cos/sin [32768,128]
-    def rope_t(x, cos, sin):
-        x1, x2 = x[..., :64], x[..., 64:]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-    def rope_c(x, cos, sin):
-        x1, x2 = x[..., :64], x[..., 64:]
-        return x * cos + cl.cat([-x2, x1], dim=-1) * sin
-
     tx = torch.randn(1, 32, 32768, 128, device="cuda").to(torch.bfloat16)
     tcos = torch.randn(32768, 128, device="cuda").to(torch.bfloat16)
     tsin = torch.randn(32768, 128, device="cuda").to(torch.bfloat16)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cuda import device_ms, gbps, stream_of_castlab, to_cl  # noqa: E402
+from bench_cuda import device_ms, gbps, rope_c, rope_t, stream_of_castlab, to_cl  # noqa: E402
 
 import castlab as cl  # noqa: E402
 import castlab.cuda as clcuda  # noqa: E402
@@ -53,24 +53,14 @@ def wall_us(fn, iters: int) -> float:
     return best
 
 
-def _rope_t(x, cos, sin):
-    x1, x2 = x[..., :64], x[..., 64:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def _rope_c(x, cos, sin):
-    x1, x2 = x[..., :64], x[..., 64:]
-    return x * cos + cl.cat([-x2, x1], dim=-1) * sin
-
-
 def _rope_hf_t(q, k, cos, sin):
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _rope_t(q, cos, sin), _rope_t(k, cos, sin)
+    return rope_t(q, cos, sin), rope_t(k, cos, sin)
 
 
 def _rope_hf_c(q, k, cos, sin):
     cos, sin = cl.unsqueeze(cos, 1), cl.unsqueeze(sin, 1)
-    return _rope_c(q, cos, sin), _rope_c(k, cos, sin)
+    return rope_c(q, cos, sin), rope_c(k, cos, sin)
 
 
 def _cases(quick: bool):
@@ -87,7 +77,7 @@ def _cases(quick: bool):
         del ta, tb
         s = n // (32 * 128)
         tx, tc, ts = rnd(1, 32, s, 128), rnd(s, 128), rnd(s, 128)
-        yield (f"rope {n >> 10}K", (tx, tc, ts), _rope_t, _rope_c,
+        yield (f"rope {n >> 10}K", (tx, tc, ts), rope_t, rope_c,
                2 * tx.numel() * 2 + 2 * tc.numel() * 2)
         del tx, tc, ts
     q, k = rnd(4, 28, 4096, 128), rnd(4, 4, 4096, 128)

@@ -62,6 +62,7 @@ def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
     synchronised only after each forward, as in a real run."""
     from castlab._dlpack import from_torch_region, to_torch_region
     from castlab.policy import as_math, as_policy
+    from castlab.torch._program import _no_grad_view
 
     pol, mth = as_policy("fused"), as_math("inductor")
     with torch.no_grad():
@@ -73,7 +74,7 @@ def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
         acc = dict.fromkeys(names, 0.0)
         for seg in regs:
             t0 = time.perf_counter()
-            ins = [env[n.name].detach() for n in seg.inputs]
+            ins = [_no_grad_view(env[n.name]) for n in seg.inputs]
             t1 = time.perf_counter()
             xs = from_torch_region(ins, [n.name not in cm._user for n in seg.inputs])
             t2 = time.perf_counter()

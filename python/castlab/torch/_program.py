@@ -1072,8 +1072,16 @@ def _eager_gap(cm: CapturedModel, mod: torch.nn.Module, args: tuple, kw: dict) -
             if a.shape != b.shape or a.dtype != b.dtype:
                 differ += a.numel()
                 continue
-            ia = a.detach().contiguous().view(-1)
-            ib = b.detach().contiguous().view(-1)
-            same = (ia == ib) & (torch.signbit(ia) == torch.signbit(ib)) | (ia.isnan() & ib.isnan())
-            differ += int((~same).sum())
+            differ += differing_elements(a.detach(), b.detach())
     return differ, total
+
+
+def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many elements of `a` and `b` (one shape; `b` is cast to `a`'s dtype) differ:
+    -0 and +0 differ, NaNs of any payload are equal."""
+    if a.dtype != b.dtype:
+        b = b.to(a.dtype)
+    if not a.is_floating_point():
+        return int((a != b).sum())
+    same = (a == b) & (torch.signbit(a) == torch.signbit(b)) | (a.isnan() & b.isnan())
+    return int((~same).sum())

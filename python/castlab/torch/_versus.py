@@ -22,23 +22,9 @@ import torch.utils._pytree as pytree
 
 from ..numerics._tables import _html_table, _text_table
 from ..policy import as_math, as_policy
-from ._program import CapturedModel, module_path, where_text
+from ._program import CapturedModel, differing_elements, module_path, where_text
 
 __all__ = ["versus_compiled", "CompiledComparison"]
-
-
-def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Elements whose bits differ (NaNs of any payload count as equal)."""
-    if a.dtype != b.dtype:
-        b = b.to(a.dtype)
-    both_nan = torch.isnan(a) & torch.isnan(b) if a.is_floating_point() else None
-    ne = a != b
-    if both_nan is not None:
-        ne &= ~both_nan
-        # +0 and -0 compare equal: count them by their sign bits
-        zeros = (a == 0) & (b == 0)
-        ne |= zeros & (torch.signbit(a) != torch.signbit(b))
-    return int(ne.sum())
 
 
 def _materialised(n: torch.fx.Node, kind_of: dict) -> bool:
@@ -166,7 +152,7 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
             ref_flat = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
             mine = [t for t in got[:n_out] if isinstance(t, torch.Tensor)]
             model_equal = len(ref_flat) == len(mine) and all(
-                a.shape == b.shape and _differing(a, b) == 0 for a, b in zip(ref_flat, mine))
+                a.shape == b.shape and differing_elements(a, b) == 0 for a, b in zip(ref_flat, mine))
         torch._dynamo.reset()
         run = cm.execute(flat, pol, mth)
     region_made = set(names)
@@ -184,7 +170,7 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
                      "line": where_text(node),
                      "kind": "region" if name in region_made else "external",
                      "dtype": str(b.dtype).replace("torch.", ""), "numel": b.numel(),
-                     "mismatches": _differing(a, b),
+                     "mismatches": differing_elements(a, b),
                      "max_abs_diff": float(finite.max()) if finite.numel() else 0.0})
     order = {n.name: i for i, n in enumerate(cm.nodes)}
     rows.sort(key=lambda r: order[r["node"]])
