@@ -337,17 +337,57 @@ void synchronize(int index) {
   }
 }
 
+namespace {
+// One event per thread and device, recorded and waited on at once: a stream-to-stream
+// wait captures the event's state when cuStreamWaitEvent is called, so the event can be
+// recorded again right after, and per thread no other record can come in between. This
+// saves a cuEventCreate/cuEventDestroy pair on every wait (castlab.torch makes several
+// per region).
+struct WaitEvents {
+  CUevent ev[kMaxDevices] = {};
+  ~WaitEvents() {
+    for (CUevent e : ev)
+      if (e) g_drv.cuEventDestroy(e);
+  }
+};
+
+CUresult order_after(CUstream waiter, CUstream producer, int index) {
+  thread_local WaitEvents events;
+  CUevent& ev = events.ev[index];
+  if (!ev) {
+    CUresult r = g_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+      ev = nullptr;
+      return r;
+    }
+  }
+  CUresult r = g_drv.cuEventRecord(ev, producer);
+  if (r != CUDA_SUCCESS) return r;
+  return g_drv.cuStreamWaitEvent(waiter, ev, 0);
+}
+}  // namespace
+
 void stream_wait_for_noexcept(uintptr_t other, int index) noexcept {
   try {
     DevState& s = dev_state(index);
     make_current(s);
-    CUevent ev = nullptr;
-    if (g_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
-    if (g_drv.cuEventRecord(ev, reinterpret_cast<CUstream>(other)) == CUDA_SUCCESS)
-      g_drv.cuStreamWaitEvent(s.stream, ev, 0);
-    g_drv.cuEventDestroy(ev);
+    order_after(s.stream, reinterpret_cast<CUstream>(other), index);
   } catch (...) {
   }
+}
+
+void stream_wait_for(uintptr_t other, int index) {
+  DevState& s = dev_state(index);
+  make_current(s);
+  check(order_after(s.stream, reinterpret_cast<CUstream>(other), index),
+        "cuStreamWaitEvent (castlab's stream after another)");
+}
+
+void other_stream_wait(uintptr_t other, int index) {
+  DevState& s = dev_state(index);
+  make_current(s);
+  check(order_after(reinterpret_cast<CUstream>(other), s.stream, index),
+        "cuStreamWaitEvent (another stream after castlab's)");
 }
 
 }  // namespace cuda

@@ -147,6 +147,10 @@ void synchronize(int index);
 // handle: 1 and 2 are the legacy and per-thread default streams). Never throws: for
 // deleters (DLPack exports released by their consumer).
 void stream_wait_for_noexcept(uintptr_t other, int index) noexcept;
+// The same, raising on a driver error.
+void stream_wait_for(uintptr_t other, int index);
+// The stream `other` waits for the work queued so far on castlab's stream on `index`.
+void other_stream_wait(uintptr_t other, int index);
 // Name of the kernel last launched on device `index` (for error messages). Only the
 // pointer is kept: the name must live as long as the process (the kernel cache's do).
 void note_launch(int index, const char* kernel_name);

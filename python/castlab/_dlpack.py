@@ -181,12 +181,14 @@ def from_torch_tracked(t: Any) -> Any:
     return _import(t, None, None, track_stream=True)
 
 
-def from_torch_region(ts: list, made_by_torch: list) -> list:
+def from_torch_region(ts: list, made_by_torch: list, streams: dict | None = None) -> list:
     """castlab.torch's import of one region's inputs, zero-copy: as
     :func:`from_torch_tracked` for tensors PyTorch's allocator made (`made_by_torch`) and
     :func:`from_dlpack` for the others, with the stream order of the GPU tensors of
     PyTorch's allocator set once per device (castlab's stream waits for PyTorch's current
-    stream, which queued their writers) instead of one event per tensor."""
+    stream, which queued their writers) instead of one event per tensor. `streams`: device
+    index -> PyTorch's current stream there, filled as needed and shared by the imports and
+    exports of one run (the current stream is read once per device, not twice a region)."""
     import torch
 
     # torch.utils.dlpack.to_dlpack is what Tensor.__dlpack__(stream=-1) returns after its
@@ -209,7 +211,7 @@ def from_torch_region(ts: list, made_by_torch: list) -> list:
             continue
         idx = t.device.index
         if idx not in waited:
-            cuda.wait_on_stream(torch.cuda.current_stream(idx).cuda_stream, idx)
+            cuda.wait_on_stream(_torch_stream(streams, idx), idx)
             waited.add(idx)
         capsule = to_dlpack(t)  # ordered above
         if mine:
@@ -218,14 +220,27 @@ def from_torch_region(ts: list, made_by_torch: list) -> list:
     return out
 
 
-def to_torch_region(xs: list) -> list:
+def _torch_stream(streams: dict | None, idx: int) -> int:
+    """PyTorch's current stream on device idx (its handle), read once per `streams` dict."""
+    s = None if streams is None else streams.get(idx)
+    if s is None:
+        import torch
+
+        s = torch.cuda.current_stream(idx).cuda_stream
+        if streams is not None:
+            streams[idx] = s
+    return s
+
+
+def to_torch_region(xs: list, streams: dict | None = None) -> list:
     """castlab.torch's export of one region's outputs to PyTorch, zero-copy: as
     ``torch.utils.dlpack.from_dlpack`` of each, with PyTorch's current stream made to wait
-    for castlab's once per device instead of once per tensor."""
+    for castlab's once per device instead of once per tensor (`streams`: as
+    :func:`from_torch_region`'s)."""
     import torch
 
     out = []
-    streams: dict = {}
+    waited: dict = {}
     for x in xs:
         if any(st < 0 for st in x._strides):  # (PyTorch takes no negative strides: a copy)
             out.append(torch.utils.dlpack.from_dlpack(x))
@@ -234,9 +249,9 @@ def to_torch_region(xs: list) -> list:
         if kind != _kDLCUDA:
             out.append(torch.utils.dlpack.from_dlpack(_C.to_dlpack(x, False)))
             continue
-        s = streams.get(idx)
+        s = waited.get(idx)
         if s is None:  # PyTorch's current stream (1: the legacy default one, as it passes)
-            s = streams[idx] = torch.cuda.current_stream(idx).cuda_stream or 1
+            s = waited[idx] = _torch_stream(streams, idx) or 1
             _producer_sync(x, s)
         # the capsule's release makes castlab wait for that stream, as __dlpack__(stream=s)
         out.append(torch.utils.dlpack.from_dlpack(_C.to_dlpack(x, False, consumer_stream=s)))

@@ -15,8 +15,6 @@ namespace cu = cl::cuda;
 
 namespace {
 
-cu::CUstream as_stream(uintptr_t p) { return reinterpret_cast<cu::CUstream>(p); }
-
 py::dict memory_stats_dict(int device) {
   const cu::MemoryStats s = cu::memory_stats(device);
   py::dict d;
@@ -125,13 +123,7 @@ void bind_cuda(py::module_& m) {
       "_cuda_stream_wait_for",
       [](uintptr_t consumer, int device) {
         py::gil_scoped_release nogil;
-        const cu::DriverApi& d = cu::driver();
-        cu::set_device(device);
-        cu::CUevent ev = nullptr;
-        cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-        cu::check(d.cuEventRecord(ev, cu::stream(device)), "cuEventRecord");
-        cu::check(d.cuStreamWaitEvent(as_stream(consumer), ev, 0), "cuStreamWaitEvent");
-        cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+        cu::other_stream_wait(consumer, device);
       },
       py::arg("consumer_stream"), py::arg("device") = 0);
   // castlab's stream on `device` waits for the producer stream's work queued so far.
@@ -139,13 +131,7 @@ void bind_cuda(py::module_& m) {
       "_cuda_wait_on_stream",
       [](uintptr_t producer, int device) {
         py::gil_scoped_release nogil;
-        const cu::DriverApi& d = cu::driver();
-        cu::set_device(device);
-        cu::CUevent ev = nullptr;
-        cu::check(d.cuEventCreate(&ev, cu::CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-        cu::check(d.cuEventRecord(ev, as_stream(producer)), "cuEventRecord");
-        cu::check(d.cuStreamWaitEvent(cu::stream(device), ev, 0), "cuStreamWaitEvent");
-        cu::check(d.cuEventDestroy(ev), "cuEventDestroy");
+        cu::stream_wait_for(producer, device);
       },
       py::arg("producer_stream"), py::arg("device") = 0);
   m.def("_cuda_kernel_cache_stats", [] {
