@@ -143,21 +143,23 @@ def _subst(a: Any, env: dict) -> Any:
     return pytree.tree_map(lambda x: env[x.name] if isinstance(x, torch.fx.Node) else x, a)
 
 
-def _getter(a: Any) -> Callable:
+def _getter(a: Any, leaf: Callable | None = None, const: Callable | None = None) -> Callable:
     """env -> `a` with every FX node replaced by its value: _subst's result, with the
     structure walked once when the program is built instead of on every run (a captured
-    24-layer model binds ~1,000 nodes per run)."""
+    24-layer model binds ~1,000 nodes per run). `leaf`: node name -> its getter (default
+    env[name]); `const`: applied once to each part of `a` that holds no node."""
     if isinstance(a, torch.fx.Node):
         name = a.name
-        return lambda env: env[name]
+        return leaf(name) if leaf is not None else (lambda env: env[name])
     if isinstance(a, (list, tuple)) and any(_has_node(b) for b in a):
-        gs = [_getter(b) for b in a]
+        gs = [_getter(b, leaf, const) for b in a]
         kind = type(a) if type(a) in (list, tuple) else list
         return lambda env: kind([g(env) for g in gs])
     if isinstance(a, dict) and any(_has_node(b) for b in a.values()):
-        gd = {k: _getter(b) for k, b in a.items()}
+        gd = {k: _getter(b, leaf, const) for k, b in a.items()}
         return lambda env: {k: g(env) for k, g in gd.items()}
-    return lambda env: a
+    c = a if const is None else const(a)
+    return lambda env: c
 
 
 def _has_node(a: Any) -> bool:
@@ -463,6 +465,7 @@ class CapturedModel:
         self._wide: dict = {}  # fp64 copies of parameters and buffers (fp64 policy)
         self.eager_gap: tuple | None = None  # set by capture(check=True)
         self._binders: dict = {}  # node name -> (args, kwargs) getters (see _getter)
+        self._binders64: dict = {}  # the same for the fp64 policy (see _wide_getters)
 
     # -- inputs --------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
@@ -529,6 +532,7 @@ class CapturedModel:
             env.update(given)
         f64 = policy.name == "fp64"
         region_inputs: dict = {}
+        streams: dict = {}  # PyTorch's current stream per device, read once a run
         segs = self.segments if segments is None else segments
         for k in range(start, len(segs)):
             seg = segs[k]
@@ -540,47 +544,64 @@ class CapturedModel:
                         [n.name not in self._user for n in seg.inputs],
                         [(n.name, _meta_dtype(n), _eager_layout(n.meta.get("val")))
                          for n in seg.outputs])
-                xs = from_torch_region([_no_grad_view(env[name]) for name in io[0]], io[1])
+                xs = from_torch_region([_no_grad_view(env[name]) for name in io[0]], io[1],
+                                       streams)
                 region_inputs[k] = xs
                 rp = policy if region_policy is None else region_policy.get(k, policy)
                 outs = seg.jit.run(*xs, policy=rp, math=math)
-                for (name, dt, layout), t in zip(io[2], to_torch_region(outs)):
+                for (name, dt, layout), t in zip(io[2], to_torch_region(outs, streams)):
                     if not f64 and dt is not None and t.dtype != dt:
                         t = t.to(dt)  # a substituted input widened the region
                     env[name] = _relayout(t, layout)
                 continue
             (n,) = seg.nodes
-            src = self._wide_consts(n, env) if f64 and seg.kind == "external" else env
-            if given and not f64:  # a substituted value held wider than PyTorch holds it
-                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), src)
+            if f64 and seg.kind == "external":  # floating arguments widened to float64
+                bind = self._binders64.get(n.name)
+                if bind is None:
+                    bind = self._binders64[n.name] = self._wide_getters(n)
+                args, kwargs = bind[0](env), bind[1](env)
+            elif given and not f64:  # a substituted value held wider than PyTorch holds it
+                args, kwargs = _subst_nominal((list(n.args), dict(n.kwargs)), env)
             else:
                 bind = self._binders.get(n.name)
                 if bind is None:
                     bind = self._binders[n.name] = (_getter(list(n.args)),
                                                     _getter(dict(n.kwargs)))
-                args, kwargs = bind[0](src), bind[1](src)
+                args, kwargs = bind[0](env), bind[1](env)
             if n.target is operator.getitem:
                 env[n.name] = args[0][args[1]]
                 continue
-            if f64 and seg.kind == "external":
-                args, kwargs = pytree.tree_map(_widen, (args, kwargs))
             env[n.name] = n.target(*args, **kwargs)
         return Run(env, policy, math, region_inputs)
 
+    def _wide_getters(self, n) -> tuple:
+        """Getters of external node `n`'s args and kwargs under the fp64 policy: floating
+        tensors and dtypes widened to float64, the parameters and buffers it reads taken
+        from fp64 copies made once (again only when the weight changed in place), as the
+        fp64 policy reads every weight on every call."""
+        def leaf(name: str) -> Callable:
+            if name in self._consts:
+                return lambda env: self._wide_const(name)
+            return lambda env: _widen(env[name])
+
+        def const(a: Any) -> Any:
+            return pytree.tree_map(_widen, a)
+        return _getter(list(n.args), leaf, const), _getter(dict(n.kwargs), leaf, const)
+
     def _wide_consts(self, n, env: dict) -> Any:
-        """`env` with the parameters and buffers node `n` reads already in float64: the
-        fp64 policy reads every weight on every call, so each is widened once (again only
-        when the weight changed in place)."""
+        """`env` with the parameters and buffers node `n` reads in float64."""
         names = [a.name for a in _arg_nodes(n) if a.name in self._consts]
         if not names:
             return env
-        for name in names:
-            v = self._consts[name]
-            key = (name, getattr(v, "_version", 0), v.data_ptr() if isinstance(v, torch.Tensor)
-                   else 0)
-            if self._wide.get(name, (None,))[0] != key:
-                self._wide[name] = (key, _widen(v))
-        return collections.ChainMap({k: self._wide[k][1] for k in names}, env)
+        return collections.ChainMap({k: self._wide_const(k) for k in names}, env)
+
+    def _wide_const(self, name: str) -> Any:
+        v = self._consts[name]
+        key = (getattr(v, "_version", 0), v.data_ptr() if isinstance(v, torch.Tensor) else 0)
+        w = self._wide.get(name)
+        if w is None or w[0] != key:
+            w = self._wide[name] = (key, _widen(v))
+        return w[1]
 
     def outputs(self, run: Run) -> Any:
         """The program's outputs from a :class:`Run`, in the forward's structure."""
