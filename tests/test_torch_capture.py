@@ -370,6 +370,26 @@ def test_capture_measures_a_model_that_branches_when_traced():
     assert ct.capture(m, ids, kwargs=KW).eager_gap == (0, 64)  # on the CPU, the same bits
 
 
+def test_versus_compiled_says_when_the_captured_graph_is_another_program():
+    """torch.compile of a model that branches under torch.export gives other outputs than
+    the captured graph compiles to: versus_compiled says so and names the cause (the
+    graph, not the extra outputs), having compiled the plain graph to tell them apart."""
+    def f(x):
+        if torch.compiler.is_exporting():
+            return torch.exp(x * 3) / 7
+        return torch.exp(x * 3) * (1 / 7)
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(RuntimeWarning, match="not the program it runs eagerly"):
+        cm = ct.capture(f, x)
+    vs = ct.versus_compiled(cm, x, model=f)
+    assert vs.model_outputs_equal is False and vs.model_mismatch == "graph"
+    assert "the captured graph is not the program the model runs" in str(vs)
+    same = ct.versus_compiled(ct.capture(torch.exp, x), x, model=torch.exp)
+    assert same.model_outputs_equal is True and same.model_mismatch is None
+    assert "outputs: yes" in str(same)
+
+
 def test_torch_compile_backend_qwen2_eager_bit_identical():
     m, ids = _qwen2(torch.bfloat16)
     be = ct.backend(policy="eager", math="torch_eager")
@@ -438,6 +458,7 @@ def test_qwen2_fused_inductor_against_torch_compile_cuda(big):
     vs = ct.versus_compiled(cm, ids, kwargs=KW, policy="fused", math="inductor", model=m)
     print(vs)
     rec["model_outputs_equal_compiled_graph"] = vs.model_outputs_equal
+    rec["model_mismatch"] = vs.model_mismatch
     rec["values_differing"] = [
         {k: r[k] for k in ("node", "op", "module", "line", "mismatches", "numel")}
         for r in vs.rows if r["mismatches"]]

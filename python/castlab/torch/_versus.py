@@ -48,15 +48,21 @@ class CompiledComparison:
     castlab run), ``module``, ``line``, ``dtype``, ``numel``, ``mismatches`` (elements
     whose bits differ from torch.compile's), ``max_abs_diff``. ``first``: the first row
     that differs (None: all equal). ``model_outputs_equal``: whether torch.compile of
-    the model itself gave the compiled graph's outputs (None when no model was given).
+    the model itself gave the compiled graph's outputs (None when no model was given);
+    ``model_mismatch``: where they differ, why: ``"extra outputs"`` (they changed what
+    Inductor fused: the graph compiled without them gives the model's outputs) or
+    ``"graph"`` (the captured graph is another program than the one the model runs,
+    see ``CapturedModel.eager_gap``); None otherwise.
     ``to_frame()``, text and HTML."""
 
-    def __init__(self, name: str, label: str, rows: list, model_outputs_equal: bool | None):
+    def __init__(self, name: str, label: str, rows: list, model_outputs_equal: bool | None,
+                 model_mismatch: str | None = None):
         self.name = name
         self.label = label
         self.rows = rows
         self.first = next((r for r in rows if r["mismatches"]), None)
         self.model_outputs_equal = model_outputs_equal
+        self.model_mismatch = model_mismatch
 
     def to_frame(self):
         """The rows as a pandas DataFrame."""
@@ -73,9 +79,14 @@ class CompiledComparison:
         lines = [f"castlab {self.label} vs torch.compile: {self.name}; {n} of "
                  f"{len(self.rows)} values differ; first at {where}"]
         if self.model_outputs_equal is not None:
+            why = {None: "yes",
+                   "extra outputs": "NO: the extra outputs changed what Inductor fused "
+                                    "(without them the graph compiles to the model's outputs)",
+                   "graph": "NO: the captured graph is not the program the model runs "
+                            "(compiled without the extra outputs it still differs; see "
+                            "eager_gap)"}
             lines.append("torch.compile of the model gives the compiled graph's outputs: "
-                         + ("yes" if self.model_outputs_equal else
-                            "NO (the extra outputs changed what Inductor fused)"))
+                         + why[self.model_mismatch])
         return "\n".join(lines)
 
     def _table(self) -> tuple:
@@ -93,6 +104,11 @@ class CompiledComparison:
         return _html_table(*self._table(), self._caption().replace("\n", "; "))
 
 
+def _same(xs: list, ys: list) -> bool:
+    return len(xs) == len(ys) and all(
+        a.shape == b.shape and differing_elements(a, b) == 0 for a, b in zip(xs, ys))
+
+
 def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
                     policy: Any = "fused", math: Any = "inductor", model: Any = None,
                     compile_options: dict | None = None) -> CompiledComparison:
@@ -103,7 +119,9 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
 
     torch.compile compiles the captured graph with those values as extra outputs (see the
     module's notes); `model` (the module or function that was captured) is compiled too,
-    to check that its outputs equal the graph's. `compile_options`: keyword arguments of
+    to check that its outputs equal the graph's (where they do not, the captured graph is
+    compiled once more without the extra outputs, to tell which changed the program).
+    `compile_options`: keyword arguments of
     ``torch.compile`` (default ``dynamic=False``). Each compile starts from
     ``torch._dynamo.reset()``, so functions compiled earlier in the process compile again
     on their next call.
@@ -145,14 +163,19 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
         got = list(torch.compile(extended, **opts)(*places))
         n_out = len(got) - len(wanted)
         compiled = dict(zip(wanted, got[n_out:]))
-        model_equal = None
+        model_equal = why = None
         if model is not None:
             torch._dynamo.reset()
             ref = torch.compile(model, **opts)(*inputs, **(kwargs or {}))
             ref_flat = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
             mine = [t for t in got[:n_out] if isinstance(t, torch.Tensor)]
-            model_equal = len(ref_flat) == len(mine) and all(
-                a.shape == b.shape and differing_elements(a, b) == 0 for a, b in zip(ref_flat, mine))
+            model_equal = _same(ref_flat, mine)
+            if not model_equal:  # which program differs: the graph itself, or with extras?
+                torch._dynamo.reset()
+                plain = torch.compile(gm, **opts)(*places)
+                why = "extra outputs" if _same(
+                    ref_flat, [t for t in pytree.tree_leaves(plain)
+                               if isinstance(t, torch.Tensor)]) else "graph"
         torch._dynamo.reset()
         run = cm.execute(flat, pol, mth)
     region_made = set(names)
@@ -174,4 +197,4 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
                      "max_abs_diff": float(finite.max()) if finite.numel() else 0.0})
     order = {n.name: i for i, n in enumerate(cm.nodes)}
     rows.sort(key=lambda r: order[r["node"]])
-    return CompiledComparison(cm.name, f"{pol.name}/{mth.name}", rows, model_equal)
+    return CompiledComparison(cm.name, f"{pol.name}/{mth.name}", rows, model_equal, why)
