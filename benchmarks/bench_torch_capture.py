@@ -6,9 +6,11 @@ forward of the same model, and the time of castlab.torch.drift.
     python benchmarks/bench_torch_capture.py --device cuda --layers 24 --seq 512 \\
         --vocab 151936 --drift none --json out.json               # the issue's GPU figures
 
-Times are the median of `--repeat` calls after one warm-up call (which traces, lowers and,
-on a GPU, compiles the kernels); GPU times are synchronised. Ratios < 1.5 are the issue's
-target for every policy; drift over 24 layers at sequence 512 should take under a minute
+Times are the median of `--repeat` rounds after one warm-up call of each run (which
+traces, lowers and, on a GPU, compiles the kernels), the runs taking turns within a round;
+GPU times are synchronised. Ratios < 1.5 are the issue's target for every policy, the fp64
+policy's against the same model in fp64 (`model.double()`, PyTorch eager: the fp64 policy
+runs the external nodes, matmuls included, in fp64); drift over 24 layers at sequence 512 should take under a minute
 on the H200 (`--drift none`: per-node errors only; `rounding`: also each node's share of
 the output error, one rerun of the rest of the model per castlab node, much longer).
 """
@@ -16,6 +18,7 @@ the output error, one rerun of the rest of the model per castlab node, much long
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -41,20 +44,25 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median(f, repeat: int, device: str) -> float:
-    f()
-    _sync(device)
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def _interleaved(runs: dict, repeat: int, device: str) -> dict:
+    """Median seconds of each run: one warm-up call each, then `repeat` rounds that call
+    every run once in turn (so a drift of the machine's clocks or load over the
+    measurement reaches all runs alike)."""
+    for f in runs.values():
         f()
-        _sync(device)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    _sync(device)
+    ts: dict = {k: [] for k in runs}
+    for _ in range(repeat):
+        for k, f in runs.items():
+            t0 = time.perf_counter()
+            f()
+            _sync(device)
+            ts[k].append(time.perf_counter() - t0)
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in ts.items()}
 
 
-def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
-    """Host time of each step castlab takes per region of a fused/inductor forward
+def _breakdown(cm, ids, kw, repeat: int, device: str, policy: str, math: str) -> dict:
+    """Host time of each step castlab takes per region of a forward under policy/math
     (median over `repeat` forwards, in microseconds per region): reading its inputs from
     the run's values, importing them (DLPack, stream order), the jit call (of which the
     plan's C++ run: allocation, launches or CPU kernels), exporting the outputs. The
@@ -64,7 +72,7 @@ def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
     from castlab.policy import as_math, as_policy
     from castlab.torch._program import _no_grad_view
 
-    pol, mth = as_policy("fused"), as_math("inductor")
+    pol, mth = as_policy(policy), as_math(math)
     with torch.no_grad():
         env = cm.execute(cm._flat_inputs((ids,), kw), pol, mth).env
     regs = [s for s in cm.segments if s.kind == "region"]
@@ -72,15 +80,16 @@ def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
     per: dict = {k: [] for k in names}
     for _ in range(repeat + 1):
         acc = dict.fromkeys(names, 0.0)
+        streams: dict = {}  # as execute: PyTorch's current stream read once a forward
         for seg in regs:
             t0 = time.perf_counter()
             ins = [_no_grad_view(env[n.name]) for n in seg.inputs]
             t1 = time.perf_counter()
-            xs = from_torch_region(ins, [n.name not in cm._user for n in seg.inputs])
+            xs = from_torch_region(ins, [n.name not in cm._user for n in seg.inputs], streams)
             t2 = time.perf_counter()
             outs = seg.jit.run(*xs, policy=pol, math=mth)
             t3 = time.perf_counter()
-            to_torch_region(outs if isinstance(outs, (list, tuple)) else [outs])
+            to_torch_region(outs if isinstance(outs, (list, tuple)) else [outs], streams)
             t4 = time.perf_counter()
             tr, cap = seg.jit._traced(list(xs))
             plan = tr.plans[(pol, mth)]
@@ -93,7 +102,7 @@ def _breakdown(cm, ids, kw, repeat: int, device: str) -> dict:
         for k in names:
             per[k].append(acc[k] / len(regs) * 1e6)
     out = {k: statistics.median(v[1:]) for k, v in per.items()}
-    print(f"host time per region ({len(regs)} regions, fused/inductor), microseconds: "
+    print(f"host time per region ({len(regs)} regions, {policy}/{math}), microseconds: "
           + "  ".join(f"{k} {v:.1f}" for k, v in out.items()))
     return out
 
@@ -104,7 +113,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=151936 // 16)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=11)
     ap.add_argument("--drift", default="none", choices=["skip", "none", "rounding"])
     ap.add_argument("--breakdown", action="store_true",
                     help="also the host time of each step of a castlab region, per region")
@@ -118,18 +127,26 @@ def main() -> None:
     cm = ct.capture(m, ids, kwargs=kw)
     res["capture_s"] = time.perf_counter() - t0
     print(f"capture: {res['capture_s']:.2f} s  ({cm})")
-    with torch.no_grad():
-        base = _median(lambda: m(ids, **kw), a.repeat, a.device)
-    res["torch_eager_s"] = base
-    print(f"{'run':<24} {'seconds':>10} {'x torch eager':>14}")
-    print(f"{'torch eager (bf16)':<24} {base:>10.4f} {1.0:>14.2f}")
+    m64 = copy.deepcopy(m).double()
+    runs = {"torch eager (bf16)": lambda: m(ids, **kw),
+            "torch eager (fp64)": lambda: m64(ids, **kw)}
     for pol, mth in (("eager", "torch_eager"), ("fused", "inductor"), ("fp64", "torch_eager")):
-        t = _median(lambda pol=pol, mth=mth: cm.run(ids, kwargs=kw, policy=pol, math=mth),
-                    a.repeat, a.device)
-        res[f"{pol}_s"] = t
-        print(f"{'castlab ' + pol + '/' + mth:<24} {t:>10.4f} {t / base:>14.2f}")
+        runs[f"castlab {pol}/{mth}"] = (
+            lambda pol=pol, mth=mth: cm.run(ids, kwargs=kw, policy=pol, math=mth))
+    with torch.no_grad():
+        times = _interleaved(runs, a.repeat, a.device)
+    base, base64 = times["torch eager (bf16)"][0], times["torch eager (fp64)"][0]
+    res["torch_eager_s"], res["torch_eager_fp64_s"] = base, base64
+    print(f"{'run':<26} {'median s':>10} {'min s':>8} {'max s':>8} {'x torch eager':>14} "
+          f"{'x torch fp64':>13}")
+    for name, (t, lo, hi) in times.items():
+        res[name] = {"median_s": t, "min_s": lo, "max_s": hi}
+        r64 = f"{t / base64:>13.2f}" if "fp64" in name else ""
+        print(f"{name:<26} {t:>10.4f} {lo:>8.4f} {hi:>8.4f} {t / base:>14.2f} {r64}")
     if a.breakdown:
-        res["breakdown_us_per_region"] = _breakdown(cm, ids, kw, a.repeat, a.device)
+        for pol, mth in (("eager", "torch_eager"), ("fused", "inductor")):
+            res[f"breakdown_{pol}_us_per_region"] = _breakdown(cm, ids, kw, a.repeat, a.device,
+                                                               pol, mth)
     if a.drift != "skip":
         t0 = time.perf_counter()
         ct.drift(cm, (ids,), a="eager", b="fused/inductor", kwargs=kw,
