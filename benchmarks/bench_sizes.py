@@ -12,7 +12,10 @@ cos/sin [4, 4096, 128] broadcast over the heads, as ``apply_rotary_pos_emb`` get
 * ``wall us``: a host clock around many calls and one synchronisation at the end: what a
   loop of calls costs, launch-bound at small sizes;
 * ``/copy``: the bytes each call must move over ``dev ms``, as a fraction of the
-  device-to-device copy bandwidth measured in the same run;
+  device-to-device copy bandwidth measured in the same run (a 1 GiB copy);
+* ``/copy@size``: the same against a copy that moves the same number of bytes (reads
+  half, writes half), timed the same way: the bandwidth a kernel of this size can reach,
+  its launch and its tail included;
 * ``floor``: the same two clocks around an empty kernel (``torch.cuda._sleep(0)``).
 
 Ratios ``compile/castlab`` > 1: castlab faster.
@@ -92,6 +95,13 @@ def _copy_bandwidth(ts) -> float:
     return gbps(2 * src.numel() * 2, device_ms(lambda: dst.copy_(src), ts, iters=10))
 
 
+def _copy_ms(nbytes: int, ts, iters: int) -> float:
+    """Device ms of a copy moving `nbytes` in all (half read, half written)."""
+    src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    return device_ms(lambda: dst.copy_(src), ts, iters=iters)
+
+
 def _measure(name, targs, tfn, cfn, nbytes, copy_bw, ts, cs) -> dict:
     """castlab fused (inductor math) and torch.compile on one case; prints two rows."""
     cargs = tuple(to_cl(t) for t in targs)
@@ -100,19 +110,20 @@ def _measure(name, targs, tfn, cfn, nbytes, copy_bw, ts, cs) -> dict:
     comp = torch.compile(tfn, dynamic=False)
     comp(*targs)
     iters = 2000 if nbytes < (64 << 20) else 50
-    r: dict = {"bytes": nbytes}
+    same_ms = _copy_ms(nbytes, ts, min(iters, 200))
+    r: dict = {"bytes": nbytes, "copy_same_size_ms": same_ms}
     for impl, fn, st in (("castlab fused", lambda: jf(*cargs), cs),
                          ("torch.compile", lambda: comp(*targs), ts)):
         dms = device_ms(fn, st, iters=min(iters, 200))
         r[impl] = {"dev_ms": dms, "of_copy": gbps(nbytes, dms) / copy_bw,
-                   "wall_us": wall_us(fn, iters)}
+                   "of_copy_same_size": same_ms / dms, "wall_us": wall_us(fn, iters)}
     c, t = r["castlab fused"], r["torch.compile"]
     for impl in ("castlab fused", "torch.compile"):
         x = r[impl]
         ratios = (f"{t['dev_ms'] / c['dev_ms']:15.2f} {t['wall_us'] / c['wall_us']:16.2f}"
                   if impl == "castlab fused" else "")
         print(f"{name:14} {impl:14} {x['dev_ms']:9.4f} {x['of_copy']:7.1%} "
-              f"{x['wall_us']:9.1f} {ratios}")
+              f"{x['of_copy_same_size']:11.1%} {x['wall_us']:9.1f} {ratios}")
     return r
 
 
@@ -131,7 +142,7 @@ def main() -> None:
     print(f"# {res['device']}, torch {torch.__version__}; copy {copy_bw:.0f} GB/s; empty "
           f"kernel: {floor['dev_ms'] * 1e3:.2f} us on the device, {floor['wall_us']:.2f} us "
           "a call in a host loop")
-    print(f"{'case':14} {'impl':14} {'dev ms':>9} {'/copy':>7} {'wall us':>9} "
+    print(f"{'case':14} {'impl':14} {'dev ms':>9} {'/copy':>7} {'/copy@size':>11} {'wall us':>9} "
           f"{'compile/cl dev':>15} {'compile/cl wall':>16}")
     for name, targs, tfn, cfn, nbytes in _cases(a.quick):
         res[name] = _measure(name, targs, tfn, cfn, nbytes, copy_bw, ts, cs)
