@@ -370,6 +370,31 @@ def test_capture_measures_a_model_that_branches_when_traced():
     assert ct.capture(m, ids, kwargs=KW).eager_gap == (0, 64)  # on the CPU, the same bits
 
 
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not cl.cuda.is_available() or not torch.cuda.is_available(),
+        reason="no CUDA GPU for castlab and torch")])])
+def test_qwen2_eager_equals_torch_compile_keeping_casts(device):
+    """Issue 17, contract 2's cause, against PyTorch's Inductor (a reference castlab did
+    not write): torch.compile with emulate_precision_casts (Inductor keeps the bf16
+    roundings of PyTorch's ops) gives castlab's eager run bit for bit at every value
+    castlab's regions hand to PyTorch and at the logits; under Inductor's default, castlab
+    fused differs, first at RoPE's add (Inductor recomputes cos/sin inside the RoPE kernel
+    without rounding them to bf16)."""
+    m, ids = _qwen2(torch.bfloat16, device=device)
+    cm = ct.capture(m, ids, kwargs=KW)
+    keep = ct.versus_compiled(cm, ids, kwargs=KW, policy="eager", math="torch_eager",
+                              compile_options={"options": {"emulate_precision_casts": True}})
+    assert keep.first is None and len(keep.rows) >= 7
+    assert {r["op"] for r in keep.rows} >= {"aten.add.Tensor", "aten.linear.default"}
+    default = ct.versus_compiled(cm, ids, kwargs=KW, policy="fused", math="inductor")
+    assert default.first["op"] == "aten.add.Tensor"
+    assert default.first["module"].endswith("self_attn")
+    norm = [r for r in default.rows if r["module"].endswith("input_layernorm")]
+    assert norm and norm[0]["mismatches"] == 0  # the first RMSNorm: equal
+
+
 def test_versus_compiled_says_when_the_captured_graph_is_another_program():
     """torch.compile of a model that branches under torch.export gives other outputs than
     the captured graph compiles to: versus_compiled says so and names the cause (the
