@@ -14,10 +14,13 @@ import castlab.numerics
 MODULES = ["castlab"] + sorted(
     m.name for m in pkgutil.walk_packages(castlab.__path__, "castlab.")
     if m.name != "castlab.__main__")  # importing __main__ runs the command line
+# modules whose examples compile with torch.compile's Inductor
+INDUCTOR = {"castlab.torch._versus"}
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.inductor) if m in INDUCTOR
+                                  else m for m in MODULES])
 def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, globs={"cl": castlab, "castlab": castlab, "np": np},

@@ -370,6 +370,7 @@ def test_capture_measures_a_model_that_branches_when_traced():
     assert ct.capture(m, ids, kwargs=KW).eager_gap == (0, 64)  # on the CPU, the same bits
 
 
+@pytest.mark.inductor
 @pytest.mark.parametrize("device", [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
@@ -395,6 +396,7 @@ def test_qwen2_eager_equals_torch_compile_keeping_casts(device):
     assert norm and norm[0]["mismatches"] == 0  # the first RMSNorm: equal
 
 
+@pytest.mark.inductor
 def test_versus_compiled_says_when_the_captured_graph_is_another_program():
     """torch.compile of a model that branches under torch.export gives other outputs than
     the captured graph compiles to: versus_compiled says so and names the cause (the
@@ -496,6 +498,7 @@ def test_qwen2_fused_inductor_against_torch_compile_cuda(big):
     assert rec["max_fused_vs_compile"] <= tol
 
 
+@pytest.mark.inductor
 def test_versus_compiled_counts_bits_against_torch_compile():
     """Issue 17, contract 2's tool: castlab's values against torch.compile's (PyTorch's
     Inductor, a reference castlab did not write) at every value a region hands back.
