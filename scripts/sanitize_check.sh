@@ -71,12 +71,16 @@ fi
 # own generated C++ through the system compiler under the preloaded runtime (minutes, and
 # PyTorch's code, not castlab's); castlab's part of them (capture, run) is what the other
 # castlab.torch tests run. The notebooks (tests/test_notebooks.py, ~100 s of a Jupyter
-# kernel each) run in the plain suite; their calls are the ones the unit tests make here.
+# kernel each) and the study's tests (tests/test_study.py: ~115 s in the plain suite, most
+# of it `python -m castlab study` in subprocesses, checking the command line and its
+# files) run in the plain suite only; the chains, policies and metrics their cells run are
+# what tests/test_numerics*.py and tests/test_jit.py run here in process. (Keeps .ci/run
+# inside its 20 minutes on 2 cores.)
 DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips
           --deselect tests/test_exhaustive.py::test_gpu_kernel_compiles_with_nvrtc
           --deselect tests/test_compare_kernels.py::test_compare_kernels_compile_with_nvrtc
           --ignore tests/test_nvrtc_codegen.py --ignore tests/test_sweep.py
-          --ignore tests/test_notebooks.py)
+          --ignore tests/test_notebooks.py --ignore tests/test_study.py)
 set +e
 "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "${DESELECT[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
 rc=$?
