@@ -367,20 +367,18 @@ CUresult order_after(CUstream waiter, CUstream producer, int index) {
 }
 }  // namespace
 
-void stream_wait_for_noexcept(uintptr_t other, int index) noexcept {
-  try {
-    DevState& s = dev_state(index);
-    make_current(s);
-    order_after(s.stream, reinterpret_cast<CUstream>(other), index);
-  } catch (...) {
-  }
-}
-
 void stream_wait_for(uintptr_t other, int index) {
   DevState& s = dev_state(index);
   make_current(s);
   check(order_after(s.stream, reinterpret_cast<CUstream>(other), index),
         "cuStreamWaitEvent (castlab's stream after another)");
+}
+
+void stream_wait_for_noexcept(uintptr_t other, int index) noexcept {
+  try {
+    stream_wait_for(other, index);
+  } catch (...) {
+  }
 }
 
 void other_stream_wait(uintptr_t other, int index) {

@@ -8,9 +8,12 @@ are library calls that read their operands from memory. :func:`versus_compiled` 
 those values as extra outputs, runs castlab on the same inputs, and counts the differing
 bits at each one, in graph order.
 
-Adding outputs can change what Inductor fuses only where it would have fused a value
-into a kernel it generates around a matmul (``max-autotune`` templates); ``model=`` checks
-that: torch.compile of the model itself must give the same outputs as the compiled graph.
+Adding outputs can still change what Inductor fuses where the matmul or attention is one it
+generates itself: ``max-autotune`` templates, or attention it decomposes into bmm and
+softmax (the 1-layer Qwen2 of the Thunder report, head dimension 2, on an H200).
+``model=`` checks it: torch.compile of the model itself must give the same outputs as the
+compiled graph, and where it does not, the plain graph says whether the extra outputs or
+the graph made the difference.
 """
 
 from __future__ import annotations
@@ -104,6 +107,10 @@ class CompiledComparison:
         return _html_table(*self._table(), self._caption().replace("\n", "; "))
 
 
+def _tensors(x: Any) -> list:
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
 def _same(xs: list, ys: list) -> bool:
     return len(xs) == len(ys) and all(
         a.shape == b.shape and differing_elements(a, b) == 0 for a, b in zip(xs, ys))
@@ -167,15 +174,12 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
         if model is not None:
             torch._dynamo.reset()
             ref = torch.compile(model, **opts)(*inputs, **(kwargs or {}))
-            ref_flat = [t for t in pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]
-            mine = [t for t in got[:n_out] if isinstance(t, torch.Tensor)]
-            model_equal = _same(ref_flat, mine)
+            ref_flat = _tensors(ref)
+            model_equal = _same(ref_flat, _tensors(got[:n_out]))
             if not model_equal:  # which program differs: the graph itself, or with extras?
                 torch._dynamo.reset()
                 plain = torch.compile(gm, **opts)(*places)
-                why = "extra outputs" if _same(
-                    ref_flat, [t for t in pytree.tree_leaves(plain)
-                               if isinstance(t, torch.Tensor)]) else "graph"
+                why = "extra outputs" if _same(ref_flat, _tensors(plain)) else "graph"
         torch._dynamo.reset()
         run = cm.execute(flat, pol, mth)
     region_made = set(names)
