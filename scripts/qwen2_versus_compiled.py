@@ -32,7 +32,7 @@ cfg._attn_implementation = "sdpa"
 m = transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).to(device).eval()
 ids = torch.randint(0, cfg.vocab_size, (1, 32), device=device)
 kw = {"use_cache": False}
-cm = ct.capture(m, ids, kwargs=kw)
+cm = ct.capture(m, ids, kwargs=kw, attention="traced")  # the graph torch.compile traces
 if not big:
     print(cm.trace(ids, kwargs=kw, policy="fused", math="inductor"))
 emulate = {"options": {"emulate_precision_casts": True}}

@@ -316,30 +316,38 @@ def test_drift_qwen2_finds_rope_and_swiglu():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_qwen2_eager_is_bit_identical_to_torch_cuda(big, dtype):
     """Issue 17, contract 1 on the GPU: castlab regions on the GPU, externals PyTorch CUDA,
-    bit-identical to PyTorch running the captured graph. Whether that graph is the program
-    eager runs is the model's business: HF Qwen2 builds a causal mask and repeats K/V when
-    traced, so on a GPU SDPA runs other kernels; capture measures and reports the gap."""
+    logits bit-identical to the model's eager forward. HF Qwen2 builds a causal mask and
+    repeats K/V when traced, so on a GPU the traced SDPA call runs other kernels than the
+    eager one; capture restores the eager call (attention="eager", the default). With
+    attention="traced", castlab equals PyTorch running the traced graph instead."""
     import json
     import os
 
     m, ids = _qwen2(dtype, big, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the restored graph is the eager program: no warning
+        cm = ct.capture(m, ids, kwargs=KW)
+    ref = _torch_logits(m, ids)
+    out = cm.run(ids, kwargs=KW, policy="eager", math="torch_eager").logits
+    assert out.device.type == "cuda"
+    assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} logits differ"
+    assert cm.eager_gap == (0, ref.numel())
+    ids2 = torch.flip(ids, [1])
+    assert torch.equal(cm.run(ids2, kwargs=KW, policy="eager").logits, _torch_logits(m, ids2))
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        cm = ct.capture(m, ids, kwargs=KW)
-    out = cm.run(ids, kwargs=KW, policy="eager", math="torch_eager").logits
-    graph = cm.run_in_torch(ids, kwargs=KW).logits
-    ref = _torch_logits(m, ids)
-    assert out.device.type == "cuda"
-    assert torch.equal(out, graph), f"{int((out != graph).sum())} of {graph.numel()} logits differ"
+        traced = ct.capture(m, ids, kwargs=KW, attention="traced")
+    graph = traced.run_in_torch(ids, kwargs=KW).logits
+    out_t = traced.run(ids, kwargs=KW, policy="eager", math="torch_eager").logits
+    assert torch.equal(out_t, graph), f"{int((out_t != graph).sum())} of {graph.numel()} differ"
     gap = int((graph != ref).sum())
-    assert cm.eager_gap == (gap, ref.numel())
+    assert traced.eager_gap == (gap, ref.numel()) and traced.attention is None
     assert any("not the program it runs eagerly" in str(w.message) for w in rec) == (gap > 0)
-    if gap == 0:
-        assert torch.equal(out, ref)
     r64 = cm.run(ids, kwargs=KW, policy="fp64").logits
     assert r64.dtype == torch.float64 and r64.device.type == "cuda"
     rec = {"test": "qwen2_eager_cuda", "big": big, "dtype": str(dtype), "numel": ref.numel(),
-           "castlab_vs_graph_in_torch": 0, "graph_vs_model_eager": gap}
+           "castlab_vs_model_eager": 0, "traced_graph_vs_model_eager": gap,
+           "attention": cm.attention}
     print(rec)
     if os.environ.get("CASTLAB_GPU_REPORT"):
         with open(os.environ["CASTLAB_GPU_REPORT"], "a") as f:
@@ -370,6 +378,130 @@ def test_capture_measures_a_model_that_branches_when_traced():
     assert ct.capture(m, ids, kwargs=KW).eager_gap == (0, 64)  # on the CPU, the same bits
 
 
+class _GQA(torch.nn.Module):
+    """Attention written as Hugging Face's: eagerly SDPA with is_causal=True on grouped
+    K/V; traced, an explicit mask and K/V repeated per head. `mask`: "causal" (built
+    from the shapes), "window" (a sliding window: not causal), "input" (from a user
+    tensor); `extra`: the traced branch also rounds otherwise (a gap SDPA cannot close)."""
+
+    def __init__(self, mask="causal", extra=False):
+        super().__init__()
+        self.mask, self.extra = mask, extra
+
+    def forward(self, q, k, v, pad=None):
+        L = q.shape[2]
+        if not torch.compiler.is_exporting():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                                 scale=0.3)
+            return out * (3 / 7) if self.extra else out
+        n = q.shape[1] // k.shape[1]
+        B, H, _, D = k.shape
+        k = k[:, :, None].expand(B, H, n, L, D).reshape(B, H * n, L, D)
+        v = v[:, :, None].expand(B, H, n, L, D).reshape(B, H * n, L, D)
+        i = torch.arange(L, device=q.device)
+        mask = i[None, :] <= i[:, None]
+        if self.mask == "window":
+            mask = mask & (i[:, None] - i[None, :] < 4)
+        elif self.mask == "input":
+            mask = mask & (pad[:, None, None, :] > 0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+        return out * 3 / 7 if self.extra else out
+
+
+def _qkv(dtype=torch.float32, device="cpu", L=16, D=4):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(2, 8, L, D, generator=g).to(dtype).to(device),
+            torch.randn(2, 2, L, D, generator=g).to(dtype).to(device),
+            torch.randn(2, 2, L, D, generator=g).to(dtype).to(device))
+
+
+def _sdpa_calls(cm):
+    return [n for s in cm.segments if s.kind == "external" for n in s.nodes
+            if str(n.target) == "aten.scaled_dot_product_attention.default"]
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not cl.cuda.is_available() or not torch.cuda.is_available(),
+        reason="no CUDA GPU for castlab and torch")])])
+def test_capture_restores_the_eager_sdpa_call(device):
+    """attention="eager": a traced SDPA call with a constant causal mask on repeated K/V
+    becomes the eager call (is_causal on the grouped heads), the mask and the repeats
+    leave the graph, and PyTorch running it gives the model's outputs bit for bit (on a
+    GPU the traced call runs another kernel, with other bits)."""
+    q, k, v = _qkv(device=device, L=64, D=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cm = ct.capture(_GQA(), q, k, v)
+    assert cm.attention and "enable_gqa=True" in cm.attention
+    (sdpa,) = _sdpa_calls(cm)
+    assert sdpa.kwargs["is_causal"] and sdpa.kwargs["enable_gqa"] and sdpa.kwargs["scale"] == 0.3
+    assert [a.meta["val"].shape[1] for a in sdpa.args] == [8, 2, 2]  # grouped K/V
+    ops = {str(n.target) for n in cm.nodes}
+    assert not ops & {"aten.expand.default", "aten.le.Tensor", "aten.arange.default"}
+    want = _GQA()(q, k, v)
+    assert cm.eager_gap == (0, want.numel())
+    for pol in ("eager", "fused", "fp64"):
+        got = cm.run(q, k, v, policy=pol)
+        if pol == "fp64":  # the same call on the inputs widened to float64
+            assert torch.equal(got, _GQA()(q.double(), k.double(), v.double()))
+        else:
+            assert torch.equal(got, want)
+    assert torch.equal(cm.run_in_torch(q, k, v), want)
+    # the traced graph, kept: the mask and the repeated K/V as torch.compile sees them
+    t = ct.capture(_GQA(), q, k, v, attention="traced")
+    (ts,) = _sdpa_calls(t)
+    assert t.attention is None and isinstance(ts.args[3], torch.fx.Node)
+    assert ts.args[1].meta["val"].shape[1] == 8 and not ts.kwargs.get("is_causal")
+    assert torch.equal(t.run(q, k, v, policy="eager"), t.run_in_torch(q, k, v))
+    print({"test": "gqa_sdpa", "device": device, "traced_gap": t.eager_gap})
+    # bf16, and under a policy that is not the capture's
+    qb, kb, vb = _qkv(torch.bfloat16, device=device, L=64, D=64)
+    cb = ct.capture(_GQA(), qb, kb, vb, policy="eager")
+    assert cb.attention and torch.equal(cb(qb, kb, vb), _GQA()(qb, kb, vb))
+    with pytest.raises(ValueError, match="attention must be 'eager' or 'traced'"):
+        ct.capture(_GQA(), q, k, v, attention="sdpa")
+
+
+def test_capture_keeps_sdpa_calls_it_cannot_prove_eager():
+    """No rewrite where the mask is not causal, depends on an input, or the rewrite would
+    not give the model's bits (then the graph is left exactly as traced, and capture
+    warns); none without `check` (nothing to verify against)."""
+    q, k, v = _qkv()
+    for mod, args in ((_GQA("window"), (q, k, v)), (_GQA("input"), (q, k, v, torch.ones(2, 16)))):
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            cm = ct.capture(mod, *args)
+        assert cm.attention is None
+        (sdpa,) = _sdpa_calls(cm)
+        assert isinstance(sdpa.args[3], torch.fx.Node) and sdpa.args[1].meta["val"].shape[1] == 8
+    with pytest.warns(RuntimeWarning, match="not the program it runs eagerly"):
+        cm = ct.capture(_GQA(extra=True), q, k, v)
+    assert cm.attention is None and cm.eager_gap[0] > 0
+    (sdpa,) = _sdpa_calls(cm)
+    assert isinstance(sdpa.args[3], torch.fx.Node) and not sdpa.kwargs.get("is_causal")
+    want = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+        attn_mask=torch.ones(16, 16, dtype=torch.bool).tril(), scale=0.3) * 3 / 7
+    assert torch.equal(cm.run_in_torch(q, k, v), want)
+    assert torch.equal(cm.run(q, k, v, policy="eager"), want)
+    quiet = ct.capture(_GQA(), q, k, v, check=False)
+    assert quiet.attention is None and quiet.eager_gap is None
+
+
+def test_qwen2_capture_calls_sdpa_as_eager_and_drops_the_mask():
+    m, ids = _qwen2(torch.bfloat16)
+    cm = ct.capture(m, ids, kwargs=KW)
+    traced = ct.capture(m, ids, kwargs=KW, attention="traced")
+    assert cm.attention and "enable_gqa=True" in cm.attention
+    (sdpa,) = _sdpa_calls(cm)
+    assert sdpa.kwargs["is_causal"] and sdpa.kwargs["enable_gqa"]
+    assert len(cm.externals()) < len(traced.externals())  # no mask built, no K/V copies
+    assert torch.equal(cm.run(ids, kwargs=KW, policy="eager").logits, _torch_logits(m, ids))
+    assert "is_causal" in cm.trace(ids, kwargs=KW, policy="eager")
+
+
 @pytest.mark.inductor
 @pytest.mark.parametrize("device", [
     "cpu",
@@ -384,7 +516,7 @@ def test_qwen2_eager_equals_torch_compile_keeping_casts(device):
     fused differs, first at RoPE's add (Inductor recomputes cos/sin inside the RoPE kernel
     without rounding them to bf16)."""
     m, ids = _qwen2(torch.bfloat16, device=device)
-    cm = ct.capture(m, ids, kwargs=KW)
+    cm = ct.capture(m, ids, kwargs=KW, attention="traced")  # torch.compile's program
     keep = ct.versus_compiled(cm, ids, kwargs=KW, policy="eager", math="torch_eager",
                               compile_options={"options": {"emulate_precision_casts": True}})
     assert keep.first is None and len(keep.rows) >= 7

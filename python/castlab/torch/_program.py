@@ -45,7 +45,7 @@ from .. import numerics as _nm
 from .._dlpack import from_dlpack, from_torch_region, from_torch_tracked, to_torch_region
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
-from . import _aten
+from . import _aten, _attention
 
 __all__ = ["CaptureError", "CapturedModel", "Segment", "capture"]
 
@@ -464,6 +464,8 @@ class CapturedModel:
         self._by_name = {n.name: n for n in self.nodes}
         self._wide: dict = {}  # fp64 copies of parameters and buffers (fp64 policy)
         self.eager_gap: tuple | None = None  # set by capture(check=True)
+        # how capture changed the traced SDPA calls (None: as traced; see _attention)
+        self.attention: str | None = None
         self._binders: dict = {}  # node name -> (args, kwargs) getters (see _getter)
         self._binders64: dict = {}  # the same for the fp64 policy (see _wide_getters)
 
@@ -505,12 +507,23 @@ class CapturedModel:
         >>> f.run_in_torch(torch.zeros(3)).tolist()
         [2.0, 2.0, 2.0]
         """
-        flat = self._flat_inputs(inputs, kwargs)
+        return self._run_graph(self._flat_inputs(inputs, kwargs))
+
+    def _run_graph(self, flat: list, record: dict | None = None) -> Any:
+        """PyTorch running the captured graph on flat inputs; the values of the nodes
+        named in `record` (a dict, name -> None) are stored into it."""
         it = iter(flat)
         places = [self._consts[n.name] if n.name in self._consts else next(it)
                   for n in self.nodes if n.op == "placeholder"]
+
+        class Recorder(torch.fx.Interpreter):
+            def run_node(self, n):
+                v = super().run_node(n)
+                if record is not None and n.name in record:
+                    record[n.name] = v
+                return v
         with torch.no_grad():
-            out = torch.fx.Interpreter(self.exported.graph_module).run(*places)
+            out = Recorder(self.exported.graph_module).run(*places)
         out = list(out) if isinstance(out, (tuple, list)) else [out]
         return pytree.tree_unflatten(out, self._out_spec) if self._out_spec is not None else out
 
@@ -836,6 +849,8 @@ class CapturedModel:
         lines = [f"# castlab.torch program {self.name}: policy={pol.describe()}  math={mth.name}",
                  f"# {sum(s.kind == 'region' for s in self.segments)} castlab regions, "
                  f"{sum(s.kind == 'external' for s in self.segments)} external PyTorch nodes"]
+        if self.attention:
+            lines.append(f"# {self.attention}")
         r = 0
         for k, seg in enumerate(self.segments):
             n = seg.nodes[0]
@@ -847,7 +862,8 @@ class CapturedModel:
                 tr = seg.jit.trace(*run.region_inputs[k], policy=pol, math=mth)
                 lines.extend("  " + s for s in str(tr).splitlines())
                 continue
-            args = ", ".join(_fmt_arg(a) for a in n.args)
+            args = ", ".join([_fmt_arg(a) for a in n.args]
+                             + [f"{k}={_fmt_arg(a)}" for k, a in n.kwargs.items()])
             val = run.env[n.name]
             if seg.kind == "view":
                 lines.append(f"  {n.name} = torch {_op_name(n)}({args})".ljust(48)
@@ -1008,7 +1024,7 @@ def _wrap(fn: Callable) -> torch.nn.Module:
 
 def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             policy: Any = "fused", math: Any = "torch_eager",
-            check: bool = True) -> CapturedModel:
+            check: bool = True, attention: str = "eager") -> CapturedModel:
     """Capture a PyTorch module or function into castlab (see :mod:`castlab.torch`).
 
     `example_inputs` (and the keyword arguments `kwargs`, e.g. ``{"use_cache": False}``
@@ -1021,6 +1037,16 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
     what torch.compile traces) is not the program eager PyTorch runs. The counts are in
     the result's ``eager_gap`` (``(differing, total)`` output elements; None unchecked).
 
+    `attention` (with `check`): ``"eager"`` (default) calls scaled-dot-product attention
+    as the model does eagerly where tracing changed the call: Hugging Face attention
+    builds an explicit causal mask and repeats K/V per head when traced, but calls SDPA
+    with ``is_causal=True`` (and grouped K/V, ``enable_gqa=True``) eagerly, and on a GPU
+    the two run other kernels. Where a traced SDPA call's mask is a constant causal mask,
+    castlab tries those eager calls and keeps the one with which PyTorch running the
+    graph gives the model's outputs bit for bit (the result's ``attention`` says which;
+    None: none changed). ``"traced"`` keeps the graph as traced: the program
+    ``torch.compile`` compiles (see :func:`castlab.torch.versus_compiled`).
+
     >>> import torch, castlab.torch as ct
     >>> f = ct.capture(lambda a, b: torch.nn.functional.silu(a) * b,
     ...                torch.ones(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16))
@@ -1030,6 +1056,9 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
     if not callable(fn):
         raise TypeError(f"castlab.torch.capture: expected a torch.nn.Module or a function, "
                         f"got {type(fn).__name__}")
+    if attention not in ("eager", "traced"):
+        raise ValueError(f"castlab.torch.capture: attention must be 'eager' or 'traced', "
+                         f"got {attention!r}")
     name = getattr(fn, "__name__", None) or type(fn).__name__
     mod = _wrap(fn)
     kw = dict(kwargs or {})
@@ -1056,36 +1085,64 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
             f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
             f"{head}") from e
-    cm = CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
+    example = (tuple(example_inputs), kw)
+    cm = CapturedModel(ep, name, example, policy, math)
     if check:
-        cm.eager_gap = _eager_gap(cm, mod, example_inputs, kw)
+        cm = _check_eager(cm, mod, attention == "eager",
+                          lambda: CapturedModel(ep, name, example, policy, math))
         if cm.eager_gap[0]:
             warnings.warn(
                 f"castlab.torch.capture: the captured graph of {name} is not the program it "
                 f"runs eagerly: PyTorch itself gives other bits in {cm.eager_gap[0]:,} of "
                 f"{cm.eager_gap[1]:,} output elements running the captured graph than calling "
-                f"the model. The model's code takes other branches when traced (Hugging Face "
-                f"attention, for one, builds an explicit causal mask and repeats K/V per head "
-                f"under torch.export and torch.compile, but calls SDPA with is_causal=True and "
-                f"grouped K/V eagerly; on a GPU the two run other SDPA kernels). castlab "
+                f"the model. The model's code takes other branches when traced, and castlab "
+                f"found no SDPA call to restore (attention='eager') that explains it. castlab "
                 f"reproduces the captured graph (`run_in_torch` is PyTorch running it), which "
                 f"is the program torch.compile traces.", RuntimeWarning, stacklevel=2)
     return cm
 
 
-def _eager_gap(cm: CapturedModel, mod: torch.nn.Module, args: tuple, kw: dict) -> tuple:
-    """(differing, total) floating output elements between calling the model and PyTorch
-    running its captured graph on the example inputs (NaN equals NaN; -0 differs from 0)."""
+def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool,
+                 recapture: Callable) -> CapturedModel:
+    """Compare calling the model with PyTorch running the captured graph on the example
+    inputs (same RNG state for both); with `restore_sdpa`, try the eager SDPA calls of
+    :mod:`._attention` and keep the first that gives the model's outputs bit for bit
+    (`recapture` partitions the changed graph anew). Sets ``eager_gap``."""
+    args, kw = cm._example
     devices = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kw))
                       if isinstance(t, torch.Tensor) and t.is_cuda})
     with torch.random.fork_rng(devices=devices):
-        state = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-        with torch.no_grad():
-            want = mod(*args, **kw)
-        torch.random.set_rng_state(state[0])
-        for d, st in zip(devices, state[1]):
-            torch.cuda.set_rng_state(st, d)
-        got = cm.run_in_torch(*args, kwargs=kw)
+        states = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+
+        def replay(f: Callable, *a: Any, **k: Any) -> Any:
+            torch.random.set_rng_state(states[0])
+            for d, st in zip(devices, states[1]):
+                torch.cuda.set_rng_state(st, d)
+            with torch.no_grad():
+                return f(*a, **k)
+
+        want = replay(mod, *args, **kw)
+        flat = cm._flat_inputs(args, kw)
+        sites = _attention.sdpa_sites(cm.nodes, set(cm._user)) if restore_sdpa else []
+        masks = {s["args"]["attn_mask"].name: None for s in sites}
+        cm.eager_gap = _gap(want, replay(cm._run_graph, flat, masks))
+        for calls, what in _attention.candidates(sites, masks):
+            undo = _attention.apply(calls)
+            if _gap(want, replay(cm._run_graph, flat))[0] == 0:
+                _attention.drop_dead(cm.graph, _SKIP)
+                cm.exported.graph_module.recompile()
+                new = recapture()
+                new.eager_gap = (0, cm.eager_gap[1])
+                new.attention = (f"{len(calls)} scaled_dot_product_attention call(s) as "
+                                 f"the model makes them eagerly: {what}")
+                return new
+            _attention.apply(undo)
+    return cm
+
+
+def _gap(want: Any, got: Any) -> tuple:
+    """(differing, total) floating output elements between two outputs of the model
+    (NaN equals NaN; -0 differs from 0)."""
     differ = total = 0
     for a, b in zip(pytree.tree_leaves(want), pytree.tree_leaves(got)):
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():

@@ -87,7 +87,8 @@ class CompiledComparison:
                                     "(without them the graph compiles to the model's outputs)",
                    "graph": "NO: the captured graph is not the program the model runs "
                             "(compiled without the extra outputs it still differs; see "
-                            "eager_gap)"}
+                            "eager_gap, and capture's attention='traced', which keeps "
+                            "the SDPA calls as torch.compile traces them)"}
             lines.append("torch.compile of the model gives the compiled graph's outputs: "
                          + why[self.model_mismatch])
         return "\n".join(lines)
@@ -128,6 +129,9 @@ def versus_compiled(cm: CapturedModel, *inputs: Any, kwargs: dict | None = None,
     module's notes); `model` (the module or function that was captured) is compiled too,
     to check that its outputs equal the graph's (where they do not, the captured graph is
     compiled once more without the extra outputs, to tell which changed the program).
+    To compare with ``torch.compile`` of the model, capture it with
+    ``attention="traced"``: by default ``capture`` restores the SDPA calls the model makes
+    eagerly, where torch.compile compiles the traced ones (see :func:`capture`).
     `compile_options`: keyword arguments of
     ``torch.compile`` (default ``dynamic=False``). Each compile starts from
     ``torch._dynamo.reset()``, so functions compiled earlier in the process compile again
