@@ -305,6 +305,49 @@ def test_swiglu_and_rope_eager_bit_exact_vs_torch(dtype):
     assert (n1, n2, n3, n4) == (0, 0, 0, 0)
 
 
+def test_runtime_layout_kernels_odd_extents_and_small_grids_vs_torch():
+    """n-D kernels below the static-layout size divide by each extent with a multiply-high
+    and a shift (magic numbers), and small n-D grids take half-width vectors: extents that
+    are primes, 1 and near 2^16, broadcasts in five dimensions, and RoPE on 64K elements
+    (its halves a 32-block grid at full width) and on 512K (halves of 2^18: a static
+    layout), each against PyTorch eager CUDA bit for bit, and the fused RoPE against
+    castlab's CPU under portable math."""
+    g = torch.Generator().manual_seed(5)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype).cuda()
+
+    x = rnd(17, 14_983)  # 254,711 elements: the runtime layout (below 2^18)
+    a5, b5 = rnd(5, 1, 7, 1, 32), rnd(1, 11, 1, 13, 32)
+    y = rnd(3, 65_521, dtype=torch.float32)
+    z = rnd(1, 1, 9973)
+    cases = [
+        (lambda t: t.t() * 2.0, (x,)),
+        (lambda t: t[:, 1::3] + 1.0, (x,)),
+        (lambda p, q: p + q, (a5, b5)),
+        (lambda p, q: F.silu(p) * q, (a5, b5)),
+        (lambda t: t.t() - 0.5, (y,)),
+        (lambda t: t.expand(3, 5, 9973) * 3.0, (z,)),
+    ]
+    cl_ops = [
+        lambda t: t.t() * 2.0,
+        lambda t: t[:, 1::3] + 1.0,
+        lambda p, q: p + q,
+        lambda p, q: cl.silu(p) * q,
+        lambda t: t.t() - 0.5,
+        lambda t: cl.broadcast_to(t, (3, 5, 9973)) * 3.0,
+    ]
+    for k, ((ft, targs), fc) in enumerate(zip(cases, cl_ops)):
+        got = fc(*(from_torch(t) for t in targs))
+        assert mismatches(got, ft(*targs)) == 0, f"case {k}"
+    for shape in ((1, 32, 16, 128), (2, 3, 5, 128), (1, 7, 9, 64), (1, 32, 128, 128)):
+        tx, tc, ts = _rope_inputs("bfloat16", shape=shape)
+        x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+        assert mismatches(rope_cl(x, c, s), rope_torch(tx, tc, ts)) == 0, shape
+        fused = cl.jit(rope_cl, policy="fused", math="portable")
+        assert mismatches(fused(x, c, s), fused(x.cpu(), c.cpu(), s.cpu())) == 0, shape
+
+
 # ---------------------------------------------------------------- portable: GPU == CPU
 
 @pytest.mark.parametrize("op", list(UNARY))

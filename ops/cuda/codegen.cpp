@@ -229,7 +229,9 @@ std::string emit_head(const Kernel& K) {
   s << "typedef " << (K.L.idx32 ? "int" : "long long") << " idx_t;\n";
   s << "struct Params {\n  void* ptr[" << K.nops << "];\n  long long shape[" << K.nd
     << "];\n  long long stride[" << K.nops << "][" << K.nd
-    << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n};\n";
+    << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n";
+  if (magic_division(K.L)) s << "  unsigned long long div[" << K.nd << "];\n";
+  s << "};\n";
   return s.str();
 }
 
@@ -435,7 +437,13 @@ std::string emit_nd_offsets(const Kernel& K, bool stat) {
         if (K.stride(k, dd) != 0) s << "      o" << k << " += id * ST" << k << "_" << dd << ";\n";
       s << "      (void)id;\n";
     } else {
-      if (dd > 0) {
+      if (dd > 0 && magic_division(K.L)) {  // q = (umulhi(rem, m) + rem) >> s, all < 2^31
+        s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
+        s << "      const unsigned long long dv = P.div[" << dd << "];\n";
+        s << "      const idx_t q = (idx_t)((__umulhi((unsigned)rem, (unsigned)dv) + "
+             "(unsigned)rem) >> (unsigned)(dv >> 32));\n";
+        s << "      const idx_t id = rem - q * sh;\n      rem = q;\n";
+      } else if (dd > 0) {
         s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
         s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = "
              "q;\n";
@@ -590,7 +598,19 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
 
 size_t param_bytes(const KernelLayout& L) {
   const size_t nops = L.dtypes.size();
-  return 8 * (nops + L.nd + nops * L.nd + 3);
+  return 8 * (nops + L.nd + nops * L.nd + 3 + (magic_division(L) ? L.nd : 0));
+}
+
+bool magic_division(bool contig, bool static_layout, bool idx32, int nd) {
+  return !contig && !static_layout && idx32 && nd > 1;
+}
+
+uint64_t division_magic(uint32_t d) {
+  if (d == 0 || d >= (uint32_t(1) << 31)) throw std::invalid_argument("division_magic: divisor");
+  uint32_t shift = 0;
+  while ((uint64_t(1) << shift) < d) ++shift;
+  const uint64_t m = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
+  return m | (uint64_t(shift) << 32);
 }
 
 // One thread per lane (U vectors of V elements), no grid-stride loop: the launch covers

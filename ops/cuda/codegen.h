@@ -40,6 +40,18 @@ struct KernelLayout {
 //   ptr[nops], shape[nd], stride[nops][nd], numel, seed, rbase
 size_t param_bytes(const KernelLayout& L);
 
+// Runtime-shape n-D kernels with 32-bit indices divide by each dimension with a
+// multiply-high and a shift (the parameter block's `div`: one word per dimension,
+// division_magic of its extent) instead of an integer division: exact for dividends
+// below 2^31 and divisors in [1, 2^31) (Granlund and Montgomery; as PyTorch's
+// IntDivider).
+bool magic_division(bool contig, bool static_layout, bool idx32, int nd);
+inline bool magic_division(const KernelLayout& L) {
+  return magic_division(L.contig, !L.shape.empty(), L.idx32, L.nd);
+}
+// (m | shift << 32) with floor(n / d) = (umulhi(n, m) + n) >> shift for n < 2^31.
+uint64_t division_magic(uint32_t d);
+
 struct GeneratedKernel {
   std::string name;
   std::string source;

@@ -120,7 +120,9 @@ constexpr int kMemoMax = 16;  // entries per Program (past that: the global map)
 // collapsed shape and strides (compile-time constants: the index decomposition divides
 // by constants). Large launches are shape-stable in practice (a model's layers); small
 // and eager-varied ones keep the runtime-shape kernel so they don't compile per shape.
-constexpr int64_t kStaticNumel = int64_t(1) << 20;
+// 2^18: RoPE on 1M elements (two n-D halves of 512K) ran 10% slower than torch.compile
+// with the runtime layout and level with it static (benchmarks/RESULTS.md, 2026-12-02).
+constexpr int64_t kStaticNumel = int64_t(1) << 18;
 
 struct KernelMemo : ExecMemo::Entry {
   LaunchKey key;
@@ -227,6 +229,12 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     return true;
   };
   while (vec > 1 && !ok_for(vec)) vec /= 2;
+  // An n-D launch of fewer blocks than multiprocessors takes half-width vectors, for twice
+  // the blocks: most of the GPU would wait otherwise (RoPE's [32, 16, 64] halves at 64K
+  // elements: 32 blocks; benchmarks/RESULTS.md).
+  if (!contig && vec == 8 &&
+      numel / vec < int64_t(multiprocessor_count(dev.index)) * kThreadsPerBlock)
+    vec = 4;
   const bool stat = !contig && numel >= kStaticNumel;
 
   // The kernel: from the Program's memo (no hashing of the instructions), else from the
@@ -304,9 +312,12 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     }
   }
 
-  // Parameter block (see codegen.h): ptr[nops], shape[nd], stride[nops][nd], numel, seed, rbase.
+  // Parameter block (see codegen.h): ptr[nops], shape[nd], stride[nops][nd], numel, seed,
+  // rbase, and div[nd] where the kernel divides by magic numbers.
+  const bool magic = magic_division(contig, stat, idx32, nd);
   uint64_t buf[512];
-  const size_t nwords = static_cast<size_t>(nops) + nd + static_cast<size_t>(nops) * nd + 3;
+  const size_t nwords = static_cast<size_t>(nops) + nd + static_cast<size_t>(nops) * nd + 3 +
+                        (magic ? static_cast<size_t>(nd) : 0);
   if (nwords > 512) throw std::invalid_argument("CUDA executor: too many operands or dimensions");
   size_t w = 0;
   for (int k = 0; k < nops; ++k) buf[w++] = reinterpret_cast<uintptr_t>(ops[k]->data_ptr());
@@ -316,6 +327,8 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   buf[w++] = static_cast<uint64_t>(numel);
   buf[w++] = prog.seed;
   buf[w++] = static_cast<uint64_t>(outputs[0]->offset());
+  if (magic)
+    for (int d = 0; d < nd; ++d) buf[w++] = division_magic(static_cast<uint32_t>(it.shape[d]));
 
   // Rounding up as numel / vec + (remainder != 0): no intermediate can overflow.
   const int64_t lanes = contig ? numel / vec + (numel % vec != 0) : numel / vec;
