@@ -22,6 +22,12 @@ softmax into exp/sum/div) would change the numerics castlab is asked to reproduc
 * Everything else (matmul/linear, embedding, attention, indexing, integer and bool
   mask arithmetic, ...) is an external node: the ATen op called through PyTorch on the
   same device, tensors shared with DLPack. Under ``fp64`` it runs on float64 values.
+* The captured graph is checked against the model on the example inputs. Where tracing
+  changed an attention call (Hugging Face builds an explicit causal mask and repeats K/V
+  per head when traced, but calls SDPA with ``is_causal=True`` eagerly, and on a GPU
+  the two run other kernels), ``capture`` restores the eager call when that makes the
+  graph give the model's outputs bit for bit (``attention="traced"`` keeps the traced
+  call: the program torch.compile compiles).
 
 >>> import torch, castlab.torch as ct
 >>> lin = torch.nn.Linear(8, 8).to(torch.bfloat16)
