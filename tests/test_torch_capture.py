@@ -490,6 +490,36 @@ def test_capture_keeps_sdpa_calls_it_cannot_prove_eager():
     assert quiet.attention is None and quiet.eager_gap is None
 
 
+def test_capture_keeps_the_traced_sdpa_call_where_the_eager_one_fails(monkeypatch):
+    """A candidate call that PyTorch refuses (an older PyTorch without enable_gqa, a
+    backend without the kernel) is a rejected candidate, not a failed capture: the next
+    one is tried, and the graph is left as traced when none runs."""
+    q, k, v = _qkv()
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    real = torch.fx.Interpreter.run_node
+
+    def refuse_gqa(self, n):
+        if n.target is sdpa and n.kwargs.get("enable_gqa"):
+            raise RuntimeError("enable_gqa is not supported here")
+        return real(self, n)
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", refuse_gqa)
+    cm = ct.capture(_GQA(), q, k, v)  # the second candidate: is_causal on repeated K/V
+    assert cm.attention and "enable_gqa" not in cm.attention.split(":")[1]
+    (call,) = _sdpa_calls(cm)
+    assert call.kwargs["is_causal"] and call.args[1].meta["val"].shape[1] == 8
+
+    def refuse_causal(self, n):
+        if n.target is sdpa and n.kwargs.get("is_causal"):
+            raise RuntimeError("no causal kernel here")
+        return real(self, n)
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", refuse_causal)
+    cm = ct.capture(_GQA(), q, k, v)
+    assert cm.attention is None
+    (call,) = _sdpa_calls(cm)
+    assert isinstance(call.args[3], torch.fx.Node) and not call.kwargs.get("is_causal")
+    assert torch.equal(cm.run_in_torch(q, k, v), _GQA()(q, k, v))
+
+
 def test_qwen2_capture_calls_sdpa_as_eager_and_drops_the_mask():
     m, ids = _qwen2(torch.bfloat16)
     cm = ct.capture(m, ids, kwargs=KW)
