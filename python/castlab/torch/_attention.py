@@ -78,7 +78,8 @@ def _reaches(n: torch.fx.Node, names: set) -> bool:
 def sdpa_sites(nodes: list, user: set) -> list:
     """The SDPA calls that may be a traced ``is_causal`` call: a mask no user input
     reaches, no dropout, query length = key length > 1. One dict each: ``node``, the
-    bound arguments ``args``, the K/V sources and repeat counts ``k0, kn, v0, vn``."""
+    bound arguments ``args``, the K/V sources and repeat counts ``k0, kn, v0, vn``, the
+    query ``length``."""
     sites = []
     for n in nodes:
         if n.op != "call_function" or str(n.target) != SDPA:
@@ -95,7 +96,8 @@ def sdpa_sites(nodes: list, user: set) -> list:
             continue
         k0, kn = _unrepeated(b["key"])
         v0, vn = _unrepeated(b["value"])
-        sites.append({"node": n, "args": b, "k0": k0, "kn": kn, "v0": v0, "vn": vn})
+        sites.append({"node": n, "args": b, "k0": k0, "kn": kn, "v0": v0, "vn": vn,
+                      "length": q[-2]})
     return sites
 
 
@@ -119,7 +121,7 @@ def candidates(sites: list, masks: dict) -> list:
     ``(calls, description)``, `calls` a list of ``(node, args, kwargs)``. `masks`: the mask values on the example
     inputs, by mask node name."""
     causal = [s for s in sites
-              if is_causal_mask(masks.get(s["args"]["attn_mask"].name), _shape(s["node"])[-2])]
+              if is_causal_mask(masks.get(s["args"]["attn_mask"].name), s["length"])]
     if not causal:
         return []
 
