@@ -35,6 +35,10 @@ def _qwen2(dtype, big=False, device="cpu"):
 
 
 KW = {"use_cache": False}
+# the CPU, and the GPU where castlab and torch both have one (marked cuda)
+CPU_AND_CUDA = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not cl.cuda.is_available() or not torch.cuda.is_available(),
+    reason="no CUDA GPU for castlab and torch")])]
 
 
 def _torch_logits(m, ids):
@@ -420,11 +424,7 @@ def _sdpa_calls(cm):
             if str(n.target) == "aten.scaled_dot_product_attention.default"]
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not cl.cuda.is_available() or not torch.cuda.is_available(),
-        reason="no CUDA GPU for castlab and torch")])])
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_capture_restores_the_eager_sdpa_call(device):
     """attention="eager": a traced SDPA call with a constant causal mask on repeated K/V
     becomes the eager call (is_causal on the grouped heads), the mask and the repeats
@@ -533,11 +533,7 @@ def test_qwen2_capture_calls_sdpa_as_eager_and_drops_the_mask():
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-        not cl.cuda.is_available() or not torch.cuda.is_available(),
-        reason="no CUDA GPU for castlab and torch")])])
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_qwen2_eager_equals_torch_compile_keeping_casts(device):
     """Issue 17, contract 2's cause, against PyTorch's Inductor (a reference castlab did
     not write): torch.compile with emulate_precision_casts (Inductor keeps the bf16
