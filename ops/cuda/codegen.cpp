@@ -437,16 +437,15 @@ std::string emit_nd_offsets(const Kernel& K, bool stat) {
         if (K.stride(k, dd) != 0) s << "      o" << k << " += id * ST" << k << "_" << dd << ";\n";
       s << "      (void)id;\n";
     } else {
-      if (dd > 0 && magic_division(K.L)) {  // q = (umulhi(rem, m) + rem) >> s, all < 2^31
+      if (dd > 0) {
         s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
-        s << "      const unsigned long long dv = P.div[" << dd << "];\n";
-        s << "      const idx_t q = (idx_t)((__umulhi((unsigned)rem, (unsigned)dv) + "
-             "(unsigned)rem) >> (unsigned)(dv >> 32));\n";
+        if (magic_division(K.L))  // q = (umulhi(rem, m) + rem) >> shift, all below 2^31
+          s << "      const unsigned long long dv = P.div[" << dd << "];\n"
+            << "      const idx_t q = (idx_t)((__umulhi((unsigned)rem, (unsigned)dv) + "
+               "(unsigned)rem) >> (unsigned)(dv >> 32));\n";
+        else
+          s << "      const idx_t q = rem / sh;\n";
         s << "      const idx_t id = rem - q * sh;\n      rem = q;\n";
-      } else if (dd > 0) {
-        s << "      const idx_t sh = (idx_t)P.shape[" << dd << "];\n";
-        s << "      const idx_t q = rem / sh;\n      const idx_t id = rem - q * sh;\n      rem = "
-             "q;\n";
       } else {
         s << "      const idx_t id = rem;\n";
       }

@@ -118,8 +118,8 @@ def is_causal_mask(m: Any, length: int) -> bool:
 
 def candidates(sites: list, masks: dict) -> list:
     """The eager calls the causal `sites` may stand for, most likely first: each
-    ``(calls, description)``, `calls` a list of ``(node, args, kwargs)``. `masks`: the mask values on the example
-    inputs, by mask node name."""
+    ``(calls, description)``, `calls` a list of ``(node, args, kwargs)``. `masks`: the
+    mask values on the example inputs, by mask node name."""
     causal = [s for s in sites
               if is_causal_mask(masks.get(s["args"]["attn_mask"].name), s["length"])]
     if not causal:
@@ -151,9 +151,9 @@ def apply(calls: list) -> list:
     return undo[::-1]
 
 
-def drop_dead(graph: torch.fx.Graph, skip: tuple) -> int:
+def drop_dead(graph: torch.fx.Graph, skip: tuple) -> None:
     """Erase the nodes no output needs any more (the masks and repeats a rewrite left
-    behind), with the shape assertions (`skip` ops) on them; returns how many."""
+    behind), with the shape assertions (`skip` ops) on them."""
     live: set = set()
     order = list(graph.nodes)
     for n in reversed(order):
@@ -166,9 +166,6 @@ def drop_dead(graph: torch.fx.Graph, skip: tuple) -> int:
     for n in order:  # an assertion stays with the value it checks
         if str(n.target) in skip and all(a in live for a in n.all_input_nodes):
             live.add(n)
-    erased = 0
     for n in reversed(order):
         if n not in live:
             graph.erase_node(n)
-            erased += 1
-    return erased

@@ -1085,11 +1085,9 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
             f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
             f"{head}") from e
-    example = (tuple(example_inputs), kw)
-    cm = CapturedModel(ep, name, example, policy, math)
+    cm = CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
     if check:
-        cm = _check_eager(cm, mod, attention == "eager",
-                          lambda: CapturedModel(ep, name, example, policy, math))
+        cm = _check_eager(cm, mod, attention == "eager")
         if cm.eager_gap[0]:
             warnings.warn(
                 f"castlab.torch.capture: the captured graph of {name} is not the program it "
@@ -1102,12 +1100,11 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
     return cm
 
 
-def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool,
-                 recapture: Callable) -> CapturedModel:
+def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool) -> CapturedModel:
     """Compare calling the model with PyTorch running the captured graph on the example
     inputs (same RNG state for both); with `restore_sdpa`, try the eager SDPA calls of
-    :mod:`._attention` and keep the first that gives the model's outputs bit for bit
-    (`recapture` partitions the changed graph anew). Sets ``eager_gap``."""
+    :mod:`._attention` and keep the first that gives the model's outputs bit for bit (the
+    changed graph partitioned anew: a new CapturedModel). Sets ``eager_gap``."""
     args, kw = cm._example
     devices = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kw))
                       if isinstance(t, torch.Tensor) and t.is_cuda})
@@ -1135,7 +1132,7 @@ def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool,
             if same:
                 _attention.drop_dead(cm.graph, _SKIP)
                 cm.exported.graph_module.recompile()
-                new = recapture()
+                new = CapturedModel(cm.exported, cm.name, cm._example, cm.policy, cm.math)
                 new.eager_gap = (0, cm.eager_gap[1])
                 new.attention = (f"{len(calls)} scaled_dot_product_attention call(s) as "
                                  f"the model makes them eagerly: {what}")
