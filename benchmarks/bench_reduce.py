@@ -8,7 +8,10 @@ Implementations: castlab ``jit(...).run(policy="fused", math="inductor")`` and
 device-to-device copy of the same bytes (the bandwidth anchor). Timing: CUDA events on one
 stream (bench_cuda.device_ms) and the host clock around many calls.
 
-Usage: python benchmarks/bench_reduce.py [--json PATH] [--small] [--profile]
+Usage: python benchmarks/bench_reduce.py [--json PATH] [--small] [--quick] [--profile]
+
+--quick times only castlab fused/inductor, torch.compile, torch eager and the copy (the
+slow separate-step and eager castlab rows take most of a full run).
 
 --profile times nothing: it runs castlab fused/inductor and torch.compile once each per
 case between torch.cuda.profiler.start() and stop(), for
@@ -33,6 +36,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write the numbers to this file")
     ap.add_argument("--small", action="store_true", help="1/16 of the sizes (a smoke run)")
+    ap.add_argument("--quick", action="store_true",
+                    help="castlab fused/inductor, torch.compile, torch eager and copy only")
     ap.add_argument("--profile", action="store_true",
                     help="one call of castlab fused/inductor and torch.compile per case, "
                          "between profiler start/stop (for ncu); no timing")
@@ -57,6 +62,9 @@ def main():
     rows = []
 
     def measure(case, nbytes, impls):
+        if args.quick:
+            impls = {k: v for k, v in impls.items()
+                     if k in ("castlab fused/inductor", "torch.compile", "torch eager")}
         if not args.profile:
             measure_case(case, nbytes, impls, rows, results)
             return

@@ -261,6 +261,13 @@ CL_HD uint32_t narrow_f32(float x, int code, int mode, bool saturate, uint32_t r
 // explicit rounding steps a policy inserts between ops).
 CL_HD float round_f32_to(float x, int code, int mode, bool saturate, uint32_t rbits) {
   if (code == kFloat32 || code == kFloat64) return x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // the paired conversion with a zero partner, its NaN lane set by a 16x2 minimum, then
+  // widened: three instructions where the compare-and-select form takes four (the same
+  // bits: castlab's NaN 0x7FC0 widens to 0x7FC00000)
+  if (code == kBFloat16 && mode == kNearestEven)
+    return f32_from_bits(f32x2_to_bf16x2_rne(x, 0.0f) << 16);
+#endif
   if (code == kBFloat16 && mode == kNearestEven) return bf16_to_f32(f32_to_bf16_rne(x));
   if (code == kFloat16 && mode == kNearestEven) return f16_to_f32(f32_to_f16_rne(x));
   if (code == kBool) return x != 0.0f ? 1.0f : 0.0f;

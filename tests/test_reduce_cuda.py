@@ -223,6 +223,45 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                         mismatches(g1, torch.from_dlpack(c)))
 
 
+@pytest.mark.parametrize("policy", ["eager", "fused"])
+def test_register_row_kernel_with_many_rows_per_block(policy):
+    """The register row kernel (Triton's order) runs as many blocks as the device holds,
+    each looping over rows and reading its next row while it reduces this one. With more
+    rows than blocks (and a count that leaves some blocks one row short), every row still
+    gets its own bits: RMSNorm (a weight read once per block), softmax (two phases, the
+    warps' partials in alternating buffers) and max-subtraction, with NaN, inf and -0 rows
+    spread over the blocks' later rows, equal the separate steps and the CPU."""
+    from castlab import _C, _lower
+
+    fns = [lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="hf"),
+           lambda x, w: cl.softmax(x * w, -1),
+           lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True)]
+    m = cl.Math("p", impl="portable", reduction="triton")
+    sms = _C.cuda_sm_count(0)
+    for n in (64, 896, 4096):
+        rows = 32 * sms + 37 if n == 64 else 4 * sms * 3 + 11  # > one row per block
+        x = cl.randn(rows, n, seed=n, dtype=cl.float32)
+        t = torch.from_dlpack(x)
+        for r in (0, rows // 2, rows - 1):
+            t[r, r % n] = float("nan")
+            t[r - 3, (r + 1) % n] = float("inf")
+            t[r - 5, :] = -0.0
+        x = x.astype(cl.bfloat16)
+        w = cl.randn(n, seed=1, dtype=cl.bfloat16)
+        for fi, fn in enumerate(fns):
+            outs = []
+            for fuse in (True, False):
+                _lower.FUSE_ROWS = fuse
+                try:
+                    outs.append(cl.jit(fn).run(x.cuda(), w.cuda(), policy=policy, math=m))
+                finally:
+                    _lower.FUSE_ROWS = "auto"
+            c = torch.from_dlpack(cl.jit(fn).run(x, w, policy=policy, math=m))
+            g0, g1 = (torch.from_dlpack(o).cpu() for o in outs)
+            assert mismatches(g0, g1) == 0, ("fused != unfused", n, fi, mismatches(g0, g1))
+            assert mismatches(g0, c) == 0, ("GPU != CPU", n, fi, mismatches(g0, c))
+
+
 def _compiled(fn, args, emulate_casts: bool):
     torch._dynamo.reset()
     old = torch._inductor.config.emulate_precision_casts

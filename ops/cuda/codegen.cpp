@@ -532,13 +532,13 @@ std::string emit_element_function(const Program& prog, const std::vector<uint8_t
 
 SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                           int n_out, const std::string& name,
-                                          const std::vector<bool>& invariant) {
+                                          const std::vector<bool>& invariant, bool pair_outputs) {
   KernelLayout L;
   L.dtypes = dtypes;
   L.n_out = n_out;
   Kernel K = analyse(prog, L);
   K.wide.assign(K.nin, false);
-  K.paired.assign(K.nout, false);
+  if (!pair_outputs) K.paired.assign(K.nout, false);
   // an instruction is the row's when it writes its register once and reads only constants,
   // invariant inputs and such registers (no random stream: that is per element)
   const size_t n = prog.code.size();
@@ -567,6 +567,7 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
   for (const OutputSpec& os : prog.outputs)
     if (row_reg[os.reg]) needed[os.reg] = true;
   SplitFunction f;
+  f.paired = K.paired;
   for (int r = 0; r < prog.n_regs; ++r)
     if (needed[r]) f.handed.push_back(r);
   Out b;

@@ -76,14 +76,19 @@ std::string emit_element_function(const Program& prog, const std::vector<uint8_t
 // computes once per row every instruction that depends on nothing else, and
 // `name`(seed, e, x..., r..., y&...) the rest, taking those values (`handed`: their
 // registers, `types`: their C++ types) after the inputs.
+// With `pair_outputs`, bf16/fp16 outputs rounded to nearest from a float register are
+// left unrounded (`paired`: written as float), for the caller to convert two at a time
+// (cl::f32x2_to_bf16x2_rne: the same bits, half the instructions).
 struct SplitFunction {
   std::string src;
   std::vector<int> handed;
   std::vector<std::string> types;
+  std::vector<bool> paired;  // per output
 };
 SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                           int n_out, const std::string& name,
-                                          const std::vector<bool>& invariant);
+                                          const std::vector<bool>& invariant,
+                                          bool pair_outputs = false);
 
 }  // namespace cuda
 }  // namespace cl
