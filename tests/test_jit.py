@@ -686,3 +686,70 @@ def test_a_value_returned_twice_fills_both_outputs():
             assert a.tolist() == b.tolist() and any(v != 0 for v in a.reshape(-1).tolist())
             r0, r1 = g.run(x, policy=pol)
             assert r0.tolist() == r1.tolist()
+
+
+SOP_FNS = {
+    "x*y + (-z)*w": (lambda x, y, z, w: x * y + (-z) * w, None),
+    "x*y - z*w": (lambda x, y, z, w: x * y - z * w, None),
+    "x + z*(-w)": (lambda x, y, z, w: x + z * (-w), None),
+    "(-x)*y - z": (lambda x, y, z, w: (-x) * y - z, None),
+    "product also returned": (lambda x, y, z, w: (x * y + z * w, x * y), 2),
+    "product read twice": (lambda x, y, z, w: (lambda p: p + p * z)(x * y), None),
+    "negation read twice": (lambda x, y, z, w: (lambda m: m * y + m * w)(-x), None),
+}
+
+
+@pytest.mark.parametrize("name", list(SOP_FNS))
+@pytest.mark.parametrize("dt,policy", [(cl.bfloat16, "fused"), (cl.float32, "fused"),
+                                       (cl.float32, "fp64"), (cl.float16, "fused")])
+def test_sums_of_products_equal_one_op_at_a_time(name, dt, policy):
+    """Sums of products (RoPE's x*cos + (-x2)*sin and its variants: sub, a negation on
+    either factor, a product on one side only, a product that is also returned or read
+    twice) give the bits of NumPy computing one op at a time in the policy's precision and
+    rounding once to the output's dtype, with NaN, inf, -0, subnormals and overflowing products in the
+    inputs. (The CPU executor computes such a sum in one pass over its block.)"""
+    fn, nout = SOP_FNS[name]
+    rng = np.random.default_rng(7)
+    n = 3000
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -3e-39, 3e38,
+                        -3e38, 1.0, -1.0], dtype=np.float64)
+    arrs = []
+    for _ in range(4):
+        a = rng.standard_normal(n) * 4
+        a[rng.integers(0, n, 300)] = rng.choice(special, 300)
+        arrs.append(a.astype(NP[dt]))
+    ours = cl.jit(fn).run(*[cl.asarray(a) for a in arrs], policy=policy)
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    wide = np.float64 if policy == "fp64" else np.float32
+    want = fn(*[a.astype(wide) for a in arrs])
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(ours) == len(want) == (nout or 1)
+    for o, w in zip(ours, want):
+        got = np.asarray(o)  # dt, or float64 under the fp64 policy
+        w = w.astype(got.dtype)
+        nan = np.isnan(w.astype(np.float64))
+        assert (np.isnan(got.astype(np.float64)) == nan).all(), name
+        assert (bits(got)[~nan] == bits(w)[~nan]).all(), (
+            name, int((bits(got)[~nan] != bits(w)[~nan]).sum()))
+
+
+@pytest.mark.parametrize("dt", [cl.bfloat16, cl.float32])
+def test_rope_on_cpu_equals_torch_one_op_at_a_time(dt):
+    """The RoPE chain (fused on the CPU: two sums of products over a broadcast cos/sin)
+    equals torch computing it in fp32 one op at a time and rounding once."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 16, 128, generator=g).to(TD[dt])
+    x[0, 0, 0, :5] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40, -float("inf")])
+    ang = torch.arange(16)[:, None] * (10000.0 ** (-torch.arange(64) / 64))[None, :]
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().to(TD[dt]), ang.sin().to(TD[dt])
+
+    def rope(x, cos, sin, cat, chunk):
+        x1, x2 = chunk(x, 2, -1)
+        return x * cos + cat([-x2, x1], -1) * sin
+    got = cl.jit(lambda x, c, s: rope(x, c, s, lambda t, d: cl.cat(t, dim=d), cl.chunk)).run(
+        *[cl.from_dlpack(t) for t in (x, cos, sin)], policy="fused")
+    want = rope(x.float(), cos.float(), sin.float(), torch.cat, torch.chunk).to(TD[dt])
+    got = torch.from_dlpack(got)
+    same = (got == want) | (got.isnan() & want.isnan())
+    assert bool(same.all()), int((~same).sum())
