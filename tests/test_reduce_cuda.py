@@ -179,7 +179,7 @@ def test_second_gpu_and_large_rows():
 @pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
 @pytest.mark.parametrize("order", ["torch", "pairwise", "torch_cuda", "sequential", "triton"])
 def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
-    """The row kernel (a block per row: prologue, reduction, epilogue) gives the bits of
+    """The row kernel (blocks over rows: prologue, reduction, epilogue) gives the bits of
     the separate steps on the GPU and of the CPU's row chunks under portable math, for
     RMSNorm, softmax, log_softmax, layer_norm and max-subtraction on rows of 1 to 12288
     elements with NaN, inf and -0 in them; bf16 and fp32. The pairwise order's leaves are

@@ -2,7 +2,10 @@
 // computes the phase's Program for every element of its row into shared memory (coalesced
 // loads), reduces the row in the phase's order (red_part on many threads, red_combine on
 // one: ops/scalar/reduce.h) and writes the row's result; then it computes the epilogue for
-// the row's elements and writes the outputs.
+// the row's elements and writes the outputs. Where every phase takes Triton's order, the
+// register kernel instead keeps each thread's tile positions in registers, and the launch
+// runs as many blocks as the device holds at once, each looping over rows (reading its
+// next row while it reduces this one).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -995,7 +995,7 @@ def fuse_rows(low: Lowering) -> None:
             d = low.reduce_decisions.get(id(st))
             if d is not None:
                 d.description += ("; fused with its prologue and epilogue: " +
-                                  ("one kernel, a block per row" if low.cuda
+                                  ("one kernel, thread blocks over the rows" if low.cuda
                                    else "row chunks kept in cache"))
         out.append(step)
         i = j
