@@ -176,6 +176,22 @@ def test_second_gpu_and_large_rows():
     assert "CTAs per row" in f.trace(x, **EAGER)
 
 
+def _row_kernel_runs(fn, x, w, policy, math):
+    """`fn(x, w)` on the GPU with rows fused into one kernel and as separate steps, and on
+    the CPU: three torch tensors on the CPU."""
+    from castlab import _lower
+
+    outs = []
+    for fuse in (True, False):
+        _lower.FUSE_ROWS = fuse
+        try:
+            outs.append(cl.jit(fn).run(x.cuda(), w.cuda(), policy=policy, math=math))
+        finally:
+            _lower.FUSE_ROWS = "auto"
+    outs.append(cl.jit(fn).run(x, w, policy=policy, math=math))
+    return tuple(torch.from_dlpack(o).cpu() for o in outs)
+
+
 @pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
 @pytest.mark.parametrize("order", ["torch", "pairwise", "torch_cuda", "sequential", "triton"])
 def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
@@ -184,7 +200,6 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
     RMSNorm, softmax, log_softmax, layer_norm and max-subtraction on rows of 1 to 12288
     elements with NaN, inf and -0 in them; bf16 and fp32. The pairwise order's leaves are
     summed by 8 lanes each, and 2^k equal leaves by a butterfly: both are checked here."""
-    from castlab import _lower
 
     fns = [lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="hf"),
            lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="te"),
@@ -206,21 +221,12 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
             x = x.astype(dt)
             w = cl.randn(shape[-1], seed=1, dtype=dt)
             for fi, fn in enumerate(fns):
-                outs = []
-                for fuse in (True, False):
-                    _lower.FUSE_ROWS = fuse
-                    try:
-                        outs.append(cl.jit(fn).run(x.cuda(), w.cuda(), policy=policy, math=m))
-                    finally:
-                        _lower.FUSE_ROWS = "auto"
-                c = cl.jit(fn).run(x, w, policy=policy, math=m)
-                g0, g1 = (torch.from_dlpack(o).cpu() for o in outs)
+                g0, g1, c = _row_kernel_runs(fn, x, w, policy, m)
                 assert mismatches(g0, g1) == 0, ("fused != unfused", shape, dt, order, fi,
                                                  mismatches(g0, g1))
                 if order != "torch":  # "torch" is each device's own order
-                    assert mismatches(g0, torch.from_dlpack(c)) == 0, (
-                        "GPU != CPU", shape, dt, order, fi, mismatches(g0, torch.from_dlpack(c)),
-                        mismatches(g1, torch.from_dlpack(c)))
+                    assert mismatches(g0, c) == 0, (
+                        "GPU != CPU", shape, dt, order, fi, mismatches(g0, c), mismatches(g1, c))
 
 
 @pytest.mark.parametrize("policy", ["eager", "fused"])
@@ -231,7 +237,7 @@ def test_register_row_kernel_with_many_rows_per_block(policy):
     gets its own bits: RMSNorm (a weight read once per block), softmax (two phases, the
     warps' partials in alternating buffers) and max-subtraction, with NaN, inf and -0 rows
     spread over the blocks' later rows, equal the separate steps and the CPU."""
-    from castlab import _C, _lower
+    from castlab import _C
 
     fns = [lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="hf"),
            lambda x, w: cl.softmax(x * w, -1),
@@ -249,15 +255,7 @@ def test_register_row_kernel_with_many_rows_per_block(policy):
         x = x.astype(cl.bfloat16)
         w = cl.randn(n, seed=1, dtype=cl.bfloat16)
         for fi, fn in enumerate(fns):
-            outs = []
-            for fuse in (True, False):
-                _lower.FUSE_ROWS = fuse
-                try:
-                    outs.append(cl.jit(fn).run(x.cuda(), w.cuda(), policy=policy, math=m))
-                finally:
-                    _lower.FUSE_ROWS = "auto"
-            c = torch.from_dlpack(cl.jit(fn).run(x, w, policy=policy, math=m))
-            g0, g1 = (torch.from_dlpack(o).cpu() for o in outs)
+            g0, g1, c = _row_kernel_runs(fn, x, w, policy, m)
             assert mismatches(g0, g1) == 0, ("fused != unfused", n, fi, mismatches(g0, g1))
             assert mismatches(g0, c) == 0, ("GPU != CPU", n, fi, mismatches(g0, c))
 
