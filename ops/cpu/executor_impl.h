@@ -491,29 +491,22 @@ void compute_block(const Instr& in, T* d, const T* a, const T* b, const T* c, in
 // RoPE 1M elements goes from 15 passes to 10.
 struct SumOfProducts {
   int x[2], y[2];         // term t: x[t] * y[t], or register x[t] alone where y[t] < 0
-  uint32_t sx[2], sy[2];  // sign masks of the factors (a negation read through)
+  bool negx[2], negy[2];  // a factor read through its negation
   bool sub;
 };
 
-template <typename T>
-inline __attribute__((always_inline)) T flip_sign(T v, uint64_t m) {
-  if constexpr (sizeof(T) == 4) {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u ^= static_cast<uint32_t>(m);
-    std::memcpy(&v, &u, 4);
-  } else {
-    uint64_t u;
-    std::memcpy(&u, &v, 8);
-    u ^= m << 32;
-    std::memcpy(&v, &u, 8);
-  }
-  return v;
+// x with its sign bit flipped under `mask` (0 or the sign bit): op_neg's -x, NaN included,
+// as a loop-invariant xor that the loop keeps vectorised
+inline __attribute__((always_inline)) float flip_sign(float x, uint32_t mask) {
+  return f32_from_bits(f32_bits(x) ^ mask);
+}
+inline __attribute__((always_inline)) double flip_sign(double x, uint64_t mask) {
+  return f64_from_bits(f64_bits(x) ^ mask);
 }
 
-template <typename T, bool P0, bool P1, bool SUB>
-void sum_of_products_loop(T* d, const T* x0, const T* y0, const T* x1, const T* y1, uint32_t sx0,
-                          uint32_t sy0, uint32_t sx1, uint32_t sy1, int64_t n) {
+template <typename T, bool P0, bool P1, bool SUB, typename M>
+void sum_of_products_loop(T* d, const T* x0, const T* y0, const T* x1, const T* y1, M sx0, M sy0,
+                          M sx1, M sy1, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     T a, b;
     if constexpr (P0)
@@ -531,14 +524,16 @@ void sum_of_products_loop(T* d, const T* x0, const T* y0, const T* x1, const T* 
 template <typename T>
 void sum_of_products(const SumOfProducts& s, T* d, const T* x0, const T* y0, const T* x1,
                      const T* y1, int64_t n) {
+  using M = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+  const M sign = M(1) << (8 * sizeof(T) - 1);
+  const M sx0 = s.negx[0] ? sign : 0, sy0 = s.negy[0] ? sign : 0;
+  const M sx1 = s.negx[1] ? sign : 0, sy1 = s.negy[1] ? sign : 0;
   const bool p0 = s.y[0] >= 0, p1 = s.y[1] >= 0;
   auto go = [&](auto P0, auto P1) {
     if (s.sub)
-      sum_of_products_loop<T, P0(), P1(), true>(d, x0, y0, x1, y1, s.sx[0], s.sy[0], s.sx[1],
-                                                s.sy[1], n);
+      sum_of_products_loop<T, P0(), P1(), true>(d, x0, y0, x1, y1, sx0, sy0, sx1, sy1, n);
     else
-      sum_of_products_loop<T, P0(), P1(), false>(d, x0, y0, x1, y1, s.sx[0], s.sy[0], s.sx[1],
-                                                 s.sy[1], n);
+      sum_of_products_loop<T, P0(), P1(), false>(d, x0, y0, x1, y1, sx0, sy0, sx1, sy1, n);
   };
   if (p0 && p1)
     go(std::true_type(), std::true_type());
@@ -592,8 +587,7 @@ void find_sums_of_products(const Program& prog, const std::vector<Instr>& code,
     std::vector<int> eaten;
     int products = 0;
     const int terms[2] = {in.a, in.b};
-    bool ok = true;
-    for (int t = 0; t < 2 && ok; ++t) {
+    for (int t = 0; t < 2; ++t) {
       const int m = only_use(terms[t], kOpMul, in.rtype);
       s.x[t] = terms[t];
       s.y[t] = -1;
@@ -605,16 +599,15 @@ void find_sums_of_products(const Program& prog, const std::vector<Instr>& code,
       s.x[t] = mi.a;
       s.y[t] = mi.b;
       const int nx = only_use(mi.a, kOpNeg, in.rtype), ny = only_use(mi.b, kOpNeg, in.rtype);
-      const uint32_t sign = 0x80000000u;  // the sign bit (flip_sign shifts it for f64)
       if (nx >= 0 && once(code[static_cast<size_t>(nx)].a)) {
         eaten.push_back(nx);
         s.x[t] = code[static_cast<size_t>(nx)].a;
-        s.sx[t] = sign;
+        s.negx[t] = true;
       }
       if (ny >= 0 && once(code[static_cast<size_t>(ny)].a)) {
         eaten.push_back(ny);
         s.y[t] = code[static_cast<size_t>(ny)].a;
-        s.sy[t] = sign;
+        s.negy[t] = true;
       }
     }
     if (products == 0) continue;

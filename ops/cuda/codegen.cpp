@@ -244,16 +244,8 @@ std::string emit_vstore(const Kernel& K, int k, const std::string& ind, const st
     c << ind << "cl_vstore(" << dst << ", " << arr << ");\n";
     return c.str();
   }
-  const bool bf = K.L.dtypes[k] == kBFloat16;
   c << ind << "{\n" << ind << "  alignas(16) unsigned short c[V];\n" << ind << "#pragma unroll\n";
-  if (K.V % 2 == 0)
-    c << ind << "  for (int j = 0; j < V; j += 2) reinterpret_cast<unsigned int*>(c)[j / 2] = cl::"
-      << (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") << "(" << arr << "[j], " << arr
-      << "[j + 1]);\n";
-  else
-    c << ind
-      << "  for (int j = 0; j < V; ++j) c[j] = cl::" << (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne")
-      << "(" << arr << "[j]);\n";
+  c << ind << "  " << paired_rounding(K.L.dtypes[k], "c", arr, "V", K.V % 2 == 0);
   c << ind << "  cl_vstore(" << dst << ", c);\n" << ind << "}\n";
   return c.str();
 }
@@ -594,6 +586,17 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
   f.src = b.str() + emit_body(K, name, &hoisted, &f.handed);
   for (int r : f.handed) f.types.push_back(reg_type_cxx(K.rtype[r]));
   return f;
+}
+
+std::string paired_rounding(int dtype, const std::string& dst, const std::string& src,
+                            const std::string& count, bool even) {
+  const bool bf = dtype == kBFloat16;
+  if (even)
+    return "for (int j = 0; j < " + count + "; j += 2) reinterpret_cast<unsigned int*>(" + dst +
+           ")[j / 2] = cl::" + (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") + "(" + src +
+           "[j], " + src + "[j + 1]);\n";
+  return "for (int j = 0; j < " + count + "; ++j) " + dst +
+         "[j] = cl::" + (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") + "(" + src + "[j]);\n";
 }
 
 size_t param_bytes(const KernelLayout& L) {

@@ -79,6 +79,12 @@ std::string emit_element_function(const Program& prog, const std::vector<uint8_t
 // With `pair_outputs`, bf16/fp16 outputs rounded to nearest from a float register are
 // left unrounded (`paired`: written as float), for the caller to convert two at a time
 // (cl::f32x2_to_bf16x2_rne: the same bits, half the instructions).
+// The loop that rounds `count` floats of array `src` to bf16 (`dtype` kBFloat16) or fp16
+// into the unsigned short array `dst`, nearest even: two per conversion where `even`
+// (cl::f32x2_to_bf16x2_rne, aligned `dst`), else one by one. A statement ending in "\n".
+std::string paired_rounding(int dtype, const std::string& dst, const std::string& src,
+                            const std::string& count, bool even);
+
 struct SplitFunction {
   std::string src;
   std::vector<int> handed;

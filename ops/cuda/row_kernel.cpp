@@ -442,14 +442,8 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     for (size_t o = 0; o < s.epi_outs.size(); ++o) {
       if (!epi.paired[o]) continue;
       const std::string O = num(static_cast<int64_t>(o));
-      const bool bf = ops[s.epi_outs[o]]->dtype() == kBFloat16;
-      if (E % 2 == 0)
-        src += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; e += 2) ((unsigned int*)yo" +
-               O + ")[e / 2] = cl::" + (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") + "(yf" +
-               O + "[e], yf" + O + "[e + 1]);\n";
-      else
-        src += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) yo" + O +
-               "[e] = cl::" + (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") + "(yf" + O + "[e]);\n";
+      src += "#pragma unroll\n  " +
+             paired_rounding(ops[s.epi_outs[o]]->dtype(), "yo" + O, "yf" + O, num(E), E % 2 == 0);
     }
     for (size_t o = 0; o < s.epi_outs.size(); ++o) {
       const int k = s.epi_outs[o];
