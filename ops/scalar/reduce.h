@@ -567,11 +567,9 @@ CL_HD T red_triton_combine(const RedPlan& P, T* p) {
 namespace cl {
 
 // ---- the two steps ----
-// ORDER: the ReduceOrder when it is known as the kernel is generated (the row kernel: the
-// GPU then compiles only that order's code), or -1: dispatch on P.order.
-template <typename T, int ORDER = -1, typename A>
-CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
-  if (P.kind >= kRedMean) return mom_part<T>(P, v, n, row, t);
+// red_part and red_combine (below) for the kinds other than the moments.
+template <typename T, int ORDER, typename A>
+CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -579,13 +577,13 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   }
   if constexpr (ORDER < 0) {
     switch (P.order) {
-      case kOrdTorchCuda: return red_part<T, kOrdTorchCuda>(P, v, n, row, t);
+      case kOrdTorchCuda: return red_part_plain<T, kOrdTorchCuda>(P, v, n, row, t);
       case kOrdSoftmaxWarp:
-      case kOrdSoftmaxBlock: return red_part<T, kOrdSoftmaxBlock>(P, v, n, row, t);
-      case kOrdPairwise: return red_part<T, kOrdPairwise>(P, v, n, row, t);
-      case kOrdTorchCpu: return red_part<T, kOrdTorchCpu>(P, v, n, row, t);
-      case kOrdTriton: return red_part<T, kOrdTriton>(P, v, n, row, t);
-      default: return red_part<T, kOrdSequential>(P, v, n, row, t);
+      case kOrdSoftmaxBlock: return red_part_plain<T, kOrdSoftmaxBlock>(P, v, n, row, t);
+      case kOrdPairwise: return red_part_plain<T, kOrdPairwise>(P, v, n, row, t);
+      case kOrdTorchCpu: return red_part_plain<T, kOrdTorchCpu>(P, v, n, row, t);
+      case kOrdTriton: return red_part_plain<T, kOrdTriton>(P, v, n, row, t);
+      default: return red_part_plain<T, kOrdSequential>(P, v, n, row, t);
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
     return red_cuda_part<T>(P, v, n, row, t);
@@ -610,17 +608,16 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   }
 }
 
-template <typename T, int ORDER = -1>
-CL_HD T red_combine(const RedPlan& P, T* parts) {
-  if (P.kind >= kRedMean) return mom_combine<T>(P, parts);
+template <typename T, int ORDER>
+CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
   if (P.chunk > 0) return red_sequential<T>(P.kind, static_cast<const T*>(parts), P.nparts);
   if constexpr (ORDER < 0) {
     switch (P.order) {
-      case kOrdTorchCuda: return red_combine<T, kOrdTorchCuda>(P, parts);
+      case kOrdTorchCuda: return red_combine_plain<T, kOrdTorchCuda>(P, parts);
       case kOrdSoftmaxWarp:
-      case kOrdSoftmaxBlock: return red_combine<T, kOrdSoftmaxBlock>(P, parts);
-      case kOrdPairwise: return red_combine<T, kOrdPairwise>(P, parts);
-      case kOrdTriton: return red_combine<T, kOrdTriton>(P, parts);
+      case kOrdSoftmaxBlock: return red_combine_plain<T, kOrdSoftmaxBlock>(P, parts);
+      case kOrdPairwise: return red_combine_plain<T, kOrdPairwise>(P, parts);
+      case kOrdTriton: return red_combine_plain<T, kOrdTriton>(P, parts);
       default: return parts[0];
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
@@ -633,6 +630,32 @@ CL_HD T red_combine(const RedPlan& P, T* parts) {
     return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts) : parts[0];
   } else {
     return parts[0];
+  }
+}
+
+// ORDER: the ReduceOrder when it is known as the kernel is generated (the row kernel: the
+// GPU then compiles only that order's code), or -1: dispatch on P.order. KIND likewise
+// for P.kind: a kernel of a known kind compiles the moments (mom_part) only where it
+// needs them (NVRTC spent three quarters of a softmax row kernel's 5 s on them).
+template <typename T, int ORDER = -1, int KIND = -1, typename A>
+CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  if constexpr (KIND >= kRedMean) {
+    return mom_part<T>(P, v, n, row, t);
+  } else {
+    if constexpr (KIND < 0)
+      if (P.kind >= kRedMean) return mom_part<T>(P, v, n, row, t);
+    return red_part_plain<T, ORDER>(P, v, n, row, t);
+  }
+}
+
+template <typename T, int ORDER = -1, int KIND = -1>
+CL_HD T red_combine(const RedPlan& P, T* parts) {
+  if constexpr (KIND >= kRedMean) {
+    return mom_combine<T>(P, parts);
+  } else {
+    if constexpr (KIND < 0)
+      if (P.kind >= kRedMean) return mom_combine<T>(P, parts);
+    return red_combine_plain<T, ORDER>(P, parts);
   }
 }
 
