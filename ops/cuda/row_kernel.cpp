@@ -239,6 +239,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   const RedPlan P0 = make_red_plan(s.phases[0].spec, s.n, s.rows);
   const int64_t R = P0.a, PER = P0.b, W = P0.d, NT = lay.first, TILE = PER * NT;
   const int64_t ITS = (s.n + R - 1) / R, REPS = R / TILE, E = lay.second;
+  const bool f64 = acc_f64(s, ops);
   // the operands: phase results (registers), row invariants (one load), varying (registers)
   std::vector<int> qs, varying, inv;
   for (const RowPhase& p : s.phases) qs.push_back(p.q);
@@ -386,28 +387,55 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     src += "    }\n";
     // Triton's fold: per position over the tiles (looped) or the value (persistent; the
     // identity past the row), then the positions in register order
-    src += "    ACC v = ACC(0);\n#pragma unroll\n    for (int r = 0; r < " + num(REPS * PER) +
-           "; ++r) {\n      ACC a = cl::red_identity<ACC>(" + kind + ");\n";
-    src += "#pragma unroll\n      for (int it = 0; it < " + num(ITS) + "; ++it) {\n";
-    src += "        const int e = it * " + num(REPS * PER) + " + r;\n";
-    src += "        const bool in = " + (full ? "true" : elem("e") + " < n") + ";\n";
+    const std::string in_row = full ? "true" : elem("e") + " < n";
+    std::string fold = "    v = ACC(0);\n#pragma unroll\n    for (int r = 0; r < " +
+                       num(REPS * PER) + "; ++r) {\n      ACC a = cl::red_identity<ACC>(" + kind +
+                       ");\n";
+    fold += "#pragma unroll\n      for (int it = 0; it < " + num(ITS) + "; ++it) {\n";
+    fold += "        const int e = it * " + num(REPS * PER) + " + r;\n";
+    fold += "        const bool in = " + in_row + ";\n";
     if (P0.e)
-      src += "        if (in) a = cl::red_op(" + kind + ", a, y[e]);\n";
+      fold += "        if (in) a = cl::red_op(" + kind + ", a, y[e]);\n";
     else
-      src += "        if (in) a = y[e];\n";
-    src += "      }\n      v = r == 0 ? a : cl::red_op(" + kind + ", v, a);\n    }\n";
-    src += "#pragma unroll\n    for (int off = 16; off > 0; off >>= 1)\n";
-    src += "      v = cl::red_op(" + kind + ", v, __shfl_xor_sync(0xffffffffu, v, off));\n";
-    src += "    v = __shfl_sync(0xffffffffu, v, 0);\n";
-    if (W > 1) {
-      // the warps' partials by Triton's tree (w += w + off for off = W/2 .. 1), as an xor
-      // butterfly over W lanes of every warp: lane 0 folds in the tree's order, and its
-      // value is every thread's (a NaN's payload included)
-      src += "    if ((t & 31) == 0) wpart[par][" + K + "][t >> 5] = v;\n    __syncthreads();\n";
-      src += "    v = wpart[par][" + K + "][t & " + num(W - 1) + "];\n";
-      src += "#pragma unroll\n    for (int off = " + num(W / 2) + "; off > 0; off >>= 1)\n";
-      src += "      v = cl::red_op(" + kind + ", v, __shfl_xor_sync(0xffffffffu, v, off));\n";
-      src += "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+      fold += "        if (in) a = y[e];\n";
+    fold += "      }\n      v = r == 0 ? a : cl::red_op(" + kind + ", v, a);\n    }\n";
+    fold += "#pragma unroll\n    for (int off = 16; off > 0; off >>= 1)\n";
+    fold += "      v = cl::red_op(" + kind + ", v, __shfl_xor_sync(0xffffffffu, v, off));\n";
+    fold += "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    // the warps' partials by Triton's tree (w += w + off for off = W/2 .. 1), as an xor
+    // butterfly over W lanes of every warp: lane 0 folds in the tree's order, and its
+    // value is every thread's (a NaN's payload included)
+    auto across_warps = [&](const std::string& var, const std::string& op) {
+      return "    if ((t & 31) == 0) wpart[par][" + K + "][t >> 5] = " + var +
+             ";\n    __syncthreads();\n    " + var + " = wpart[par][" + K + "][t & " + num(W - 1) +
+             "];\n#pragma unroll\n    for (int off = " + num(W / 2) +
+             "; off > 0; off >>= 1)\n      " + var + " = " + op + var +
+             ", __shfl_xor_sync(0xffffffffu, " + var + ", off));\n";
+    };
+    if (W > 1)
+      fold += across_warps("v", "cl::red_op(" + kind + ", ") +
+              "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    src += "    ACC v;\n";
+    if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
+      // A maximum or minimum is one value whatever the order, unless it is a NaN (the
+      // fold keeps the first NaN's payload) or a zero (-0 < +0 ties): the hardware's
+      // NaN-propagating max/min over the row, and Triton's fold only where that gave a
+      // NaN or a zero (the same for every thread of the block: all see the row's value)
+      const std::string op =
+          std::string("cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
+      src += "    {\n      float m = cl::red_identity<ACC>(" + kind + ");\n";
+      src += "#pragma unroll\n      for (int e = 0; e < " + num(E) + "; ++e) {\n";
+      src += "        const bool in = " + in_row + ";\n";
+      src += "        if (in) m = " + op + "m, y[e]);\n      }\n";
+      src += "#pragma unroll\n      for (int off = 16; off > 0; off >>= 1)\n";
+      src += "        m = " + op + "m, __shfl_xor_sync(0xffffffffu, m, off));\n";
+      if (W > 1) src += across_warps("m", op);
+      src += "      v = m;\n    }\n";
+      // (the fold rewrites the warps' buffer that every thread has just read)
+      src += "    if (v != v || v == 0.0f) {\n" +
+             std::string(W > 1 ? "    __syncthreads();\n" : "") + fold + "    }\n";
+    } else {
+      src += fold;
     }
     if (used) src += "    red" + K + " = v;\n";
     src += "    if (t == 0) ((ACC*)P.ptr[" + num(p.q) + "])[row] = v;\n  }\n";
@@ -526,7 +554,8 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
     });
     src += "  __syncthreads();\n";
     const std::string Q = "((ACC*)P.ptr[" + num(p.q) + "])[row]";
-    const std::string O = num(p.spec.order);
+    // the order and kind as template arguments: only their code compiles
+    const std::string O = num(p.spec.order) + ", " + num(p.spec.kind);
     if (p.spec.order == kOrdPairwise && p.spec.kind == kRedSum) {
       // NumPy's tree from its table (its leaves, then its additions in order). Each leaf
       // (at most 128 elements) is summed by 8 lanes, lane k holding NumPy's accumulator
