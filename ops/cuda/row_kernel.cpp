@@ -255,13 +255,16 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
          "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
          num(static_cast<int64_t>(nops)) + "];\n  long long n;\n  long long vec;\n" +
          "  long long rows;\n};\n";
-  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) + ", " +
-         num(triton_blocks_per_sm(NT)) + ") KERNEL_NAME(const RowParams P) {\n";
-  // the warps' partials, one buffer per parity of the block's row count: a row's writes
-  // and the previous row's reads of the same buffer are a barrier apart
-  if (W > 1)
-    src += "  __shared__ ACC wpart[2][" + num(static_cast<int64_t>(s.phases.size())) + "][" +
-           num(W) + "];\n";
+  // The kernel body takes the vector path as a template argument (VEC: P.vec), so that
+  // each instantiation holds only its own loads and stores: one uniform branch at entry,
+  // where a runtime test inside the body left the element-wise loads in the loop as
+  // predicated-off instructions that still issue.
+  // The warps' partials, one buffer per parity of the block's row count: a row's writes
+  // and the previous row's reads of the same buffer are a barrier apart.
+  const std::string wpart_type =
+      "ACC (*wpart)[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
+  src += "template <bool VEC>\n__device__ __forceinline__ void cl_trow(const RowParams P" +
+         (W > 1 ? ", " + wpart_type : std::string()) + ") {\n";
   src += "  const int t = threadIdx.x;\n";
   src += "  const int n = " + num(s.n) + ";\n  (void)n;\n";
   // element e of a thread: tile `it`, repetition `rep`, k: (it * REPS + rep) * PER + k
@@ -313,7 +316,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   auto loops = [&](int k, const std::string& words, const std::string& elems) {
     std::string r;
     if (!word(k).empty())
-      r += "    if (P.vec) {\n#pragma unroll\n      for (int g = 0; g < " + num(E / PER) +
+      r += "    if (VEC) {\n#pragma unroll\n      for (int g = 0; g < " + num(E / PER) +
            "; ++g) {\n        const int j = " + elem("g * " + num(PER)) + ";\n" + words +
            "      }\n    } else\n";
     const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
@@ -351,10 +354,11 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     else
       per_row.push_back(k);
   }
-  src += "  long long row = blockIdx.x;\n";
+  // rows below 2^31 (row_kernel_fits): row + gridDim.x < 2^32
+  src += "  const unsigned rows = (unsigned)P.rows;\n  unsigned row = blockIdx.x;\n";
   for (int k : per_row) src += load_row(k, "row", "o" + num(k));
-  src += "  for (int par = 0; row < P.rows; row += gridDim.x, par ^= 1) {\n";
-  src += "  const long long next = row + gridDim.x < P.rows ? row + gridDim.x : row;\n";
+  src += "  for (int par = 0; row < rows; row += gridDim.x, par ^= 1) {\n";
+  src += "  const unsigned next = row + gridDim.x < rows ? row + gridDim.x : row;\n";
   for (int k : per_row) src += decl(k, "p" + num(k)) + load_row(k, "next", "p" + num(k));
   auto arg = [&](int k) {
     if (alias[k] >= 0) return "red" + num(alias[k]);
@@ -492,6 +496,14 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
            "[e];\n";
   }
   src += "  }\n}\n";
+  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) + ", " +
+         num(triton_blocks_per_sm(NT)) + ") KERNEL_NAME(const RowParams P) {\n";
+  if (W > 1)
+    src += "  __shared__ ACC wpart[2][" + num(static_cast<int64_t>(s.phases.size())) + "][" +
+           num(W) + "];\n";
+  const std::string warg = W > 1 ? ", wpart" : "";
+  src += "  if (P.vec)\n    cl_trow<true>(P" + warg + ");\n  else\n    cl_trow<false>(P" + warg +
+         ");\n}\n";
   const std::string name = "castlab_trow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
