@@ -605,3 +605,40 @@ def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):
     kernel = src[src.index("void cl_trow("):]  # the body (the kernel picks its vector path)
     assert kernel.count("cl_epi_row(") == 1 and "ACC q[" not in kernel
     assert kernel.count("__shfl_xor_sync") == 2  # in the warp, then across the warps
+
+
+@pytest.mark.parametrize("policy", ["fused", "fp64"])
+def test_register_row_kernel_max_by_the_hardware_with_the_exact_fold_kept(monkeypatch, policy):
+    """The register row kernel folds a max/min phase with the hardware's NaN-propagating
+    max/min (one instruction) and runs Triton's exact fold only where that gave a NaN or
+    a zero (a NaN's payload and a zero's sign depend on the order); an fp64 accumulator
+    has no such instruction and always folds exactly. The body is compiled once per
+    vector path, chosen at entry. (No NVRTC needed: the source is inspected; the bits
+    are tested on the GPU, test_reduce_cuda.py.)"""
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x = cl.randn(8, 4096, seed=0, dtype="bfloat16")
+    for fn, op in ((lambda x: cl.softmax(x, -1), "max"),
+                   (lambda x: x - cl.amin(x, -1, keepdim=True), "min")):
+        f = cl.jit(fn)
+        f.run(x, policy=policy, math="inductor")
+        tr, _ = f._traced(f._bind((x,)))
+        (plan,) = tr.plans.values()
+        (spec, dts), = plan.row_steps
+        src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+        assert "castlab_trow" in src
+        body = src[src.index("void cl_trow("):src.index('extern "C"')]
+        fast = f"cl_max_min_nan<{'true' if op == 'max' else 'false'}>("
+        if policy == "fp64":
+            assert "typedef double ACC;" in src and "cl_max_min_nan" not in body
+            continue
+        assert body.count(fast) == 3  # elements, the warp, the warps
+        guard = body.index("if (v != v || v == 0.0f) {")
+        assert body.index(fast) < guard
+        assert "__syncthreads();\n    v = ACC(0);" in body[guard:]  # buffer read by all
+        assert "cl::red_op(" in body[guard:]  # Triton's fold, exactly as before
+        assert "P.vec" not in body and "if (VEC)" in body
+        kernel = src[src.index('extern "C"'):]
+        assert "cl_trow<true>(P" in kernel and "cl_trow<false>(P" in kernel

@@ -261,10 +261,9 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   // predicated-off instructions that still issue.
   // The warps' partials, one buffer per parity of the block's row count: a row's writes
   // and the previous row's reads of the same buffer are a barrier apart.
-  const std::string wpart_type =
-      "ACC (*wpart)[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
+  const std::string wdims = "[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
   src += "template <bool VEC>\n__device__ __forceinline__ void cl_trow(const RowParams P" +
-         (W > 1 ? ", " + wpart_type : std::string()) + ") {\n";
+         (W > 1 ? ", ACC (*wpart)" + wdims : std::string()) + ") {\n";
   src += "  const int t = threadIdx.x;\n";
   src += "  const int n = " + num(s.n) + ";\n  (void)n;\n";
   // element e of a thread: tile `it`, repetition `rep`, k: (it * REPS + rep) * PER + k
@@ -498,9 +497,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   src += "  }\n}\n";
   src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) + ", " +
          num(triton_blocks_per_sm(NT)) + ") KERNEL_NAME(const RowParams P) {\n";
-  if (W > 1)
-    src += "  __shared__ ACC wpart[2][" + num(static_cast<int64_t>(s.phases.size())) + "][" +
-           num(W) + "];\n";
+  if (W > 1) src += "  __shared__ ACC wpart[2]" + wdims + ";\n";
   const std::string warg = W > 1 ? ", wpart" : "";
   src += "  if (P.vec)\n    cl_trow<true>(P" + warg + ");\n  else\n    cl_trow<false>(P" + warg +
          ");\n}\n";
