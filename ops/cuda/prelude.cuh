@@ -42,7 +42,7 @@ __device__ __forceinline__ float cl_max_min_nan(float a, float b) {
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 #else
-  return a != a ? a : b != b ? b : MAX ? fmaxf(a, b) : fminf(a, b);
+  return cl::ieee_max_min(a, b, MAX);  // a NaN where either is one, as well
 #endif
 }
 // N fp16 values widened to float, exactly. The hardware conversion (one instruction each,

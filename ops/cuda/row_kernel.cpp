@@ -402,22 +402,22 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     else
       fold += "        if (in) a = y[e];\n";
     fold += "      }\n      v = r == 0 ? a : cl::red_op(" + kind + ", v, a);\n    }\n";
-    fold += "#pragma unroll\n    for (int off = 16; off > 0; off >>= 1)\n";
-    fold += "      v = cl::red_op(" + kind + ", v, __shfl_xor_sync(0xffffffffu, v, off));\n";
-    fold += "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    // `var` = op(var, the value `off` lanes away) for off = from, from / 2, .., 1
+    auto butterfly = [&](const std::string& var, const std::string& op, int64_t from) {
+      return "#pragma unroll\n    for (int off = " + num(from) + "; off > 0; off >>= 1)\n      " +
+             var + " = " + op + var + ", __shfl_xor_sync(0xffffffffu, " + var + ", off));\n";
+    };
+    const std::string red_op = "cl::red_op(" + kind + ", ";
+    fold += butterfly("v", red_op, 16) + "    v = __shfl_sync(0xffffffffu, v, 0);\n";
     // the warps' partials by Triton's tree (w += w + off for off = W/2 .. 1), as an xor
     // butterfly over W lanes of every warp: lane 0 folds in the tree's order, and its
     // value is every thread's (a NaN's payload included)
     auto across_warps = [&](const std::string& var, const std::string& op) {
       return "    if ((t & 31) == 0) wpart[par][" + K + "][t >> 5] = " + var +
              ";\n    __syncthreads();\n    " + var + " = wpart[par][" + K + "][t & " + num(W - 1) +
-             "];\n#pragma unroll\n    for (int off = " + num(W / 2) +
-             "; off > 0; off >>= 1)\n      " + var + " = " + op + var +
-             ", __shfl_xor_sync(0xffffffffu, " + var + ", off));\n";
+             "];\n" + butterfly(var, op, W / 2);
     };
-    if (W > 1)
-      fold += across_warps("v", "cl::red_op(" + kind + ", ") +
-              "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    if (W > 1) fold += across_warps("v", red_op) + "    v = __shfl_sync(0xffffffffu, v, 0);\n";
     src += "    ACC v;\n";
     if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
       // A maximum or minimum is one value whatever the order, unless it is a NaN (the
@@ -430,8 +430,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
       src += "#pragma unroll\n      for (int e = 0; e < " + num(E) + "; ++e) {\n";
       src += "        const bool in = " + in_row + ";\n";
       src += "        if (in) m = " + op + "m, y[e]);\n      }\n";
-      src += "#pragma unroll\n      for (int off = 16; off > 0; off >>= 1)\n";
-      src += "        m = " + op + "m, __shfl_xor_sync(0xffffffffu, m, off));\n";
+      src += butterfly("m", op, 16);
       if (W > 1) src += across_warps("m", op);
       src += "      v = m;\n    }\n";
       // (the fold rewrites the warps' buffer that every thread has just read)
