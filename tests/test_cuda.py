@@ -583,6 +583,51 @@ def test_async_error_names_kernel_at_sync():
     assert "ERR" in r.stdout and "castlab_k" in r.stdout, r.stdout + r.stderr
 
 
+def test_approx_division_equals_the_div_full_instruction():
+    """Math(division="approx") (the inductor preset: Triton's fp32 `/`) writes out PTX's
+    div.full.f32 as ptxas expands it, so that a divisor shared by many quotients is scaled
+    and inverted once. Its bits equal the instruction's (compiled by CuPy, not castlab),
+    exactly, for every bf16 pattern and random fp32 bits as dividends over divisors at
+    and around the expansion's thresholds (2^-126, 2^126), zeros, subnormals, infinities
+    and NaN; divisors along a row (broadcast) and one per element."""
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(21)
+    a = np.concatenate([np.arange(65536, dtype=np.uint32) << 16,
+                        rng.integers(0, 2**32, 65536, dtype=np.uint64).astype(np.uint32)])
+    edge = np.array([0x00800000, 0x7E800000, 0x7F000000], dtype=np.uint32)  # 2^-126, 2^126, 2^127
+    b = np.concatenate([
+        edge, edge - 1, edge + 1, [0, 1, 2, 0x007FFFFF, 0x00400000, 0x3F800000, 0x40400000,
+                                   0x7F7FFFFF, 0x7F800000, 0x7FC00000, 0x7FA00001, 0x34000000],
+        rng.integers(0, 2**32, 40, dtype=np.uint64).astype(np.uint32)]).astype(np.uint32)
+    b = np.concatenate([b, b | 0x80000000])  # both signs
+    af = a.view(np.float32)[:, None]
+    bf = b.view(np.float32)[None, :]
+    k = cupy.RawKernel(r"""
+    extern "C" __global__ void div_full(const float* a, const float* b, float* c, long long n,
+                                         int m, int per_row) {
+      const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+      if (i >= n) return;
+      float r;
+      asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a[i / m]), "f"(b[per_row ? i % m : i]));
+      c[i] = r;
+    }""", "div_full")
+    f = cl.jit(lambda x, y: x / y, policy="fused", math="inductor")
+    full_b = np.ascontiguousarray(np.broadcast_to(bf, (af.shape[0], bf.shape[1])))
+    for per_row, bb in ((1, bf), (0, full_b)):
+        ga, gb = cupy.asarray(af.ravel()), cupy.asarray(bb.ravel())
+        n = af.shape[0] * bf.shape[1]
+        want = cupy.empty(n, dtype=cupy.float32)
+        k(((n + 255) // 256,), (256,), (ga, gb, want, np.int64(n), np.int32(bf.shape[1]),
+                                        np.int32(per_row)))
+        got = f(cl.from_numpy(af).cuda(), cl.from_numpy(np.ascontiguousarray(bb)).cuda())
+        w = cupy.asnumpy(want).view(np.uint32)
+        g = bits_np(got)
+        bad = np.flatnonzero(g != w)
+        assert bad.size == 0, (per_row, bad.size, [(hex(a[i // bf.shape[1]]),
+                                                    hex(b[i % bf.shape[1]]), hex(g[i]), hex(w[i]))
+                                                   for i in bad[:5]])
+
+
 def test_cuda_fast_math_variant_uses_intrinsics():
     """impl="cuda_fast" computes exp with CUDA's __expf: not the precise expf, but within
     the programming guide's bound (2 + floor(|1.173 x|) ulp)."""

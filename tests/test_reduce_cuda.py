@@ -205,7 +205,10 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
            lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="te"),
            lambda x, w: cl.softmax(x, -1), lambda x, w: cl.log_softmax(x * w, -1),
            lambda x, w: cl.layer_norm(x, x.shape[-1], w),
-           lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True)]
+           lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True),
+           # a sum's zero sign shows through 1 / sum (Triton's sum of -0s, a -0 row squared and
+           # negated, is +0)
+           lambda x, w: x * 0 + 1 / cl.sum(-(x * x), -1, keepdim=True)]
     m = cl.Math("p", impl="portable", reduction=order)
     # NumPy's tree over leaves: one leaf (1, 31, 100), uneven (333, 8200), 2^k equal leaves
     # (896: 8 x 112 on part of a warp; 3584, 4096: 32; 12288: 128, 4 per lane)
@@ -236,16 +239,23 @@ def test_register_row_kernel_with_many_rows_per_block(policy):
     rows than blocks (and a count that leaves some blocks one row short), every row still
     gets its own bits: RMSNorm (a weight read once per block), softmax (two phases, the
     warps' partials in alternating buffers) and max-subtraction, with NaN, inf and -0 rows
-    spread over the blocks' later rows, equal the separate steps and the CPU."""
+    spread over the blocks' later rows, equal the separate steps and the CPU; so does a row
+    sum, through its reciprocal (the sign of a sum of -0s)."""
     from castlab import _C
 
     fns = [lambda x, w: cl.rms_norm(x, x.shape[-1], w, cast="hf"),
            lambda x, w: cl.softmax(x * w, -1),
-           lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True)]
+           lambda x, w: x - cl.amax(x, -1, keepdim=True) + cl.amin(x, -1, keepdim=True),
+           # a sum's zero sign shows through 1 / sum (Triton's sum of -0s, a -0 row squared and
+           # negated, is +0)
+           lambda x, w: x * 0 + 1 / cl.sum(-(x * x), -1, keepdim=True)]
     m = cl.Math("p", impl="portable", reduction="triton")
     sms = _C.cuda_sm_count(0)
     for n in (64, 896, 4096):
-        rows = 32 * sms + 37 if n == 64 else 4 * sms * 3 + 11  # > one row per block
+        # blocks a multiprocessor holds: the general kernel's (a row each) or the register
+        # kernel's (32 of one warp at 896, 4 of 512 threads at 4096): 6 rows or more per
+        # block
+        rows = 32 * sms + 37 if n == 64 else {896: 32, 4096: 4}[n] * sms * 6 + 37
         x = cl.randn(rows, n, seed=n, dtype=cl.float32)
         t = torch.from_dlpack(x)
         for r in (0, rows // 2, rows - 1):

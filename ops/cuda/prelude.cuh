@@ -20,6 +20,26 @@ __device__ __forceinline__ void cl_copy_words(void* dst, const void* src) {
 #pragma unroll
   for (int c = 0; c < B / C; ++c) reinterpret_cast<W*>(dst)[c] = reinterpret_cast<const W*>(src)[c];
 }
+// A word of 16-bit values into an array, by masks and shifts of its 32-bit halves: the
+// compiler then widens each bf16 with one instruction, where a copy through the array's
+// 16-bit halves took two (the register row kernel).
+__device__ __forceinline__ void cl_unpack16(unsigned short* o, const unsigned int w) {
+  o[0] = static_cast<unsigned short>(w);
+  o[1] = static_cast<unsigned short>(w >> 16);
+}
+__device__ __forceinline__ void cl_unpack16(unsigned short* o, const uint1 w) {
+  cl_unpack16(o, w.x);
+}
+__device__ __forceinline__ void cl_unpack16(unsigned short* o, const uint2 w) {
+  cl_unpack16(o, w.x);
+  cl_unpack16(o + 2, w.y);
+}
+__device__ __forceinline__ void cl_unpack16(unsigned short* o, const uint4 w) {
+  cl_unpack16(o, w.x);
+  cl_unpack16(o + 2, w.y);
+  cl_unpack16(o + 4, w.z);
+  cl_unpack16(o + 6, w.w);
+}
 // N consecutive elements between memory and an array.
 template <typename T, int N>
 __device__ __forceinline__ void cl_vload(T (&dst)[N], const T* src) {

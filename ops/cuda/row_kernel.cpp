@@ -331,7 +331,10 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     return "  {\n    const " + t + "* p = (const " + t + "*)P.ptr[" + num(k) + "] + " + r + " * " +
            num(s.rs[k]) + "LL;\n" +
            loops(k,
-                 "        " + guard + "*(" + w + "*)" + at + " = *(const " + w + "*)(p + j);\n" +
+                 "        " + guard +
+                     (itemsize(ops[k]->dtype()) == 2
+                          ? "cl_unpack16(" + at + ", *(const " + w + "*)(p + j));\n"
+                          : "*(" + w + "*)" + at + " = *(const " + w + "*)(p + j);\n") +
                      (full ? "" : "        else *(" + w + "*)" + at + " = " + w + "{};\n"),
                  "        " + o + "[e] = " + (full ? "p[IDX]" : "j < n ? p[IDX] : (" + t + ")0") +
                      ";\n") +
@@ -391,17 +394,26 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     // Triton's fold: per position over the tiles (looped) or the value (persistent; the
     // identity past the row), then the positions in register order
     const std::string in_row = full ? "true" : elem("e") + " < n";
+    // A float sum starts each position's fold at its first value, not at 0 + that value
+    // (Triton's looped fold): the partial sums are the same numbers, and only a zero's
+    // sign can differ, where every value added was a zero. Triton's sum is never -0 (an
+    // addend 0 + y is not), and a NaN comes out of any addition as the canonical NaN:
+    // so one final + 0 gives its bits. One addition a row, not one a value.
+    const bool from_first = P0.e && !f64 && p.spec.kind == kRedSum;
     std::string fold = "    v = ACC(0);\n#pragma unroll\n    for (int r = 0; r < " +
                        num(REPS * PER) + "; ++r) {\n      ACC a = cl::red_identity<ACC>(" + kind +
                        ");\n";
     fold += "#pragma unroll\n      for (int it = 0; it < " + num(ITS) + "; ++it) {\n";
     fold += "        const int e = it * " + num(REPS * PER) + " + r;\n";
     fold += "        const bool in = " + in_row + ";\n";
-    if (P0.e)
+    if (from_first)
+      fold += "        if (in) a = it == 0 ? y[e] : cl::red_op(" + kind + ", a, y[e]);\n";
+    else if (P0.e)
       fold += "        if (in) a = cl::red_op(" + kind + ", a, y[e]);\n";
     else
       fold += "        if (in) a = y[e];\n";
     fold += "      }\n      v = r == 0 ? a : cl::red_op(" + kind + ", v, a);\n    }\n";
+    if (from_first) fold += "    v = v + 0.0f;\n";
     // `var` = op(var, the value `off` lanes away) for off = from, from / 2, .., 1
     auto butterfly = [&](const std::string& var, const std::string& op, int64_t from) {
       return "#pragma unroll\n    for (int off = " + num(from) + "; off > 0; off >>= 1)\n      " +
@@ -426,8 +438,11 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
       // NaN or a zero (the same for every thread of the block: all see the row's value)
       const std::string op =
           std::string("cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
-      src += "    {\n      float m = cl::red_identity<ACC>(" + kind + ");\n";
-      src += "#pragma unroll\n      for (int e = 0; e < " + num(E) + "; ++e) {\n";
+      // (every position in the row: the fold starts at the first value)
+      src += "    {\n      float m = " +
+             (full ? std::string("y[0]") : "cl::red_identity<ACC>(" + kind + ")") + ";\n";
+      src += "#pragma unroll\n      for (int e = " + std::string(full ? "1" : "0") + "; e < " +
+             num(E) + "; ++e) {\n";
       src += "        const bool in = " + in_row + ";\n";
       src += "        if (in) m = " + op + "m, y[e]);\n      }\n";
       src += butterfly("m", op, 16);

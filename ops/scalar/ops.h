@@ -53,9 +53,16 @@ enum VariantBits : uint32_t {
 CL_HD float div_f(float a, float b, int var) {
 #if defined(__CUDA_ARCH__)
   if (var & kVarApproxDiv) {
+    // div.full.f32 as ptxas expands it (the same SASS for sm_80 to sm_120): a and b scaled
+    // by 1/4 where |b| > 2^126, by 2^24 where |b| < 2^-126, then a times the hardware's
+    // reciprocal of b. Written out, the scale and the reciprocal of a divisor shared by
+    // many quotients (softmax's row sum) are computed once; tests/test_reduce_cuda.py
+    // checks the bits against the instruction over special and random operands.
+    const float m = fabsf(b);
+    const float s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
     float r;
-    asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
+    return (a * s) * r;
   }
 #endif
   return a / b;
