@@ -605,6 +605,8 @@ def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):
     kernel = src[src.index("void cl_trow("):]  # the body (the kernel picks its vector path)
     assert kernel.count("cl_epi_row(") == 1 and "ACC q[" not in kernel
     assert kernel.count("__shfl_xor_sync") == 2  # in the warp, then across the warps
+    # rows after a block's first come by ticket from the device's counter, one atomic
+    assert kernel.count("atomicAdd(P.ctr, 1ull) - P.base") == 1
 
 
 @pytest.mark.parametrize("policy", ["fused", "fp64"])

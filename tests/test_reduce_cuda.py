@@ -232,6 +232,51 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                         "GPU != CPU", shape, dt, order, fi, mismatches(g0, c), mismatches(g1, c))
 
 
+def test_register_row_kernel_tickets_from_threads():
+    """The register row kernel's blocks take their rows after the first by ticket from a
+    counter on the device, whose base the host advances by each launch's rows. Launches
+    of different kernels and row counts from several Python threads at once (each base
+    must belong to its own launch) give the bits of the same calls made one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from castlab import _lower
+
+    sms = _sm_count()
+    cases = []
+    for k, rows in enumerate((1, 3, 4 * sms - 1, 4 * sms + 1, 4 * sms * 5 + 7)):
+        x = cl.randn(rows, 4096, seed=k, dtype=cl.bfloat16).cuda()
+        w = cl.randn(4096, seed=9, dtype=cl.bfloat16).cuda()
+        cases.append((x, w))
+    fns = [cl.jit(lambda x, w: cl.softmax(x * w, -1)),
+           cl.jit(lambda x, w: cl.rms_norm(x, 4096, w, cast="hf"))]
+    _lower.FUSE_ROWS = True
+    try:
+        want = [[torch.from_dlpack(f.run(x, w, policy="fused", math="inductor")).cpu()
+                 for x, w in cases] for f in fns]
+
+        def work(i):
+            f = fns[i % 2]
+            got = []
+            for j in range(12):
+                c = (i + j) % len(cases)
+                got.append((c, torch.from_dlpack(f.run(*cases[c], policy="fused",
+                                                       math="inductor")).cpu()))
+            return i % 2, got
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(work, range(8)))
+    finally:
+        _lower.FUSE_ROWS = "auto"
+    for fi, got in results:
+        for c, g in got:
+            assert _bits_bad(g, want[fi][c]) == 0, (fi, c)
+
+
+def _sm_count():
+    from castlab import _C
+    return _C.cuda_sm_count(0)
+
+
 @pytest.mark.parametrize("policy", ["eager", "fused"])
 def test_register_row_kernel_with_many_rows_per_block(policy):
     """The register row kernel (Triton's order) runs as many blocks as the device holds,

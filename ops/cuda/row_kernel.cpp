@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <tuple>
@@ -254,7 +255,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   src += "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
          "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
          num(static_cast<int64_t>(nops)) + "];\n  long long n;\n  long long vec;\n" +
-         "  long long rows;\n};\n";
+         "  long long rows;\n  unsigned long long* ctr;\n  unsigned long long base;\n};\n";
   // The kernel body takes the vector path as a template argument (VEC: P.vec), so that
   // each instantiation holds only its own loads and stores: one uniform branch at entry,
   // where a runtime test inside the body left the element-wise loads in the loop as
@@ -356,12 +357,31 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     else
       per_row.push_back(k);
   }
-  // rows below 2^31 (row_kernel_fits): row + gridDim.x < 2^32
-  src += "  const unsigned rows = (unsigned)P.rows;\n  unsigned row = blockIdx.x;\n";
+  // Block b's first row is b; its later rows are tickets from the device's counter
+  // (launch_row_kernel: ticket base + k is row gridDim.x + k), so that a block that runs
+  // faster takes more rows and all finish together. Thread 0 takes a ticket a row before
+  // it is needed (the atomic's latency hides behind a row) and hands it to the block
+  // before the last phase's barrier (one warp: a shuffle); a block takes tickets until
+  // one is past the rows, so a launch takes exactly `rows` of them. `next`: the row after
+  // this one, read while this one is reduced; `tk`: thread 0's row after that.
+  src += "  const unsigned rows = (unsigned)P.rows, G = gridDim.x;\n";
+  src +=
+      "  auto take = [&]() -> unsigned {\n    const unsigned long long k = atomicAdd(P.ctr, "
+      "1ull) - P.base;\n    return k < (unsigned long long)(rows - G) ? G + (unsigned)k : "
+      "rows;\n  };\n";
+  src += "  unsigned row = blockIdx.x, next = rows, tk = rows;\n";
+  src += "  if (t == 0) {\n    next = take();\n    if (next < rows) tk = take();\n  }\n";
+  if (W > 1)
+    src +=
+        "  __shared__ unsigned nxt[2];\n  if (t == 0) nxt[1] = next;\n  __syncthreads();\n"
+        "  next = nxt[1];\n";
+  else
+    src += "  next = __shfl_sync(0xffffffffu, next, 0);\n";
   for (int k : per_row) src += load_row(k, "row", "o" + num(k));
-  src += "  for (int par = 0; row < rows; row += gridDim.x, par ^= 1) {\n";
-  src += "  const unsigned next = row + gridDim.x < rows ? row + gridDim.x : row;\n";
-  for (int k : per_row) src += decl(k, "p" + num(k)) + load_row(k, "next", "p" + num(k));
+  src += "  for (int par = 0; row < rows; par ^= 1) {\n";
+  src += "  const unsigned pre = next < rows ? next : row;\n";
+  src += "  unsigned tk2 = rows;\n  if (t == 0 && tk < rows) tk2 = take();\n";
+  for (int k : per_row) src += decl(k, "p" + num(k)) + load_row(k, "pre", "p" + num(k));
   auto arg = [&](int k) {
     if (alias[k] >= 0) return "red" + num(alias[k]);
     for (size_t j = 0; j < qs.size(); ++j)
@@ -373,6 +393,7 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     const std::string K = num(static_cast<int64_t>(ph));
     const std::string kind = num(p.spec.kind);
     src += load_invariants(p.ins, ph > 0);
+    if (W > 1 && ph + 1 == s.phases.size()) src += "  if (t == 0) nxt[par] = tk;\n";
     auto reads = [&](const std::vector<int>& ins) {
       for (int k : ins)
         if (k == p.q || alias[k] == static_cast<int>(ph)) return true;
@@ -508,7 +529,9 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     src += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) o" + K + "[e] = p" + K +
            "[e];\n";
   }
-  src += "  }\n}\n";
+  src += "  row = next;\n  next = " +
+         std::string(W > 1 ? "nxt[par]" : "__shfl_sync(0xffffffffu, tk, 0)") +
+         ";\n  tk = tk2;\n  }\n}\n";
   src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) + ", " +
          num(triton_blocks_per_sm(NT)) + ") KERNEL_NAME(const RowParams P) {\n";
   if (W > 1) src += "  __shared__ ACC wpart[2]" + wdims + ";\n";
@@ -840,6 +863,31 @@ const RowKernel& kernel_for(const RowStep& s, const Tensor* const* ops, size_t n
   return g_kernels.emplace(key, std::move(rk)).first->second;
 }
 
+// The register row kernel's ticket counter on each device (8 bytes, zeroed once). Each
+// launch takes exactly `rows` tickets (every block takes until one is past the rows), so
+// the host knows the next launch's base without a reset; launches on a device run in
+// order on castlab's one stream, and the mutex keeps the bases in launch order.
+struct Tickets {
+  Tensor ctr;
+  unsigned long long base = 0;
+  std::mutex mu;
+};
+Tickets& tickets(int dev) {
+  static auto& all = *new std::map<int, std::unique_ptr<Tickets>>;  // leaked, as g_kernels
+  std::lock_guard<std::mutex> lk(g_mu);
+  std::unique_ptr<Tickets>& t = all[dev];
+  if (!t) {
+    auto made = std::make_unique<Tickets>();
+    Tensor host = Tensor::empty({1}, kInt64, Device{});
+    std::memset(host.data_ptr(), 0, 8);
+    made->ctr = Tensor::empty({1}, kInt64, Device{DeviceType::CUDA, static_cast<int32_t>(dev)});
+    copy_tensor(host, made->ctr);
+    synchronize(dev);  // the host zero is freed on return
+    t = std::move(made);
+  }
+  return *t;
+}
+
 }  // namespace
 
 void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) {
@@ -859,7 +907,7 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
   const CUstream stream = launch_stream(dev.index);
   // the parameter block: ptr[], rs[], cs[], n, vec, plan[] (8-byte fields; RedPlan is the same
   // struct on both sides)
-  std::vector<unsigned char> buf((3 * nops + 3) * 8 + s.phases.size() * (sizeof(RedPlan) + 8));
+  std::vector<unsigned char> buf((3 * nops + 5) * 8 + s.phases.size() * (sizeof(RedPlan) + 8));
   size_t w = 0;
   auto put = [&](const void* p, size_t sz) {
     std::memcpy(buf.data() + w, p, sz);
@@ -896,19 +944,27 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
       tri_threads ? tri_threads
                   : std::min<int64_t>(kRowThreads, std::max<int64_t>(32, (s.n + 31) / 32 * 32)));
   int64_t grid = s.rows;
+  void* args[] = {buf.data()};
+  CUresult r;
   if (tri_threads) {
-    // as many blocks as the device holds at once (block b takes rows b, b + grid, ...):
-    // a block reads its next row while it reduces this one. Every slot is filled, so the
-    // multiprocessors' row counts differ by at most a few rows (equal counts per block
-    // with fewer blocks left slots empty: 512 of 528 at 16384 rows, 3% longer)
+    // as many blocks as the device holds at once (block b takes row b, then rows by
+    // ticket): a block reads its next row while it reduces this one
     const long long rows = s.rows;
     put(&rows, 8);
     grid = std::min<int64_t>(s.rows,
                              multiprocessor_count(dev.index) * triton_blocks_per_sm(tri_threads));
+    Tickets& tk = tickets(dev.index);
+    std::lock_guard<std::mutex> lk(tk.mu);  // the base and the launch in the same order
+    void* ctr = tk.ctr.data_ptr();
+    put(&ctr, 8);
+    put(&tk.base, 8);
+    r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
+                                stream, args, nullptr);
+    if (r == CUDA_SUCCESS) tk.base += static_cast<unsigned long long>(rows);
+  } else {
+    r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
+                                stream, args, nullptr);
   }
-  void* args[] = {buf.data()};
-  CUresult r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
-                                       stream, args, nullptr);
   note_launch(dev.index, k.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching the row kernel: " + error_string(r));
