@@ -345,8 +345,8 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
     return std::string("  __align__(16) ") + storage_type(ops[k]->dtype()) + " " + o + "[" +
            num(E) + "];\n";
   };
-  // A block takes rows blockIdx.x, + gridDim.x, ... (launch_row_kernel: as many blocks as
-  // the device holds at once). An operand the same for every row (row stride 0: RMSNorm's
+  // A block takes row blockIdx.x, then rows by ticket (below; launch_row_kernel: as many
+  // blocks as the device holds at once). An operand the same for every row (RMSNorm's
   // weight) is read once; the others' next row is read before this row's reductions, so
   // that its loads are in flight while the block waits on its barriers.
   std::vector<int> per_row;
