@@ -239,9 +239,9 @@ def test_register_row_kernel_tickets_from_threads():
     must belong to its own launch) give the bits of the same calls made one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from castlab import _lower
+    from castlab import _C, _lower
 
-    sms = _sm_count()
+    sms = _C.cuda_sm_count(0)
     cases = []
     for k, rows in enumerate((1, 3, 4 * sms - 1, 4 * sms + 1, 4 * sms * 5 + 7)):
         x = cl.randn(rows, 4096, seed=k, dtype=cl.bfloat16).cuda()
@@ -270,11 +270,6 @@ def test_register_row_kernel_tickets_from_threads():
     for fi, got in results:
         for c, g in got:
             assert _bits_bad(g, want[fi][c]) == 0, (fi, c)
-
-
-def _sm_count():
-    from castlab import _C
-    return _C.cuda_sm_count(0)
 
 
 @pytest.mark.parametrize("policy", ["eager", "fused"])

@@ -944,8 +944,8 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
       tri_threads ? tri_threads
                   : std::min<int64_t>(kRowThreads, std::max<int64_t>(32, (s.n + 31) / 32 * 32)));
   int64_t grid = s.rows;
-  void* args[] = {buf.data()};
-  CUresult r;
+  Tickets* tk = nullptr;
+  std::unique_lock<std::mutex> lk;  // the ticket base and the launch in the same order
   if (tri_threads) {
     // as many blocks as the device holds at once (block b takes row b, then rows by
     // ticket): a block reads its next row while it reduces this one
@@ -953,18 +953,16 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
     put(&rows, 8);
     grid = std::min<int64_t>(s.rows,
                              multiprocessor_count(dev.index) * triton_blocks_per_sm(tri_threads));
-    Tickets& tk = tickets(dev.index);
-    std::lock_guard<std::mutex> lk(tk.mu);  // the base and the launch in the same order
-    void* ctr = tk.ctr.data_ptr();
+    tk = &tickets(dev.index);
+    lk = std::unique_lock<std::mutex>(tk->mu);
+    void* ctr = tk->ctr.data_ptr();
     put(&ctr, 8);
-    put(&tk.base, 8);
-    r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
-                                stream, args, nullptr);
-    if (r == CUDA_SUCCESS) tk.base += static_cast<unsigned long long>(rows);
-  } else {
-    r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
-                                stream, args, nullptr);
+    put(&tk->base, 8);
   }
+  void* args[] = {buf.data()};
+  CUresult r = driver().cuLaunchKernel(k.fn, static_cast<unsigned>(grid), 1, 1, threads, 1, 1, smem,
+                                       stream, args, nullptr);
+  if (tk && r == CUDA_SUCCESS) tk->base += static_cast<unsigned long long>(s.rows);
   note_launch(dev.index, k.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching the row kernel: " + error_string(r));

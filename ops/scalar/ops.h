@@ -56,8 +56,8 @@ CL_HD float div_f(float a, float b, int var) {
     // div.full.f32 as ptxas expands it (the same SASS for sm_80 to sm_120): a and b scaled
     // by 1/4 where |b| > 2^126, by 2^24 where |b| < 2^-126, then a times the hardware's
     // reciprocal of b. Written out, the scale and the reciprocal of a divisor shared by
-    // many quotients (softmax's row sum) are computed once; tests/test_reduce_cuda.py
-    // checks the bits against the instruction over special and random operands.
+    // many quotients (softmax's row sum) are computed once; tests/test_cuda.py checks
+    // the bits against the instruction over special and random operands.
     const float m = fabsf(b);
     const float s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
     float r;
