@@ -17,7 +17,7 @@ PKG = ROOT / "python" / "castlab"
 # arrows are listed in SAME_LAYER; everything else must point strictly downward.
 LAYERS = {
     "_C": 0, "_debug": 0, "_progress": 0, "_dtype": 0, "_device": 0, "_optable": 0,
-    "_torch_vml": 0, "_onednn": 0,
+    "_torch_vml": 0, "_onednn": 0, "_cpu_codegen": 0,
     "policy": 1, "_graph": 1, "cuda": 1,
     "_lower": 2,
     "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3,
@@ -28,7 +28,8 @@ LAYERS = {
 }
 # The order inside a layer (a module may import those listed before it).
 SAME_LAYER = {
-    0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable", "_torch_vml", "_onednn"],
+    0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable", "_torch_vml", "_onednn",
+        "_cpu_codegen"],
     1: ["policy", "_graph", "cuda"],
     3: ["_dlpack", "_creation", "ops", "_reduce"],
     4: ["_tensor", "_autodiff"],

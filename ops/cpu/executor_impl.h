@@ -14,6 +14,7 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/cpu/jit.h"
 #include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 
@@ -761,6 +762,43 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   TorchTails tails_flat = tails;
   tails_flat.flat = true;
 
+  // The whole block as one generated loop (ops/cpu/jit.h), where the interpreter's
+  // emulations of PyTorch that depend on the layout do not apply: torch_cpu instructions
+  // that run PyTorch's scalar lambda here, and blocks holding a scalar tail (checked per
+  // block). Outputs must not share memory with an input: the interpreter reads a block's
+  // inputs before it writes any output, the loop element by element.
+  CpuKernelFn jit = nullptr;
+  std::vector<int64_t> inner_stride(static_cast<size_t>(nops));
+  bool torch_scalar = false;
+  for (size_t i = 0; i < code->size(); ++i)
+    if (ins_scalar[i] && ((*code)[i].var & kVarImplMask) == kTorchCpu) torch_scalar = true;
+  if (!torch_scalar && !random) {
+    bool apart = true;  // (outputs write disjoint elements: the lowering's views)
+    for (int k = 0; k < nout && apart; ++k)
+      for (int j = nout; j < nops && apart; ++j)
+        if (may_overlap(*ops[k], *ops[j])) apart = false;
+    if (apart) {
+      std::vector<uint8_t> dts(static_cast<size_t>(nops));
+      for (int k = 0; k < nops; ++k) {
+        dts[k] = static_cast<uint8_t>(ops[k]->dtype());
+        inner_stride[k] = it.stride(k, nd - 1);
+      }
+      jit = cpu_jit_kernel(prog, *code, dts, inner_stride, numel);
+    }
+  }
+  struct TailOf {
+    int64_t w;
+    bool flat;
+  };
+  std::vector<TailOf> jit_tails;  // the scalar tails the interpreter would recompute
+  if (jit && tails.chunk != 0) {
+    for (size_t i = 0; i < code->size(); ++i) {
+      const Instr& in = (*code)[i];
+      if ((in.var & kVarTorchTail) && in.aux > 0) jit_tails.push_back({in.aux, ins_flat[i] != 0});
+    }
+  }
+  if (jit) cpu_jit_count_run();
+
   const int64_t work_per_block =
       rows_per_block * col_chunk * static_cast<int64_t>(code->size() + 1);
   const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
@@ -828,6 +866,17 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
         for (int64_t r = 0; r < nrows; ++r)
           for (int64_t c = 0; c < ncols; ++c, ++j)
             rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
+      }
+      if (jit) {
+        bool tail = false;
+        for (const TailOf& t : jit_tails)
+          (t.flat ? tails_flat : tails).each(t.w, r0, nrows, c0, ncols, [&](int64_t, int64_t) {
+            tail = true;
+          });
+        if (!tail) {
+          jit(bases.data(), row_off.data(), rows_per_block, nrows, c0, ncols, inner_stride.data());
+          continue;
+        }
       }
       for (size_t ii = 0; ii < code->size(); ++ii) {
         const Instr& in = (*code)[ii];

@@ -42,8 +42,6 @@
 #endif
 
 namespace cl {
-extern const std::pair<const char*, const char*> kEmbeddedHeaders[];
-
 namespace cuda {
 
 // ---------------------------------------------------------------- SHA-256 (FIPS 180-4)
@@ -156,7 +154,9 @@ std::unordered_map<std::string, CompiledKernel> g_mem;  // key -> function (per 
 std::unordered_set<std::string> g_printed;
 CacheStats g_stats;
 
-const std::string& headers_hash() {
+}  // namespace
+
+const std::string& embedded_headers_hash() {
   static const std::string h = [] {
     std::string all;
     for (int i = 0; kEmbeddedHeaders[i].first; ++i) {
@@ -169,6 +169,8 @@ const std::string& headers_hash() {
   }();
   return h;
 }
+
+namespace {
 
 bool valid_key(const std::string& key) {
   return key.size() == 64 && key.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -263,7 +265,8 @@ std::string load(int dirfd, const std::string& key, std::string* kind, std::stri
                   ekey) != 6)
     return "bad header";
   if (std::string(magic) != "castlab-kernel" || ver != 2) return "bad header";
-  if (std::string(k) != "cubin" && std::string(k) != "ptx") return "bad header";
+  if (std::string(k) != "cubin" && std::string(k) != "ptx" && std::string(k) != "so")
+    return "bad header";
   if (ekey != key) return "key mismatch";
   if (all.size() - nl - 1 != size) return "size mismatch";
   std::string data = all.substr(nl + 1);
@@ -275,7 +278,7 @@ std::string load(int dirfd, const std::string& key, std::string* kind, std::stri
 
 bool store(int dirfd, const std::string& key, const std::string& kind, const std::string& payload) {
   if (!valid_key(key) || payload.size() > kMaxEntryBytes) return false;
-  if (kind != "cubin" && kind != "ptx") return false;
+  if (kind != "cubin" && kind != "ptx" && kind != "so") return false;
   std::random_device rd;
   char rnd[16];
   std::snprintf(rnd, sizeof rnd, "%08x", static_cast<unsigned>(rd()));
@@ -589,7 +592,7 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
   std::string key_text = "castlab " CASTLAB_VERSION "\n";
   key_text += "nvrtc " + std::to_string(vmaj) + "." + std::to_string(vmin) + "\n";
   for (const auto& o : opts) key_text += o + "\n";
-  key_text += "headers " + headers_hash() + "\n";
+  key_text += "headers " + embedded_headers_hash() + "\n";
   const bool linked = source.find(kLinkPowDefine) != std::string::npos;
   if (linked) key_text += std::string("linked with:\n") + kPowFmadSource;
   key_text += source;

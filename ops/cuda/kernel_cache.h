@@ -3,11 +3,15 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/driver.h"
 
 namespace cl {
+
+// The embedded scalar-math headers (cmake/embed.cmake): {path, text} pairs, then {null, null}.
+extern const std::pair<const char*, const char*> kEmbeddedHeaders[];
 namespace cuda {
 
 // A generated source that starts with this line calls CUDA's double pow as nvcc
@@ -44,6 +48,8 @@ struct NvrtcCheck {
 NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
                                const std::string& name = "castlab_check");
 std::string sha256_hex(const std::string& data);
+// The SHA-256 of every embedded header (names and texts): part of every kernel key.
+const std::string& embedded_headers_hash();
 struct CacheStats {
   uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
   double compile_seconds = 0;

@@ -8,10 +8,11 @@
 
 # Layers (each module imports only from layers below it; no import inside a function
 # targets a castlab module; tests/test_layering.py checks this):
-#   0  _C, _debug, _progress, _dtype, _device, _optable, _torch_vml, _onednn  leaves (C++
-#                                         core, debug level, progress bar, dtypes, devices,
-#                                         ops, torch's MKL VML when torch is loaded, where
-#                                         PyTorch's gelu calls oneDNN)
+#   0  _C, _debug, _progress, _dtype, _device, _optable, _torch_vml, _onednn, _cpu_codegen
+#                                         leaves (C++ core, debug level, progress bar, dtypes,
+#                                         devices, ops, torch's MKL VML when torch is loaded,
+#                                         where PyTorch's gelu calls oneDNN, the CPU's
+#                                         compiled loops)
 #   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
 #   2  _lower                                 graph -> Programs -> a Plan
 #   3  _dlpack -> _creation -> ops -> _reduce  interchange, creation, the op functions,
@@ -27,6 +28,7 @@
 # (t.clone(), t.astype()) at run time, but never import it.
 
 from . import _C, _debug, cli, cuda, numerics, presets, study
+from ._cpu_codegen import cpu_codegen
 from ._creation import (
     arange,
     asarray,
@@ -94,7 +96,7 @@ __all__ = [
     "sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm", "layer_norm",
     "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
     "numerics",
-    "study", "info", "presets", "library", "libraries",
+    "study", "info", "presets", "library", "libraries", "cpu_codegen",
 ]
 
 

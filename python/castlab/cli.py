@@ -1013,6 +1013,12 @@ def info_text() -> str:
     except ImportError:
         lines.append("torch: not installed")
     lines.append(f"cpu threads: {_C.num_threads()}")
+    cg = _C._cpu_codegen()
+    if cg["why_not"]:
+        lines.append(f"cpu codegen: not available ({cg['why_not']})")
+    else:
+        lines.append(f"cpu codegen: {cg['mode']} from {cg['min_elements']} elements, "
+                     f"{cg['compiler']}")
     try:
         if cuda.is_available():
             info = cuda.info()

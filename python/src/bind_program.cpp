@@ -1,6 +1,7 @@
 #include <type_traits>
 
 #include "ops/cpu/cpu_features.h"
+#include "ops/cpu/jit.h"
 #include "ops/cpu/torch_vml.h"
 #include "ops/program.h"
 #include "ops/runtime.h"
@@ -147,6 +148,47 @@ void bind_program(py::module_& m) {
   m.def("torch_vml_loaded", &cl::torch_vml_loaded, "Are MKL VML's functions borrowed?");
   m.def("cpu_has", &cl::cpu_has, py::arg("feature"),
         "Does this CPU have the x86 feature (GCC's __builtin_cpu_supports name)?");
+  m.def(
+      "_cpu_codegen",
+      [](int mode, int64_t min_elements) {
+        const cl::CpuJitStatus st = cl::cpu_jit_configure(mode, min_elements);
+        static const char* names[] = {"off", "async", "sync"};
+        py::dict d;
+        d["mode"] = names[static_cast<int>(st.mode)];
+        d["min_elements"] = st.min_elements;
+        d["compiler"] = st.compiler;
+        d["why_not"] = st.why_not;
+        d["last_error"] = st.last_error;
+        d["compiled"] = st.compiled;
+        d["disk_hits"] = st.disk_hits;
+        d["failures"] = st.failures;
+        d["pending"] = st.pending;
+        d["runs"] = st.runs;
+        d["compile_seconds"] = st.compile_seconds;
+        return d;
+      },
+      py::arg("mode") = -1, py::arg("min_elements") = -1,
+      "Configure the CPU code generator (mode 0 off, 1 async, 2 sync; -1 unchanged) and "
+      "return its status (castlab.cpu_codegen)");
+  m.def(
+      "_cpu_codegen_wait",
+      [] {
+        py::gil_scoped_release nogil;
+        cl::cpu_jit_wait();
+      },
+      "Wait until no CPU kernel is queued or compiling");
+  m.def(
+      "_cpu_codegen_source",
+      [](const Program& p, const std::vector<int>& dtypes, const std::vector<int64_t>& strides) {
+        std::vector<uint8_t> d(dtypes.begin(), dtypes.end());
+        if (d.size() != strides.size() || d.size() < p.outputs.size())
+          throw py::value_error("one dtype and one inner stride per operand, outputs first");
+        if (!cl::cpu_jit_supports(p, d)) return std::string();
+        return cl::cpu_jit_source(p, d, strides);
+      },
+      py::arg("program"), py::arg("dtypes"), py::arg("inner_strides"),
+      "The generated CPU kernel's source for these operands ('' when the program cannot be "
+      "generated)");
   m.def("torch_num_threads", &cl::torch_num_threads,
         "at::get_num_threads() of the loaded torch (0 when not borrowed)");
   py::dict impls;

@@ -1,0 +1,587 @@
+// Fused CPU kernels compiled at run time (see jit.h).
+#include "ops/cpu/jit.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include "core/debug.h"
+#include "ops/cuda/codegen.h"
+#include "ops/cuda/kernel_cache.h"
+
+extern char** environ;
+
+namespace cl {
+
+namespace {
+
+constexpr int64_t kDefaultMin = int64_t{1} << 18;
+std::atomic<int64_t> g_runs{0};
+
+// A kernel's slot: filled once, read without a lock by every call after.
+struct Slot {
+  std::string key, source;
+  std::atomic<CpuKernelFn> fn{nullptr};
+  int state = 0;  // 0 not requested, 1 queued or compiling, 2 done (fn set or failed)
+};
+
+// Per program (Program::memo): the slot for one signature (operand dtypes and inner
+// stride classes); slot null: the program cannot be generated.
+struct Memo : ExecMemo::Entry {
+  std::string sig;
+  std::shared_ptr<Slot> slot;
+};
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;  // the worker's queue, and waits for slots
+  CpuJitMode mode = CpuJitMode::kAsync;
+  int64_t min_elements = kDefaultMin;
+  bool probed = false;  // compiler looked for
+  std::vector<std::string> cxx;
+  std::string compiler, why_not;
+  std::unordered_map<std::string, std::shared_ptr<Slot>> slots;  // key -> slot
+  std::deque<std::shared_ptr<Slot>> queue;
+  bool worker = false;
+  int busy = 0;
+  int64_t compiled = 0, disk_hits = 0, failures = 0;
+  double seconds = 0;
+  std::string last_error;  // the compiler's log (or the loader's error) of the last failure
+};
+
+State* g_state = nullptr;
+
+// fork(): the child has no worker thread. Its lock is taken around the fork so the child
+// gets it free; the child forgets its queue and what was compiling (asked for again).
+void before_fork() { g_state->mu.lock(); }
+void after_fork_parent() { g_state->mu.unlock(); }
+void after_fork_child() {
+  State& s = *g_state;
+  s.worker = false;
+  s.busy = 0;
+  s.queue.clear();
+  for (auto& kv : s.slots)
+    if (kv.second->state == 1) kv.second->state = 0;
+  s.mu.unlock();
+}
+
+// Leaked: a detached worker may still use it while the process exits.
+State& state() {
+  static State* s = [] {
+    auto* st = new State;
+    g_state = st;
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    if (const char* m = std::getenv("CASTLAB_CPU_CODEGEN")) {
+      const std::string v = m;
+      if (v == "off" || v == "0")
+        st->mode = CpuJitMode::kOff;
+      else if (v == "sync")
+        st->mode = CpuJitMode::kSync;
+    }
+    if (const char* n = std::getenv("CASTLAB_CPU_CODEGEN_MIN")) {
+      char* end = nullptr;
+      const long long v = std::strtoll(n, &end, 10);
+      if (end != n && *end == '\0' && v >= 0) st->min_elements = v;
+    }
+    return st;
+  }();
+  return *s;
+}
+
+// The executor's flags (CMakeLists.txt: ISO C++17, -O3, no contraction, no fast math) and
+// the ISA of the executor build run_program_cpu picks on this CPU.
+std::vector<std::string> compile_flags() {
+  std::vector<std::string> f = {"-std=c++17",
+                                "-O3",
+                                "-DNDEBUG",
+                                "-ffp-contract=off",
+                                "-fno-fast-math",
+                                "-fno-math-errno",
+                                "-fno-trapping-math",
+                                "-fopenmp-simd",
+                                "-fPIC",
+                                "-shared",
+                                "-w"};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("fma")) {
+    for (const char* x : {"-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma",
+                          "-mprefer-vector-width=512"})
+      f.push_back(x);
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    f.push_back("-mavx2");
+    f.push_back("-mfma");
+  }
+#endif
+  return f;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> w;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && s[i] == ' ') ++i;
+    size_t j = i;
+    while (j < s.size() && s[j] != ' ') ++j;
+    if (j > i) w.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return w;
+}
+
+std::string read_file(const std::string& path) {
+  std::string out;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+bool write_file(const std::string& path, const std::string& data) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
+  return std::fclose(f) == 0 && ok;
+}
+
+// A private folder under $TMPDIR (or /tmp), removed with what was written into it.
+struct TempDir {
+  std::string path;
+  std::vector<std::string> files, dirs;
+  TempDir() {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && t[0] == '/' ? t : "/tmp") + "/castlab-cpu-XXXXXX";
+    if (mkdtemp(&tmpl[0])) path = tmpl;
+  }
+  ~TempDir() {
+    for (const auto& f : files) unlink(f.c_str());
+    for (auto d = dirs.rbegin(); d != dirs.rend(); ++d) rmdir(d->c_str());
+    if (!path.empty()) rmdir(path.c_str());
+  }
+  // Writes `rel` (parent folders created), remembering it for removal.
+  bool put(const std::string& rel, const std::string& data) {
+    for (size_t i = 0; i < rel.size(); ++i)
+      if (rel[i] == '/') {
+        const std::string d = path + "/" + rel.substr(0, i);
+        if (mkdir(d.c_str(), 0700) == 0) dirs.push_back(d);
+      }
+    files.push_back(path + "/" + rel);
+    return write_file(files.back(), data);
+  }
+};
+
+// Runs argv with stdout and stderr into `log`; the exit status (-1: could not start).
+int run_command(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // The compiler runs without this process's LD_PRELOAD (a sanitizer runtime preloaded
+  // into Python is not meant for it).
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.push_back(*e);
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Finds the compiler once (under the state's lock): $CASTLAB_CXX, $CXX, c++, g++, clang++.
+void probe(State& s) {
+  if (s.probed) return;
+  s.probed = true;
+  std::vector<std::string> tried;
+  for (const char* env : {"CASTLAB_CXX", "CXX"})
+    if (const char* v = std::getenv(env))
+      if (v[0]) tried.push_back(v);
+  for (const char* c : {"c++", "g++", "clang++"}) tried.push_back(c);
+  TempDir dir;
+  if (dir.path.empty()) {
+    s.why_not = "cannot create a temporary folder for the compiler";
+    return;
+  }
+  const std::string log = dir.path + "/version.txt";
+  dir.files.push_back(log);
+  for (const auto& c : tried) {
+    std::vector<std::string> argv = split_words(c);
+    if (argv.empty()) continue;
+    argv.push_back("--version");
+    if (run_command(argv, log) != 0) continue;
+    const std::string v = read_file(log);
+    s.cxx = split_words(c);
+    s.compiler = v.substr(0, v.find('\n'));
+    return;
+  }
+  std::string names;
+  for (const auto& c : tried) names += (names.empty() ? "" : ", ") + c;
+  s.why_not = "no C++ compiler found (tried " + names + "; set CASTLAB_CXX)";
+}
+
+// Compiles `source` to a shared library's bytes in *image; false with the log in *log.
+bool compile(const std::vector<std::string>& cxx, const std::string& source, std::string* image,
+             std::string* log) {
+  TempDir dir;
+  if (dir.path.empty()) {
+    *log = "cannot create a temporary folder";
+    return false;
+  }
+  for (int i = 0; kEmbeddedHeaders[i].first; ++i)
+    if (!dir.put(kEmbeddedHeaders[i].first, kEmbeddedHeaders[i].second)) {
+      *log = "cannot write the headers";
+      return false;
+    }
+  if (!dir.put("kernel.cpp", source)) {
+    *log = "cannot write the source";
+    return false;
+  }
+  std::vector<std::string> argv = cxx;
+  for (const auto& f : compile_flags()) argv.push_back(f);
+  const std::string so = dir.path + "/kernel.so", out = dir.path + "/log.txt";
+  dir.files.push_back(so);
+  dir.files.push_back(out);
+  for (const auto& a : {"-I" + dir.path, "-o" + so, dir.path + "/kernel.cpp"}) argv.push_back(a);
+  const int rc = run_command(argv, out);
+  *log = read_file(out);
+  if (rc != 0) return false;
+  *image = read_file(so);
+  return !image->empty();
+}
+
+// dlopens a library from its bytes (through a private file, removed once loaded).
+CpuKernelFn load(const std::string& image, std::string* why) {
+  const char* t = std::getenv("TMPDIR");
+  std::string path = std::string(t && t[0] == '/' ? t : "/tmp") + "/castlab-cpu-XXXXXX.so";
+  const int fd = mkstemps(&path[0], 3);
+  if (fd < 0) {
+    *why = "cannot create a temporary file";
+    return nullptr;
+  }
+  size_t put = 0;
+  while (put < image.size()) {
+    const ssize_t n = write(fd, image.data() + put, image.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    put += static_cast<size_t>(n);
+  }
+  close(fd);
+  void* h = put == image.size() ? dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  unlink(path.c_str());
+  if (!h) {
+    const char* e = dlerror();
+    *why = e ? e : "cannot write the library";
+    return nullptr;
+  }
+  auto fn = reinterpret_cast<CpuKernelFn>(dlsym(h, "cl_cpu_kernel"));
+  if (!fn) *why = "the library has no cl_cpu_kernel";
+  return fn;  // the library stays loaded for the process
+}
+
+// Fills one slot: the disk cache, else the compiler. Called without the lock.
+void build(State& s, Slot& slot) {
+  std::vector<std::string> cxx;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    cxx = s.cxx;
+  }
+  std::string why, kind, image;
+  std::string dwhy;
+  const int dfd = cuda::disk::open_dir(cuda::cache_dir(), &dwhy);
+  const bool hit =
+      dfd >= 0 && cuda::disk::load(dfd, slot.key, &kind, &image) == "ok" && kind == "so";
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ok = hit;
+  if (!hit) {
+    ok = compile(cxx, slot.source, &image, &why);
+    if (ok && dfd >= 0) cuda::disk::store(dfd, slot.key, "so", image);
+  }
+  if (dfd >= 0) close(dfd);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CpuKernelFn fn = ok ? load(image, &why) : nullptr;
+  if (!fn && debug_level() >= 1) {
+    std::fprintf(stderr, "# castlab: a CPU kernel did not compile (%s):\n%s\n", slot.key.c_str(),
+                 why.c_str());
+    std::fflush(stderr);
+  }
+  std::lock_guard<std::mutex> g(s.mu);
+  if (fn) {
+    slot.fn.store(fn, std::memory_order_release);
+    if (hit)
+      s.disk_hits++;
+    else {
+      s.compiled++;
+      s.seconds += secs;
+    }
+  } else {
+    s.failures++;
+    s.last_error = why.empty() ? "the compiler wrote no library" : why;
+  }
+  slot.state = 2;
+  s.cv.notify_all();
+}
+
+void worker_loop() {
+  State& s = state();
+  for (;;) {
+    std::shared_ptr<Slot> slot;
+    {
+      std::unique_lock<std::mutex> g(s.mu);
+      s.cv.wait(g, [&] { return !s.queue.empty(); });
+      slot = s.queue.front();
+      s.queue.pop_front();
+      s.busy++;
+    }
+    build(s, *slot);
+    std::lock_guard<std::mutex> g(s.mu);
+    s.busy--;
+    s.cv.notify_all();
+  }
+}
+
+bool float_dtype(int dt) {
+  return dt == kFloat64 || dt == kFloat32 || dt == kBFloat16 || dt == kFloat16 ||
+         dt == kFloat8E4M3FN || dt == kFloat8E5M2;
+}
+
+// How an operand's index advances along the row: 1, 0 (broadcast) or its stride.
+std::string stride_class(int64_t s) { return s == 1 ? "1" : s == 0 ? "0" : "n"; }
+
+}  // namespace
+
+bool cpu_jit_supports(const Program& prog, const std::vector<uint8_t>& dtypes) {
+  if (prog.uses_random() || dtypes.size() < prog.outputs.size()) return false;
+  for (uint8_t dt : dtypes)
+    if (!float_dtype(dt)) return false;
+  for (const Instr& in : prog.code) {
+    if (in.rtype == kRegI64) return false;
+    if (in.var & kVarTorchVml) return false;  // MKL VML over the whole block
+    switch (in.op) {
+      case kOpLoad:
+      case kOpConst:
+      case kOpRound:
+      case kOpToF32:
+      case kOpToF64: continue;
+      case kOpSin:
+      case kOpCos:
+        // SLEEF's float sin/cos choose one argument reduction per vector of 8 (executor)
+        if (in.rtype == kRegF32 && (in.var & kVarImplMask) == kTorchCpu) return false;
+        continue;
+      default:
+        if (op_info(in.op).category == kCatInternal) return false;  // random numbers, ToI64
+    }
+  }
+  return true;
+}
+
+std::string cpu_jit_source(const Program& prog, const std::vector<uint8_t>& dtypes,
+                           const std::vector<int64_t>& inner_strides) {
+  const int nout = static_cast<int>(prog.outputs.size());
+  const int nops = static_cast<int>(dtypes.size());
+  std::string s = "// generated by castlab (ops/cpu/jit.cpp)\n";
+  s += "#define __device__\n#define __forceinline__ inline __attribute__((always_inline))\n";
+  s += "#include <cstdint>\n#include <cstring>\n#include \"ops/scalar/ops.h\"\n\n";
+  s += cuda::emit_element_function(prog, dtypes, nout, "cl_body");
+  s += R"(
+template <typename T>
+static inline __attribute__((always_inline)) T cl_ld(const char* p, int64_t i) {
+  T v;
+  std::memcpy(&v, p + i * static_cast<int64_t>(sizeof(T)), sizeof v);
+  return v;
+}
+template <typename T>
+static inline __attribute__((always_inline)) void cl_st(char* p, int64_t i, T v) {
+  std::memcpy(p + i * static_cast<int64_t>(sizeof(T)), &v, sizeof v);
+}
+
+extern "C" void cl_cpu_kernel(char* const* bases, const int64_t* row_off, int64_t rpb,
+                              int64_t nrows, int64_t c0, int64_t ncols, const int64_t* cs) {
+  (void)cs;
+  for (int64_t r = 0; r < nrows; ++r) {
+)";
+  auto index = [&](int k) {
+    const std::string c = stride_class(inner_strides[k]);
+    return c == "1"   ? std::string("c")
+           : c == "0" ? std::string("0")
+                      : "c * cs[" + std::to_string(k) + "]";
+  };
+  for (int k = 0; k < nops; ++k) {
+    const std::string ks = std::to_string(k);
+    s += std::string("    ") + (k < nout ? "char" : "const char") + "* __restrict p" + ks +
+         " = bases[" + ks + "] + (row_off[" + ks + " * rpb + r] + c0 * cs[" + ks +
+         "]) * static_cast<int64_t>(sizeof(" + cuda::storage_type(dtypes[k]) + "));\n";
+  }
+  // (omp simd: the elements are independent; without it GCC gives up on loops that mix
+  // 16-bit storage and float arithmetic, RoPE's among them)
+  s += "#pragma omp simd\n    for (int64_t c = 0; c < ncols; ++c) {\n";
+  for (int k = 0; k < nout; ++k)
+    s += std::string("      ") + cuda::storage_type(dtypes[k]) + " y" + std::to_string(k) + ";\n";
+  s += "      cl_body(0ull, 0ull";
+  for (int k = nout; k < nops; ++k)
+    s += std::string(", cl_ld<") + cuda::storage_type(dtypes[k]) + ">(p" + std::to_string(k) +
+         ", " + index(k) + ")";
+  for (int k = 0; k < nout; ++k) s += ", y" + std::to_string(k);
+  s += ");\n";
+  for (int k = 0; k < nout; ++k)
+    s += std::string("      cl_st<") + cuda::storage_type(dtypes[k]) + ">(p" + std::to_string(k) +
+         ", " + index(k) + ", y" + std::to_string(k) + ");\n";
+  s += "    }\n  }\n}\n";
+  return s;
+}
+
+CpuKernelFn cpu_jit_kernel(const Program& prog, const std::vector<Instr>& code,
+                           const std::vector<uint8_t>& dtypes,
+                           const std::vector<int64_t>& inner_strides, int64_t numel) {
+  State& s = state();
+  CpuJitMode mode;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    mode = s.mode;
+    if (mode == CpuJitMode::kOff || numel < s.min_elements) return nullptr;
+    probe(s);
+    if (s.cxx.empty()) return nullptr;
+  }
+  std::string sig(dtypes.begin(), dtypes.end());
+  for (int64_t st : inner_strides) sig += stride_class(st);
+  // the executor's changes for this layout (oneDNN's gelu bits): their instructions' bits
+  for (size_t i = 0; i < code.size() && &code != &prog.code; ++i)
+    if (code[i].var != prog.code[i].var)
+      sig += "|" + std::to_string(i) + ":" + std::to_string(code[i].var);
+  std::shared_ptr<Slot> slot;
+  bool found = false;
+  for (ExecMemo::Entry* e = prog.memo.head(); e; e = e->next)
+    if (auto* m = dynamic_cast<Memo*>(e))
+      if (m->sig == sig) {
+        slot = m->slot;
+        found = true;
+        break;
+      }
+  if (!found) {
+    Program here;
+    const Program* p = &prog;
+    if (&code != &prog.code) {
+      here.code = code;
+      here.n_regs = prog.n_regs;
+      here.outputs = prog.outputs;
+      here.seed = prog.seed;
+      p = &here;
+    }
+    if (cpu_jit_supports(*p, dtypes)) {
+      std::string source = cpu_jit_source(*p, dtypes, inner_strides);
+      std::string key_text = "castlab-cpu " CASTLAB_VERSION "\n";
+      {
+        std::lock_guard<std::mutex> g(s.mu);
+        key_text += s.compiler + "\n";
+      }
+      for (const auto& f : compile_flags()) key_text += f + "\n";
+      key_text += "headers " + cuda::embedded_headers_hash() + "\n" + source;
+      const std::string key = cuda::sha256_hex(key_text);
+      if (debug_level() >= 3) {
+        std::fprintf(stderr, "# castlab CPU kernel %s\n%s\n", key.c_str(), source.c_str());
+        std::fflush(stderr);
+      }
+      std::lock_guard<std::mutex> g(s.mu);
+      auto& sl = s.slots[key];
+      if (!sl) {
+        sl = std::make_shared<Slot>();
+        sl->key = key;
+        sl->source = std::move(source);
+      }
+      slot = sl;
+    }
+    auto* m = new Memo;
+    m->sig = sig;
+    m->slot = slot;
+    prog.memo.push(m);
+  }
+  if (!slot) return nullptr;
+  if (CpuKernelFn fn = slot->fn.load(std::memory_order_acquire)) return fn;
+  std::unique_lock<std::mutex> g(s.mu);
+  if (slot->state == 0) {
+    slot->state = 1;
+    if (mode == CpuJitMode::kSync) {
+      g.unlock();
+      build(s, *slot);
+      return slot->fn.load(std::memory_order_acquire);
+    }
+    s.queue.push_back(slot);
+    if (!s.worker) {
+      s.worker = true;
+      std::thread(worker_loop).detach();
+    }
+    s.cv.notify_all();
+    return nullptr;
+  }
+  if (mode == CpuJitMode::kSync) s.cv.wait(g, [&] { return slot->state == 2; });
+  return slot->fn.load(std::memory_order_acquire);
+}
+
+CpuJitStatus cpu_jit_status() {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  probe(s);
+  CpuJitStatus st;
+  st.mode = s.mode;
+  st.min_elements = s.min_elements;
+  st.compiler = s.compiler;
+  st.why_not = s.why_not;
+  st.last_error = s.last_error;
+  st.compiled = s.compiled;
+  st.disk_hits = s.disk_hits;
+  st.failures = s.failures;
+  st.pending = static_cast<int64_t>(s.queue.size()) + s.busy;
+  st.compile_seconds = s.seconds;
+  st.runs = g_runs.load(std::memory_order_relaxed);
+  return st;
+}
+
+CpuJitStatus cpu_jit_configure(int mode, int64_t min_elements) {
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (mode > 2) throw std::invalid_argument("cpu codegen mode must be off, async or sync");
+    if (mode >= 0) s.mode = static_cast<CpuJitMode>(mode);
+    if (min_elements >= 0) s.min_elements = min_elements;
+  }
+  return cpu_jit_status();
+}
+
+void cpu_jit_count_run() { g_runs.fetch_add(1, std::memory_order_relaxed); }
+
+void cpu_jit_wait() {
+  State& s = state();
+  std::unique_lock<std::mutex> g(s.mu);
+  s.cv.wait(g, [&] { return s.queue.empty() && s.busy == 0; });
+}
+
+}  // namespace cl
