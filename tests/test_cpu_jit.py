@@ -287,6 +287,8 @@ print(json.dumps({"status": cl.cpu_codegen(), "sum": float(np.asarray(y.numpy(),
 def _child(env_extra: dict, tmp_path) -> dict:
     env = dict(os.environ, PYTHONPATH=PYPATH, CASTLAB_CPU_CODEGEN="sync",
                CASTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    for k in ("CXX", "CASTLAB_CXX", "CASTLAB_CPU_CODEGEN_MIN"):  # this test's choices only
+        env.pop(k, None)
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                          timeout=300, check=True)

@@ -496,8 +496,18 @@ CpuKernelFn cpu_jit_kernel(const Program& prog, const std::vector<Instr>& code,
       here.seed = prog.seed;
       p = &here;
     }
+    std::string source;
     if (cpu_jit_supports(*p, dtypes)) {
-      std::string source = cpu_jit_source(*p, dtypes, inner_strides);
+      try {
+        source = cpu_jit_source(*p, dtypes, inner_strides);
+      } catch (const std::exception& e) {  // the generator refused it: the interpreter runs it
+        if (debug_level() >= 1) {
+          std::fprintf(stderr, "# castlab: no CPU kernel generated: %s\n", e.what());
+          std::fflush(stderr);
+        }
+      }
+    }
+    if (!source.empty()) {
       std::string key_text = "castlab-cpu " CASTLAB_VERSION "\n";
       {
         std::lock_guard<std::mutex> g(s.mu);
