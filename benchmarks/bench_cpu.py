@@ -2,7 +2,7 @@
 torch CPU eager and torch.compile, on the same inputs.
 
     PYTHONPATH=python python3 benchmarks/bench_cpu.py [--quick] [--no-compile]
-    PYTHONPATH=python python3 benchmarks/bench_cpu.py --vs-compile   # 1M/16M, bf16/fp32
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py --vs-compile [--threads N]  # 1M/16M
 
 SwiGLU: silu(a) * b, bf16, a and b 16M elements each.
 RoPE:   x*cos + cat(-x2, x1)*sin, bf16 x [1,32,4096,128], cos/sin [4096,128] (broadcast).
@@ -124,19 +124,23 @@ def memory_child(chain: str, impl: str, quick: bool) -> None:
                       "in_mb": in_bytes / 2**20, "reset": reset}))
 
 
-def vs_compile(reps: int) -> None:
+def vs_compile(reps: int, threads: int) -> None:
     """castlab fused (cl.jit, default math) against torch.compile (Inductor C++) at 1M and
     16M elements, bf16 and fp32, same inputs, same run (issue 21's CPU goal). castlab's
     compiled loop (cl.cpu_codegen) is waited for after the first call, as torch.compile's
-    compilation is: both are timed in their steady state."""
+    compilation is: both are timed in their steady state. "cl interp" is castlab's
+    interpreter alone (the code generator off) in the same run."""
     import torch
 
     import castlab as cl
 
-    torch.set_num_threads(os.cpu_count())
-    print(f"castlab {cl.__version__}, torch {torch.__version__}, {os.cpu_count()} CPU threads")
-    print(f"{'chain':7} {'dtype':9} {'elements':>9} {'cl fused ms':>12} {'compile ms':>11} "
-          f"{'compile/cl':>11}")
+    torch.set_num_threads(threads)
+    cl._C.set_num_threads(threads)
+    print(f"castlab {cl.__version__}, torch {torch.__version__}, {threads} threads "
+          f"({os.cpu_count()} CPUs)")
+    print(f"{'chain':7} {'dtype':9} {'elements':>9} {'cl fused ms':>12} {'cl interp ms':>13} "
+          f"{'compile ms':>11} {'compile/cl':>11}")
+    mode = cl.cpu_codegen()["mode"]
     for chain in ("swiglu", "rope"):
         for dtype in ("bfloat16", "float32"):
             for n in (1 << 20, 1 << 24):
@@ -146,13 +150,17 @@ def vs_compile(reps: int) -> None:
                 jf(*cargs)
                 cl.cpu_codegen(wait=True)  # the compiled loop (background) is ready
                 t_cl = min(_best(jf, cargs, reps) for _ in range(3))
+                cl.cpu_codegen("off")
+                t_in = min(_best(jf, cargs, reps) for _ in range(3))
+                cl.cpu_codegen(mode)
                 t_tc = min(_best(comp, targs, reps) for _ in range(3))
-                print(f"{chain:7} {dtype:9} {n:>9} {t_cl:12.3f} {t_tc:11.3f} {t_tc / t_cl:10.2f}x")
+                print(f"{chain:7} {dtype:9} {n:>9} {t_cl:12.3f} {t_in:13.3f} {t_tc:11.3f} "
+                      f"{t_tc / t_cl:10.2f}x")
     st = cl.cpu_codegen()
     print("compile/cl > 1: castlab faster than torch.compile.")
     print(f"castlab's compiled CPU loops: {st['mode']}, {st['compiled']} compiled in "
           f"{st['compile_seconds']:.2f} s, {st['disk_hits']} from the disk cache, "
-          f"{st['failures']} failed ({st['compiler'] or st['why_not']})")
+          f"{st['failures']} failed, {st['runs']} runs ({st['compiler'] or st['why_not']})")
 
 
 def main() -> None:
@@ -162,10 +170,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4x smaller inputs")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="CPU threads for castlab and torch (--vs-compile; default: all)")
     ap.add_argument("--_mem", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.vs_compile:
-        vs_compile(a.reps)
+        vs_compile(a.reps, a.threads)
         return
     if a._mem:
         memory_child(a._mem[0], a._mem[1], a.quick)
