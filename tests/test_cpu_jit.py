@@ -25,8 +25,8 @@ import pytest
 import castlab as cl
 from castlab import _optable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYPATH = os.path.join(os.path.dirname(HERE), "python")
+# The folder castlab was imported from: children import the same castlab.
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
 
 try:  # torch changes what torch_eager computes (MKL VML, scalar tails): load it up front,
     import torch  # noqa: F401  so every test sees the same, whatever ran before
@@ -285,8 +285,8 @@ print(json.dumps({"status": cl.cpu_codegen(), "sum": float(np.asarray(y.numpy(),
 
 
 def _child(env_extra: dict, tmp_path) -> dict:
-    env = dict(os.environ, PYTHONPATH=PYPATH, CASTLAB_CPU_CODEGEN="sync",
-               CASTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, CASTLAB_CPU_CODEGEN="sync", CASTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = _PKG + os.pathsep + env.get("PYTHONPATH", "")
     for k in ("CXX", "CASTLAB_CXX", "CASTLAB_CPU_CODEGEN_MIN"):  # this test's choices only
         env.pop(k, None)
     env.update(env_extra)
