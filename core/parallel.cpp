@@ -1,11 +1,14 @@
 #include "core/parallel.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -40,6 +43,36 @@ class Pool {
   ~Pool() { stop(); }
 
   int size() const { return size_.load(); }
+
+  // fork(): the child has only the thread that forked. The locks are taken around the fork
+  // (no job is then half-started) so the child gets them free; the child's pool forgets its
+  // workers (their std::thread objects, naming threads that do not exist there, are
+  // leaked) and starts as many again on its first parallel job.
+  void before_fork() {
+    job_mutex_.lock();
+    m_.lock();
+  }
+  void after_fork_parent() {
+    m_.unlock();
+    job_mutex_.unlock();
+  }
+  void after_fork_child() {
+    // the parent's sleeping workers are still counted as waiters inside the condition
+    // variables (a notify would wait for them forever): fresh ones
+    new (&cv_) std::condition_variable;
+    new (&done_cv_) std::condition_variable;
+    if (!workers_.empty()) {
+      new std::vector<std::thread>(std::move(workers_));  // leaked on purpose
+      workers_.clear();
+      restart_.store(true);
+    }
+    m_.unlock();
+    job_mutex_.unlock();
+  }
+  // In a forked child: the workers again (size() of them).
+  void restart_if_forked() {
+    if (restart_.exchange(false)) resize(size_.load());
+  }
 
   // Serialised with run() through job_mutex_: a resize waits for the running job to
   // finish, and a job never sees a half-built worker list. New workers start at the
@@ -147,6 +180,7 @@ class Pool {
   std::atomic<uint64_t> gen_{0};        // generation_, readable without the lock (spinning)
   std::atomic<bool> stop_flag_{false};  // stopping_, likewise
   std::atomic<int> pending_left_{0};    // pending_, likewise
+  std::atomic<bool> restart_{false};    // forked: the workers to start again
   std::exception_ptr error_;
 };
 
@@ -155,9 +189,17 @@ int default_threads() {
   return hc == 0 ? 1 : static_cast<int>(hc);
 }
 
+Pool* g_pool = nullptr;
+
 Pool& pool() {
   // Leaked on purpose: worker threads must not be joined during static destruction.
-  static Pool* p = new Pool(default_threads());
+  static Pool* p = [] {
+    g_pool = new Pool(default_threads());
+    pthread_atfork([] { g_pool->before_fork(); }, [] { g_pool->after_fork_parent(); },
+                   [] { g_pool->after_fork_child(); });
+    return g_pool;
+  }();
+  p->restart_if_forked();
   return *p;
 }
 

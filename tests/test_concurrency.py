@@ -214,3 +214,35 @@ def test_gil_released_during_cuda_ops_and_sync():
             cl.exp(x + 0.5)
         clcuda.synchronize()
     assert any(_progress_during(op) > 0 for _ in range(5))
+
+
+@pytest.mark.parametrize("codegen", ["off", "sync", "async"])
+def test_a_forked_child_runs_parallel_ops(codegen):
+    # A child of fork() (multiprocessing's fork start, PyTorch DataLoader workers) has only
+    # the thread that forked: castlab's thread pool starts its workers again there, and
+    # the CPU code generator forgets the parent's queue and compilers. Before, the child's
+    # first parallel op waited for workers that did not exist.
+    out = _child(f"""
+        import os
+        import warnings
+        import numpy as np
+        import castlab as cl
+
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+        cl._C.set_num_threads(2)
+        cl.cpu_codegen("{codegen}")
+        x = cl.from_numpy(np.linspace(-5, 5, 1 << 18, dtype=np.float32))
+        f = cl.jit(lambda a: cl.tanh(a) * a - 6.5, math="portable")
+        ref = f(x).numpy().copy()
+        pid = os.fork()
+        if pid == 0:
+            cl.cpu_codegen("sync")
+            ok = (f(x).numpy().view(np.uint32) == ref.view(np.uint32)).all()
+            ok = ok and cl.sum(cl.ones(1 << 20)).item() == 1 << 20  # another parallel op
+            os._exit(0 if ok and cl._C.num_threads() == 2 else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        y = f(x).numpy()
+        print("parent", (y.view(np.uint32) == ref.view(np.uint32)).all())
+    """, timeout=120)
+    assert "child 0" in out and "parent True" in out, out

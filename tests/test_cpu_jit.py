@@ -314,3 +314,34 @@ def test_no_compiler_or_a_broken_one_falls_back_to_the_interpreter(tmp_path):
     assert broken["status"]["failures"] == 1 and broken["status"]["runs"] == 0
     assert broken["status"]["last_error"]
     assert broken["sum"] == ref["sum"]
+
+
+_EXIT_MID_COMPILE = r"""
+import os
+import numpy as np
+import castlab as cl
+x = cl.from_numpy(np.linspace(-5, 5, 1 << 18, dtype=np.float32))
+f = cl.jit(lambda a: cl.tanh(a) * a - 3.5, math="portable")
+f(x)  # queues the compile in the background, then the process exits at once
+print(os.getpid(), cl.cpu_codegen()["pending"])
+"""
+
+
+def test_exit_mid_compile_and_dead_processes_leave_no_temporary_files(tmp_path):
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    # what a killed process left: its folder, and a library it had not yet loaded
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    (tmp / f"castlab-cpu-{p.pid}-abcdef").mkdir()
+    (tmp / f"castlab-cpu-{p.pid}-abcdef" / "kernel.cpp").write_text("//")
+    (tmp / f"castlab-cpu-{p.pid}-ghijkl.so").write_text("")
+    (tmp / "castlab-cpu-notapid").mkdir()  # not castlab's naming: left alone
+    env = dict(os.environ, CASTLAB_CPU_CODEGEN="async", CASTLAB_CACHE_DIR="", TMPDIR=str(tmp))
+    env["PYTHONPATH"] = _PKG + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("CASTLAB_CPU_CODEGEN_MIN", None)
+    out = subprocess.run([sys.executable, "-c", _EXIT_MID_COMPILE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    pid, pending = out.stdout.split()
+    assert pending == "1"  # it did exit with the compiler running
+    assert sorted(q.name for q in tmp.iterdir()) == ["castlab-cpu-notapid"], list(tmp.iterdir())

@@ -1,9 +1,12 @@
 // Fused CPU kernels compiled at run time (see jit.h).
 #include "ops/cpu/jit.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -69,13 +73,28 @@ struct State {
 };
 
 State* g_state = nullptr;
+// The compilers running now (pid -> their folder): killed, and the folders removed, when
+// the process exits mid-compile (a background compile outlives no Python session).
+std::mutex g_child_mu;
+std::unordered_map<pid_t, std::string>* g_children = new std::unordered_map<pid_t, std::string>;
+void kill_children_at_exit();
 
-// fork(): the child has no worker thread. Its lock is taken around the fork so the child
-// gets it free; the child forgets its queue and what was compiling (asked for again).
-void before_fork() { g_state->mu.lock(); }
-void after_fork_parent() { g_state->mu.unlock(); }
+// fork(): the child has no worker thread and no compiler of its own. The locks are taken
+// around the fork so the child gets them free; the child forgets its queue, what was
+// compiling (asked for again) and the parent's compiler processes.
+void before_fork() {
+  g_state->mu.lock();
+  g_child_mu.lock();
+}
+void after_fork_parent() {
+  g_child_mu.unlock();
+  g_state->mu.unlock();
+}
 void after_fork_child() {
+  g_children->clear();  // the parent's compilers, not this process's
+  g_child_mu.unlock();
   State& s = *g_state;
+  new (&s.cv) std::condition_variable;  // the parent's worker waited in it: a fresh one
   s.worker = false;
   s.busy = 0;
   s.queue.clear();
@@ -90,6 +109,7 @@ State& state() {
     auto* st = new State;
     g_state = st;
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    std::atexit(kill_children_at_exit);
     if (const char* m = std::getenv("CASTLAB_CPU_CODEGEN")) {
       const std::string v = m;
       if (v == "off" || v == "0")
@@ -167,34 +187,76 @@ bool write_file(const std::string& path, const std::string& data) {
   return std::fclose(f) == 0 && ok;
 }
 
+std::string tmp_base() {
+  const char* t = std::getenv("TMPDIR");
+  return t && t[0] == '/' ? t : "/tmp";
+}
+// This process's temporary names: <tmp>/castlab-cpu-<pid>-...
+std::string tmp_prefix() { return tmp_base() + "/castlab-cpu-" + std::to_string(getpid()) + "-"; }
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  std::remove(path);
+  return 0;
+}
+// Removes a file or a folder and what it holds (never following a symlink).
+void remove_tree(const std::string& path) {
+  nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void kill_children_at_exit() {
+  std::lock_guard<std::mutex> g(g_child_mu);
+  for (const auto& kv : *g_children) {
+    kill(-kv.first, SIGKILL);  // the process group
+    waitpid(kv.first, nullptr, 0);
+    remove_tree(kv.second);
+  }
+  g_children->clear();
+}
+
+// Removes what processes that died without cleaning up (killed) left in the temporary
+// folder: entries named castlab-cpu-<pid>-... of this user whose pid is gone.
+void clean_stale_temps() {
+  DIR* d = opendir(tmp_base().c_str());
+  if (!d) return;
+  std::vector<std::string> doomed;
+  const std::string pre = "castlab-cpu-";
+  while (struct dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, pre.size(), pre) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + pre.size(), &end, 10);
+    if (pid <= 0 || !end || *end != '-' || pid == getpid()) continue;
+    const std::string path = tmp_base() + "/" + name;
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0 || st.st_uid != geteuid()) continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) doomed.push_back(path);
+  }
+  closedir(d);
+  for (const auto& p : doomed) remove_tree(p);
+}
+
 // A private folder under $TMPDIR (or /tmp), removed with what was written into it.
 struct TempDir {
   std::string path;
-  std::vector<std::string> files, dirs;
   TempDir() {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && t[0] == '/' ? t : "/tmp") + "/castlab-cpu-XXXXXX";
+    std::string tmpl = tmp_prefix() + "XXXXXX";
     if (mkdtemp(&tmpl[0])) path = tmpl;
   }
   ~TempDir() {
-    for (const auto& f : files) unlink(f.c_str());
-    for (auto d = dirs.rbegin(); d != dirs.rend(); ++d) rmdir(d->c_str());
-    if (!path.empty()) rmdir(path.c_str());
+    if (!path.empty()) remove_tree(path);
   }
-  // Writes `rel` (parent folders created), remembering it for removal.
+  // Writes `rel` (parent folders created).
   bool put(const std::string& rel, const std::string& data) {
     for (size_t i = 0; i < rel.size(); ++i)
-      if (rel[i] == '/') {
-        const std::string d = path + "/" + rel.substr(0, i);
-        if (mkdir(d.c_str(), 0700) == 0) dirs.push_back(d);
-      }
-    files.push_back(path + "/" + rel);
-    return write_file(files.back(), data);
+      if (rel[i] == '/') mkdir((path + "/" + rel.substr(0, i)).c_str(), 0700);
+    return write_file(path + "/" + rel, data);
   }
 };
 
-// Runs argv with stdout and stderr into `log`; the exit status (-1: could not start).
-int run_command(const std::vector<std::string>& argv, const std::string& log) {
+// Runs argv with stdout and stderr into `log` (a file in the TempDir `dir`); the exit
+// status (-1: could not start).
+int run_command(const std::vector<std::string>& argv, const std::string& log,
+                const std::string& dir) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -204,17 +266,36 @@ int run_command(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   // The compiler runs without this process's LD_PRELOAD (a sanitizer runtime preloaded
   // into Python is not meant for it).
+  // Its temporary files go into `dir` (removed with it, also when killed at exit).
+  const std::string tmpdir = "TMPDIR=" + dir;
   std::vector<char*> env;
   for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0) env.push_back(*e);
+    if (std::strncmp(*e, "LD_PRELOAD=", 11) != 0 && std::strncmp(*e, "TMPDIR=", 7) != 0)
+      env.push_back(*e);
+  env.push_back(const_cast<char*>(tmpdir.c_str()));
   env.push_back(nullptr);
+  // its own process group: killed at exit together with the compiler's own children
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), env.data());
+  int rc;
+  {
+    std::lock_guard<std::mutex> g(g_child_mu);
+    rc = posix_spawnp(&pid, args[0], &fa, &attr, args.data(), env.data());
+    if (rc == 0) (*g_children)[pid] = dir;
+  }
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) return -1;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
+  int w;
+  while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  }
+  std::lock_guard<std::mutex> g(g_child_mu);
+  g_children->erase(pid);
+  if (w < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -222,6 +303,7 @@ int run_command(const std::vector<std::string>& argv, const std::string& log) {
 void probe(State& s) {
   if (s.probed) return;
   s.probed = true;
+  clean_stale_temps();
   std::vector<std::string> tried;
   for (const char* env : {"CASTLAB_CXX", "CXX"})
     if (const char* v = std::getenv(env))
@@ -233,12 +315,11 @@ void probe(State& s) {
     return;
   }
   const std::string log = dir.path + "/version.txt";
-  dir.files.push_back(log);
   for (const auto& c : tried) {
     std::vector<std::string> argv = split_words(c);
     if (argv.empty()) continue;
     argv.push_back("--version");
-    if (run_command(argv, log) != 0) continue;
+    if (run_command(argv, log, dir.path) != 0) continue;
     const std::string v = read_file(log);
     s.cxx = split_words(c);
     s.compiler = v.substr(0, v.find('\n'));
@@ -269,10 +350,8 @@ bool compile(const std::vector<std::string>& cxx, const std::string& source, std
   std::vector<std::string> argv = cxx;
   for (const auto& f : compile_flags()) argv.push_back(f);
   const std::string so = dir.path + "/kernel.so", out = dir.path + "/log.txt";
-  dir.files.push_back(so);
-  dir.files.push_back(out);
   for (const auto& a : {"-I" + dir.path, "-o" + so, dir.path + "/kernel.cpp"}) argv.push_back(a);
-  const int rc = run_command(argv, out);
+  const int rc = run_command(argv, out, dir.path);
   *log = read_file(out);
   if (rc != 0) return false;
   *image = read_file(so);
@@ -281,8 +360,7 @@ bool compile(const std::vector<std::string>& cxx, const std::string& source, std
 
 // dlopens a library from its bytes (through a private file, removed once loaded).
 CpuKernelFn load(const std::string& image, std::string* why) {
-  const char* t = std::getenv("TMPDIR");
-  std::string path = std::string(t && t[0] == '/' ? t : "/tmp") + "/castlab-cpu-XXXXXX.so";
+  std::string path = tmp_prefix() + "XXXXXX.so";
   const int fd = mkstemps(&path[0], 3);
   if (fd < 0) {
     *why = "cannot create a temporary file";
