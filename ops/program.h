@@ -164,5 +164,9 @@ void collapse_dims(const Shape& shape, const Tensor* const* ops, int nops, Iter*
 
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs);
+// The build of the CPU executor run_program_cpu runs on this CPU (the generated CPU
+// kernels, ops/cpu/jit.h, compile for the same ISA).
+enum class CpuIsa { kBaseline, kAvx2, kAvx512 };
+CpuIsa cpu_executor_isa();
 
 }  // namespace cl

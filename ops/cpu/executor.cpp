@@ -24,13 +24,19 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
          const std::vector<Tensor>& outputs);
 }  // namespace cpu_avx512
 
+CpuIsa cpu_executor_isa() {
+  static const CpuIsa isa = cpu_avx512::available() ? CpuIsa::kAvx512
+                            : cpu_avx2::available() ? CpuIsa::kAvx2
+                                                    : CpuIsa::kBaseline;
+  return isa;
+}
+
 void run_program_cpu(const Program& prog, const std::vector<Tensor>& inputs,
                      const std::vector<Tensor>& outputs) {
-  static const bool avx512 = cpu_avx512::available();
-  static const bool avx2 = cpu_avx2::available();
-  if (avx512)
+  const CpuIsa isa = cpu_executor_isa();
+  if (isa == CpuIsa::kAvx512)
     cpu_avx512::run(prog, inputs, outputs);
-  else if (avx2)
+  else if (isa == CpuIsa::kAvx2)
     cpu_avx2::run(prog, inputs, outputs);
   else
     cpu_base::run(prog, inputs, outputs);

@@ -141,18 +141,15 @@ std::vector<std::string> compile_flags() {
                                 "-fPIC",
                                 "-shared",
                                 "-w"};
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("fma")) {
+  // the same -m flags as CMakeLists.txt gives executor_avx512.cpp / executor_avx2.cpp
+  if (cpu_executor_isa() == CpuIsa::kAvx512) {
     for (const char* x : {"-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma",
                           "-mprefer-vector-width=512"})
       f.push_back(x);
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (cpu_executor_isa() == CpuIsa::kAvx2) {
     f.push_back("-mavx2");
     f.push_back("-mfma");
   }
-#endif
   return f;
 }
 
