@@ -348,6 +348,69 @@ def test_runtime_layout_kernels_odd_extents_and_small_grids_vs_torch():
         assert mismatches(fused(x, c, s), fused(x.cpu(), c.cpu(), s.cpu())) == 0, shape
 
 
+def test_small_nd_launches_specialise_after_repeated_calls():
+    """An n-D launch below the static-layout size gets a kernel specialised to its layout
+    on its Program's 16th launch with that layout (executor.cpp, kStaticAfter): exactly
+    one more kernel compiled then, none before or after, and every call's bits equal
+    PyTorch's (the runtime-shape kernel's and the specialised one's), for a transposed
+    view, RoPE on 64K elements and a stochastic program (its random stream unchanged:
+    castlab's CPU)."""
+    g = torch.Generator().manual_seed(21)
+    tx = torch.randn(33, 1001, generator=g).to(torch.bfloat16).cuda()
+    rx, rc, rs = _rope_inputs("bfloat16", shape=(1, 32, 16, 128), seed=6)
+    sr = cl.Policy("custom", round_after="all", rounding="stochastic", seed=5)
+    x = from_torch(tx)
+    # (constants no other test uses: their kernels are new to this process)
+    rope = cl.jit(lambda a, b, c: rope_cl(a, b, c) * 0.8125, policy="fused", math="portable")
+    trans = cl.jit(lambda t: t.t() * 3.0625 + 1.5, policy="eager")
+    srf = cl.jit(lambda t: cl.exp(t.t()) * 1.375, policy=sr)
+    r_args = (from_torch(rx), from_torch(rc), from_torch(rs))
+    want_rope = rope(*(a.cpu() for a in r_args))
+    want_sr = srf(x.cpu())
+    want_t = tx.t() * 3.0625 + 1.5
+    for f, args, want in ((trans, (x,), want_t), (rope, r_args, want_rope), (srf, (x,), want_sr)):
+        compiles = []
+        for k in range(20):
+            assert mismatches(f(*args), want) == 0, (f, k)
+            clcuda.synchronize()
+            compiles.append(clcuda.kernel_cache_stats()["compiles"]
+                            + clcuda.kernel_cache_stats()["disk_hits"])
+        steps = [b - a for a, b in zip(compiles[1:], compiles[2:])]
+        # calls 3..20: one new kernel, at the 16th launch (index 15)
+        assert sum(steps) == 1 and steps[15 - 2] == 1, (f, compiles)
+
+
+def test_rope_walked_in_tiles_vs_torch_and_cpu():
+    """Large broadcast inputs (cos/sin over the heads) make the n-D kernel walk the heads
+    innermost (executor.cpp, order_for_broadcast): positions divisible by 16, by 8 only,
+    odd, a batch that is not broadcast (Hugging Face's cos [b, 1, s, d]), fp32, and
+    stochastic rounding (its random stream follows the output offset, not the walk):
+    PyTorch eager CUDA bit for bit, and the fused and stochastic programs against
+    castlab's CPU."""
+    sr = cl.Policy("custom", round_after="all", rounding="stochastic", seed=11)
+    shapes = [((1, 4, 4096, 128), "bfloat16"), ((2, 3, 4104, 128), "bfloat16"),
+              ((1, 4, 4097, 128), "bfloat16"), ((1, 2, 4096, 128), "float32")]
+    for shape, dt in shapes:
+        tx, tc, ts = _rope_inputs(dt, shape=shape, seed=3)
+        x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+        assert mismatches(rope_cl(x, c, s), rope_torch(tx, tc, ts)) == 0, shape
+        f = cl.jit(rope_cl)
+        for pol in ("fused", sr):
+            got = f.run(x, c, s, policy=pol, math="portable")
+            want = f.run(x.cpu(), c.cpu(), s.cpu(), policy=pol, math="portable")
+            assert mismatches(got, want) == 0, (shape, pol)
+    # Hugging Face's layout: cos/sin [b, 1, s, d], the batch walked outside the chunks
+    tx, _, _ = _rope_inputs("bfloat16", shape=(2, 6, 4096, 128), seed=4)
+    g = torch.Generator().manual_seed(9)
+    tc = torch.randn(2, 1, 4096, 128, generator=g).to(torch.bfloat16).cuda()
+    ts = torch.randn(2, 1, 4096, 128, generator=g).to(torch.bfloat16).cuda()
+    x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+    assert mismatches(rope_cl(x, c, s), rope_torch(tx, tc, ts)) == 0
+    got = cl.jit(rope_cl, policy="fused", math="portable")(x, c, s)
+    assert mismatches(got, cl.jit(rope_cl, policy="fused", math="portable")(
+        x.cpu(), c.cpu(), s.cpu())) == 0
+
+
 # ---------------------------------------------------------------- portable: GPU == CPU
 
 @pytest.mark.parametrize("op", list(UNARY))

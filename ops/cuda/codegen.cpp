@@ -227,9 +227,11 @@ std::string emit_head(const Kernel& K) {
   s << "#include \"ops/scalar/ops.h\"\n";
   s << "#include \"ops/cuda/prelude.cuh\"\n";
   s << "typedef " << (K.L.idx32 ? "int" : "long long") << " idx_t;\n";
-  s << "struct Params {\n  void* ptr[" << K.nops << "];\n  long long shape[" << K.nd
-    << "];\n  long long stride[" << K.nops << "][" << K.nd
-    << "];\n  long long numel;\n  unsigned long long seed;\n  long long rbase;\n";
+  s << "struct Params {\n  void* ptr[" << K.nops << "];\n";
+  if (params_have_layout(K.L))
+    s << "  long long shape[" << K.nd << "];\n  long long stride[" << K.nops << "][" << K.nd
+      << "];\n";
+  s << "  long long numel;\n  unsigned long long seed;\n  long long rbase;\n";
   if (magic_division(K.L)) s << "  unsigned long long div[" << K.nd << "];\n";
   s << "};\n";
   return s.str();
@@ -599,9 +601,12 @@ std::string paired_rounding(int dtype, const std::string& dst, const std::string
          "[j] = cl::" + (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") + "(" + src + "[j]);\n";
 }
 
+bool params_have_layout(const KernelLayout& L) { return !L.contig && L.shape.empty(); }
+
 size_t param_bytes(const KernelLayout& L) {
   const size_t nops = L.dtypes.size();
-  return 8 * (nops + L.nd + nops * L.nd + 3 + (magic_division(L) ? L.nd : 0));
+  const size_t layout = params_have_layout(L) ? L.nd + nops * L.nd : 0;
+  return 8 * (nops + layout + 3 + (magic_division(L) ? L.nd : 0));
 }
 
 bool magic_division(bool contig, bool static_layout, bool idx32, int nd) {

@@ -37,7 +37,13 @@ struct KernelLayout {
 
 // The parameter block, one struct by value. Field order is fixed: operand pointers,
 // then int64 fields; all 8 bytes wide, so the host lays it out as a flat array.
-//   ptr[nops], shape[nd], stride[nops][nd], numel, seed, rbase
+//   runtime-shape n-D kernels: ptr[nops], shape[nd], stride[nops][nd], numel, seed, rbase
+//     (then div[nd] where magic_division)
+//   contiguous and static-layout kernels (which read no shape or stride): ptr[nops],
+//     numel, seed, rbase
+// (A launch's parameters travel with it to the GPU: a small kernel's time grew with
+// unused ones, benchmarks/RESULTS.md.)
+bool params_have_layout(const KernelLayout& L);
 size_t param_bytes(const KernelLayout& L);
 
 // Runtime-shape n-D kernels with 32-bit indices divide by each dimension with a

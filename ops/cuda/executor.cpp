@@ -3,6 +3,7 @@
 #include "ops/cuda/executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -123,11 +124,21 @@ constexpr int kMemoMax = 16;  // entries per Program (past that: the global map)
 // 2^18: RoPE on 1M elements (two n-D halves of 512K) ran 10% slower than torch.compile
 // with the runtime layout and level with it static (benchmarks/RESULTS.md, 2026-12-02).
 constexpr int64_t kStaticNumel = int64_t(1) << 18;
+// A smaller n-D launch gets the specialised kernel too once its Program has launched
+// kStaticAfter times with one layout (a loop over fixed shapes: decode steps, a jit
+// function called again and again), compiled then. Programs launched a few times, or
+// over many layouts, keep sharing the runtime-shape kernel. RoPE on 64K elements (two
+// [32, 16, 64] halves): 2.27 us a call with the runtime layout, 2.00 us specialised,
+// torch.compile 1.92-1.95 (benchmarks/RESULTS.md, 2026-12-02).
+constexpr uint32_t kStaticAfter = 16;
 
 struct KernelMemo : ExecMemo::Entry {
   LaunchKey key;
-  std::vector<int64_t> dims;  // static layouts: shape[nd] then strides[nops * nd]
+  // shape[nd] then strides[nops * nd]: a static kernel's layout; for a runtime-shape
+  // kernel, the layout of its first launch, whose launches it counts
+  std::vector<int64_t> dims;
   const Launchable* kern = nullptr;
+  mutable std::atomic<uint32_t> launches{0};
 };
 
 bool same_dims(const std::vector<int64_t>& dims, const Iter& it) {
@@ -137,12 +148,12 @@ bool same_dims(const std::vector<int64_t>& dims, const Iter& it) {
          std::equal(it.st.begin(), it.st.end(), dims.begin() + static_cast<std::ptrdiff_t>(nd));
 }
 
-const Launchable* find_memo(const Program& prog, const LaunchKey& key, const Iter& it, int* count) {
+const KernelMemo* find_memo(const Program& prog, const LaunchKey& key, const Iter& it, int* count) {
   int n = 0;
   for (ExecMemo::Entry* e = prog.memo.head(); e; e = e->next, ++n) {
     const auto* m = static_cast<const KernelMemo*>(e);
     if (std::memcmp(&m->key, &key, sizeof key) == 0 && (!key.stat || same_dims(m->dims, it)))
-      return m->kern;
+      return m;
   }
   *count = n;
   return nullptr;
@@ -235,7 +246,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   if (!contig && vec == 8 &&
       numel / vec < int64_t(multiprocessor_count(dev.index)) * kThreadsPerBlock)
     vec = 4;
-  const bool stat = !contig && numel >= kStaticNumel;
+  bool stat = !contig && numel >= kStaticNumel;
 
   // The kernel: from the Program's memo (no hashing of the instructions), else from the
   // global map keyed by the instructions and the layout, else generated and compiled.
@@ -253,7 +264,23 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     lk.idx32 = idx32;
     lk.stat = stat;
     for (int k = 0; k < nops; ++k) lk.dtypes[k] = static_cast<uint8_t>(ops[k]->dtype());
-    kern = find_memo(prog, lk, it, &memo_count);
+    const KernelMemo* m = nullptr;
+    if (!contig && !stat) {  // specialised already (kStaticAfter)?
+      lk.stat = 1;
+      m = find_memo(prog, lk, it, &memo_count);
+      stat = m != nullptr;
+      lk.stat = stat;
+    }
+    if (!m) {
+      m = find_memo(prog, lk, it, &memo_count);
+      if (m && !contig && !stat && same_dims(m->dims, it) &&
+          m->launches.fetch_add(1, std::memory_order_relaxed) + 1 == kStaticAfter) {
+        stat = true;  // this launch compiles the specialised kernel
+        lk.stat = 1;
+        m = nullptr;
+      }
+    }
+    if (m) kern = m->kern;
   }
   if (!kern) {
     // Validation (a memo hit implies it: same operand count and dtypes as a launch
@@ -303,27 +330,33 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     if (memo_ok && memo_count < kMemoMax) {
       auto* m = new KernelMemo;
       m->key = lk;
-      if (stat) {
+      if (!contig) {
         m->dims = it.shape;
         m->dims.insert(m->dims.end(), it.st.begin(), it.st.end());
       }
       m->kern = kern;
+      m->launches.store(1, std::memory_order_relaxed);  // this one
       prog.memo.push(m);
     }
   }
 
-  // Parameter block (see codegen.h): ptr[nops], shape[nd], stride[nops][nd], numel, seed,
-  // rbase, and div[nd] where the kernel divides by magic numbers.
+  // Parameter block (see codegen.h): ptr[nops], then for runtime-shape n-D kernels
+  // shape[nd] and stride[nops][nd], then numel, seed, rbase, and div[nd] where the kernel
+  // divides by magic numbers.
   const bool magic = magic_division(contig, stat, idx32, nd);
+  const bool layout = !contig && !stat;
   uint64_t buf[512];
-  const size_t nwords = static_cast<size_t>(nops) + nd + static_cast<size_t>(nops) * nd + 3 +
+  const size_t nwords = static_cast<size_t>(nops) +
+                        (layout ? nd + static_cast<size_t>(nops) * nd : 0) + 3 +
                         (magic ? static_cast<size_t>(nd) : 0);
   if (nwords > 512) throw std::invalid_argument("CUDA executor: too many operands or dimensions");
   size_t w = 0;
   for (int k = 0; k < nops; ++k) buf[w++] = reinterpret_cast<uintptr_t>(ops[k]->data_ptr());
-  for (int d = 0; d < nd; ++d) buf[w++] = static_cast<uint64_t>(it.shape[d]);
-  for (int k = 0; k < nops; ++k)
-    for (int d = 0; d < nd; ++d) buf[w++] = static_cast<uint64_t>(it.stride(k, d));
+  if (layout) {
+    for (int d = 0; d < nd; ++d) buf[w++] = static_cast<uint64_t>(it.shape[d]);
+    for (int k = 0; k < nops; ++k)
+      for (int d = 0; d < nd; ++d) buf[w++] = static_cast<uint64_t>(it.stride(k, d));
+  }
   buf[w++] = static_cast<uint64_t>(numel);
   buf[w++] = prog.seed;
   buf[w++] = static_cast<uint64_t>(outputs[0]->offset());
