@@ -380,7 +380,7 @@ def test_small_nd_launches_specialise_after_repeated_calls():
         assert sum(steps) == 1 and steps[15 - 2] == 1, (f, compiles)
 
 
-def test_rope_walked_in_tiles_vs_torch_and_cpu():
+def test_rope_broadcast_walk_vs_torch_and_cpu():
     """Large broadcast inputs (cos/sin over the heads) make the n-D kernel walk the heads
     innermost (executor.cpp, order_for_broadcast): positions divisible by 16, by 8 only,
     odd, a batch that is not broadcast (Hugging Face's cos [b, 1, s, d]), fp32, and
