@@ -28,10 +28,10 @@ struct KernelLayout {
   int vec = 1;          // elements per vector (vectorised loads/stores when > 1)
   int unroll = 1;       // contig: vectors per lane, kThreadsPerBlock * vec elements apart
   bool idx32 = false;   // every index and offset fits in int32
-  // n-D kernels specialised to one collapsed shape (large, shape-stable launches): the
+  // n-D kernels specialised to one collapsed shape (large or repeated launches): the
   // shape[nd] and strides[nops * nd] (operand-major) become compile-time constants, so
-  // the index decomposition divides by constants and the offset products fold. Empty:
-  // read from the parameter block (which is filled the same way either way).
+  // the index decomposition divides by constants and the offset products fold, and the
+  // parameter block carries neither. Empty: read from the parameter block.
   std::vector<int64_t> shape, strides;
 };
 
@@ -43,8 +43,12 @@ struct KernelLayout {
 //     numel, seed, rbase
 // (A launch's parameters travel with it to the GPU: a small kernel's time grew with
 // unused ones, benchmarks/RESULTS.md.)
-bool params_have_layout(const KernelLayout& L);
-size_t param_bytes(const KernelLayout& L);
+bool params_have_layout(bool contig, bool static_layout);
+inline bool params_have_layout(const KernelLayout& L) {
+  return params_have_layout(L.contig, !L.shape.empty());
+}
+// The parameter block's length in 8-byte words (magic_division's arguments).
+size_t param_words(int nops, int nd, bool contig, bool static_layout, bool idx32);
 
 // Runtime-shape n-D kernels with 32-bit indices divide by each dimension with a
 // multiply-high and a shift (the parameter block's `div`: one word per dimension,

@@ -344,11 +344,9 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   // shape[nd] and stride[nops][nd], then numel, seed, rbase, and div[nd] where the kernel
   // divides by magic numbers.
   const bool magic = magic_division(contig, stat, idx32, nd);
-  const bool layout = !contig && !stat;
+  const bool layout = params_have_layout(contig, stat);
   uint64_t buf[512];
-  const size_t nwords = static_cast<size_t>(nops) +
-                        (layout ? nd + static_cast<size_t>(nops) * nd : 0) + 3 +
-                        (magic ? static_cast<size_t>(nd) : 0);
+  const size_t nwords = param_words(nops, nd, contig, stat, idx32);
   if (nwords > 512) throw std::invalid_argument("CUDA executor: too many operands or dimensions");
   size_t w = 0;
   for (int k = 0; k < nops; ++k) buf[w++] = reinterpret_cast<uintptr_t>(ops[k]->data_ptr());
@@ -362,6 +360,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   buf[w++] = static_cast<uint64_t>(outputs[0]->offset());
   if (magic)
     for (int d = 0; d < nd; ++d) buf[w++] = division_magic(static_cast<uint32_t>(it.shape[d]));
+  if (w != nwords) throw std::logic_error("CUDA executor: parameter block length mismatch");
 
   // Rounding up as numel / vec + (remainder != 0): no intermediate can overflow.
   const int64_t lanes = contig ? numel / vec + (numel % vec != 0) : numel / vec;
