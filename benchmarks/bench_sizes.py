@@ -16,7 +16,9 @@ cos/sin [4, 4096, 128] broadcast over the heads, as ``apply_rotary_pos_emb`` get
 * ``/copy@size``: the same against a copy that moves the same number of bytes (reads
   half, writes half), timed the same way: the bandwidth a kernel of this size can reach,
   its launch and its tail included;
-* ``floor``: the same two clocks around an empty kernel (``torch.cuda._sleep(0)``).
+* ``floor``: the same two clocks around an empty kernel (``torch.cuda._sleep(0)``), and
+  the host clock around the replay of a CUDA graph holding that one kernel (what a graph
+  launch costs in place of a kernel launch).
 
 Ratios ``compile/castlab`` > 1: castlab faster.
 """
@@ -138,10 +140,15 @@ def main() -> None:
     copy_bw = _copy_bandwidth(ts)
     floor = {"dev_ms": device_ms(lambda: torch.cuda._sleep(0), ts, iters=200),
              "wall_us": wall_us(lambda: torch.cuda._sleep(0), 2000)}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.cuda._sleep(0)
+    floor["graph_replay_wall_us"] = wall_us(graph.replay, 2000)
     res["copy_GBps"], res["empty_kernel"] = copy_bw, floor
     print(f"# {res['device']}, torch {torch.__version__}; copy {copy_bw:.0f} GB/s; empty "
           f"kernel: {floor['dev_ms'] * 1e3:.2f} us on the device, {floor['wall_us']:.2f} us "
-          "a call in a host loop")
+          f"a call in a host loop, {floor['graph_replay_wall_us']:.2f} us as a CUDA graph "
+          "replay")
     print(f"{'case':14} {'impl':14} {'dev ms':>9} {'/copy':>7} {'/copy@size':>11} {'wall us':>9} "
           f"{'compile/cl dev':>15} {'compile/cl wall':>16}")
     for name, targs, tfn, cfn, nbytes in _cases(a.quick):
