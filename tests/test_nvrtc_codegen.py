@@ -473,6 +473,40 @@ def test_nvrtc_compiles_every_generated_kernel():
     assert not warnings, "NVRTC warnings:\n" + "\n".join(warnings[:5])
 
 
+def test_static_kernels_keep_outer_broadcast_inputs_in_l2():
+    """A static n-D kernel loads an input broadcast along an outer dimension (RoPE's
+    cos/sin over the heads) with an L2 evict-last policy, as Inductor marks broadcast loads
+    (cl_vload_keep); inputs read once, inputs broadcast only along the vector, an outer
+    dimension of extent 1 and run-time layouts load plainly. The kernel compiles for
+    sm_90 and for sm_75 (no cache policies before sm_80: plain loads)."""
+    bf = DTYPES["bfloat16"]
+    pb = PB()
+    a, b, c, d = (pb.load(bf) for _ in range(4))
+    pb.out(pb.round(pb.ins("fma", a, b, pb.ins("mul", c, d)), bf), bf)
+    shape = [3, 4, 64]
+    strides = ([256, 64, 1]  # output
+               + [256, 64, 1]  # a: read once
+               + [0, 64, 1]  # b: broadcast over the outer dimension
+               + [256, 64, 0]  # c: broadcast along the vector only
+               + [64, 0, 1])  # d: broadcast over the middle dimension
+    kw = dict(dtypes=[bf] * 5, n_out=1, nd=3, contig=False, vec=8, idx32=True)
+    name, src = _C._cuda_generate(pb.program(), **kw, shape=shape, strides=strides)
+    loads = [ln.strip() for ln in src.splitlines() if "cl_vload" in ln and "P.ptr" in ln]
+    assert loads == ["cl_vload(a0, ((const unsigned short*)P.ptr[1]) + o1);",
+                     "cl_vload_keep(a1, ((const unsigned short*)P.ptr[2]) + o2);",
+                     "cl_vload_keep(a3, ((const unsigned short*)P.ptr[4]) + o4);"], loads
+    # extent 1 where the stride is 0: nothing is read twice
+    _, src1 = _C._cuda_generate(pb.program(), **kw, shape=[1, 4, 64],
+                                strides=[256, 64, 1] * 2 + [0, 64, 1] + [256, 64, 0] + [0, 64, 1])
+    assert "cl_vload_keep(" not in src1
+    _, src_rt = _C._cuda_generate(pb.program(), **kw)
+    assert "cl_vload_keep(" not in src_rt
+    _nvrtc_or_skip()
+    for arch in ("sm_90", "sm_75"):
+        ok, log = _C._nvrtc_compile_check(src, arch, name)
+        assert ok and not log.strip(), (arch, log)
+
+
 def test_double_device_pow_is_linked_from_a_fmad_build():
     """CUDA's double pow as PyTorch's nvcc build has it (libdevice's pow contracts under
     --fmad=true: 54 of 4M results differ from torch.pow without it, 0 with it, H200): a

@@ -118,6 +118,13 @@ struct Kernel {
   }
   // Static layouts: operand k's stride along dimension dd.
   int64_t stride(int k, int dd) const { return L.strides[static_cast<size_t>(k) * nd + dd]; }
+  // Static layouts: is operand k broadcast along an outer dimension (stride 0 where the
+  // extent is > 1), so that several lanes read each of its elements?
+  bool outer_broadcast(int k) const {
+    for (int dd = 0; dd + 1 < nd; ++dd)
+      if (stride(k, dd) == 0 && L.shape[static_cast<size_t>(dd)] > 1) return true;
+    return false;
+  }
 };
 
 // Register types and write counts (a register holds one type), and which operands take
@@ -452,7 +459,9 @@ std::string emit_nd_offsets(const Kernel& K, bool stat) {
 }
 
 // n-D vector load of input k into a<k>[V]: one value repeated where the input is
-// broadcast along the vector (innermost stride 0), else a vector load.
+// broadcast along the vector (innermost stride 0), else a vector load; with a static
+// layout, an input broadcast along an outer dimension is loaded with an L2 evict-last
+// policy (cl_vload_keep, prelude.cuh).
 std::string emit_nd_vload(const Kernel& K, int k, bool stat) {
   const int op = K.nout + k;
   const std::string t = K.in_t(k);
@@ -463,8 +472,8 @@ std::string emit_nd_vload(const Kernel& K, int k, bool stat) {
       s << "    {\n      const " << t << " t = ((const " << t << "*)P.ptr[" << op << "])[o" << op
         << "];\n#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k << "[j] = t;\n    }\n";
     else
-      s << "    cl_vload(a" << k << ", ((const " << t << "*)P.ptr[" << op << "]) + o" << op
-        << ");\n";
+      s << "    " << (K.outer_broadcast(op) ? "cl_vload_keep(a" : "cl_vload(a") << k << ", ((const "
+        << t << "*)P.ptr[" << op << "]) + o" << op << ");\n";
     return s.str();
   }
   s << "    if (P.stride[" << op << "][" << K.nd - 1 << "] == 0) {\n"

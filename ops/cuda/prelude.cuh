@@ -49,6 +49,61 @@ template <typename T, int N>
 __device__ __forceinline__ void cl_vstore(T* dst, const T (&src)[N]) {
   cl_copy_words<(int)sizeof(T) * N>(dst, src);
 }
+// cl_vload for an input many lanes read (broadcast along an outer dimension: RoPE's cos and
+// sin), with an L2 evict-last policy (and L1 evict-last), as Inductor marks broadcast loads
+// and Triton lowers them on sm_80 and later: the streaming inputs and outputs then leave L2
+// before it, so later lanes, the next kernel reading it (the k half of a q/k RoPE) and the
+// next call (a model's next layer) find it there (benchmarks/RESULTS.md, 2026-12-03).
+// Words of 4, 8 and 16 bytes; narrower vectors and older GPUs load plainly.
+template <int C>
+struct cl_keep_word {
+  static __device__ __forceinline__ void load(void* d, const void* s, unsigned long long) {
+    cl_copy_words<C>(d, s);
+  }
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <>
+struct cl_keep_word<16> {
+  static __device__ __forceinline__ void load(void* d, const void* s, unsigned long long pol) {
+    uint4 w;
+    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+        : "l"(s), "l"(pol));
+    *reinterpret_cast<uint4*>(d) = w;
+  }
+};
+template <>
+struct cl_keep_word<8> {
+  static __device__ __forceinline__ void load(void* d, const void* s, unsigned long long pol) {
+    uint2 w;
+    asm("ld.global.L1::evict_last.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(w.x), "=r"(w.y)
+        : "l"(s), "l"(pol));
+    *reinterpret_cast<uint2*>(d) = w;
+  }
+};
+template <>
+struct cl_keep_word<4> {
+  static __device__ __forceinline__ void load(void* d, const void* s, unsigned long long pol) {
+    unsigned int w;
+    asm("ld.global.L1::evict_last.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(w) : "l"(s), "l"(pol));
+    *reinterpret_cast<unsigned int*>(d) = w;
+  }
+};
+#endif
+template <typename T, int N>
+__device__ __forceinline__ void cl_vload_keep(T (&dst)[N], const T* src) {
+  constexpr int B = (int)sizeof(T) * N;
+  constexpr int C = B >= 16 ? 16 : B;
+  unsigned long long pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+#endif
+#pragma unroll
+  for (int c = 0; c < B / C; ++c)
+    cl_keep_word<C>::load(reinterpret_cast<char*>(dst) + c * C,
+                          reinterpret_cast<const char*>(src) + c * C, pol);
+}
 // The larger (MAX) or smaller of two floats, a NaN where either is one (PTX max.NaN and
 // min.NaN on sm_80 and later: one instruction). Over a set without NaN it gives the value
 // of any order's fold, up to the sign of a zero (the register row kernel's fast maximum).
