@@ -21,6 +21,7 @@ import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -501,6 +502,32 @@ def test_static_kernels_keep_outer_broadcast_inputs_in_l2():
     assert "cl_vload_keep(" not in src1
     _, src_rt = _C._cuda_generate(pb.program(), **kw)
     assert "cl_vload_keep(" not in src_rt
+    _nvrtc_or_skip()
+    for arch in ("sm_90", "sm_75"):
+        ok, log = _C._nvrtc_compile_check(src, arch, name)
+        assert ok and not log.strip(), (arch, log)
+
+
+def test_every_kernel_waits_for_the_kernel_before_it_first():
+    """castlab launches elementwise kernels with programmatic stream serialization on
+    sm_90+ (ops/cuda/executor.cpp), so a kernel may be scheduled before the one ahead of it
+    in the stream has completed: every generated kernel, in every layout, must first wait for it
+    (cl_pdl_enter: griddepcontrol.wait) before touching memory. The wait compiles for sm_90
+    and is compiled out for sm_75."""
+    bf = DTYPES["bfloat16"]
+    pb = PB()
+    a, b = pb.load(bf), pb.load(bf)
+    pb.out(pb.round(pb.ins("mul", a, b), bf), bf)
+    for lay in layouts():
+        name, src = _C._cuda_generate(pb.program(), **gen_args(pb, lay))
+        body = src[src.index(f"void __launch_bounds__(128) {name}(const Params P) {{"):]
+        first = body.splitlines()[1].strip()
+        assert first.startswith("cl_pdl_enter();"), (lay, first)
+        assert body.count("cl_pdl_enter()") == 1
+    prelude = (Path(__file__).resolve().parents[1] / "ops" / "cuda" / "prelude.cuh").read_text()
+    enter = prelude[prelude.index("void cl_pdl_enter()"):]
+    enter = enter[:enter.index("\n}\n")]
+    assert "__CUDA_ARCH__ >= 900" in enter and "griddepcontrol.wait;" in enter, enter
     _nvrtc_or_skip()
     for arch in ("sm_90", "sm_75"):
         ok, log = _C._nvrtc_compile_check(src, arch, name)

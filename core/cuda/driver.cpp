@@ -104,6 +104,7 @@ void load_driver_locked() {
   sym(lib, "cuLaunchKernel", &d.cuLaunchKernel, &missing);
   sym(lib, "cuGetErrorString", &d.cuGetErrorString, &missing);
   sym(lib, "cuGetErrorName", &d.cuGetErrorName, &missing);
+  sym(lib, "cuLaunchKernelEx", &d.cuLaunchKernelEx, nullptr);  // optional
   if (!missing.empty()) {
     g_driver_error = "the CUDA driver library is too old (missing " + missing +
                      "): install a newer NVIDIA driver";

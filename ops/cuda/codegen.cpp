@@ -640,6 +640,8 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
   s << emit_head(K) << body;
   s << "extern \"C\" __global__ void __launch_bounds__(" << kThreadsPerBlock
     << ") KERNEL_NAME(const Params P) {\n";
+  s << "  cl_pdl_enter();  // before any global access (launched with programmatic "
+       "serialization)\n";
   s << "  const idx_t n = (idx_t)P.numel;\n";
   s << "  constexpr int V = " << K.V << ";\n";
   s << (L.contig ? emit_contiguous(K) : emit_nd(K));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -100,8 +101,38 @@ void put(std::string& s, T v) {
 // A compiled kernel and how it is launched.
 struct Launchable {
   CompiledKernel kern;
-  int unroll = 1;  // vectors per lane (KernelLayout::unroll)
+  int unroll = 1;    // vectors per lane (KernelLayout::unroll)
+  bool pdl = false;  // launched with programmatic stream serialization (pdl_on_impl)
 };
+
+// Whether device `dev`'s elementwise kernels are launched with programmatic stream
+// serialization (programmatic dependent launch): a kernel is then scheduled as soon as the
+// blocks of the one before it in the stream have exited, and waits in its first
+// instruction (cl_pdl_enter, ops/cuda/prelude.cuh) until that one has completed, so
+// back-to-back kernels do not each pay the whole launch latency (benchmarks/RESULTS.md).
+// Only where the kernels are compiled for sm_90 or later (the wait is compiled in only
+// there) and the driver has cuLaunchKernelEx; CASTLAB_CUDA_PDL=0 turns it off.
+bool pdl_on_impl(int dev) {
+  static const bool env_off = [] {
+    const char* e = std::getenv("CASTLAB_CUDA_PDL");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  constexpr int kDevs = 64;                    // as the driver layer (core/cuda/driver.cpp)
+  static std::atomic<int> cached[kDevs] = {};  // 0 unknown, 1 off, 2 on
+  if (env_off || !driver().cuLaunchKernelEx || dev < 0 || dev >= kDevs) return false;
+  int c = cached[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    int major = 0, minor = 0;
+    compute_capability(dev, &major, &minor);
+    bool ptx_only = false;
+    const std::string arch = nvrtc_arch(major * 10 + minor, &ptx_only);
+    const size_t digits = arch.find_first_of("0123456789");
+    const int cc = digits == std::string::npos ? 0 : std::atoi(arch.c_str() + digits);
+    c = cc >= 90 ? 2 : 1;
+    cached[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 2;
+}
 
 // program + layout -> kernel. Never destroyed (kernel names are handed out as pointers).
 std::mutex g_mu;
@@ -323,7 +354,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     }
     if (!kern) {
       const GeneratedKernel g = generate_kernel(prog, L);
-      Launchable c{get_kernel(dev.index, g.name, g.source), L.unroll};
+      Launchable c{get_kernel(dev.index, g.name, g.source), L.unroll, pdl_on_impl(dev.index)};
       std::lock_guard<std::mutex> lk2(g_mu);
       kern = &g_fast->emplace(key, std::move(c)).first->second;  // first one wins
     }
@@ -371,12 +402,30 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     throw std::invalid_argument("CUDA executor: " + std::to_string(numel) +
                                 " elements need more thread blocks than a launch allows");
   void* args[] = {buf};
-  CUresult r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1,
-                                       kThreadsPerBlock, 1, 1, 0, stream_, args, nullptr);
+  CUresult r;
+  if (kern->pdl) {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = static_cast<unsigned>(blocks);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = kThreadsPerBlock;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = stream_;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    r = driver().cuLaunchKernelEx(&cfg, kern->kern.fn, args, nullptr);
+  } else {
+    r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1,
+                                kThreadsPerBlock, 1, 1, 0, stream_, args, nullptr);
+  }
   note_launch(dev.index, kern->kern.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching " + kern->kern.name + ": " + error_string(r));
 }
+
+bool pdl_on(int dev) { return pdl_on_impl(dev); }
 
 void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
                       const std::vector<Tensor>& outputs) {

@@ -14,6 +14,9 @@ void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
 // The same on borrowed operands (no Tensor copies: the launch path of cached plans).
 void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n_in,
                          const Tensor* const* outputs, int n_out);
+// Whether device `dev`'s elementwise kernels launch with programmatic stream
+// serialization (sm_90+ kernels and a driver with cuLaunchKernelEx; CASTLAB_CUDA_PDL=0: no).
+bool pdl_on(int dev);
 // Copies src into dst: same shape and dtype, both contiguous, any pair of devices.
 // Host -> device returns once the source is staged; device -> host waits for the data.
 void copy_tensor(const Tensor& src, const Tensor& dst);

@@ -4,6 +4,20 @@
 #pragma once
 #include "ops/scalar/ops.h"
 
+// Programmatic dependent launch (sm_90+): the executor launches elementwise kernels with
+// programmatic stream serialization (ops/cuda/executor.cpp), so a kernel may be scheduled
+// once the blocks of the kernel before it in the stream have exited, before that kernel
+// has completed. Here it waits until every kernel before it has completed and its writes
+// are visible; nothing of the kernel touches global memory before this. (No early
+// launch_dependents trigger: blocks of the next kernel resident and waiting while this one
+// runs slowed compute-heavy kernels by up to 18%, benchmarks/RESULTS.md.) Without that
+// launch attribute the wait returns at once.
+__device__ __forceinline__ void cl_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // clang-format off
 template <int B> struct cl_word;
 template <> struct cl_word<16> { typedef uint4 T; };

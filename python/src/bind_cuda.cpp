@@ -114,6 +114,10 @@ void bind_cuda(py::module_& m) {
       "_cuda_stream_ptr",
       [](int device) { return reinterpret_cast<uintptr_t>(cu::stream(device)); },
       py::arg("device") = 0);
+  m.def(
+      "_cuda_pdl", [](int device) { return cu::pdl_on(device); },
+      "whether elementwise kernels on `device` launch with programmatic stream serialization",
+      py::arg("device") = 0);
   m.def("_cuda_copy", [](const cl::Tensor& src, const cl::Tensor& dst) {
     py::gil_scoped_release nogil;
     cu::copy_tensor(src, dst);
