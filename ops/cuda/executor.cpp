@@ -402,7 +402,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     throw std::invalid_argument("CUDA executor: " + std::to_string(numel) +
                                 " elements need more thread blocks than a launch allows");
   void* args[] = {buf};
-  CUresult r;
+  CUresult r = CUDA_SUCCESS;
   if (kern->pdl) {
     CUlaunchAttribute attr{};
     attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -416,10 +416,12 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     r = driver().cuLaunchKernelEx(&cfg, kern->kern.fn, args, nullptr);
-  } else {
+  }
+  // Plainly, or again plainly where the driver refused the attribute (invalid value, not
+  // supported: the kernel's wait is then a no-op, and a plain launch is always ordered).
+  if (!kern->pdl || r == 1 || r == 801)
     r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1,
                                 kThreadsPerBlock, 1, 1, 0, stream_, args, nullptr);
-  }
   note_launch(dev.index, kern->kern.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching " + kern->kern.name + ": " + error_string(r));
