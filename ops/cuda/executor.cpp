@@ -102,37 +102,8 @@ void put(std::string& s, T v) {
 struct Launchable {
   CompiledKernel kern;
   int unroll = 1;    // vectors per lane (KernelLayout::unroll)
-  bool pdl = false;  // launched with programmatic stream serialization (pdl_on_impl)
+  bool pdl = false;  // launched with programmatic stream serialization (pdl_on)
 };
-
-// Whether device `dev`'s elementwise kernels are launched with programmatic stream
-// serialization (programmatic dependent launch): a kernel is then scheduled as soon as the
-// blocks of the one before it in the stream have exited, and waits in its first
-// instruction (cl_pdl_enter, ops/cuda/prelude.cuh) until that one has completed, so
-// back-to-back kernels do not each pay the whole launch latency (benchmarks/RESULTS.md).
-// Only where the kernels are compiled for sm_90 or later (the wait is compiled in only
-// there) and the driver has cuLaunchKernelEx; CASTLAB_CUDA_PDL=0 turns it off.
-bool pdl_on_impl(int dev) {
-  static const bool env_off = [] {
-    const char* e = std::getenv("CASTLAB_CUDA_PDL");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  constexpr int kDevs = 64;                    // as the driver layer (core/cuda/driver.cpp)
-  static std::atomic<int> cached[kDevs] = {};  // 0 unknown, 1 off, 2 on
-  if (env_off || !driver().cuLaunchKernelEx || dev < 0 || dev >= kDevs) return false;
-  int c = cached[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
-    int major = 0, minor = 0;
-    compute_capability(dev, &major, &minor);
-    bool ptx_only = false;
-    const std::string arch = nvrtc_arch(major * 10 + minor, &ptx_only);
-    const size_t digits = arch.find_first_of("0123456789");
-    const int cc = digits == std::string::npos ? 0 : std::atoi(arch.c_str() + digits);
-    c = cc >= 90 ? 2 : 1;
-    cached[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
-}
 
 // program + layout -> kernel. Never destroyed (kernel names are handed out as pointers).
 std::mutex g_mu;
@@ -208,6 +179,35 @@ struct Scratch {
 };
 
 }  // namespace
+
+// Whether device `dev`'s elementwise kernels are launched with programmatic stream
+// serialization (programmatic dependent launch): a kernel is then scheduled as soon as the
+// blocks of the one before it in the stream have exited, and waits in its first
+// instruction (cl_pdl_enter, ops/cuda/prelude.cuh) until that one has completed, so
+// back-to-back kernels do not each pay the whole launch latency (benchmarks/RESULTS.md).
+// Only where the kernels are compiled for sm_90 or later (the wait is compiled in only
+// there) and the driver has cuLaunchKernelEx; CASTLAB_CUDA_PDL=0 turns it off.
+bool pdl_on(int dev) {
+  static const bool env_off = [] {
+    const char* e = std::getenv("CASTLAB_CUDA_PDL");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  constexpr int kDevs = 64;                    // as the driver layer (core/cuda/driver.cpp)
+  static std::atomic<int> cached[kDevs] = {};  // 0 unknown, 1 off, 2 on
+  if (env_off || !driver().cuLaunchKernelEx || dev < 0 || dev >= kDevs) return false;
+  int c = cached[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    int major = 0, minor = 0;
+    compute_capability(dev, &major, &minor);
+    bool ptx_only = false;
+    const std::string arch = nvrtc_arch(major * 10 + minor, &ptx_only);
+    const size_t digits = arch.find_first_of("0123456789");
+    const int cc = digits == std::string::npos ? 0 : std::atoi(arch.c_str() + digits);
+    c = cc >= 90 ? 2 : 1;
+    cached[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 2;
+}
 
 void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n_in,
                          const Tensor* const* outputs, int n_out) {
@@ -354,7 +354,7 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
     }
     if (!kern) {
       const GeneratedKernel g = generate_kernel(prog, L);
-      Launchable c{get_kernel(dev.index, g.name, g.source), L.unroll, pdl_on_impl(dev.index)};
+      Launchable c{get_kernel(dev.index, g.name, g.source), L.unroll, pdl_on(dev.index)};
       std::lock_guard<std::mutex> lk2(g_mu);
       kern = &g_fast->emplace(key, std::move(c)).first->second;  // first one wins
     }
@@ -419,15 +419,13 @@ void launch_program_cuda(const Program& prog, const Tensor* const* inputs, int n
   }
   // Plainly, or again plainly where the driver refused the attribute (invalid value, not
   // supported: the kernel's wait is then a no-op, and a plain launch is always ordered).
-  if (!kern->pdl || r == 1 || r == 801)
+  if (!kern->pdl || r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_NOT_SUPPORTED)
     r = driver().cuLaunchKernel(kern->kern.fn, static_cast<unsigned>(blocks), 1, 1,
                                 kThreadsPerBlock, 1, 1, 0, stream_, args, nullptr);
   note_launch(dev.index, kern->kern.name.c_str());
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("CUDA error launching " + kern->kern.name + ": " + error_string(r));
 }
-
-bool pdl_on(int dev) { return pdl_on_impl(dev); }
 
 void run_program_cuda(const Program& prog, const std::vector<Tensor>& inputs,
                       const std::vector<Tensor>& outputs) {

@@ -10,7 +10,7 @@
 // has completed. Here it waits until every kernel before it has completed and its writes
 // are visible; nothing of the kernel touches global memory before this. (No early
 // launch_dependents trigger: blocks of the next kernel resident and waiting while this one
-// runs slowed compute-heavy kernels by up to 18%, benchmarks/RESULTS.md.) Without that
+// runs slowed a compute-heavy kernel by 15%, benchmarks/RESULTS.md.) Without that
 // launch attribute the wait returns at once.
 __device__ __forceinline__ void cl_pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
