@@ -411,6 +411,21 @@ def test_rope_broadcast_walk_vs_torch_and_cpu():
         x.cpu(), c.cpu(), s.cpu())) == 0
 
 
+def test_rope_between_one_and_two_l2_sizes_vs_torch_and_cpu():
+    """RoPE whose operands exceed the L2 but fit in twice its size (16M elements on an
+    H200): the static kernels load x evict-first (executor.cpp, evict_first_reads), the
+    eager ops and the fused program alike. PyTorch eager bit for bit, the fused program
+    against castlab's CPU, and again from the cached kernels with fresh inputs."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    seq = max(64, int(1.5 * l2 / (2 * 32 * 128 * 2)) // 8 * 8)
+    f = cl.jit(rope_cl, policy="fused", math="portable")
+    for seed in (5, 6):
+        tx, tc, ts = _rope_inputs("bfloat16", shape=(1, 32, seq, 128), seed=seed)
+        x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+        assert mismatches(rope_cl(x, c, s), rope_torch(tx, tc, ts)) == 0, seed
+        assert mismatches(f(x, c, s), f(x.cpu(), c.cpu(), s.cpu())) == 0, seed
+
+
 # ---------------------------------------------------------------- portable: GPU == CPU
 
 @pytest.mark.parametrize("op", list(UNARY))

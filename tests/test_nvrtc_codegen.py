@@ -478,8 +478,9 @@ def test_static_kernels_keep_outer_broadcast_inputs_in_l2():
     """A static n-D kernel loads an input broadcast along an outer dimension (RoPE's
     cos/sin over the heads) with an L2 evict-last policy, as Inductor marks broadcast loads
     (cl_vload_keep); inputs read once, inputs broadcast only along the vector, an outer
-    dimension of extent 1 and run-time layouts load plainly. The kernel compiles for
-    sm_90 and for sm_75 (no cache policies before sm_80: plain loads)."""
+    dimension of extent 1 and run-time layouts load plainly; under evict_first_reads the
+    inputs read once load evict-first (cl_vload_first). The kernels compile for sm_90 and
+    for sm_75 (no cache policies before sm_80: plain loads)."""
     bf = DTYPES["bfloat16"]
     pb = PB()
     a, b, c, d = (pb.load(bf) for _ in range(4))
@@ -502,10 +503,18 @@ def test_static_kernels_keep_outer_broadcast_inputs_in_l2():
     assert "cl_vload_keep(" not in src1
     _, src_rt = _C._cuda_generate(pb.program(), **kw)
     assert "cl_vload_keep(" not in src_rt
+    # evict_first_reads (the executor's choice where the operands fit in twice the L2): the
+    # input read once loads evict-first, the broadcast ones as before; a different kernel
+    name_f, src_f = _C._cuda_generate(pb.program(), **kw, shape=shape, strides=strides,
+                                      evict_first_reads=True)
+    loads_f = [ln.strip() for ln in src_f.splitlines() if "cl_vload" in ln and "P.ptr" in ln]
+    assert loads_f == ["cl_vload_first(a0, ((const unsigned short*)P.ptr[1]) + o1);"] + loads[1:]
+    assert name_f != name
     _nvrtc_or_skip()
     for arch in ("sm_90", "sm_75"):
-        ok, log = _C._nvrtc_compile_check(src, arch, name)
-        assert ok and not log.strip(), (arch, log)
+        for nm, sc in ((name, src), (name_f, src_f)):
+            ok, log = _C._nvrtc_compile_check(sc, arch, nm)
+            assert ok and not log.strip(), (arch, log)
 
 
 def test_every_kernel_waits_for_the_kernel_before_it_first():

@@ -28,7 +28,7 @@ int g_ndev = 0;
 struct DevState {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;
-  int cc_major = 0, cc_minor = 0, sms = 0, smem_optin = 0;
+  int cc_major = 0, cc_minor = 0, sms = 0, smem_optin = 0, l2 = 0;
   std::atomic<const char*> last_kernel{nullptr};  // a name owned by the kernel cache
 };
 DevState g_dev[kMaxDevices];
@@ -274,6 +274,8 @@ static DevState& dev_state(int index) {
             "cuDeviceGetAttribute");
       check(d.cuDeviceGetAttribute(&s.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
             "cuDeviceGetAttribute");
+      check(d.cuDeviceGetAttribute(&s.l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev),
+            "cuDeviceGetAttribute");
       check(d.cuDeviceGetAttribute(&s.smem_optin,
                                    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
             "cuDeviceGetAttribute");
@@ -308,6 +310,7 @@ CUstream stream(int index) { return dev_state(index).stream; }
 CUcontext context(int index) { return dev_state(index).ctx; }
 
 int multiprocessor_count(int index) { return dev_state(index).sms; }
+int l2_cache_bytes(int index) { return dev_state(index).l2; }
 int max_shared_per_block(int index) { return dev_state(index).smem_optin; }
 
 void compute_capability(int index, int* major, int* minor) {

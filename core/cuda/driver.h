@@ -41,6 +41,7 @@ constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39;
+constexpr int CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 // cuLaunchKernelEx (CUDA 12+): a launch with attributes. Only programmatic stream
@@ -158,6 +159,8 @@ CUstream launch_stream(int index);
 void compute_capability(int index, int* major, int* minor);
 // Streaming multiprocessors of device `index`.
 int multiprocessor_count(int index);
+// Bytes of L2 cache of device `index`.
+int l2_cache_bytes(int index);
 // The most shared memory one thread block of device `index` may ask for (bytes, with the
 // opt-in above the default 48 KiB).
 int max_shared_per_block(int index);

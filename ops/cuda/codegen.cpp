@@ -461,7 +461,8 @@ std::string emit_nd_offsets(const Kernel& K, bool stat) {
 // n-D vector load of input k into a<k>[V]: one value repeated where the input is
 // broadcast along the vector (innermost stride 0), else a vector load; with a static
 // layout, an input broadcast along an outer dimension is loaded with an L2 evict-last
-// policy (cl_vload_keep, prelude.cuh).
+// policy (cl_vload_keep, prelude.cuh), and under evict_first_reads the others with an
+// evict-first one (cl_vload_first).
 std::string emit_nd_vload(const Kernel& K, int k, bool stat) {
   const int op = K.nout + k;
   const std::string t = K.in_t(k);
@@ -472,8 +473,11 @@ std::string emit_nd_vload(const Kernel& K, int k, bool stat) {
       s << "    {\n      const " << t << " t = ((const " << t << "*)P.ptr[" << op << "])[o" << op
         << "];\n#pragma unroll\n      for (int j = 0; j < V; ++j) a" << k << "[j] = t;\n    }\n";
     else
-      s << "    " << (K.outer_broadcast(op) ? "cl_vload_keep(a" : "cl_vload(a") << k << ", ((const "
-        << t << "*)P.ptr[" << op << "]) + o" << op << ");\n";
+      s << "    "
+        << (K.outer_broadcast(op)   ? "cl_vload_keep(a"
+            : K.L.evict_first_reads ? "cl_vload_first(a"
+                                    : "cl_vload(a")
+        << k << ", ((const " << t << "*)P.ptr[" << op << "]) + o" << op << ");\n";
     return s.str();
   }
   s << "    if (P.stride[" << op << "][" << K.nd - 1 << "] == 0) {\n"

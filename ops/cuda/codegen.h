@@ -33,6 +33,11 @@ struct KernelLayout {
   // the index decomposition divides by constants and the offset products fold, and the
   // parameter block carries neither. Empty: read from the parameter block.
   std::vector<int64_t> shape, strides;
+  // Static layouts with an input broadcast along an outer dimension (RoPE's cos/sin, loaded
+  // with evict-last): the other inputs are loaded with an L2 evict-first policy, so the
+  // outputs stay in L2 for the kernel that reads them next. The executor sets it where
+  // the launch's operands exceed the L2 and fit in twice its size (executor.cpp).
+  bool evict_first_reads = false;
 };
 
 // The parameter block, one struct by value. Field order is fixed: operand pointers,

@@ -118,6 +118,33 @@ __device__ __forceinline__ void cl_vload_keep(T (&dst)[N], const T* src) {
     cl_keep_word<C>::load(reinterpret_cast<char*>(dst) + c * C,
                           reinterpret_cast<const char*>(src) + c * C, pol);
 }
+// cl_vload for an input each element reads once, in a kernel whose evict-last loads
+// (above) mark a broadcast input: an L2 evict-first policy (and no L1 allocation), so L2
+// keeps the broadcast input and the freshly written outputs (for the kernel that reads
+// them next) and drops these lines first. The executor asks for it where the operands
+// exceed the L2 but fit in twice its size (KernelLayout::evict_first_reads, executor.cpp):
+// RoPE at 16M elements 93.5% -> 98.4% of a 1 GiB copy's bandwidth (benchmarks/RESULTS.md).
+// 16-byte words; narrower vectors and older GPUs load plainly.
+template <typename T, int N>
+__device__ __forceinline__ void cl_vload_first(T (&dst)[N], const T* src) {
+  constexpr int B = (int)sizeof(T) * N;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (B % 16 == 0) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#pragma unroll
+    for (int c = 0; c < B / 16; ++c) {
+      uint4 w;
+      asm("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+          : "l"(reinterpret_cast<const char*>(src) + c * 16), "l"(pol));
+      reinterpret_cast<uint4*>(dst)[c] = w;
+    }
+    return;
+  }
+#endif
+  cl_copy_words<B>(dst, src);
+}
 // The larger (MAX) or smaller of two floats, a NaN where either is one (PTX max.NaN and
 // min.NaN on sm_80 and later: one instruction). Over a set without NaN it gives the value
 // of any order's fold, up to the sign of a zero (the register row kernel's fast maximum).

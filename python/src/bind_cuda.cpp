@@ -150,13 +150,14 @@ void bind_cuda(py::module_& m) {
   });
   // The source the code generator writes for a program on given operands (debugging and
   // tests; needs no GPU).
-  // unroll, shape and strides are optional (KernelLayout's fields of the same names: the
-  // contiguous path's vectors per lane, an n-D kernel's static layout).
+  // unroll, shape, strides and evict_first_reads are optional (KernelLayout's fields of the
+  // same names: the contiguous path's vectors per lane, an n-D kernel's static layout and
+  // its load policy).
   m.def(
       "_cuda_generate",
       [](const cl::Program& p, const std::vector<uint8_t>& dtypes, int n_out, int nd, bool contig,
          int vec, bool idx32, int unroll, const std::vector<int64_t>& shape,
-         const std::vector<int64_t>& strides) {
+         const std::vector<int64_t>& strides, bool evict_first_reads) {
         auto bad = [](const std::string& msg) {
           throw std::invalid_argument("_cuda_generate: " + msg);
         };
@@ -177,12 +178,14 @@ void bind_cuda(py::module_& m) {
         L.unroll = unroll;
         L.shape = shape;
         L.strides = strides;
+        L.evict_first_reads = evict_first_reads;
         const cu::GeneratedKernel g = cu::generate_kernel(p, L);
         return py::make_tuple(g.name, g.source);
       },
       py::arg("program"), py::arg("dtypes"), py::arg("n_out"), py::arg("nd"), py::arg("contig"),
       py::arg("vec"), py::arg("idx32"), py::arg("unroll") = 1,
-      py::arg("shape") = std::vector<int64_t>{}, py::arg("strides") = std::vector<int64_t>{});
+      py::arg("shape") = std::vector<int64_t>{}, py::arg("strides") = std::vector<int64_t>{},
+      py::arg("evict_first_reads") = false);
   // NVRTC alone (no driver, no GPU): where it was found, its version and architectures.
   // Raises with advice when NVRTC cannot be loaded.
   m.def("_nvrtc_info", [] {
