@@ -161,7 +161,11 @@ def test_cli_interrupt_keeps_finished_rows(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "castlab", "study", "--device", "cpu",
                           "--out", str(out), "--no-progress", "--no-plots", "--chains", "swiglu",
                           "--shape", "swiglu=1024x4096", "--seeds", *map(str, range(48))],
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a run started in the background by a non-interactive shell may
+                         # inherit SIGINT ignored, and Python then never raises
+                         # KeyboardInterrupt: the child starts with the default action
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     csv = out / "results.csv"
     deadline = time.time() + 120
     while time.time() < deadline:
