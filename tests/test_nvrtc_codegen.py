@@ -503,8 +503,9 @@ def test_static_kernels_keep_outer_broadcast_inputs_in_l2():
     assert "cl_vload_keep(" not in src1
     _, src_rt = _C._cuda_generate(pb.program(), **kw)
     assert "cl_vload_keep(" not in src_rt
-    # evict_first_reads (the executor's choice where the operands fit in twice the L2): the
-    # input read once loads evict-first, the broadcast ones as before; a different kernel
+    # evict_first_reads (the executor's choice where the operands exceed the L2 and fit in
+    # twice its size): the input read once loads evict-first, the broadcast ones as
+    # before; a different kernel
     name_f, src_f = _C._cuda_generate(pb.program(), **kw, shape=shape, strides=strides,
                                       evict_first_reads=True)
     loads_f = [ln.strip() for ln in src_f.splitlines() if "cl_vload" in ln and "P.ptr" in ln]

@@ -151,9 +151,10 @@ def test_cli_interrupt_keeps_finished_rows(tmp_path):
     # SIGINT after the first configuration: the finished rows stay in the CSV. 48 seeds
     # of one chain: after the first cell's rows appear, 47 cells of the same size are
     # left (seconds of work), so the signal cannot come after the study ended (two
-    # chains, then eight, then sixteen seeds left too short a window on a loaded 2-core
-    # CI machine: the run had finished; the inputs of every seed are made before the
-    # first cell runs, so far more seeds delay the first row past the deadline)
+    # chains, then eight seeds, left too short a window on a loaded machine). The inputs
+    # of every seed are made before the first cell runs, so far more seeds delay the
+    # first row past the deadline. (Two CI runs launched in the background ended with
+    # exit 0 at sixteen seeds; see the child's SIGINT action below.)
     import signal
     import time
 
