@@ -34,6 +34,15 @@ int contig_unroll(const Program& prog, int bytes_per_element) {
   return cost >= 4 * bytes_per_element ? 2 : 1;
 }
 
+// Operand k's footprint in bytes: its element size times its extents along the
+// dimensions where its stride is nonzero (a broadcast dimension adds nothing).
+int64_t footprint(const Iter& it, int k, int64_t itemsize) {
+  int64_t foot = itemsize;
+  for (int d = 0; d < it.nd; ++d)
+    if (it.stride(k, d) != 0) foot *= it.shape[d];
+  return foot;
+}
+
 // Iteration order of the outer dimensions (n-D kernels): dimensions along which a large
 // input is broadcast are walked innermost (but for the vector dimension, which must span
 // a 128-byte line per operand), so lanes reading the same broadcast element run together
@@ -53,16 +62,10 @@ void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out
   int64_t bytes = 0;
   for (int k = n_out; k < nops; ++k) {
     bool bcast = false;
-    int64_t foot = ops[k]->itemsize();
-    for (int d = 0; d < nd; ++d) {
-      if (it->stride(k, d) == 0) {
-        if (d < nd - 1) bcast = true;
-      } else {
-        foot *= it->shape[d];
-      }
-    }
+    for (int d = 0; d < nd - 1; ++d)
+      if (it->stride(k, d) == 0) bcast = true;
     if (!bcast) continue;
-    bytes += foot;
+    bytes += footprint(*it, k, ops[k]->itemsize());
     for (int d = 0; d < nd - 1; ++d)
       if (it->stride(k, d) == 0 && d < 64) bmask |= uint64_t(1) << d;
   }
@@ -101,18 +104,13 @@ void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out
 // DRAM during the kernel); at 32M (135 MB), 64M and 256M the same loads cost 3-4%, and
 // on Hugging Face's k half (42 MB, inside the L2, after the q half) 1%.
 bool evict_first_reads(const Iter& it, const Tensor* const* ops, int nops, int n_out, int dev) {
-  const int nd = it.nd;
   bool bcast = false;
   int64_t bytes = 0;
   for (int k = 0; k < nops; ++k) {
-    int64_t foot = ops[k]->itemsize();
-    for (int d = 0; d < nd; ++d) {
-      if (it.stride(k, d) != 0)
-        foot *= it.shape[d];
-      else if (k >= n_out && d < nd - 1 && it.shape[d] > 1)
-        bcast = true;
-    }
-    bytes += foot;
+    bytes += footprint(it, k, ops[k]->itemsize());
+    if (k >= n_out)
+      for (int d = 0; d + 1 < it.nd; ++d)
+        if (it.stride(k, d) == 0 && it.shape[d] > 1) bcast = true;
   }
   const int64_t l2 = l2_cache_bytes(dev);
   return bcast && bytes > l2 && bytes <= 2 * l2;
