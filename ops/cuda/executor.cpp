@@ -51,7 +51,7 @@ int64_t footprint(const Iter& it, int k, int64_t itemsize) {
 void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out,
                          std::vector<int64_t>* scratch) {
   const int nd = it->nd;
-  if (nd < 3) return;
+  if (nd < 3 || nd - 1 > 64) return;
   const int64_t inner = it->shape[nd - 1];
   for (int k = 0; k < nops; ++k) {
     if (it->stride(k, nd - 1) != 1) return;
@@ -61,15 +61,14 @@ void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out
   uint64_t bmask = 0;
   int64_t bytes = 0;
   for (int k = n_out; k < nops; ++k) {
-    bool bcast = false;
+    uint64_t m = 0;
     for (int d = 0; d < nd - 1; ++d)
-      if (it->stride(k, d) == 0) bcast = true;
-    if (!bcast) continue;
+      if (it->stride(k, d) == 0) m |= uint64_t(1) << d;
+    if (m == 0) continue;
+    bmask |= m;
     bytes += footprint(*it, k, ops[k]->itemsize());
-    for (int d = 0; d < nd - 1; ++d)
-      if (it->stride(k, d) == 0 && d < 64) bmask |= uint64_t(1) << d;
   }
-  if (bmask == 0 || bytes < (int64_t(2) << 20) || nd - 1 > 64) return;
+  if (bmask == 0 || bytes < (int64_t(2) << 20)) return;
   for (int d = 0; d < nd - 1; ++d)
     if (bmask >> d & 1)
       for (int k = 0; k < n_out; ++k)
