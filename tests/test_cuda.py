@@ -426,6 +426,40 @@ def test_rope_between_one_and_two_l2_sizes_vs_torch_and_cpu():
         assert mismatches(f(x, c, s), f(x.cpu(), c.cpu(), s.cpu())) == 0, seed
 
 
+def test_rope_tiled_walk_over_two_l2_sizes_vs_torch_and_cpu():
+    """RoPE whose operands exceed twice the L2 walks in tiles (executor.cpp,
+    tile_for_locality: positions split by a power of two, heads by the divisor nearest
+    8): 32 heads (tiles of 8), Hugging Face's batched cos/sin with 28 heads (7) and a
+    position count divisible by 8 only, 12 heads in fp32 (6), and stochastic rounding,
+    whose random stream follows the output offset and not the walk. PyTorch eager CUDA
+    bit for bit, the fused and stochastic programs against castlab's CPU."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sr = cl.Policy("custom", round_after="all", rounding="stochastic", seed=13)
+
+    def seq_for(batch, heads, itemsize):  # x alone 1.5 L2: x and the output over 2 L2
+        return int(1.5 * l2 / (batch * heads * 128 * itemsize)) // 1024 * 1024
+
+    cases = [(1, 32, seq_for(1, 32, 2), "bfloat16", False),
+             (2, 28, seq_for(2, 28, 2) + 8, "bfloat16", True),
+             (1, 12, seq_for(1, 12, 4), "float32", False)]
+    for batch, heads, seq, dt, batched in cases:
+        tx, tc, ts = _rope_inputs(dt, shape=(batch, heads, seq, 128), seed=heads)
+        if batched:  # cos/sin [b, 1, s, d], different per batch row
+            tc = torch.stack([tc, tc.flip(0)]).unsqueeze(1)
+            ts = torch.stack([ts, -ts]).unsqueeze(1)
+        x, c, s = from_torch(tx), from_torch(tc), from_torch(ts)
+        case = (batch, heads, seq, dt)
+        assert mismatches(rope_cl(x, c, s), rope_torch(tx, tc, ts)) == 0, case
+        f = cl.jit(rope_cl)
+        xc, cc, sc = x.cpu(), c.cpu(), s.cpu()
+        pols = ("fused", sr) if heads == 32 else ("fused",)
+        for pol in pols:
+            got = f.run(x, c, s, policy=pol, math="portable")
+            want = f.run(xc, cc, sc, policy=pol, math="portable")
+            assert mismatches(got, want) == 0, (case, pol)
+        del tx, tc, ts, x, c, s, xc, cc, sc
+
+
 # ---------------------------------------------------------------- portable: GPU == CPU
 
 @pytest.mark.parametrize("op", list(UNARY))
