@@ -38,10 +38,11 @@ int contig_unroll(const Program& prog, int bytes_per_element) {
 constexpr size_t kMaxParamWords = 512;
 
 // Operand k's footprint in bytes: its element size times its extents along the
-// dimensions where its stride is nonzero (a broadcast dimension adds nothing).
-int64_t footprint(const Iter& it, int k, int64_t itemsize) {
+// dimensions (from `first` on) where its stride is nonzero (a broadcast dimension adds
+// nothing).
+int64_t footprint(const Iter& it, int k, int64_t itemsize, int first = 0) {
   int64_t foot = itemsize;
-  for (int d = 0; d < it.nd; ++d)
+  for (int d = first; d < it.nd; ++d)
     if (it.stride(k, d) != 0) foot *= it.shape[d];
   return foot;
 }
@@ -69,14 +70,8 @@ void tile_for_locality(Iter* it, int first_b, int nops, int n_out, const Tensor*
   int64_t per_pos = 0;
   for (int k = n_out; k < nops; ++k) {
     bool bc = false;
-    int64_t b = ops[k]->itemsize();
-    for (int d = sd + 1; d < nd; ++d) {
-      if (it->stride(k, d) == 0)
-        bc = true;
-      else
-        b *= it->shape[d];
-    }
-    if (bc) per_pos += b;
+    for (int d = sd + 1; d < nd; ++d) bc = bc || it->stride(k, d) == 0;
+    if (bc) per_pos += footprint(*it, k, ops[k]->itemsize(), sd + 1);
   }
   if (per_pos == 0) return;
   // s_in: the largest power of two dividing S within the cap (no divisor search per call)
@@ -135,13 +130,14 @@ void order_for_broadcast(Iter* it, const Tensor* const* ops, int nops, int n_out
   int64_t bytes = 0, total = 0;
   for (int k = 0; k < n_out; ++k) total += footprint(*it, k, ops[k]->itemsize());
   for (int k = n_out; k < nops; ++k) {
-    total += footprint(*it, k, ops[k]->itemsize());
+    const int64_t foot = footprint(*it, k, ops[k]->itemsize());
+    total += foot;
     uint64_t m = 0;
     for (int d = 0; d < nd - 1; ++d)
       if (it->stride(k, d) == 0) m |= uint64_t(1) << d;
     if (m == 0) continue;
     bmask |= m;
-    bytes += footprint(*it, k, ops[k]->itemsize());
+    bytes += foot;
   }
   if (bmask == 0 || bytes < (int64_t(2) << 20)) return;
   for (int d = 0; d < nd - 1; ++d)
