@@ -33,7 +33,9 @@ void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
   const int64_t max_threads = 512 / (outer ? ovs : 1);
   int64_t dim0 = outer ? rows / ovs : n;
   const int64_t dim1 = outer ? n : rows;
-  const bool vec = !outer && dim0 > 128 && vt0 >= ivs && ivs > 1;
+  // vectorized from 128 on (measured on an H200 with torch 2.11: fp32 rows of 128 sum as
+  // vectorized; the `dim0 > 128 && vt0 >= input_vec_size` of older sources no longer holds)
+  const bool vec = !outer && dim0 >= 128 && ivs > 1;
   if (vec) dim0 /= ivs;
   const int64_t d0 = dim0 < max_threads ? last_pow2(std::max<int64_t>(dim0, 1)) : max_threads;
   const int64_t d1 = dim1 < max_threads ? last_pow2(std::max<int64_t>(dim1, 1)) : max_threads;
@@ -63,6 +65,10 @@ void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
   P->e = split_y ? 1 : 0;
   P->f = ctas;
   P->g = outer ? bw : 0;
+  if (s.p4 < 0 || s.p5 < 0)
+    throw std::invalid_argument("torch_cuda order: negative misalignment or row stride");
+  P->h = s.p4;
+  P->rs = s.p5;
   P->nparts = P->a * P->b * ctas;
 }
 
@@ -154,13 +160,58 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       break;
     }
     case kOrdSoftmaxBlock: {
-      // SoftMaxForward_getBlockSize: min(n, 1024) rounded up to a warp multiple; ILP 1
-      // on the register path (fewer than 10 elements per thread), else 16 bytes.
-      const int64_t mb = std::min<int64_t>(std::max<int64_t>(n, 1), 1024);
-      P.a = div_up(mb, 32) * 32;
-      const int64_t isz = s.p0 > 0 ? s.p0 : 4;
-      P.b = div_up(n, P.a) < 10 ? 1 : 16 / isz;
+      // host_softmax (SoftMax.cu), rows over the persistent warp softmax's limit: a block of
+      // SoftMaxForward_getBlockSize threads (min(n, 1024) rounded up to a warp multiple);
+      // fewer than 10 elements a thread: cunn_SoftMaxForwardReg (never for half_to_float);
+      // else the row in shared memory (48 KiB a block, less the warps' partials) when the
+      // input is 16-byte aligned and n a multiple of ILP: cunn_SoftMaxForwardSmem; else
+      // cunn_SoftMaxForward (ilpReduce). ILP = 16 bytes of input elements.
+      const int64_t isz = s.p0 > 0 ? s.p0 : 4, misalign = s.p1, half_to_float = s.p2 & 1;
+      const bool bwd = s.p3 == 1;
+      if (!(isz == 2 || isz == 4 || isz == 8) || misalign < 0 || misalign > 15 ||
+          misalign % isz != 0)
+        throw std::invalid_argument(
+            "softmax_block order: element size 2, 4 or 8 and a misalignment in [0, 16) of "
+            "whole elements");
+      P.b = 16 / isz;
+      if (bwd) {  // host_softmax_backward: SoftMax_getBlockSize(ILP, n), no register kernel
+        int64_t mb = std::min<int64_t>(n / P.b, 1024);
+        if (P.b > 1) mb /= 2;
+        int64_t bs = 1;
+        while (bs < mb) bs *= 2;
+        P.a = std::max<int64_t>(bs, 32);
+      } else {
+        const int64_t mb = std::min<int64_t>(std::max<int64_t>(n, 1), 1024);
+        P.a = div_up(mb, 32) * 32;
+      }
+      const int64_t acc = isz == 8 ? 8 : 4;
+      const int64_t smem_elems = (49152 - (P.a / 32) * acc) / isz;
+      if (!bwd && !half_to_float && div_up(n, P.a) < 10)
+        P.c = 0;
+      else if (n < smem_elems && misalign == 0 && n % P.b == 0)
+        P.c = 1;
+      else
+        P.c = 2;
+      P.d = misalign;
+      P.e = isz;
+      P.f = bwd && P.c == 2 ? 1 : 0;  // cunn_SoftMaxBackward's blockReduce
       P.nparts = P.a / 32;
+      break;
+    }
+    case kOrdSoftmaxSpatial: {
+      // SpatialSoftMax_getBlockSize: inner_threads = min(inner, 1024); when they are at
+      // most 64 and the row has at least 64 elements, block.x is the largest power of two
+      // with inner_threads * block.x <= 1024 and block.x <= n; else 1
+      const int64_t inner = s.p0;
+      if (inner < 1) throw std::invalid_argument("softmax_spatial order: inner size >= 1");
+      const int64_t it = std::min<int64_t>(inner, 1024);
+      int64_t dt = 1;
+      if (it <= 64 && n >= 64) {
+        while (it * dt <= 1024 && dt <= n) dt *= 2;
+        dt /= 2;
+      }
+      P.a = dt;
+      P.nparts = dt;
       break;
     }
     case kOrdTriton: {
@@ -229,12 +280,24 @@ std::string describe_red_plan(const RedPlan& p) {
                num(p.c) + " accumulators" + (p.f > 1 ? ", " + num(p.f) + " CTAs per output)" : ")");
       return r + " torch_cuda Reduce.cuh block (" + num(p.a) + "," + num(p.b) + ")" +
              (p.d ? " vectorized x" + num(p.c) : " " + num(p.c) + " accumulators") +
+             (p.d && p.h % p.c ? ", input " + num(p.h % p.c) + " elements past a vector" : "") +
              (p.e ? ", row split across warps" : ", warp per row") +
              (p.f > 1 ? ", " + num(p.f) + " CTAs per row" : "");
     case kOrdSoftmaxWarp:
       return r + " torch_cuda persistent warp softmax (" + num(p.a) + " lanes x " + num(p.b) + ")";
-    case kOrdSoftmaxBlock:
-      return r + " torch_cuda block softmax (" + num(p.a) + " threads, ILP " + num(p.b) + ")";
+    case kOrdSoftmaxBlock: {
+      static const char* kKernels[] = {"cunn_SoftMaxForwardReg", "cunn_SoftMaxForwardSmem",
+                                       "cunn_SoftMaxForward"};
+      return r + " torch_cuda block softmax " + kKernels[p.c] + " (" + num(p.a) + " threads" +
+             (p.c == 0 ? ")" : ", ILP " + num(p.b) + ")") +
+             (p.c == 2 ? (p.d ? ", input " + num(p.d) + " bytes past a 16-byte boundary"
+                              : ", input 16-byte aligned")
+                       : "") +
+             (p.f ? ", blockReduce in order" : "");
+    }
+    case kOrdSoftmaxSpatial:
+      return r + " torch_cuda spatial softmax (cunn_SpatialSoftMaxForward, " + num(p.a) +
+             (p.a == 1 ? " thread a column: sequential)" : " threads a column, then a tree)");
     case kOrdTriton:
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)";

@@ -21,16 +21,24 @@ namespace cl {
 //   torch_cuda: p0 = input_vec_size, p1 = vt0, p2 = SMs (0: 132, an H100/H200), p3 = 0
 //               for a reduction over the innermost dims, else the output vector size (1, 2
 //               or 4) of a reduction over outer dims (each thread owns an output)
-//   softmax_warp / softmax_block: p0 = the input's element size in bytes
+//   softmax_warp: p0 = the input's element size in bytes
+//   softmax_block: p0 = the input's element size in bytes (as SoftMax.cu's kernel reads it:
+//               fp16 even when it writes fp32), p1 = the input's first byte mod 16 (0 when
+//               PyTorch copies it first), p2 = 1 for half_to_float (fp16 in, fp32 out),
+//               p3 = 1 for the backward kernels (host_softmax_backward's launch rules)
+//   softmax_spatial: p0 = the inner size (the product of the dims after the reduced one)
 //   kinds kRedMean / kRedM2 (ops/scalar/moments.h): torch_cpu (WelfordOps, no parameter),
 //               cpu_moments (p0 = elements per vector load, p1 = lanes, p2 = 1 for a build
 //               with fma, p3 = 1 where it fuses the scalar tail too), torch_cuda (Reduce.cuh: as
 //               above, vt0 = input_vec_size = 2), cuda_layer_norm_vec and cuda_layer_norm_block (no
 //               parameter)
+//   torch_cuda also: p4 = the input's first element past an aligned vector (elements),
+//               p5 = its row stride in elements (0: contiguous rows), for the vectorized
+//               loads (ReduceSpec's last two fields; 0 for every other order)
 struct ReduceSpec {
   int kind = kRedSum;
   int order = kOrdSequential;
-  int64_t p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+  int64_t p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0;
 };
 
 // The order's launch configuration for rows of n elements, `rows` rows reduced together.

@@ -117,6 +117,18 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
         run_row_cpu(*s.row, ops.data(), ops.size());
       continue;
     }
+    if (s.nll) {
+      if (ni != 3 || no != 1)
+        throw std::invalid_argument("plan: an nll step has three operands and one result");
+      run_nll(*s.nll, *in_p[0], *in_p[1], *in_p[2], *out_p[0]);
+      continue;
+    }
+    if (s.index) {
+      if (ni != 2 || no != 1)
+        throw std::invalid_argument("plan: an index step has two operands and one result");
+      run_index(*s.index, *in_p[0], *in_p[1], *out_p[0]);
+      continue;
+    }
     if (!s.prog) {
       if (ni != 1 || no != 1) throw std::invalid_argument("plan: a reduce step has one operand");
       run_reduce(s.reduce, *in_p[0], *out_p[0]);
@@ -139,8 +151,11 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
 std::string tensor_signature(const std::vector<Tensor>& ts) {
   std::string key;
   for (const Tensor& t : ts) {
-    const int64_t head[4] = {static_cast<int64_t>(t.dtype()), t.ndim(),
-                             static_cast<int64_t>(t.device().type), t.device().index};
+    // where the data starts within a 16-byte word: PyTorch's CUDA kernels choose their
+    // order by it (SoftMax.cu's ilpReduce, layer_norm's vectorized kernel)
+    const int64_t head[5] = {static_cast<int64_t>(t.dtype()), t.ndim(),
+                             static_cast<int64_t>(t.device().type), t.device().index,
+                             static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16)};
     key.append(reinterpret_cast<const char*>(head), sizeof(head));
     key.append(reinterpret_cast<const char*>(t.shape().data()), t.shape().size() * 8);
     key.append(reinterpret_cast<const char*>(t.strides().data()), t.strides().size() * 8);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/index.h"
+#include "ops/loss.h"
 #include "ops/program.h"
 #include "ops/reduce.h"
 #include "ops/row_step.h"
@@ -36,13 +38,17 @@ struct PlanBind {
   int64_t offset = 0;  // element offset relative to the bound tensor's own offset
 };
 
-// A step runs a Program, or a row step (row set: its operands are leaves then outs), or
-// (both null) reduces the rows of leaves[0] into outs[0].
+// A step runs a Program, or a row step (row set: its operands are leaves then outs), or an
+// index step (index set: gather / scatter_add of leaves[0] by leaves[1] into outs[0]), or
+// an nll step (nll set: values, weights, targets = leaves[0..2] into outs[0]), or (all
+// null) reduces the rows of leaves[0] into outs[0].
 struct PlanStep {
   std::shared_ptr<Program> prog;
   std::vector<PlanBind> leaves, outs;
   ReduceSpec reduce;
   std::shared_ptr<RowStep> row;
+  std::shared_ptr<IndexSpec> index;
+  std::shared_ptr<NllPlan> nll;
 };
 
 // A lowered graph, ready to run: the Programs of its regions and how each one's operands

@@ -20,7 +20,7 @@ LAYERS = {
     "_torch_vml": 0, "_onednn": 0, "_cpu_codegen": 0,
     "policy": 1, "_graph": 1, "cuda": 1,
     "_lower": 2,
-    "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3,
+    "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3, "_index": 3, "_loss": 3,
     "_tensor": 4, "_autodiff": 4,
     "_jit": 5,
     "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "study": 6, "plot": 6, "cli": 6,
@@ -31,7 +31,7 @@ SAME_LAYER = {
     0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable", "_torch_vml", "_onednn",
         "_cpu_codegen"],
     1: ["policy", "_graph", "cuda"],
-    3: ["_dlpack", "_creation", "ops", "_reduce"],
+    3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
     6: ["numerics", "torch", "presets", "sweep", "study", "plot", "cli"],
 }

@@ -588,6 +588,24 @@ def test_nvrtc_compiles_the_reduce_kernel():
         assert "warning" not in log, log
 
 
+def test_nvrtc_compiles_the_index_and_nll_kernels():
+    """The index steps' kernels (ops/cuda/index.cpp: gather, scatter_add, the range check,
+    the zero fill) and the nll_loss step's (ops/cuda/loss.cpp, float and double, both of
+    PyTorch's orders in ops/scalar/loss.h) compile without a warning."""
+    _nvrtc_or_skip()
+    src = _C._index_kernel_source()
+    for name in ("cl_gather", "cl_scatter_add", "cl_index_check", "cl_zero"):
+        ok, log = _C._nvrtc_compile_check(src, ARCH, name)
+        assert ok, log
+        assert "warning" not in log, log
+    for f64 in (False, True):
+        src = _C._nll_kernel_source(f64)
+        assert "nll_cuda_combine" in src and "nll_cpu" in src
+        ok, log = _C._nvrtc_compile_check(src, ARCH, "cl_nll_f64" if f64 else "cl_nll_f32")
+        assert ok, log
+        assert "warning" not in log, log
+
+
 def test_nvrtc_compiles_row_kernels(monkeypatch):
     """The row kernels (ops/cuda/row_kernel.cpp) of RMSNorm (both casts), softmax,
     log_softmax, layer_norm and amax, for every input dtype and under the fp64 policy,

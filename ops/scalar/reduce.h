@@ -15,8 +15,10 @@
 //   torch_cpu    ATen's cascade sum (aten/src/ATen/native/cpu/SumKernel.cpp), AVX2 lanes
 //   torch_cuda   ATen's generic reduction kernel (aten/src/ATen/native/cuda/Reduce.cuh),
 //                row-contiguous input: the launch configuration setReduceConfig picks
-//   cuda_softmax_warp / cuda_softmax_block   the sums in SoftMax.cu's persistent warp
-//                softmax and its block softmax (cunn_SoftMaxForward*, BlockReduce)
+//   cuda_softmax_warp / cuda_softmax_block / cuda_softmax_spatial   the sums in SoftMax.cu's
+//                persistent warp softmax, its block softmax (cunn_SoftMaxForwardReg,
+//                cunn_SoftMaxForwardSmem, cunn_SoftMaxForward's ilpReduce; BlockReduce) and
+//                its spatial softmax over an inner dim (cunn_SpatialSoftMaxForward)
 //   triton       Inductor's Triton reduction kernels (tl.sum / max2 over a [1, R0_BLOCK]
 //                tile, accumulated over the row's tiles in the looped form)
 // The row moments (kinds kRedMean, kRedM2: var and layer_norm) have orders of their own,
@@ -39,7 +41,8 @@ enum ReduceOrder : int {
   kOrdCudaLnVec = 7,
   kOrdCudaLnBlock = 8,
   kOrdTriton = 9,
-  kOrdCount = 10
+  kOrdSoftmaxSpatial = 10,
+  kOrdCount = 11
 };
 
 // A reduction's order with its launch configuration resolved for one row length.
@@ -55,7 +58,17 @@ enum ReduceOrder : int {
 //               f = CTAs per row (global reduction), g = 0 for an innermost reduction,
 //               else (outer: one thread per output, a = 1) the block's width in outputs
 //   softmax_warp:  a = warp width, b = iterations per lane
-//   softmax_block: a = block size, b = elements per vector load (ILP)
+//   softmax_block: a = block size, b = elements per vector load (ILP), c = the kernel
+//               host_softmax launches: 0 cunn_SoftMaxForwardReg (thread t holds t + k a),
+//               1 cunn_SoftMaxForwardSmem (vectors t + k a of b elements), 2
+//               cunn_SoftMaxForward (ilpReduce: a head of one element a thread up to the
+//               first 16-byte boundary, vectors, a tail of one element a thread), d = the
+//               input's first byte mod 16, e = its element size (kernel 2: row r starts
+//               (d + r n e) mod 16 bytes past a boundary), f = 1 for the backward kernels'
+//               blockReduce (each warp's 32 values in order, then the warps in order, each
+//               from 0; cunn_SoftMaxBackward) instead of BlockReduce's shuffle trees
+//   softmax_spatial: a = threads along the reduced dim (block.x): part x sums elements
+//               x, x + a, ... in order; the parts by a shared-memory tree (a / 2 .. 1)
 //   triton:     a = R0_BLOCK (the tile along the row), b = contiguous elements per thread
 //               (sizePerThread), c = lanes along the row (threadsPerWarp), d = warps along
 //               the row (warpsPerCTA), e = 1 for the looped kernel (triton_red_: each tile
@@ -71,12 +84,16 @@ enum ReduceOrder : int {
 // of `chunk` consecutive elements combined in row order: the value of one pass over the
 // row (max and min are exact and associative, and the first NaN of the row still wins),
 // computed by many threads.
+// torch_cuda's vectorized loads also read where each row starts: h = the first row's
+// first element past an aligned vector (in elements), rs = the row stride in elements (0:
+// rows of n, one after another).
 struct RedPlan {
   int kind = kRedSum;
   int order = kOrdSequential;
   int64_t n = 0;
   int64_t nparts = 1;
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0;
+  int64_t h = 0, rs = 0;
   int64_t chunk = 0;
 };
 
@@ -398,9 +415,9 @@ CL_HD void red_cuda_walk(const RedPlan& P, A v, int64_t n, int64_t row, int64_t 
     stride *= ctas;
   }
   if (P.d) {  // input_vectorized_thread_reduce_impl
-    // rows of a contiguous tensor on an aligned base: row `row` starts `shift` elements
-    // past a 16-byte boundary; those first elements go to threads shift..acc_n-1
-    const int64_t shift = (row * n) % acc_n;
+    // row `row` starts `shift` elements past an aligned vector (its own offset from the
+    // first row's, plus the first row's); those first elements go to threads shift..acc_n-1
+    const int64_t shift = (P.h + row * (P.rs > 0 ? P.rs : n)) % acc_n;
     const bool tail_thread = y == 0 && cta == 0;
     A d = v;
     int64_t end = n;
@@ -482,9 +499,39 @@ CL_HD T red_warp_down(int kind, T* lane) {
 
 // warp softmax: part t = lane t (elements t + it * warp, it = 0..b-1; past the row the
 // kernel's padding adds exp(-inf) = +0). block softmax: part t = warp t's shuffle-reduced
-// value; its thread 32 t + l takes vectors of b elements, 32 t + l + k a, in order.
+// value of its 32 threads' own (red_softmax_thread). spatial softmax: part x = thread x.
 template <typename T, typename A>
-CL_HD T red_softmax_part(const RedPlan& P, A v, int64_t n, int64_t t) {
+CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
+  T s = red_identity<T>(P.kind);
+  const int64_t bs = P.a, ilp = P.b;
+  if (P.c == 0) {  // cunn_SoftMaxForwardReg
+    for (int64_t i = th; i < n; i += bs) s = red_op(P.kind, s, v[i]);
+    return s;
+  }
+  if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
+    for (int64_t q = th; q * ilp < n; q += bs)
+      for (int64_t i = 0; i < ilp; ++i) s = red_op(P.kind, s, v[q * ilp + i]);
+    return s;
+  }
+  // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
+  const int64_t esz = P.e > 0 ? P.e : 4;
+  const int64_t shift = ((P.d + row * n * esz) % 16) / esz;
+  int64_t size = n, base = 0;  // v[base + k]: element k of the data pointer as it moves
+  if (shift > 0) {
+    size += shift;
+    if (th >= shift && th < size) s = red_op(P.kind, s, v[th - shift]);
+    size -= bs > size ? size : bs;
+    base = bs - shift;
+  }
+  const int64_t last = size % (ilp * bs);
+  for (int64_t q = th; q * ilp < size - last; q += bs)
+    for (int64_t i = 0; i < ilp; ++i) s = red_op(P.kind, s, v[base + q * ilp + i]);
+  for (int64_t q = size - last + th; q < size; q += bs) s = red_op(P.kind, s, v[base + q]);
+  return s;
+}
+
+template <typename T, typename A>
+CL_HD T red_softmax_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if (P.order == kOrdSoftmaxWarp) {
     T s = red_identity<T>(P.kind);
     for (int64_t it = 0; it < P.b; ++it) {
@@ -493,13 +540,17 @@ CL_HD T red_softmax_part(const RedPlan& P, A v, int64_t n, int64_t t) {
     }
     return s;
   }
-  const int64_t ilp = P.b;
-  T lane[32];
-  for (int l = 0; l < 32; ++l) {
+  if (P.order == kOrdSoftmaxSpatial) {
     T s = red_identity<T>(P.kind);
-    for (int64_t q = 32 * t + l; q * ilp < n; q += P.a)
-      for (int64_t i = 0; i < ilp && q * ilp + i < n; ++i) s = red_op(P.kind, s, v[q * ilp + i]);
-    lane[l] = s;
+    for (int64_t i = t; i < n; i += P.a) s = red_op(P.kind, s, v[i]);
+    return s;
+  }
+  T lane[32];
+  for (int l = 0; l < 32; ++l) lane[l] = red_softmax_thread<T>(P, v, n, row, 32 * t + l);
+  if (P.f) {  // blockReduce (cunn_SoftMaxBackward): a warp's 32 values in order, from 0
+    T s = red_identity<T>(P.kind);
+    for (int l = 0; l < 32; ++l) s = red_op(P.kind, s, lane[l]);
+    return s;
   }
   return red_warp_down(P.kind, lane);
 }
@@ -514,6 +565,16 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
       for (int64_t l = 0; l < 2 * off; ++l) p[l] = nxt[l];
     }
     return p[0];
+  }
+  if (P.order == kOrdSoftmaxSpatial) {  // spatialBlockReduceX: shared[x] op= shared[x + off]
+    for (int64_t off = P.a / 2; off > 0; off >>= 1)
+      for (int64_t l = 0; l < off; ++l) p[l] = red_op(P.kind, p[l], p[l + off]);
+    return p[0];
+  }
+  if (P.f) {  // blockReduce: thread 0 adds the warps' values in order, from 0
+    T s = red_identity<T>(P.kind);
+    for (int64_t k = 0; k < P.nparts; ++k) s = red_op(P.kind, s, p[k]);
+    return s;
   }
   // BlockReduce: warp 0 reads the warp results (identity past the last warp)
   T w[32];
@@ -579,6 +640,7 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     switch (P.order) {
       case kOrdTorchCuda: return red_part_plain<T, kOrdTorchCuda>(P, v, n, row, t);
       case kOrdSoftmaxWarp:
+      case kOrdSoftmaxSpatial:
       case kOrdSoftmaxBlock: return red_part_plain<T, kOrdSoftmaxBlock>(P, v, n, row, t);
       case kOrdPairwise: return red_part_plain<T, kOrdPairwise>(P, v, n, row, t);
       case kOrdTorchCpu: return red_part_plain<T, kOrdTorchCpu>(P, v, n, row, t);
@@ -587,8 +649,9 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
     return red_cuda_part<T>(P, v, n, row, t);
-  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock) {
-    return red_softmax_part<T>(P, v, n, t);
+  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock ||
+                       ORDER == kOrdSoftmaxSpatial) {
+    return red_softmax_part<T>(P, v, n, row, t);
   } else if constexpr (ORDER == kOrdPairwise) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
     int64_t start = 0, length = n;  // part t: leaf t of the halving tree
@@ -615,6 +678,7 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
     switch (P.order) {
       case kOrdTorchCuda: return red_combine_plain<T, kOrdTorchCuda>(P, parts);
       case kOrdSoftmaxWarp:
+      case kOrdSoftmaxSpatial:
       case kOrdSoftmaxBlock: return red_combine_plain<T, kOrdSoftmaxBlock>(P, parts);
       case kOrdPairwise: return red_combine_plain<T, kOrdPairwise>(P, parts);
       case kOrdTriton: return red_combine_plain<T, kOrdTriton>(P, parts);
@@ -622,7 +686,8 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
     return red_cuda_combine(P, parts);
-  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock) {
+  } else if constexpr (ORDER == kOrdSoftmaxWarp || ORDER == kOrdSoftmaxBlock ||
+                       ORDER == kOrdSoftmaxSpatial) {
     return red_softmax_combine(P, parts);
   } else if constexpr (ORDER == kOrdTriton) {
     return red_triton_combine(P, parts);

@@ -15,8 +15,8 @@
 #                                         compiled loops)
 #   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
 #   2  _lower                                 graph -> Programs -> a Plan
-#   3  _dlpack -> _creation -> ops -> _reduce  interchange, creation, the op functions,
-#                                         reductions and norms
+#   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
+#                                         op functions, reductions and norms, gather, losses
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
 #   6  numerics -> torch, presets, sweep -> study, plot -> cli  analysis, PyTorch model
@@ -63,7 +63,9 @@ from ._dtype import (
     promote_types,
 )
 from ._dtype import bool_ as _bool
+from ._index import gather, take_along_dim
 from ._jit import JitFunction, grad, jit, vjp
+from ._loss import cross_entropy, nll_loss
 from ._reduce import (  # noqa: A004  (castlab.sum, as torch.sum)
     amax,
     amin,
@@ -94,6 +96,7 @@ __all__ = [
     "randn", "empty_like", "zeros_like", "ones_like", "full_like",
     *(n for n in _ops_all if n != "copy_"),
     "sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm", "layer_norm",
+    "gather", "take_along_dim", "nll_loss", "cross_entropy",
     "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
     "numerics",
     "study", "info", "presets", "library", "libraries", "cpu_codegen",

@@ -21,10 +21,11 @@ import re
 import threading
 from typing import Any
 
-from . import _C, _reduce, ops
+from . import _C, _index, _reduce, ops
 from ._creation import zeros
 from ._dtype import dtype as _dtype
 from ._graph import COMPARE, Node, Proxy, _state
+from ._graph import record as _graph_record
 from ._optable import BACKWARD_KERNELS, OPS
 
 Tensor = _C.Tensor
@@ -192,6 +193,8 @@ def _diff_inputs(n: Node) -> list[int]:
         return []
     if op == "astype":
         return [0] if _is_float(n) and _is_float(n.inputs[0]) else []
+    if op in ("gather", "scatter_add", "nll_reduce"):  # not through indices or weights
+        return [0]
     if op in OPS:
         r = _rule(op)
         if r is None:
@@ -244,6 +247,15 @@ def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: 
         return [_reduce_backward(n, g, proxies)]
     if op == "rms_scale":
         return _rms_scale_backward(n, g, proxies, want)
+    if op == "gather":  # gather_backward: zeros with g added at the index (scatter_add)
+        x, ix = n.inputs
+        dx = _index.scatter_add_zeros(g, n.attrs["dim"], _value(ix, proxies), tuple(x.shape))
+        return [dx.astype(x.dtype) if dx.dtype is not x.dtype else dx, None]
+    if op == "nll_reduce":
+        return [_nll_backward(n, g, proxies), None, None][:len(n.inputs)]
+    if op == "scatter_add":  # its gradient: g gathered at the index
+        src, ix = n.inputs
+        return [_index._gather_node(g, n.attrs["dim"], _value(ix, proxies)), None]
     if op == "cat":
         d = n.attrs["dim"]
         out, o = [], 0
@@ -276,6 +288,24 @@ def _reduce_backward(n: Node, g: Proxy, proxies: dict):
         mask = ops.astype(ops.eq(_value(x, proxies), yy), gg.dtype)
         out = (gg / _reduce.sum(mask, dims, keepdim=True)) * mask
     return out.astype(x.dtype) if out.dtype is not x.dtype else out
+
+
+def _nll_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
+    """nll_loss_backward (LossNLL.cpp, Loss.cu) for the gathered values: ``-w * go`` per row
+    not ignored ("mean": ``-w * (go / total_weight)``, each op in the input's format), 0 for
+    the others. The total weight is the forward's, from the same kernel."""
+    a = n.attrs
+    xg, t = n.inputs[0], _value(n.inputs[1], proxies)
+    gg = g
+    if a["reduction"] == "mean":
+        tw = Proxy(_graph_record(Node("nll_reduce", n.inputs, (), n.dtype, n.device,
+                                      {**a, "what": "total_weight"})))
+        gg = g / tw
+    gg = -gg
+    if a["weight"]:
+        gg = _value(n.inputs[2], proxies) * gg
+    out = ops.where(ops.ne(t, a["ignore_index"]), gg, 0.0)
+    return out.astype(xg.dtype) if out.dtype is not xg.dtype else out
 
 
 def _rms_scale_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> list:
@@ -440,6 +470,11 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
                 if id(n) in active:
                     _split_backward(n, by_index, contribs)
                 continue
+            if "log_softmax_of" in n.attrs and id(n) in contribs and id(n) in active:
+                # PyTorch's backward kernel for the whole log_softmax, from its result: the
+                # nodes inside the kernel get no gradient of their own
+                _log_softmax_backward(n, contribs, proxies, kernel_ids)
+                continue
             cs = contribs.pop(id(n), None)
             if cs is None or id(n) not in active:
                 continue
@@ -469,6 +504,27 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
     finally:
         _state.annot, _state.where = saved_annot, saved_where
     return grads
+
+
+def _log_softmax_backward(n: Node, contribs: dict, proxies: dict, kernel_ids: list) -> None:
+    x, d = n.attrs["log_softmax_of"]
+    _state.annot = {"phase": "backward"}
+    _state.where = n.where
+    g = _accumulate(contribs.pop(id(n)))
+    kernel_ids[0] += 1
+    start = len(_state.graph)
+    _state.annot = {"phase": "backward", "kernel": "log_softmax_backward",
+                    "kernel_id": kernel_ids[0]}
+    try:
+        dx = _reduce.log_softmax_backward(g, _value(n, proxies), d)
+    finally:
+        _state.annot = {"phase": "backward"}
+    for m in _state.graph[start:]:
+        if m is not dx.node:
+            m.attrs["kernel_inner"] = True
+    if dx.dtype is not x.dtype:
+        dx = dx.astype(x.dtype)
+    contribs.setdefault(id(x), []).append(dx)
 
 
 def _split_backward(n: Node, by_index: dict, contribs: dict) -> None:

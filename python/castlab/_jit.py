@@ -758,6 +758,32 @@ def format_trace(tr: Traced, record: Record) -> str:
             emit(t, f"cat([{', '.join(parts)}], dim={n.attrs['dim']})",
                  f"{_fmt_type(rep[id(n)][1], n.shape)}  data movement, exact", where)
             continue
+        if n.op in ("gather", "scatter_add"):
+            x, ix = n.inputs
+            t = sub_names.get(id(n), f"t{n.index}")
+            names[id(n)] = t
+            rep[id(n)] = rep[id(x)]
+            extra = ", wrap=True" if n.attrs.get("wrap") else ""
+            note = ("gathered, exact: each op before it computes only the gathered values"
+                    if n.op == "gather" else
+                    f"zeros with {names[id(x)]} added at the index, each row in order, "
+                    f"in {_fmt_type(rep[id(x)][1], n.shape)}")
+            emit(t, f"{n.op}({names[id(x)]}, dim={n.attrs['dim']}, index={names[id(ix)]}{extra})",
+                 f"{_fmt_type(rep[id(x)][1] if rep[id(x)][0] == 'cp' else n.dtype, n.shape)}  "
+                 + note, where)
+            continue
+        if n.op == "nll_reduce":
+            t = sub_names.get(id(n), f"t{n.index}")
+            names[id(n)] = t
+            rep[id(n)] = ("st", n.dtype)
+            d = record.of(n)
+            a = n.attrs
+            args = ", ".join(names[id(m)] for m in n.inputs)
+            emit(t, f"nll_{a['what']}({args}, reduction={a['reduction']!r}, "
+                    f"ignore_index={a['ignore_index']})",
+                 f"{_fmt_type(n.dtype, n.shape)}  "
+                 + (d.description if d is not None and d.description else "expanded"), where)
+            continue
         d = record.of(n)
         cdt = comp_dt(n)
         t = sub_names.get(id(n), f"t{n.index}")

@@ -15,6 +15,9 @@ Three steps:
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
+
 from . import _C
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64, int64
@@ -244,6 +247,8 @@ def _norm_vop(vop, shape):
     """Make dims non-negative and expand shapes explicit, for a given input shape."""
     k = vop[0]
     nd = len(shape)
+    if k == "gather":  # ("gather", dim, index Leaf, wrap, target): from castlab._index
+        return vop
     if k in ("slice", "select", "squeeze"):
         d = vop[1] + nd if vop[1] < 0 else vop[1]
         return (k, d) + tuple(vop[2:])
@@ -332,9 +337,11 @@ class Lowering:
         return BACKWARD_KERNELS[k] if k is not None else None
 
     def torch_cpu_softmax(self, node: Node) -> bool:
-        """Is this node inside softmax/log_softmax as PyTorch's CPU kernel computes it
-        (the torch_cpu order and implementation on the CPU)?"""
-        return (not self.cuda and node.attrs.get("kernel") in ("softmax", "log_softmax")
+        """Is this node inside softmax/log_softmax (or log_softmax's backward kernel) as
+        PyTorch's CPU kernel computes it (the torch_cpu order and implementation on the
+        CPU)? Its exp and log are Vectorized's (SLEEF), whatever the dtype."""
+        return (not self.cuda and node.attrs.get("kernel") in ("softmax", "log_softmax",
+                                                                "log_softmax_backward")
                 and self.math.reduction_order(False) == "torch_cpu"
                 and self.math.impl_on(False) == "torch_cpu")
 
@@ -389,6 +396,12 @@ class Lowering:
             e = self.view(inner, node.attrs["vop"])
         elif op in REDUCE_OPS:
             e = self.reduce_expr(node)
+        elif op == "gather":
+            e = self._gather(node)
+        elif op == "scatter_add":
+            e = self._scatter_add(node)
+        elif op == "nll_reduce":
+            e = self._nll(node)
         elif op == "rms_scale":
             e = self.expr(self._rms_scale(node))
         elif op in EXPANSIONS:
@@ -421,7 +434,109 @@ class Lowering:
         self._view_memo[(id(r), "keep")] = e  # keep e alive so its id is not reused
         return r
 
+    # -- indexing by tensors (castlab._index) --------------------------------------------
+    def _index_leaf(self, node: Node) -> Leaf:
+        """An int64 index as a Leaf an index step reads: the tensor itself, or its values
+        computed into a temporary."""
+        e = self.expr(node)
+        if isinstance(e, Leaf) and _dtype_code(e.t) == int64.code:
+            return e
+        return self.materialize(e)
+
+    def _gather(self, node: Node):
+        """gather(x, dim, index) as a view of x's expression: pushed through its
+        elementwise ops (each op computes only the gathered values) to the tensors they
+        read; each of those read along `dim` is gathered by an index step, one broadcast
+        along `dim` is read as it is. An index step checks the index's range; where none
+        runs (x broadcast along dim), a check step does."""
+        x, ix = node.inputs
+        dim, wrap = node.attrs["dim"], bool(node.attrs.get("wrap"))
+        target = bool(node.attrs.get("target"))
+        idx = self._index_leaf(ix)
+        before = sum(1 for st in self.steps if st[0] == "index")
+        e = self.view(self.expr(x), ("gather", dim, idx, wrap, target))
+        if sum(1 for st in self.steps if st[0] == "index") == before:
+            self.steps.append(("index", [idx, idx], [idx],
+                               (2, dim, x.shape[dim], wrap, target)))
+        return e
+
+    def _index_step(self, mode: int, src: Leaf, idx: Leaf, dim: int, shape: tuple,
+                    wrap: bool = False, target: bool = False) -> Leaf:
+        """A temporary of `shape` that an index step writes from src (same dtype)."""
+        dt = _BY_CODE[_dtype_code(src.t)]
+        k = len(self.temps)
+        self.temps.append((tuple(shape), dt))
+        t = _C.empty(list(shape), dt.name, str(self.device))
+        self.temp_tensors.append(t)
+        out = Leaf(t, ("tmp", k))
+        self.steps.append(("index", [src, idx], [out], (mode, dim, 0, wrap, target)))
+        return out
+
+    def _scatter_add(self, node: Node) -> Leaf:
+        """Zeros of the node's shape with src added at index along dim (gather's gradient),
+        src computed in its register type (exact), the sums in it too."""
+        src, ix = node.inputs
+        e = self.expr(src)
+        acc = self._expr_dtype(e) if not isinstance(e, Scalar) else float32
+        if not isinstance(e, Leaf) or _dtype_code(e.t) != acc.code:
+            e = self.materialize(e)
+        return self._index_step(1, e, self._index_leaf(ix), node.attrs["dim"], node.shape)
+
+    def _nll(self, node: Node):
+        """nll_loss's reduction over rows: under the torch orders one nll step, PyTorch's
+        own kernel (ops/scalar/loss.h) on the gathered values (computed exactly into the
+        accumulate type); under the others, its expansion (castlab._loss)."""
+        order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
+        a = node.attrs
+        if order not in ("torch_cpu", "torch_cuda") or (a["one_d"] and order == "torch_cuda"):
+            return self.expr(self._expand(node))
+        acc = float64 if node.dtype is float64 else float32
+
+        def values(n: Node) -> Leaf:
+            e = self.expr(n)
+            if isinstance(e, Leaf) and _dtype_code(e.t) == acc.code and e.t.is_contiguous():
+                return e
+            return self._temp_from(e, tuple(n.shape), acc)  # widened exactly
+        xg, t = values(node.inputs[0]), self._index_leaf(node.inputs[1])
+        if not t.t.is_contiguous():
+            t = self.materialize(t)
+        wg = values(node.inputs[2]) if a["weight"] else xg
+        k = len(self.temps)
+        self.temps.append(((2,), acc))
+        out_t = _C.empty([2], acc.name, str(self.device))
+        self.temp_tensors.append(out_t)
+        code = {"torch_cpu": 0, "torch_cuda": 1}[order]
+        spec = (code, 2 if a["reduction"] == "mean" else 1, node.dtype.code, int(a["weight"]),
+                a["ignore_index"])
+        self.steps.append(("nll", [xg, wg, t], [Leaf(out_t, ("tmp", k))], spec))
+        d = self.record.decide(node, F64 if acc is float64 else F32)
+        d.description = (f"nll_loss {a['reduction']} {order} (" +
+                         ("LossNLL.cpp: cascade in the input's format" if code == 0 else
+                          "Loss.cu: one block's threads, then a tree") + ")")
+        pick = 0 if a["what"] == "loss" else 1
+        return Leaf(out_t._select(0, pick), ("tmp", k))
+
+    def _view_gather(self, e, vop):
+        _, dim, idx, wrap, target = vop
+        ishape = tuple(idx.shape)
+        if isinstance(e, Leaf):
+            t = e.t
+            for d in range(len(ishape)):  # other dims: the index's extent
+                if d != dim and t.shape[d] != ishape[d]:
+                    t = t._slice(d, 0, ishape[d], 1)
+            if t.shape[dim] == 1 or t._strides[dim] == 0:  # the same value for every index
+                t = t._slice(dim, 0, 1, 1)._expand(list(ishape))
+                return Leaf(t, e.src)
+            return self._index_step(0, Leaf(t, e.src), idx, dim, ishape, wrap, target)
+        if isinstance(e, Elem):
+            return Elem(e.node, [self.view(a, vop) for a in e.args], ishape)
+        if isinstance(e, Reduced):
+            return Reduced(e.node, self.view(e.leaf, vop), ishape)
+        return self.view(self.materialize(e), vop)  # a concatenation: computed first
+
     def _view(self, e, vop):
+        if vop[0] == "gather":
+            return self._view_gather(e, vop)
         if isinstance(e, Leaf):
             t = apply_view(e.t, vop)
             if t is None:  # reshape that no strided view expresses: copy first
@@ -552,6 +667,7 @@ class Lowering:
         acc = float64 if self.vt(node) == F64 else float32
         ev = self.expr(x)
         layout = _reduce_layout(ev, x.shape, dims)
+        geom = _row_geometry(ev, x.shape, dims) if layout[0] and layout[1] else (0, 0)
         if isinstance(ev, Leaf) and self._memory_order(node):
             # ATen's CPU reduction loops visit a strided input's reduced elements in memory
             # order (TensorIterator sorts the dims by stride): so does a one-pass row here
@@ -571,11 +687,11 @@ class Lowering:
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout, n)
+        spec = self.reduce_spec(node, acc, layout, n, geom)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = _C.describe_reduce(*spec, n, rows)
+        d.description = _C.describe_reduce(spec, n, rows)
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
 
@@ -594,27 +710,34 @@ class Lowering:
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
-    def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int) -> tuple:
-        """(kind, order, p0, p1, p2, p3) of ops/reduce.h's ReduceSpec for this node, whose
-        rows have n elements.
+    def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int,
+                    geom: tuple = (0, 0)) -> tuple:
+        """(kind, order, p0, p1, p2, p3[, p4, p5]) of ops/reduce.h's ReduceSpec for this
+        node, whose rows have n elements.
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
         fastest-moving dim is reduced), with unit stride, and `cols`, the contiguous kept
-        extent below the reduced dims of an outer reduction."""
+        extent below the reduced dims of an outer reduction. `geom` (_row_geometry): where
+        the input's rows start, for Reduce.cuh's vectorized loads."""
         kind = REDUCE_OPS[node.op]
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
         src = node.inputs[0].dtype
         inner, unit, cols = layout
         if kind >= REDUCE_OPS["moments_mean"]:
-            return self._moments_spec(node, kind, order, layout)
+            return self._moments_spec(node, kind, order, layout, geom)
         if order == "torch_cpu" and node.attrs.get("algo") == "softmax" and inner and unit:
             # SoftMaxKernel.cpp's _vec_softmax_lastdim / _vec_log_softmax_lastdim: the row's
             # sum by vec::reduce_all over the dispatched vector's lanes (mode 1); the bf16
-            # kernel sums float lanes over full vectors, then the rest in order (mode 2)
+            # kernel sums float lanes over full vectors, then the rest in order (mode 2);
+            # the backward kernel's reduce_all over bf16/fp16 vectors (float halves, mode 4)
             w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
-            half = src in (bfloat16, float16)
+            half = src in (bfloat16, float16) or (node.attrs.get("bwd")
+                                                  and node.attrs.get("elem_bytes") == 2)
             mode = (2 if half and node.attrs.get("kernel") == "softmax" else 4 if half
                     else 3 if acc is float64 else 1)
             return (kind, ORDER_CODE[order], w, w, 0, mode)
+        if order == "torch_cpu" and node.attrs.get("bwd"):
+            # _vec_log_softmax_backward over another dim: each column from 0, in order
+            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
@@ -628,27 +751,68 @@ class Lowering:
             return (kind, ORDER_CODE[order], 16 if pair else 8, 8, 0 if inner else cols, 0)
         if order == "torch_cuda":
             if node.attrs.get("algo") == "softmax":
-                isz = node.attrs.get("elem_bytes", src.bits // 8)
-                warp = n <= 2048 and n * isz <= 8192
-                return (kind, ORDER_CODE["softmax_warp" if warp else "softmax_block"], isz, 0,
-                        0, 0)
+                return self._cuda_softmax_spec(node, kind, n)
             # 16-bit sums load 8 elements at a time (measured on an H200 with torch 2.11:
             # 8 accumulators per thread reproduce fp16 -> fp32 sums, 4 do not)
             ivs, vt0 = (8, 8) if (src.bits == 16 and kind == 0) else (4, 4)
             if inner and not unit:
-                ivs, vt0 = 8, 4  # a strided row: no vectorized loads (vt0 < input_vec_size)
+                ivs, vt0 = 1, 4  # a strided row: no vectorized loads
             ovs = 0
             if not inner:  # an outer reduction: Reduce.cuh vectorizes along the outputs
                 ovs = 4
                 while cols % ovs:
                     ovs //= 2
-            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
+            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs, *geom)
         if order == "triton":
             isz = node.attrs.get("elem_bytes", src.bits // 8)
             return (kind, ORDER_CODE[order], *triton_config(node.attrs.get("algo"), n, isz))
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
 
-    def _moments_spec(self, node: Node, kind: int, order: str, layout: tuple) -> tuple:
+    def _cuda_softmax_spec(self, node: Node, kind: int, n: int) -> tuple:
+        """The sum or max of SoftMax.cu's kernel for this softmax / log_softmax row, as
+        host_softmax picks it: over a dim with elements after it, the spatial kernel; else
+        the persistent warp softmax up to 2048 elements (8 KiB), else the block kernels,
+        whose choice and thread order depend on the row length, the element size and
+        where the input starts (`_softmax_input`)."""
+        (d,) = node.attrs["dims"]
+        shape = tuple(node.inputs[0].shape)
+        inner = 1
+        for s in shape[d + 1:]:
+            inner *= s
+        if inner > 1:
+            return (kind, ORDER_CODE["softmax_spatial"], inner, 0, 0, 0)
+        isz, misalign, half_to_float = self._softmax_input(node)
+        # the persistent warp kernel: rows up to 2048 elements (8 KiB) forward, 1024 (4 KiB)
+        # backward
+        bwd = bool(node.attrs.get("bwd"))
+        lim = 1024 if bwd else 2048
+        if n <= lim and n * isz <= 4 * lim:
+            return (kind, ORDER_CODE["softmax_warp"], isz, 0, 0, 0)
+        return (kind, ORDER_CODE["softmax_block"], isz, misalign, int(half_to_float),
+                int(bwd))
+
+    def _softmax_input(self, node: Node) -> tuple:
+        """(element size, first byte mod 16, half_to_float) of the tensor SoftMax.cu's
+        kernel reads for the softmax this reduction belongs to. PyTorch converts the input
+        to a requested dtype first (a fresh, aligned tensor), except fp16 to fp32 on the
+        GPU, which one kernel does (half_to_float); a contiguous input is read where it
+        lies (a view may start inside a 16-byte word); anything else is copied first."""
+        a = node.attrs
+        isz = a.get("elem_bytes", 4)
+        half_to_float = bool(a.get("cast") and a.get("fp16_in")) and isz == 4
+        if a.get("cast") and not half_to_float:
+            return isz, 0, False
+        x = node.inputs[0]
+        while x.op in ("exp", "sub", "astype", "reshape") and x.inputs:
+            x = x.inputs[0]
+        e = self.expr(x)
+        misalign = 0
+        if isinstance(e, Leaf) and e.t.is_contiguous():
+            misalign = e.t.data_ptr() % 16
+        return (2 if half_to_float else isz), misalign, half_to_float
+
+    def _moments_spec(self, node: Node, kind: int, order: str, layout: tuple,
+                      geom: tuple = (0, 0)) -> tuple:
         """The spec of a row's mean or M2 (ops/scalar/moments.h): the Welford kernel of
         layer_norm or var for the order."""
         ln = node.attrs.get("algo") == "layer_norm"
@@ -669,12 +833,12 @@ class Lowering:
             # ReduceMomentKernel.cu: gpu_reduce_kernel<scalar_t, out_t, 2>, so vt0 =
             # input_vec_size = 2 (a strided row: no vectorized loads)
             inner, unit, cols = layout
-            ivs, vt0, ovs = (2, 2, 0) if unit or not inner else (4, 2, 0)
+            ivs, vt0, ovs = (2, 2, 0) if unit or not inner else (1, 2, 0)
             if not inner:
                 ovs = 4
                 while cols % ovs:
                     ovs //= 2
-            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs)
+            return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs, *geom)
         raise ValueError(f"the row moments have no {order!r} order (a torch order only)")
 
     def _num_sms(self) -> int:
@@ -842,6 +1006,24 @@ class _ExpandContext:
             if isinstance(e, Leaf) and e.t.is_contiguous() and e.t.data_ptr() % nbytes:
                 return False
         return True
+
+
+def _row_geometry(e, shape: tuple, dims: tuple) -> tuple:
+    """(first element past a 16-byte boundary, row stride) in elements of an input view
+    whose rows Reduce.cuh loads as vectors: a computed value is a fresh contiguous tensor
+    (0, 0); kept dims that do not collapse into one stride are taken as contiguous rows."""
+    if not isinstance(e, Leaf):
+        return (0, 0)
+    t = e.t
+    isz = max(1, _BY_CODE[_dtype_code(t)].bits // 8)
+    mis = (t.data_ptr() % 16) // isz
+    st = t._strides
+    kept = [d for d in range(len(shape)) if d not in dims and shape[d] > 1]
+    if not kept:
+        return (mis, 0)
+    if any(st[a] != st[b] * shape[b] for a, b in zip(kept, kept[1:])):
+        return (mis, 0)
+    return (mis, abs(st[kept[-1]]))
 
 
 def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
@@ -1093,6 +1275,13 @@ def _row_group(low: Lowering, steps: list, i: int, readers: dict):
     return ("row", leaves, outs, spec), end, dropped
 
 
+def _scalar_as(v, dt: dtype) -> float:
+    """A Python number as c10 converts it to a 16-bit scalar_t: to float, then rounded to
+    the format."""
+    f = np.float32(v)
+    return float(np.asarray(f, dtype=ml_dtypes.bfloat16 if dt is bfloat16 else np.float16))
+
+
 def _dtype_code(t) -> int:
     return as_dtype(t._dtype_name).code
 
@@ -1274,6 +1463,17 @@ class ProgramBuilder:
             # a step inside another PyTorch kernel (layer_norm, softmax, a backward kernel)
             # is not PyTorch's own kernel for the op: none of that kernel's details apply
             kern = node.attrs.get("kernel") is not None
+            if (op in ("add", "sub") and not low.cuda and not kern
+                    and node.dtype in (bfloat16, float16)
+                    and low.math.impl_on(False) == "torch_cpu"
+                    and any(isinstance(a, Scalar) for a in args)):
+                # ATen's CPU add/sub (ufunc kernels) read a Python number as the tensor's
+                # scalar_t (double -> float -> bf16/fp16), where mul and div keep it in
+                # float (measured: torch 2.13, bf16 x + 0.1 differs in 20% of elements
+                # from the float-scalar sum)
+                args = [Scalar(_scalar_as(a.value, node.dtype)) if isinstance(a, Scalar)
+                        else a for a in args]
+                d.quirk = f"the Python number read as {node.dtype.short} (ATen's CPU {op})"
             if low.torch_cpu_softmax(node):
                 dt = None  # the kernel's Vectorized exp/log: SLEEF's, whatever the dtype
             var = low.math.variant_bits(op, f64 == F64, low.cuda, dt, kern)

@@ -113,6 +113,9 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
     "gelu_tanh_backward": BackwardKernel(
         {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
         "aten/src/ATen/native/cuda/ActivationGeluKernel.cu, native/cpu/Activation.cpp"),
+    "log_softmax_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/SoftMax.cu, native/cpu/SoftMaxKernel.cpp"),
     "hardswish_backward": BackwardKernel(
         {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
         "aten/src/ATen/native/cuda/ActivationHardswishKernel.cu, native/cpu/Activation.cpp"),
@@ -130,7 +133,8 @@ REDUCTION_ORDERS = ("torch", "torch_cpu", "torch_cuda", "triton", "pairwise", "s
 #: ReduceOrder codes (ops/scalar/reduce.h).
 ORDER_CODE: dict[str, int] = {"sequential": 0, "pairwise": 1, "torch_cpu": 2, "torch_cuda": 3,
                               "softmax_warp": 4, "softmax_block": 5, "cpu_moments": 6,
-                              "cuda_layer_norm_vec": 7, "cuda_layer_norm_block": 8, "triton": 9}
+                              "cuda_layer_norm_vec": 7, "cuda_layer_norm_block": 8, "triton": 9,
+                              "softmax_spatial": 10}
 
 # PyTorch's forward kernels that compute a composite (softmax, layer_norm, ...) in op-math
 # and round once: their inner nodes carry kernel=<name> like the backward kernels above.

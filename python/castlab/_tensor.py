@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _C, _reduce, cuda, ops
+from . import _C, _index, _reduce, cuda, ops
 from ._device import as_device, device
 from ._dtype import as_dtype, dtype
 from ._graph import Proxy
@@ -298,6 +298,7 @@ def _install(cls, concrete: bool):
         "flatten": lambda self: ops.reshape(self, -1),
         "sum": _reduce.sum, "mean": _reduce.mean, "amax": _reduce.amax, "amin": _reduce.amin,
         "var": _reduce.var, "softmax": _reduce.softmax, "log_softmax": _reduce.log_softmax,
+        "gather": _index.gather, "take_along_dim": _index.take_along_dim,
     }
     # Every public elementwise op of the op table is a method too (x.exp(), x.add(y)).
     for name, fn in ops.ELEMENTWISE_FUNCTIONS.items():

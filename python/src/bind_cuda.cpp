@@ -8,6 +8,8 @@
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/executor.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/index.h"
+#include "ops/loss.h"
 #include "ops/reduce.h"
 #include "python/src/bindings.h"
 
@@ -44,6 +46,12 @@ void bind_cuda(py::module_& m) {
   m.def(
       "_reduce_kernel_source", [](bool f64) { return cl::cuda::reduce_kernel_source(f64); },
       "the CUDA source of the reduce kernel (float or double rows)");
+  m.def(
+      "_index_kernel_source", [] { return cl::cuda::index_kernel_source(); },
+      "the CUDA source of the index steps (gather, scatter_add, check)");
+  m.def(
+      "_nll_kernel_source", [](bool f64) { return cl::cuda::nll_kernel_source(f64); },
+      "the CUDA source of the nll_loss step (float or double values)");
   m.def(
       "cuda_sm_count", [](int index) { return cu::multiprocessor_count(index); },
       "streaming multiprocessors of CUDA device `index`", py::call_guard<py::gil_scoped_release>());

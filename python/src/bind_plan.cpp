@@ -63,10 +63,11 @@ PlanBind to_bind(const py::tuple& t) {
 // An exact, hashable key for a list of tensors' dtypes, shapes, strides and devices.
 py::bytes signature(const std::vector<Tensor>& ts) { return py::bytes(cl::tensor_signature(ts)); }
 
-// (kind, order, p0, p1, p2, p3), validated.
+// (kind, order, p0, p1, p2, p3[, p4, p5]), validated.
 cl::ReduceSpec to_spec(const py::handle& h) {
   const auto sp = h.cast<std::vector<int64_t>>();
-  if (sp.size() != 6) throw std::invalid_argument("plan: reduce spec has 6 fields");
+  if (sp.size() != 6 && sp.size() != 8)
+    throw std::invalid_argument("plan: reduce spec has 6 or 8 fields");
   cl::ReduceSpec r;
   r.kind = static_cast<int>(sp[0]);
   r.order = static_cast<int>(sp[1]);
@@ -74,6 +75,10 @@ cl::ReduceSpec to_spec(const py::handle& h) {
   r.p1 = sp[3];
   r.p2 = sp[4];
   r.p3 = sp[5];
+  if (sp.size() == 8) {
+    r.p4 = sp[6];
+    r.p5 = sp[7];
+  }
   (void)cl::make_red_plan(r, 1, 1);  // validates kind, order, parameters
   return r;
 }
@@ -117,10 +122,31 @@ void bind_plan(py::module_& m) {
           if (st[0].is_none()) {  // a reduce step: (None, [src], [dst], (kind, order, p0..p3))
             if (st.size() != 4) throw std::invalid_argument("plan: a reduce step needs its spec");
             s.reduce = to_spec(st[3]);
-          } else if (py::isinstance<py::str>(st[0])) {  // ("row", [leaves], [outs], row spec)
-            if (st.size() != 4 || st[0].cast<std::string>() != "row")
+          } else if (py::isinstance<py::str>(st[0])) {
+            // ("row", [leaves], [outs], row spec) or
+            // ("index", [src, index], [out], (mode, dim, size, wrap, target)): ops/index.h
+            // ("nll", [values, weights, targets], [out], (order, reduction, fmt, has_w,
+            // ignore_index)): ops/loss.h
+            const std::string kind = st[0].cast<std::string>();
+            if (st.size() != 4 || (kind != "row" && kind != "index" && kind != "nll"))
               throw std::invalid_argument("plan: unknown step kind");
-            s.row = to_row_step(st[3].cast<py::tuple>());
+            if (kind == "nll") {
+              const auto q = st[3].cast<std::tuple<int, int, int, int, int64_t>>();
+              auto np = std::make_shared<cl::NllPlan>();
+              np->order = std::get<0>(q);
+              np->reduction = std::get<1>(q);
+              np->fmt = std::get<2>(q);
+              np->has_w = std::get<3>(q);
+              np->ignore_index = std::get<4>(q);
+              s.nll = np;
+            } else if (kind == "row") {
+              s.row = to_row_step(st[3].cast<py::tuple>());
+            } else {
+              const auto md = st[3].cast<std::tuple<int, int, int64_t, bool, bool>>();
+              s.index = std::make_shared<cl::IndexSpec>(
+                  cl::IndexSpec{std::get<0>(md), std::get<1>(md), std::get<2>(md), std::get<3>(md),
+                                std::get<4>(md)});
+            }
           } else {
             s.prog = st[0].cast<std::shared_ptr<Program>>();
           }
@@ -161,11 +187,11 @@ void bind_plan(py::module_& m) {
       py::arg("p1") = 0, py::arg("p2") = 0, py::arg("p3") = 0);
   m.def(
       "describe_reduce",
-      [](int kind, int order, int64_t p0, int64_t p1, int64_t p2, int64_t p3, int64_t n,
-         int64_t rows) {
-        return cl::describe_red_plan(cl::make_red_plan({kind, order, p0, p1, p2, p3}, n, rows));
+      [](const py::tuple& spec, int64_t n, int64_t rows) {
+        return cl::describe_red_plan(cl::make_red_plan(to_spec(spec), n, rows));
       },
-      "the launch configuration of a reduction order, in words");
+      "the launch configuration of a reduction order (a spec as Plan takes it), in words",
+      py::arg("spec"), py::arg("n"), py::arg("rows"));
   m.def(
       "row_kernel_fits",
       [](const py::tuple& spec, bool f64, int dev) {
