@@ -46,3 +46,10 @@ def test_reductions_example_runs():
     ns: dict = {}
     exec(compile("import castlab as cl\n" + block, "README reductions", "exec"), ns)
     assert ns["hf"].shape == (1024, 3584) and ns["te"].dtype == ns["hf"].dtype
+
+
+def test_readme_losses_block_runs(capsys):
+    block = re.search(r"### Log-probabilities and losses over the vocabulary\n.*?```python\n"
+                      r"(.*?)```\nprints `(.*?)`", README, re.S)
+    exec(compile(block.group(1), "README losses", "exec"), {})
+    assert capsys.readouterr().out.strip() == block.group(2)

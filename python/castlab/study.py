@@ -42,10 +42,11 @@ from . import cuda, numerics
 from . import presets as _presets  # (run() has a parameter named presets)
 from ._creation import rand, randn, tensor
 from ._device import as_device
-from ._dtype import as_dtype, float32, float64
+from ._dtype import as_dtype, float32, float64, int64
 from ._jit import JitFunction, _arg_names, jit
 from ._progress import bar as _bar
-from ._reduce import rms_norm, softmax
+from ._index import gather
+from ._reduce import log_softmax, rms_norm, softmax
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy
 from .sweep import CellFailure, run_cells, worker_device
@@ -179,6 +180,20 @@ def _softmax(x):
     return softmax(x, -1)
 
 
+def _logprobs(x, t):
+    # the log-probability of each row's token: log_softmax over the vocabulary, gathered
+    return gather(log_softmax(x, -1), -1, t)
+
+
+def _logprobs_inputs(shape, dt, seed, kind, scale, device):
+    import numpy as np
+
+    x = _gen(kind, shape, seed, scale, dt, device)
+    rng = np.random.default_rng(seed + 1)
+    t = tensor(rng.integers(0, shape[-1], size=tuple(shape[:-1]) + (1,)), dtype=int64)
+    return (x, t.to(device))
+
+
 CHAINS: dict[str, Chain] = {
     # gradients: SwiGLU/GeGLU of x, reported as its halves da and db; RoPE of x only
     # (cos/sin are broadcast over batch and heads: their gradients are reductions)
@@ -198,6 +213,9 @@ CHAINS: dict[str, Chain] = {
                      (0,)),
     "softmax": Chain("softmax", _softmax, _swiglu_inputs, (4096, 4096), (256, 1024),
                      "softmax(x, -1): max, exp(x - max), sum, divide; one PyTorch kernel", (0,)),
+    "logprobs": Chain("logprobs", _logprobs, _logprobs_inputs, (512, 32000), (64, 32000),
+                      "per-token log-probabilities: gather(log_softmax(logits, -1), -1, "
+                      "tokens), tokens [rows, 1] drawn with the seed", (0,)),
 }
 
 # The default study: every dtype, eager vs fused vs fp64, and SwiGLU's formula presets.
