@@ -920,3 +920,31 @@ def test_explain_a_node_of_a_captured_model():
     if inner is not None:
         with pytest.raises(ValueError, match="hands on"):
             cm.explain(inner, (0, 3, 5), ids, kwargs=KW)
+
+
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_capture_with_labels_reproduces_the_loss(dtype, device):
+    """A causal LM called with labels=: castlab computes the loss itself (HF's
+    ForCausalLMLoss: the fp32 logits' cross_entropy, ignore_index -100, mean), bit for bit
+    equal to the model's, and its fp64 reference."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(hidden_size=56, num_attention_heads=28, num_key_value_heads=4,
+                                   intermediate_size=112, vocab_size=500,
+                                   max_position_embeddings=32, num_hidden_layers=1)
+    cfg._attn_implementation = "sdpa"
+    m = transformers.Qwen2ForCausalLM(cfg).to(dtype).to(device).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), device=device)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    kw = {"use_cache": False, "labels": labels}
+    with torch.no_grad():
+        ref = m(ids, **kw)
+    cm = ct.capture(m, ids, kwargs=kw)
+    assert "aten.cross_entropy_loss.default" not in {e[1] for e in cm.externals()}
+    out = cm.run(ids, kwargs=kw, policy="eager", math="torch_eager")
+    assert torch.equal(out.logits, ref.logits)
+    assert torch.equal(out.loss, ref.loss), (out.loss, ref.loss)
+    exact = cm.run(ids, kwargs=kw, policy="fp64").loss
+    assert exact.dtype == torch.float64 and abs(float(exact) - float(ref.loss)) < 1e-3

@@ -43,9 +43,9 @@ from . import presets as _presets  # (run() has a parameter named presets)
 from ._creation import rand, randn, tensor
 from ._device import as_device
 from ._dtype import as_dtype, float32, float64, int64
+from ._index import gather
 from ._jit import JitFunction, _arg_names, jit
 from ._progress import bar as _bar
-from ._index import gather
 from ._reduce import log_softmax, rms_norm, softmax
 from .ops import cat, chunk, gelu, reshape, silu, stack
 from .policy import Policy, as_math, as_policy

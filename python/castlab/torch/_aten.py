@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import _reduce, ops
+from .. import _index, _loss, _reduce, ops
 from .._dtype import as_dtype
 
 __all__ = ["ATEN", "can_map", "castlab_dtype", "FLOAT_DTYPES"]
@@ -216,6 +216,35 @@ def _cl(dt):
     return None if dt is None else castlab_dtype(dt)
 
 
+_REDUCTION = {0: "none", 1: "mean", 2: "sum"}  # at::Reduction
+
+
+def _arg(a, kw, k: int, name: str, default):
+    return a[k] if len(a) > k else kw.get(name, default)
+
+
+def _cross_entropy(a, kw):  # cross_entropy_loss(self, target, weight, reduction, ignore_index,
+    # label_smoothing)
+    return _loss.cross_entropy(a[0], a[1], _arg(a, kw, 2, "weight", None),
+                               _arg(a, kw, 4, "ignore_index", -100),
+                               _REDUCTION[_arg(a, kw, 3, "reduction", 1)],
+                               _arg(a, kw, 5, "label_smoothing", 0.0))
+
+
+def _nll_loss(a, kw):  # nll_loss(self, target, weight, reduction, ignore_index)
+    return _loss.nll_loss(a[0], a[1], _arg(a, kw, 2, "weight", None),
+                          _arg(a, kw, 4, "ignore_index", -100),
+                          _REDUCTION[_arg(a, kw, 3, "reduction", 1)])
+
+
+def _gather(a, kw):  # gather(self, dim, index, sparse_grad)
+    return _index.gather(a[0], a[1], a[2])
+
+
+def _take_along_dim(a, kw):  # take_along_dim(self, indices, dim)
+    return _index.take_along_dim(a[0], a[1], _arg(a, kw, 2, "dim", None))
+
+
 _U = {"abs": ops.abs, "neg": ops.neg, "exp": ops.exp, "log": ops.log, "sigmoid": ops.sigmoid,
       "silu": ops.silu, "tanh": ops.tanh, "sqrt": ops.sqrt, "rsqrt": ops.rsqrt,
       "reciprocal": ops.reciprocal, "square": ops.square, "cos": ops.cos, "sin": ops.sin, "erf": ops.erf,
@@ -257,6 +286,11 @@ ATEN.update({
     "aten.log_softmax.int": ("compute", _log_softmax_int),
     "aten._log_softmax.default": ("compute", _log_softmax_internal),
     "aten.cat.default": ("compute", _cat),
+    "aten.cross_entropy_loss.default": ("compute", _cross_entropy),
+    "aten.nll_loss.default": ("compute", _nll_loss),
+    "aten.nll_loss_nd.default": ("compute", _nll_loss),
+    "aten.gather.default": ("view", _gather),
+    "aten.take_along_dim.default": ("view", _take_along_dim),
     # views and copies: exact under every policy
     "aten.alias.default": ("view", _identity),
     "aten.clone.default": ("view", _identity),
@@ -283,6 +317,12 @@ ATEN.update({
 })
 _TUPLE_OUT = ("aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default",
               "aten.unbind.int")
+# Ops that read an int64 tensor (class targets, indices): its position among the node's
+# tensors (the others are floating point).
+_INT_TENSOR = {"aten.cross_entropy_loss.default": 1, "aten.nll_loss.default": 1,
+               "aten.nll_loss_nd.default": 1, "aten.gather.default": 1,
+               "aten.take_along_dim.default": 1}
+
 # Ops whose PyTorch semantics castlab does not have for some arguments: the check says
 # which argument values castlab reproduces exactly.
 _ALPHA_OPS = ("aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
@@ -349,6 +389,13 @@ def can_map(node, kinds: tuple = ("compute", "view")) -> bool:
     if name == "aten.where.self":
         if vals[0].dtype is not torch.bool or not all(_is_float(v) for v in vals[1:]):
             return False
+    elif name in _INT_TENSOR:
+        k = _INT_TENSOR[name]
+        if (len(vals) <= k or vals[k].dtype is not torch.int64
+                or not all(_is_float(v) for i, v in enumerate(vals) if i != k)):
+            return False
+        if name == "aten.cross_entropy_loss.default" and vals[1].dim() == vals[0].dim():
+            return False  # probability targets are float: the general rule below
     elif not all(_is_float(v) for v in vals):
         return False
     if name.split(".")[1] in _CMP:
