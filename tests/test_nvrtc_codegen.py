@@ -639,6 +639,13 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         cases += [(dt, "fused", "inductor", lambda x, w, n=n: cl.rms_norm(x, n, w, cast="hf"))
                   for dt in ("bfloat16", "float32")]
         cases += [("bfloat16", "fused", "inductor", lambda x, w: cl.softmax(x * w, -1))]
+    # SoftMax.cu's orders: a block of its threads reading the row from memory (the warp
+    # kernel, the register, shared-memory and ilpReduce block kernels)
+    cuda_order = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
+    for n in (64, 5000, 12000, 32000):
+        cases += [(dt, "eager", cuda_order, lambda x, w, n=n: cl.softmax(x, -1))
+                  for dt in ("bfloat16", "float32")]
+        cases += [("bfloat16", "eager", cuda_order, lambda x, w, n=n: cl.log_softmax(x, -1))]
     for dt, policy, math, fn in cases:
         n = 64 if "n" not in fn.__code__.co_varnames else fn.__defaults__[0]
         x = cl.randn(8, n, seed=0, dtype=dt)
@@ -649,7 +656,8 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         for plan in tr.plans.values():
             for spec, dts in plan.row_steps:
                 src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
-                at = src.index("castlab_row" if "castlab_row" in src else "castlab_trow")
+                at = next(src.index(k) for k in ("castlab_row", "castlab_trow", "castlab_srow")
+                          if k in src)
                 items[src[at:src.index("(", at)]] = src
     assert len(items) >= 20, len(items)
     names = sorted(items)

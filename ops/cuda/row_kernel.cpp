@@ -543,10 +543,167 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
   return src;
 }
 
+// The general kernels' parameter block (ops[] pointers and strides, n, the vector path,
+// each phase's plan and pairwise table), as launch_row_kernel fills it.
+std::string row_params_struct(const RowStep& s, size_t nops) {
+  return "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
+         "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
+         num(static_cast<int64_t>(nops)) +
+         "];\n  long long n;\n  long long vec;\n  cl::RedPlan plan[" +
+         num(static_cast<int64_t>(s.phases.size())) + "];\n  const int* tab[" +
+         num(static_cast<int64_t>(s.phases.size())) + "];\n};\n";
+}
+
+// The epilogue over the row's elements (row_loop: the vector path and the general one),
+// writing the outputs; empty without an epilogue.
+std::string epilogue_source(const RowStep& s, const Tensor* const* ops) {
+  std::string src;
+  if (s.epilogue) {
+    src += row_loop(s, ops, s.epi_ins, [&](bool vec, const char* where) -> std::string {
+      const std::string w(where);
+      std::string b;
+      if (w == "pre") {  // the outputs of the 8 elements, stored as words after
+        for (size_t o = 0; o < s.epi_outs.size(); ++o)
+          b += "      __align__(16) " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) +
+               " yv" + num(static_cast<int64_t>(o)) + "[8];\n";
+        return b;
+      }
+      if (w == "post") {
+        for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+          const int k = s.epi_outs[o];
+          const std::string t = storage_type(ops[k]->dtype());
+          const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
+          const std::string vw = vector_word(es);
+          b += "      {\n        " + vw + "* q = (" + vw + "*)((" + t + "*)P.ptr[" + num(k) +
+               "] + row * " + num(s.rs[k]) + "LL + 8 * c);\n";
+          b += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) +
+               "; ++v) q[v] = ((const " + vw + "*)yv" + num(static_cast<int64_t>(o)) +
+               ")[v];\n      }\n";
+        }
+        return b;
+      }
+      for (size_t o = 0; o < s.epi_outs.size(); ++o)
+        b += "        " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
+             num(static_cast<int64_t>(o)) + ";\n";
+      b += "        cl_epi(0ull, 0ull";
+      for (size_t a = 0; a < s.epi_ins.size(); ++a)
+        b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
+      for (size_t o = 0; o < s.epi_outs.size(); ++o) b += ", y" + num(static_cast<int64_t>(o));
+      b += ");\n";
+      for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+        const int k = s.epi_outs[o];
+        const std::string Y = num(static_cast<int64_t>(o));
+        if (vec) {
+          b += "        yv" + Y + "[u] = y" + Y + ";\n";
+        } else {
+          const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
+          b += "        ((" + std::string(storage_type(ops[k]->dtype())) + "*)P.ptr[" + num(k) +
+               "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = y" + Y + ";\n";
+        }
+      }
+      return b;
+    });
+  }
+  return src;
+}
+
+// ---- SoftMax.cu's orders: the kernel's own threads, the row read from memory ----
+// Where every phase takes SoftMax.cu's warp or block order, a block of the order's threads
+// (block: one thread per SoftMax.cu thread, up to 1024) computes each thread's value
+// (red_softmax_thread / red_softmax_part) straight from the operands in global memory,
+// evaluating the phase's Program element by element as it reads them, as PyTorch's
+// kernel does (no row in shared memory: vocabulary-sized rows fit), then the warps'
+// values and the block's in the order's trees; the epilogue as the general kernel's.
+// Returns the block's thread count, 0 where the phases take other orders.
+int64_t torch_threads(const RowStep& s) {
+  int64_t t = 0;
+  for (const RowPhase& p : s.phases) {
+    if (p.spec.kind > kRedMin) return 0;
+    if (p.spec.order == kOrdSoftmaxWarp) {
+      t = std::max<int64_t>(t, 32);
+    } else if (p.spec.order == kOrdSoftmaxBlock) {
+      t = std::max<int64_t>(t, make_red_plan(p.spec, s.n, s.rows).a);
+    } else {
+      return 0;
+    }
+  }
+  return s.n > int64_t(0x3FFFFFFF) ? 0 : t;
+}
+
+std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
+  const int64_t NT = torch_threads(s);
+  if (NT == 0) return "";
+  std::string src = row_preamble(s, ops, "SoftMax.cu's threads");
+  src += row_params_struct(s, nops);
+  src +=
+      "template <typename F>\nstruct CallRow {\n  F f;\n"
+      "  __device__ ACC operator[](long long i) const { return f(i); }\n};\n";
+  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) +
+         ") KERNEL_NAME(const RowParams P) {\n";
+  bool block = false;  // (the warp kernel's lanes are its parts)
+  for (const RowPhase& p : s.phases) block = block || p.spec.order == kOrdSoftmaxBlock;
+  if (block) src += "  __shared__ ACC lanes[" + num(NT) + "];\n";
+  src += "  __shared__ ACC parts[32];\n";
+  src += "  const long long row = blockIdx.x;\n  const int n = (int)P.n;\n";
+  src += "  const int step = (int)blockDim.x * " + num(kUnroll) + ";\n  (void)step;\n";
+  for (size_t k = 0; k < s.phases.size(); ++k) {
+    const RowPhase& p = s.phases[k];
+    const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
+    src += "  {\n" + row_invariant_loads(s, ops, p.ins);
+    // the phase's value at element i of the row, its operands read as the order reads them
+    src += "    auto value = [&](long long i) -> ACC {\n";
+    for (size_t a = 0; a < p.ins.size(); ++a) {
+      const int q = p.ins[a];
+      const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
+      if (s.cs[q] == 0) {
+        src += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+      } else {
+        const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
+        src += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
+               "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
+      }
+    }
+    if (p.prog) {
+      src += "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
+      for (size_t a = 0; a < p.ins.size(); ++a) src += ", a" + num(static_cast<int64_t>(a));
+      src += ", y);\n      return y;\n";
+    } else {
+      src += "      return (ACC)a0;\n";
+    }
+    src += "    };\n    const CallRow<decltype(value)> v{value};\n";
+    const std::string kind = num(p.spec.kind);
+    if (p.spec.order == kOrdSoftmaxBlock) {
+      src += "    const int t = threadIdx.x;\n";
+      src += "    lanes[t] = t < " + PL + ".a ? cl::red_softmax_thread<ACC>(" + PL +
+             ", v, n, row, t) : cl::red_identity<ACC>(" + kind + ");\n";
+      src += "    __syncthreads();\n";
+      src += "    if (t < " + PL + ".nparts) {\n      ACC* L = lanes + 32 * t;\n";
+      src += "      ACC r;\n      if (" + PL + ".f) {\n        r = cl::red_identity<ACC>(" + kind +
+             ");\n        for (int l = 0; l < 32; ++l) r = cl::red_op(" + kind +
+             ", r, L[l]);\n      } else {\n        r = cl::red_warp_down(" + kind +
+             ", L);\n      }\n      parts[t] = r;\n    }\n";
+    } else {
+      src += "    if ((long long)threadIdx.x < " + PL +
+             ".nparts) parts[threadIdx.x] = "
+             "cl::red_softmax_part<ACC>(" +
+             PL + ", v, n, row, threadIdx.x);\n";
+    }
+    src += "    __syncthreads();\n";
+    src += "    if (threadIdx.x == 0) ((ACC*)P.ptr[" + num(p.q) +
+           "])[row] = cl::red_softmax_combine(" + PL + ", parts);\n";
+    src += "    __syncthreads();\n  }\n";
+  }
+  src += epilogue_source(s, ops);
+  src += "}\n";
+  const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
+  src.replace(src.find("KERNEL_NAME"), 11, name);
+  return src;
+}
+
 }  // namespace
 
 int64_t row_kernel_smem(const RowStep& s, bool f64) {
-  if (triton_layout(s).first) return 0;
+  if (triton_layout(s).first || torch_threads(s)) return 0;  // static shared memory only
   return (s.n + (s.n >> 5) + 1 + 2 * max_parts(s)) * (f64 ? 8 : 4);
 }
 
@@ -559,13 +716,10 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
   check_row_step(s, ops, nops);
   const std::string tri = triton_row_source(s, ops, nops);
   if (!tri.empty()) return tri;
+  const std::string tor = torch_row_source(s, ops, nops);
+  if (!tor.empty()) return tor;
   std::string src = row_preamble(s, ops, "");
-  src += "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
-         "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
-         num(static_cast<int64_t>(nops)) +
-         "];\n  long long n;\n  long long vec;\n  cl::RedPlan plan[" +
-         num(static_cast<int64_t>(s.phases.size())) + "];\n  const int* tab[" +
-         num(static_cast<int64_t>(s.phases.size())) + "];\n};\n";
+  src += row_params_struct(s, nops);
   // the row in shared memory, one pad word per 32 (parts reading chunks of 32 m elements,
   // m odd, or NumPy's leaves of 128, start in different banks)
   src +=
@@ -699,52 +853,7 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
     }
     src += "  __syncthreads();\n";
   }
-  if (s.epilogue) {
-    src += row_loop(s, ops, s.epi_ins, [&](bool vec, const char* where) -> std::string {
-      const std::string w(where);
-      std::string b;
-      if (w == "pre") {  // the outputs of the 8 elements, stored as words after
-        for (size_t o = 0; o < s.epi_outs.size(); ++o)
-          b += "      __align__(16) " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) +
-               " yv" + num(static_cast<int64_t>(o)) + "[8];\n";
-        return b;
-      }
-      if (w == "post") {
-        for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-          const int k = s.epi_outs[o];
-          const std::string t = storage_type(ops[k]->dtype());
-          const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
-          const std::string vw = vector_word(es);
-          b += "      {\n        " + vw + "* q = (" + vw + "*)((" + t + "*)P.ptr[" + num(k) +
-               "] + row * " + num(s.rs[k]) + "LL + 8 * c);\n";
-          b += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) +
-               "; ++v) q[v] = ((const " + vw + "*)yv" + num(static_cast<int64_t>(o)) +
-               ")[v];\n      }\n";
-        }
-        return b;
-      }
-      for (size_t o = 0; o < s.epi_outs.size(); ++o)
-        b += "        " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
-             num(static_cast<int64_t>(o)) + ";\n";
-      b += "        cl_epi(0ull, 0ull";
-      for (size_t a = 0; a < s.epi_ins.size(); ++a)
-        b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
-      for (size_t o = 0; o < s.epi_outs.size(); ++o) b += ", y" + num(static_cast<int64_t>(o));
-      b += ");\n";
-      for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-        const int k = s.epi_outs[o];
-        const std::string Y = num(static_cast<int64_t>(o));
-        if (vec) {
-          b += "        yv" + Y + "[u] = y" + Y + ";\n";
-        } else {
-          const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
-          b += "        ((" + std::string(storage_type(ops[k]->dtype())) + "*)P.ptr[" + num(k) +
-               "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = y" + Y + ";\n";
-        }
-      }
-      return b;
-    });
-  }
+  src += epilogue_source(s, ops);
   src += "}\n";
   const std::string name = "castlab_row" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
@@ -837,10 +946,11 @@ const RowKernel& kernel_for(const RowStep& s, const Tensor* const* ops, size_t n
   const std::string src = row_kernel_source(s, ops, nops);
   size_t a = src.find("castlab_row");
   if (a == std::string::npos) a = src.find("castlab_trow");
+  if (a == std::string::npos) a = src.find("castlab_srow");
   const std::string name = src.substr(a, src.find('(', a) - a);
   RowKernel rk;
   rk.k = get_kernel(dev, name, src);
-  if (!triton_layout(s).first)  // the register kernel has static shared memory only
+  if (!triton_layout(s).first && !torch_threads(s))  // (static shared memory only)
     check(driver().cuFuncSetAttribute(rk.k.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                       max_shared_per_block(dev)),
           "cuFuncSetAttribute");
@@ -940,9 +1050,11 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
     for (const void* p : rk.tab_ptrs) put(&p, 8);
   }
   const unsigned smem = static_cast<unsigned>(row_kernel_smem(s, f64));
+  const int64_t sm_threads = torch_threads(s);
   const unsigned threads = static_cast<unsigned>(
-      tri_threads ? tri_threads
-                  : std::min<int64_t>(kRowThreads, std::max<int64_t>(32, (s.n + 31) / 32 * 32)));
+      tri_threads  ? tri_threads
+      : sm_threads ? sm_threads
+                   : std::min<int64_t>(kRowThreads, std::max<int64_t>(32, (s.n + 31) / 32 * 32)));
   int64_t grid = s.rows;
   Tickets* tk = nullptr;
   std::unique_lock<std::mutex> lk;  // the ticket base and the launch in the same order

@@ -5,7 +5,9 @@
 // the row's elements and writes the outputs. Where every phase takes Triton's order, the
 // register kernel instead keeps each thread's tile positions in registers, and the launch
 // runs as many blocks as the device holds at once, each looping over rows (reading its
-// next row while it reduces this one).
+// next row while it reduces this one). Where every phase takes SoftMax.cu's warp or block
+// order, a block of that order's threads reads the operands from global memory as
+// PyTorch's kernel does (no row in shared memory: any row length fits).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,0 +1,79 @@
+"""Vocabulary-wide reductions on the GPU, castlab's default eager path against torch eager,
+in one run (issue 49's eager speed goal).
+
+Cases (bf16 logits [rows, V], V in 32,000 / 50,257 / 151,936): softmax and log_softmax over
+the vocabulary, and cross_entropy against random targets. Implementations: castlab's eager
+call (``cl.softmax(x, -1)``: the default math, PyTorch's SoftMax.cu order, fused into one
+kernel of SoftMax.cu's own threads) and ``jit(...).run(policy="eager")``, torch eager, and a
+device copy of the bytes the op must move (logits read + result written: the anchor).
+Timing: CUDA events on each library's stream (bench_cuda.device_ms).
+
+Usage: python benchmarks/bench_vocab.py [--json PATH] [--rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_backward import _require_gpu  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--rows", type=int, default=2048)
+    args = ap.parse_args()
+    _require_gpu()
+
+    import torch
+    from bench_cuda import device_ms, gbps, stream_of_castlab
+
+    import castlab as cl
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = torch.cuda.get_device_name()
+    print(f"# castlab vocabulary benchmark  {now:%Y-%m-%d %H:%M} UTC  {name}  torch "
+          f"{torch.__version__}  rows {args.rows}")
+    ts, cs = torch.cuda.current_stream(), stream_of_castlab()
+    results = {"device": name, "date": f"{now:%Y-%m-%d}", "cases": {}}
+    print(f"{'case':28s} {'impl':22s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s} {'torch/cl':>8s}")
+    for v in (32000, 50257, 151936):
+        x = (torch.randn(args.rows, v, device="cuda") * 3).to(torch.bfloat16)
+        t = torch.randint(0, v, (args.rows,), device="cuda")
+        X, T = cl.from_dlpack(x), cl.from_dlpack(t)
+        cases = {
+            "softmax": (lambda: torch.softmax(x, -1), lambda: cl.softmax(X, -1),
+                        cl.jit(lambda a: cl.softmax(a, -1)), (X,), 4),
+            "log_softmax": (lambda: torch.log_softmax(x, -1), lambda: cl.log_softmax(X, -1),
+                            cl.jit(lambda a: cl.log_softmax(a, -1)), (X,), 4),
+            "cross_entropy": (lambda: torch.nn.functional.cross_entropy(x, t),
+                              lambda: cl.cross_entropy(X, T),
+                              cl.jit(lambda a, b: cl.cross_entropy(a, b)), (X, T), 2),
+        }
+        for op, (tf, cf, jf, jargs, bpe) in cases.items():
+            nbytes = x.numel() * bpe  # bf16 read (+ bf16 written)
+            src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda")
+            dst = torch.empty_like(src)
+            impls = {"torch eager": (tf, ts), "castlab eager call": (cf, cs),
+                     "castlab jit eager": (lambda jf=jf, a=jargs: jf.run(*a, policy="eager"), cs),
+                     "copy (same bytes)": (lambda: dst.copy_(src), ts)}
+            r = {k: device_ms(f, s, iters=10, reps=5) for k, (f, s) in impls.items()}
+            case = f"{op} [{args.rows}, {v}]"
+            results["cases"][case] = {"bytes": nbytes, **r}
+            for k, ms in r.items():
+                print(f"{case:28s} {k:22s} {ms:9.4f} {gbps(nbytes, ms):8.1f} "
+                      f"{r['copy (same bytes)'] / ms:8.2f} {r['torch eager'] / ms:8.2f}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
