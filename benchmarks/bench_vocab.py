@@ -46,23 +46,7 @@ def main():
     for v in (32000, 50257, 151936):
         x = (torch.randn(args.rows, v, device="cuda") * 3).to(torch.bfloat16)
         t = torch.randint(0, v, (args.rows,), device="cuda")
-        X, T = cl.from_dlpack(x), cl.from_dlpack(t)
-        cases = {
-            "softmax": (lambda: torch.softmax(x, -1), lambda: cl.softmax(X, -1),
-                        cl.jit(lambda a: cl.softmax(a, -1)), (X,), 4),
-            "log_softmax": (lambda: torch.log_softmax(x, -1), lambda: cl.log_softmax(X, -1),
-                            cl.jit(lambda a: cl.log_softmax(a, -1)), (X,), 4),
-            "cross_entropy": (lambda: torch.nn.functional.cross_entropy(x, t),
-                              lambda: cl.cross_entropy(X, T),
-                              cl.jit(lambda a, b: cl.cross_entropy(a, b)), (X, T), 2),
-        }
-        for op, (tf, cf, jf, jargs, bpe) in cases.items():
-            nbytes = x.numel() * bpe  # bf16 read (+ bf16 written)
-            src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda")
-            dst = torch.empty_like(src)
-            impls = {"torch eager": (tf, ts), "castlab eager call": (cf, cs),
-                     "castlab jit eager": (lambda jf=jf, a=jargs: jf.run(*a, policy="eager"), cs),
-                     "copy (same bytes)": (lambda: dst.copy_(src), ts)}
+        for op, (impls, nbytes) in _cases(torch, cl, x, t, ts, cs).items():
             r = {k: device_ms(f, s, iters=10, reps=5) for k, (f, s) in impls.items()}
             case = f"{op} [{args.rows}, {v}]"
             results["cases"][case] = {"bytes": nbytes, **r}
@@ -73,6 +57,27 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def _cases(torch, cl, x, t, ts, cs) -> dict:
+    """op -> ({impl: (fn, stream)}, bytes the op must move) for logits x and targets t."""
+    X, T = cl.from_dlpack(x), cl.from_dlpack(t)
+    soft, logsoft = cl.jit(lambda a: cl.softmax(a, -1)), cl.jit(lambda a: cl.log_softmax(a, -1))
+    ce = cl.jit(lambda a, b: cl.cross_entropy(a, b))
+    out = {}
+    for op, tf, cf, jf, jargs, bpe in (
+            ("softmax", lambda: torch.softmax(x, -1), lambda: cl.softmax(X, -1), soft, (X,), 4),
+            ("log_softmax", lambda: torch.log_softmax(x, -1), lambda: cl.log_softmax(X, -1),
+             logsoft, (X,), 4),
+            ("cross_entropy", lambda: torch.nn.functional.cross_entropy(x, t),
+             lambda: cl.cross_entropy(X, T), ce, (X, T), 2)):
+        nbytes = x.numel() * bpe  # bf16 read (+ bf16 written)
+        src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda")
+        dst = torch.empty_like(src)
+        out[op] = ({"torch eager": (tf, ts), "castlab eager call": (cf, cs),
+                    "castlab jit eager": (lambda jf=jf, a=jargs: jf.run(*a, policy="eager"), cs),
+                    "copy (same bytes)": (lambda d=dst, s=src: d.copy_(s), ts)}, nbytes)
+    return out
 
 
 if __name__ == "__main__":
