@@ -122,7 +122,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   switch (s.order) {
     case kOrdTorchCpu:
       if (s.p3 != 0) {  // SoftMaxKernel.cpp's vec::reduce_all over W lanes
-        if (s.p3 < 0 || s.p3 > 4 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
+        if (s.p3 < 0 || s.p3 > 6 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
             s.p2 != 0)
           throw std::invalid_argument("torch_cpu order: reduce_all takes W = 4, 8 or 16 lanes");
         P.a = P.b = s.p0;
@@ -221,6 +221,11 @@ std::string describe_red_plan(const RedPlan& p) {
     case kOrdTorchCpu:
       if (p.kind != kRedSum) return r + " sequential";
       if (p.c > 0) return r + " torch_cpu outer cascade (" + num(p.c) + " columns)";
+      if (p.d > 0)  // SoftMaxKernel.cpp's vec::reduce_all (red_cpu_reduce_all's modes)
+        return r + " torch_cpu vec::reduce_all (" + num(p.a) + " lanes" +
+               (p.d == 2 || p.d == 5 ? " over full vectors, then the rest in order" : "") +
+               (p.d == 4 || p.d == 6 ? ", 16-bit vectors as two float halves" : "") +
+               (p.d == 3 || p.d >= 5 ? ", lanes added in order)" : ", lane butterfly)");
       return r + " torch_cpu cascade (" + num(p.a) + "-element loads, " + num(p.b) + " lanes)";
     case kOrdTorchCuda:
       if (p.g > 0)

@@ -43,9 +43,13 @@ enum VariantBits : uint32_t {
                                // (math_onednn.h), minimax form (AVX512 cores), which PyTorch
                                // calls on contiguous input of 2 or more elements; the executor
                                // clears it on other layouts (then Gelu.h's loop, kVarTorchTail)
-  kVarOneDnnGeluAvx2 = 0x4000,  // with kVarOneDnnGelu: the JIT's form below AVX512 (A&S)
-  kVarOneDnnBf16Ftz = 0x8000,   // with kVarOneDnnGelu: bf16 stored by vcvtneps2bf16, which
-                                // writes a subnormal float as a signed zero (avx512_bf16 CPUs)
+  kVarOneDnnGeluAvx2 = 0x4000,    // with kVarOneDnnGelu: the JIT's form below AVX512 (A&S)
+  kVarOneDnnBf16Ftz = 0x8000,     // with kVarOneDnnGelu: bf16 stored by vcvtneps2bf16, which
+                                  // writes a subnormal float as a signed zero (avx512_bf16 CPUs)
+  kVarTorchScalarLoop = 0x10000,  // CPU only: PyTorch's DEFAULT build (ATEN_CPU_CAPABILITY=
+                                  // default), whose vec_base Vectorized maps the scalar function
+                                  // over its lanes: every layout computes as the scalar lambda
+                                  // (16-bit rsqrt's rounded sqrt)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----

@@ -47,8 +47,8 @@ enum ReduceOrder : int {
 //               1: a strided row, scalar_inner_sum),
 //               b = float lanes per vector (8 or 4), c = 0 for an innermost reduction, else
 //               the contiguous extent of the kept dims after the reduced ones (outer sum),
-//               d = 0 (the cascade sum), or 1 / 2: SoftMaxKernel.cpp's vec::reduce_all over
-//               a = b = W lanes (red_cpu_reduce_all)
+//               d = 0 (the cascade sum), or 1..6: SoftMaxKernel.cpp's vec::reduce_all over
+//               a = b = W lanes (red_cpu_reduce_all's modes)
 //   torch_cuda: a = block width, b = block height, c = accumulators per thread (vt0, or
 //               the vector size when vectorized), d = 1 when the input is vectorized,
 //               e = 1 when the row is split across the block's rows (threadIdx.y),
@@ -324,9 +324,22 @@ CL_HD T red_lane_butterfly(T* acc, int64_t W) {
   return acc[0];
 }
 
+// ATen's generic vec_reduce_all (no SIMD specialisation: double vectors, and every vector in
+// the DEFAULT build's vec_base): lane 0 adds the other lanes in order.
+template <typename T>
+CL_HD T red_lane_sequential(const T* acc, int64_t W) {
+  T s = acc[0];
+  for (int64_t l = 1; l < W; ++l) s = s + acc[l];
+  return s;
+}
+
+// Modes 5 and 6: modes 2 and 4 as the DEFAULT build computes them (the generic lane sum).
 template <typename T, typename A>
 CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
   if (n <= 0) return T(0);
+  const bool generic = mode == 3 || mode >= 5;
+  if (mode == 5) mode = 2;
+  if (mode == 6) mode = 4;
   if (mode == 4) {  // reduce_all over bf16/fp16 (functional_bfloat16.h): float halves
     T a0[16], a1[16];
     if (n < 2 * W) {  // one partial vector: its halves added, then lanes in order
@@ -351,7 +364,7 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l];
     for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l];
     for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
-    return red_lane_butterfly(a0, W);
+    return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
   }
   if (mode != 2 && n < W) {
     T s = v[0];
@@ -365,12 +378,8 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 0; l < W; ++l) acc[l] = acc[l] + v[d + l];
   if (mode != 2)
     for (int64_t l = 0; l < n - full; ++l) acc[l] = acc[l] + v[full + l];
-  if (mode == 3) {  // the generic vec_reduce_all: lane 0 adds the other lanes in order
-    T s = acc[0];
-    for (int64_t l = 1; l < W; ++l) s = s + acc[l];
-    return s;
-  }
-  T s = red_lane_butterfly(acc, W);
+  if (mode == 3) return red_lane_sequential(acc, W);
+  T s = generic ? red_lane_sequential(acc, W) : red_lane_butterfly(acc, W);
   if (mode == 2)
     for (int64_t i = full; i < n; ++i) s = s + v[i];
   return s;

@@ -15,9 +15,9 @@ Three steps:
 
 from __future__ import annotations
 
-from . import _C
+from . import _C, _torch_vml
 from ._device import as_device
-from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64, int64
+from ._dtype import _BY_CODE, as_dtype, dtype, float16, float32, float64, int64
 from ._graph import COMPARE, EXPANSIONS, Node, expand
 from ._optable import (
     BACKWARD_KERNELS,
@@ -165,12 +165,16 @@ class Scalar:
 
 
 class Elem:
-    __slots__ = ("node", "args", "shape")
+    """An elementwise node over `args`, computed in `shape`; `views`: the view ops pushed
+    through it (its index space is its node's seen through them)."""
 
-    def __init__(self, node: Node, args: list, shape: tuple):
+    __slots__ = ("node", "args", "shape", "views")
+
+    def __init__(self, node: Node, args: list, shape: tuple, views: tuple = ()):
         self.node = node
         self.args = args
         self.shape = tuple(shape)
+        self.views = views
 
 
 class Cat:
@@ -338,6 +342,34 @@ class Lowering:
                 and self.math.reduction_order(False) == "torch_cpu"
                 and self.math.impl_on(False) == "torch_cpu")
 
+    def softmax_columns(self, e: Elem) -> tuple | None:
+        """(vector step, D << 32 | I, chunk) of SoftMaxKernel.cpp's kernel over a dim that
+        is not the last ([outer, D, I]) for this exp or division inside it, whose scalar
+        columns the executor recomputes (glibc's exp; 16-bit: the exponential rounded
+        before the division); None elsewhere, or while torch's thread count is unknown.
+        The step is Vectorized<scalar_t>::size() of the build Math.cpu_isa names (the
+        kernels are also built for AVX512); log_softmax walks chunks of columns
+        (vec_logsoftmax_chunk_size_and_num_chunks), softmax the threads' ranges (chunk 0).
+        Bit 62 of the second: the value is computed as the reduction's operand, permuted to
+        [outer * I, D] (reduce_expr)."""
+        node = e.node
+        geom = node.attrs.get("softmax_geom")
+        if geom is None or not self.torch_cpu_softmax(node) or _torch_vml.unavailable():
+            return None
+        _, dim, inner = geom
+        isz = as_dtype(node.attrs["storage_dtype"]).itemsize
+        if node.op == "div" and isz != 2:
+            return None  # fp32/fp64: the scalar columns divide as the vector ones
+        w = self.math.torch_cpu_vector_bytes() // isz
+        chunk = 0
+        if node.attrs.get("softmax_last"):  # the 16-bit last-dim kernel: float vectors,
+            # the row's remainder (geom (rows, 1, n))
+            w, chunk = self.math.torch_cpu_vector_bytes() // 4, inner
+        elif node.attrs.get("kernel") == "log_softmax":
+            chunk = min(max(131072 // dim // isz, w) // w * w, inner)
+        permuted = any(v[0] == "permute" for v in e.views)
+        return w, (dim << 32) | inner | (int(permuted) << 62), float(chunk)
+
     def kernel_inner(self, node: Node) -> bool:
         """Is this node inside one of PyTorch's fused backward kernels that computes in
         op-math on this device (its value is never rounded on its own)?"""
@@ -348,10 +380,12 @@ class Lowering:
     def kernel_contracts(self, node: Node) -> bool:
         """Inside one of PyTorch's backward kernels, does its compiler contract a*b+c to
         an fma here? Only when the math reproduces PyTorch's kernels (cuda_kernels):
-        portable math keeps the CPU and the GPU identical."""
+        portable math keeps the CPU and the GPU identical; on the CPU, not in the DEFAULT
+        build (Math.cpu_isa), which is compiled without -mfma."""
         k = self._kernel(node)
         return (k is not None and k.contract["cuda" if self.cuda else "cpu"]
-                and self.math.cuda_kernels and not node.attrs.get("no_fma"))
+                and self.math.cuda_kernels and not node.attrs.get("no_fma")
+                and (self.cuda or self.math.torch_cpu_fma()))  # DEFAULT: built without -mfma
 
     def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
         """Does this product contract into the fma of the add/sub `into` (in f64 or not)
@@ -437,8 +471,8 @@ class Lowering:
                         continue
                     v = self.view(a, vop)
                     args.append(v)
-                return Elem(e.node, args, shape)
-            return Elem(e.node, [self.view(a, vop) for a in e.args], shape)
+                return Elem(e.node, args, shape, e.views + (vop,))
+            return Elem(e.node, [self.view(a, vop) for a in e.args], shape, e.views + (vop,))
         if isinstance(e, Cat):
             return self._view_cat(e, vop)
         if isinstance(e, Reduced):
@@ -606,14 +640,22 @@ class Lowering:
         inner, unit, cols = layout
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout)
+        if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"
+                and not node.attrs.get("softmax_last", True)):
+            # _vec_softmax / serial_vec_logsoftmax_range: each column's D elements summed
+            # in order (a vector of columns at a time, or one column in the scalar code)
+            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
         if order == "torch_cpu" and node.attrs.get("algo") == "softmax" and inner and unit:
             # SoftMaxKernel.cpp's _vec_softmax_lastdim / _vec_log_softmax_lastdim: the row's
             # sum by vec::reduce_all over the dispatched vector's lanes (mode 1); the bf16
             # kernel sums float lanes over full vectors, then the rest in order (mode 2)
             w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
-            half = src in (bfloat16, float16)
+            half = node.attrs.get("elem_bytes", src.bits // 8) == 2  # the kernel's input
             mode = (2 if half and node.attrs.get("kernel") == "softmax" else 4 if half
                     else 3 if acc is float64 else 1)
+            if self.math.torch_cpu_isa() == "default":
+                # the DEFAULT build: vec_base has no SIMD vec_reduce_all (generic lane sums)
+                mode = {1: 3, 2: 5, 3: 3, 4: 6}[mode]
             return (kind, ORDER_CODE[order], w, w, 0, mode)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
@@ -743,7 +785,7 @@ class Lowering:
             args = [self.hoist(a) for a in e.args]
             cat = next((a for a in args if isinstance(a, Cat)), None)
             if cat is None:
-                r = Elem(e.node, args, e.shape)
+                r = Elem(e.node, args, e.shape, e.views)
             else:
                 d = cat.dim
                 parts, o = [], 0
@@ -753,7 +795,8 @@ class Lowering:
                            for a in args]
                     shape = list(e.shape)
                     shape[d] = s
-                    parts.append(self.hoist(Elem(e.node, sub, tuple(shape))))
+                    parts.append(self.hoist(Elem(e.node, sub, tuple(shape),
+                                                 e.views + (("slice", d, o, o + s, 1),))))
                     o += s
                 r = Cat(d, parts, e.shape)
         else:
@@ -1273,7 +1316,7 @@ class ProgramBuilder:
             dt = node.dtype.name if node.dtype is not None else None
             # a step inside another PyTorch kernel (layer_norm, softmax, a backward kernel)
             # is not PyTorch's own kernel for the op: none of that kernel's details apply
-            kern = node.attrs.get("kernel") is not None
+            kern = node.attrs.get("kernel") or False  # the kernel's name
             if low.torch_cpu_softmax(node):
                 dt = None  # the kernel's Vectorized exp/log: SLEEF's, whatever the dtype
             var = low.math.variant_bits(op, f64 == F64, low.cuda, dt, kern)
@@ -1307,7 +1350,7 @@ class ProgramBuilder:
                 d.quirk = (f"the sum and its log held in {sdt.short} "
                            "(LogSoftmaxKernelImpl.h, scalar_t tmp_sum)")
             if (quirk is None and contracted is None and op == "div"
-                    and low.torch_cpu_softmax(node)):
+                    and low.torch_cpu_softmax(node) and not node.attrs.get("softmax_geom")):
                 # _vec_softmax_lastdim: tmp_sum = 1 / tmp_sum, then x * tmp_sum
                 a, b = (self.operand(x, f64) for x in args)
                 one, inv, quirk = self.new(), self.new(), self.new()
@@ -1330,11 +1373,18 @@ class ProgramBuilder:
                 # float tensor and a Python exponent) need the storage dtype; the tail
                 # width of PyTorch's vectorised loop rides in aux
                 code = node.dtype.code if var & (RSQRT_SCALAR16 | TORCH_TAIL) else 0
-                tail = low.math.torch_cpu_tail(op, dt, low.cuda) if var & TORCH_TAIL else 0
+                tail = low.math.torch_cpu_tail(op, dt, low.cuda, kern) if var & TORCH_TAIL else 0
                 imm = (float(args[1].value) if op == "pow" and var & TORCH_TAIL
                        and isinstance(args[1], Scalar) else 0.0)  # the exponent, in double
+                iimm = 0
+                cols = low.softmax_columns(e) if op in ("exp", "div") else None
+                if cols is not None:  # the scalar columns of _vec_softmax & co.
+                    var |= TORCH_TAIL
+                    tail, iimm, imm = cols
+                    code = as_dtype(node.attrs["storage_dtype"]).code
+                    d.variant = var
                 self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code,
-                         aux=tail, imm=imm)
+                         aux=tail, imm=imm, iimm=iimm)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
@@ -1487,7 +1537,9 @@ class ProgramBuilder:
 
         x, y = e.args
         op = e.node.op
-        if is_mul(x):
+        k = low._kernel(e.node)
+        right = k is not None and k.fuses_right(low.cuda) and is_mul(y)
+        if is_mul(x) and not right:
             mul, (ea, eb), ec, negate = x, x.args, y, "c"
         elif is_mul(y):
             mul, (ea, eb), ec, negate = y, y.args, x, "a"

@@ -272,18 +272,37 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
         xf = p if out_dt in (float32, float64) else ops.astype(p, float32)
         if len(xf.shape) == 0:
             xf = ops.reshape(xf, 1)
-        a = {"algo": "softmax", "elem_bytes": isz}
+        shape = tuple(p.shape)
+        last = len(shape) == 0 or d == len(shape) - 1
+        # PyTorch's CPU kernels: the last dim (of the contiguous input) sums each row over
+        # vector lanes; another dim sums each column [outer, D, I] in order
+        # (SoftMaxKernel.cpp _vec_softmax, serial_vec_logsoftmax_range), SLEEF's exp in
+        # whole vectors of columns and glibc's in the rest
+        a = {"algo": "softmax", "elem_bytes": isz, "softmax_last": last}
+        geom = None if last else (_numel(shape, range(d)), shape[d],
+                                  _numel(shape, range(d + 1, len(shape))))
+        if last and not log and out_dt.bits == 16 and shape:
+            # the 16-bit last-dim kernel: the row's last n % fVec::size() exponentials by
+            # std::exp (one position per row: D = 1)
+            geom = (_numel(shape, range(d)), 1, shape[d])
         m = _reduce("amax", xf, (d if len(p.shape) else 0,), True, attrs=a)
         z = xf - m
         ez = ops.exp(z)
+        if geom:
+            ez.node.attrs = {**ez.node.attrs, "softmax_geom": geom, "softmax_last": last,
+                             "storage_dtype": out_dt.name}
         s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs=a)
         if log:
             ls = ops.log(s)
-            if out_dt.bits == 16:  # PyTorch's CPU kernel keeps the sum and its log in bf16/fp16
+            if out_dt.bits == 16 and last:
+                # the last-dim kernel keeps the sum and its log in bf16/fp16
                 ls.node.attrs = {**ls.node.attrs, "storage_dtype": out_dt.name}
             y = z - ls
         else:
             y = ez / s
+            if geom and not last:
+                y.node.attrs = {**y.node.attrs, "softmax_geom": geom,
+                                "storage_dtype": out_dt.name}
         if len(p.shape) == 0:
             y = ops.reshape(y, ())
         return ops.astype(y, out_dt) if y.dtype is not out_dt else y
