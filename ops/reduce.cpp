@@ -104,7 +104,7 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
 }  // namespace
 
 RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
-  if (s.kind < kRedSum || s.kind > kRedM2)
+  if (s.kind < kRedSum || s.kind > kRedDot)
     throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
   if (s.order < 0 || s.order >= kOrdCount)
     throw std::invalid_argument("reduce: unknown order " + std::to_string(s.order));
@@ -113,8 +113,26 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   P.kind = s.kind;
   P.order = s.order;
   P.n = n;
-  if (s.kind >= kRedMean) {
+  if (red_is_moment(s.kind)) {
     moments_config(&P, s, n, rows);
+    return P;
+  }
+  if (s.kind == kRedDot) {  // red_dot: torch_cpu (W lanes, reduce_all mode, tail fused) or
+                            // sequential (fused or not)
+    if (n % 2 != 0) throw std::invalid_argument("reduce: a dot row holds 2m values");
+    if (s.order == kOrdTorchCpu) {
+      if (!(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
+          !(s.p3 == 1 || s.p3 == 3 || s.p3 == 4 || s.p3 == 6))
+        throw std::invalid_argument(
+            "torch_cpu dot: W = 4, 8 or 16 lanes, reduce_all mode 1, 3, 4 or 6");
+      P.a = s.p0;
+      P.c = s.p2 != 0 ? 1 : 0;
+      P.d = s.p3;
+    } else if (s.order == kOrdSequential) {
+      P.a = s.p0 != 0 ? 1 : 0;
+    } else {
+      throw std::invalid_argument("reduce: a dot row takes the torch_cpu or sequential order");
+    }
     return P;
   }
   if (s.order >= kOrdCpuMoments && s.order <= kOrdCudaLnBlock)
@@ -196,10 +214,18 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
 }
 
 std::string describe_red_plan(const RedPlan& p) {
-  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2"};
+  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2", "dot"};
   std::string r = kKinds[p.kind];
   auto num = [](int64_t x) { return std::to_string(static_cast<long long>(x)); };
-  if (p.kind >= kRedMean) {
+  if (p.kind == kRedDot)
+    return std::string("dot ") +
+           (p.order == kOrdTorchCpu
+                ? "torch_cpu map2_reduce_all (" + num(p.a) + " lanes" +
+                      (p.c ? ", the last partial vector's products fused" : "") +
+                      (p.d == 4 || p.d == 6 ? ", 16-bit vectors as two float halves" : "") +
+                      (p.d == 3 || p.d == 6 ? ", lanes added in order)" : ", lane butterfly)")
+                : std::string(p.a ? "sequential, fused multiply-adds" : "sequential"));
+  if (red_is_moment(p.kind)) {
     switch (p.order) {
       case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";
       case kOrdCpuMoments:

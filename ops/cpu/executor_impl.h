@@ -422,6 +422,12 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
       return;
     }
   }
+  if (in.op == kOpWhere && (in.var & kVarTorchTail)) {
+    // a PyTorch kernel whose vector loop (b) and scalar lambda (c) compute differently
+    const T* s = torch_scalar_path ? c : b;
+    for (int64_t j = 0; j < n; ++j) d[j] = s[j];
+    return;
+  }
   int impl = in.var & kVarImplMask;
   // the scalar lambda calls glibc: the op's own kernel's, or a step of another kernel's
   // loop whose lambda calls the C library's function for it (kVarTorchTail, silu_backward)

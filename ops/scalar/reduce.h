@@ -27,7 +27,18 @@
 
 namespace cl {
 
-enum ReduceKind : int { kRedSum = 0, kRedMax = 1, kRedMin = 2, kRedMean = 3, kRedM2 = 4 };
+// kRedDot: the sum of products a[i] * b[i] of a row laid out as a[0..m) then b[0..m) (2m
+// values): SoftMaxKernel.cpp's softmax backward, whose products GCC fuses into some of the
+// accumulations (red_dot; orders torch_cpu and sequential only).
+enum ReduceKind : int {
+  kRedSum = 0,
+  kRedMax = 1,
+  kRedMin = 2,
+  kRedMean = 3,
+  kRedM2 = 4,
+  kRedDot = 5
+};
+constexpr bool red_is_moment(int kind) { return kind == kRedMean || kind == kRedM2; }
 enum ReduceOrder : int {
   kOrdSequential = 0,
   kOrdPairwise = 1,
@@ -577,8 +588,79 @@ namespace cl {
 
 // ---- the two steps ----
 // red_part and red_combine (below) for the kinds other than the moments.
+// kRedDot over a row of 2m values (a then b). Sequential (P.a = 1: each step fma(a, b, acc),
+// as GCC contracts SoftMaxKernel.cpp's `sum += grad * output` down a dim that is not the
+// last), or map2_reduce_all's lanes (torch_cpu, P.d the reduce_all mode as
+// red_cpu_reduce_all's 1, 3, 4 or 6; P.c = 1: the last partial vector's products fused into
+// their lanes, which GCC does in the fp32 kernels): lane l starts at a[l] * b[l] and adds
+// the products of the full vectors, then the lanes combine. A row shorter than W adds its
+// rounded products in order.
+CL_HD float red_fma(float a, float b, float c) { return fma_f(a, b, c); }
+CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
+
+// map2_reduce_all over bf16/fp16 (functional_bfloat16.h): each 2W-element vector as two
+// float halves with lanes of their own, added together before the lanes combine (mode 4;
+// 6: the DEFAULT build's lanes in order). The products are not fused (the roundings to
+// 16 bits hide where GCC fuses them).
+template <typename T, typename A>
+CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic) {
+  T a0[16], a1[16];
+  if (m < 2 * W) {
+    const int64_t k = m < W ? m : W;
+    for (int64_t l = 0; l < k; ++l) a0[l] = v[l] * v[m + l];
+    for (int64_t l = 0; l + W < m; ++l) a0[l] = a0[l] + v[W + l] * v[m + W + l];
+    T s = a0[0];
+    for (int64_t l = 1; l < k; ++l) s = s + a0[l];
+    return s;
+  }
+  for (int64_t l = 0; l < W; ++l) {
+    a0[l] = v[l] * v[m + l];
+    a1[l] = v[W + l] * v[m + W + l];
+  }
+  const int64_t full = m - m % (2 * W);
+  for (int64_t d = 2 * W; d < full; d += 2 * W)
+    for (int64_t l = 0; l < W; ++l) {
+      a0[l] = a0[l] + v[d + l] * v[m + d + l];
+      a1[l] = a1[l] + v[d + W + l] * v[m + d + W + l];
+    }
+  const int64_t k = m - full;
+  for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l] * v[m + full + l];
+  for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l] * v[m + full + W + l];
+  for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
+  return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
+}
+
+template <typename T, typename A>
+CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
+  const int64_t m = n2 / 2;
+  if (m <= 0) return T(0);
+  if (P.order != kOrdTorchCpu) {
+    T s = T(0);
+    for (int64_t i = 0; i < m; ++i)
+      s = P.a ? red_fma(T(v[i]), T(v[m + i]), s) : s + v[i] * v[m + i];
+    return s;
+  }
+  const int64_t W = P.a;
+  if (P.d == 4 || P.d == 6) return red_dot_halves<T>(v, m, W, P.d == 6);
+  if (m < W) {
+    T s = v[0] * v[m];
+    for (int64_t i = 1; i < m; ++i) s = s + v[i] * v[m + i];
+    return s;
+  }
+  T acc[16];
+  for (int64_t l = 0; l < W; ++l) acc[l] = v[l] * v[m + l];
+  const int64_t full = m - m % W;
+  for (int64_t d = W; d < full; d += W)
+    for (int64_t l = 0; l < W; ++l) acc[l] = acc[l] + v[d + l] * v[m + d + l];
+  for (int64_t l = 0; l < m - full; ++l)
+    acc[l] = P.c ? red_fma(T(v[full + l]), T(v[m + full + l]), acc[l])
+                 : acc[l] + v[full + l] * v[m + full + l];
+  return P.d == 3 ? red_lane_sequential(acc, W) : red_lane_butterfly(acc, W);
+}
+
 template <typename T, int ORDER, typename A>
 CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  if (P.kind == kRedDot) return red_dot<T>(P, v, n);
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -648,22 +730,22 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
 // needs them (NVRTC spent three quarters of a softmax row kernel's 5 s on them).
 template <typename T, int ORDER = -1, int KIND = -1, typename A>
 CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
-  if constexpr (KIND >= kRedMean) {
+  if constexpr (red_is_moment(KIND)) {
     return mom_part<T>(P, v, n, row, t);
   } else {
     if constexpr (KIND < 0)
-      if (P.kind >= kRedMean) return mom_part<T>(P, v, n, row, t);
+      if (red_is_moment(P.kind)) return mom_part<T>(P, v, n, row, t);
     return red_part_plain<T, ORDER>(P, v, n, row, t);
   }
 }
 
 template <typename T, int ORDER = -1, int KIND = -1>
 CL_HD T red_combine(const RedPlan& P, T* parts) {
-  if constexpr (KIND >= kRedMean) {
+  if constexpr (red_is_moment(KIND)) {
     return mom_combine<T>(P, parts);
   } else {
     if constexpr (KIND < 0)
-      if (P.kind >= kRedMean) return mom_combine<T>(P, parts);
+      if (red_is_moment(P.kind)) return mom_combine<T>(P, parts);
     return red_combine_plain<T, ORDER>(P, parts);
   }
 }

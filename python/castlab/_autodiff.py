@@ -278,6 +278,34 @@ def _reduce_backward(n: Node, g: Proxy, proxies: dict):
     return out.astype(x.dtype) if out.dtype is not x.dtype else out
 
 
+def _kernel_input(n: Node) -> Node:
+    """The one value from outside that the PyTorch kernel ending at `n` reads (its nodes
+    share n's kernel_id)."""
+    kid, seen, stack, outside = n.attrs.get("kernel_id"), set(), [n], []
+    while stack:
+        m = stack.pop()
+        for a in m.inputs:
+            if id(a) in seen or a.op == "scalar":
+                continue
+            seen.add(id(a))
+            (stack if a.attrs.get("kernel_id") == kid else outside).append(a)
+    if len(outside) != 1:
+        raise GradError(f"internal: the kernel of {n.op} reads {len(outside)} values")
+    return outside[0]
+
+
+def _softmax_backward(n: Node, g: Proxy, proxies: dict, active: set, contribs: dict) -> None:
+    """softmax / log_softmax as autograd on the CPU differentiates it: PyTorch's fused
+    backward kernel (castlab._reduce.softmax_backward, one rounding) from the output and
+    the cotangent, straight to the kernel's input. (On the GPU the steps' own rules.)"""
+    x = _kernel_input(n)
+    if id(x) not in active:
+        return
+    dim, log = n.attrs["softmax"]
+    gx = _reduce.softmax_backward(g, _value(n, proxies), dim, log)
+    contribs.setdefault(id(x), []).append(gx.astype(x.dtype) if gx.dtype is not x.dtype else gx)
+
+
 def _rms_scale_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> list:
     """castlab.rms_norm's last step (the normalised fp32 value h and the weight w), by its
     cast placement: "hf" is ``w * h.to(x.dtype)`` (two PyTorch ops: the cast's and the
@@ -446,6 +474,9 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
             _state.annot = {"phase": "backward"}
             _state.where = n.where
             g = _accumulate(cs)
+            if n.attrs.get("softmax") is not None and n.device.type == "cpu":
+                _softmax_backward(n, g, proxies, active, contribs)
+                continue
             pos = _diff_inputs(n)
             want = [i in pos and id(a) in active for i, a in enumerate(n.inputs)]
             grads = _apply_rule(n, g, proxies, want, kernel_ids)

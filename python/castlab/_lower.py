@@ -338,7 +338,7 @@ class Lowering:
     def torch_cpu_softmax(self, node: Node) -> bool:
         """Is this node inside softmax/log_softmax as PyTorch's CPU kernel computes it
         (the torch_cpu order and implementation on the CPU)?"""
-        return (not self.cuda and node.attrs.get("kernel") in ("softmax", "log_softmax")
+        return (not self.cuda and node.attrs.get("kernel") in _TORCH_CPU_SOFTMAX_KERNELS
                 and self.math.reduction_order(False) == "torch_cpu"
                 and self.math.impl_on(False) == "torch_cpu")
 
@@ -365,7 +365,7 @@ class Lowering:
         if node.attrs.get("softmax_last"):  # the 16-bit last-dim kernel: float vectors,
             # the row's remainder (geom (rows, 1, n))
             w, chunk = self.math.torch_cpu_vector_bytes() // 4, inner
-        elif node.attrs.get("kernel") == "log_softmax":
+        elif node.attrs.get("kernel") != "softmax":  # log_softmax, the backward kernels
             chunk = min(max(131072 // dim // isz, w) // w * w, inner)
         permuted = any(v[0] == "permute" for v in e.views)
         return w, (dim << 32) | inner | (int(permuted) << 62), float(chunk)
@@ -592,26 +592,43 @@ class Lowering:
             st = ev.t._strides
             dims = tuple(sorted(dims, key=lambda d: -abs(st[d])))
         perm = tuple(kept + list(dims))
-        if nd == 0:
-            ev = self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
-        else:
+
+        def as_rows(ev):
+            if nd == 0:
+                return self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
             if perm != tuple(range(nd)):
                 ev = self.view(ev, ("permute", perm))
-            ev = self.view(ev, ("reshape", (rows, n)))
-        if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
-                and ev.t.is_contiguous()):
+            return self.view(ev, ("reshape", (rows, n)))
+        dot = self._dot_operands(node, ev)
+        if dot is not None:  # the products' factors side by side: [rows, 2n] (red_dot)
+            ev = self._temp_from(Cat(1, [as_rows(a) for a in dot], (rows, 2 * n)),
+                                 (rows, 2 * n), acc)
+        else:
+            ev = as_rows(ev)
+        if dot is None and not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
+                                and ev.t.is_contiguous()):
             ev = self._temp_from(ev, (rows, n), acc)
         k = len(self.temps)
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout, n)
+        spec = self.reduce_spec(node, acc, layout, n, dot=dot is not None)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = _C.describe_reduce(*spec, n, rows)
+        d.description = _C.describe_reduce(*spec, 2 * n if dot else n, rows)
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _dot_operands(self, node: Node, ev) -> list | None:
+        """The two factors of a sum of products that PyTorch's kernel accumulates with
+        its products fused in (SoftMaxKernel.cpp's softmax backward: node attr "dot"),
+        as the torch_cpu order on the CPU computes it (red_dot); None elsewhere."""
+        if (not node.attrs.get("dot") or self.cuda or not isinstance(ev, Elem)
+                or ev.node.op != "mul" or any(isinstance(a, Scalar) for a in ev.args)
+                or self.math.reduction_order(False) != "torch_cpu"):
+            return None
+        return list(ev.args)
 
     def _memory_order(self, node: Node) -> bool:
         """Does this reduction visit its elements one after another as ATen's CPU loops do
@@ -628,7 +645,8 @@ class Lowering:
         self.emit_regions(self.hoist(e), Leaf(t, ("tmp", k)), out_meta=None)
         return Leaf(t, ("tmp", k))
 
-    def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int) -> tuple:
+    def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int,
+                    dot: bool = False) -> tuple:
         """(kind, order, p0, p1, p2, p3) of ops/reduce.h's ReduceSpec for this node, whose
         rows have n elements.
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
@@ -638,6 +656,18 @@ class Lowering:
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
         src = node.inputs[0].dtype
         inner, unit, cols = layout
+        if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
+            fused = self.math.torch_cpu_fma()
+            if not node.attrs.get("softmax_last", True):  # `sum += grad * output`, fused
+                return (_RED_DOT, ORDER_CODE["sequential"], int(fused), 0, 0, 0)
+            # map2_reduce_all: GCC fuses the last partial vector's products in the fp32
+            # kernels only (measured; the 16-bit kernels' float sums: rounding hides it)
+            w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
+            generic = acc is float64 or self.math.torch_cpu_isa() == "default"
+            if node.attrs.get("elem_bytes") == 2:  # functional_bfloat16.h's float halves
+                return (_RED_DOT, ORDER_CODE[order], w, w, 0, 6 if generic else 4)
+            return (_RED_DOT, ORDER_CODE[order], w, w, int(fused and acc is float32),
+                    3 if generic else 1)
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout)
         if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"
@@ -885,6 +915,12 @@ class _ExpandContext:
             if isinstance(e, Leaf) and e.t.is_contiguous() and e.t.data_ptr() % nbytes:
                 return False
         return True
+
+
+_RED_DOT = 5  # ops/scalar/reduce.h kRedDot
+# SoftMaxKernel.cpp's kernels castlab follows on the CPU (Lowering.torch_cpu_softmax)
+_TORCH_CPU_SOFTMAX_KERNELS = ("softmax", "log_softmax", "softmax_backward",
+                              "log_softmax_backward")
 
 
 def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
@@ -1538,13 +1574,30 @@ class ProgramBuilder:
         x, y = e.args
         op = e.node.op
         k = low._kernel(e.node)
-        right = k is not None and k.fuses_right(low.cuda) and is_mul(y)
+        both = is_mul(x) and is_mul(y)
+        right = both and k is not None and k.fused_product(low.cuda, e.node.dtype) == "right"
         if is_mul(x) and not right:
             mul, (ea, eb), ec, negate = x, x.args, y, "c"
         elif is_mul(y):
             mul, (ea, eb), ec, negate = y, y.args, x, "a"
         else:
             return None
+        if (both and k is not None and op == "add" and not low.cuda
+                and k.fused_product(False, e.node.dtype, tail=True)
+                != k.fused_product(False, e.node.dtype)):
+            w = low.math.torch_cpu_tail("", e.node.dtype.name, False, e.node.attrs["kernel"])
+            if w:  # the kernel's scalar tails fuse the other product: both, then a select
+                body = self.operand(ea, f64), self.operand(eb, f64)
+                other = x if mul is y else y
+                tail = self.operand(other.args[0], f64), self.operand(other.args[1], f64)
+                ob, ot, one, out = self.new(), self.new(), self.new(), self.new()
+                self.ins("fma", f64, ob, *body, self.operand(ec, f64))
+                self.ins("fma", f64, ot, *tail, self.operand(mul, f64))
+                self.ins("const", f64, one, imm=1.0)
+                self.ins("where", f64, out, one, ob, ot, var=TORCH_TAIL, aux=w)
+                low.record.decide(e.node, f64).quirk = (
+                    "fma of the other product in the kernel's scalar tails")
+                return out, mul.node
         tgt = low.round_target(e.node)
         # a native 16-bit fma (fma.rn.bf16/.f16): the exact a*b + c rounded once. In fp64
         # the product of two fp32 values is exact and the sum rounds once; the rounding to

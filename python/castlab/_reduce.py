@@ -28,7 +28,7 @@ from .ops import Tensor, TensorLike
 from .policy import Policy, current_math
 
 __all__ = ["sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm",
-           "layer_norm"]
+           "layer_norm"]  # (softmax_backward: castlab._autodiff's, not exported)
 
 _EAGER_POLICY = Policy.eager()
 _kernel_ids = itertools.count(1)
@@ -305,8 +305,55 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
                                 "storage_dtype": out_dt.name}
         if len(p.shape) == 0:
             y = ops.reshape(y, ())
-        return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+        y = ops.astype(y, out_dt) if y.dtype is not out_dt else y
+        # the autograd backward of this kernel: softmax_backward (castlab._autodiff)
+        y.node.attrs = {**y.node.attrs, "softmax": (d, log)}
+        return y
     return _call(body, [x], kernel="log_softmax" if log else "softmax")
+
+
+def softmax_backward(g: TensorLike, y: TensorLike, dim: int, log: bool) -> TensorLike:
+    """The gradient of softmax / log_softmax at its output `y` for the cotangent `g`, as
+    PyTorch's CPU backward kernels compute it (SoftMaxKernel.cpp
+    _vec_host_softmax_backward_lastdim, _vec_softmax_backward, _vec_log_softmax_backward):
+    one kernel in op-math, rounded once. softmax: ``(g - sum(g * y)) * y``, the products
+    fused into the sum's accumulations where GCC fuses them (the torch_cpu order);
+    log_softmax: ``g - exp(y) * sum(g)`` (an fma; SLEEF's exp, glibc's in the scalar
+    columns of a dim that is not the last).
+
+    >>> y = cl.softmax(cl.tensor([0.0, 1.0]), 0)
+    >>> g = cl._reduce.softmax_backward(cl.tensor([1.0, 0.0]), y, 0, False)
+    >>> [round(v, 4) for v in g.tolist()]
+    [0.1966, -0.1966]
+    """
+    g, y = _arg(g), _arg(y)
+    d = reduce_dims("softmax_backward", _shape(y), dim)
+    d = d[0] if d else 0
+    out_dt = y.dtype
+    isz = out_dt.bits // 8
+
+    def body(gp, yp):
+        gf = gp if gp.dtype in (float32, float64) else ops.astype(gp, float32)
+        yf = yp if yp.dtype in (float32, float64) else ops.astype(yp, float32)
+        shape = tuple(yp.shape)
+        if len(shape) == 0:
+            gf, yf = ops.reshape(gf, 1), ops.reshape(yf, 1)
+        last = len(shape) == 0 or d == len(shape) - 1
+        a = {"algo": "softmax", "elem_bytes": isz, "softmax_last": last}
+        if log:
+            s = _reduce("sum", gf, (d,), True, attrs=a)
+            e = ops.exp(yf)
+            if not last:
+                geom = (_numel(shape, range(d)), shape[d], _numel(shape, range(d + 1, len(shape))))
+                e.node.attrs = {**e.node.attrs, "softmax_geom": geom, "softmax_last": False,
+                                "storage_dtype": out_dt.name}
+            r = gf - e * s
+        else:
+            r = (gf - _reduce("sum", gf * yf, (d,), True, attrs={**a, "dot": True})) * yf
+        if len(shape) == 0:
+            r = ops.reshape(r, ())
+        return ops.astype(r, out_dt) if r.dtype is not out_dt else r
+    return _call(body, [g, y], kernel="log_softmax_backward" if log else "softmax_backward")
 
 
 def softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:

@@ -629,8 +629,9 @@ class Math:
         size = _ITEMSIZE.get(dtype or "")
         if size is None:
             return 0
-        if kernel:
-            if op not in _TORCH_CPU_VEC_KERNELS.get(kernel, ()):
+        if kernel:  # op "": the kernel's own loop, whatever the step
+            if kernel not in _TORCH_CPU_VEC_KERNELS or (
+                    op and op not in _TORCH_CPU_VEC_KERNELS[kernel]):
                 return 0
             wide = kernel in _TORCH_CPU_AVX512_KERNELS
         else:

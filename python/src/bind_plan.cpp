@@ -74,7 +74,7 @@ cl::ReduceSpec to_spec(const py::handle& h) {
   r.p1 = sp[3];
   r.p2 = sp[4];
   r.p3 = sp[5];
-  (void)cl::make_red_plan(r, 1, 1);  // validates kind, order, parameters
+  (void)cl::make_red_plan(r, 2, 1);  // validates kind, order, parameters (a dot row: 2m)
   return r;
 }
 
