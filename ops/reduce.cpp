@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cpu/torch_vml.h"
 
 namespace cl {
 
@@ -17,6 +18,19 @@ int64_t last_pow2(int64_t x) {
 }
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ATen's CPU reduction of >= GRAIN_SIZE elements to one output on more than one torch
+// thread (read from the loaded torch at run time; none when torch is not loaded): the
+// two-pass reduction of reduce.h. `code`: the 16-bit dtype its buffer rounds to, or 0.
+void two_pass_config(RedPlan* P, int64_t n, int64_t rows, int64_t code) {
+  constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE
+  const int64_t threads = torch_num_threads();
+  if (rows != 1 || n < kGrain || threads <= 1) return;
+  P->e = std::min(threads, div_up(n, kGrain));
+  P->f = div_up(n, P->e);
+  P->g = threads;
+  P->h = code;
+}
 
 // setReduceConfig of aten/src/ATen/native/cuda/Reduce.cuh. Innermost (reduce_on_fastest,
 // one reduced dimension): lanes split each row. Outer (s.p3 = output vector size): each
@@ -150,12 +164,16 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4) ||
             (s.p0 == 1 && s.p1 == 1)))
         throw std::invalid_argument("torch_cpu order: vector (8, 8), (16, 8), (4, 4) or (1, 1)");
-      if (s.p2 < 0) throw std::invalid_argument("torch_cpu order: negative column count");
+      // p2 < 0: an innermost reduction whose two-pass buffer is 16-bit dtype -p2 - 1
       P.a = s.p0;
       P.b = s.p1;
-      P.c = s.p2;
+      P.c = std::max<int64_t>(s.p2, 0);
+      if (s.kind == kRedSum && s.p2 <= 0) two_pass_config(&P, n, rows, s.p2 < 0 ? -s.p2 - 1 : 0);
       break;
     case kOrdTorchCuda: cuda_config(&P, s, n, rows); break;
+    case kOrdSequential:  // p0 = 1: ATen's parallel_reduce (var's sum of squares)
+      if (s.kind == kRedSum && s.p0 == 1) two_pass_config(&P, n, rows, 0);
+      break;
     case kOrdPairwise:
       if (s.kind == kRedSum) {  // one part per leaf of NumPy's halving tree
         int64_t st = 0, len = 0;
@@ -242,11 +260,16 @@ std::string describe_red_plan(const RedPlan& p) {
     }
   }
   switch (p.order) {
-    case kOrdSequential: return r + " sequential";
+    case kOrdSequential:
+      return r + " sequential" + (p.e > 0 ? ", " + num(p.e) + " thread chunks of " + num(p.f) : "");
     case kOrdPairwise: return r + (p.kind == kRedSum ? " pairwise (NumPy)" : " sequential");
     case kOrdTorchCpu:
       if (p.kind != kRedSum) return r + " sequential";
       if (p.c > 0) return r + " torch_cpu outer cascade (" + num(p.c) + " columns)";
+      if (p.e > 0)
+        return r + " torch_cpu cascade (" + num(p.a) + "-element loads, " + num(p.b) +
+               " lanes) in " + num(p.e) + " thread chunks of " + num(p.f) +
+               (p.h ? ", each rounded to 16 bits" : "") + ", then the " + num(p.g) + " partials";
       if (p.d > 0)  // SoftMaxKernel.cpp's vec::reduce_all (red_cpu_reduce_all's modes)
         return r + " torch_cpu vec::reduce_all (" + num(p.a) + " lanes" +
                (p.d == 2 || p.d == 5 ? " over full vectors, then the rest in order" : "") +

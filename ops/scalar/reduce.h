@@ -24,6 +24,7 @@
 // docs/torch_reductions.md has the derivations.
 #pragma once
 #include "core/cl_defs.h"
+#include "core/convert.h"
 
 namespace cl {
 
@@ -78,6 +79,12 @@ enum ReduceOrder : int {
 //               too (ops/scalar/moments.h)
 // The moments (kinds kRedMean, kRedM2) keep three parts per emulated thread under the
 // CUDA orders (torch_cuda: a..f as above), one part under the CPU orders.
+//   two-pass (TensorIteratorReduce.cpp two_pass_reduction, ParallelOpenMP.h parallel_reduce:
+//               ATen's CPU reduction of a row of >= GRAIN_SIZE elements to ONE output on
+//               more than one torch thread): e chunks of f elements, each reduced on its own
+//               (the torch_cpu cascade from 0, or sequential from 0) into a buffer of g
+//               slots (the other slots hold 0), stored in dtype h (a 16-bit code: the
+//               output's; 0: the accumulator's), then the slots reduced in order
 // chunk: max and min under the serial orders (sequential, pairwise, torch_cpu) take parts
 // of `chunk` consecutive elements combined in row order: the value of one pass over the
 // row (max and min are exact and associative, and the first NaN of the row still wins),
@@ -87,7 +94,7 @@ struct RedPlan {
   int order = kOrdSequential;
   int64_t n = 0;
   int64_t nparts = 1;
-  int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0;
+  int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0;
   int64_t chunk = 0;
 };
 
@@ -300,6 +307,33 @@ CL_HD T red_torch_cpu_outer(A v, int64_t n, int64_t vec, int64_t cols, int64_t r
   T r[8];
   red_cpu_row_sum<T>(v, n, 1, 1, r);
   return T(0) + r[0];
+}
+
+template <typename T, typename A>
+CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes);
+
+// The two-pass reduction above (P.e chunks): the chunks' sums into g slots, then the slots.
+template <typename T, typename A>
+CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
+  T slot[64];
+  const int64_t g = P.g < 64 ? P.g : 64;
+  for (int64_t k = 0; k < g; ++k) slot[k] = T(0);
+  for (int64_t k = 0; k < P.e && k < g; ++k) {
+    const int64_t start = k * P.f, len = n - start < P.f ? n - start : P.f;
+    T s = T(0);
+    if (P.order == kOrdTorchCpu) {
+      s = s + red_torch_cpu<T>(v + start, len, P.a, P.b);
+    } else {
+      for (int64_t i = 0; i < len; ++i) s = s + v[start + i];
+    }
+    if (P.h == kBFloat16) s = T(bf16_to_f32(f32_to_bf16_rne(float(s))));
+    if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
+    slot[k] = s;
+  }
+  if (P.order == kOrdTorchCpu) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  T r = T(0);
+  for (int64_t k = 0; k < g; ++k) r = r + slot[k];
+  return r;
 }
 
 template <typename T, typename A>
@@ -689,12 +723,14 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.e > 0) return red_two_pass<T>(P, v, n);
     if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
     if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);
     return red_torch_cpu<T>(v, n, P.a, P.b);
   } else {
     (void)row;
     (void)t;
+    if (P.e > 0 && P.kind == kRedSum) return red_two_pass<T>(P, v, n);
     return red_sequential<T>(P.kind, v, n);
   }
 }

@@ -692,12 +692,19 @@ class Lowering:
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
             # column down the reduced dims (vectorized_outer_sum), whose order depends on
             # the column's position among the `cols` contiguous kept elements
+            # (a sum to one value reads torch's thread count, from the library
+            # _torch_vml borrows: load it)
+            c16 = -node.dtype.code - 1 if node.dtype.bits == 16 else 0
+            if not self.cuda and node.op == "sum":
+                _torch_vml.unavailable()
             if inner and not unit:
-                return (kind, ORDER_CODE[order], 1, 1, 0, 0)
+                return (kind, ORDER_CODE[order], 1, 1, c16, 0)
+            # (an innermost reduction to one value on several threads is ATen's two-pass
+            # reduction, reduce.h: its buffer has the output's dtype, -code - 1 here)
             if acc is float64:
                 return (kind, ORDER_CODE[order], 4, 4, 0 if inner else cols, 0)
             pair = src.bits == 16 and node.dtype.bits == 16 and inner
-            return (kind, ORDER_CODE[order], 16 if pair else 8, 8, 0 if inner else cols, 0)
+            return (kind, ORDER_CODE[order], 16 if pair else 8, 8, c16 if inner else cols, 0)
         if order == "torch_cuda":
             if node.attrs.get("algo") == "softmax":
                 isz = node.attrs.get("elem_bytes", src.bits // 8)
@@ -718,6 +725,9 @@ class Lowering:
         if order == "triton":
             isz = node.attrs.get("elem_bytes", src.bits // 8)
             return (kind, ORDER_CODE[order], *triton_config(node.attrs.get("algo"), n, isz))
+        if order == "sequential" and node.attrs.get("algo") == "var":
+            _torch_vml.unavailable()  # (torch's thread count: see above)
+            return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
 
     def _moments_spec(self, node: Node, kind: int, order: str, layout: tuple) -> tuple:

@@ -443,7 +443,9 @@ def rms_norm(x: TensorLike, normalized_shape: int | Sequence[int], weight: Tenso
 
     def body(p, pw=None):
         h = p if p.dtype is float64 else ops.astype(p, float32)
-        ms = _reduce("sum", h * h, dims, True,
+        # square, as HF's h.pow(2): one product and, in autograd, one gradient term
+        # (pow_backward: g * (2 * h)), where h * h would give two
+        ms = _reduce("sum", ops.square(h), dims, True,
                      attrs={"algo": "rms_norm", "elem_bytes": in_dt.bits // 8}) / float(n)
         r = ops.rsqrt(ms + e)
         hn = h * r
