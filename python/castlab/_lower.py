@@ -694,7 +694,9 @@ class Lowering:
             # the column's position among the `cols` contiguous kept elements
             # (a sum to one value reads torch's thread count, from the library
             # _torch_vml borrows: load it)
-            c16 = -node.dtype.code - 1 if node.dtype.bits == 16 else 0
+            # (the sum's own result is 16-bit; inside a kernel such as mean it is a float)
+            out16 = node.dtype.bits == 16 and not node.attrs.get("kernel_inner")
+            c16 = -node.dtype.code - 1 if out16 else 0
             if not self.cuda and node.op == "sum":
                 _torch_vml.unavailable()
             if inner and not unit:
@@ -703,7 +705,7 @@ class Lowering:
             # reduction, reduce.h: its buffer has the output's dtype, -code - 1 here)
             if acc is float64:
                 return (kind, ORDER_CODE[order], 4, 4, 0 if inner else cols, 0)
-            pair = src.bits == 16 and node.dtype.bits == 16 and inner
+            pair = src.bits == 16 and out16 and inner
             return (kind, ORDER_CODE[order], 16 if pair else 8, 8, c16 if inner else cols, 0)
         if order == "torch_cuda":
             if node.attrs.get("algo") == "softmax":

@@ -465,13 +465,17 @@ class Math:
             pairwise summation) or "sequential". Every order runs on both devices
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
-        cpu_isa: the build of PyTorch's CPU kernels the "torch_cpu" order follows where it
-            matters (layer_norm's Welford moments, with or without fused multiply-adds;
-            softmax's row sums over the vector's lanes): "avx512" (kernels PyTorch also
-            builds for AVX512, as softmax, run 16-float vectors; the rest run their AVX2
-            build), "avx2" (x86-64 with AVX2), "default" (``ATEN_CPU_CAPABILITY=default``:
-            no fma) or "auto" (``torch.backends.cpu.get_cpu_capability()`` when torch is
-            imported, else "avx2").
+        cpu_isa: the build of PyTorch's CPU kernels (``ATEN_CPU_CAPABILITY``) that the
+            "torch_cpu" implementation and order follow: "avx512" (the kernels PyTorch also
+            builds for AVX512 run 64-byte vectors: softmax and its backward, sigmoid, silu,
+            gelu and their backward kernels, pow; the rest run their AVX2 build), "avx2"
+            (32-byte vectors; SLEEF in the vector body, glibc in each thread chunk's
+            scalar tail; GCC's fused multiply-adds), "default" (``vec_base``: glibc's
+            functions on every element, no fused multiply-add, vector lanes summed in
+            order) or "auto": ``torch.backends.cpu.get_cpu_capability()`` of the imported
+            torch, and "avx2" while torch is not imported (castlab never imports it). The
+            vector widths and tails also need torch's thread count, so they apply once
+            torch is imported (docs/torch_cpu_kernels.md, "Per ISA").
         rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
             (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
             multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
