@@ -5,10 +5,8 @@ scripts/cpu_isa_report.py's quick set: elementwise ops (SLEEF bodies, glibc tail
 backward kernels, SwiGLU and RoPE gradients, sum/mean/var/amax over the last dim, dim 0 and
 all dims, softmax/log_softmax over both and their gradients, layer_norm and HF RMSNorm with
 its gradient; fp32, bf16, fp16 and fp64 at 4,097 and 70,001 elements (thread chunks), and
-every element bit for bit. A capability the CPU lacks (/proc/cpuinfo flags) is skipped and
-says why. torch.backends.mkldnn is off in the children: oneDNN's gelu backward is not
-reproduced (docs/torch_cpu_kernels.md, "Per ISA"); the forward oneDNN gelu is
-tests/test_torch_cpu_math.py's.
+every element bit for bit (oneDNN's gelu forward and backward included). A capability the
+CPU lacks (/proc/cpuinfo flags) is skipped and says why.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ SUPPORTED = report.supported_isas()
 def test_castlab_equals_torch_cpu_under_each_capability(isa):
     if SUPPORTED[isa] is not None:
         pytest.skip(f"ATEN_CPU_CAPABILITY={isa}: {SUPPORTED[isa]}")
-    rows = report.run([isa], quick=True, mkldnn=False, timeout=600)
+    rows = report.run([isa], quick=True, timeout=600)
     assert len(rows) > 600  # every case ran
     bad = [r for r in rows if r["bad"]]
     assert not bad, "\n" + report.table(bad)

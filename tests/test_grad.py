@@ -72,11 +72,9 @@ UNARY = {
     "cos": (torch.cos, cl.cos), "sin": (torch.sin, cl.sin), "erf": (torch.erf, cl.erf),
     "hardswish": (F.hardswish, cl.hardswish),
 }
-# Two CPU-only kernel details castlab does not reproduce: hardswish_backward's CPU vector
-# path returns NaN at x = NaN (its CUDA kernel returns g), and PyTorch's CPU gelu backward
-# (erf form) calls oneDNN's JIT eltwise_gelu_erf backward for contiguous bf16 (fp32 too:
-# tests/test_cpu_isa.py turns mkldnn off; docs/torch_cpu_kernels.md, "Per ISA").
-CPU_EXEMPT = {("hardswish", "bfloat16"), ("hardswish", "float16"), ("gelu", "bfloat16")}
+# A CPU-only kernel detail castlab does not reproduce: hardswish_backward's CPU vector path
+# returns NaN at x = NaN (its CUDA kernel returns g).
+CPU_EXEMPT = {("hardswish", "bfloat16"), ("hardswish", "float16")}
 
 
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])

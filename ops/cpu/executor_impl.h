@@ -304,6 +304,12 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
     }
   }
   if constexpr (std::is_same<T, float>::value && (VAR & kVarImplMask) == kTorchCpu) {
+    if (in.op == kOpGelu && (in.var & kVarOneDnnGeluBwd)) {  // b: the cotangent
+      for (int64_t j = 0; j < n; ++j) d[j] = b[j] * onednn::gelu_erf_bwd(a[j]);
+      if (in.var & kVarOneDnnBf16Ftz)
+        for (int64_t j = 0; j < n; ++j) d[j] = onednn::bf16_store_ftz(d[j]);
+      return;
+    }
     if (in.op == kOpGelu && (in.var & kVarOneDnnGelu)) {
       // op_gelu's oneDNN branch (gelu_onednn) with the form chosen once per block, so
       // neither form is computed for every element and the loops vectorise
@@ -485,11 +491,11 @@ struct TorchTails {
   // The pieces: _vec_softmax's at::parallel_for ranges over the outer * I positions (grain
   // 0: one range per torch thread; row_chunk 0), or serial_vec_logsoftmax_range's chunks of
   // row_chunk columns.
-  bool column_tail(int64_t flat, int64_t w, int64_t D, int64_t I, bool permuted,
+  bool column_tail(int64_t index, int64_t w, int64_t D, int64_t I, bool permuted,
                    int64_t row_chunk) const {
     // permuted: laid out [outer * I, D] (the reduction's operand), else [outer, D, I]
-    const int64_t o = permuted ? flat / D / I : flat / (D * I);
-    const int64_t i = permuted ? flat / D % I : flat % I;
+    const int64_t o = permuted ? index / D / I : index / (D * I);
+    const int64_t i = permuted ? index / D % I : index % I;
     int64_t pb, pe, p;
     if (row_chunk > 0) {
       p = i;
@@ -812,7 +818,8 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       code_here = prog.code;
       for (size_t i = 0; i < code_here.size(); ++i) {
         Instr& g = code_here[i];
-        if (!(g.var & kVarOneDnnGelu)) continue;
+        // (the backward's: the lowering emits it for contiguous operands only)
+        if (!(g.var & kVarOneDnnGelu) || (g.var & kVarOneDnnGeluBwd)) continue;
         const bool onednn = numel > 1 && ins_flat[i] && !out_strided;
         g.var &=
             onednn

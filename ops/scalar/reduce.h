@@ -39,7 +39,7 @@ enum ReduceKind : int {
   kRedM2 = 4,
   kRedDot = 5
 };
-constexpr bool red_is_moment(int kind) { return kind == kRedMean || kind == kRedM2; }
+CL_HD constexpr bool red_is_moment(int kind) { return kind == kRedMean || kind == kRedM2; }
 enum ReduceOrder : int {
   kOrdSequential = 0,
   kOrdPairwise = 1,

@@ -370,6 +370,36 @@ class Lowering:
         permuted = any(v[0] == "permute" for v in e.views)
         return w, (dim << 32) | inner | (int(permuted) << 62), float(chunk)
 
+    def onednn_gelu_backward(self, e: Elem) -> Node | None:
+        """x, when this node is the result of PyTorch's CPU gelu_backward (erf form) and
+        PyTorch computes it with oneDNN (gelu_backward_out_cpu's use_mkldnn: a contiguous
+        input of 2 or more elements, fp32, or bf16 where oneDNN takes it); else None."""
+        node = e.node
+        if (self.cuda or node.op != "mul" or node.attrs.get("kernel") != "gelu_backward"
+                or node.attrs.get("kernel_inner") or e.views
+                or not self.math.onednn_gelu_backward_bits(node.dtype.name)):
+            return None
+        # the kernel reads the cotangent (the product's left operand) and x from outside
+        kid, g, seen, stack, outside = node.attrs.get("kernel_id"), node.inputs[0], set(), [node], []
+        while stack:
+            m = stack.pop()
+            for a in m.inputs:
+                if id(a) in seen or a.op == "scalar" or a is g:
+                    continue
+                seen.add(id(a))
+                (stack if a.attrs.get("kernel_id") == kid else outside).append(a)
+        if len(outside) != 1:
+            return None
+        x = outside[0]
+        ex = self.expr(x)
+        n = 1
+        for s in x.shape:
+            n *= s
+        if n <= 1 or (isinstance(ex, Leaf) and not ex.t.is_contiguous()) or (
+                not isinstance(ex, (Leaf, Elem))):
+            return None
+        return x
+
     def kernel_inner(self, node: Node) -> bool:
         """Is this node inside one of PyTorch's fused backward kernels that computes in
         op-math on this device (its value is never rounded on its own)?"""
@@ -1371,9 +1401,13 @@ class ProgramBuilder:
             if var != d.variant or not d.description:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda, dt, kern) or ""
-            contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
+            gelu_x = low.onednn_gelu_backward(e)
+            contracted = (self._try_fma(e, f64) if gelu_x is None and op in ("add", "sub") and (
                 low.math.fma or low.kernel_contracts(node)) else None)
-            quirk = self._pow_scalar_root(e, f64) if contracted is None else None
+            if gelu_x is not None:
+                quirk = self._onednn_gelu_backward(e, gelu_x, f64, d)
+            else:
+                quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
             elif (quirk is None and contracted is None and not kern
@@ -1574,6 +1608,19 @@ class ProgramBuilder:
                 f"expanded as {form.format(node.dtype.short)} ({kernel})")
             return out
         return None
+
+    def _onednn_gelu_backward(self, e: Elem, x: Node, f64: int, d) -> int:
+        """g * gelu'(x) as oneDNN's eltwise_gelu_erf backward computes it (the gelu op with
+        the backward's variant bits, times the cotangent, rounded once by the caller)."""
+        low = self.low
+        var = low.math.onednn_gelu_backward_bits(e.node.dtype.name)
+        xr = self.operand(low.expr(x), f64)
+        gr = self.operand(e.args[0], f64)
+        out = self.new()
+        self.ins("gelu", f64, out, xr, gr, var=var)  # b: the cotangent
+        d.quirk = ("oneDNN's JIT eltwise_gelu_erf backward, g * gelu'(x) (Activation.cpp "
+                   "gelu_backward_out_cpu)")
+        return out
 
     def _try_fma(self, e: Elem, f64: bool):
         """a*b + c -> fma(a, b, c) when the product is not rounded and used once."""

@@ -587,6 +587,17 @@ class Math:
         # bf16/fp16 below AVX512 (avx2_vnni_2's vcvtneps2bf16 / vcvtps2ph) is not modelled
         return form if form == "avx512" or (form == "avx2" and dtype == "float32") else ""
 
+    def onednn_gelu_backward_bits(self, dtype: str | None) -> int:
+        """Variant bits of PyTorch's CPU gelu backward (erf form) where it calls oneDNN's
+        JIT eltwise_gelu_erf backward (where its forward does, castlab modelling that
+        path; the backward's form is Abramowitz & Stegun on every ISA): the gelu op
+        computing g * gelu'(x), stored as the kernel stores it; 0 elsewhere."""
+        if not self._onednn_gelu("gelu", dtype, False):
+            return 0
+        ftz = BITS["onednn_bf16_ftz"] if (dtype == "bfloat16"
+                                          and _onednn.gelu_path().bf16_store == "ftz") else 0
+        return MATH_IMPLS["torch_cpu"] | BITS["onednn_gelu"] | BITS["onednn_gelu_bwd"] | ftz
+
     def _onednn_gelu_bits(self, op: str, dtype: str | None, cuda: bool, kernel: bool) -> int:
         form = self._onednn_gelu(op, dtype, cuda, kernel)
         if not form:
