@@ -71,8 +71,9 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
     "dx = g * (left_derivative + right_derivative)")                                              \
   X(Sqrt, "sqrt", 1, kCatUnaryFloat, kVarTorchVml, 6, 6, op_sqrt, 1, "IEEE square root",          \
     "dx = g / (2 * y)")                                                                           \
-  X(Rsqrt, "rsqrt", 1, kCatUnaryFloat, kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail, 4, 4,   \
-    op_rsqrt, 1, "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                        \
+  X(Rsqrt, "rsqrt", 1, kCatUnaryFloat,                                                            \
+    kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail | kVarTorchScalarLoop, 4, 4, op_rsqrt, 1,   \
+    "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                                     \
   X(Reciprocal, "reciprocal", 1, kCatUnaryFloat, kFDiv, 8, 3, op_reciprocal, 1, "1/x",            \
     "dx = -g * (y * y)")                                                                          \
   X(Square, "square", 1, kCatUnarySigned, 0, 1, 1, op_square, 1, "x*x", "dx = g * (2.0 * x)")     \

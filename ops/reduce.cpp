@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cpu/torch_vml.h"
 
 namespace cl {
 
@@ -17,6 +18,19 @@ int64_t last_pow2(int64_t x) {
 }
 
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ATen's CPU reduction of >= GRAIN_SIZE elements to one output on more than one torch
+// thread (read from the loaded torch at run time; none when torch is not loaded): the
+// two-pass reduction of reduce.h. `code`: the 16-bit dtype its buffer rounds to, or 0.
+void two_pass_config(RedPlan* P, int64_t n, int64_t rows, int64_t code) {
+  constexpr int64_t kGrain = 32768;  // at::internal::GRAIN_SIZE
+  const int64_t threads = torch_num_threads();
+  if (rows != 1 || n < kGrain || threads <= 1) return;
+  P->e = std::min(threads, div_up(n, kGrain));
+  P->f = div_up(n, P->e);
+  P->g = threads;
+  P->h = code;
+}
 
 // setReduceConfig of aten/src/ATen/native/cuda/Reduce.cuh. Innermost (reduce_on_fastest,
 // one reduced dimension): lanes split each row. Outer (s.p3 = output vector size): each
@@ -67,7 +81,7 @@ void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
   P->g = outer ? bw : 0;
   if (s.p4 < 0 || s.p5 < 0)
     throw std::invalid_argument("torch_cuda order: negative misalignment or row stride");
-  P->h = s.p4;
+  P->mis = s.p4;
   P->rs = s.p5;
   P->nparts = P->a * P->b * ctas;
 }
@@ -110,7 +124,7 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
 }  // namespace
 
 RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
-  if (s.kind < kRedSum || s.kind > kRedM2)
+  if (s.kind < kRedSum || s.kind > kRedDot)
     throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
   if (s.order < 0 || s.order >= kOrdCount)
     throw std::invalid_argument("reduce: unknown order " + std::to_string(s.order));
@@ -119,8 +133,26 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   P.kind = s.kind;
   P.order = s.order;
   P.n = n;
-  if (s.kind >= kRedMean) {
+  if (red_is_moment(s.kind)) {
     moments_config(&P, s, n, rows);
+    return P;
+  }
+  if (s.kind == kRedDot) {  // red_dot: torch_cpu (W lanes, reduce_all mode, tail fused) or
+                            // sequential (fused or not)
+    if (n % 2 != 0) throw std::invalid_argument("reduce: a dot row holds 2m values");
+    if (s.order == kOrdTorchCpu) {
+      if (!(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
+          !(s.p3 == 1 || s.p3 == 3 || s.p3 == 4 || s.p3 == 6))
+        throw std::invalid_argument(
+            "torch_cpu dot: W = 4, 8 or 16 lanes, reduce_all mode 1, 3, 4 or 6");
+      P.a = s.p0;
+      P.c = s.p2 != 0 ? 1 : 0;
+      P.d = s.p3;
+    } else if (s.order == kOrdSequential) {
+      P.a = s.p0 != 0 ? 1 : 0;
+    } else {
+      throw std::invalid_argument("reduce: a dot row takes the torch_cpu or sequential order");
+    }
     return P;
   }
   if (s.order >= kOrdCpuMoments && s.order <= kOrdCudaLnBlock)
@@ -128,7 +160,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   switch (s.order) {
     case kOrdTorchCpu:
       if (s.p3 != 0) {  // SoftMaxKernel.cpp's vec::reduce_all over W lanes
-        if (s.p3 < 0 || s.p3 > 4 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
+        if (s.p3 < 0 || s.p3 > 6 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
             s.p2 != 0)
           throw std::invalid_argument("torch_cpu order: reduce_all takes W = 4, 8 or 16 lanes");
         P.a = P.b = s.p0;
@@ -138,12 +170,16 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4) ||
             (s.p0 == 1 && s.p1 == 1)))
         throw std::invalid_argument("torch_cpu order: vector (8, 8), (16, 8), (4, 4) or (1, 1)");
-      if (s.p2 < 0) throw std::invalid_argument("torch_cpu order: negative column count");
+      // p2 < 0: an innermost reduction whose two-pass buffer is 16-bit dtype -p2 - 1
       P.a = s.p0;
       P.b = s.p1;
-      P.c = s.p2;
+      P.c = std::max<int64_t>(s.p2, 0);
+      if (s.kind == kRedSum && s.p2 <= 0) two_pass_config(&P, n, rows, s.p2 < 0 ? -s.p2 - 1 : 0);
       break;
     case kOrdTorchCuda: cuda_config(&P, s, n, rows); break;
+    case kOrdSequential:  // p0 = 1: ATen's parallel_reduce (var's sum of squares)
+      if (s.kind == kRedSum && s.p0 == 1) two_pass_config(&P, n, rows, 0);
+      break;
     case kOrdPairwise:
       if (s.kind == kRedSum) {  // one part per leaf of NumPy's halving tree
         int64_t st = 0, len = 0;
@@ -247,10 +283,18 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
 }
 
 std::string describe_red_plan(const RedPlan& p) {
-  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2"};
+  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2", "dot"};
   std::string r = kKinds[p.kind];
   auto num = [](int64_t x) { return std::to_string(static_cast<long long>(x)); };
-  if (p.kind >= kRedMean) {
+  if (p.kind == kRedDot)
+    return std::string("dot ") +
+           (p.order == kOrdTorchCpu
+                ? "torch_cpu map2_reduce_all (" + num(p.a) + " lanes" +
+                      (p.c ? ", the last partial vector's products fused" : "") +
+                      (p.d == 4 || p.d == 6 ? ", 16-bit vectors as two float halves" : "") +
+                      (p.d == 3 || p.d == 6 ? ", lanes added in order)" : ", lane butterfly)")
+                : std::string(p.a ? "sequential, fused multiply-adds" : "sequential"));
+  if (red_is_moment(p.kind)) {
     switch (p.order) {
       case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";
       case kOrdCpuMoments:
@@ -267,11 +311,21 @@ std::string describe_red_plan(const RedPlan& p) {
     }
   }
   switch (p.order) {
-    case kOrdSequential: return r + " sequential";
+    case kOrdSequential:
+      return r + " sequential" + (p.e > 0 ? ", " + num(p.e) + " thread chunks of " + num(p.f) : "");
     case kOrdPairwise: return r + (p.kind == kRedSum ? " pairwise (NumPy)" : " sequential");
     case kOrdTorchCpu:
       if (p.kind != kRedSum) return r + " sequential";
       if (p.c > 0) return r + " torch_cpu outer cascade (" + num(p.c) + " columns)";
+      if (p.e > 0)
+        return r + " torch_cpu cascade (" + num(p.a) + "-element loads, " + num(p.b) +
+               " lanes) in " + num(p.e) + " thread chunks of " + num(p.f) +
+               (p.h ? ", each rounded to 16 bits" : "") + ", then the " + num(p.g) + " partials";
+      if (p.d > 0)  // SoftMaxKernel.cpp's vec::reduce_all (red_cpu_reduce_all's modes)
+        return r + " torch_cpu vec::reduce_all (" + num(p.a) + " lanes" +
+               (p.d == 2 || p.d == 5 ? " over full vectors, then the rest in order" : "") +
+               (p.d == 4 || p.d == 6 ? ", 16-bit vectors as two float halves" : "") +
+               (p.d == 3 || p.d >= 5 ? ", lanes added in order)" : ", lane butterfly)");
       return r + " torch_cpu cascade (" + num(p.a) + "-element loads, " + num(p.b) + " lanes)";
     case kOrdTorchCuda:
       if (p.g > 0)
@@ -280,7 +334,7 @@ std::string describe_red_plan(const RedPlan& p) {
                num(p.c) + " accumulators" + (p.f > 1 ? ", " + num(p.f) + " CTAs per output)" : ")");
       return r + " torch_cuda Reduce.cuh block (" + num(p.a) + "," + num(p.b) + ")" +
              (p.d ? " vectorized x" + num(p.c) : " " + num(p.c) + " accumulators") +
-             (p.d && p.h % p.c ? ", input " + num(p.h % p.c) + " elements past a vector" : "") +
+             (p.d && p.mis % p.c ? ", input " + num(p.mis % p.c) + " elements past a vector" : "") +
              (p.e ? ", row split across warps" : ", warp per row") +
              (p.f > 1 ? ", " + num(p.f) + " CTAs per row" : "");
     case kOrdSoftmaxWarp:

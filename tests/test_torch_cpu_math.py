@@ -237,10 +237,11 @@ def _f64_inputs(n: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("op,sym", [("exp", "Sleef_expd4_u10avx2"), ("tanh", "Sleef_tanhd4_u10avx2"),
-                                    ("erf", "Sleef_erfd4_u10avx2")])
+                                    ("erf", "Sleef_erfd4_u10avx2"), ("log", "Sleef_logd4_u10avx2")])
 def test_double_functions_equal_sleef(sleef, op, sym):
-    # fp64 exp/tanh/erf alone are MKL calls in PyTorch; SLEEF's run inside fp64 sigmoid,
-    # silu, gelu_tanh and gelu. Reached here as in _cl_f32, with a policy computing in fp64.
+    # fp64 exp/log/tanh/erf alone are MKL calls in PyTorch; SLEEF's run inside fp64 sigmoid,
+    # silu, gelu_tanh, gelu and log_softmax. Reached here as in _cl_f32, with a policy
+    # computing in fp64.
     x = _f64_inputs(1_000_000, seed=len(op))
     ref = _call(sleef, "d1", sym, x)
     fn = cl.jit(lambda a: getattr(cl, op)(a.astype(cl.bfloat16)))

@@ -304,6 +304,12 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
     }
   }
   if constexpr (std::is_same<T, float>::value && (VAR & kVarImplMask) == kTorchCpu) {
+    if (in.op == kOpGelu && (in.var & kVarOneDnnGeluBwd)) {  // b: the cotangent
+      for (int64_t j = 0; j < n; ++j) d[j] = b[j] * onednn::gelu_erf_bwd(a[j]);
+      if (in.var & kVarOneDnnBf16Ftz)
+        for (int64_t j = 0; j < n; ++j) d[j] = onednn::bf16_store_ftz(d[j]);
+      return;
+    }
     if (in.op == kOpGelu && (in.var & kVarOneDnnGelu)) {
       // op_gelu's oneDNN branch (gelu_onednn) with the form chosen once per block, so
       // neither form is computed for every element and the loops vectorise
@@ -376,6 +382,7 @@ inline void rsqrt_scalar16(float* d, const float* a, int64_t n, int dtype) {
 template <typename T>
 void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t n,
              bool torch_scalar_path) {
+  if (in.var & kVarTorchScalarLoop) torch_scalar_path = true;  // the DEFAULT build's vec_base
   if (in.var & kVarTorchVml) {
     // MKL VML over the whole block, as PyTorch's vml::v<op> over its chunk (torch_vml.h).
     // The lowering sets this bit only once torch_vml_load succeeded.
@@ -390,8 +397,8 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
       return;
     }
     if (torch_scalar_path && in.op == kOpPow && in.dtype == kFloat32 &&
-        (in.var & kVarImplMask) == kTorchCpu && (in.var & kVarPowDevice) &&
-        !(in.var & kVarPowTensorExp)) {
+        ((in.var & kVarImplMask) == kTorchCpu || (in.var & kVarTorchTail)) &&
+        (in.var & kVarPowDevice) && !(in.var & kVarPowTensorExp)) {
       // PowKernel.cpp's pow_tensor_scalar_optimized_kernel<float, double>: its general
       // scalar lambda is std::pow(float base, double exp), i.e. pow in double with the
       // Python number's double value (Instr.imm; the vector body's Vec::pow gets it as a
@@ -409,8 +416,30 @@ void compute(const Instr& in, T* d, const T* a, const T* b, const T* c, int64_t 
       return;
     }
   }
+  if constexpr (std::is_same<T, float>::value) {
+    if (torch_scalar_path && in.op == kOpDiv && (in.var & kVarTorchTail) &&
+        (in.dtype == kBFloat16 || in.dtype == kFloat16)) {
+      // _vec_softmax's scalar columns (16-bit): the exponential is stored in scalar_t, then
+      // read back and divided by the float sum
+      for (int64_t j = 0; j < n; ++j)
+        d[j] = (in.dtype == kBFloat16 ? bf16_to_f32(f32_to_bf16_rne(a[j]))
+                                      : f16_to_f32(f32_to_f16_rne(a[j]))) /
+               b[j];
+      return;
+    }
+  }
+  if (in.op == kOpWhere && (in.var & kVarTorchTail)) {
+    // a PyTorch kernel whose vector loop (b) and scalar lambda (c) compute differently
+    const T* s = torch_scalar_path ? c : b;
+    for (int64_t j = 0; j < n; ++j) d[j] = s[j];
+    return;
+  }
   int impl = in.var & kVarImplMask;
-  if (impl == kTorchCpu && torch_scalar_path && torch_scalar_lambda_op(in.op)) impl = kLibm;
+  // the scalar lambda calls glibc: the op's own kernel's, or a step of another kernel's
+  // loop whose lambda calls the C library's function for it (kVarTorchTail, silu_backward)
+  if (impl == kTorchCpu && torch_scalar_path &&
+      (torch_scalar_lambda_op(in.op) || (in.var & kVarTorchTail)))
+    impl = kLibm;
   const bool mul_sigmoid = (in.var & kVarSiluMulSigmoid) != 0;
   if (impl == kPortable && !mul_sigmoid)
     compute_var<T, kPortable>(in, d, a, b, c, n);
@@ -454,6 +483,55 @@ struct TorchTails {
     t.chunk = (numel + nt - 1) / nt;
     return t;
   }
+  // SoftMaxKernel.cpp over a dim that is not the innermost (_vec_softmax,
+  // serial_vec_logsoftmax_range): the operands are laid out [outer, D, I] or [outer * I, D]
+  // (the instruction's iimm = permuted << 62 | D << 32 | I), and position p = o * I + i is
+  // one column of D elements. Columns are vectorised w at a time through each piece of a row
+  // of I positions, and a piece's last (len mod w) columns run the scalar code (std::exp).
+  // The pieces: _vec_softmax's at::parallel_for ranges over the outer * I positions (grain
+  // 0: one range per torch thread; row_chunk 0), or serial_vec_logsoftmax_range's chunks of
+  // row_chunk columns.
+  bool column_tail(int64_t index, int64_t w, int64_t D, int64_t I, bool permuted,
+                   int64_t row_chunk) const {
+    // permuted: laid out [outer * I, D] (the reduction's operand), else [outer, D, I]
+    const int64_t o = permuted ? index / D / I : index / (D * I);
+    const int64_t i = permuted ? index / D % I : index % I;
+    int64_t pb, pe, p;
+    if (row_chunk > 0) {
+      p = i;
+      pb = i / row_chunk * row_chunk;
+      pe = std::min(I, pb + row_chunk);
+    } else {
+      const int64_t P = numel / D, threads = torch_num_threads();
+      const int64_t pc = threads > 1 ? (P + threads - 1) / threads : P;
+      p = o * I + i;
+      pb = std::max(o * I, p / pc * pc);
+      pe = std::min((o + 1) * I, (p / pc + 1) * pc);
+    }
+    return p >= pe - (pe - pb) % w;
+  }
+  // Calls f(j, len) for each run of block elements (block-local index j) in a tail of
+  // width w; the block covers rows [r0, r0+nrows) and columns [c0, c0+ncols). With `iimm`
+  // (D << 32 | I; `row_chunk`), the column tails above.
+  template <typename F>
+  void each(int64_t w, int64_t iimm, int64_t row_chunk, int64_t r0, int64_t nrows, int64_t c0,
+            int64_t ncols, F f) const {
+    if (iimm <= 0) return each(w, r0, nrows, c0, ncols, f);
+    const int64_t D = (iimm >> 32) & 0x3fffffff, I = iimm & 0xffffffff;
+    const bool permuted = (iimm >> 62) & 1;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t f0 = (r0 + r) * inner + c0;
+      int64_t run = -1;
+      for (int64_t c = 0; c <= ncols; ++c) {
+        const bool t = c < ncols && column_tail(f0 + c, w, D, I, permuted, row_chunk);
+        if (t && run < 0) run = c;
+        if (!t && run >= 0) {
+          f(r * ncols + run, c - run);
+          run = -1;
+        }
+      }
+    }
+  }
   // Calls f(j, len) for each run of block elements (block-local index j) in a tail of
   // width w; the block covers rows [r0, r0+nrows) and columns [c0, c0+ncols).
   template <typename F>
@@ -478,9 +556,10 @@ void compute_block(const Instr& in, T* d, const T* a, const T* b, const T* c, in
                    int64_t c0, int64_t ncols) {
   compute(in, d, a, b, c, n, torch_scalar_path);
   if (!(in.var & kVarTorchTail) || torch_scalar_path || tails.chunk == 0 || in.aux <= 0) return;
-  tails.each(in.aux, r0, nrows, c0, ncols, [&](int64_t j, int64_t len) {
-    compute(in, d + j, a + j, b + j, c + j, len, /*torch_scalar_path=*/true);
-  });
+  tails.each(in.aux, in.iimm, static_cast<int64_t>(in.imm), r0, nrows, c0, ncols,
+             [&](int64_t j, int64_t len) {
+               compute(in, d + j, a + j, b + j, c + j, len, /*torch_scalar_path=*/true);
+             });
 }
 
 // ---- sums of products in one pass ----
@@ -739,7 +818,8 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       code_here = prog.code;
       for (size_t i = 0; i < code_here.size(); ++i) {
         Instr& g = code_here[i];
-        if (!(g.var & kVarOneDnnGelu)) continue;
+        // (the backward's: the lowering emits it for contiguous operands only)
+        if (!(g.var & kVarOneDnnGelu) || (g.var & kVarOneDnnGeluBwd)) continue;
         const bool onednn = numel > 1 && ins_flat[i] && !out_strided;
         g.var &=
             onednn
@@ -789,12 +869,14 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
   struct TailOf {
     int64_t w;
     bool flat;
+    int64_t iimm, row_chunk;
   };
   std::vector<TailOf> jit_tails;  // the scalar tails the interpreter would recompute
   if (jit && tails.chunk != 0) {
     for (size_t i = 0; i < code->size(); ++i) {
       const Instr& in = (*code)[i];
-      if ((in.var & kVarTorchTail) && in.aux > 0) jit_tails.push_back({in.aux, ins_flat[i] != 0});
+      if ((in.var & kVarTorchTail) && in.aux > 0)
+        jit_tails.push_back({in.aux, ins_flat[i] != 0, in.iimm, static_cast<int64_t>(in.imm)});
     }
   }
   if (jit) cpu_jit_count_run();
@@ -870,9 +952,9 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
       if (jit) {
         bool tail = false;
         for (const TailOf& t : jit_tails)
-          (t.flat ? tails_flat : tails).each(t.w, r0, nrows, c0, ncols, [&](int64_t, int64_t) {
-            tail = true;
-          });
+          (t.flat ? tails_flat : tails)
+              .each(t.w, t.iimm, t.row_chunk, r0, nrows, c0, ncols,
+                    [&](int64_t, int64_t) { tail = true; });
         if (!tail) {
           jit(bases.data(), row_off.data(), rows_per_block, nrows, c0, ncols, inner_stride.data());
           continue;

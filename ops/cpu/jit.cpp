@@ -460,7 +460,9 @@ bool cpu_jit_supports(const Program& prog, const std::vector<uint8_t>& dtypes) {
     if (!float_dtype(dt)) return false;
   for (const Instr& in : prog.code) {
     if (in.rtype == kRegI64) return false;
-    if (in.var & kVarTorchVml) return false;  // MKL VML over the whole block
+    if (in.var & kVarTorchVml) return false;         // MKL VML over the whole block
+    if (in.var & kVarTorchScalarLoop) return false;  // PyTorch's scalar lambda everywhere
+    if (in.var & kVarOneDnnGeluBwd) return false;    // the executor's g * gelu'(x)
     switch (in.op) {
       case kOpLoad:
       case kOpConst:

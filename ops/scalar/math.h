@@ -6,7 +6,7 @@
 //   kFast:     CUDA's intrinsics (__expf, ...), GPU only; on the CPU it means kLibm.
 //   kTorchCpu: the functions PyTorch's CPU vector kernels call (SLEEF's, and ATen's own erf
 //              polynomial; ops/scalar/math_torch_cpu.h), CPU only. Where PyTorch calls MKL
-//              instead (fp64 log/sin/cos), the portable functions stand in.
+//              instead (fp64 sin/cos), the portable functions stand in.
 #pragma once
 #include "core/cl_defs.h"
 #include "ops/scalar/math_portable.h"
@@ -47,7 +47,8 @@ CL_HD float m_log(float x, int impl) {
   return CL_LIBM_F(log, __logf);
 }
 CL_HD double m_log(double x, int impl) {
-  if (impl == kPortable || impl == kTorchCpu) return portable::log_(x);
+  CL_TORCH_CPU(log_u10(x));
+  if (impl == kPortable) return portable::log_(x);
   return CL_LIBM_D(log);
 }
 CL_HD float m_sin(float x, int impl) {

@@ -171,6 +171,27 @@ CL_HD float gelu_erf_as(float s) {
   return fma(erf, half_s, half_s);
 }
 
+// gelu_erf_compute_vector_bwd (the same file, every ISA): the derivative of gelu (erf
+// form) by Abramowitz & Stegun with the JIT's exp: R = s/sqrt2, Q = exp(-R*R),
+// T = R/sqrt(pi) * Q, W = 1/(p|R| + 1), erf = sign(R) * (1 - Q*W*P(W)) (one fma),
+// result = (T + 1/2) + erf/2 (one fma). The eltwise backward kernel multiplies it by
+// diff_dst.
+CL_HD float gelu_erf_bwd(float s) {
+  using namespace detail;
+  const float r = s * fbits(0x3f3504f3u);  // 1/sqrt(2)
+  const float q = exp_jit(-(r * r));
+  const float t = r * fbits(0x3f106ebau) * q;  // 1/sqrt(pi)
+  const float w = 1.0f / fma(fbits(0x3ea7ba05u), fbits(bits(r) & 0x7fffffffu), 1.0f);
+  const float qw = -q * w;
+  float p = fbits(0x3f87dc22u);
+  p = fma(p, w, fbits(0xbfba00e3u));
+  p = fma(p, w, fbits(0x3fb5f0e3u));
+  p = fma(p, w, fbits(0xbe91a98eu));
+  p = fma(p, w, fbits(0x3e827906u));
+  const float erf = xor_sign(fma(qw, p, 1.0f), sign_of(r));
+  return fma(erf, 0.5f, t + 0.5f);
+}
+
 // oneDNN's bf16 store on CPUs with avx512_bf16, vcvtneps2bf16, writes a subnormal float as
 // a signed zero (Intel SDM, VCVTNEPS2BF16: denormal inputs are treated as zero); what it
 // keeps of y, so that the round to nearest even that follows is exact.

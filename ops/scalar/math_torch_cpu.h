@@ -7,7 +7,7 @@
 //           Vectorized<float>::sin/cos           -> Sleef_{sin,cos}f8_u35
 //           Vectorized<float>::erf               -> Abramowitz & Stegun 7.1.26 with FMAs and
 //                                                   Sleef_expf8_u10(-x*x) (its own code)
-//   double: Vectorized<double>::exp/tanh/erf/pow -> Sleef_{exp,tanh,erf,pow}d4_u10
+//   double: Vectorized<double>::exp/log/tanh/erf/pow -> Sleef_{exp,log,tanh,erf,pow}d4_u10
 // SLEEF's functions are written once (shibatch/sleef src/libm/sleefsimdsp.c, sleefsimddp.c)
 // over per-ISA helpers; PyTorch's AVX2 kernels run the AVX2 target, whose multiply-add
 // (`vmla`, and the double-float/double-double helpers of src/common/df.h and dd.h) is a
@@ -622,6 +622,33 @@ CL_HD double exp_u10(double d) {
   u = ldexp2_d(u, q);
   u = d > kLogDblMax ? inf_d() : u;
   return d < -1000.0 ? 0.0 : u;
+}
+
+// Sleef_logd4_u10 (SLEEF xlog_u1; the AVX512 target's getexp/getmant and vfixupimm give the
+// same mantissa, exponent and results): log_softmax's fp64 log of the row sum.
+CL_HD double log_u10(double d) {
+  using namespace detail;
+  const double d0 = d;
+  const bool o = d < 0x1p-1022;
+  d = o ? d * (0x1p32 * 0x1p32) : d;
+  int32_t e = ilogb2k_d(d * (1.0 / 0.75));
+  const double m = ldexp3_d(d, -e);
+  e = o ? e - 64 : e;
+  const D2 x = df_div(df_add2(-1.0, m), df_add2(1.0, m));
+  const double x2 = x.x * x.x, x4 = x2 * x2, x8 = x4 * x4;
+  // POLY7(x2, x4, x8, ...): x8 * POLY3 + POLY4
+  const double t = fma(x8,
+                       fma(x4, 0.1532076988502701353e+0,
+                           fma(x2, 0.1525629051003428716e+0, 0.1818605932937785996e+0)),
+                       poly4(x2, x4, 0.2222214519839380009e+0, 0.2857142932794299317e+0,
+                             0.3999999999635251990e+0, 0.6666666666667333541e+0));
+  D2 s = df_mul(D2{0.693147180559945286226764, 2.319046813846299558417771e-17}, (double)e);
+  s = df_add(s, df_scale(x, 2.0));
+  s = df_add(s, x2 * x.x * t);
+  double r = s.x + s.y;
+  r = d0 == inf_d() ? inf_d() : r;
+  r = (d0 < 0.0 || d0 != d0) ? qnan_d() : r;
+  return d0 == 0.0 ? -inf_d() : r;
 }
 
 // Sleef_tanhd4_u10 (SLEEF xtanh)

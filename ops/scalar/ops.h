@@ -43,9 +43,19 @@ enum VariantBits : uint32_t {
                                // (math_onednn.h), minimax form (AVX512 cores), which PyTorch
                                // calls on contiguous input of 2 or more elements; the executor
                                // clears it on other layouts (then Gelu.h's loop, kVarTorchTail)
-  kVarOneDnnGeluAvx2 = 0x4000,  // with kVarOneDnnGelu: the JIT's form below AVX512 (A&S)
-  kVarOneDnnBf16Ftz = 0x8000,   // with kVarOneDnnGelu: bf16 stored by vcvtneps2bf16, which
-                                // writes a subnormal float as a signed zero (avx512_bf16 CPUs)
+  kVarOneDnnGeluAvx2 = 0x4000,    // with kVarOneDnnGelu: the JIT's form below AVX512 (A&S)
+  kVarOneDnnBf16Ftz = 0x8000,     // with kVarOneDnnGelu: bf16 stored by vcvtneps2bf16, which
+                                  // writes a subnormal float as a signed zero (avx512_bf16 CPUs)
+  kVarTorchScalarLoop = 0x10000,  // CPU only: PyTorch's DEFAULT build (ATEN_CPU_CAPABILITY=
+                                  // default), whose vec_base Vectorized maps the scalar function
+                                  // over its lanes: every layout computes as the scalar lambda
+                                  // (16-bit rsqrt's rounded sqrt)
+  kVarOneDnnGeluBwd = 0x20000,    // CPU only, with kVarOneDnnGelu: PyTorch's CPU gelu_backward
+                                  // (erf form, contiguous fp32/bf16) through oneDNN's JIT
+                                  // eltwise_gelu_erf backward: register b (the cotangent) times
+                                  // gelu'(a) by Abramowitz & Stegun (every ISA), stored as the
+                                  // kernel stores (kVarOneDnnBf16Ftz); the executor's (the
+                                  // scalar op_gelu returns gelu'(a) only)
 };
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
@@ -130,6 +140,7 @@ CL_HD T op_tanh(T x, int var) {
 // for bf16 output what vcvtneps2bf16 keeps of it. (The CPU executor runs the same functions
 // in one loop per form: compute_var.)
 CL_HD float gelu_onednn(float x, int var) {
+  if (var & kVarOneDnnGeluBwd) return onednn::gelu_erf_bwd(x);
   const float y = (var & kVarOneDnnGeluAvx2) ? onednn::gelu_erf_as(x) : onednn::gelu_erf_minimax(x);
   return (var & kVarOneDnnBf16Ftz) ? onednn::bf16_store_ftz(y) : y;
 }

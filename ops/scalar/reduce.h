@@ -26,10 +26,22 @@
 // docs/torch_reductions.md has the derivations.
 #pragma once
 #include "core/cl_defs.h"
+#include "core/convert.h"
 
 namespace cl {
 
-enum ReduceKind : int { kRedSum = 0, kRedMax = 1, kRedMin = 2, kRedMean = 3, kRedM2 = 4 };
+// kRedDot: the sum of products a[i] * b[i] of a row laid out as a[0..m) then b[0..m) (2m
+// values): SoftMaxKernel.cpp's softmax backward, whose products GCC fuses into some of the
+// accumulations (red_dot; orders torch_cpu and sequential only).
+enum ReduceKind : int {
+  kRedSum = 0,
+  kRedMax = 1,
+  kRedMin = 2,
+  kRedMean = 3,
+  kRedM2 = 4,
+  kRedDot = 5
+};
+CL_HD constexpr bool red_is_moment(int kind) { return kind == kRedMean || kind == kRedM2; }
 enum ReduceOrder : int {
   kOrdSequential = 0,
   kOrdPairwise = 1,
@@ -50,8 +62,8 @@ enum ReduceOrder : int {
 //               1: a strided row, scalar_inner_sum),
 //               b = float lanes per vector (8 or 4), c = 0 for an innermost reduction, else
 //               the contiguous extent of the kept dims after the reduced ones (outer sum),
-//               d = 0 (the cascade sum), or 1 / 2: SoftMaxKernel.cpp's vec::reduce_all over
-//               a = b = W lanes (red_cpu_reduce_all)
+//               d = 0 (the cascade sum), or 1..6: SoftMaxKernel.cpp's vec::reduce_all over
+//               a = b = W lanes (red_cpu_reduce_all's modes)
 //   torch_cuda: a = block width, b = block height, c = accumulators per thread (vt0, or
 //               the vector size when vectorized), d = 1 when the input is vectorized,
 //               e = 1 when the row is split across the block's rows (threadIdx.y),
@@ -80,11 +92,17 @@ enum ReduceOrder : int {
 //               too (ops/scalar/moments.h)
 // The moments (kinds kRedMean, kRedM2) keep three parts per emulated thread under the
 // CUDA orders (torch_cuda: a..f as above), one part under the CPU orders.
+//   two-pass (TensorIteratorReduce.cpp two_pass_reduction, ParallelOpenMP.h parallel_reduce:
+//               ATen's CPU reduction of a row of >= GRAIN_SIZE elements to ONE output on
+//               more than one torch thread): e chunks of f elements, each reduced on its own
+//               (the torch_cpu cascade from 0, or sequential from 0) into a buffer of g
+//               slots (the other slots hold 0), stored in dtype h (a 16-bit code: the
+//               output's; 0: the accumulator's), then the slots reduced in order
 // chunk: max and min under the serial orders (sequential, pairwise, torch_cpu) take parts
 // of `chunk` consecutive elements combined in row order: the value of one pass over the
 // row (max and min are exact and associative, and the first NaN of the row still wins),
 // computed by many threads.
-// torch_cuda's vectorized loads also read where each row starts: h = the first row's
+// torch_cuda's vectorized loads also read where each row starts: mis = the first row's
 // first element past an aligned vector (in elements), rs = the row stride in elements (0:
 // rows of n, one after another).
 struct RedPlan {
@@ -92,8 +110,8 @@ struct RedPlan {
   int order = kOrdSequential;
   int64_t n = 0;
   int64_t nparts = 1;
-  int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0;
-  int64_t h = 0, rs = 0;
+  int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0;
+  int64_t mis = 0, rs = 0;
   int64_t chunk = 0;
 };
 
@@ -309,6 +327,33 @@ CL_HD T red_torch_cpu_outer(A v, int64_t n, int64_t vec, int64_t cols, int64_t r
 }
 
 template <typename T, typename A>
+CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes);
+
+// The two-pass reduction above (P.e chunks): the chunks' sums into g slots, then the slots.
+template <typename T, typename A>
+CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
+  T slot[64];
+  const int64_t g = P.g < 64 ? P.g : 64;
+  for (int64_t k = 0; k < g; ++k) slot[k] = T(0);
+  for (int64_t k = 0; k < P.e && k < g; ++k) {
+    const int64_t start = k * P.f, len = n - start < P.f ? n - start : P.f;
+    T s = T(0);
+    if (P.order == kOrdTorchCpu) {
+      s = s + red_torch_cpu<T>(v + start, len, P.a, P.b);
+    } else {
+      for (int64_t i = 0; i < len; ++i) s = s + v[start + i];
+    }
+    if (P.h == kBFloat16) s = T(bf16_to_f32(f32_to_bf16_rne(float(s))));
+    if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
+    slot[k] = s;
+  }
+  if (P.order == kOrdTorchCpu) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  T r = T(0);
+  for (int64_t k = 0; k < g; ++k) r = r + slot[k];
+  return r;
+}
+
+template <typename T, typename A>
 CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes) {
   T lane_sum[8];
   T fin = T(0);
@@ -341,9 +386,22 @@ CL_HD T red_lane_butterfly(T* acc, int64_t W) {
   return acc[0];
 }
 
+// ATen's generic vec_reduce_all (no SIMD specialisation: double vectors, and every vector in
+// the DEFAULT build's vec_base): lane 0 adds the other lanes in order.
+template <typename T>
+CL_HD T red_lane_sequential(const T* acc, int64_t W) {
+  T s = acc[0];
+  for (int64_t l = 1; l < W; ++l) s = s + acc[l];
+  return s;
+}
+
+// Modes 5 and 6: modes 2 and 4 as the DEFAULT build computes them (the generic lane sum).
 template <typename T, typename A>
 CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
   if (n <= 0) return T(0);
+  const bool generic = mode == 3 || mode >= 5;
+  if (mode == 5) mode = 2;
+  if (mode == 6) mode = 4;
   if (mode == 4) {  // reduce_all over bf16/fp16 (functional_bfloat16.h): float halves
     T a0[16], a1[16];
     if (n < 2 * W) {  // one partial vector: its halves added, then lanes in order
@@ -368,7 +426,7 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l];
     for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l];
     for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
-    return red_lane_butterfly(a0, W);
+    return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
   }
   if (mode != 2 && n < W) {
     T s = v[0];
@@ -382,12 +440,8 @@ CL_HD T red_cpu_reduce_all(A v, int64_t n, int64_t W, int64_t mode) {
     for (int64_t l = 0; l < W; ++l) acc[l] = acc[l] + v[d + l];
   if (mode != 2)
     for (int64_t l = 0; l < n - full; ++l) acc[l] = acc[l] + v[full + l];
-  if (mode == 3) {  // the generic vec_reduce_all: lane 0 adds the other lanes in order
-    T s = acc[0];
-    for (int64_t l = 1; l < W; ++l) s = s + acc[l];
-    return s;
-  }
-  T s = red_lane_butterfly(acc, W);
+  if (mode == 3) return red_lane_sequential(acc, W);
+  T s = generic ? red_lane_sequential(acc, W) : red_lane_butterfly(acc, W);
   if (mode == 2)
     for (int64_t i = full; i < n; ++i) s = s + v[i];
   return s;
@@ -417,7 +471,7 @@ CL_HD void red_cuda_walk(const RedPlan& P, A v, int64_t n, int64_t row, int64_t 
   if (P.d) {  // input_vectorized_thread_reduce_impl
     // row `row` starts `shift` elements past an aligned vector (its own offset from the
     // first row's, plus the first row's); those first elements go to threads shift..acc_n-1
-    const int64_t shift = (P.h + row * (P.rs > 0 ? P.rs : n)) % acc_n;
+    const int64_t shift = (P.mis + row * (P.rs > 0 ? P.rs : n)) % acc_n;
     const bool tail_thread = y == 0 && cta == 0;
     A d = v;
     int64_t end = n;
@@ -629,8 +683,79 @@ namespace cl {
 
 // ---- the two steps ----
 // red_part and red_combine (below) for the kinds other than the moments.
+// kRedDot over a row of 2m values (a then b). Sequential (P.a = 1: each step fma(a, b, acc),
+// as GCC contracts SoftMaxKernel.cpp's `sum += grad * output` down a dim that is not the
+// last), or map2_reduce_all's lanes (torch_cpu, P.d the reduce_all mode as
+// red_cpu_reduce_all's 1, 3, 4 or 6; P.c = 1: the last partial vector's products fused into
+// their lanes, which GCC does in the fp32 kernels): lane l starts at a[l] * b[l] and adds
+// the products of the full vectors, then the lanes combine. A row shorter than W adds its
+// rounded products in order.
+CL_HD float red_fma(float a, float b, float c) { return fma_f(a, b, c); }
+CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
+
+// map2_reduce_all over bf16/fp16 (functional_bfloat16.h): each 2W-element vector as two
+// float halves with lanes of their own, added together before the lanes combine (mode 4;
+// 6: the DEFAULT build's lanes in order). The products are not fused (the roundings to
+// 16 bits hide where GCC fuses them).
+template <typename T, typename A>
+CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic) {
+  T a0[16], a1[16];
+  if (m < 2 * W) {
+    const int64_t k = m < W ? m : W;
+    for (int64_t l = 0; l < k; ++l) a0[l] = v[l] * v[m + l];
+    for (int64_t l = 0; l + W < m; ++l) a0[l] = a0[l] + v[W + l] * v[m + W + l];
+    T s = a0[0];
+    for (int64_t l = 1; l < k; ++l) s = s + a0[l];
+    return s;
+  }
+  for (int64_t l = 0; l < W; ++l) {
+    a0[l] = v[l] * v[m + l];
+    a1[l] = v[W + l] * v[m + W + l];
+  }
+  const int64_t full = m - m % (2 * W);
+  for (int64_t d = 2 * W; d < full; d += 2 * W)
+    for (int64_t l = 0; l < W; ++l) {
+      a0[l] = a0[l] + v[d + l] * v[m + d + l];
+      a1[l] = a1[l] + v[d + W + l] * v[m + d + W + l];
+    }
+  const int64_t k = m - full;
+  for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l] * v[m + full + l];
+  for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l] * v[m + full + W + l];
+  for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
+  return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
+}
+
+template <typename T, typename A>
+CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
+  const int64_t m = n2 / 2;
+  if (m <= 0) return T(0);
+  if (P.order != kOrdTorchCpu) {
+    T s = T(0);
+    for (int64_t i = 0; i < m; ++i)
+      s = P.a ? red_fma(T(v[i]), T(v[m + i]), s) : s + v[i] * v[m + i];
+    return s;
+  }
+  const int64_t W = P.a;
+  if (P.d == 4 || P.d == 6) return red_dot_halves<T>(v, m, W, P.d == 6);
+  if (m < W) {
+    T s = v[0] * v[m];
+    for (int64_t i = 1; i < m; ++i) s = s + v[i] * v[m + i];
+    return s;
+  }
+  T acc[16];
+  for (int64_t l = 0; l < W; ++l) acc[l] = v[l] * v[m + l];
+  const int64_t full = m - m % W;
+  for (int64_t d = W; d < full; d += W)
+    for (int64_t l = 0; l < W; ++l) acc[l] = acc[l] + v[d + l] * v[m + d + l];
+  for (int64_t l = 0; l < m - full; ++l)
+    acc[l] = P.c ? red_fma(T(v[full + l]), T(v[m + full + l]), acc[l])
+                 : acc[l] + v[full + l] * v[m + full + l];
+  return P.d == 3 ? red_lane_sequential(acc, W) : red_lane_butterfly(acc, W);
+}
+
 template <typename T, int ORDER, typename A>
 CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  if (P.kind == kRedDot) return red_dot<T>(P, v, n);
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -661,12 +786,14 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.e > 0) return red_two_pass<T>(P, v, n);
     if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
     if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);
     return red_torch_cpu<T>(v, n, P.a, P.b);
   } else {
     (void)row;
     (void)t;
+    if (P.e > 0 && P.kind == kRedSum) return red_two_pass<T>(P, v, n);
     return red_sequential<T>(P.kind, v, n);
   }
 }
@@ -704,22 +831,22 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
 // needs them (NVRTC spent three quarters of a softmax row kernel's 5 s on them).
 template <typename T, int ORDER = -1, int KIND = -1, typename A>
 CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
-  if constexpr (KIND >= kRedMean) {
+  if constexpr (red_is_moment(KIND)) {
     return mom_part<T>(P, v, n, row, t);
   } else {
     if constexpr (KIND < 0)
-      if (P.kind >= kRedMean) return mom_part<T>(P, v, n, row, t);
+      if (red_is_moment(P.kind)) return mom_part<T>(P, v, n, row, t);
     return red_part_plain<T, ORDER>(P, v, n, row, t);
   }
 }
 
 template <typename T, int ORDER = -1, int KIND = -1>
 CL_HD T red_combine(const RedPlan& P, T* parts) {
-  if constexpr (KIND >= kRedMean) {
+  if constexpr (red_is_moment(KIND)) {
     return mom_combine<T>(P, parts);
   } else {
     if constexpr (KIND < 0)
-      if (P.kind >= kRedMean) return mom_combine<T>(P, parts);
+      if (red_is_moment(P.kind)) return mom_combine<T>(P, parts);
     return red_combine_plain<T, ORDER>(P, parts);
   }
 }

@@ -308,6 +308,34 @@ def _nll_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
     return out.astype(xg.dtype) if out.dtype is not xg.dtype else out
 
 
+def _kernel_input(n: Node) -> Node:
+    """The one value from outside that the PyTorch kernel ending at `n` reads (its nodes
+    share n's kernel_id)."""
+    kid, seen, stack, outside = n.attrs.get("kernel_id"), set(), [n], []
+    while stack:
+        m = stack.pop()
+        for a in m.inputs:
+            if id(a) in seen or a.op == "scalar":
+                continue
+            seen.add(id(a))
+            (stack if a.attrs.get("kernel_id") == kid else outside).append(a)
+    if len(outside) != 1:
+        raise GradError(f"internal: the kernel of {n.op} reads {len(outside)} values")
+    return outside[0]
+
+
+def _softmax_backward(n: Node, g: Proxy, proxies: dict, active: set, contribs: dict) -> None:
+    """softmax / log_softmax as autograd differentiates it: PyTorch's fused backward kernel
+    of the device (castlab._reduce.softmax_backward, one rounding) from the output and the
+    cotangent, straight to the kernel's input."""
+    x = _kernel_input(n)
+    if id(x) not in active:
+        return
+    dim, log = n.attrs["softmax"]
+    gx = _reduce.softmax_backward(g, _value(n, proxies), dim, log)
+    contribs.setdefault(id(x), []).append(gx.astype(x.dtype) if gx.dtype is not x.dtype else gx)
+
+
 def _rms_scale_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> list:
     """castlab.rms_norm's last step (the normalised fp32 value h and the weight w), by its
     cast placement: "hf" is ``w * h.to(x.dtype)`` (two PyTorch ops: the cast's and the
@@ -470,17 +498,15 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
                 if id(n) in active:
                     _split_backward(n, by_index, contribs)
                 continue
-            if "log_softmax_of" in n.attrs and id(n) in contribs and id(n) in active:
-                # PyTorch's backward kernel for the whole log_softmax, from its result: the
-                # nodes inside the kernel get no gradient of their own
-                _log_softmax_backward(n, contribs, proxies, kernel_ids)
-                continue
             cs = contribs.pop(id(n), None)
             if cs is None or id(n) not in active:
                 continue
             _state.annot = {"phase": "backward"}
             _state.where = n.where
             g = _accumulate(cs)
+            if n.attrs.get("softmax") is not None:
+                _softmax_backward(n, g, proxies, active, contribs)
+                continue
             pos = _diff_inputs(n)
             want = [i in pos and id(a) in active for i, a in enumerate(n.inputs)]
             grads = _apply_rule(n, g, proxies, want, kernel_ids)
@@ -504,27 +530,6 @@ def backward(fn, primals: list, cotangents: list, argnums: tuple, arg_names: lis
     finally:
         _state.annot, _state.where = saved_annot, saved_where
     return grads
-
-
-def _log_softmax_backward(n: Node, contribs: dict, proxies: dict, kernel_ids: list) -> None:
-    x, d = n.attrs["log_softmax_of"]
-    _state.annot = {"phase": "backward"}
-    _state.where = n.where
-    g = _accumulate(contribs.pop(id(n)))
-    kernel_ids[0] += 1
-    start = len(_state.graph)
-    _state.annot = {"phase": "backward", "kernel": "log_softmax_backward",
-                    "kernel_id": kernel_ids[0]}
-    try:
-        dx = _reduce.log_softmax_backward(g, _value(n, proxies), d)
-    finally:
-        _state.annot = {"phase": "backward"}
-    for m in _state.graph[start:]:
-        if m is not dx.node:
-            m.attrs["kernel_inner"] = True
-    if dx.dtype is not x.dtype:
-        dx = dx.astype(x.dtype)
-    contribs.setdefault(id(x), []).append(dx)
 
 
 def _split_backward(n: Node, by_index: dict, contribs: dict) -> None:

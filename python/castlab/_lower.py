@@ -18,7 +18,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import _C
+from . import _C, _torch_vml
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64, int64
 from ._graph import COMPARE, EXPANSIONS, Node, expand
@@ -168,12 +168,16 @@ class Scalar:
 
 
 class Elem:
-    __slots__ = ("node", "args", "shape")
+    """An elementwise node over `args`, computed in `shape`; `views`: the view ops pushed
+    through it (its index space is its node's seen through them)."""
 
-    def __init__(self, node: Node, args: list, shape: tuple):
+    __slots__ = ("node", "args", "shape", "views")
+
+    def __init__(self, node: Node, args: list, shape: tuple, views: tuple = ()):
         self.node = node
         self.args = args
         self.shape = tuple(shape)
+        self.views = views
 
 
 class Cat:
@@ -337,13 +341,69 @@ class Lowering:
         return BACKWARD_KERNELS[k] if k is not None else None
 
     def torch_cpu_softmax(self, node: Node) -> bool:
-        """Is this node inside softmax/log_softmax (or log_softmax's backward kernel) as
-        PyTorch's CPU kernel computes it (the torch_cpu order and implementation on the
-        CPU)? Its exp and log are Vectorized's (SLEEF), whatever the dtype."""
-        return (not self.cuda and node.attrs.get("kernel") in ("softmax", "log_softmax",
-                                                                "log_softmax_backward")
+        """Is this node inside softmax/log_softmax (or their backward kernels) as PyTorch's
+        CPU kernel computes it (the torch_cpu order and implementation on the CPU)?"""
+        return (not self.cuda and node.attrs.get("kernel") in _TORCH_CPU_SOFTMAX_KERNELS
                 and self.math.reduction_order(False) == "torch_cpu"
                 and self.math.impl_on(False) == "torch_cpu")
+
+    def softmax_columns(self, e: Elem) -> tuple | None:
+        """(vector step, D << 32 | I, chunk) of SoftMaxKernel.cpp's kernel over a dim that
+        is not the last ([outer, D, I]) for this exp or division inside it, whose scalar
+        columns the executor recomputes (glibc's exp; 16-bit: the exponential rounded
+        before the division); None elsewhere, or while torch's thread count is unknown.
+        The step is Vectorized<scalar_t>::size() of the build Math.cpu_isa names (the
+        kernels are also built for AVX512); log_softmax walks chunks of columns
+        (vec_logsoftmax_chunk_size_and_num_chunks), softmax the threads' ranges (chunk 0).
+        Bit 62 of the second: the value is computed as the reduction's operand, permuted to
+        [outer * I, D] (reduce_expr)."""
+        node = e.node
+        geom = node.attrs.get("softmax_geom")
+        if geom is None or not self.torch_cpu_softmax(node) or _torch_vml.unavailable():
+            return None
+        _, dim, inner = geom
+        isz = as_dtype(node.attrs["storage_dtype"]).itemsize
+        if node.op == "div" and isz != 2:
+            return None  # fp32/fp64: the scalar columns divide as the vector ones
+        w = self.math.torch_cpu_vector_bytes() // isz
+        chunk = 0
+        if node.attrs.get("softmax_last"):  # the 16-bit last-dim kernel: float vectors,
+            # the row's remainder (geom (rows, 1, n))
+            w, chunk = self.math.torch_cpu_vector_bytes() // 4, inner
+        elif node.attrs.get("kernel") != "softmax":  # log_softmax, the backward kernels
+            chunk = min(max(131072 // dim // isz, w) // w * w, inner)
+        permuted = any(v[0] == "permute" for v in e.views)
+        return w, (dim << 32) | inner | (int(permuted) << 62), float(chunk)
+
+    def onednn_gelu_backward(self, e: Elem) -> Node | None:
+        """x, when this node is the result of PyTorch's CPU gelu_backward (erf form) and
+        PyTorch computes it with oneDNN (gelu_backward_out_cpu's use_mkldnn: a contiguous
+        input of 2 or more elements, fp32, or bf16 where oneDNN takes it); else None."""
+        node = e.node
+        if (self.cuda or node.op != "mul" or node.attrs.get("kernel") != "gelu_backward"
+                or node.attrs.get("kernel_inner") or e.views
+                or not self.math.onednn_gelu_backward_bits(node.dtype.name)):
+            return None
+        # the kernel reads the cotangent (the product's left operand) and x from outside
+        kid, g, seen, stack, outside = node.attrs.get("kernel_id"), node.inputs[0], set(), [node], []
+        while stack:
+            m = stack.pop()
+            for a in m.inputs:
+                if id(a) in seen or a.op == "scalar" or a is g:
+                    continue
+                seen.add(id(a))
+                (stack if a.attrs.get("kernel_id") == kid else outside).append(a)
+        if len(outside) != 1:
+            return None
+        x = outside[0]
+        ex = self.expr(x)
+        n = 1
+        for s in x.shape:
+            n *= s
+        if n <= 1 or (isinstance(ex, Leaf) and not ex.t.is_contiguous()) or (
+                not isinstance(ex, (Leaf, Elem))):
+            return None
+        return x
 
     def kernel_inner(self, node: Node) -> bool:
         """Is this node inside one of PyTorch's fused backward kernels that computes in
@@ -355,10 +415,12 @@ class Lowering:
     def kernel_contracts(self, node: Node) -> bool:
         """Inside one of PyTorch's backward kernels, does its compiler contract a*b+c to
         an fma here? Only when the math reproduces PyTorch's kernels (cuda_kernels):
-        portable math keeps the CPU and the GPU identical."""
+        portable math keeps the CPU and the GPU identical; on the CPU, not in the DEFAULT
+        build (Math.cpu_isa), which is compiled without -mfma."""
         k = self._kernel(node)
         return (k is not None and k.contract["cuda" if self.cuda else "cpu"]
-                and self.math.cuda_kernels and not node.attrs.get("no_fma"))
+                and self.math.cuda_kernels and not node.attrs.get("no_fma")
+                and (self.cuda or self.math.torch_cpu_fma()))  # DEFAULT: built without -mfma
 
     def contracts(self, mul: Node, f64: bool, uses: int, into: Node | None = None) -> bool:
         """Does this product contract into the fma of the add/sub `into` (in f64 or not)
@@ -552,8 +614,8 @@ class Lowering:
                         continue
                     v = self.view(a, vop)
                     args.append(v)
-                return Elem(e.node, args, shape)
-            return Elem(e.node, [self.view(a, vop) for a in e.args], shape)
+                return Elem(e.node, args, shape, e.views + (vop,))
+            return Elem(e.node, [self.view(a, vop) for a in e.args], shape, e.views + (vop,))
         if isinstance(e, Cat):
             return self._view_cat(e, vop)
         if isinstance(e, Reduced):
@@ -674,26 +736,43 @@ class Lowering:
             st = ev.t._strides
             dims = tuple(sorted(dims, key=lambda d: -abs(st[d])))
         perm = tuple(kept + list(dims))
-        if nd == 0:
-            ev = self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
-        else:
+
+        def as_rows(ev):
+            if nd == 0:
+                return self.view(self.view(ev, ("unsqueeze", 0)), ("unsqueeze", 0))
             if perm != tuple(range(nd)):
                 ev = self.view(ev, ("permute", perm))
-            ev = self.view(ev, ("reshape", (rows, n)))
-        if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
-                and ev.t.is_contiguous()):
+            return self.view(ev, ("reshape", (rows, n)))
+        dot = self._dot_operands(node, ev)
+        if dot is not None:  # the products' factors side by side: [rows, 2n] (red_dot)
+            ev = self._temp_from(Cat(1, [as_rows(a) for a in dot], (rows, 2 * n)),
+                                 (rows, 2 * n), acc)
+        else:
+            ev = as_rows(ev)
+        if dot is None and not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
+                                and ev.t.is_contiguous()):
             ev = self._temp_from(ev, (rows, n), acc)
         k = len(self.temps)
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout, n, geom)
+        spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = _C.describe_reduce(spec, n, rows)
+        d.description = _C.describe_reduce(spec, 2 * n if dot else n, rows)
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _dot_operands(self, node: Node, ev) -> list | None:
+        """The two factors of a sum of products that PyTorch's kernel accumulates with
+        its products fused in (SoftMaxKernel.cpp's softmax backward: node attr "dot"),
+        as the torch_cpu order on the CPU computes it (red_dot); None elsewhere."""
+        if (not node.attrs.get("dot") or self.cuda or not isinstance(ev, Elem)
+                or ev.node.op != "mul" or any(isinstance(a, Scalar) for a in ev.args)
+                or self.math.reduction_order(False) != "torch_cpu"):
+            return None
+        return list(ev.args)
 
     def _memory_order(self, node: Node) -> bool:
         """Does this reduction visit its elements one after another as ATen's CPU loops do
@@ -711,9 +790,9 @@ class Lowering:
         return Leaf(t, ("tmp", k))
 
     def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int,
-                    geom: tuple = (0, 0)) -> tuple:
+                    geom: tuple = (0, 0), dot: bool = False) -> tuple:
         """(kind, order, p0, p1, p2, p3[, p4, p5]) of ops/reduce.h's ReduceSpec for this
-        node, whose rows have n elements.
+        node, whose rows have n elements (a dot row: the two factors side by side).
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
         fastest-moving dim is reduced), with unit stride, and `cols`, the contiguous kept
         extent below the reduced dims of an outer reduction. `geom` (_row_geometry): where
@@ -722,33 +801,58 @@ class Lowering:
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
         src = node.inputs[0].dtype
         inner, unit, cols = layout
+        if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
+            fused = self.math.torch_cpu_fma()
+            if not node.attrs.get("softmax_last", True):  # `sum += grad * output`, fused
+                return (_RED_DOT, ORDER_CODE["sequential"], int(fused), 0, 0, 0)
+            # map2_reduce_all: GCC fuses the last partial vector's products in the fp32
+            # kernels only (measured; the 16-bit kernels' float sums: rounding hides it)
+            w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
+            generic = acc is float64 or self.math.torch_cpu_isa() == "default"
+            if node.attrs.get("elem_bytes") == 2:  # functional_bfloat16.h's float halves
+                return (_RED_DOT, ORDER_CODE[order], w, w, 0, 6 if generic else 4)
+            return (_RED_DOT, ORDER_CODE[order], w, w, int(fused and acc is float32),
+                    3 if generic else 1)
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout, geom)
+        if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"
+                and not node.attrs.get("softmax_last", True)):
+            # _vec_softmax / serial_vec_logsoftmax_range: each column's D elements summed
+            # in order (a vector of columns at a time, or one column in the scalar code)
+            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
         if order == "torch_cpu" and node.attrs.get("algo") == "softmax" and inner and unit:
             # SoftMaxKernel.cpp's _vec_softmax_lastdim / _vec_log_softmax_lastdim: the row's
             # sum by vec::reduce_all over the dispatched vector's lanes (mode 1); the bf16
             # kernel sums float lanes over full vectors, then the rest in order (mode 2);
             # the backward kernel's reduce_all over bf16/fp16 vectors (float halves, mode 4)
             w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
-            half = src in (bfloat16, float16) or (node.attrs.get("bwd")
-                                                  and node.attrs.get("elem_bytes") == 2)
+            half = node.attrs.get("elem_bytes", src.bits // 8) == 2  # the kernel's input
             mode = (2 if half and node.attrs.get("kernel") == "softmax" else 4 if half
                     else 3 if acc is float64 else 1)
+            if self.math.torch_cpu_isa() == "default":
+                # the DEFAULT build: vec_base has no SIMD vec_reduce_all (generic lane sums)
+                mode = {1: 3, 2: 5, 3: 3, 4: 6}[mode]
             return (kind, ORDER_CODE[order], w, w, 0, mode)
-        if order == "torch_cpu" and node.attrs.get("bwd"):
-            # _vec_log_softmax_backward over another dim: each column from 0, in order
-            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
             # column down the reduced dims (vectorized_outer_sum), whose order depends on
             # the column's position among the `cols` contiguous kept elements
+            # (a sum to one value reads torch's thread count, from the library
+            # _torch_vml borrows: load it)
+            # (the sum's own result is 16-bit; inside a kernel such as mean it is a float)
+            out16 = node.dtype.bits == 16 and not node.attrs.get("kernel_inner")
+            c16 = -node.dtype.code - 1 if out16 else 0
+            if not self.cuda and node.op == "sum":
+                _torch_vml.unavailable()
             if inner and not unit:
-                return (kind, ORDER_CODE[order], 1, 1, 0, 0)
+                return (kind, ORDER_CODE[order], 1, 1, c16, 0)
+            # (an innermost reduction to one value on several threads is ATen's two-pass
+            # reduction, reduce.h: its buffer has the output's dtype, -code - 1 here)
             if acc is float64:
                 return (kind, ORDER_CODE[order], 4, 4, 0 if inner else cols, 0)
-            pair = src.bits == 16 and node.dtype.bits == 16 and inner
-            return (kind, ORDER_CODE[order], 16 if pair else 8, 8, 0 if inner else cols, 0)
+            pair = src.bits == 16 and out16 and inner
+            return (kind, ORDER_CODE[order], 16 if pair else 8, 8, c16 if inner else cols, 0)
         if order == "torch_cuda":
             if node.attrs.get("algo") == "softmax":
                 return self._cuda_softmax_spec(node, kind, n)
@@ -766,6 +870,9 @@ class Lowering:
         if order == "triton":
             isz = node.attrs.get("elem_bytes", src.bits // 8)
             return (kind, ORDER_CODE[order], *triton_config(node.attrs.get("algo"), n, isz))
+        if order == "sequential" and node.attrs.get("algo") == "var":
+            _torch_vml.unavailable()  # (torch's thread count: see above)
+            return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
 
     def _cuda_softmax_spec(self, node: Node, kind: int, n: int) -> tuple:
@@ -907,7 +1014,7 @@ class Lowering:
             args = [self.hoist(a) for a in e.args]
             cat = next((a for a in args if isinstance(a, Cat)), None)
             if cat is None:
-                r = Elem(e.node, args, e.shape)
+                r = Elem(e.node, args, e.shape, e.views)
             else:
                 d = cat.dim
                 parts, o = [], 0
@@ -917,7 +1024,8 @@ class Lowering:
                            for a in args]
                     shape = list(e.shape)
                     shape[d] = s
-                    parts.append(self.hoist(Elem(e.node, sub, tuple(shape))))
+                    parts.append(self.hoist(Elem(e.node, sub, tuple(shape),
+                                                 e.views + (("slice", d, o, o + s, 1),))))
                     o += s
                 r = Cat(d, parts, e.shape)
         else:
@@ -1006,6 +1114,12 @@ class _ExpandContext:
             if isinstance(e, Leaf) and e.t.is_contiguous() and e.t.data_ptr() % nbytes:
                 return False
         return True
+
+
+_RED_DOT = 5  # ops/scalar/reduce.h kRedDot
+# SoftMaxKernel.cpp's kernels castlab follows on the CPU (Lowering.torch_cpu_softmax)
+_TORCH_CPU_SOFTMAX_KERNELS = ("softmax", "log_softmax", "softmax_backward",
+                              "log_softmax_backward")
 
 
 def _row_geometry(e, shape: tuple, dims: tuple) -> tuple:
@@ -1466,7 +1580,7 @@ class ProgramBuilder:
             dt = node.dtype.name if node.dtype is not None else None
             # a step inside another PyTorch kernel (layer_norm, softmax, a backward kernel)
             # is not PyTorch's own kernel for the op: none of that kernel's details apply
-            kern = node.attrs.get("kernel") is not None
+            kern = node.attrs.get("kernel") or False  # the kernel's name
             if (op in ("add", "sub") and not low.cuda and not kern
                     and node.dtype in (bfloat16, float16)
                     and low.math.impl_on(False) == "torch_cpu"
@@ -1484,9 +1598,13 @@ class ProgramBuilder:
             if var != d.variant or not d.description:
                 d.variant = var
                 d.description = low.math.describe_op(op, low.cuda, dt, kern) or ""
-            contracted = (self._try_fma(e, f64) if op in ("add", "sub") and (
+            gelu_x = low.onednn_gelu_backward(e)
+            contracted = (self._try_fma(e, f64) if gelu_x is None and op in ("add", "sub") and (
                 low.math.fma or low.kernel_contracts(node)) else None)
-            quirk = self._pow_scalar_root(e, f64) if contracted is None else None
+            if gelu_x is not None:
+                quirk = self._onednn_gelu_backward(e, gelu_x, f64, d)
+            else:
+                quirk = self._pow_scalar_root(e, f64) if contracted is None else None
             if quirk is None and low.cuda and low.math.cuda_kernels and contracted is None:
                 quirk = self._torch_cuda_kernel(e, f64)
             elif (quirk is None and contracted is None and not kern
@@ -1511,7 +1629,7 @@ class ProgramBuilder:
                 d.quirk = (f"the sum and its log held in {sdt.short} "
                            "(LogSoftmaxKernelImpl.h, scalar_t tmp_sum)")
             if (quirk is None and contracted is None and op == "div"
-                    and low.torch_cpu_softmax(node)):
+                    and low.torch_cpu_softmax(node) and not node.attrs.get("softmax_geom")):
                 # _vec_softmax_lastdim: tmp_sum = 1 / tmp_sum, then x * tmp_sum
                 a, b = (self.operand(x, f64) for x in args)
                 one, inv, quirk = self.new(), self.new(), self.new()
@@ -1534,11 +1652,18 @@ class ProgramBuilder:
                 # float tensor and a Python exponent) need the storage dtype; the tail
                 # width of PyTorch's vectorised loop rides in aux
                 code = node.dtype.code if var & (RSQRT_SCALAR16 | TORCH_TAIL) else 0
-                tail = low.math.torch_cpu_tail(op, dt, low.cuda) if var & TORCH_TAIL else 0
+                tail = low.math.torch_cpu_tail(op, dt, low.cuda, kern) if var & TORCH_TAIL else 0
                 imm = (float(args[1].value) if op == "pow" and var & TORCH_TAIL
                        and isinstance(args[1], Scalar) else 0.0)  # the exponent, in double
+                iimm = 0
+                cols = low.softmax_columns(e) if op in ("exp", "div") else None
+                if cols is not None:  # the scalar columns of _vec_softmax & co.
+                    var |= TORCH_TAIL
+                    tail, iimm, imm = cols
+                    code = as_dtype(node.attrs["storage_dtype"]).code
+                    d.variant = var
                 self.ins(op, f64, out, *(regs + [-1, -1, -1])[:3], var=var, dtype=code,
-                         aux=tail, imm=imm)
+                         aux=tail, imm=imm, iimm=iimm)
         tgt = low.round_target(node)
         if tgt is not None:
             r = self.new()
@@ -1681,6 +1806,19 @@ class ProgramBuilder:
             return out
         return None
 
+    def _onednn_gelu_backward(self, e: Elem, x: Node, f64: int, d) -> int:
+        """g * gelu'(x) as oneDNN's eltwise_gelu_erf backward computes it (the gelu op with
+        the backward's variant bits, times the cotangent, rounded once by the caller)."""
+        low = self.low
+        var = low.math.onednn_gelu_backward_bits(e.node.dtype.name)
+        xr = self.operand(low.expr(x), f64)
+        gr = self.operand(e.args[0], f64)
+        out = self.new()
+        self.ins("gelu", f64, out, xr, gr, var=var)  # b: the cotangent
+        d.quirk = ("oneDNN's JIT eltwise_gelu_erf backward, g * gelu'(x) (Activation.cpp "
+                   "gelu_backward_out_cpu)")
+        return out
+
     def _try_fma(self, e: Elem, f64: bool):
         """a*b + c -> fma(a, b, c) when the product is not rounded and used once."""
         low = self.low
@@ -1691,12 +1829,31 @@ class ProgramBuilder:
 
         x, y = e.args
         op = e.node.op
-        if is_mul(x):
+        k = low._kernel(e.node)
+        both = is_mul(x) and is_mul(y)
+        right = both and k is not None and k.fused_product(low.cuda, e.node.dtype) == "right"
+        if is_mul(x) and not right:
             mul, (ea, eb), ec, negate = x, x.args, y, "c"
         elif is_mul(y):
             mul, (ea, eb), ec, negate = y, y.args, x, "a"
         else:
             return None
+        if (both and k is not None and op == "add" and not low.cuda
+                and k.fused_product(False, e.node.dtype, tail=True)
+                != k.fused_product(False, e.node.dtype)):
+            w = low.math.torch_cpu_tail("", e.node.dtype.name, False, e.node.attrs["kernel"])
+            if w:  # the kernel's scalar tails fuse the other product: both, then a select
+                body = self.operand(ea, f64), self.operand(eb, f64)
+                other = x if mul is y else y
+                tail = self.operand(other.args[0], f64), self.operand(other.args[1], f64)
+                ob, ot, one, out = self.new(), self.new(), self.new(), self.new()
+                self.ins("fma", f64, ob, *body, self.operand(ec, f64))
+                self.ins("fma", f64, ot, *tail, self.operand(mul, f64))
+                self.ins("const", f64, one, imm=1.0)
+                self.ins("where", f64, out, one, ob, ot, var=TORCH_TAIL, aux=w)
+                low.record.decide(e.node, f64).quirk = (
+                    "fma of the other product in the kernel's scalar tails")
+                return out, mul.node
         tgt = low.round_target(e.node)
         # a native 16-bit fma (fma.rn.bf16/.f16): the exact a*b + c rounded once. In fp64
         # the product of two fp32 values is exact and the sum rounds once; the rounding to

@@ -28,7 +28,7 @@ from .ops import Tensor, TensorLike
 from .policy import Policy, current_math
 
 __all__ = ["sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "rms_norm",
-           "layer_norm"]
+           "layer_norm"]  # (softmax_backward: castlab._autodiff's, not exported)
 
 _EAGER_POLICY = Policy.eager()
 _kernel_ids = itertools.count(1)
@@ -272,26 +272,100 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
         xf = p if out_dt in (float32, float64) else ops.astype(p, float32)
         if len(xf.shape) == 0:
             xf = ops.reshape(xf, 1)
-        a = {"algo": "softmax", "elem_bytes": isz,
+        shape = tuple(p.shape)
+        last = len(shape) == 0 or d == len(shape) - 1
+        # PyTorch's CPU kernels: the last dim (of the contiguous input) sums each row over
+        # vector lanes; another dim sums each column [outer, D, I] in order
+        # (SoftMaxKernel.cpp _vec_softmax, serial_vec_logsoftmax_range), SLEEF's exp in
+        # whole vectors of columns and glibc's in the rest
+        a = {"algo": "softmax", "elem_bytes": isz, "softmax_last": last,
              "cast": dt is not None and dt is not x.dtype, "fp16_in": x.dtype is float16}
+        geom = None if last else (_numel(shape, range(d)), shape[d],
+                                  _numel(shape, range(d + 1, len(shape))))
+        if last and not log and out_dt.bits == 16 and shape:
+            # the 16-bit last-dim kernel: the row's last n % fVec::size() exponentials by
+            # std::exp (one position per row: D = 1)
+            geom = (_numel(shape, range(d)), 1, shape[d])
         m = _reduce("amax", xf, (d if len(p.shape) else 0,), True, attrs=a)
         z = xf - m
         ez = ops.exp(z)
+        if geom:
+            ez.node.attrs = {**ez.node.attrs, "softmax_geom": geom, "softmax_last": last,
+                             "storage_dtype": out_dt.name}
         s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs=a)
         if log:
             ls = ops.log(s)
-            if out_dt.bits == 16:  # PyTorch's CPU kernel keeps the sum and its log in bf16/fp16
+            if out_dt.bits == 16 and last:
+                # the last-dim kernel keeps the sum and its log in bf16/fp16
                 ls.node.attrs = {**ls.node.attrs, "storage_dtype": out_dt.name}
             y = z - ls
         else:
             y = ez / s
+            if geom and not last:
+                y.node.attrs = {**y.node.attrs, "softmax_geom": geom,
+                                "storage_dtype": out_dt.name}
         if len(p.shape) == 0:
             y = ops.reshape(y, ())
         y = ops.astype(y, out_dt) if y.dtype is not out_dt else y
-        if log:  # its gradient: PyTorch's backward kernel (castlab._autodiff)
-            y.node.attrs = {**y.node.attrs, "log_softmax_of": (p.node, d if len(p.shape) else 0)}
+        # the autograd backward of this kernel: softmax_backward (castlab._autodiff)
+        y.node.attrs = {**y.node.attrs, "softmax": (d, log)}
         return y
     return _call(body, [x], kernel="log_softmax" if log else "softmax")
+
+
+def softmax_backward(g: TensorLike, y: TensorLike, dim: int, log: bool) -> TensorLike:
+    """The gradient of softmax / log_softmax at its output `y` for the cotangent `g`, as
+    PyTorch's backward kernels compute it: one kernel in op-math, rounded once.
+    On the CPU (SoftMaxKernel.cpp _vec_host_softmax_backward_lastdim, _vec_softmax_backward,
+    _vec_log_softmax_backward): softmax ``(g - sum(g * y)) * y``, the products fused into
+    the sum's accumulations where GCC fuses them (the torch_cpu order); log_softmax ``g -
+    exp(y) * sum(g)`` (an fma; SLEEF's exp, glibc's in the scalar columns of a dim that is
+    not the last). On a GPU (SoftMax.cu host_softmax_backward): log_softmax the same
+    formula with its row sum in the backward kernels' order (``bwd``: the warp kernel up to
+    1024 elements, SoftMax_getBlockSize(ILP) threads above, blockReduce); softmax first
+    forms ``g * y`` as an op of its own (rounded), then ``gy - y * sum(gy)``.
+
+    >>> y = cl.softmax(cl.tensor([0.0, 1.0]), 0)
+    >>> g = cl._reduce.softmax_backward(cl.tensor([1.0, 0.0]), y, 0, False)
+    >>> [round(v, 4) for v in g.tolist()]
+    [0.1966, -0.1966]
+    """
+    g, y = _arg(g), _arg(y)
+    d = reduce_dims("softmax_backward", _shape(y), dim)
+    d = d[0] if d else 0
+    out_dt = y.dtype
+    isz = out_dt.bits // 8
+
+    cuda = y.device.is_cuda
+
+    def up(v):
+        return v if v.dtype in (float32, float64) else ops.astype(v, float32)
+
+    def body(gp, yp):
+        gf, yf = up(gp), up(yp)
+        shape = tuple(yp.shape)
+        if len(shape) == 0:
+            gf, yf = ops.reshape(gf, 1), ops.reshape(yf, 1)
+        last = len(shape) == 0 or d == len(shape) - 1
+        a = {"algo": "softmax", "elem_bytes": isz, "softmax_last": last, "bwd": True}
+        if cuda and not log:  # gp is g * y, rounded (an op before the kernel)
+            r = gf - yf * _reduce("sum", gf, (d,), True, attrs=a)
+        elif log:
+            s = _reduce("sum", gf, (d,), True, attrs=a)
+            e = ops.exp(yf)
+            if not last:
+                geom = (_numel(shape, range(d)), shape[d], _numel(shape, range(d + 1, len(shape))))
+                e.node.attrs = {**e.node.attrs, "softmax_geom": geom, "softmax_last": False,
+                                "storage_dtype": out_dt.name}
+            r = gf - e * s
+        else:
+            r = (gf - _reduce("sum", gf * yf, (d,), True, attrs={**a, "dot": True})) * yf
+        if len(shape) == 0:
+            r = ops.reshape(r, ())
+        return ops.astype(r, out_dt) if r.dtype is not out_dt else r
+    if cuda and not log:  # _softmax_backward_data: `Tensor tmp = grad * output` first
+        g = g * y
+    return _call(body, [g, y], kernel="log_softmax_backward" if log else "softmax_backward")
 
 
 def softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:
@@ -317,31 +391,6 @@ def log_softmax(x: TensorLike, dim: int, dtype: Any = None) -> TensorLike:
     [-0.6931, -0.6931]
     """
     return _softmax_common("log_softmax", x, dim, dtype, log=True)
-
-
-def log_softmax_backward(g: Proxy, y: Proxy, d: int) -> Proxy:
-    """Inside a trace: the gradient of log_softmax along `d` from the cotangent g and the
-    forward result y, as PyTorch's backward kernel computes it
-    (``_log_softmax_backward_data``: ``g - exp(y) * sum(g)`` in op-math, rounded once; an
-    fma where its compiler contracts it). The row sum follows the device's kernel
-    (SoftMaxKernel.cpp's vector lanes; SoftMax.cu's warp, block and spatial kernels with
-    their backward launch rules): the lowering reads ``algo="softmax"``, ``bwd=True``.
-
-    >>> x = cl.tensor([[0.5, 1.5, -1.0]])
-    >>> f = cl.jit(lambda x: cl.log_softmax(x, -1))
-    >>> [round(v, 4) for v in f.vjp(x)[1](cl.ones(1, 3))[0].tolist()[0]]
-    [0.2389, -1.069, 0.8302]
-    """
-    dt = y.dtype
-    acc = float64 if dt is float64 else float32
-
-    def up(v):
-        return v if v.dtype is acc else ops.astype(v, acc)
-    a = {"algo": "softmax", "elem_bytes": dt.bits // 8, "bwd": True}
-    gf, yf = up(g), up(y)
-    s = _reduce("sum", gf, (d,), True, acc, a)
-    r = gf - ops.exp(yf) * s
-    return ops.astype(r, dt) if r.dtype is not dt else r
 
 
 # ---------------------------------------------------------------- norms
@@ -406,7 +455,9 @@ def rms_norm(x: TensorLike, normalized_shape: int | Sequence[int], weight: Tenso
 
     def body(p, pw=None):
         h = p if p.dtype is float64 else ops.astype(p, float32)
-        ms = _reduce("sum", h * h, dims, True,
+        # square, as HF's h.pow(2): one product and, in autograd, one gradient term
+        # (pow_backward: g * (2 * h)), where h * h would give two
+        ms = _reduce("sum", ops.square(h), dims, True,
                      attrs={"algo": "rms_norm", "elem_bytes": in_dt.bits // 8}) / float(n)
         r = ops.rsqrt(ms + e)
         hn = h * r

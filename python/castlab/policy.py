@@ -395,6 +395,19 @@ _TORCH_CPU_OPAQUE = {
 # UnaryOpsKernel.cpp registers sigmoid so; silu, gelu and gelu_tanh measured as 64-byte
 # loops (docs/torch_cpu_kernels.md); pow and rsqrt are plain REGISTER_DISPATCH.
 _TORCH_CPU_AVX512_OPS = frozenset({"sigmoid", "silu", "gelu", "gelu_tanh", "pow"})
+# Ops whose PyTorch CPU kernel is a cpu_kernel_vec loop with a scalar lambda that computes
+# differently from the vector body (glibc's function; 16-bit rsqrt's rounded sqrt); the
+# vml-path ops (exp, log, ...: vec::map, partial vectors) have no scalar tail.
+_TORCH_CPU_LAMBDA_OPS = frozenset({"sigmoid", "silu", "gelu", "gelu_tanh", "pow", "rsqrt"})
+# PyTorch's backward kernels that are cpu_kernel_vec loops (Activation.cpp), each with the
+# steps whose Vectorized function the scalar lambda replaces by glibc's (std::exp, ...);
+# all three are registered with ALSO_REGISTER_AVX512_DISPATCH.
+_TORCH_CPU_VEC_KERNELS = {"silu_backward": ("exp",), "gelu_backward": ("exp", "erf"),
+                          "gelu_tanh_backward": ("tanh",)}
+_TORCH_CPU_AVX512_KERNELS = frozenset(_TORCH_CPU_VEC_KERNELS)
+# Vectorized<double> functions castlab does not rebuild (Sleef_sind4_u10, cosd4): inside
+# another kernel (never the op's own kernel, which calls MKL VML) the portable ones stand in.
+_SLEEF_MISSING = frozenset({("sin", "float64"), ("cos", "float64")})
 _ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -452,13 +465,17 @@ class Math:
             pairwise summation) or "sequential". Every order runs on both devices
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
-        cpu_isa: the build of PyTorch's CPU kernels the "torch_cpu" order follows where it
-            matters (layer_norm's Welford moments, with or without fused multiply-adds;
-            softmax's row sums over the vector's lanes): "avx512" (kernels PyTorch also
-            builds for AVX512, as softmax, run 16-float vectors; the rest run their AVX2
-            build), "avx2" (x86-64 with AVX2), "default" (``ATEN_CPU_CAPABILITY=default``:
-            no fma) or "auto" (``torch.backends.cpu.get_cpu_capability()`` when torch is
-            imported, else "avx2").
+        cpu_isa: the build of PyTorch's CPU kernels (``ATEN_CPU_CAPABILITY``) that the
+            "torch_cpu" implementation and order follow: "avx512" (the kernels PyTorch also
+            builds for AVX512 run 64-byte vectors: softmax and its backward, sigmoid, silu,
+            gelu and their backward kernels, pow; the rest run their AVX2 build), "avx2"
+            (32-byte vectors; SLEEF in the vector body, glibc in each thread chunk's
+            scalar tail; GCC's fused multiply-adds), "default" (``vec_base``: glibc's
+            functions on every element, no fused multiply-add, vector lanes summed in
+            order) or "auto": ``torch.backends.cpu.get_cpu_capability()`` of the imported
+            torch, and "avx2" while torch is not imported (castlab never imports it). The
+            vector widths and tails also need torch's thread count, so they apply once
+            torch is imported (docs/torch_cpu_kernels.md, "Per ISA").
         rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
             (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
             multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
@@ -548,8 +565,13 @@ class Math:
         if (op == "gelu" and not kernel and _onednn.gelu_calls_onednn(dtype)
                 and not self._onednn_gelu_bits(op, dtype, cuda, kernel)):
             return "oneDNN"
+        if kernel:
+            # a step of another kernel computes with Vectorized's function (SLEEF, ATen's
+            # erf), never MKL VML; castlab lacks SLEEF's double log/sin/cos
+            # (Sleef_logd*_u10 included: ops/scalar/math_torch_cpu.h log_u10)
+            return "SLEEF (not reproduced)" if (op, dtype) in _SLEEF_MISSING else None
         lib = _TORCH_CPU_OPAQUE.get((op, dtype))
-        if lib == "MKL VML" and not kernel:
+        if lib == "MKL VML":
             why = _torch_vml.unavailable()
             return None if why is None else f"MKL VML unavailable ({why})"
         return lib
@@ -564,6 +586,17 @@ class Math:
         form = _onednn.gelu_path().form
         # bf16/fp16 below AVX512 (avx2_vnni_2's vcvtneps2bf16 / vcvtps2ph) is not modelled
         return form if form == "avx512" or (form == "avx2" and dtype == "float32") else ""
+
+    def onednn_gelu_backward_bits(self, dtype: str | None) -> int:
+        """Variant bits of PyTorch's CPU gelu backward (erf form) where it calls oneDNN's
+        JIT eltwise_gelu_erf backward (where its forward does, castlab modelling that
+        path; the backward's form is Abramowitz & Stegun on every ISA): the gelu op
+        computing g * gelu'(x), stored as the kernel stores it; 0 elsewhere."""
+        if not self._onednn_gelu("gelu", dtype, False):
+            return 0
+        ftz = BITS["onednn_bf16_ftz"] if (dtype == "bfloat16"
+                                          and _onednn.gelu_path().bf16_store == "ftz") else 0
+        return MATH_IMPLS["torch_cpu"] | BITS["onednn_gelu"] | BITS["onednn_gelu_bwd"] | ftz
 
     def _onednn_gelu_bits(self, op: str, dtype: str | None, cuda: bool, kernel: bool) -> int:
         form = self._onednn_gelu(op, dtype, cuda, kernel)
@@ -581,57 +614,91 @@ class Math:
                 and _torch_vml.unavailable() is None)
 
     def _impl_code(self, cuda: bool, op: str = "", dtype: str | None = None,
-                   kernel: bool = False) -> int:
+                   kernel: bool | str = False) -> int:
         name = self.impl_on(cuda)
         if name == "torch_cpu" and self._torch_cpu_opaque(op, dtype, cuda, kernel):
             name = "portable"
+        elif (name == "torch_cpu" and self._cpu_isa() == "default"
+              and not self._torch_vml(op, dtype, cuda, kernel)):
+            # the DEFAULT build's Vectorized (vec_base.h) maps the C library's function
+            # over its lanes: glibc in the vector body as in the scalar lambda
+            name = "libm"
         return MATH_IMPLS[name]
 
-    def torch_cpu_tail(self, op: str, dtype: str | None, cuda: bool = False) -> int:
+    def torch_cpu_tail(self, op: str, dtype: str | None, cuda: bool = False,
+                       kernel: bool | str = False) -> int:
         """Width of the vectorised step of PyTorch's CPU loop for this op (``2 *
-        Vec::size()``), whose remainder in each thread chunk runs the kernel's scalar
-        lambda (glibc): 0 where that changes no bits, or where torch is not loaded (its
-        ISA and thread count then are unknown) or its capability is not AVX2/AVX512.
+        Vec::size()`` of the build ``cpu_isa`` names), whose remainder in each thread chunk
+        runs the kernel's scalar lambda (glibc): 0 where that changes no bits, or where
+        torch is not loaded (its thread count then is unknown). `kernel`: the name of the
+        PyTorch kernel the op is a step of (silu_backward, ...: its scalar lambda calls
+        glibc's function for the step); True or "" for a kernel without such a lambda.
 
         >>> import torch
         >>> cl.Math.preset("torch_eager").torch_cpu_tail("silu", "float32") in (16, 32)
         True
         """
         f = OPS[op].factors if op in OPS else 0
-        if cuda or self.impl_on(cuda) != "torch_cpu" or not f & BITS["torch_tail"]:
-            return 0
+        if cuda or self.impl_on(cuda) != "torch_cpu" or not (kernel or f & BITS["torch_tail"]):
+            return 0  # (the tail of another kernel's loop: a fact of that kernel's, not op's)
         size = _ITEMSIZE.get(dtype or "")
-        if size is None or self._torch_cpu_opaque(op, dtype, cuda) is not None:
+        if size is None:
             return 0
-        if op == "rsqrt" and size != 2:  # float/double: the scalar 1/sqrt is the vector's
+        if kernel:  # op "": the kernel's own loop, whatever the step
+            if kernel not in _TORCH_CPU_VEC_KERNELS or (
+                    op and op not in _TORCH_CPU_VEC_KERNELS[kernel]):
+                return 0
+            wide = kernel in _TORCH_CPU_AVX512_KERNELS
+        else:
+            if op not in _TORCH_CPU_LAMBDA_OPS or self._torch_cpu_opaque(op, dtype, cuda):
+                return 0
+            if op == "rsqrt" and size != 2:  # float/double: the scalar 1/sqrt is the vector's
+                return 0
+            wide = op in _TORCH_CPU_AVX512_OPS
+        isa = self._cpu_isa()
+        # DEFAULT: vec_base maps glibc's function over the lanes, as the scalar lambda
+        # does; only pow's lambda still differs (std::pow(float, double)), and 16-bit
+        # rsqrt rounds its sqrt everywhere (torch_scalar_loop)
+        if isa == "default" and (kernel or op != "pow"):
             return 0
-        cap = _torch_cpu_capability()
+        if self.cpu_isa == "auto" and _torch_cpu_capability() not in ("AVX2", "AVX512", "DEFAULT"):
+            return 0
         # the executor reads torch's thread count through the library _torch_vml borrows
-        if cap not in ("AVX2", "AVX512") or _torch_vml.unavailable() is not None:
+        if _torch_vml.unavailable() is not None:
             return 0
-        return 2 * (64 if cap == "AVX512" and op in _TORCH_CPU_AVX512_OPS else 32) // size
+        return 2 * (64 if isa == "avx512" and wide else 32) // size
+
+    def _torch_cpu_bits(self) -> int:
+        """_TORCH_CPU_BITS under the build cpu_isa names: the DEFAULT build is compiled
+        without -mfma, so GCC contracts nothing there."""
+        if self._cpu_isa() == "default":
+            return _TORCH_CPU_BITS & ~BITS["fma_in_op"]
+        return _TORCH_CPU_BITS
 
     def variant_bits(self, op: str, f64: bool, cuda: bool, dtype: str | None = None,
-                     kernel: bool = False) -> int:
+                     kernel: bool | str = False) -> int:
         """Instruction variant bits (ops/scalar/ops.h VariantBits) for one op: only the
         factors the op table lists for it, so two runs differ in an op's bits exactly
         when they compute it differently. `dtype`: the op's storage dtype name (the
         torch_cpu implementation depends on it); `kernel`: the op is a step inside another
-        of PyTorch's kernels, so not PyTorch's own kernel for the op (no MKL VML call, no
-        scalar-tail or 16-bit rsqrt details of that kernel)."""
+        of PyTorch's kernels (its name, or True), so not PyTorch's own kernel for the op
+        (no MKL VML call, no 16-bit rsqrt details of that kernel; the scalar tail of the
+        kernel's own loop where it has one: torch_cpu_tail)."""
         f = OPS[op].factors
         bits = self._impl_code(cuda, op, dtype, kernel) if f & IMPL_MASK else 0
         if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
             bits |= SILU_MUL_SIGMOID
         if not cuda and self.impl_on(cuda) == "torch_cpu":
-            bits |= f & _TORCH_CPU_BITS
+            bits |= f & self._torch_cpu_bits()
+            if self.torch_cpu_tail(op, dtype, cuda, kernel):
+                bits |= BITS["torch_tail"]
         if not cuda and not kernel and self.impl_on(cuda) == "torch_cpu":
             if dtype in ("bfloat16", "float16"):  # 1 / sqrt rounded to 16 bits, scalar loop
                 bits |= f & BITS["rsqrt_scalar16"]
+                if self._cpu_isa() == "default":  # vec_base's rsqrt is that loop too
+                    bits |= f & BITS["torch_scalar_loop"]
             if f & BITS["torch_vml"] and self._torch_vml(op, dtype, cuda):
                 bits |= BITS["torch_vml"]
-            if self.torch_cpu_tail(op, dtype, cuda):
-                bits |= BITS["torch_tail"]
             # oneDNN on contiguous input of 2+ elements; the executor drops these bits on
             # other layouts, where the tail bits above apply (Gelu.h's loop)
             bits |= self._onednn_gelu_bits(op, dtype, cuda, kernel)
@@ -674,6 +741,16 @@ class Math:
         """
         return self._cpu_isa() != "default"
 
+    def torch_cpu_isa(self) -> str:
+        """The build of PyTorch's CPU kernels castlab follows: ``cpu_isa``, with "auto"
+        resolved to ``torch.backends.cpu.get_cpu_capability()`` of the imported torch
+        ("avx512", "avx2" or "default"; "avx2" when torch is not imported).
+
+        >>> cl.Math(cpu_isa="default").torch_cpu_isa()
+        'default'
+        """
+        return self._cpu_isa()
+
     def _cpu_isa(self) -> str:
         """``cpu_isa`` resolved: "auto" asks the loaded torch (AVX2 when it is not)."""
         if self.cpu_isa != "auto":
@@ -693,7 +770,7 @@ class Math:
         return not factors & SILU_MUL_SIGMOID or self.silu == "mul_sigmoid"
 
     def describe_op(self, op: str, cuda: bool, dtype: str | None = None,
-                    kernel: bool = False) -> str:
+                    kernel: bool | str = False) -> str:
         """Human-readable variant of one op, as shown in traces (`kernel`: as in
         :meth:`variant_bits`)."""
         impl = self.impl if (cuda or self.impl != "cuda_fast") else "libm"
@@ -715,6 +792,8 @@ class Math:
             form = self._onednn_gelu(op, dtype, cuda, kernel)
             impl = (f"torch_cpu (oneDNN's JIT gelu_erf, {form} form, on contiguous input as "
                     "PyTorch's kernel; Gelu.h's loop on other layouts)")
+        elif impl == "torch_cpu" and self._cpu_isa() == "default":
+            impl = "torch_cpu (DEFAULT build: glibc, as vec_base maps it)"
         info = OPS.get(op)
         f = info.factors if info is not None else 0
         notes = []
@@ -729,7 +808,7 @@ class Math:
         if not cuda and not kernel and f & BITS["rsqrt_scalar16"] and impl == "torch_cpu" and (
                 dtype in ("bfloat16", "float16")):
             notes.append("strided: 1/round(sqrt(x)) (PyTorch's scalar loop)")
-        if (not cuda and impl == "torch_cpu" and f & _TORCH_CPU_BITS & BITS["fma_in_op"]):
+        if (not cuda and impl == "torch_cpu" and f & self._torch_cpu_bits() & BITS["fma_in_op"]):
             notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
         if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")

@@ -79,7 +79,7 @@ cl::ReduceSpec to_spec(const py::handle& h) {
     r.p4 = sp[6];
     r.p5 = sp[7];
   }
-  (void)cl::make_red_plan(r, 1, 1);  // validates kind, order, parameters
+  (void)cl::make_red_plan(r, 2, 1);  // validates kind, order, parameters (a dot row: 2m)
   return r;
 }
 

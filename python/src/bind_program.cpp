@@ -141,6 +141,8 @@ void bind_program(py::module_& m) {
   bits["onednn_gelu"] = static_cast<uint32_t>(cl::kVarOneDnnGelu);
   bits["onednn_gelu_avx2"] = static_cast<uint32_t>(cl::kVarOneDnnGeluAvx2);
   bits["onednn_bf16_ftz"] = static_cast<uint32_t>(cl::kVarOneDnnBf16Ftz);
+  bits["torch_scalar_loop"] = static_cast<uint32_t>(cl::kVarTorchScalarLoop);
+  bits["onednn_gelu_bwd"] = static_cast<uint32_t>(cl::kVarOneDnnGeluBwd);
   m.attr("VARIANT_BITS") = bits;
   m.def("torch_vml_load", &cl::torch_vml_load, py::arg("path"),
         "Borrow MKL VML's vms*/vmd* functions from the already-loaded library at path "
