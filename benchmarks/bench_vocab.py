@@ -3,12 +3,13 @@ in one run (issue 49's eager speed goal).
 
 Cases (bf16 logits [rows, V], V in 32,000 / 50,257 / 151,936): softmax and log_softmax over
 the vocabulary, and cross_entropy against random targets. Implementations: castlab's eager
-call (``cl.softmax(x, -1)``: the default math, PyTorch's SoftMax.cu order, fused into one
-kernel of SoftMax.cu's own threads) and ``jit(...).run(policy="eager")``, torch eager, and a
-device copy of the bytes the op must move (logits read + result written: the anchor).
-Timing: CUDA events on each library's stream (bench_cuda.device_ms).
+call (``cl.softmax(x, -1)``: the default math, PyTorch's SoftMax.cu order) and
+``jit(...).run(policy="eager")``, torch eager, and a device copy of the bytes the op must
+move (logits read + result written: the anchor). With --fuse, SoftMax.cu's orders run as
+one kernel of that kernel's own threads (castlab._lower.FUSE_ROWS = True). Timing: CUDA
+events on each library's stream (bench_cuda.device_ms).
 
-Usage: python benchmarks/bench_vocab.py [--json PATH] [--rows N]
+Usage: python benchmarks/bench_vocab.py [--json PATH] [--rows N] [--fuse]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--fuse", action="store_true", help="castlab._lower.FUSE_ROWS = True")
     args = ap.parse_args()
     _require_gpu()
 
@@ -35,7 +37,10 @@ def main():
     from bench_cuda import device_ms, gbps, stream_of_castlab
 
     import castlab as cl
+    from castlab import _lower
 
+    if args.fuse:
+        _lower.FUSE_ROWS = True
     now = datetime.datetime.now(datetime.timezone.utc)
     name = torch.cuda.get_device_name()
     print(f"# castlab vocabulary benchmark  {now:%Y-%m-%d %H:%M} UTC  {name}  torch "

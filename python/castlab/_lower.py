@@ -1232,13 +1232,12 @@ def triton_tile(r: int, xblock: int, warps: int, isz: int) -> tuple:
 #: benchmarks/RESULTS.md), True always, False never (tests check that fusing changes no
 #: bit; benchmarks measure what it gains).
 FUSE_ROWS: bool | str = "auto"
-# SoftMax.cu's orders run fused as that kernel's own threads (ops/cuda/row_kernel.cpp
-# torch_row_source: the row read from memory, any length)
-_SOFTMAX_ROW = {ORDER_CODE["softmax_warp"], ORDER_CODE["softmax_block"]}
-_FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")} \
-    | _SOFTMAX_ROW
+# SoftMax.cu's orders can run fused as that kernel's own threads (ops/cuda/row_kernel.cpp
+# torch_row_source: the row read from memory, any length) with FUSE_ROWS = True; not by
+# default until that kernel has run against PyTorch on a GPU (it compiles with NVRTC).
+_FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")}
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
-_FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]} | _SOFTMAX_ROW,
+_FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
              REDUCE_OPS["amax"]: _FAST_ROW_MAX,
              REDUCE_OPS["amin"]: _FAST_ROW_MAX}
 
