@@ -79,23 +79,10 @@ def _bits_bad(got, want) -> int:
     return int((diff & ~(g.double().isnan() & want.double().isnan())).sum())
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 16: on the H200 (2026-12-01) the torch_cuda Welford layer_norm differed from "
-    "torch CUDA at the first case (1 row) for every dtype and hidden size, both the "
-    "vectorized kernel (bf16/fp16/fp32) and the block fallback (fp64); var's Welford "
-    "(Reduce.cuh) matched bit for bit. Suspects: the final rstd (rsqrtf; fp64's CUDA "
-    "rsqrt is not 1/sqrt), the (32, 4) block shape, the fused combine product"))
-@pytest.mark.parametrize("td", WELFORD_DT)
-@pytest.mark.parametrize("h", [896, 3584, 4096])
-def test_layer_norm_equals_torch_cuda(td, h):
-    """PyTorch's CUDA layer_norm, bit for bit (ops/scalar/moments.h): the vectorized
-    kernel (rows of a multiple of 4, aligned, not fp64), RowwiseMomentsCUDAKernel +
-    LayerNormForwardCUDAKernel otherwise (fp64; a contiguous view starting 2 elements
-    in; rows of h - 1 elements), on Qwen2's hidden sizes and 1 to 2048 rows."""
-    f = cl.jit(lambda x, w, b: cl.layer_norm(x, x.shape[-1], w, b, 1e-6))
-    f_nw = cl.jit(lambda x, b: cl.layer_norm(x, x.shape[-1], None, b))
-    f_nb = cl.jit(lambda x, w: cl.layer_norm(x, x.shape[-1], w))
-    f_none = cl.jit(lambda x: cl.layer_norm(x, x.shape[-1]))
+def _layer_norm_cases(td, h):
+    """(rows, x, w, b) over 1 to 2048 rows, with NaN and inf rows: a contiguous input, a
+    strided view (PyTorch copies it), a contiguous view 8 bytes off (the fallback kernel),
+    and rows of h - 1 elements."""
     for rows in (1, 2, 3, 17, 128, 1000, 2048):
         t = _x((rows, h + 2), td, rows, scale=1.5) + 0.25
         if rows > 3:
@@ -106,13 +93,52 @@ def test_layer_norm_equals_torch_cuda(td, h):
                   flat[2: 2 + rows * h].view(rows, h),  # contiguous, 8 bytes off
                   t[:, : h - 1].contiguous()):
             n = x.shape[-1]
-            w, b = _x((n,), td, 2) * 0.5 + 1, _x((n,), td, 3) * 0.2
-            X, W, B = cl.from_dlpack(x), cl.from_dlpack(w), cl.from_dlpack(b)
-            F = torch.nn.functional.layer_norm
-            assert _bits_bad(f.run(X, W, B, **EAGER), F(x, (n,), w, b, 1e-6)) == 0, (rows, n)
-            assert _bits_bad(f_nw.run(X, B, **EAGER), F(x, (n,), None, b)) == 0, (rows, n)
-            assert _bits_bad(f_nb.run(X, W, **EAGER), F(x, (n,), w, None)) == 0, (rows, n)
-            assert _bits_bad(f_none.run(X, **EAGER), F(x, (n,))) == 0, (rows, n)
+            yield rows, x, _x((n,), td, 2) * 0.5 + 1, _x((n,), td, 3) * 0.2
+
+
+@pytest.mark.parametrize("td", WELFORD_DT)
+@pytest.mark.parametrize("h", [896, 3584, 4096])
+def test_layer_norm_equals_torch_cuda(td, h):
+    """PyTorch's CUDA layer_norm, bit for bit (ops/scalar/moments.h): the vectorized
+    kernel (rows of a multiple of 4, aligned, not fp64), RowwiseMomentsCUDAKernel +
+    LayerNormForwardCUDAKernel otherwise (fp64; a contiguous view starting 2 elements
+    in; rows of h - 1 elements), on Qwen2's hidden sizes and 1 to 2048 rows, with weight
+    and bias, weight only, neither. (The H200 runs of 2026-12-04 matched the moments and
+    these epilogues: docs/torch_reductions.md 2.3; the bias-only call is the next test.)"""
+    f = cl.jit(lambda x, w, b: cl.layer_norm(x, x.shape[-1], w, b, 1e-6))
+    f_nb = cl.jit(lambda x, w: cl.layer_norm(x, x.shape[-1], w))
+    f_none = cl.jit(lambda x: cl.layer_norm(x, x.shape[-1]))
+    F = torch.nn.functional.layer_norm
+    for rows, x, w, b in _layer_norm_cases(td, h):
+        n = x.shape[-1]
+        X, W, B = cl.from_dlpack(x), cl.from_dlpack(w), cl.from_dlpack(b)
+        assert _bits_bad(f.run(X, W, B, **EAGER), F(x, (n,), w, b, 1e-6)) == 0, (rows, n)
+        assert _bits_bad(f_nb.run(X, W, **EAGER), F(x, (n,), w, None)) == 0, (rows, n)
+        assert _bits_bad(f_none.run(X, **EAGER), F(x, (n,))) == 0, (rows, n)
+
+
+@pytest.mark.parametrize("td", WELFORD_DT)
+@pytest.mark.parametrize("h", [896, 3584, 4096])
+def test_layer_norm_bias_only_equals_torch_cuda(td, h):
+    """A bias and no weight: the fallback kernel is ``fma(x - mean, rstd, bias)`` (measured
+    on the H200, 2026-12-04); the vectorized kernel's epilogue matched none of ten
+    candidates there (fp32: 582 of 8,064 elements differ from ``fma(x - mean, rstd,
+    bias)``), so the fp32/fp16 vectorized cases are an expected failure."""
+    f_nw = cl.jit(lambda x, b: cl.layer_norm(x, x.shape[-1], None, b))
+    F = torch.nn.functional.layer_norm
+    vec_bad = []
+    for rows, x, _w, b in _layer_norm_cases(td, h):
+        n = x.shape[-1]
+        bad = _bits_bad(f_nw.run(cl.from_dlpack(x), cl.from_dlpack(b), **EAGER),
+                        F(x, (n,), None, b))
+        vectorized = (td is not torch.float64 and n % 4 == 0 and x.is_contiguous()
+                      and x.data_ptr() % (4 * x.element_size()) == 0)
+        if bad and vectorized:
+            vec_bad.append((rows, n, bad))
+        else:
+            assert bad == 0, (rows, n)
+    if vec_bad:
+        pytest.xfail(f"the vectorized kernel's bias-only epilogue is not modelled: {vec_bad[:3]}")
 
 
 @pytest.mark.parametrize("td", WELFORD_DT)
