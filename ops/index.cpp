@@ -79,37 +79,36 @@ int64_t wrapped(int64_t v, int64_t size, bool wrap) {
   return r < 0 ? r + size : r;
 }
 
+// The coordinates of the k-th element (row-major) of `shape`.
+void coords_of(int64_t k, const Shape& shape, int64_t nd, int64_t* c) {
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    c[d] = k % shape[d];
+    k /= shape[d];
+  }
+}
+
 void check_cpu(int dim, int64_t size, bool wrap, const Tensor& index) {
   const int64_t nd = index.ndim(), n = index.numel();
-  const Shape& shape = index.shape();
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   for (int64_t k = 0; k < n; ++k) {
     int64_t c[kIndexMaxDims];
-    int64_t r = k;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      c[d] = r % shape[d];
-      r /= shape[d];
-    }
-    const int64_t v = wrapped(ip[offset_of(c, index.strides(), nd)], size, wrap);
-    if (v < 0 || v >= size) throw std::out_of_range(bounds_message(v, dim, size));
+    coords_of(k, index.shape(), nd, c);
+    const int64_t raw = ip[offset_of(c, index.strides(), nd)];
+    const int64_t v = wrapped(raw, size, wrap);
+    if (v < 0 || v >= size) throw std::out_of_range(bounds_message(raw, dim, size));
   }
 }
 
 void gather_cpu(int dim, bool wrap, const Tensor& src, const Tensor& index, const Tensor& out) {
   const int64_t nd = index.ndim(), n = index.numel();
   const size_t es = static_cast<size_t>(src.itemsize());
-  const Shape& shape = index.shape();
   const int64_t size = src.shape().empty() ? 1 : src.shape()[dim];
   const char* sp = static_cast<const char*>(src.data_ptr());
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
   for (int64_t k = 0; k < n; ++k) {
     int64_t c[kIndexMaxDims];
-    int64_t r = k;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      c[d] = r % shape[d];
-      r /= shape[d];
-    }
+    coords_of(k, index.shape(), nd, c);
     const int64_t raw = ip[offset_of(c, index.strides(), nd)];
     const int64_t v = wrapped(raw, size, wrap);
     if (v < 0 || v >= size) throw std::out_of_range(bounds_message(raw, dim, size));
