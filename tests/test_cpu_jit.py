@@ -345,3 +345,82 @@ def test_exit_mid_compile_and_dead_processes_leave_no_temporary_files(tmp_path):
     pid, pending = out.stdout.split()
     assert pending == "1"  # it did exit with the compiler running
     assert sorted(q.name for q in tmp.iterdir()) == ["castlab-cpu-notapid"], list(tmp.iterdir())
+
+
+def _compiler() -> str:
+    import shutil
+    for c in ("c++", "g++", "clang++"):
+        if shutil.which(c):
+            return c
+    pytest.skip("no C++ compiler on this machine")
+
+
+def test_flags_in_castlab_cxx_are_part_of_the_disk_cache_key(tmp_path):
+    # issue 50 item 10: a kernel built by `g++ -O0 -DX` was reused by plain `g++`
+    cxx = _compiler()
+    flagged = _child({"CASTLAB_CXX": f"{cxx} -O0 -DCASTLAB_KEY_TEST=1"}, tmp_path)
+    plain = _child({"CASTLAB_CXX": cxx}, tmp_path)
+    again = _child({"CASTLAB_CXX": f"{cxx} -O0 -DCASTLAB_KEY_TEST=1"}, tmp_path)
+    assert flagged["status"]["compiled"] == 1
+    assert plain["status"]["compiled"] == 1 and plain["status"]["disk_hits"] == 0
+    assert again["status"]["compiled"] == 0 and again["status"]["disk_hits"] == 1
+    assert flagged["sum"] == plain["sum"] == again["sum"]
+
+
+_TWO_PROGRAMS = r"""
+import json, time
+import numpy as np
+import castlab as cl
+x = cl.from_numpy(np.linspace(-5, 5, 1 << 18, dtype=np.float32))
+t0 = time.monotonic()
+a = cl.jit(lambda v: cl.sigmoid(v) * v - 1.0)(x)
+b = cl.jit(lambda v: cl.tanh(v) * 3.0)(x)
+print(json.dumps({"status": cl.cpu_codegen(), "seconds": time.monotonic() - t0,
+                  "a": a.numpy().tolist()[:4096:97], "b": b.numpy().tolist()[:4096:97]}))
+"""
+
+
+def _hung_child(tmp_path, script: str, extra: dict) -> tuple:
+    env = dict(os.environ, CASTLAB_CPU_CODEGEN="sync", CASTLAB_CACHE_DIR="",
+               CASTLAB_CXX_TIMEOUT="1")
+    env["PYTHONPATH"] = _PKG + os.pathsep + env.get("PYTHONPATH", "")
+    for k in ("CXX", "CASTLAB_CXX", "CASTLAB_CPU_CODEGEN_MIN"):
+        env.pop(k, None)
+    if script:
+        cc = tmp_path / "cc"
+        cc.write_text(script)
+        cc.chmod(0o755)
+        env["CASTLAB_CXX"] = str(cc)
+    env.update(extra)
+    out = subprocess.run([sys.executable, "-c", _TWO_PROGRAMS], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.mark.parametrize("where", ["version", "compile"])
+def test_a_compiler_that_hangs_times_out_and_the_interpreter_runs(tmp_path, where):
+    # issue 50 item 13: a compiler (or a ccache/distcc wrapper) that never exits used to
+    # hang the first call for ever, holding the JIT's lock
+    ref, _ = _hung_child(tmp_path, "", {"CASTLAB_CPU_CODEGEN": "off"})
+    if where == "version":
+        script = "#!/bin/sh\nexec sleep 300\n"
+    else:
+        script = ('#!/bin/sh\nif [ "$1" = --version ]; then echo "hangcc 1.0"; exit 0; fi\n'
+                  "exec sleep 300\n")
+    got, err = _hung_child(tmp_path, script, {})
+    st = got["status"]
+    assert got["a"] == ref["a"] and got["b"] == ref["b"]
+    assert st["runs"] == 0 and st["compiled"] == 0
+    want = "did not answer --version within 1 s" if where == "version" else "ran past 1 s"
+    assert want in st["why_not"], st
+    # one warning, and the second program did not try (and wait) again
+    assert err.count("castlab: warning:") == 1, err
+    assert st["failures"] == (0 if where == "version" else 1)
+    assert got["seconds"] < 30
+
+
+def test_compiler_timeout_setting_is_read_and_bad_values_are_ignored(tmp_path):
+    cxx = _compiler()
+    for bad in ("nan", "-1", "0", "abc", "1e9"):
+        got = _child({"CASTLAB_CXX": cxx, "CASTLAB_CXX_TIMEOUT": bad}, tmp_path)
+        assert got["status"]["runs"] == 1, (bad, got["status"])

@@ -60,7 +60,9 @@ struct State {
   std::condition_variable cv;  // the worker's queue, and waits for slots
   CpuJitMode mode = CpuJitMode::kAsync;
   int64_t min_elements = kDefaultMin;
-  bool probed = false;  // compiler looked for
+  bool probed = false;   // compiler looked for
+  double timeout = 120;  // seconds a compiler run may take (CASTLAB_CXX_TIMEOUT)
+  bool warned = false;   // the timeout warning was printed
   std::vector<std::string> cxx;
   std::string compiler, why_not;
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots;  // key -> slot
@@ -76,6 +78,9 @@ State* g_state = nullptr;
 // The compilers running now (pid -> their folder): killed, and the folders removed, when
 // the process exits mid-compile (a background compile outlives no Python session).
 std::mutex g_child_mu;
+// Held while the compiler is looked for (its --version runs), never together with a wait
+// on State::mu's condition: other threads keep running programs in the interpreter.
+std::mutex g_probe_mu;
 std::unordered_map<pid_t, std::string>* g_children = new std::unordered_map<pid_t, std::string>;
 void kill_children_at_exit();
 
@@ -83,12 +88,14 @@ void kill_children_at_exit();
 // around the fork so the child gets them free; the child forgets its queue, what was
 // compiling (asked for again) and the parent's compiler processes.
 void before_fork() {
+  g_probe_mu.lock();
   g_state->mu.lock();
   g_child_mu.lock();
 }
 void after_fork_parent() {
   g_child_mu.unlock();
   g_state->mu.unlock();
+  g_probe_mu.unlock();
 }
 void after_fork_child() {
   g_children->clear();  // the parent's compilers, not this process's
@@ -101,6 +108,7 @@ void after_fork_child() {
   for (auto& kv : s.slots)
     if (kv.second->state == 1) kv.second->state = 0;
   s.mu.unlock();
+  g_probe_mu.unlock();
 }
 
 // Leaked: a detached worker may still use it while the process exits.
@@ -121,6 +129,11 @@ State& state() {
       char* end = nullptr;
       const long long v = std::strtoll(n, &end, 10);
       if (end != n && *end == '\0' && v >= 0) st->min_elements = v;
+    }
+    if (const char* t = std::getenv("CASTLAB_CXX_TIMEOUT")) {
+      char* end = nullptr;
+      const double v = std::strtod(t, &end);
+      if (end != t && *end == '\0' && v > 0 && v <= 86400) st->timeout = v;
     }
     return st;
   }();
@@ -250,10 +263,13 @@ struct TempDir {
   }
 };
 
+constexpr int kTimedOut = -2;
+
 // Runs argv with stdout and stderr into `log` (a file in the TempDir `dir`); the exit
-// status (-1: could not start).
+// status (-1: could not start or killed by a signal; kTimedOut: still running after
+// `timeout` seconds, then killed with its process group).
 int run_command(const std::vector<std::string>& argv, const std::string& log,
-                const std::string& dir) {
+                const std::string& dir, double timeout) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -288,71 +304,144 @@ int run_command(const std::vector<std::string>& argv, const std::string& log,
   if (rc != 0) return -1;
   int status = 0;
   int w;
-  while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  auto nap = std::chrono::microseconds(200);
+  for (;;) {
+    w = waitpid(pid, &status, WNOHANG);
+    if (w < 0 && errno == EINTR) continue;
+    if (w != 0) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      timed_out = true;
+      kill(-pid, SIGKILL);  // the compiler and what it started
+      while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(20000));
   }
   std::lock_guard<std::mutex> g(g_child_mu);
   g_children->erase(pid);
+  if (timed_out) return kTimedOut;
   if (w < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// Finds the compiler once (under the state's lock): $CASTLAB_CXX, $CXX, c++, g++, clang++.
-void probe(State& s) {
-  if (s.probed) return;
-  s.probed = true;
+std::string join_words(const std::vector<std::string>& w) {
+  std::string s;
+  for (const auto& x : w) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+std::string seconds_text(double t) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", t);
+  return buf;
+}
+
+// A compiler run went past the timeout: no more compiles in this process (the
+// interpreter runs every program, the same bits), said once on stderr. Under s.mu.
+void give_up_compiling(State& s, const std::string& why) {
+  s.cxx.clear();
+  s.why_not = why;
+  if (!s.warned) {
+    s.warned = true;
+    std::fprintf(stderr,
+                 "castlab: warning: %s; the CPU code generator is off for this process and "
+                 "the interpreter runs every program (the same bits). CASTLAB_CXX_TIMEOUT "
+                 "sets the limit in seconds.\n",
+                 why.c_str());
+    std::fflush(stderr);
+  }
+}
+
+// Finds the compiler once: $CASTLAB_CXX, $CXX, c++, g++, clang++, each asked for its
+// --version within the timeout. Runs without the state's lock (under g_probe_mu), so a
+// slow compiler delays only the threads that need it.
+void ensure_probed(State& s) {
+  double timeout;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.probed) return;
+  }
+  std::lock_guard<std::mutex> pg(g_probe_mu);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.probed) return;
+    timeout = s.timeout;
+  }
   clean_stale_temps();
   std::vector<std::string> tried;
   for (const char* env : {"CASTLAB_CXX", "CXX"})
     if (const char* v = std::getenv(env))
       if (v[0]) tried.push_back(v);
   for (const char* c : {"c++", "g++", "clang++"}) tried.push_back(c);
+  std::vector<std::string> cxx;
+  std::string compiler, why_not, hung;
   TempDir dir;
   if (dir.path.empty()) {
-    s.why_not = "cannot create a temporary folder for the compiler";
-    return;
+    why_not = "cannot create a temporary folder for the compiler";
+  } else {
+    const std::string log = dir.path + "/version.txt";
+    for (const auto& c : tried) {
+      std::vector<std::string> argv = split_words(c);
+      if (argv.empty()) continue;
+      argv.push_back("--version");
+      const int rc = run_command(argv, log, dir.path, timeout);
+      if (rc == kTimedOut) {
+        hung = "the C++ compiler '" + c + "' did not answer --version within " +
+               seconds_text(timeout) + " s";
+        break;
+      }
+      if (rc != 0) continue;
+      const std::string v = read_file(log);
+      cxx = split_words(c);
+      compiler = v.substr(0, v.find('\n'));
+      break;
+    }
+    if (cxx.empty() && hung.empty()) {
+      std::string names;
+      for (const auto& c : tried) names += (names.empty() ? "" : ", ") + c;
+      why_not = "no C++ compiler found (tried " + names + "; set CASTLAB_CXX)";
+    }
   }
-  const std::string log = dir.path + "/version.txt";
-  for (const auto& c : tried) {
-    std::vector<std::string> argv = split_words(c);
-    if (argv.empty()) continue;
-    argv.push_back("--version");
-    if (run_command(argv, log, dir.path) != 0) continue;
-    const std::string v = read_file(log);
-    s.cxx = split_words(c);
-    s.compiler = v.substr(0, v.find('\n'));
-    return;
-  }
-  std::string names;
-  for (const auto& c : tried) names += (names.empty() ? "" : ", ") + c;
-  s.why_not = "no C++ compiler found (tried " + names + "; set CASTLAB_CXX)";
+  std::lock_guard<std::mutex> g(s.mu);
+  s.cxx = cxx;
+  s.compiler = compiler;
+  s.why_not = why_not;
+  if (!hung.empty()) give_up_compiling(s, hung);
+  s.probed = true;
 }
 
-// Compiles `source` to a shared library's bytes in *image; false with the log in *log.
-bool compile(const std::vector<std::string>& cxx, const std::string& source, std::string* image,
-             std::string* log) {
+// Compiles `source` to a shared library's bytes in *image: 0, else 1 with the log in
+// *log, or kTimedOut when the compiler ran past `timeout` seconds (and was killed).
+int compile(const std::vector<std::string>& cxx, const std::string& source, double timeout,
+            std::string* image, std::string* log) {
   TempDir dir;
   if (dir.path.empty()) {
     *log = "cannot create a temporary folder";
-    return false;
+    return 1;
   }
   for (int i = 0; kEmbeddedHeaders[i].first; ++i)
     if (!dir.put(kEmbeddedHeaders[i].first, kEmbeddedHeaders[i].second)) {
       *log = "cannot write the headers";
-      return false;
+      return 1;
     }
   if (!dir.put("kernel.cpp", source)) {
     *log = "cannot write the source";
-    return false;
+    return 1;
   }
   std::vector<std::string> argv = cxx;
   for (const auto& f : compile_flags()) argv.push_back(f);
   const std::string so = dir.path + "/kernel.so", out = dir.path + "/log.txt";
   for (const auto& a : {"-I" + dir.path, "-o" + so, dir.path + "/kernel.cpp"}) argv.push_back(a);
-  const int rc = run_command(argv, out, dir.path);
+  const int rc = run_command(argv, out, dir.path, timeout);
+  if (rc == kTimedOut) return kTimedOut;
   *log = read_file(out);
-  if (rc != 0) return false;
+  if (rc != 0) return 1;
   *image = read_file(so);
-  return !image->empty();
+  return image->empty() ? 1 : 0;
 }
 
 // dlopens a library from its bytes (through a private file, removed once loaded).
@@ -386,9 +475,11 @@ CpuKernelFn load(const std::string& image, std::string* why) {
 // Fills one slot: the disk cache, else the compiler. Called without the lock.
 void build(State& s, Slot& slot) {
   std::vector<std::string> cxx;
+  double timeout;
   {
     std::lock_guard<std::mutex> g(s.mu);
     cxx = s.cxx;
+    timeout = s.timeout;
   }
   std::string why, kind, image;
   std::string dwhy;
@@ -396,9 +487,13 @@ void build(State& s, Slot& slot) {
   const bool hit =
       dfd >= 0 && cuda::disk::load(dfd, slot.key, &kind, &image) == "ok" && kind == "so";
   const auto t0 = std::chrono::steady_clock::now();
-  bool ok = hit;
-  if (!hit) {
-    ok = compile(cxx, slot.source, &image, &why);
+  bool ok = hit, timed_out = false;
+  if (!hit && cxx.empty()) {
+    why = "compiling is off (an earlier compiler run timed out)";
+  } else if (!hit) {
+    const int rc = compile(cxx, slot.source, timeout, &image, &why);
+    ok = rc == 0;
+    timed_out = rc == kTimedOut;
     if (ok && dfd >= 0) cuda::disk::store(dfd, slot.key, "so", image);
   }
   if (dfd >= 0) close(dfd);
@@ -418,6 +513,11 @@ void build(State& s, Slot& slot) {
       s.compiled++;
       s.seconds += secs;
     }
+  } else if (timed_out) {
+    s.failures++;
+    s.last_error = "the C++ compiler '" + join_words(cxx) + "' ran past " + seconds_text(timeout) +
+                   " s on a kernel and was stopped";
+    give_up_compiling(s, s.last_error);
   } else {
     s.failures++;
     s.last_error = why.empty() ? "the compiler wrote no library" : why;
@@ -545,7 +645,10 @@ CpuKernelFn cpu_jit_kernel(const Program& prog, const std::vector<Instr>& code,
     std::lock_guard<std::mutex> g(s.mu);
     mode = s.mode;
     if (mode == CpuJitMode::kOff || numel < s.min_elements) return nullptr;
-    probe(s);
+  }
+  ensure_probed(s);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
     if (s.cxx.empty()) return nullptr;
   }
   std::string sig(dtypes.begin(), dtypes.end());
@@ -588,7 +691,9 @@ CpuKernelFn cpu_jit_kernel(const Program& prog, const std::vector<Instr>& code,
       std::string key_text = "castlab-cpu " CASTLAB_VERSION "\n";
       {
         std::lock_guard<std::mutex> g(s.mu);
-        key_text += s.compiler + "\n";
+        // the whole command (CASTLAB_CXX may carry flags: -O0, -D..., another -march)
+        // and its --version line
+        key_text += join_words(s.cxx) + "\n" + s.compiler + "\n";
       }
       for (const auto& f : compile_flags()) key_text += f + "\n";
       key_text += "headers " + cuda::embedded_headers_hash() + "\n" + source;
@@ -635,8 +740,8 @@ CpuKernelFn cpu_jit_kernel(const Program& prog, const std::vector<Instr>& code,
 
 CpuJitStatus cpu_jit_status() {
   State& s = state();
+  ensure_probed(s);
   std::lock_guard<std::mutex> g(s.mu);
-  probe(s);
   CpuJitStatus st;
   st.mode = s.mode;
   st.min_elements = s.min_elements;

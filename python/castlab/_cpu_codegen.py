@@ -27,8 +27,13 @@ def cpu_codegen(mode: str | None = None, min_elements: int | None = None,
     min_elements: programs writing fewer elements stay interpreted (default 262144, or
     ``CASTLAB_CPU_CODEGEN_MIN``). wait: return once nothing is queued or compiling.
     Results are the same bits whichever runs. The compiler is ``$CASTLAB_CXX``, else
-    ``$CXX``, else ``c++``/``g++``/``clang++``; compiled libraries live in the kernel disk
-    cache (``CASTLAB_CACHE_DIR``).
+    ``$CXX``, else ``c++``/``g++``/``clang++`` (flags may follow the name; the disk cache's
+    key holds the whole command and its ``--version`` line); compiled libraries live in the
+    kernel disk cache (``CASTLAB_CACHE_DIR``). Every compiler run (its ``--version`` check
+    and each compile) is stopped after ``CASTLAB_CXX_TIMEOUT`` seconds (a positive number
+    up to 86400, default 120; other values are ignored): then one warning goes to stderr, ``why_not`` says which run timed out, and the interpreter
+    runs every program for the rest of the process, with the same bits. Programs that do
+    not compile never wait for the compiler's check while another thread runs it.
 
     The status: ``mode``, ``min_elements``, ``compiler`` (its ``--version`` line),
     ``why_not`` (why nothing compiles, else ""), ``compiled``, ``disk_hits``,
