@@ -613,6 +613,120 @@ case("cuda-kernel-cache-stats", "api", "r = cl.cuda.kernel_cache_stats()", ok("i
 case("cuda-jit-no-gpu", "api", "need_no_gpu()\ncl.jit(lambda x: x * 2)(cl.zeros(2, device='cuda'))", err(RE, NOGPU))
 case("cuda-info", "api", "need_no_gpu()\ncl.cuda.info()", either(RE, NOGPU, "True"))
 
+# ------------------------------------------------------------------ issue 50: jit guards
+
+# item 9: a value the trace read, changed after the first call, must be seen (guard or retrace)
+_G9 = "x = cl.ones(3)\n"
+case("i50-9-list-item", "i50-9", _G9 + "k = [2.0]\nf = cl.jit(lambda x: x * k[0])\nf(x)\nk[0] = 3.0\nr = f(x)",
+     ok("r.tolist() == [3.0] * 3"))
+case("i50-9-dict-item", "i50-9", _G9 + "k = {'s': 2.0}\nf = cl.jit(lambda x: x * k['s'])\nf(x)\nk['s'] = 3.0\nr = f(x)",
+     ok("r.tolist() == [3.0] * 3"))
+case("i50-9-dict-back", "i50-9", _G9 + "k = {'s': 2.0}\nf = cl.jit(lambda x: x * k['s'])\nf(x)\nk['s'] = 3.0\nf(x)\n"
+     "k['s'] = 2.0\nr = f(x)", ok("r.tolist() == [2.0] * 3 and len(f._cache) == 2"))
+case("i50-9-attr", "i50-9", _G9 + "class C: pass\nc = C(); c.k = 2.0\nf = cl.jit(lambda x: x * c.k)\nf(x)\nc.k = 5.0\nr = f(x)",
+     ok("r.tolist() == [5.0] * 3"))
+case("i50-9-nested-list", "i50-9", _G9 + "k = [[1.0, [2.0]]]\nf = cl.jit(lambda x: x * k[0][1][0])\nf(x)\nk[0][1][0] = 7.0\nr = f(x)",
+     ok("r.tolist() == [7.0] * 3"))
+case("i50-9-tuple-in-closure", "i50-9", _G9 + "def mk():\n    k = [2.0]\n    return cl.jit(lambda x: x * k[0]), k\n"
+     "f, k = mk()\nf(x)\nk[0] = 9.0\nr = f(x)", ok("r.tolist() == [9.0] * 3"))
+case("i50-9-np-rebind", "i50-9", _G9 + "s = np.array([2.0], np.float32)\nf = cl.jit(lambda x: x * s)\nf(x)\n"
+     "s = np.array([5.0], np.float32)\nr = f(x)", ok("r.tolist() == [5.0] * 3"))
+case("i50-9-np-inplace", "i50-9", _G9 + "s = np.array([2.0], np.float32)\nf = cl.jit(lambda x: x * s)\nf(x)\n"
+     "s[0] = 4.0\nr = f(x)", ok("r.tolist() == [4.0] * 3"))
+case("i50-9-np-float64-inplace", "i50-9", _G9 + "s = np.array([2.0])\nf = cl.jit(lambda x: x * s)\nf(x)\n"
+     "s[0] = 4.0\nr = f(x)", ok("r.tolist() == [4.0] * 3"))
+case("i50-9-torch-rebind-shape", "i50-9", "need_torch()\n" + _G9 + "t = torch.tensor([2.0])\n"
+     "f = cl.jit(lambda x: x * t)\nf(x)\nt = torch.tensor([5.0, 6.0, 7.0])\nr = f(x)", ok("r.tolist() == [5.0, 6.0, 7.0]"))
+case("i50-9-list-of-tensors", "i50-9", _G9 + "k = [cl.full((3,), 2.0)]\nf = cl.jit(lambda x: x * k[0])\nf(x)\n"
+     "k[0] = cl.full((3,), 4.0)\nr = f(x)", ok("r.tolist() == [4.0] * 3"))
+case("i50-9-list-of-tensors-shape", "i50-9", _G9 + "k = [cl.full((3,), 2.0)]\nf = cl.jit(lambda x: x * k[0])\nf(x)\n"
+     "k[0] = cl.full((2, 3), 4.0)\nr = f(x)", ok("r.shape == (2, 3)"))
+case("i50-9-self-referencing-list", "i50-9", _G9 + "k = [2.0]\nk.append(k)\nf = cl.jit(lambda x: x * k[0])\nf(x)\n"
+     "k[0] = 3.0\nr = f(x)", ok("r.tolist() == [3.0] * 3"))
+case("i50-9-int-in-list-shape", "i50-9", "k = [2]\nf = cl.jit(lambda x: cl.reshape(x, (k[0], -1)))\nf(cl.ones(4))\n"
+     "k[0] = 4\nr = f(cl.ones(4))", ok("r.shape == (4, 1)"))
+case("i50-9-string-unchanged", "i50-9", _G9 + "mode = {'m': 'a', 'k': 1.5}\nf = cl.jit(lambda x: x * mode['k'])\n"
+     "r = [f(x) for _ in range(3)][-1]", ok("r.tolist() == [1.5] * 3 and len(f._cache) == 1"))
+
+# item 18: cotangents that are not tensors
+_V18 = "x = cl.randn(4, seed=0)\ny, pb = cl.vjp(lambda x: cl.exp(x), x)\n"
+case("i50-18-pullback-none", "i50-18", _V18 + "pb(None)", err(TE, r"cotangent 0 is None.*tensor"))
+case("i50-18-pullback-float", "i50-18", _V18 + "pb(1.0)", err(TE, r"cotangent 0 is float.*full_like"))
+case("i50-18-pullback-int", "i50-18", _V18 + "pb(1)", err(TE, r"cotangent 0 is int"))
+case("i50-18-pullback-dict", "i50-18", _V18 + "pb({'a': cl.ones(4)})", err(TE, r"cotangent 0 is dict"))
+case("i50-18-pullback-str", "i50-18", _V18 + "pb('1')", err(TE, r"cotangent 0 is str"))
+case("i50-18-pullback-empty", "i50-18", _V18 + "pb()", err(TE, r"one cotangent per output"))
+case("i50-18-pullback-numpy-ok", "i50-18", _V18 + "(r,) = pb(np.ones(4, np.float32))",
+     ok("np.array_equal(r.numpy(), y.numpy())"))
+case("i50-18-backward-dict", "i50-18", "f = cl.jit(lambda x: cl.exp(x))\nf.backward(cl.ones(4), grad_outputs={'a': 1})",
+     err(TE, r"grad_outputs must be a tensor.*not dict"))
+case("i50-18-backward-none", "i50-18", "f = cl.jit(lambda x: cl.exp(x))\nf.backward(cl.ones(4), grad_outputs=None)",
+     err(TE, r"grad_outputs must be a tensor.*not NoneType"))
+case("i50-18-backward-float", "i50-18", "f = cl.jit(lambda x: cl.exp(x))\nf.backward(cl.ones(4), grad_outputs=1.0)",
+     err(TE, r"cotangent 0 is float"))
+case("i50-18-backward-list-with-none", "i50-18", "f = cl.jit(lambda x: (cl.exp(x), x * 2))\n"
+     "f.backward(cl.ones(4), grad_outputs=[cl.ones(4), None])", err(TE, r"cotangent 1 is None"))
+
+# items 6 and 23: castlab.torch
+case("i50-6-closure-parameters", "i50-6", """
+    need_torch()
+    import castlab.torch as ct
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    w = torch.randn(3)
+    x, g = torch.randn(2, 4), torch.randn(2, 3)
+    m = ct.capture(lambda x: lin(x) * w, x)
+    r = m.backward(x, grad_outputs=g, wrt="parameters", policy="eager")
+    lw, lb, wr = (t.detach().requires_grad_() for t in (lin.weight, lin.bias, w))
+    ref = torch.autograd.grad(torch.nn.functional.linear(x, lw, lb) * wr, (lw, lb, wr), g)
+""", ok("sorted(r) == ['lin.bias', 'lin.weight', 'w'] and all(torch.equal(r[k], v) for k, v in "
+       "zip(('lin.weight', 'lin.bias', 'w'), ref))"))
+case("i50-6-nested-function-module", "i50-6", """
+    need_torch()
+    import castlab.torch as ct
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU(), torch.nn.Linear(4, 2))
+    def block(x):
+        return mlp(x)
+    x = torch.randn(3, 4)
+    m = ct.capture(lambda x: block(x) * 2, x)
+    r = m.backward(x, grad_outputs=torch.ones(3, 2), wrt="parameters", policy="eager")
+""", ok("sorted(r) == ['mlp.0.bias', 'mlp.0.weight', 'mlp.2.bias', 'mlp.2.weight']"))
+case("i50-6-module-capture-unchanged", "i50-6", """
+    need_torch()
+    import castlab.torch as ct
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    r = ct.capture(lin, x).backward(x, grad_outputs=torch.ones(2, 3), wrt="parameters")
+""", ok("sorted(r) == ['bias', 'weight']"))
+case("i50-23-inplace-intermediate", "i50-23", """
+    need_torch()
+    import castlab.torch as ct
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        return y
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    r = ct.capture(f, x)(x)
+""", ok("torch.equal(r, f(x))"))
+case("i50-23-inplace-chain-and-index", "i50-23", """
+    need_torch()
+    import castlab.torch as ct
+    def f(x):
+        y = torch.relu_(x * 2 - 1)
+        y[0] = 5.0
+        return y.sin_().mul_(3)
+    x = torch.randn(3, 4)
+    r = ct.capture(f, x)(x)
+""", ok("torch.equal(r, f(x))"))
+case("i50-23-inplace-on-input-refused", "i50-23", """
+    need_torch()
+    import castlab.torch as ct
+    def f(x):
+        x.add_(1)
+        return x * 2
+    ct.capture(f, torch.randn(3))
+""", err(type("CaptureError", (Exception,), {}), r"(?i)in place|mutat"))
+
 # ------------------------------------------------------------------ private entry points
 
 case("private-bits-beyond", "10", "cl.zeros(2)._bits(10**6)", err((VE, IE), r"(?i)bits|storage|range|size|elements"))

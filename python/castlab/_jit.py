@@ -114,6 +114,10 @@ _KIND: dict = {float: "f", int: "i", bool: "i", Tensor: "t", types.FunctionType:
                str: None, type(None): None}
 
 
+# values that never change what a trace computes
+_UNGUARDED = frozenset({types.ModuleType, types.BuiltinFunctionType, type, str, type(None)})
+
+
 def _kind(t: type):
     try:
         return _KIND[t]
@@ -122,19 +126,84 @@ def _kind(t: type):
         return k
 
 
+_GUARD_ITEMS = 256    # containers up to this many items are guarded item by item
+
+
+class _Same:
+    """Guards an object by identity (and holds it, so its id cannot be reused while a
+    trace keyed by it is cached)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+
+def _array_guard(v: Any):
+    """A NumPy array or a torch tensor (or another array a trace reads zero-copy): the
+    object, its layout and its data pointer. Its values are read at every call, so
+    in-place changes need no guard; a rebound or resized array retraces."""
+    try:
+        if hasattr(v, "data_ptr"):                               # torch
+            return ("a", _Same(v), tuple(v.shape), tuple(v.stride()), str(v.dtype),
+                    v.data_ptr(), str(v.device))
+        ai = v.__array_interface__                               # NumPy and friends
+        return ("a", _Same(v), ai["shape"], ai.get("strides"), ai["typestr"], ai["data"][0])
+    except Exception:                                            # noqa: BLE001
+        return ("a", _Same(v))
+
+
+_FOREIGN_MODULES = ("numpy", "torch", "castlab", "functools", "types", "typing",
+                    "collections", "enum", "abc", "ml_dtypes", "cupy", "jax")
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: a class written in Python
+
+
 def _guard_value(v: Any, objs: list, memo: dict, depth: int, seen: set):
-    k = _kind(type(v))
+    t = type(v)
+    k = _kind(t)
     if k is None:
-        return None
+        if t is list or t is tuple or t is dict:
+            if len(v) > _GUARD_ITEMS or depth >= _GUARD_DEPTH or id(v) in seen:
+                # (identity and length only: documented in jit's docstring)
+                return ("c", _Same(v), len(v))
+            seen.add(id(v))
+            if t is dict:
+                items = tuple((key, _guard_value(x, objs, memo, depth + 1, seen))
+                              for key, x in v.items())
+            else:
+                items = tuple(_guard_value(x, objs, memo, depth + 1, seen) for x in v)
+            seen.discard(id(v))
+            return (t, items)
+        if hasattr(v, "__array_interface__") or hasattr(v, "__dlpack__"):
+            return _array_guard(v)
+        if not t.__flags__ & _HEAPTYPE or t.__module__.partition(".")[0] in _FOREIGN_MODULES:
+            return None
+        d = getattr(v, "__dict__", None)
+        if type(d) is not dict or isinstance(v, type):
+            return None
+        # an instance of a user's class (a config object, ...): its attributes
+        if depth >= _GUARD_DEPTH or id(v) in seen or len(d) > _GUARD_ITEMS:
+            return ("o", _Same(v))
+        seen.add(id(v))
+        items = tuple((key, _guard_value(x, objs, memo, depth + 1, seen))
+                      for key, x in d.items())
+        seen.discard(id(v))
+        return ("o", t, items)
     if k == "f":
         return v.hex()                 # distinguishes -0.0 and NaN exactly
     if k == "i":
-        return (type(v), v)
+        return (t, v)
     if k == "t":
         objs.append(v)
         return (len(objs) - 1, _C.signature([v]))
     if k == "n":
-        return (type(v), repr(v))
+        return (t, repr(v))
     if depth < _GUARD_DEPTH and not (v.__module__ or "").startswith("castlab"):
         return (v.__code__, _fn_guard(v, objs, memo, depth + 1, seen))
     return None
@@ -158,12 +227,11 @@ def _fn_guard(fn: Any, objs: list, memo: dict, depth: int, seen: set) -> tuple:
             continue
         key.append(_guard_value(v, objs, memo, depth, seen))
     g = fn.__globals__
-    kinds = _KIND
+    skip = _UNGUARDED
     for name in _code_globals(code, memo):
         v = g.get(name, None)
         # (modules, missing names, ...: nothing to guard, without a call)
-        key.append(None if kinds.get(type(v), 0) is None
-                   else _guard_value(v, objs, memo, depth, seen))
+        key.append(None if type(v) in skip else _guard_value(v, objs, memo, depth, seen))
     return tuple(key)
 
 
@@ -457,6 +525,7 @@ class JitFunction:
         def pullback(*cotangents, policy: Any = policy, math: Any = math):
             if not cotangents:
                 raise TypeError("pullback: give one cotangent per output of the function")
+            _check_cotangents(cotangents, "pullback")
             return bwd.run(*primals, *cotangents, policy=policy, math=math)
 
         return outs, pullback
@@ -472,7 +541,12 @@ class JitFunction:
         >>> a, b = cl.randn(4, seed=0), cl.randn(4, seed=1)
         >>> da, db = f.backward(a, b, grad_outputs=cl.ones(4), policy="eager")
         """
+        if grad_outputs is None or isinstance(grad_outputs, (dict, set, frozenset, str)):
+            raise TypeError("backward: grad_outputs must be a tensor, or a tuple or list with "
+                            "one tensor per output of the function, not "
+                            f"{type(grad_outputs).__name__} (e.g. grad_outputs=cl.ones_like(y))")
         cots = tuple(grad_outputs) if isinstance(grad_outputs, (tuple, list)) else (grad_outputs,)
+        _check_cotangents(cots, "backward: grad_outputs")
         grads = self.backward_fn(len(primals), argnums).run(*primals, *cots, policy=policy,
                                                             math=math)
         return grads[0] if isinstance(argnums, int) and not isinstance(argnums, bool) else grads
@@ -485,6 +559,17 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<castlab.jit {getattr(self.fn, '__name__', 'fn')} policy={self.policy.describe()} math={self.math.name}>"
+
+
+def _check_cotangents(cots: tuple, where: str) -> None:
+    """Cotangents are tensors (castlab's, or arrays it reads: NumPy, torch, DLPack)."""
+    for i, c in enumerate(cots):
+        if c is None or isinstance(c, (bool, int, float, complex, dict, set, frozenset, str,
+                                       bytes)):
+            what = "None" if c is None else type(c).__name__
+            raise TypeError(f"{where}: cotangent {i} is {what}; give a tensor shaped like "
+                            f"output {i} of the function (e.g. cl.ones_like(y), or "
+                            "cl.full_like(y, value) for a number)")
 
 
 def _n_positional(fn: Callable) -> int:
@@ -596,11 +681,26 @@ def jit(fn: Callable | None = None, *, policy: Any = "fused", math: Any = "torch
     the castlab tensors it captures. Every call checks them, as torch.compile's guards
     do: the values of the numbers and bools (and the signatures of the castlab tensors)
     held by `fn`'s closure cells and by the globals its code names, followed into the
-    plain Python functions it reaches that way. When one changed, `fn` is traced again
-    (and the old trace stays cached for when the value comes back); a captured tensor
-    rebound to another of the same signature is simply used, and in-place changes to it
-    are always seen. Values reached through attributes, containers or arguments other
-    than tensors are not guarded: pass such values as tensors, or make a new jit.
+    plain Python functions it reaches that way, into lists, tuples and dicts (item by
+    item, up to 256 items and 3 levels deep) and into the attributes of instances of
+    the user's own classes (``cfg.eps``). NumPy arrays and torch tensors it reads are
+    guarded by identity, layout and data pointer: their values are read at every call
+    (in-place changes are seen), a rebound or resized array is traced again. When a
+    guarded value changed, `fn` is traced again (the old trace stays cached for when the
+    value comes back); a captured castlab tensor rebound to another of the same signature
+    is simply used, and in-place changes to it are always seen. Not guarded: a container
+    of more than 256 items or deeper than 3 levels changed in place (its identity and
+    length are), objects of library classes other than arrays, and numbers computed at
+    trace time outside castlab (``torch_tensor.sum().item()``): pass such values as
+    tensors, or make a new jit.
+
+    >>> cfg = {"k": 2.0}
+    >>> mul = cl.jit(lambda x: x * cfg["k"])
+    >>> mul(cl.ones(2)).tolist()
+    [2.0, 2.0]
+    >>> cfg["k"] = 3.0
+    >>> mul(cl.ones(2)).tolist()
+    [3.0, 3.0]
 
     >>> k = 2.0
     >>> scale = cl.jit(lambda x: x * k)

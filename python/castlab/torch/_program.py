@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import operator
 import os
 import re
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -423,8 +425,9 @@ class CapturedModel:
     """
 
     def __init__(self, ep: Any, name: str, example: tuple, policy: Any = "fused",
-                 math: Any = "torch_eager"):
+                 math: Any = "torch_eager", closure_tensors: dict | None = None):
         self.exported = ep
+        self._closure_tensors = closure_tensors or {}
         self.name = name
         self.policy = as_policy(policy)
         self.math = as_math(math)
@@ -447,13 +450,20 @@ class CapturedModel:
                 self._consts[n.name] = v.detach()
             elif kind in ("CONSTANT_TENSOR", "CUSTOM_OBJ"):
                 self._consts[n.name] = ep.constants[spec.target]
+                # a function's module used through its closure or globals: torch.export
+                # lifts its parameters as constants (sharing their storage); name them as
+                # the function does (``lin.weight``) so that wrt="parameters" finds them
+                owner = self._closure_tensors.get(_tensor_key(self._consts[n.name]))
+                if owner is not None:
+                    self._const_target[n.name] = owner
             else:  # pragma: no cover - token inputs of effectful ops
                 raise CaptureError(f"castlab.torch.capture: unsupported graph input {spec}")
         for spec in sig.output_specs:
             if spec.kind.name != "USER_OUTPUT":
                 raise CaptureError(
-                    f"castlab.torch.capture: the forward updates {spec.target!r} in place "
-                    f"({spec.kind.name}); castlab captures forwards without side effects")
+                    f"castlab.torch.capture: the forward mutates {spec.target!r} in place "
+                    f"({spec.kind.name}); castlab captures forwards without side effects "
+                    f"(in-place ops on the forward's own intermediates are fine)")
         self._in_spec = ep.call_spec.in_spec
         self._out_spec = ep.call_spec.out_spec
         self._example = example
@@ -1005,6 +1015,61 @@ def _fmt_arg(a: Any) -> str:
     return repr(a)
 
 
+def _tensor_key(t: Any) -> tuple | None:
+    """What identifies a tensor's memory (a lifted constant shares its parameter's)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                t.stride(), t.dtype, t.device)
+    except Exception:  # noqa: BLE001 - a tensor without storage (fake, sparse, ...)
+        return None
+
+
+def _closure_tensors(fn: Callable, depth: int = 0, seen: set | None = None,
+                     out: dict | None = None) -> dict:
+    """{tensor key: name} of the parameters, buffers and tensors a function reaches
+    through its closure cells and the globals its code names (``lin.weight`` for a
+    module ``lin``; ``w`` for a tensor ``w``), followed into the plain functions it
+    reaches that way (3 levels) and into a bound method's ``self``."""
+    out = {} if out is None else out
+    seen = set() if seen is None else seen
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    named: list = []
+    if isinstance(fn, types.MethodType):
+        named.append(("self", fn.__self__))
+        fn = fn.__func__
+    if not isinstance(fn, types.FunctionType) or fn.__code__ in seen or depth > 3:
+        return out
+    seen.add(fn.__code__)
+    code = fn.__code__
+    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            named.append((var, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    names: list = []
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.extend(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    named.extend((var, fn.__globals__[var]) for var in dict.fromkeys(names)
+                 if var in fn.__globals__)
+    for var, v in named:
+        if isinstance(v, torch.nn.Module):
+            for pname, t in list(v.named_parameters(prefix=var, remove_duplicate=False)) + \
+                    list(v.named_buffers(prefix=var, remove_duplicate=False)):
+                out.setdefault(_tensor_key(t), pname)
+        elif isinstance(v, torch.Tensor):
+            out.setdefault(_tensor_key(v), var)
+        elif isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
+            _closure_tensors(v, depth + 1, seen, out)
+    out.pop(None, None)
+    return out
+
+
 def _wrap(fn: Callable) -> torch.nn.Module:
     if isinstance(fn, torch.nn.Module):
         return fn
@@ -1085,7 +1150,16 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
             f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
             f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
             f"{head}") from e
-    cm = CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math)
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+           and n.target._schema.is_mutable for n in ep.graph.nodes):
+        # in-place ops (``y.add_(1)``, ``z[0] = v``): functionalized as torch.compile does
+        # (aten.add_ -> aten.add, an indexed store -> select_scatter), nothing decomposed;
+        # a model that updates its own inputs or buffers is then refused below
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree notice
+            ep = ep.run_decompositions({})
+    cm = CapturedModel(ep, name, (tuple(example_inputs), kw), policy, math,
+                       None if isinstance(fn, torch.nn.Module) else _closure_tensors(fn))
     if check:
         cm = _check_eager(cm, mod, attention == "eager")
         if cm.eager_gap[0]:
@@ -1132,7 +1206,8 @@ def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool) ->
             if same:
                 _attention.drop_dead(cm.graph, _SKIP)
                 cm.exported.graph_module.recompile()
-                new = CapturedModel(cm.exported, cm.name, cm._example, cm.policy, cm.math)
+                new = CapturedModel(cm.exported, cm.name, cm._example, cm.policy, cm.math,
+                                    cm._closure_tensors)
                 new.eager_gap = (0, cm.eager_gap[1])
                 new.attention = (f"{len(calls)} scaled_dot_product_attention call(s) as "
                                  f"the model makes them eagerly: {what}")
