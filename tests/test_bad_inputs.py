@@ -667,6 +667,33 @@ case("i50-18-backward-float", "i50-18", "f = cl.jit(lambda x: cl.exp(x))\nf.back
 case("i50-18-backward-list-with-none", "i50-18", "f = cl.jit(lambda x: (cl.exp(x), x * 2))\n"
      "f.backward(cl.ones(4), grad_outputs=[cl.ones(4), None])", err(TE, r"cotangent 1 is None"))
 
+# items 4 and 5: softmax's backward kernels and a softmax over another dim than the last
+for dt in ("bfloat16", "float16", "float32"):
+    case(f"i50-4-log-softmax-grad-{dt}", "i50-4", f"""
+        need_torch()
+        torch.manual_seed(0)
+        x = torch.randn(8, 64, dtype=torch.{dt}); g = torch.randn(8, 64, dtype=torch.{dt})
+        xr = x.clone().requires_grad_()
+        ref = torch.autograd.grad(torch.log_softmax(xr, -1), xr, g)[0]
+        _, pb = cl.vjp(lambda v: cl.log_softmax(v, dim=-1), cl.from_dlpack(x))
+        r = torch.from_dlpack(pb(cl.from_dlpack(g))[0])
+    """, ok("torch.equal(r, ref)"))
+    case(f"i50-4-softmax-grad-{dt}", "i50-4", f"""
+        need_torch()
+        torch.manual_seed(1)
+        x = torch.randn(8, 64, dtype=torch.{dt}); g = torch.randn(8, 64, dtype=torch.{dt})
+        xr = x.clone().requires_grad_()
+        ref = torch.autograd.grad(torch.softmax(xr, -1), xr, g)[0]
+        _, pb = cl.vjp(lambda v: cl.softmax(v, dim=-1), cl.from_dlpack(x))
+        r = torch.from_dlpack(pb(cl.from_dlpack(g))[0])
+    """, ok("torch.equal(r, ref)"))
+    case(f"i50-5-softmax-dim0-{dt}", "i50-5", f"""
+        need_torch()
+        torch.manual_seed(2)
+        m = torch.randn(32, 30, dtype=torch.{dt}).t()
+        r = torch.from_dlpack(cl.softmax(cl.from_dlpack(m), dim=0))
+    """, ok("torch.equal(r, torch.softmax(m, 0))"))
+
 # items 6 and 23: castlab.torch
 case("i50-6-closure-parameters", "i50-6", """
     need_torch()
