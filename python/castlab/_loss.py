@@ -175,8 +175,10 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
         raise TypeError(f"{fn}: label_smoothing must be a number, not "
                         f"{type(label_smoothing).__name__}")
     eps = float(label_smoothing)
-    if not 0.0 <= eps <= 1.0:  # NaN fails too
+    if eps > 1.0:
         raise ValueError(f"{fn}: label_smoothing must be between 0.0 and 1.0. Got: {eps}")
+    if not eps > 0.0:  # PyTorch checks only the upper bound: <= 0 and NaN smooth nothing
+        eps = 0.0
     if len(x.shape) == 0:
         raise ValueError(f"{fn}: input tensor should be 1D, 2D or more, got a 0-d tensor")
     w = _weight(fn, weight, x)
@@ -187,11 +189,15 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
         if tuple(tt.shape) != tuple(x.shape):
             raise ValueError(f"{fn}: probability targets must have the input's shape "
                              f"{list(x.shape)}, got {list(tt.shape)}")
-        if tt.dtype is not x.dtype:
-            raise TypeError(f"{fn}: expected target of dtype {x.dtype.name} (the input's), got "
-                            f"{tt.dtype.name}")
+        if ii >= 0:
+            raise ValueError(f"{fn}: ignore_index is not supported for floating point target "
+                             f"(got ignore_index={ii})")
         return _call(lambda p, pt, pw=None: _prob_target(p, pt, pw, cd, c, eps, red),
                      [x, tt] + ([w] if w is not None else []))
+    if tuple(tt.shape) == tuple(x.shape):
+        raise TypeError(f"{fn}: Expected floating point type for target with class "
+                        f"probabilities, got {tt.dtype.name} (a target of the input's shape "
+                        "holds probabilities)")
     t = _target(fn, tt)
     _shapes(fn, x, t)
 
