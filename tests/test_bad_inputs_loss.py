@@ -81,7 +81,8 @@ case("ce-all-ignored-weighted-mean", X45 + "\nt[:] = -100\nw = torch.rand(5, gen
 case("ce-all-ignored-ls-mean", X45 + "\nt[:] = -100", "F.cross_entropy(x, t, label_smoothing=0.1)")
 case("ce-target-int32", X45 + "\nt = t.int()", "F.cross_entropy(x, t)", DTYPE)
 case("ce-target-bool", X45 + "\nt = t > 1", "F.cross_entropy(x, t)", DTYPE)
-case("ce-target-uint8", X45 + "\nt = t.to(torch.uint8)", "F.cross_entropy(x, t)", DTYPE)
+case("ce-target-uint8", X45 + "\nt = t.to(torch.uint8)", "F.cross_entropy(x, t)", DTYPE,
+     doc=r"(?i)uint8")  # torch reads uint8 class targets; castlab has no uint8 dtype
 case("nll-target-int32", X45 + "\nt = t.int()", "F.nll_loss(x, t)", DTYPE)
 case("nll-target-float", X45 + "\nt = t.float()", "F.nll_loss(x, t)", DTYPE)
 case("ce-target-shape-short", X45 + "\nt = t[:3]", "F.cross_entropy(x, t)", SHAPE)
@@ -142,7 +143,7 @@ case("ce-prob-bf16-f32", P45 + "\nx = x.bfloat16()", "F.cross_entropy(x, p)", DT
 case("ce-prob-not-summing", P45 + "\np = p * 3", "F.cross_entropy(x, p)")
 case("ce-prob-negative", P45 + "\np = p - 0.5", "F.cross_entropy(x, p, reduction='none')")
 case("ce-prob-nan", P45 + "\np[1, 2] = float('nan')", "F.cross_entropy(x, p, reduction='sum')")
-case("ce-prob-ignore-index", P45, "F.cross_entropy(x, p, ignore_index=1)")
+case("ce-prob-ignore-index", P45, "F.cross_entropy(x, p, ignore_index=1)", r"(?i)ignore_index")
 case("ce-prob-weight-ls", P45 + "\nw = torch.rand(5, generator=g)",
      "F.cross_entropy(x, p, weight=w, label_smoothing=0.3)")
 case("ce-prob-1d", "x = torch.randn(5, generator=g)\np = torch.softmax(torch.randn(5, generator=g), 0)",
@@ -315,6 +316,50 @@ case("grad-gather-dup-index", "x = torch.randn(3, 4, generator=g)\ni = torch.ten
 case("grad-lsm-vocab-bf16", "x = (torch.randn(2, 151936, generator=g) * 3).bfloat16()\n"
      "c = (torch.randn(2, 151936, generator=g) * 1e-3).bfloat16()",
      "VJP(lambda x: T.log_softmax(x, -1), x, cot=c)")
+
+case("grad-gather-bf16-dup", "x = torch.randn(3, 5, generator=g).bfloat16()\n"
+     "i = torch.randint(0, 5, (3, 40), generator=g)\nc = (torch.randn(3, 40, generator=g) * 4).bfloat16()",
+     "VJP(lambda x, i: T.gather(x, 1, i), x, i, cot=c)")
+case("grad-gather-f16-ties", "x = torch.zeros(1, 3).half()\ni = torch.tensor([[0, 0, 0, 1]])\n"
+     "c = torch.tensor([[1.0, 2**-11, 2**-11, 3.0]]).half()",
+     "VJP(lambda x, i: T.gather(x, 1, i), x, i, cot=c)")
+case("grad-logprobs-bf16", "x = (torch.randn(4, 32000, generator=g) * 3).bfloat16()\n"
+     "t = torch.randint(0, 32000, (4, 1), generator=g)\nc = torch.randn(4, 1, generator=g).bfloat16()",
+     "VJP(lambda x, t: T.gather(T.log_softmax(x, -1), -1, t), x, t, cot=c)")
+case("grad-logprobs-f16-odd-vocab", "x = (torch.randn(3, 50257, generator=g) * 3).half()\n"
+     "t = torch.randint(0, 50257, (3, 1), generator=g)\nc = torch.randn(3, 1, generator=g).half()",
+     "VJP(lambda x, t: T.gather(T.log_softmax(x, -1), -1, t), x, t, cot=c)")
+case("grad-tad-negative", "x = torch.randn(3, 4, generator=g)\ni = torch.tensor([[-1, 0, -5], [3, -4, 7], [1, 1, -3]])\n"
+     "c = torch.randn(3, 3, generator=g)", "VJP(lambda x, i: T.take_along_dim(x, i, dim=1), x, i, cot=c)")
+case("grad-tad-negative-bf16", "x = torch.randn(3, 4, generator=g).bfloat16()\ni = torch.tensor([[-1, -1, 3]])\n"
+     "c = torch.randn(3, 3, generator=g).bfloat16()", "VJP(lambda x, i: T.take_along_dim(x, i, dim=1), x, i, cot=c)")
+case("grad-tad-dim-none", "x = torch.randn(3, 4, generator=g)\ni = torch.tensor([11, 0, 11, 5])\n"
+     "c = torch.randn(4, generator=g)", "VJP(lambda x, i: T.take_along_dim(x, i), x, i, cot=c)")
+case("grad-nll-bf16-weight-ignored", "x = torch.log_softmax(torch.randn(40, 9, generator=g), 1).bfloat16()\n"
+     "t = torch.randint(0, 9, (40,), generator=g)\nt[::7] = -100\nw = torch.rand(9, generator=g).bfloat16()\n"
+     "c = torch.tensor(1.0).bfloat16()", "VJP(lambda x, t, w: F.nll_loss(x, t, weight=w), x, t, w, cot=c)")
+case("grad-sm-row-neg-inf", "x = torch.randn(3, 7, generator=g)\nx[1] = float('-inf')\nc = torch.randn(3, 7, generator=g)",
+     "VJP(lambda x: T.softmax(x, 1), x, cot=c)")
+case("grad-ce-nan-cotangent", X45 + "\nc = torch.tensor(float('nan'))",
+     "VJP(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2), x, t, cot=c)")
+case("ce-prob-ignore-neg", P45, "F.cross_entropy(x, p, ignore_index=-1)")
+case("ce-long-target-input-shape", X45 + "\nt = torch.zeros(4, 5, dtype=torch.long)", "F.cross_entropy(x, t)", DTYPE)
+case("ce-long-target-1d-input-shape", "x = torch.randn(1, generator=g)\nt = torch.zeros(1, dtype=torch.long)",
+     "F.cross_entropy(x, t)", DTYPE)
+case("ce-prob-f64-target", P45 + "\np = p.double()", "F.cross_entropy(x, p, label_smoothing=0.1, reduction='none')")
+case("ce-ls-negative-none", X45 + "\nt[0] = -100", "F.cross_entropy(x, t, label_smoothing=-5.0, reduction='none')")
+case("ce-5d", "x = torch.randn(2, 4, 2, 3, 2, generator=g)\nt = torch.randint(0, 4, (2, 2, 3, 2), generator=g)\n"
+     "t[1, 1] = -100", "[F.cross_entropy(x, t, reduction=r, label_smoothing=0.1) for r in ('mean', 'sum', 'none')]")
+case("nll-positive-inputs", "x = torch.rand(6, 4, generator=g) * 10\nt = torch.tensor([0, 1, 2, 3, 3, -100])",
+     "[F.nll_loss(x, t, reduction=r) for r in ('mean', 'sum', 'none')]")
+case("nll-inf-inputs", "x = torch.randn(3, 4, generator=g)\nx[0, 1] = float('-inf')\nx[2, 3] = float('inf')\n"
+     "t = torch.tensor([1, 0, 3])", "[F.nll_loss(x, t, reduction=r) for r in ('mean', 'sum', 'none')]")
+case("ce-target-expanded", "x = torch.randn(5, 6, generator=g)\nt = torch.tensor([4])",
+     "F.cross_entropy(x, t.expand(5), reduction='none')")
+case("ce-target-strided", "x = torch.randn(3, 6, generator=g)\nt = torch.tensor([4, 0, 5, 1, 2, 2])",
+     "F.cross_entropy(x, t[::2])")
+case("ce-bf16-mean-many-rows", "x = torch.randn(1000, 3, generator=g).bfloat16()\n"
+     "t = torch.randint(0, 3, (1000,), generator=g)\nt[:7] = -100", "F.cross_entropy(x, t)")
 
 
 # ------------------------------------------------------------------ the runner
