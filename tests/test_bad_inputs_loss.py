@@ -375,6 +375,44 @@ case("ce-bf16-mean-many-rows", "x = torch.randn(1000, 3, generator=g).bfloat16()
      "t = torch.randint(0, 3, (1000,), generator=g)\nt[:7] = -100", "F.cross_entropy(x, t)")
 
 
+# ------------------------------------------------------------------ more: dtype=, wide columns
+
+case("lsm-dtype-f32-from-bf16", "x = (torch.randn(3, 151936, generator=g) * 4).bfloat16()",
+     "T.log_softmax(x, -1, dtype=torch.float32)")
+case("sm-dtype-f64-from-f16", "x = (torch.randn(5, 1000, generator=g) * 4).half()",
+     "T.softmax(x, 1, dtype=torch.float64)")
+case("grad-lsm-dtype-f32-from-bf16", "x = (torch.randn(3, 3000, generator=g) * 4).bfloat16()\n"
+     "c = (torch.randn(3, 3000, generator=g) * 1e-2)",
+     "VJP(lambda x: T.log_softmax(x, -1, dtype=torch.float32), x, cot=c)")
+case("sm-dim0-wide-columns", "x = (torch.randn(50257, 3, generator=g) * 4).bfloat16()", "T.softmax(x, 0)")
+case("lsm-f16-exp-overflow", "x = torch.randn(4, 100, generator=g).half() * 600", "T.log_softmax(x, 1)")
+case("ce-uniform-vocab", "x = torch.zeros(2, 151936).bfloat16()\nt = torch.tensor([0, 151935])",
+     "[F.cross_entropy(x, t, reduction=r, label_smoothing=0.1) for r in ('mean', 'sum', 'none')]")
+case("ce-one-row-vocab-f16", "x = (torch.randn(1, 151936, generator=g) * 3).half()\nt = torch.tensor([151935])",
+     "F.cross_entropy(x, t, label_smoothing=0.05)")
+case("gather-expanded-input", "x = torch.randn(3, 1, generator=g)", "T.gather(x.expand(3, 5), 1, torch.tensor([[4, 0], [2, 2], [1, 3]]))")
+case("gather-expanded-input-oob", "x = torch.randn(3, 1, generator=g)",
+     "T.gather(x.expand(3, 5), 1, torch.tensor([[5, 0], [2, 2], [1, 3]]))", INDEX)
+case("gather-expanded-input-neg", "x = torch.randn(3, 1, generator=g)",
+     "T.gather(x.expand(3, 5), 1, torch.tensor([[0, 0], [-1, 2], [1, 3]]))", INDEX)
+case("gather-lsm-broadcast-oob", "x = torch.randn(3, 1, generator=g)",
+     "T.gather(T.log_softmax(x.expand(3, 5), 1), 1, torch.tensor([[7], [0], [1]]))", INDEX)
+case("ce-ignore-2pow63", X45, "F.cross_entropy(x, t, ignore_index=2**63)", r"(?i)ignore_index|int64|overflow|range")
+case("ce-ls-tensor", X45, "F.cross_entropy(x, t, label_smoothing=torch.tensor(0.1))", r"(?i)label_smoothing|float|number|tensor")
+case("ce-reduction-bytes", X45, "F.cross_entropy(x, t, reduction=b'mean')", r"(?i)reduction|str|bytes")
+case("ce-weight-f32-on-bf16", X45 + "\nx = x.bfloat16()\nw = torch.rand(5, generator=g)",
+     "F.cross_entropy(x, t, weight=w)", DTYPE)
+case("ce-1d-ignored-weighted", "x = torch.randn(7, generator=g)\nt = torch.tensor(-100)\nw = torch.rand(7, generator=g)",
+     "[F.cross_entropy(x, t, weight=w, reduction=r) for r in ('mean', 'sum', 'none')]")
+case("nll-3d-bf16-weighted", "x = torch.log_softmax(torch.randn(3, 6, 40, generator=g), 1).bfloat16()\n"
+     "t = torch.randint(0, 6, (3, 40), generator=g)\nt[0, ::3] = -100\nw = torch.rand(6, generator=g).bfloat16()",
+     "[F.nll_loss(x, t, weight=w, reduction=r) for r in ('mean', 'sum', 'none')]")
+case("ce-batch1-target-1", "x = torch.randn(1, 5, generator=g)\nt = torch.tensor([4])", "F.cross_entropy(x, t)")
+case("ce-ls-numpy", X45, "F.cross_entropy(x, t, label_smoothing=np.float32(0.25))")
+case("ce-ls-tensor-1d", X45, "F.cross_entropy(x, t, label_smoothing=torch.tensor([0.1]))",
+     r"(?i)label_smoothing|float|number|tensor")
+
+
 # ------------------------------------------------------------------ castlab.torch capture
 
 CAPMOD = """
@@ -405,6 +443,7 @@ case("cap-prob-labels", CAPMOD + "m = M()\nlabels = torch.softmax(torch.randn(8,
 # ------------------------------------------------------------------ the runner
 
 def _worker(ids: list[str], out_path: str) -> None:
+    import numpy as np
     import torch
 
     import castlab as cl
@@ -499,7 +538,7 @@ def _worker(ids: list[str], out_path: str) -> None:
             out.flush()
             t0 = time.perf_counter()
             g = torch.Generator().manual_seed(0)
-            tns: dict = {"torch": torch, "g": g, "float": float}
+            tns: dict = {"torch": torch, "g": g, "float": float, "np": np}
             exec(c["setup"], tns)
             cns = {k: v for k, v in tns.items() if k not in ("torch", "g", "__builtins__")}
             # the castlab side never sees torch tensors (except torch.zeros/full built in
@@ -565,9 +604,15 @@ class _Torchless:
 
     def __getattr__(self, name):
         f = getattr(self._torch, name)
-        if not callable(f) or name in ("long", "float32", "bfloat16"):
+        if isinstance(f, self._torch.dtype):
+            return getattr(self._cl, str(f).split(".")[-1])
+        if not callable(f):
             return f
-        return lambda *a, **k: self._cl.from_dlpack(f(*a, **k).contiguous())
+        def call(*a, **k):
+            k = {n: (getattr(self._torch, v.name) if isinstance(v, self._cl.dtype) else v)
+                 for n, v in k.items()}
+            return self._cl.from_dlpack(f(*a, **k).contiguous())
+        return call
 
 
 CLASSES_OK = ("clear", "correct", "documented")

@@ -12,11 +12,12 @@ total weight. Every result carries PyTorch's dtype, and bad targets raise PyTorc
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from . import ops
 from ._C import Tensor
-from ._dtype import float32, float64, int32, int64
+from ._dtype import bool_, float32, float64, int32, int64
 from ._graph import EXPANSIONS, Node, Proxy, record
 from ._index import _gather_node
 from ._reduce import _arg, _call, _check_float
@@ -182,7 +183,10 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
     _check_float(fn, x)
     red = _reduction(fn, reduction)
     ii = _ignore(fn, ignore_index)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+    if isinstance(label_smoothing, Tensor) and label_smoothing.ndim == 0 \
+            and label_smoothing.dtype is not bool_:
+        label_smoothing = label_smoothing.item()  # PyTorch takes a 0-d tensor too
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"{fn}: label_smoothing must be a number, not "
                         f"{type(label_smoothing).__name__}")
     eps = float(label_smoothing)
