@@ -412,6 +412,33 @@ case("ce-ls-numpy", X45, "F.cross_entropy(x, t, label_smoothing=np.float32(0.25)
 case("ce-ls-tensor-1d", X45, "F.cross_entropy(x, t, label_smoothing=torch.tensor([0.1]))",
      r"(?i)label_smoothing|float|number|tensor")
 
+case("grad-ce-neg-inf-row-ignored", X45 + "\nx[2] = float('-inf')\nt[2] = -100\nc = torch.tensor(1.0)",
+     "VJP(lambda x, t: F.cross_entropy(x, t), x, t, cot=c)")
+case("grad-ce-neg-inf-target-logit", X45 + "\nx[0, 0] = float('-inf')\nc = torch.tensor(1.0)",
+     "VJP(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), x, t, cot=c)")
+case("grad-ce-C1", "x = torch.randn(6, 1, generator=g)\nt = torch.zeros(6, dtype=torch.long)\nc = torch.tensor(1.0)",
+     "VJP(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.5), x, t, cot=c)")
+case("grad-ce-empty-batch", "x = torch.randn(0, 5)\nt = torch.zeros(0, dtype=torch.long)\nc = torch.tensor(1.0)",
+     "VJP(lambda x, t: F.cross_entropy(x, t, reduction='sum'), x, t, cot=c)")
+case("grad-ce-weighted-ls-none-bf16", "x = (torch.randn(16, 50, generator=g) * 3).bfloat16()\n"
+     "t = torch.randint(0, 50, (16,), generator=g)\nt[::4] = -100\nw = torch.rand(50, generator=g).bfloat16()\n"
+     "c = torch.randn(16, generator=g).bfloat16()",
+     "VJP(lambda x, t, w: F.cross_entropy(x, t, weight=w, label_smoothing=0.3, reduction='none'), x, t, w, cot=c)")
+case("grad-sm-nan", "x = torch.randn(3, 7, generator=g)\nx[0, 2] = float('nan')\nc = torch.randn(3, 7, generator=g)",
+     "VJP(lambda x: T.softmax(x, 1), x, cot=c)")
+case("grad-lsm-dim0", "x = torch.randn(300, 5, generator=g).half()\nc = torch.randn(300, 5, generator=g).half()",
+     "VJP(lambda x: T.log_softmax(x, 0), x, cot=c)")
+case("tad-dim-neg", G34, "T.take_along_dim(x, i, dim=-1)")
+case("tad-0d-dim-none", "x = torch.tensor(2.5)", "T.take_along_dim(x, torch.tensor([0, 0]))")
+case("gather-index-int64-max", G34 + "\ni[0, 0] = 2**63 - 1", "T.gather(x, 1, i)", INDEX)
+case("ce-target-int64-max", X45 + "\nt[0] = 2**63 - 1", "F.cross_entropy(x, t, reduction='none')", TARGET)
+case("ce-nd-ignored-ls-mean", "x = torch.randn(2, 5, 3, generator=g)\nt = torch.full((2, 3), -100)\nt[1, 2] = 4",
+     "F.cross_entropy(x, t, label_smoothing=0.3)")
+case("nll-bf16-mean-count-rounding", "x = torch.log_softmax(torch.randn(600, 3, generator=g), 1).bfloat16()\n"
+     "t = torch.randint(0, 3, (600,), generator=g)\nt[:43] = -100", "F.nll_loss(x, t)")
+case("grad-via-cl-grad", X45 + "\nc = torch.tensor(1.0)",
+     "VJP(lambda x, t: F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.1, reduction='sum'), x, t, cot=c)")
+
 
 # ------------------------------------------------------------------ castlab.torch capture
 
