@@ -72,17 +72,21 @@ def _gather_node(p: Proxy, dim: int, pi: Proxy, wrap: bool = False,
     return Proxy(record(node))
 
 
-def gather(x: TensorLike, dim: int, index: TensorLike) -> TensorLike:
+def gather(x: TensorLike, dim: int, index: TensorLike, *, sparse_grad: bool = False) -> TensorLike:
     """The elements of `x` at `index` along `dim`, as ``torch.gather``:
     ``out[i][j] = x[i][index[i][j]]`` for dim 1. `index` (int64 or int32) has x's
     number of dimensions and no larger extents apart from `dim`; the result has its
     shape and x's dtype, each element copied bit for bit. An index outside
     ``[0, x.shape[dim])`` raises IndexError (PyTorch: RuntimeError, same message).
+    `sparse_grad` is accepted as PyTorch's is; castlab has no sparse tensors, so the
+    gradient is dense either way (the same values PyTorch's sparse gradient holds).
 
     >>> x = cl.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> cl.gather(x, 1, cl.tensor([[1], [0]])).tolist()
     [[2.0], [3.0]]
     """
+    if not isinstance(sparse_grad, bool):
+        raise TypeError(f"gather(): sparse_grad must be a bool, not {type(sparse_grad).__name__}")
     x = _arg(x)
     idx = _index_arg("gather", index)
     d = _dim("gather", len(x.shape), dim)

@@ -12,10 +12,12 @@ total weight. Every result carries PyTorch's dtype, and bad targets raise PyTorc
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from . import ops
-from ._dtype import float32, float64, int32, int64
+from ._C import Tensor
+from ._dtype import bool_, float32, float64, int32, int64
 from ._graph import EXPANSIONS, Node, Proxy, record
 from ._index import _gather_node
 from ._reduce import _arg, _call, _check_float
@@ -160,7 +162,17 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
     smooth``, each term an op of its own) and probability targets (a float target of the
     input's shape). The class dim is 1 (0 for a [C] input). Each step is PyTorch's kernel:
     log_softmax (castlab.log_softmax), then nll_loss's reduction in the order
-    ``Math.reduction`` names.
+    ``Math.reduction`` names. As in PyTorch, `label_smoothing` above 1 raises, and one
+    <= 0 (or NaN) smooths nothing; probability targets take any floating dtype (the
+    result's is the promoted one) and no ``ignore_index >= 0``.
+
+    Documented exceptions: (1) a weighted mean with label smoothing and ignored targets
+    inside a traced call (castlab.jit, castlab.vjp/grad): PyTorch divides the smooth term
+    by the kept rows' weights summed compacted (``masked_select``), which a static-shape
+    trace cannot form, so castlab sums them in place (zeros at the ignored rows) and the
+    loss may differ from PyTorch's in its last bit; called on concrete tensors, castlab
+    compacts them as PyTorch does and is exact. (2) PyTorch also reads uint8 class
+    targets; castlab has no uint8 dtype (castlab.from_dlpack refuses one).
 
     >>> x = cl.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 0.0]])
     >>> round(cl.cross_entropy(x, cl.tensor([0, 1])).item(), 4)
@@ -171,12 +183,17 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
     _check_float(fn, x)
     red = _reduction(fn, reduction)
     ii = _ignore(fn, ignore_index)
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+    if isinstance(label_smoothing, Tensor) and label_smoothing.ndim == 0 \
+            and label_smoothing.dtype is not bool_:
+        label_smoothing = label_smoothing.item()  # PyTorch takes a 0-d tensor too
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
         raise TypeError(f"{fn}: label_smoothing must be a number, not "
                         f"{type(label_smoothing).__name__}")
     eps = float(label_smoothing)
-    if not 0.0 <= eps <= 1.0:  # NaN fails too
+    if eps > 1.0:
         raise ValueError(f"{fn}: label_smoothing must be between 0.0 and 1.0. Got: {eps}")
+    if not eps > 0.0:  # PyTorch checks only the upper bound: <= 0 and NaN smooth nothing
+        eps = 0.0
     if len(x.shape) == 0:
         raise ValueError(f"{fn}: input tensor should be 1D, 2D or more, got a 0-d tensor")
     w = _weight(fn, weight, x)
@@ -187,21 +204,48 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
         if tuple(tt.shape) != tuple(x.shape):
             raise ValueError(f"{fn}: probability targets must have the input's shape "
                              f"{list(x.shape)}, got {list(tt.shape)}")
-        if tt.dtype is not x.dtype:
-            raise TypeError(f"{fn}: expected target of dtype {x.dtype.name} (the input's), got "
-                            f"{tt.dtype.name}")
+        if ii >= 0:
+            raise ValueError(f"{fn}: ignore_index is not supported for floating point target "
+                             f"(got ignore_index={ii})")
         return _call(lambda p, pt, pw=None: _prob_target(p, pt, pw, cd, c, eps, red),
                      [x, tt] + ([w] if w is not None else []))
+    if tuple(tt.shape) == tuple(x.shape):
+        raise TypeError(f"{fn}: Expected floating point type for target with class "
+                        f"probabilities, got {tt.dtype.name} (a target of the input's shape "
+                        "holds probabilities)")
     t = _target(fn, tt)
     _shapes(fn, x, t)
 
-    def body(p, pt, pw=None):
+    kept = None
+    if eps > 0.0 and red == "mean" and w is not None and isinstance(t, Tensor):
+        # PyTorch's smooth-term divisor sums the kept rows' weights compacted
+        # (w.gather(0, t.masked_select(t != ignore_index))): with a concrete target
+        # castlab compacts them the same way (a traced target cannot: its shape)
+        import numpy as np
+
+        tv = np.asarray(t.cpu().numpy()).reshape(-1)
+        idx = tv[tv != ii]
+        kept = _gather_node_eager(w, idx)
+
+    def body(p, pt, pw=None, pk=None):
         lsm = _log_softmax(p, cd)
         nll = _nll_body(lsm, pt, pw, ii, red)
         if eps <= 0.0:
             return nll
-        return _label_smoothing(lsm, pt, pw, nll, cd, c, eps, ii, red)
-    return _call(body, [x, t] + ([w] if w is not None else []))
+        return _label_smoothing(lsm, pt, pw, nll, cd, c, eps, ii, red, pk)
+    args = [x, t] + ([w] if w is not None else []) + ([kept] if kept is not None else [])
+    return _call(body, args)
+
+
+def _gather_node_eager(w, idx):
+    """w's elements at the (concrete, in-range) class indices idx, copied bit for bit."""
+    from ._creation import tensor
+    from ._index import gather
+
+    it = tensor(idx.astype("int64"), dtype=int64)
+    if w.device != it.device:
+        it = it.to(w.device)
+    return gather(w, 0, it)
 
 
 def _wview(pw: Proxy, nd: int, cd: int) -> Proxy:
@@ -210,16 +254,20 @@ def _wview(pw: Proxy, nd: int, cd: int) -> Proxy:
     return ops.reshape(pw, tuple(shape))
 
 
-def _label_smoothing(lsm, pt, pw, nll, cd: int, c: int, eps: float, ii: int, red: str):
+def _label_smoothing(lsm, pt, pw, nll, cd: int, c: int, eps: float, ii: int, red: str,
+                     pk=None):
     """cross_entropy_loss_label_smoothing (LossNLL.cpp): the smooth term's ops, each
-    rounded as PyTorch's eager ops are."""
+    rounded as PyTorch's eager ops are. `pk`: the kept rows' weights, compacted (weighted
+    mean; without it, the weights are summed in place, zeros at the ignored rows)."""
     nd = len(lsm.shape)
     prod = lsm * _wview(pw, nd, cd) if pw is not None else lsm
     smooth = -_sum(prod, cd)
     ign = ops.eq(pt, ii)
     smooth = ops.where(ign, 0.0, smooth)
     if red == "mean":
-        if pw is not None:
+        if pk is not None:
+            ret = _sum(smooth) / _sum(pk)
+        elif pw is not None:
             safe = ops.where(ign, 0, pt)
             flat = ops.reshape(safe, (safe.numel(),))
             wsel = _gather_node(pw, 0, flat)

@@ -541,7 +541,7 @@ class Lowering:
         e = self.expr(src)
         acc = self._expr_dtype(e) if not isinstance(e, Scalar) else float32
         if not isinstance(e, Leaf) or _dtype_code(e.t) != acc.code:
-            e = self.materialize(e)
+            e = self._temp_from(e, tuple(src.shape), acc)  # widened exactly (a bf16 src too)
         return self._index_step(1, e, self._index_leaf(ix), node.attrs["dim"], node.shape)
 
     def _nll(self, node: Node):

@@ -273,6 +273,9 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
         if len(xf.shape) == 0:
             xf = ops.reshape(xf, 1)
         shape = tuple(p.shape)
+        if shape and shape[d] == 0:  # nothing to normalise over: PyTorch's empty result
+            y = xf - xf
+            return ops.astype(y, out_dt) if y.dtype is not out_dt else y
         last = len(shape) == 0 or d == len(shape) - 1
         # PyTorch's CPU kernels: the last dim (of the contiguous input) sums each row over
         # vector lanes; another dim sums each column [outer, D, I] in order

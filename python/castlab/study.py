@@ -523,6 +523,11 @@ def _torch_to_numpy(t):
     return t.numpy()
 
 
+#: The chains that split their last dimension in halves or pairs (its size must be even);
+#: the others take any size (logprobs: a vocabulary such as GPT-2's 50257).
+_HALVED = frozenset({"swiglu", "geglu", "rope", "rope_interleaved"})
+
+
 def _shape_form(ch: Chain) -> str:
     return f"{ch.name}=" + "x".join(str(d) for d in ch.default_shape)
 
@@ -538,7 +543,7 @@ def check_shape(chain: str, shape: Any) -> tuple:
     ch = CHAINS[chain]
     form = _shape_form(ch)
     dims = _check_dims(shape, f"shape for {chain}", form, len(ch.default_shape))
-    if dims[-1] % 2:
+    if dims[-1] % 2 and chain in _HALVED:
         raise ValueError(f"shape for {chain}: the last dimension must be even (the chain splits "
                          f"it in halves; e.g. {form}), got {dims[-1]}")
     return dims
