@@ -43,3 +43,45 @@ def test_capabilities_are_detected_from_the_cpu_flags():
     assert (SUPPORTED["avx512"] is None) == has_avx512
     if SUPPORTED["avx512"] is None:
         assert SUPPORTED["avx2"] is None
+
+
+_BEFORE_AND_AFTER_IMPORT = r"""
+import sys
+import castlab as cl
+assert "torch" not in sys.modules
+x, g = cl.randn(1 << 16, seed=3), cl.randn(1 << 16, seed=4)
+f = cl.jit(lambda a: cl.silu(a) * a)
+y0 = f(x).numpy().copy()                              # lowered before torch is imported
+d0 = f.vjp(x, policy="eager")[1](g)[0].numpy().copy()
+import torch
+xt, gt = torch.from_numpy(x.numpy()), torch.from_numpy(g.numpy())
+xr = xt.clone().requires_grad_()
+ref_d = torch.autograd.grad(torch.nn.functional.silu(xr) * xr, xr, gt)[0].numpy()
+ref_y = (torch.nn.functional.silu(xt) * xt).numpy()
+y1 = f(x).numpy()
+d1 = f.vjp(x, policy="eager")[1](g)[0].numpy()
+print(int((y0 != ref_y).sum()), int((d0 != ref_d).sum()), int((y1 != ref_y).sum()),
+      int((d1 != ref_d).sum()))
+"""
+
+
+def test_a_jit_plan_lowered_before_torch_is_imported_is_not_reused_after(tmp_path):
+    # issue 51 item 5: Math's bits follow the loaded torch (its CPU capability); the jit's
+    # plan cache keyed only on (policy, math) and kept the plan lowered without torch.
+    # ATEN_CPU_CAPABILITY=default differs from what castlab assumes without torch on any
+    # AVX2 or AVX512 machine.
+    import os
+    import subprocess
+    import sys
+
+    import castlab as cl
+
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
+    env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _BEFORE_AND_AFTER_IMPORT], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
+    y0, d0, y1, d1 = map(int, out.stdout.split())
+    if y0 == 0 and d0 == 0:
+        pytest.skip("this CPU's own build is torch's default one: nothing to tell apart")
+    assert (y1, d1) == (0, 0), out.stdout

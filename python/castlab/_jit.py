@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from . import _C, _autodiff, _debug
+from . import _C, _autodiff, _debug, _onednn
 from ._creation import asarray, ones
 from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
@@ -60,6 +60,7 @@ class Traced:
         self.captured_src: list = []            # per captured tensor: guard slot or constant
         self.plans: dict = {}
         self.default_plan = None  # the plan under the jit's own policy and math
+        self.default_env = None   # ... lowered in this _torch_env()
 
     def bind_captured(self, objs: list) -> list:
         """The captured tensors for one call: guarded ones from the function's current
@@ -71,6 +72,13 @@ class Traced:
         tr = copy.copy(self)
         tr.captured = captured
         return tr
+
+
+def _torch_env() -> tuple:
+    """What of the loaded PyTorch a plan's bits depend on: whether torch is imported (the
+    torch_cpu math then follows its CPU capability, MKL VML and thread geometry) and
+    oneDNN's switch (gelu). A plan lowered before ``import torch`` is not reused after it."""
+    return ("torch" in sys.modules, _onednn.state()[0])
 
 
 def _signature(tensors: list) -> bytes:
@@ -370,7 +378,8 @@ class JitFunction:
     def _plan(self, tr: Traced, all_inputs: list, pol: Policy, mth: Math):
         """The plan of `tr` under `pol` and `mth`, lowered on first use: (plan, fresh
         outputs to run it into, or None when the plan was cached)."""
-        key = (pol, mth)
+        env = _torch_env()
+        key = (pol, mth, env)
         plan = tr.plans.get(key)
         if plan is not None:
             return plan, None
@@ -378,7 +387,7 @@ class JitFunction:
         plan, outs = lower(tr.outputs, all_inputs, pol, mth)
         tr.plans[key] = plan
         if pol is self.policy and mth is self.math:
-            tr.default_plan = plan
+            tr.default_plan, tr.default_env = plan, env
         level = _debug.level()
         if level >= 1:
             print(format_trace(tr, plan.record), file=sys.stderr)
@@ -417,7 +426,7 @@ class JitFunction:
             tensors = list(args)
             guard, objs = _guards(self.fn, self._code_memo)
             tr = self._lookup((_C.signature(tensors), guard))
-            if tr is not None and tr.default_plan is not None:
+            if tr is not None and tr.default_plan is not None and tr.default_env == _torch_env():
                 if tr.captured_src:
                     tensors += tr.bind_captured(objs)
                 outs = tr.default_plan.run(tensors)
