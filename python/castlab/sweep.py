@@ -128,7 +128,7 @@ def run_cells(cells: Sequence, fn: Callable, *, args: tuple = (), workers: int |
         else:
             n = workers if workers is not None else max(1, len(devices))
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+                                   dashboard_address=None, silence_logs=logging.CRITICAL)
             client = Client(cluster)
             if devices:
                 client.register_plugin(_device_plugin(devices))
