@@ -139,8 +139,17 @@ def _seconds_arg(v: str) -> float:
 _SEED = _int_arg(0, 2**64 - 1)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (CLIError: ``castlab: error: ...``,
+    exit code 2) instead of the usage text and the error."""
+
+    def error(self, message: str):
+        sub = self.prog.removeprefix("castlab").strip()
+        raise CLIError(f"{sub + ': ' if sub else ''}{message} (see `{self.prog} --help`)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="castlab", description=HELP,
+    p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
@@ -257,7 +266,7 @@ def _exhaustive_parser(sub) -> None:
                    help="seed of --sample (default 0)")
     e.add_argument("--start", type=_int_arg(0), default=0,
                    help="first index of the cross product")
-    e.add_argument("--stop", type=_int_arg(1), default=None, help="end index (default: all)")
+    e.add_argument("--stop", type=_int_arg(0), default=None, help="end index (default: all)")
     e.add_argument("--first-k", type=_int_arg(0, 2**31 - 1), default=10,
                    help="differing inputs kept per pair")
     e.add_argument("--ref-math", default="portable",
@@ -311,7 +320,8 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as e:
         raise CLIError(f"--device {device!r}: {e}") from None
     if args.stop is not None and args.stop <= args.start:
-        raise CLIError(f"--stop ({args.stop}) must be greater than --start ({args.start})")
+        raise CLIError(f"--start/--stop: the index range [{args.start}, {args.stop}) is empty "
+                       "(--stop must be greater than --start)")
     _check_out(args.out, ("exhaustive.json", "exhaustive.csv"))  # before the run, not after
     E = numerics.Enumeration
     first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)

@@ -141,7 +141,7 @@ class Enumeration:
             raise TypeError(f"Enumeration: label must be a string, got {label!r}")
         self.table = None if table is None else _checked_table(table, d)
         if self.table is None:
-            lo = _checked_int(lo, "lo")
+            lo = _checked_int(lo, "lo", None)  # (a negative one: outside, below)
             count = _checked_int(count, "count")
         n = len(self.table) if self.table is not None else count
         if n <= 0:
