@@ -835,8 +835,7 @@ def _cell_record_problem(rec: Any, columns: list | None) -> str:
 
 
 _NUMERIC_COLUMNS = ("numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
-                    "max_abs_err", "max_rel_err", "mismatch_vs_eager", "max_ulp_at_scale",
-                    "worst_index")
+                    "max_abs_err", "max_rel_err", "mismatch_vs_eager", "max_ulp_at_scale")
 
 
 def _seed_as_text(df):
