@@ -458,3 +458,28 @@ def test_help_still_exits_0(capsys):
         cli.main(["exhaustive", "--help"])
     assert e.value.code == 0 and "--max-seconds" in capsys.readouterr().out
     assert cli.main([]) == 0
+
+
+@pytest.mark.parametrize("what", ["dev-zero", "folder", "fifo"])
+def test_config_that_is_not_a_regular_file_is_refused_not_read_forever(what, capsys, tmp_path):
+    path = {"dev-zero": "/dev/zero", "folder": str(tmp_path)}.get(what)
+    if what == "fifo":
+        path = str(tmp_path / "fifo.toml")
+        os.mkfifo(path)
+    _refused([*Q, "--out", tmp_path / "o", "--config", path], r"not a regular file", capsys,
+             max_s=5)
+
+
+@pytest.mark.parametrize("chains_arg", [",", "", ",,,"])
+def test_study_with_no_chains_is_refused_not_an_empty_success(chains_arg, capsys, tmp_path):
+    _refused(["study", "--device", "cpu", "--chains", chains_arg, "--out", tmp_path / "o"],
+             r"--chains needs at least one chain", capsys)
+    assert not (tmp_path / "o" / "results.csv").exists()
+
+
+def test_exhaustive_on_cuda_without_a_gpu_is_refused_before_making_out(capsys, tmp_path):
+    if cl.cuda.is_available():
+        pytest.skip("a GPU is present")
+    _refused(["exhaustive", "exp", "--device", "cuda", "--out", tmp_path / "o"],
+             r"--device cuda: no usable GPU", capsys)
+    assert not (tmp_path / "o").exists()

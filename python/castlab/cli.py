@@ -293,6 +293,13 @@ def _exhaustive_fn(spec: str) -> Any:
                    + ", or pkg.module:function")
 
 
+def _cuda_ok() -> bool:
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # noqa: BLE001  (no CUDA support compiled or loadable)
+        return False
+
+
 def _fn_arity(fn: Any) -> int:
     try:
         ps = inspect.signature(fn).parameters.values()
@@ -316,9 +323,11 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
         raise CLIError(f"--sample must be positive, got {args.sample}")
     device = args.device or ("cuda" if cuda.is_available() else "cpu")
     try:
-        as_device(device)
+        dev = as_device(device)
     except (TypeError, ValueError) as e:
         raise CLIError(f"--device {device!r}: {e}") from None
+    if dev.is_cuda and not _cuda_ok():
+        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
     if args.stop is not None and args.stop <= args.start:
         raise CLIError(f"--start/--stop: the index range [{args.start}, {args.stop}) is empty "
                        "(--stop must be greater than --start)")
@@ -344,6 +353,9 @@ CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "roun
                "attribute"}
 
 
+_MAX_CONFIG_BYTES = 1 << 24
+
+
 def load_config(path: str) -> dict:
     """Read a study TOML file; errors name the file and line."""
     try:
@@ -353,6 +365,11 @@ def load_config(path: str) -> dict:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             raise CLIError("reading --config needs Python 3.11+ or `pip install tomli`") from None
+    if os.path.exists(path) and not os.path.isfile(path):  # a folder, /dev/zero, a FIFO
+        raise CLIError(f"config file {path!r} is not a regular file")
+    if os.path.isfile(path) and os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise CLIError(f"config file {path!r} is {os.path.getsize(path)} bytes; a study "
+                       f"config is at most {_MAX_CONFIG_BYTES} bytes")
     try:
         with open(path, "rb") as f:
             cfg = tomllib.load(f)
@@ -571,6 +588,8 @@ def _study_settings(args: argparse.Namespace) -> dict:
         v = getattr(args, key)
         if v is not None:
             st[key] = _split_commas(v) if key == "chains" else v
+            if key == "chains" and not st[key]:
+                raise CLIError("--chains needs at least one chain, e.g. --chains swiglu,rope")
     if args.seed is not None:
         st["seeds"] = [args.seed]
     st["grad"] = bool(args.grad or st.get("grad", False))
