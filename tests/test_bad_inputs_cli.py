@@ -483,3 +483,30 @@ def test_exhaustive_on_cuda_without_a_gpu_is_refused_before_making_out(capsys, t
     _refused(["exhaustive", "exp", "--device", "cuda", "--out", tmp_path / "o"],
              r"--device cuda: no usable GPU", capsys)
     assert not (tmp_path / "o").exists()
+
+
+# ================================================================ the rest of the numerics API
+
+X16 = cl.randn(16, seed=0, dtype=cl.bfloat16)
+Y16 = cl.randn(16, seed=1, dtype=cl.bfloat16)
+
+
+@pytest.mark.parametrize("kw,exc,pattern", [
+    ({"rtol": float("nan"), "atol": 0.0}, ValueError, r"rtol must be >= 0 \(and not NaN\)"),
+    ({"rtol": -1.0, "atol": 0.0}, ValueError, r"rtol must be >= 0"),
+    ({"rtol": 0.0, "atol": -1e-3}, ValueError, r"atol must be >= 0"),
+    ({"rtol": True, "atol": 0.0}, TypeError, r"rtol must be a real number"),
+    ({"rtol": "0.1", "atol": 0.0}, TypeError, r"rtol must be a real number"),
+    ({"rtol": 0.1}, ValueError, r"both rtol and atol"),
+    ({"equal_nan": "yes"}, TypeError, r"equal_nan must be True or False"),
+])
+def test_assert_close_message_checks_its_tolerances(kw, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        nm.assert_close_message(X16, Y16, **kw)
+
+
+@pytest.mark.parametrize("index", [True, (True,), 1.5, float("nan"), "3"])
+def test_explain_refuses_an_index_that_is_not_ints(index):
+    f = cl.jit(lambda a: cl.exp(a))
+    with pytest.raises(TypeError, match="index must be a tuple of ints"):
+        nm.explain(f, (X16,), index)
