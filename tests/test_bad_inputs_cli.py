@@ -510,3 +510,42 @@ def test_explain_refuses_an_index_that_is_not_ints(index):
     f = cl.jit(lambda a: cl.exp(a))
     with pytest.raises(TypeError, match="index must be a tuple of ints"):
         nm.explain(f, (X16,), index)
+
+
+# ================================================================ study.run, study.libraries, sweep
+
+SMALL_RUN = {"chains": ["swiglu"], "dtypes": ["bfloat16"], "shapes": {"swiglu": (2, 4)},
+             "device": "cpu"}
+
+
+@pytest.mark.parametrize("kw,exc,pattern", [
+    ({"workers": -1}, ValueError, r"workers must be an int >= 0"),
+    ({"workers": 1.5}, ValueError, r"workers must be an int >= 0"),
+    ({"workers": True}, ValueError, r"workers must be an int >= 0"),
+    ({"scheduler": 3}, TypeError, r"scheduler must be a Dask scheduler address"),
+    ({"quick": "no"}, TypeError, r"quick must be True or False"),
+    ({"grad": 2}, TypeError, r"grad must be True or False"),
+    ({"seeds": [0, -1]}, ValueError, r"seed -1 is out of range"),
+    ({"seeds": [1.0]}, TypeError, r"seeds must be integers"),
+    ({"scale": float("nan")}, ValueError, r"scale must be a positive finite number"),
+])
+def test_study_run_checks_its_numbers_first(kw, exc, pattern):
+    from castlab import study
+    with pytest.raises(exc, match=pattern):
+        study.run(**{**SMALL_RUN, **kw})
+
+
+@pytest.mark.parametrize("seed,exc", [(-1, ValueError), (1.5, TypeError), (True, TypeError),
+                                      (2**70, ValueError)])
+def test_study_libraries_checks_the_seed(seed, exc):
+    from castlab import study
+    with pytest.raises(exc, match=r"seed"):
+        study.libraries(["torch_eager"], ops=["swiglu"], dtypes=["bfloat16"], size=1024,
+                        seed=seed, device="cpu")
+
+
+@pytest.mark.parametrize("retries", [-1, 1.5, True])
+def test_run_cells_checks_retries(retries):
+    from castlab.sweep import run_cells
+    with pytest.raises(ValueError, match="retries must be an int >= 0"):
+        run_cells([1], abs, workers=0, retries=retries)

@@ -734,6 +734,15 @@ def _cells_for_workers(cells: list, chains: list) -> list:
             cloudpickle.unregister_pickle_by_value(m)
 
 
+def _check_seed(sd: Any) -> int:
+    """A seed: an integer in [0, 2**64) (not a bool, a float or a string)."""
+    if isinstance(sd, bool) or not isinstance(sd, int):
+        raise TypeError(f"seeds must be integers, got {sd!r}")
+    if not 0 <= sd < 2**64:
+        raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+    return sd
+
+
 def _check_one_output(ch: Chain, tr: Any) -> None:
     """A chain returns one floating-point tensor (its rows compare that one result)."""
     if tr.structure != "single" or len(tr.outputs) != 1:
@@ -847,10 +856,16 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
     if seeds is None or isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
         raise TypeError(f"seeds must be a sequence of integers, got {seeds!r}")
     for sd in seeds:
-        if isinstance(sd, bool) or not isinstance(sd, int):
-            raise TypeError(f"seeds must be integers, got {sd!r}")
-        if not 0 <= sd < 2**64:
-            raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+        _check_seed(sd)
+    for what, v in (("quick", quick), ("grad", grad), ("attribute", attribute)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{what} must be True or False, got {v!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise TypeError(f"scheduler must be a Dask scheduler address (a string such as "
+                        f"'tcp://host:8786'), got {scheduler!r}")
     if device is not None:
         if not isinstance(device, str):
             raise TypeError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -1130,6 +1145,7 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
         v = default if v is None else [v] if isinstance(v, str) else v
         return list(dict.fromkeys(v))
 
+    _check_seed(seed)
     names, ops = listed(names, _presets.libraries()), listed(ops, _presets.OPS)
     dtypes = listed(dtypes, LIBRARY_DTYPES)
     libs = [_presets.library(n) for n in names]     # ValueError listing the valid names

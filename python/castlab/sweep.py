@@ -98,6 +98,8 @@ def run_cells(cells: Sequence, fn: Callable, *, args: tuple = (), workers: int |
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 0):
         raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if workers == 0 and scheduler is None:
         out = _Results()
         try:
