@@ -242,7 +242,7 @@ def test_cli_exhaustive_checks_out_before_the_run(setup, out, pattern, capsys, t
 
 
 @pytest.mark.parametrize("chain,pattern", [
-    ("tup.py:f", r"return one tensor"),
+    ("tup.py:f", r"returns a tuple of 2 tensors; it must return one tensor"),
     ("boolout.py:f", r"bool.*not floating point"),
     ("notfn.py:f", r"not a function"),
     ("noret.py:f", r"(?i)tensor|traced"),

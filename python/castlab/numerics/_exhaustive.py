@@ -306,7 +306,9 @@ def _trace(fn: Any, enums: list, n: int, device: str):
     if bad:
         raise ValueError(f"exhaustive: the chain must be elementwise; it has {', '.join(bad)}")
     if len(tr.outputs) != 1 or tr.structure != "single":
-        raise ValueError("exhaustive: the function must return one tensor")
+        raise ValueError(f"exhaustive: the function returns a {tr.structure} of "
+                         f"{len(tr.outputs)} tensors; it must return one tensor (run each "
+                         "output as a function of its own)")
     out = tr.outputs[0]
     if out.op == "input" or tuple(out.shape) != (n,):
         raise ValueError("exhaustive: the result must be computed elementwise from the inputs")
