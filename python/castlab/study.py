@@ -844,7 +844,12 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         workers: run the cells on a Dask ``distributed`` LocalCluster of this many worker
             processes (on "cuda": one GPU per worker, ``cuda:k`` for worker k); results
             stream back to `on_row`/`on_cell` as cells finish, a failed cell is retried
-            once and then reported, and the rows equal a serial run's, bit for bit.
+            once, and the rows equal a serial run's, bit for bit.
+
+    A cell that fails (its chain raises; on workers: after its retry) ends the study with
+    ``CellFailed`` (a ValueError naming the cell and the error), in this process at once,
+    on workers once the other cells have finished; the finished cells have been passed
+    to `on_row`/`on_cell` (give their records as `done` to run the rest).
         scheduler: the address of an existing Dask cluster ("tcp://host:8786") to send
             the cells to instead (its workers need castlab and the chains' functions).
 
