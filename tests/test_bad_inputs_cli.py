@@ -283,6 +283,8 @@ def test_cli_exhaustive_max_seconds_reproducer_subprocess(flag, tmp_path):
     (["--resume", "--overwrite"], r"give one"),
     (["--math", "all", "--workers", "2"], r"does not apply to --math"),
     (["--input", "cauchy"], r"--input"),
+    (["--workers", "2", "--scheduler", "tcp://127.0.0.1:8786"], r"give one"),
+    (["--scheduler", ""], r"--scheduler needs the address"),
     (["--rounding", "up"], r"--rounding"),
 ])
 def test_cli_study_bad_options(extra, pattern, capsys, tmp_path):

@@ -882,6 +882,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise CLIError("--resume continues the results in --out and --overwrite replaces "
                        "them: give one")
+    if args.workers is not None and args.scheduler is not None:
+        raise CLIError("--workers starts a local Dask cluster and --scheduler uses an "
+                       "existing one: give one")
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise CLIError("--scheduler needs the address of a Dask scheduler, e.g. "
+                       "tcp://host:8786")
     st = _study_settings(args)
     out = st.pop("out")
     _prepare_out(out, args.overwrite, args.resume)
