@@ -1254,6 +1254,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "ops":
         print(ops_text())
         return 0
+    if args.command == "study" and args.seed is not None and args.seeds is not None:
+        raise CLIError("--seed and --seeds both give the seeds: give one")
     try:
         if args.command == "exhaustive":
             return cmd_exhaustive(args)
