@@ -195,6 +195,7 @@ def test_exhaustive_still_runs_with_valid_numbers():
     (["--sample", "0"], r"--sample.*>= 1"),
     (["--sample=-3"], r"--sample"),
     (["--sample", "1.5"], r"--sample.*integer"),
+    (["--sample", "8"], r"--sample .*exp has one input"),
     (["--seed=-1"], r"--seed"),
     (["--seed", str(2**64)], r"--seed"),
     (["--start=-1"], r"--start"),

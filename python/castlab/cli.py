@@ -335,6 +335,9 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     E = numerics.Enumeration
     first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)
     n_in = _fn_arity(fn)
+    if args.sample and n_in == 1:
+        raise CLIError(f"--sample samples the second and later inputs; {args.chain} has one "
+                       "input (restrict it with --start/--stop instead)")
     rest = [E.sample(args.dtype, args.sample, seed=args.seed + k, finite=args.values == "finite")
             if args.sample else first for k in range(n_in - 1)]
     res = numerics.exhaustive(fn, [first, *rest], [(p, m) for p in pols for m in maths],
