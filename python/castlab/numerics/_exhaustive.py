@@ -610,8 +610,10 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     enums = [_as_enumeration(x) for x in inputs]
     cfgs = _configs(configs)
     rmath = as_math(ref_math)
-    if isinstance(first_k, bool) or not isinstance(first_k, int) or not 0 <= first_k < 2**31:
+    if (isinstance(first_k, (bool, np.bool_)) or not isinstance(first_k, (int, np.integer))
+            or not 0 <= first_k < 2**31):
         raise ValueError(f"exhaustive: first_k must be an int in [0, 2**31), got {first_k!r}")
+    first_k = int(first_k)
     max_seconds = _checked_seconds(max_seconds)
     if not isinstance(allow_long, (bool, np.bool_)):
         raise TypeError(f"exhaustive: allow_long must be True or False, got {allow_long!r}")
