@@ -276,6 +276,7 @@ def test_cli_exhaustive_max_seconds_reproducer_subprocess(flag, tmp_path):
     (["--workers", "0"], r"--workers.*>= 1|--workers.*\[1"),
     (["--workers=-2"], r"--workers"),
     (["--workers", "two"], r"--workers.*integer"),
+    (["--workers", "100000"], r"--workers.*integer in \[1, \d+\]"),
     (["--scale", "nan"], r"--scale"),
     (["--scale", "1e400"], r"--scale"),
     (["--scale", "-0.0"], r"--scale"),

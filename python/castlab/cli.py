@@ -137,6 +137,8 @@ def _seconds_arg(v: str) -> float:
 
 
 _SEED = _int_arg(0, 2**64 - 1)
+#: At most this many local Dask worker processes (a typo such as 4000 would start them all).
+_MAX_WORKERS = max(64, 2 * (os.cpu_count() or 1))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -213,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true",
                    help="continue an interrupted study in --out: the cells already finished "
                    "there (cells.jsonl) are kept and not run again")
-    s.add_argument("--workers", type=_int_arg(1, 4096), default=None, metavar="N",
+    s.add_argument("--workers", type=_int_arg(1, _MAX_WORKERS), default=None, metavar="N",
                    help="run the study's cells on a Dask LocalCluster of N worker processes "
                    "(with --device cuda: one GPU each); rows equal a serial run's")
     s.add_argument("--scheduler", default=None, metavar="ADDRESS",
