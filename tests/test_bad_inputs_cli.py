@@ -288,6 +288,8 @@ def test_cli_exhaustive_max_seconds_reproducer_subprocess(flag, tmp_path):
     (["--workers", "2", "--scheduler", "tcp://127.0.0.1:8786"], r"give one"),
     (["--scheduler", ""], r"--scheduler needs the address"),
     (["--seed", "1", "--seeds", "2", "3"], r"--seed and --seeds"),
+    (["--config", ""], r"--config needs a TOML file"),
+    (["--config", "/nonexistent/c.toml"], r"not found"),
     (["--rounding", "up"], r"--rounding"),
 ])
 def test_cli_study_bad_options(extra, pattern, capsys, tmp_path):

@@ -536,7 +536,9 @@ def _study_settings(args: argparse.Namespace) -> dict:
     st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
     st["quick"] = bool(args.quick)
     st["out"] = "castlab-study"
-    if args.config:
+    if args.config is not None:  # (--config '' names no file: refused, not ignored)
+        if not args.config.strip():
+            raise CLIError("--config needs a TOML file, got an empty name")
         cfg = load_config(args.config)
         if "shapes" in cfg:
             if not isinstance(cfg["shapes"], dict):
