@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from . import _C, cuda, numerics, ops, study
+from ._device import as_device
 from ._optable import BITS, IMPL_MASK, OPS
 from .policy import Math
 from .presets import libraries
@@ -107,8 +108,50 @@ def _scale_arg(v: str) -> float:
     return f
 
 
+def _int_arg(lo: int | None = None, hi: int | None = None):
+    """An argparse type: an integer in [lo, hi] (either bound optional)."""
+    def parse(v: str) -> int:
+        try:
+            i = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {v!r}") from None
+        if (lo is not None and i < lo) or (hi is not None and i > hi):
+            rng = (f"an integer >= {lo}" if hi is None else f"an integer <= {hi}" if lo is None
+                   else f"an integer in [{lo}, {hi}]")
+            raise argparse.ArgumentTypeError(f"expected {rng}, got {v!r}")
+        return i
+    parse.__name__ = "integer"
+    return parse
+
+
+def _seconds_arg(v: str) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {v!r}") \
+            from None
+    if not math.isfinite(f) or f <= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number of seconds (use "
+                                         f"--allow-long for no limit), got {v!r}")
+    return f
+
+
+_SEED = _int_arg(0, 2**64 - 1)
+#: At most this many local Dask worker processes (a typo such as 4000 would start them all).
+_MAX_WORKERS = max(64, 2 * (os.cpu_count() or 1))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (CLIError: ``castlab: error: ...``,
+    exit code 2) instead of the usage text and the error."""
+
+    def error(self, message: str):
+        sub = self.prog.removeprefix("castlab").strip()
+        raise CLIError(f"{sub + ': ' if sub else ''}{message} (see `{self.prog} --help`)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="castlab", description=HELP,
+    p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
@@ -143,8 +186,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128 "
                    "(positive sizes, the last one even; at most 2**31 elements); for a "
                    "pkg.module:function chain, the shape of each of its inputs")
-    s.add_argument("--seed", type=int, default=None, help="input seed (default 0)")
-    s.add_argument("--seeds", type=int, nargs="+", default=None, help="several input seeds")
+    s.add_argument("--seed", type=_SEED, default=None, help="input seed (default 0)")
+    s.add_argument("--seeds", type=_SEED, nargs="+", default=None, help="several input seeds")
     s.add_argument("--input", choices=["normal", "uniform"], default=None,
                    help="input generator (default normal)")
     s.add_argument("--scale", type=_scale_arg, default=None,
@@ -172,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true",
                    help="continue an interrupted study in --out: the cells already finished "
                    "there (cells.jsonl) are kept and not run again")
-    s.add_argument("--workers", type=int, default=None, metavar="N",
+    s.add_argument("--workers", type=_int_arg(1, _MAX_WORKERS), default=None, metavar="N",
                    help="run the study's cells on a Dask LocalCluster of N worker processes "
                    "(with --device cuda: one GPU each); rows equal a serial run's")
     s.add_argument("--scheduler", default=None, metavar="ADDRESS",
@@ -219,17 +262,20 @@ def _exhaustive_parser(sub) -> None:
                    help="comma-separated policies: eager, fused (default eager,fused)")
     e.add_argument("--values", choices=["all", "finite"], default="all",
                    help="every bit pattern, or the finite values only (default all)")
-    e.add_argument("--sample", type=int, default=None, metavar="N",
+    e.add_argument("--sample", type=_int_arg(1), default=None, metavar="N",
                    help="the second and later inputs take N sampled values each (seed --seed)")
-    e.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
-    e.add_argument("--start", type=int, default=0, help="first index of the cross product")
-    e.add_argument("--stop", type=int, default=None, help="end index (default: all)")
-    e.add_argument("--first-k", type=int, default=10, help="differing inputs kept per pair")
+    e.add_argument("--seed", type=_int_arg(0, 2**63 - 1), default=0,
+                   help="seed of --sample (default 0)")
+    e.add_argument("--start", type=_int_arg(0), default=0,
+                   help="first index of the cross product")
+    e.add_argument("--stop", type=_int_arg(0), default=None, help="end index (default: all)")
+    e.add_argument("--first-k", type=_int_arg(0, 2**31 - 1), default=10,
+                   help="differing inputs kept per pair")
     e.add_argument("--ref-math", default="portable",
                    help="math of the fp64 reference (default portable)")
     e.add_argument("--allow-long", action="store_true",
                    help="run even when the estimate exceeds --max-seconds")
-    e.add_argument("--max-seconds", type=float, default=120.0,
+    e.add_argument("--max-seconds", type=_seconds_arg, default=120.0,
                    help="refuse runs estimated to take longer (default 120)")
     e.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cuda when available, else cpu); on the "
@@ -244,9 +290,16 @@ def _exhaustive_fn(spec: str) -> Any:
     if spec in _UNARY:
         return getattr(ops, spec)
     if ":" in spec:
-        return _resolve_chain(spec, "chain").fn
+        return _resolve_chain(spec, "").fn
     raise CLIError(f"unknown chain {spec!r}; valid: " + ", ".join(list(EXHAUSTIVE_CHAINS) + _UNARY)
                    + ", or pkg.module:function")
+
+
+def _cuda_ok() -> bool:
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # noqa: BLE001  (no CUDA support compiled or loadable)
+        return False
 
 
 def _fn_arity(fn: Any) -> int:
@@ -271,9 +324,22 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample <= 0:
         raise CLIError(f"--sample must be positive, got {args.sample}")
     device = args.device or ("cuda" if cuda.is_available() else "cpu")
+    try:
+        dev = as_device(device)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--device {device!r}: {e}") from None
+    if dev.is_cuda and not _cuda_ok():
+        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
+    if args.stop is not None and args.stop <= args.start:
+        raise CLIError(f"--start/--stop: the index range [{args.start}, {args.stop}) is empty "
+                       "(--stop must be greater than --start)")
+    _check_out(args.out, ("exhaustive.json", "exhaustive.csv"))  # before the run, not after
     E = numerics.Enumeration
     first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)
     n_in = _fn_arity(fn)
+    if args.sample and n_in == 1:
+        raise CLIError(f"--sample samples the second and later inputs; {args.chain} has one "
+                       "input (restrict it with --start/--stop instead)")
     rest = [E.sample(args.dtype, args.sample, seed=args.seed + k, finite=args.values == "finite")
             if args.sample else first for k in range(n_in - 1)]
     res = numerics.exhaustive(fn, [first, *rest], [(p, m) for p in pols for m in maths],
@@ -281,7 +347,6 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
                               stop=args.stop, allow_long=args.allow_long,
                               max_seconds=args.max_seconds, device=device)
     print(res)
-    os.makedirs(args.out, exist_ok=True)
     res.to_json(os.path.join(args.out, "exhaustive.json"))
     res.to_csv(os.path.join(args.out, "exhaustive.csv"))
     print(f"wrote {os.path.join(args.out, 'exhaustive.json')} and exhaustive.csv")
@@ -293,6 +358,9 @@ CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "roun
                "attribute"}
 
 
+_MAX_CONFIG_BYTES = 1 << 24
+
+
 def load_config(path: str) -> dict:
     """Read a study TOML file; errors name the file and line."""
     try:
@@ -302,6 +370,11 @@ def load_config(path: str) -> dict:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             raise CLIError("reading --config needs Python 3.11+ or `pip install tomli`") from None
+    if os.path.exists(path) and not os.path.isfile(path):  # a folder, /dev/zero, a FIFO
+        raise CLIError(f"config file {path!r} is not a regular file")
+    if os.path.isfile(path) and os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise CLIError(f"config file {path!r} is {os.path.getsize(path)} bytes; a study "
+                       f"config is at most {_MAX_CONFIG_BYTES} bytes")
     try:
         with open(path, "rb") as f:
             cfg = tomllib.load(f)
@@ -463,7 +536,9 @@ def _study_settings(args: argparse.Namespace) -> dict:
     st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
     st["quick"] = bool(args.quick)
     st["out"] = "castlab-study"
-    if args.config:
+    if args.config is not None:  # (--config '' names no file: refused, not ignored)
+        if not args.config.strip():
+            raise CLIError("--config needs a TOML file, got an empty name")
         cfg = load_config(args.config)
         if "shapes" in cfg:
             if not isinstance(cfg["shapes"], dict):
@@ -520,6 +595,8 @@ def _study_settings(args: argparse.Namespace) -> dict:
         v = getattr(args, key)
         if v is not None:
             st[key] = _split_commas(v) if key == "chains" else v
+            if key == "chains" and not st[key]:
+                raise CLIError("--chains needs at least one chain, e.g. --chains swiglu,rope")
     if args.seed is not None:
         st["seeds"] = [args.seed]
     st["grad"] = bool(args.grad or st.get("grad", False))
@@ -664,6 +741,39 @@ def library_headline(df) -> str:
     return "\n".join(lines)
 
 
+#: The files ``castlab study`` may write into --out.
+STUDY_FILES = ("results.csv", "results.parquet", "cells.jsonl", "summary.json",
+               "attribution.csv", "correctly_rounded.png", "rel_rmse.png")
+
+
+def _check_out(out: str, names: tuple = (), flag: str = "--out") -> None:
+    """Make the output folder `out` and check, before any work, that the files `names`
+    can be written in it: the folder is a folder, writable, and none of the names is a
+    folder or something else than a regular file."""
+    if not isinstance(out, str) or not out.strip():
+        raise CLIError(f"{flag} must name a folder, got {out!r}")
+    if "\0" in out:
+        raise CLIError(f"{flag} {out!r}: a path cannot hold a NUL character")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"{flag} {out!r} exists and is not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, ".castlab-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"cannot write to {flag} {out!r}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    for n in names:
+        p = os.path.join(out, n)
+        if os.path.lexists(p) and (not os.path.isfile(p) or not os.access(p, os.W_OK)):
+            what = "a folder" if os.path.isdir(p) else (
+                "not writable" if os.path.isfile(p) else "not a regular file")
+            raise CLIError(f"cannot write {p!r}: it is {what}" if what != "not writable"
+                           else f"cannot write {p!r}: it is not writable")
+
+
 def _prepare_out(out: str, overwrite: bool, resume: bool = False) -> None:
     """Create the output folder; refuse to replace earlier results without --overwrite
     (or --resume)."""
@@ -675,28 +785,83 @@ def _prepare_out(out: str, overwrite: bool, resume: bool = False) -> None:
             raise CLIError(f"--out {out!r} already holds results ({', '.join(old)}); "
                            "pass --overwrite to replace them, --resume to continue them, or "
                            "choose another --out")
+    _check_out(out, STUDY_FILES)
+
+
+def _read_cells(path: str, columns: list | None = None) -> list:
+    """The finished cells of cells.jsonl (a last line cut short by an interrupt is
+    dropped); a file that is not such records is refused, naming it (CLIError)."""
+    def bad(why: str) -> CLIError:
+        return CLIError(f"--resume: {path} is not a castlab cells file ({why}); pass "
+                        "--overwrite to start the study again")
+
     try:
-        os.makedirs(out, exist_ok=True)
-        probe = os.path.join(out, ".castlab-write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
-        raise CLIError(f"cannot write to --out {out!r}: {e.strerror or e}") from None
-
-
-def _read_cells(path: str) -> list:
-    """The finished cells of cells.jsonl (a line cut short by an interrupt is dropped)."""
+        raise CLIError(f"--resume: cannot read {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise bad(f"line {line} is not UTF-8 text") from None
+    lines = text.split("\n")
+    cut_short = not text.endswith("\n")  # the last line, written when interrupted
     recs = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if cut_short and i == len(lines):
                 continue
-            if isinstance(rec, dict) and "key" in rec and "rows" in rec:
-                recs.append(rec)
+            raise bad(f"line {i} is not JSON") from None
+        why = _cell_record_problem(rec, columns)
+        if why:
+            raise bad(f"line {i}: {why}")
+        recs.append(rec)
     return recs
+
+
+def _cell_record_problem(rec: Any, columns: list | None) -> str:
+    """Why `rec` is not a cell record as ``study.run``'s on_cell writes it ('' if it is)."""
+    if not isinstance(rec, dict):
+        return f"a record is a JSON object, got {type(rec).__name__}"
+    missing = [k for k in ("key", "rows") if k not in rec]
+    if missing:
+        return f"the record has no {' or '.join(repr(k) for k in missing)}"
+    if not isinstance(rec["key"], (dict, str)):
+        return f"'key' must be an object, got {type(rec['key']).__name__}"
+    if not isinstance(rec["rows"], list) or not all(isinstance(r, dict) for r in rec["rows"]):
+        return "'rows' must be a list of objects"
+    for k in ("attribution", "verdicts"):
+        if k in rec and not (isinstance(rec[k], list)
+                             and all(isinstance(r, dict) for r in rec[k])):
+            return f"{k!r} must be a list of objects"
+    if columns is not None:
+        for r in rec["rows"]:
+            extra = sorted(set(r) - set(columns))
+            if extra:
+                return (f"a row has column(s) {extra} this study does not write (a study "
+                        "with other settings, e.g. --grad?)")
+            missing = [c for c in columns if c not in r]
+            if missing:
+                return f"a row lacks the column(s) {missing}"
+            for c in _NUMERIC_COLUMNS:
+                v = r.get(c)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    return f"a row's {c} is {v!r}, not a number"
+            if r.get("same_vs_eager") not in (None, True, False):
+                return f"a row's same_vs_eager is {r['same_vs_eager']!r}, not true or false"
+            for c in ("chain", "dtype", "policy", "math", "rounding"):
+                if not isinstance(r.get(c), str):
+                    return f"a row's {c} is {r.get(c)!r}, not a string"
+    return ""
+
+
+_NUMERIC_COLUMNS = ("numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
+                    "max_abs_err", "max_rel_err", "mismatch_vs_eager", "max_ulp_at_scale")
 
 
 def _seed_as_text(df):
@@ -724,6 +889,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise CLIError("--resume continues the results in --out and --overwrite replaces "
                        "them: give one")
+    if args.workers is not None and args.scheduler is not None:
+        raise CLIError("--workers starts a local Dask cluster and --scheduler uses an "
+                       "existing one: give one")
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise CLIError("--scheduler needs the address of a Dask scheduler, e.g. "
+                       "tcp://host:8786")
     st = _study_settings(args)
     out = st.pop("out")
     _prepare_out(out, args.overwrite, args.resume)
@@ -732,7 +903,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     done: list = []
     if args.resume:
         if os.path.exists(cells_path):
-            done = _read_cells(cells_path)
+            done = _read_cells(cells_path, study.row_columns(st["grad"]))
         elif os.path.exists(csv_path):
             raise CLIError(f"--resume: {out!r} holds results.csv but no cells.jsonl (the "
                            "finished cells): pass --overwrite to start again")
@@ -1090,11 +1261,17 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "ops":
         print(ops_text())
         return 0
-    if args.command == "exhaustive":
-        return cmd_exhaustive(args)
-    if args.libraries is not None:
-        return cmd_libraries(args)
-    return cmd_study(args)
+    if args.command == "study" and args.seed is not None and args.seeds is not None:
+        raise CLIError("--seed and --seeds both give the seeds: give one")
+    try:
+        if args.command == "exhaustive":
+            return cmd_exhaustive(args)
+        if args.libraries is not None:
+            return cmd_libraries(args)
+        return cmd_study(args)
+    except SystemExit as e:  # sys.exit() in a chain's code would end castlab silently
+        raise CLIError(f"a chain's code called sys.exit({e.code!r}) (SystemExit); a chain "
+                       "must return a tensor") from None
 
 
 if __name__ == "__main__":

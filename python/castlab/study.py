@@ -362,7 +362,8 @@ def _import_function(spec: str, base: str | None = None) -> tuple:
             mod = importlib.util.module_from_spec(mspec)
             sys.modules[mname] = mod
             mspec.loader.exec_module(mod)
-        except Exception as e:  # noqa: BLE001  (the user's module: any error)
+        except (Exception, SystemExit) as e:  # noqa: BLE001  (the user's module: any error,
+            # sys.exit() included: it would end castlab silently)
             sys.modules.pop(mname, None)
             raise ValueError(f"chain {spec!r}: importing {where} failed "
                              f"({type(e).__name__}: {_one_line(e)})") from None
@@ -374,7 +375,7 @@ def _import_function(spec: str, base: str | None = None) -> tuple:
             added = True
         try:
             mod = importlib.import_module(where)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001  (sys.exit() included)
             raise ValueError(f"chain {spec!r}: cannot import module {where!r} "
                              f"({type(e).__name__}: {_one_line(e)})") from None
         finally:
@@ -718,6 +719,51 @@ def _make_args(ch: Chain, shape: tuple | None, dt, seed: int, kind: str, scale: 
     return tuple(args), shape_s, ", ".join(sp.describe(kind, scale) for sp in specs)
 
 
+def _cells_for_workers(cells: list, chains: list) -> list:
+    """The cells as Dask workers get them. Chains read from path/file.py live in a module
+    only this process has (``_castlab_chain_...``), which a worker cannot import to
+    unpickle them (Dask then waits forever): such cells travel as cloudpickle bytes with
+    those modules pickled by value."""
+    mods = {getattr(ch.fn, "__module__", None) or "" for ch in chains}
+    mods = [sys.modules[m] for m in mods if m.startswith("_castlab_chain_") and m in sys.modules]
+    if not mods:
+        return cells
+    import cloudpickle
+
+    for m in mods:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return [(ji, cloudpickle.dumps(spec)) for ji, spec in cells]
+    finally:
+        for m in mods:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def _check_seed(sd: Any) -> int:
+    """A seed: an integer in [0, 2**64) (not a bool, a float or a string)."""
+    if isinstance(sd, bool) or not isinstance(sd, int):
+        raise TypeError(f"seeds must be integers, got {sd!r}")
+    if not 0 <= sd < 2**64:
+        raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+    return sd
+
+
+def _check_one_output(ch: Chain, tr: Any) -> None:
+    """A chain returns one floating-point tensor (its rows compare that one result)."""
+    if tr.structure != "single" or len(tr.outputs) != 1:
+        raise ValueError(f"chain {ch.name!r} returns a {tr.structure} of {len(tr.outputs)} "
+                         "tensors; a chain must return one tensor (study each output as a "
+                         "chain of its own)")
+    dt = tr.outputs[0].dtype
+    if not dt.is_floating_point:
+        raise ValueError(f"chain {ch.name!r} returns a {dt.name} tensor; a chain must return "
+                         "one floating-point tensor")
+
+
+class CellFailed(ValueError):
+    """A cell of a study failed (in this process, or on a Dask worker after its retry)."""
+
+
 def _check_chain_shape(ch: Chain, v: Any) -> tuple:
     if _is_builtin(ch) and ch.name in CHAINS:
         return check_shape(ch.name, v)
@@ -803,7 +849,12 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         workers: run the cells on a Dask ``distributed`` LocalCluster of this many worker
             processes (on "cuda": one GPU per worker, ``cuda:k`` for worker k); results
             stream back to `on_row`/`on_cell` as cells finish, a failed cell is retried
-            once and then reported, and the rows equal a serial run's, bit for bit.
+            once, and the rows equal a serial run's, bit for bit.
+
+    A cell that fails (its chain raises; on workers: after its retry) ends the study with
+    ``CellFailed`` (a ValueError naming the cell and the error), in this process at once,
+    on workers once the other cells have finished; the finished cells have been passed
+    to `on_row`/`on_cell` (give their records as `done` to run the rest).
         scheduler: the address of an existing Dask cluster ("tcp://host:8786") to send
             the cells to instead (its workers need castlab and the chains' functions).
 
@@ -815,10 +866,16 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
     if seeds is None or isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence):
         raise TypeError(f"seeds must be a sequence of integers, got {seeds!r}")
     for sd in seeds:
-        if isinstance(sd, bool) or not isinstance(sd, int):
-            raise TypeError(f"seeds must be integers, got {sd!r}")
-        if not 0 <= sd < 2**64:
-            raise ValueError(f"seed {sd} is out of range: seeds are integers in [0, 2**64)")
+        _check_seed(sd)
+    for what, v in (("quick", quick), ("grad", grad), ("attribute", attribute)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{what} must be True or False, got {v!r}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    if scheduler is not None and not isinstance(scheduler, str):
+        raise TypeError(f"scheduler must be a Dask scheduler address (a string such as "
+                        f"'tcp://host:8786'), got {scheduler!r}")
     if device is not None:
         if not isinstance(device, str):
             raise TypeError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
@@ -907,10 +964,11 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         sd = seeds[0] if job[2] == FIXED_SEED else job[2]
         made = _make_args(ch, shape_of(ch), job[1], sd, kind, scale, device)
         try:
-            fns[ch.name].graph(*made[0])
-        except Exception as e:  # noqa: BLE001  (whatever the user's function raises)
+            tr = fns[ch.name].graph(*made[0])
+        except (Exception, SystemExit) as e:  # noqa: BLE001  (whatever the user's function raises)
             raise ValueError(f"chain {ch.name!r} cannot be traced by castlab.jit "
                              f"({type(e).__name__}: {_one_line(e)})") from None
+        _check_one_output(ch, tr)
         first_args[(ch.name, job[1].name, job[2])] = made
     rows: list = []
     att_rows: list = []
@@ -939,13 +997,14 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
         cells.append((ji, spec))
 
     finished = [0]
+    failures: list = []
 
     def collect(pos_spec, rec) -> None:
         ji, spec = pos_spec
         finished[0] += 1
         if isinstance(rec, CellFailure):
-            sys.stderr.write(f"castlab study: cell {spec['chain'].name} {spec['dtype'].name} "
-                             f"seed={spec['seed_label']} failed twice: {rec.error}\n")
+            failures.append(f"cell {spec['chain'].name} {spec['dtype'].name} "
+                            f"seed={spec['seed_label']} failed: {rec.error}")
             return
         if spec.get("made") is None and cell_key(rec["key"]) in done_map:
             rec = done_map[cell_key(rec["key"])]
@@ -965,15 +1024,28 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
 
     if workers is None and scheduler is None:
         for pos_spec in cells:
-            collect(pos_spec, _run_cell(pos_spec[1]))
+            try:
+                rec = _run_cell(pos_spec[1])
+            except (Exception, SystemExit) as e:  # noqa: BLE001  (the chain's code: reported
+                # as a worker's failure is, and the study stops)
+                rec = CellFailure(pos_spec, f"{type(e).__name__}: {_one_line(e)}")
+            collect(pos_spec, rec)
+            if failures:
+                break
     else:
         devs = None
         if device.startswith("cuda") and scheduler is None:
             devs = [f"cuda:{i}" for i in range(cuda.device_count())]
-        out = run_cells(cells, _run_cell_at, workers=workers, scheduler=scheduler,
-                        devices=devs, on_result=collect)
+        sent = _cells_for_workers(cells, chain_objs)
+        by_pos = dict(cells)
+        out = run_cells(sent, _run_cell_at, workers=workers, scheduler=scheduler,
+                        devices=devs, on_result=lambda c, r: collect((c[0], by_pos[c[0]]), r))
         if out.interrupted:
             raise KeyboardInterrupt
+    if failures:
+        more = f" (and {len(failures) - 1} more cell(s))" if len(failures) > 1 else ""
+        raise CellFailed(f"study: {failures[0]}{more}; the finished cells are kept "
+                         "(castlab study --resume, or run(done=records), runs the rest)")
     for ji in sorted(records):
         rec = records[ji]
         rows += rec["rows"]
@@ -1083,6 +1155,7 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
         v = default if v is None else [v] if isinstance(v, str) else v
         return list(dict.fromkeys(v))
 
+    _check_seed(seed)
     names, ops = listed(names, _presets.libraries()), listed(ops, _presets.OPS)
     dtypes = listed(dtypes, LIBRARY_DTYPES)
     libs = [_presets.library(n) for n in names]     # ValueError listing the valid names
@@ -1154,7 +1227,12 @@ def _cell_key_dict(spec: dict, common: dict) -> dict:
 
 def _run_cell_at(pos_spec: tuple) -> dict:
     """A Dask worker's cell: on the worker's own device (castlab.sweep.worker_device)."""
-    return _run_cell(pos_spec[1], worker_device(pos_spec[1]["device"]))
+    spec = pos_spec[1]
+    if isinstance(spec, bytes):  # (a chain from path/file.py, pickled by value)
+        import cloudpickle
+
+        spec = cloudpickle.loads(spec)
+    return _run_cell(spec, worker_device(spec["device"]))
 
 
 def _run_cell(spec: dict, on_device: str | None = None) -> dict:

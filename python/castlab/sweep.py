@@ -98,6 +98,8 @@ def run_cells(cells: Sequence, fn: Callable, *, args: tuple = (), workers: int |
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 0):
         raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if workers == 0 and scheduler is None:
         out = _Results()
         try:
@@ -128,7 +130,7 @@ def run_cells(cells: Sequence, fn: Callable, *, args: tuple = (), workers: int |
         else:
             n = workers if workers is not None else max(1, len(devices))
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+                                   dashboard_address=None, silence_logs=logging.CRITICAL)
             client = Client(cluster)
             if devices:
                 client.register_plugin(_device_plugin(devices))

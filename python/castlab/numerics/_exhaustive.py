@@ -56,6 +56,62 @@ class ExhaustiveTooLong(ValueError):
     """
 
 
+# ================================================================ argument checks
+
+def _checked_int(v: Any, what: str, lo: int | None = 0, where: str = "Enumeration") -> int:
+    """`v` as an int (a Python or NumPy integer, not a bool, float or string), >= `lo`."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{where}: {what} must be an integer, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if lo is not None and v < lo:
+        raise ValueError(f"{where}: {what} must be >= {lo}, got {v}")
+    return v
+
+
+def _checked_table(table: Any, d: dtype) -> np.ndarray:
+    """An explicit table of bit patterns as uint64, after checking that every entry is
+    an integer bit pattern of `d` (naming the first bad entry and its index)."""
+    if isinstance(table, (str, bytes)) or table is None:
+        raise TypeError(f"Enumeration: table must be an array of integer bit patterns, got "
+                        f"{type(table).__name__}")
+    if isinstance(table, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in table):
+        i = next(i for i, v in enumerate(table) if isinstance(v, (bool, np.bool_)))
+        raise TypeError(f"Enumeration: table[{i}] = {table[i]!r} is not an integer bit pattern")
+    try:
+        a = np.asarray(table)
+    except Exception as e:  # noqa: BLE001  (ragged lists, odd objects)
+        raise TypeError(f"Enumeration: table must be an array of integer bit patterns "
+                        f"({type(e).__name__}: {e})") from None
+    if a.ndim != 1:
+        raise ValueError(f"Enumeration: table must be one-dimensional, got shape {a.shape}")
+    limit = 1 << d.bits
+    if a.dtype.kind in "ui":
+        bad = np.flatnonzero(a < 0) if a.dtype.kind == "i" else np.zeros(0, np.intp)
+        if limit < 1 << 64:  # (a float64 table: every uint64 is a pattern)
+            bad = np.union1d(bad, np.flatnonzero(a.astype(np.uint64) >= np.uint64(limit)))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"Enumeration: table[{i}] = {int(a[i])} ({int(a[i]):#x}) is not a "
+                             f"bit pattern of {d.name} (valid: 0 to {limit - 1:#x}); "
+                             f"{len(bad)} such entr{'y' if len(bad) == 1 else 'ies'}")
+        return np.ascontiguousarray(a, dtype=np.uint64)
+    if a.dtype.kind == "O":
+        out = np.empty(a.size, dtype=np.uint64)
+        for i, v in enumerate(a.tolist()):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"Enumeration: table[{i}] = {v!r} is not an integer bit "
+                                f"pattern")
+            if not 0 <= v < limit:
+                raise ValueError(f"Enumeration: table[{i}] = {v} is not a bit pattern of "
+                                 f"{d.name} (valid: 0 to {limit - 1:#x})")
+            out[i] = v
+        return out
+    if a.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    raise TypeError(f"Enumeration: table must hold integer bit patterns, got dtype {a.dtype} "
+                    f"(table[0] = {a.reshape(-1)[0]!r}); use Enumeration.of(values) for values")
+
+
 # ================================================================ enumerations
 
 class Enumeration:
@@ -81,8 +137,13 @@ class Enumeration:
         if not d.is_floating_point:
             raise TypeError(f"Enumeration: {d.name} is not a floating-point dtype")
         self.dtype: dtype = d
-        self.table = None if table is None else np.ascontiguousarray(table, dtype=np.uint64)
-        n = len(self.table) if self.table is not None else int(count)
+        if not isinstance(label, str):
+            raise TypeError(f"Enumeration: label must be a string, got {label!r}")
+        self.table = None if table is None else _checked_table(table, d)
+        if self.table is None:
+            lo = _checked_int(lo, "lo", None)  # (a negative one: outside, below)
+            count = _checked_int(count, "count")
+        n = len(self.table) if self.table is not None else count
         if n <= 0:
             raise ValueError(f"Enumeration: {label or 'the enumeration'} is empty")
         if self.table is None and (lo < 0 or lo + n > 1 << d.bits):
@@ -117,6 +178,8 @@ class Enumeration:
     def bits(cls, dt: Any, start: int, stop: int) -> Enumeration:
         """The bit patterns ``start <= bits < stop`` of `dt`."""
         d = as_dtype(dt)
+        start = _checked_int(start, "start", None, "Enumeration.bits")
+        stop = _checked_int(stop, "stop", None, "Enumeration.bits")
         if stop <= start:
             raise ValueError(f"Enumeration.bits: empty range [{start:#x}, {stop:#x})")
         return cls(d, int(start), int(stop) - int(start),
@@ -135,6 +198,10 @@ class Enumeration:
         """`n` distinct bit patterns of `dt` drawn uniformly (finite ones only unless
         `finite` is False), sorted; the same for the same seed."""
         d = as_dtype(dt)
+        n = _checked_int(n, "n", 1, "Enumeration.sample")
+        seed = _checked_int(seed, "seed", 0, "Enumeration.sample")
+        if not isinstance(finite, (bool, np.bool_)):
+            raise TypeError(f"Enumeration.sample: finite must be True or False, got {finite!r}")
         rng = np.random.default_rng(seed)
         if d.bits <= 16:
             pool = cls.finite(d) if finite else cls.all(d)
@@ -229,7 +296,7 @@ def _trace(fn: Any, enums: list, n: int, device: str):
     xs = [zeros(n, dtype=e.dtype, device=device) for e in enums]
     try:
         tr, captured = jf._traced(xs)
-    except Exception as e:  # noqa: BLE001  (any failure of the user's function)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (any failure of the user's function)
         raise TypeError(f"exhaustive: {getattr(fn, '__name__', 'fn')} could not be traced on "
                         f"{len(enums)} tensor input(s) ({type(e).__name__}: {e})") from e
     if captured:
@@ -239,7 +306,9 @@ def _trace(fn: Any, enums: list, n: int, device: str):
     if bad:
         raise ValueError(f"exhaustive: the chain must be elementwise; it has {', '.join(bad)}")
     if len(tr.outputs) != 1 or tr.structure != "single":
-        raise ValueError("exhaustive: the function must return one tensor")
+        raise ValueError(f"exhaustive: the function returns a {tr.structure} of "
+                         f"{len(tr.outputs)} tensors; it must return one tensor (run each "
+                         "output as a function of its own)")
     out = tr.outputs[0]
     if out.op == "input" or tuple(out.shape) != (n,):
         raise ValueError("exhaustive: the result must be computed elementwise from the inputs")
@@ -488,6 +557,18 @@ def _kernel_source(fn: Any, inputs: list, configs: Any, ref_math: Any = "portabl
 
 
 
+def _checked_seconds(v: Any) -> float:
+    """max_seconds: a positive finite number (not NaN, inf, a bool or a string)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"exhaustive: max_seconds must be a number of seconds, got "
+                        f"{type(v).__name__} {v!r}")
+    f = float(v)
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"exhaustive: max_seconds must be a positive finite number of seconds "
+                         f"(allow_long=True for no limit), got {v!r}")
+    return f
+
+
 def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
                ref_math: Any = "portable", first_k: int = 10, start: int = 0,
                stop: int | None = None, device: Any = "cpu", allow_long: bool = False,
@@ -529,8 +610,16 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     enums = [_as_enumeration(x) for x in inputs]
     cfgs = _configs(configs)
     rmath = as_math(ref_math)
-    if isinstance(first_k, bool) or not isinstance(first_k, int) or first_k < 0:
-        raise ValueError(f"exhaustive: first_k must be an int >= 0, got {first_k!r}")
+    if (isinstance(first_k, (bool, np.bool_)) or not isinstance(first_k, (int, np.integer))
+            or not 0 <= first_k < 2**31):
+        raise ValueError(f"exhaustive: first_k must be an int in [0, 2**31), got {first_k!r}")
+    first_k = int(first_k)
+    max_seconds = _checked_seconds(max_seconds)
+    if not isinstance(allow_long, (bool, np.bool_)):
+        raise TypeError(f"exhaustive: allow_long must be True or False, got {allow_long!r}")
+    start = _checked_int(start, "start", 0, "exhaustive")
+    if stop is not None:
+        stop = _checked_int(stop, "stop", 0, "exhaustive")
     total = 1
     for e in enums:
         total *= len(e)

@@ -337,9 +337,10 @@ class Explanation:
 
 
 def _norm_index(index, shape) -> tuple:
-    if isinstance(index, (int, np.integer)):
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
         index = (int(index),)
-    if not isinstance(index, (tuple, list)) or not all(isinstance(i, (int, np.integer)) for i in index):
+    if not isinstance(index, (tuple, list)) or not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in index):
         raise TypeError(f"index must be a tuple of ints, got {index!r}")
     index = tuple(int(i) for i in index)
     if len(index) != len(shape):

@@ -124,6 +124,14 @@ def assert_close_message(actual: Any, expected: Any, *, rtol: float | None = Non
     Greatest absolute difference: 0.5 at index (1,) (up to 1e-05 allowed)
     Greatest relative difference: 0.20000000298023224 at index (1,) (up to 1.3e-06 allowed)
     """
+    if (rtol is None) != (atol is None):  # (as torch.testing.assert_close)
+        raise ValueError("assert_close_message: give both rtol and atol, or neither")
+    if rtol is not None:
+        rtol = _check_tol("assert_close_message", rtol, "rtol")
+        atol = _check_tol("assert_close_message", atol, "atol")
+    if not isinstance(equal_nan, (bool, np.bool_)):
+        raise TypeError(f"assert_close_message: equal_nan must be True or False, got "
+                        f"{equal_nan!r}")
     va, ve = _float_val(actual, "actual"), _float_val(expected, "expected")
     _check_devices([va, ve], ["actual", "expected"])
     _broadcast([va, ve], ["actual", "expected"])
@@ -163,14 +171,14 @@ class SameVerdict:
         return f"{s} ({self.reason})"
 
 
-def _check_tol(fn: str, tol: Any) -> float:
+def _check_tol(fn: str, tol: Any, what: str = "tol") -> float:
     """`tol` as a float: a real number (TypeError otherwise), finite or inf, >= 0
     (ValueError for negative or NaN)."""
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real):
-        raise TypeError(f"{fn}: tol must be a real number, got {type(tol).__name__} {tol!r}")
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, numbers.Real):
+        raise TypeError(f"{fn}: {what} must be a real number, got {type(tol).__name__} {tol!r}")
     tol = float(tol)
     if not tol >= 0:
-        raise ValueError(f"{fn}: tol must be >= 0 (and not NaN), got {tol}")
+        raise ValueError(f"{fn}: {what} must be >= 0 (and not NaN), got {tol}")
     return tol
 
 
