@@ -813,7 +813,10 @@ class Lowering:
             w = vb // (8 if acc is float64 else 4)
             generic = acc is float64 or self.math.torch_cpu_isa() == "default"
             if node.attrs.get("elem_bytes") == 2:  # functional_bfloat16.h's float halves
-                return (_RED_DOT, ORDER_CODE[order], w, w, 0, 6 if generic else 4)
+                # (node attr dot_fused: the products fused into the accumulations after
+                # the first vector, layer_norm's fp16 backward kernel)
+                f16 = int(fused and bool(node.attrs.get("dot_fused")))
+                return (_RED_DOT, ORDER_CODE[order], w, w, f16, 6 if generic else 4)
             return (_RED_DOT, ORDER_CODE[order], w, w, int(fused and acc is float32),
                     3 if generic else 1)
         if kind >= REDUCE_OPS["moments_mean"]:
