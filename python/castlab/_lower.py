@@ -817,8 +817,9 @@ class Lowering:
                 # the first vector, layer_norm's fp16 backward kernel)
                 f16 = int(fused and bool(node.attrs.get("dot_fused")))
                 return (_RED_DOT, ORDER_CODE[order], w, w, f16, 6 if generic else 4)
-            return (_RED_DOT, ORDER_CODE[order], w, w, int(fused and acc is float32),
-                    3 if generic else 1)
+            # (layer_norm's fp64 backward fuses its tail too: node attr dot_fused)
+            tail = fused and (acc is float32 or bool(node.attrs.get("dot_fused")))
+            return (_RED_DOT, ORDER_CODE[order], w, w, int(tail), 3 if generic else 1)
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout, geom)
         if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"

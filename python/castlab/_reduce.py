@@ -665,7 +665,7 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
         m, r = ops.reshape(m, shp), ops.reshape(r, shp)
     # (fp16: GCC fuses the sums' products into their accumulations, measured; bf16's
     # rounding hides it)
-    red = {"elem_bytes": in_dt.bits // 8, "vec_bytes": 32, "dot_fused": in_dt is float16}
+    red = {"elem_bytes": in_dt.bits // 8, "vec_bytes": 32, "dot_fused": in_dt in (float16, float64)}
     if what == "dx":
         wx = ops.expand(wf, shape) if wf is not None else None
         if wx is None:
