@@ -656,8 +656,11 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
         ctx.attrs["no_fma"] = True  # the DEFAULT build: no fma instruction to contract to
     half = in_dt.bits == 16
     # mean and rstd as the forward saved them: T2 = the input's dtype (float for fp32)
+    # mixed types (a bf16/fp16 input with float32 weight): the float kernel of
+    # layer_norm_backward_frame (mean and rstd saved in float, ds from x * (dy * gamma))
+    mixed = half and pw is not None and pw.dtype is float32
     saved = in_dt if in_dt is not float64 else float64
-    if half:
+    if half and not mixed:
         m = ops.astype(ops.astype(m, saved), acc)
         r = ops.astype(ops.astype(r, saved), acc)
     shp = tuple(1 if i in dims else s for i, s in enumerate(shape))
@@ -672,8 +675,13 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
             ds = _reduce("sum", gf * xf, dims, True, attrs={**red, "dot": True})
             db = _reduce("sum", gf, dims, True, attrs={**red, "algo": "reduce_all"})
         else:
-            ds = _reduce("sum", (gf * xf) * wx, dims, True, attrs={**red, "dot": True})
-            db = _reduce("sum", gf * wx, dims, True, attrs={**red, "dot": True})
+            if mixed:
+                ds = _reduce("sum", xf * (gf * wx), dims, True,
+                             attrs={**red, "dot": True, "dot_fused": True})
+            else:
+                ds = _reduce("sum", (gf * xf) * wx, dims, True, attrs={**red, "dot": True})
+            db = _reduce("sum", gf * wx, dims, True,
+                         attrs={**red, "dot": True, **({"dot_fused": False} if mixed else {})})
         scale = float(np.float32(1.0) / np.float32(n)) if acc is float32 else 1.0 / n
         b = (db * m - ds) * r * r * r * scale
         c = (-b) * m - db * r * scale
