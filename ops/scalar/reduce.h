@@ -695,7 +695,9 @@ CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
 
 // map2_reduce_all over bf16/fp16 (functional_bfloat16.h): each 2W-element vector as two
 // float halves with lanes of their own, added together before the lanes combine (mode 4;
-// 6: the DEFAULT build's lanes in order). `fused`: GCC fuses each product after the first
+// 6: the DEFAULT build's lanes in order; 7: mode 4, but a row of W..2W elements combines
+// its lanes by the butterfly, as layer_norm's mixed-type backward frame does). `fused`: GCC
+// fuses each product after the first
 // vector into its lane's accumulation (measured in layer_norm's fp16 backward kernel);
 // else the rounding to 16 bits hides where it fuses them (softmax's backward).
 template <typename T, typename A>
@@ -704,12 +706,13 @@ CL_HD T red_dot_halves_acc(A v, int64_t m, bool fused, T s, int64_t i) {
 }
 
 template <typename T, typename A>
-CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic, bool fused) {
+CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic, bool fused, bool short_tree) {
   T a0[16], a1[16];
   if (m < 2 * W) {
     const int64_t k = m < W ? m : W;
     for (int64_t l = 0; l < k; ++l) a0[l] = v[l] * v[m + l];
     for (int64_t l = 0; l + W < m; ++l) a0[l] = red_dot_halves_acc<T>(v, m, fused, a0[l], W + l);
+    if (short_tree && m > W) return red_lane_butterfly(a0, W);  // vec_reduce_all(f, v)
     T s = a0[0];
     for (int64_t l = 1; l < k; ++l) s = s + a0[l];
     return s;
@@ -744,7 +747,8 @@ CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
     return s;
   }
   const int64_t W = P.a;
-  if (P.d == 4 || P.d == 6) return red_dot_halves<T>(v, m, W, P.d == 6, P.c != 0);
+  if (P.d == 4 || P.d == 6 || P.d == 7)
+    return red_dot_halves<T>(v, m, W, P.d == 6, P.c != 0, P.d == 7);
   if (m < W) {
     T s = v[0] * v[m];
     for (int64_t i = 1; i < m; ++i) s = s + v[i] * v[m + i];

@@ -816,7 +816,10 @@ class Lowering:
                 # (node attr dot_fused: the products fused into the accumulations after
                 # the first vector, layer_norm's fp16 backward kernel)
                 f16 = int(fused and bool(node.attrs.get("dot_fused")))
-                return (_RED_DOT, ORDER_CODE[order], w, w, f16, 6 if generic else 4)
+                # (dot_short_tree: a row of W..2W elements combines its lanes by the
+                # butterfly, layer_norm's mixed-type backward frame: mode 7)
+                mode = 6 if generic else (7 if node.attrs.get("dot_short_tree") else 4)
+                return (_RED_DOT, ORDER_CODE[order], w, w, f16, mode)
             # (layer_norm's fp64 backward fuses its tail too: node attr dot_fused)
             tail = fused and (acc is float32 or bool(node.attrs.get("dot_fused")))
             return (_RED_DOT, ORDER_CODE[order], w, w, int(tail), 3 if generic else 1)

@@ -676,12 +676,15 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
             db = _reduce("sum", gf, dims, True, attrs={**red, "algo": "reduce_all"})
         else:
             if mixed:
+                # (a row shorter than 16: fVec::set, then vec_reduce_all's butterfly)
                 ds = _reduce("sum", xf * (gf * wx), dims, True,
-                             attrs={**red, "dot": True, "dot_fused": True})
+                             attrs={**red, "dot": True, "dot_fused": True,
+                                    "dot_short_tree": True})
             else:
                 ds = _reduce("sum", (gf * xf) * wx, dims, True, attrs={**red, "dot": True})
             db = _reduce("sum", gf * wx, dims, True,
-                         attrs={**red, "dot": True, **({"dot_fused": False} if mixed else {})})
+                         attrs={**red, "dot": True,
+                                **({"dot_fused": False, "dot_short_tree": True} if mixed else {})})
         scale = float(np.float32(1.0) / np.float32(n)) if acc is float32 else 1.0 / n
         b = (db * m - ds) * r * r * r * scale
         c = (-b) * m - db * r * scale
