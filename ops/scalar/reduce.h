@@ -741,9 +741,14 @@ CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
   const int64_t m = n2 / 2;
   if (m <= 0) return T(0);
   if (P.order != kOrdTorchCpu) {
+    // P.h: a 16-bit accumulator (kBFloat16, kFloat16) that rounds after every step, as
+    // layer_norm's backward buffer for dweight/dbias of 16-bit input does
     T s = T(0);
-    for (int64_t i = 0; i < m; ++i)
+    for (int64_t i = 0; i < m; ++i) {
       s = P.a ? red_fma(T(v[i]), T(v[m + i]), s) : s + v[i] * v[m + i];
+      if (P.h == kBFloat16) s = T(bf16_to_f32(f32_to_bf16_rne(float(s))));
+      if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
+    }
     return s;
   }
   const int64_t W = P.a;

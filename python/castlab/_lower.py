@@ -804,7 +804,11 @@ class Lowering:
         if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
             fused = self.math.torch_cpu_fma()
             if not node.attrs.get("softmax_last", True):  # `sum += grad * output`, fused
-                return (_RED_DOT, ORDER_CODE["sequential"], int(fused), 0, 0, 0)
+                # (node attr acc16: a 16-bit accumulator rounded after every step, the
+                # dweight/dbias buffer of layer_norm's backward for 16-bit input)
+                a16 = node.attrs.get("acc16")
+                return (_RED_DOT, ORDER_CODE["sequential"], int(fused),
+                        a16.code + 1 if a16 is not None else 0, 0, 0)
             # map2_reduce_all: GCC fuses the last partial vector's products in the fp32
             # kernels only (measured; the 16-bit kernels' float sums: rounding hides it)
             # (a kernel registered without AVX512, layer_norm's backward: its AVX2 build,

@@ -702,21 +702,20 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
     total = None
     for s0, s1 in _torch_cpu_row_chunks(rows):
         gs = ops.narrow_slice(g2, 0, s0, s1)
-        us = ops.narrow_slice(u, 0, s0, s1) if what == "dgamma" else None
-        if not half:  # one float buffer: `buf + dy * u` (fused where GCC fuses) row by row
-            if us is not None:
-                part = _reduce("sum", gs * us, (0,), False,
-                               attrs={**red, "dot": True, "softmax_last": False})
-            else:
-                part = _reduce("sum", gs, (0,), False, attrs={"order": "sequential"})
-        else:  # a bf16/fp16 buffer: rounded after every row
-            part = None
-            for i in range(s1 - s0):
-                gi = ops.reshape(ops.narrow_slice(gs, 0, i, i + 1), (n,))
-                term = gi * ops.reshape(ops.narrow_slice(us, 0, i, i + 1), (n,)) \
-                    if us is not None else gi
-                q = term if part is None else part + term
-                part = ops.astype(ops.astype(q + 0.0 if part is None else q, in_dt), acc)
+        if what == "dgamma":
+            us = ops.narrow_slice(u, 0, s0, s1)
+        elif half:  # dy * 1: the dot's products are dy, its fma(dy, 1, buf) is buf + dy
+            us = ops.where(ops.eq(gs, gs), 1.0, 1.0)
+        else:
+            us = None
+        # one buffer per thread: `buf + dy * u` (fused where GCC fuses) row by row, from 0;
+        # a bf16/fp16 buffer rounds after every row
+        if us is not None:
+            part = _reduce("sum", gs * us, (0,), False,
+                           attrs={**red, "dot": True, "softmax_last": False,
+                                  **({"acc16": in_dt} if half else {})})
+        else:
+            part = _reduce("sum", gs, (0,), False, attrs={"order": "sequential"})
         total = (part + 0.0) if total is None else total + part
     y = ops.reshape(total, tuple(node.shape)) if tuple(total.shape) != tuple(node.shape) else total
     return ops.astype(y, out_dt) if y.dtype is not out_dt else y
