@@ -142,14 +142,20 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     if (n % 2 != 0) throw std::invalid_argument("reduce: a dot row holds 2m values");
     if (s.order == kOrdTorchCpu) {
       if (!(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
-          !(s.p3 == 1 || s.p3 == 3 || s.p3 == 4 || s.p3 == 6))
+          !(s.p3 == 1 || s.p3 == 3 || s.p3 == 4 || s.p3 == 6 || s.p3 == 7))
         throw std::invalid_argument(
-            "torch_cpu dot: W = 4, 8 or 16 lanes, reduce_all mode 1, 3, 4 or 6");
+            "torch_cpu dot: W = 4, 8 or 16 lanes, reduce_all mode 1, 3, 4, 6 or 7");
       P.a = s.p0;
       P.c = s.p2 != 0 ? 1 : 0;
       P.d = s.p3;
     } else if (s.order == kOrdSequential) {
       P.a = s.p0 != 0 ? 1 : 0;
+      // p1 > 0: the accumulator is 16-bit dtype p1 - 1, rounded after every step
+      if (s.p1 > 0) {
+        if (!(s.p1 - 1 == kBFloat16 || s.p1 - 1 == kFloat16))
+          throw std::invalid_argument("sequential dot: a 16-bit accumulator is bf16 or fp16");
+        P.h = s.p1 - 1;
+      }
     } else {
       throw std::invalid_argument("reduce: a dot row takes the torch_cpu or sequential order");
     }
@@ -290,10 +296,16 @@ std::string describe_red_plan(const RedPlan& p) {
     return std::string("dot ") +
            (p.order == kOrdTorchCpu
                 ? "torch_cpu map2_reduce_all (" + num(p.a) + " lanes" +
-                      (p.c ? ", the last partial vector's products fused" : "") +
-                      (p.d == 4 || p.d == 6 ? ", 16-bit vectors as two float halves" : "") +
+                      (p.c ? (p.d >= 4 ? ", products fused after the first vector"
+                                       : ", the last partial vector's products fused")
+                           : "") +
+                      (p.d >= 4 ? ", 16-bit vectors as two float halves" : "") +
+                      (p.d == 7 ? ", a short row's lanes by the butterfly" : "") +
                       (p.d == 3 || p.d == 6 ? ", lanes added in order)" : ", lane butterfly)")
-                : std::string(p.a ? "sequential, fused multiply-adds" : "sequential"));
+                : std::string(p.a ? "sequential, fused multiply-adds" : "sequential") +
+                      (p.h == kBFloat16  ? ", a bf16 accumulator"
+                       : p.h == kFloat16 ? ", an fp16 accumulator"
+                                         : ""));
   if (red_is_moment(p.kind)) {
     switch (p.order) {
       case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";

@@ -695,15 +695,24 @@ CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
 
 // map2_reduce_all over bf16/fp16 (functional_bfloat16.h): each 2W-element vector as two
 // float halves with lanes of their own, added together before the lanes combine (mode 4;
-// 6: the DEFAULT build's lanes in order). The products are not fused (the roundings to
-// 16 bits hide where GCC fuses them).
+// 6: the DEFAULT build's lanes in order; 7: mode 4, but a row of W..2W elements combines
+// its lanes by the butterfly, as layer_norm's mixed-type backward frame does). `fused`: GCC
+// fuses each product after the first
+// vector into its lane's accumulation (measured in layer_norm's fp16 backward kernel);
+// else the rounding to 16 bits hides where it fuses them (softmax's backward).
 template <typename T, typename A>
-CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic) {
+CL_HD T red_dot_halves_acc(A v, int64_t m, bool fused, T s, int64_t i) {
+  return fused ? red_fma(T(v[i]), T(v[m + i]), s) : T(s + v[i] * v[m + i]);
+}
+
+template <typename T, typename A>
+CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic, bool fused, bool short_tree) {
   T a0[16], a1[16];
   if (m < 2 * W) {
     const int64_t k = m < W ? m : W;
     for (int64_t l = 0; l < k; ++l) a0[l] = v[l] * v[m + l];
-    for (int64_t l = 0; l + W < m; ++l) a0[l] = a0[l] + v[W + l] * v[m + W + l];
+    for (int64_t l = 0; l + W < m; ++l) a0[l] = red_dot_halves_acc<T>(v, m, fused, a0[l], W + l);
+    if (short_tree && m > W) return red_lane_butterfly(a0, W);  // vec_reduce_all(f, v)
     T s = a0[0];
     for (int64_t l = 1; l < k; ++l) s = s + a0[l];
     return s;
@@ -715,12 +724,14 @@ CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic) {
   const int64_t full = m - m % (2 * W);
   for (int64_t d = 2 * W; d < full; d += 2 * W)
     for (int64_t l = 0; l < W; ++l) {
-      a0[l] = a0[l] + v[d + l] * v[m + d + l];
-      a1[l] = a1[l] + v[d + W + l] * v[m + d + W + l];
+      a0[l] = red_dot_halves_acc<T>(v, m, fused, a0[l], d + l);
+      a1[l] = red_dot_halves_acc<T>(v, m, fused, a1[l], d + W + l);
     }
   const int64_t k = m - full;
-  for (int64_t l = 0; l < W && l < k; ++l) a0[l] = a0[l] + v[full + l] * v[m + full + l];
-  for (int64_t l = 0; l + W < k; ++l) a1[l] = a1[l] + v[full + W + l] * v[m + full + W + l];
+  for (int64_t l = 0; l < W && l < k; ++l)
+    a0[l] = red_dot_halves_acc<T>(v, m, fused, a0[l], full + l);
+  for (int64_t l = 0; l + W < k; ++l)
+    a1[l] = red_dot_halves_acc<T>(v, m, fused, a1[l], full + W + l);
   for (int64_t l = 0; l < W; ++l) a0[l] = a0[l] + a1[l];
   return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
 }
@@ -730,13 +741,19 @@ CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
   const int64_t m = n2 / 2;
   if (m <= 0) return T(0);
   if (P.order != kOrdTorchCpu) {
+    // P.h: a 16-bit accumulator (kBFloat16, kFloat16) that rounds after every step, as
+    // layer_norm's backward buffer for dweight/dbias of 16-bit input does
     T s = T(0);
-    for (int64_t i = 0; i < m; ++i)
+    for (int64_t i = 0; i < m; ++i) {
       s = P.a ? red_fma(T(v[i]), T(v[m + i]), s) : s + v[i] * v[m + i];
+      if (P.h == kBFloat16) s = T(bf16_to_f32(f32_to_bf16_rne(float(s))));
+      if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
+    }
     return s;
   }
   const int64_t W = P.a;
-  if (P.d == 4 || P.d == 6) return red_dot_halves<T>(v, m, W, P.d == 6);
+  if (P.d == 4 || P.d == 6 || P.d == 7)
+    return red_dot_halves<T>(v, m, W, P.d == 6, P.c != 0, P.d == 7);
   if (m < W) {
     T s = v[0] * v[m];
     for (int64_t i = 1; i < m; ++i) s = s + v[i] * v[m + i];

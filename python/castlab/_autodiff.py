@@ -248,6 +248,10 @@ def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: 
         return [_reduce_backward(n, g, proxies)]
     if op == "rms_scale":
         return _rms_scale_backward(n, g, proxies, want)
+    if op == "var":
+        return [_var_backward(n, g, proxies)]
+    if op == "layer_norm":
+        return _layer_norm_backward(n, g, proxies, want)
     if op == "gather":  # gather_backward: zeros with g added at the index (scatter_add)
         x, ix = n.inputs
         dx = _gather_backward(n, g, _value(ix, proxies))
@@ -377,6 +381,65 @@ def _rms_scale_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> l
     if dw is not None and dw.dtype is not w.dtype:
         dw = ops.astype(dw, w.dtype)
     return [dh, dw]
+
+
+def _var_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
+    """autograd's var_backward (FunctionsManual.cpp), op for op, each a PyTorch op of its
+    own (rounded under eager): ``(2 / (N - correction)) * grad * (x - x.mean(dim,
+    keepdim=True))``, the gradient unsqueezed back over the reduced dims first; for
+    dim=None (or a 0-d input) the full mean, and where N - correction <= 0 ``grad *
+    where(x == x.mean(), nan, inf)``. The factor is a double, a weak scalar."""
+    a = n.attrs
+    x = n.inputs[0]
+    xp = _value(x, proxies)
+    shape = tuple(x.shape)
+    dims = tuple(sorted(a["dims"]))
+    corr = a["correction"]
+    if not shape or a.get("dim_none"):
+        numel = 1
+        for s in shape:
+            numel *= s
+        dof = float(numel) - corr
+        m = _reduce.mean(xp)
+        if dof <= 0:
+            return g * ops.where(ops.eq(xp, m), math.nan, math.inf)
+        return ((2.0 / dof) * g) * (xp - m)
+    gg = g
+    if not a["keepdim"] and len(shape) > 1:
+        for d in dims:
+            gg = ops.unsqueeze(gg, d)
+    rnumel = 1
+    for d in dims:
+        rnumel *= shape[d]
+    den = float(rnumel) - corr
+    # C++'s double division: 2 / 0 is inf
+    f = 2.0 / den if den != 0 else math.inf
+    return (f * gg) * (xp - _reduce.mean(xp, dims, keepdim=True))
+
+
+def _layer_norm_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> list:
+    """layer_norm as autograd differentiates it: native_layer_norm_backward, one kernel
+    whose three results (dx, dweight, dbias) castlab records as one node each, expanded
+    by the lowering for its order and policy (castlab._reduce._expand_layer_norm_backward:
+    PyTorch's CPU kernel under eager, the decomposition torch.compile uses otherwise)."""
+    a = n.attrs
+    x = n.inputs[0]
+    ins = [g.node, x] + ([n.inputs[1]] if a["weight"] else [])
+    whats = ["dx"] + (["dgamma"] if a["weight"] else []) + (["dbeta"] if a["bias"] else [])
+    kid = next(_reduce._kernel_ids)
+    outs = []
+    for i, what in enumerate(whats):
+        if not want[i]:
+            outs.append(None)
+            continue
+        p = n.inputs[i]
+        attrs = {"dims": a["dims"], "eps": a["eps"], "weight": a["weight"],
+                 "bias": a["bias"], "what": what, "kernel": "layer_norm_backward",
+                 "kernel_id": kid}
+        node = Node("layer_norm_backward", tuple(ins), tuple(p.shape), p.dtype, x.device,
+                    attrs)
+        outs.append(Proxy(_graph_record(node)))
+    return outs
 
 
 def _view_backward(n: Node, g: Proxy):

@@ -804,15 +804,29 @@ class Lowering:
         if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
             fused = self.math.torch_cpu_fma()
             if not node.attrs.get("softmax_last", True):  # `sum += grad * output`, fused
-                return (_RED_DOT, ORDER_CODE["sequential"], int(fused), 0, 0, 0)
+                # (node attr acc16: a 16-bit accumulator rounded after every step, the
+                # dweight/dbias buffer of layer_norm's backward for 16-bit input)
+                a16 = node.attrs.get("acc16")
+                return (_RED_DOT, ORDER_CODE["sequential"], int(fused),
+                        a16.code + 1 if a16 is not None else 0, 0, 0)
             # map2_reduce_all: GCC fuses the last partial vector's products in the fp32
             # kernels only (measured; the 16-bit kernels' float sums: rounding hides it)
-            w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
+            # (a kernel registered without AVX512, layer_norm's backward: its AVX2 build,
+            # node attr vec_bytes)
+            vb = node.attrs.get("vec_bytes") or self.math.torch_cpu_vector_bytes()
+            w = vb // (8 if acc is float64 else 4)
             generic = acc is float64 or self.math.torch_cpu_isa() == "default"
             if node.attrs.get("elem_bytes") == 2:  # functional_bfloat16.h's float halves
-                return (_RED_DOT, ORDER_CODE[order], w, w, 0, 6 if generic else 4)
-            return (_RED_DOT, ORDER_CODE[order], w, w, int(fused and acc is float32),
-                    3 if generic else 1)
+                # (node attr dot_fused: the products fused into the accumulations after
+                # the first vector, layer_norm's fp16 backward kernel)
+                f16 = int(fused and bool(node.attrs.get("dot_fused")))
+                # (dot_short_tree: a row of W..2W elements combines its lanes by the
+                # butterfly, layer_norm's mixed-type backward frame: mode 7)
+                mode = 6 if generic else (7 if node.attrs.get("dot_short_tree") else 4)
+                return (_RED_DOT, ORDER_CODE[order], w, w, f16, mode)
+            # (layer_norm's fp64 backward fuses its tail too: node attr dot_fused)
+            tail = fused and (acc is float32 or bool(node.attrs.get("dot_fused")))
+            return (_RED_DOT, ORDER_CODE[order], w, w, int(tail), 3 if generic else 1)
         if kind >= REDUCE_OPS["moments_mean"]:
             return self._moments_spec(node, kind, order, layout, geom)
         if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"
@@ -820,12 +834,15 @@ class Lowering:
             # _vec_softmax / serial_vec_logsoftmax_range: each column's D elements summed
             # in order (a vector of columns at a time, or one column in the scalar code)
             return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-        if order == "torch_cpu" and node.attrs.get("algo") == "softmax" and inner and unit:
+        if (order == "torch_cpu" and node.attrs.get("algo") in ("softmax", "reduce_all")
+                and inner and unit):
             # SoftMaxKernel.cpp's _vec_softmax_lastdim / _vec_log_softmax_lastdim: the row's
             # sum by vec::reduce_all over the dispatched vector's lanes (mode 1); the bf16
             # kernel sums float lanes over full vectors, then the rest in order (mode 2);
-            # the backward kernel's reduce_all over bf16/fp16 vectors (float halves, mode 4)
-            w = self.math.torch_cpu_vector_bytes() // (8 if acc is float64 else 4)
+            # the backward kernel's reduce_all over bf16/fp16 vectors (float halves, mode 4);
+            # algo "reduce_all": vec::reduce_all in another kernel (layer_norm's backward)
+            vb = node.attrs.get("vec_bytes") or self.math.torch_cpu_vector_bytes()
+            w = vb // (8 if acc is float64 else 4)
             half = node.attrs.get("elem_bytes", src.bits // 8) == 2  # the kernel's input
             mode = (2 if half and node.attrs.get("kernel") == "softmax" else 4 if half
                     else 3 if acc is float64 else 1)
@@ -1092,7 +1109,13 @@ class _ExpandContext:
         self.math = low.math
         self.attrs: dict = {}  # set by the expansion: attrs of every node it records
         self._low = low
+        self._policy = low.policy
         self._node = node
+
+    def eager_rounding(self) -> bool:
+        """Does the policy round after every op, as PyTorch eager (its backward kernels
+        then run as PyTorch's)?"""
+        return self._policy.round_after == "all"
 
     def memory_perm(self) -> tuple:
         """The permutation of the first operand's dims into memory order (largest stride

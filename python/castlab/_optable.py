@@ -176,5 +176,8 @@ BACKWARD_KERNELS.update({
         contract=False),
     "layer_norm": _opmath_kernel(
         "aten/src/ATen/native/cuda/layer_norm_kernel.cu, native/cpu/layer_norm_kernel.cpp"),
+    # autograd's native_layer_norm_backward on the CPU: one kernel, three results
+    "layer_norm_backward": _opmath_kernel(
+        "aten/src/ATen/native/cpu/layer_norm_kernel.cpp LayerNormBackwardKernelImpl"),
     "rms_norm_te": _opmath_kernel("transformer_engine/common/normalization/rmsnorm"),
 })

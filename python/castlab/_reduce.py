@@ -18,6 +18,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from . import ops
 from ._creation import asarray
 from ._dtype import as_dtype, bfloat16, float16, float32, float64, promote_types
@@ -203,7 +205,10 @@ def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: fl
     x = _arg(x)
     _check_float("var", x)
     dims = reduce_dims("var", _shape(x), dim)
-    attrs = {"dims": dims, "keepdim": bool(keepdim), "correction": float(correction)}
+    # dim=None: autograd's var_backward takes its own branch then (the full mean, and
+    # NaN / inf where N - correction <= 0)
+    attrs = {"dims": dims, "keepdim": bool(keepdim), "correction": float(correction),
+             "dim_none": dim is None}
 
     def body(p):
         shape = tuple(1 if i in dims else s for i, s in enumerate(p.shape)
@@ -568,8 +573,160 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
     return ops.astype(y, in_dt) if y.dtype is not in_dt else y
 
 
+def _ln_rows(q: Proxy, rows: int, n: int) -> Proxy:
+    return ops.reshape(q, (rows, n)) if tuple(q.shape) != (rows, n) else q
+
+
+def _torch_cpu_row_chunks(rows: int) -> list:
+    """The rows each of torch's threads takes in at::parallel_for(0, M, 1, ...) (OpenMP:
+    min(threads, M) chunks of ceil(M / chunks) rows; one chunk on one thread)."""
+    from . import _C, _torch_vml
+    _torch_vml.unavailable()  # torch's thread count, from the library it borrows
+    t = _C.torch_num_threads() or 1
+    if rows <= 1 or t <= 1:
+        return [(0, rows)]
+    nt = min(t, rows)
+    c = -(-rows // nt)
+    return [(s, min(rows, s + c)) for s in range(0, rows, c)]
+
+
+def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: Proxy) -> Proxy:
+    """One gradient of castlab.layer_norm (node attr "what": "dx", "dgamma" or "dbeta")
+    under the lowering's order and policy.
+
+    The eager policy under the "torch_cpu" order is PyTorch's CPU kernel,
+    layer_norm_kernel.cpp LayerNormBackwardKernelImplInternal / layer_norm_backward_frame:
+    the forward's mean and rstd as it saved them (in the input's dtype for bf16/fp16);
+    per row ``ds = sum(dy * x * gamma)`` and ``db = sum(dy * gamma)`` by
+    vec::map3_reduce_all / map2_reduce_all / reduce_all (8 float lanes: the kernel is
+    registered without AVX512; 16-bit rows as two float halves), then ``b = (db * mean
+    - ds) * a * a * a * scale``, ``c = -b * mean - db * a * scale`` (a = rstd, scale =
+    1/N) and ``dx = a * dy * gamma + b * x + c``; dgamma / dbeta accumulate
+    ``dy * (a * x - a * mean)`` / ``dy`` row after row into one buffer per thread of
+    torch's (in the input's dtype: a bf16/fp16 buffer rounds after every row), then add
+    the threads' buffers in op-math. Anything else (fused, another order) is the
+    decomposition torch.compile differentiates (torch._decomp native_layer_norm_backward):
+    ``rstd / N * (N * gx - sum(gx) - xhat * sum(gx * xhat))`` with gx = dy * gamma and
+    xhat = (x - mean) * rstd, in op-math, rounded once."""
+    a = node.attrs
+    dims, e, what = a["dims"], a["eps"], a["what"]
+    pw = params[0] if params else None
+    in_dt = px.dtype
+    shape = _shape(px)
+    n = _numel(shape, dims)
+    rows = _numel(shape, tuple(d for d in range(len(shape)) if d not in dims))
+    acc = float64 if in_dt is float64 or pg.dtype is float64 else float32
+
+    def up(q):
+        return q if q is None or q.dtype is acc else ops.astype(q, acc)
+    xf, gf, wf = up(px), up(pg), up(pw)
+    out_dt = node.dtype
+    torch_order = ctx.order in ("torch_cpu", "torch_cuda") and n > 0
+    eager = ctx.eager_rounding()
+    if ctx.cuda and torch_order and eager:
+        raise NotImplementedError(
+            "layer_norm's gradient under the eager policy on a GPU (PyTorch's CUDA "
+            "layer_norm backward kernels) is not implemented in castlab; use "
+            "policy='fused' or run it on the CPU")
+    la = {"algo": "layer_norm", "elem_bytes": in_dt.bits // 8}
+    if torch_order:
+        m = _reduce("moments_mean", px, dims, True, acc, la)
+        v = _reduce("moments_m2", px, dims, True, acc, la) / float(n)
+        r = 1.0 / ops.sqrt(v + e) if not ctx.cuda else ops.rsqrt(v + e)
+    else:
+        m = _reduce("sum", xf, dims, True) / float(n)
+        d = xf - m
+        r = ops.rsqrt(_reduce("sum", d * d, dims, True) / float(n) + e)
+    if not (torch_order and eager and ctx.order == "torch_cpu"):
+        # the decomposition, in op-math
+        lead = tuple(d for d in range(len(shape)) if d not in dims)
+        xhat = (xf - m) * r
+        if what == "dbeta":
+            y = _reduce("sum", gf, lead, False) if lead else gf
+        elif what == "dgamma":
+            y = _reduce("sum", gf * xhat, lead, False) if lead else gf * xhat
+        else:
+            gx = gf * wf if wf is not None else gf
+            s1 = _reduce("sum", gx, dims, True)
+            s2 = _reduce("sum", gx * xhat, dims, True)
+            y = (r / float(n)) * ((gx * float(n) - s1) - xhat * s2)
+        if tuple(y.shape) != tuple(node.shape):
+            y = ops.reshape(y, tuple(node.shape))
+        return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+
+    # PyTorch's CPU kernel
+    if not ctx.math.torch_cpu_fma():
+        ctx.attrs["no_fma"] = True  # the DEFAULT build: no fma instruction to contract to
+    half = in_dt.bits == 16
+    # mean and rstd as the forward saved them: T2 = the input's dtype (float for fp32)
+    # mixed types (a bf16/fp16 input with float32 weight): the float kernel of
+    # layer_norm_backward_frame (mean and rstd saved in float, ds from x * (dy * gamma))
+    mixed = half and pw is not None and pw.dtype is float32
+    saved = in_dt if in_dt is not float64 else float64
+    if half and not mixed:
+        m = ops.astype(ops.astype(m, saved), acc)
+        r = ops.astype(ops.astype(r, saved), acc)
+    shp = tuple(1 if i in dims else s for i, s in enumerate(shape))
+    if tuple(m.shape) != shp:
+        m, r = ops.reshape(m, shp), ops.reshape(r, shp)
+    # (fp16: GCC fuses the sums' products into their accumulations, measured; bf16's
+    # rounding hides it)
+    red = {"elem_bytes": in_dt.bits // 8, "vec_bytes": 32, "dot_fused": in_dt in (float16, float64)}
+    if what == "dx":
+        wx = ops.expand(wf, shape) if wf is not None else None
+        if wx is None:
+            ds = _reduce("sum", gf * xf, dims, True, attrs={**red, "dot": True})
+            db = _reduce("sum", gf, dims, True, attrs={**red, "algo": "reduce_all"})
+        else:
+            if mixed:
+                # (a row shorter than 16: fVec::set, then vec_reduce_all's butterfly)
+                ds = _reduce("sum", xf * (gf * wx), dims, True,
+                             attrs={**red, "dot": True, "dot_fused": True,
+                                    "dot_short_tree": True})
+            else:
+                ds = _reduce("sum", (gf * xf) * wx, dims, True, attrs={**red, "dot": True})
+            db = _reduce("sum", gf * wx, dims, True,
+                         attrs={**red, "dot": True,
+                                **({"dot_fused": False, "dot_short_tree": True} if mixed else {})})
+        scale = float(np.float32(1.0) / np.float32(n)) if acc is float32 else 1.0 / n
+        b = (db * m - ds) * r * r * r * scale
+        c = (-b) * m - db * r * scale
+        # a * dy * gamma + b * x + c, as GCC builds it: fma(b, x, a * dy * gamma) + c
+        t = r * gf
+        if wx is not None:
+            t = t * wx
+        y = (b * xf + t) + c
+        return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+    # dgamma / dbeta: the per-thread buffers, then their sum from 0 in op-math
+    g2, x2 = _ln_rows(gf, rows, n), _ln_rows(xf, rows, n)
+    if what == "dgamma":
+        mr, rr = ops.reshape(m, (rows, 1)), ops.reshape(r, (rows, 1))
+        u = rr * x2 + (-rr) * mr
+    total = None
+    for s0, s1 in _torch_cpu_row_chunks(rows):
+        gs = ops.narrow_slice(g2, 0, s0, s1)
+        if what == "dgamma":
+            us = ops.narrow_slice(u, 0, s0, s1)
+        elif half:  # dy * 1: the dot's products are dy, its fma(dy, 1, buf) is buf + dy
+            us = ops.where(ops.eq(gs, gs), 1.0, 1.0)
+        else:
+            us = None
+        # one buffer per thread: `buf + dy * u` (fused where GCC fuses) row by row, from 0;
+        # a bf16/fp16 buffer rounds after every row
+        if us is not None:
+            part = _reduce("sum", gs * us, (0,), False,
+                           attrs={**red, "dot": True, "softmax_last": False,
+                                  **({"acc16": in_dt} if half else {})})
+        else:
+            part = _reduce("sum", gs, (0,), False, attrs={"order": "sequential"})
+        total = (part + 0.0) if total is None else total + part
+    y = ops.reshape(total, tuple(node.shape)) if tuple(total.shape) != tuple(node.shape) else total
+    return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+
+
 EXPANSIONS["var"] = _expand_var
 EXPANSIONS["layer_norm"] = _expand_layer_norm
+EXPANSIONS["layer_norm_backward"] = _expand_layer_norm_backward
 
 
 def _arg(x):
