@@ -897,7 +897,7 @@ std::vector<int32_t> pairwise_table(int64_t n) {
   }
   PairNode::adds = &out;
   PairNode::next = static_cast<int32_t>(L);
-  red_pairwise(static_cast<const PairNode*>(nullptr), n, leaves.data());
+  red_pairwise_leaves(leaves.data(), n);
   PairNode::adds = nullptr;
   return out;
 }

@@ -195,10 +195,10 @@ CL_HD int64_t red_pairwise_leaf(int64_t n, int64_t k, int64_t* start, int64_t* l
 
 // pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2) as a loop over an explicit stack
 // (depth < 64 for any int64 length). stage 0: split; 1: left half done (its sum in
-// `ret`); 2: right half done. Leaf sums come from `leaves` (in order) when given.
-template <typename T>
-CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
-  if (n <= kRedPairwiseBlock) return leaves ? leaves[0] : red_pairwise_block<T>(a, n);
+// `ret`); 2: right half done. `leaf(off, len)` gives a leaf's sum, leaves left to right.
+template <typename T, typename Leaf>
+CL_HD T red_pairwise_tree(int64_t n, Leaf leaf) {
+  if (n <= kRedPairwiseBlock) return leaf(int64_t{0}, n);
   int64_t off[64], len[64];
   int stage[64];
   T left[64];
@@ -207,11 +207,10 @@ CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
   len[0] = n;
   stage[0] = 0;
   T ret = T(0);
-  int64_t leaf = 0;
   for (;;) {
     if (len[sp] <= kRedPairwiseBlock || stage[sp] == 2) {
       if (len[sp] <= kRedPairwiseBlock)
-        ret = leaves ? leaves[leaf++] : red_pairwise_block<T>(a + off[sp], len[sp]);
+        ret = leaf(off[sp], len[sp]);
       else
         ret = left[sp] + ret;
       if (sp == 0) return ret;
@@ -231,6 +230,21 @@ CL_HD T red_pairwise(const T* a, int64_t n, const T* leaves = nullptr) {
     ++sp;
     stage[sp] = 0;
   }
+}
+
+// NumPy's pairwise_sum of a[0, n).
+template <typename T>
+CL_HD T red_pairwise(const T* a, int64_t n) {
+  return red_pairwise_tree<T>(n, [a](int64_t off, int64_t len) {
+    return red_pairwise_block<T>(a + off, len);
+  });
+}
+
+// The same tree over leaf sums already computed (red_pairwise_leaf's order).
+template <typename T>
+CL_HD T red_pairwise_leaves(const T* leaves, int64_t n) {
+  int64_t k = 0;
+  return red_pairwise_tree<T>(n, [leaves, &k](int64_t, int64_t) { return leaves[k++]; });
 }
 
 // ---- ATen's CPU cascade sum ----
@@ -836,7 +850,7 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
   } else if constexpr (ORDER == kOrdTriton) {
     return red_triton_combine(P, parts);
   } else if constexpr (ORDER == kOrdPairwise) {
-    return P.kind == kRedSum ? red_pairwise(static_cast<const T*>(nullptr), P.n, parts) : parts[0];
+    return P.kind == kRedSum ? red_pairwise_leaves(static_cast<const T*>(parts), P.n) : parts[0];
   } else {
     return parts[0];
   }
