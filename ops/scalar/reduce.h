@@ -235,9 +235,8 @@ CL_HD T red_pairwise_tree(int64_t n, Leaf leaf) {
 // NumPy's pairwise_sum of a[0, n).
 template <typename T>
 CL_HD T red_pairwise(const T* a, int64_t n) {
-  return red_pairwise_tree<T>(n, [a](int64_t off, int64_t len) {
-    return red_pairwise_block<T>(a + off, len);
-  });
+  return red_pairwise_tree<T>(
+      n, [a](int64_t off, int64_t len) { return red_pairwise_block<T>(a + off, len); });
 }
 
 // The same tree over leaf sums already computed (red_pairwise_leaf's order).
