@@ -851,6 +851,11 @@ class Lowering:
             + f", then the {n} row sums added in order" + (" (from a float copy)"
                                                            if node.inputs[0].dtype.bits == 16
                                                            else ""))
+        threads = _torch_threads()
+        if rows == 1 and n0 * n >= 32768 and threads > 1:
+            d.description += (f"; EXCEPTION: not PyTorch's order on {threads} threads (ATen's "
+                              "two-pass split cuts these rows at its chunks' boundaries; "
+                              "castlab sums as one thread does)")
         return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
 
     def _reduce_step(self, ev, rows: int, n: int, acc, spec: tuple) -> Leaf:
@@ -951,6 +956,10 @@ class Lowering:
                 _torch_vml.unavailable()
             if inner and not unit:
                 return (kind, ORDER_CODE[order], 1, 1, c16, 0)
+            if not inner and (not unit or cols < 32 // (src.bits // 8)):
+                # scalar_outer_sum: the kept columns are strided, or fewer than one AVX2
+                # vector of the input's dtype (16 for bf16/fp16): groups of 4 columns
+                return (kind, ORDER_CODE[order], 1, 1, cols, 0)
             # (an innermost reduction to one value on several threads is ATen's two-pass
             # reduction, reduce.h: its buffer has the output's dtype, -code - 1 here)
             if acc is float64:
@@ -1242,6 +1251,13 @@ def _row_geometry(e, shape: tuple, dims: tuple) -> tuple:
     if any(st[a] != st[b] * shape[b] for a, b in zip(kept, kept[1:])):
         return (mis, 0)
     return (mis, abs(st[kept[-1]]))
+
+
+def _torch_threads() -> int:
+    """torch's intra-op thread count when torch is loaded, else 1."""
+    import sys
+    t = sys.modules.get("torch")
+    return int(t.get_num_threads()) if t is not None and hasattr(t, "get_num_threads") else 1
 
 
 def _prod(xs) -> int:
