@@ -259,3 +259,66 @@ def test_item22_bools_and_floats_refused(dim, what, fn):
     x = cl.zeros(3, 4)
     with pytest.raises(TypeError, match=what):
         getattr(cl, fn)(x, dim)
+
+
+# ------------------------------------------------ item 11: the sign of a zero max / min
+
+def test_item11_exact_reproducer():
+    t = torch.tensor([-0.0, 0.0, -0.0])
+    x = cl.tensor([-0.0, 0.0, -0.0])
+    assert mismatches(cl.amax(x), torch.amax(t)) == 0  # -0, was +0
+    assert mismatches(cl.amin(x), torch.amin(t)) == 0
+
+
+def _signed_zeros(shape, fn, seed):
+    """Zeros of random signs among values that lose (negative for amax, positive for
+    amin), so that most results are a zero whose sign the kernel's loops decide."""
+    rng = np.random.default_rng(seed)
+    b = rng.choice([0.0, -0.0, 1.0], size=shape, p=[0.35, 0.35, 0.3])
+    b[b == 1.0] = -2.0 if fn == "amax" else 2.0
+    return b
+
+
+ZERO_CASES = [((n,), None, "contig") for n in (1, 2, 3, 8, 17, 31, 32, 33, 64, 65, 130, 1000)] + [
+    ((7, 40), 1, "contig"), ((40, 7), 0, "contig"), ((300, 40), 0, "contig"),
+    ((300, 70), 0, "contig"), ((33, 130), 0, "contig"), ((20, 64), 1, "slice"),
+    ((64, 20), 0, "slice"), ((30, 40, 50), (0, 2), "contig"), ((10, 20, 30), None, (2, 1, 0)),
+    ((30, 40, 50), (0, 2), (2, 1, 0)), ((64, 3, 96), (0, 2), "contig")]
+
+
+@pytest.mark.parametrize("dt", list(DT))
+@pytest.mark.parametrize("shape,dim,how", ZERO_CASES)
+def test_item11_zero_sign_of_amax_amin(dt, shape, dim, how):
+    for fn in ("amax", "amin"):
+        for seed in range(3):
+            s = shape[:-1] + (2 * shape[-1],) if how == "slice" else shape
+            t = view(torch.tensor(_signed_zeros(s, fn, seed), dtype=DT[dt][1]), how)
+            x = cl.from_dlpack(t)
+            got = getattr(cl, fn)(x, dim) if dim is not None else getattr(cl, fn)(x)
+            want = getattr(torch, fn)(t, dim) if dim is not None else getattr(torch, fn)(t)
+            assert mismatches(got, want) == 0, (fn, seed)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 4])
+@pytest.mark.parametrize("n", [40000, 70001])
+def test_item11_zero_sign_on_torch_threads(threads, nthreads, n):
+    """A max of >= 32768 elements to one value on several threads: ATen's two-pass split,
+    each chunk's winner into its slot, then the slots."""
+    threads(nthreads)
+    for fn in ("amax", "amin"):
+        for pos in (0, 19992, 20000, 39992, n - 1):
+            for z in (0.0, -0.0):
+                t = torch.full((n,), -z)
+                t[pos] = z
+                got = getattr(cl, fn)(cl.from_dlpack(t))
+                assert mismatches(got, getattr(torch, fn)(t)) == 0, (fn, pos, z)
+
+
+def test_item11_traced_and_fused_rows():
+    t = torch.tensor(_signed_zeros((33, 130), "amax", 1), dtype=torch.float32)
+    x = cl.from_dlpack(t)
+    f = cl.jit(lambda x: cl.amax(x * 1.0, -1))
+    assert mismatches(f(x), torch.amax(t * 1.0, -1)) == 0
+    assert "decides a zero's sign" in f.trace(x)
+    g = cl.jit(lambda x: x - cl.amax(x, -1, keepdim=True))
+    assert mismatches(g(x), t - torch.amax(t, -1, keepdim=True)) == 0

@@ -739,6 +739,7 @@ class Lowering:
             if ti is not None:
                 return self._reduce_ti_split(node, ev, ti, acc)
         layout = _reduce_layout(ev, x.shape, dims)
+        zseg = self._extreme_segment(node, ev)
         geom = _row_geometry(ev, x.shape, dims) if layout[0] and layout[1] else (0, 0)
         if isinstance(ev, Leaf) and self._memory_order(node):
             # ATen's CPU reduction loops visit a strided input's reduced elements in memory
@@ -767,11 +768,17 @@ class Lowering:
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
         spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None,
-                                src_f32=src_f32)
+                                src_f32=src_f32, zseg=zseg)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
         d.description = _C.describe_reduce(spec, 2 * n if dot else n, rows)
+        if node.op in ("amax", "amin") and spec[1] == ORDER_CODE["torch_cpu"] and spec[3] > 0:
+            loop = ("vectorized_reduction" + (f" over rows of {spec[6]}" if len(spec) > 6
+                                              else "") if spec[3] == 2
+                    else "vectorized_outer_reduction" if spec[3] == 3 else "the scalar loop")
+            d.description = (f"{node.op[1:]} torch_cpu (binary_kernel_reduce_vec, "
+                             f"{spec[2]}-element vectors: {loop} decides a zero's sign)")
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
 
@@ -791,6 +798,21 @@ class Lowering:
             return None
         g = _ti_reduce_groups(shape, _strides_of(ev, shape), dims)
         return g if len(g) >= 2 and g[0][2] and g[1][2] else None
+
+    def _extreme_segment(self, node: Node, ev) -> tuple | None:
+        """(row length, unit stride) of TensorIterator's first dim for a plain amax / amin
+        under the torch_cpu order whose first two iterator dims are both reduced: each such
+        row is reduced into the output in turn (red_cpu_extreme_zero); None otherwise."""
+        dims = node.attrs["dims"]
+        if (self.cuda or node.op not in ("amax", "amin") or len(dims) < 2
+                or node.attrs.get("algo")
+                or (node.attrs.get("order") or self.math.reduction_order(False)) != "torch_cpu"):
+            return None
+        shape = tuple(node.inputs[0].shape)
+        g = _ti_reduce_groups(shape, _strides_of(ev, shape), dims)
+        if len(g) >= 2 and g[0][2] and g[1][2]:
+            return g[0][0], g[0][1] == 1
+        return None
 
     def _float_copy(self, ev, shape: tuple) -> Leaf:
         """``self.to(torch.float)`` of an input: a dense view keeps its strides
@@ -885,7 +907,8 @@ class Lowering:
         (var's Welford pass, the second pass of its reduction to one value)?"""
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
         # (a plain torch_cpu sum too: its reduced dims coalesce into one in memory order)
-        plain = node.op == "sum" and not node.attrs.get("algo") and not node.attrs.get("dot")
+        plain = (node.op in ("sum", "amax", "amin") and not node.attrs.get("algo")
+                 and not node.attrs.get("dot"))
         return (order == "torch_cpu" and (node.attrs.get("algo") == "var" or plain)) or (
             node.attrs.get("order") == "sequential")
 
@@ -898,7 +921,8 @@ class Lowering:
         return Leaf(t, ("tmp", k))
 
     def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int,
-                    geom: tuple = (0, 0), dot: bool = False, src_f32: bool = False) -> tuple:
+                    geom: tuple = (0, 0), dot: bool = False, src_f32: bool = False,
+                    zseg: tuple | None = None) -> tuple:
         """(kind, order, p0, p1, p2, p3[, p4, p5]) of ops/reduce.h's ReduceSpec for this
         node, whose rows have n elements (a dot row: the two factors side by side).
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
@@ -941,6 +965,17 @@ class Lowering:
                 # the DEFAULT build: vec_base has no SIMD vec_reduce_all (generic lane sums)
                 mode = {1: 3, 2: 5, 3: 3, 4: 6}[mode]
             return (kind, ORDER_CODE[order], w, w, 0, mode)
+        if order == "torch_cpu" and node.op in ("amax", "amin") and not self.cuda:
+            # binary_kernel_reduce_vec: the value in any order, the sign of a zero result
+            # from its loops (red_cpu_extreme_zero): vectorized_reduction over a contiguous
+            # row (each of the iterator's rows of zseg when the dims do not coalesce),
+            # vectorized_outer_reduction down contiguous columns, else the scalar loop
+            v = 32 // (src.bits // 8)  # an AVX2 vector of the input's dtype
+            _torch_vml.unavailable()  # (torch's thread count, for the two-pass split)
+            if zseg is not None:
+                return (kind, ORDER_CODE[order], v, 2 if zseg[1] else 1, 0, 0, zseg[0], 0)
+            loop = 1 if inner and unit else 2 if unit else 0
+            return (kind, ORDER_CODE[order], v, 1 + loop, cols if loop == 2 else 0, 0)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
