@@ -186,6 +186,10 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.a = s.p0;
       P.b = s.p1;
       P.c = std::max<int64_t>(s.p2, 0);
+      // p4 > 0: the row in TensorIterator's order, its rows of p4 (red_cpu_ti_rows)
+      if (s.p4 < 0 || (s.p4 > 0 && s.p2 != 0))
+        throw std::invalid_argument("torch_cpu order: iterator rows of a negative length");
+      P.zseg = s.kind == kRedSum ? s.p4 : 0;
       if (s.kind == kRedSum && s.p2 <= 0) two_pass_config(&P, n, rows, s.p2 < 0 ? -s.p2 - 1 : 0);
       break;
     case kOrdTorchCuda: cuda_config(&P, s, n, rows); break;

@@ -332,6 +332,16 @@ CL_HD T red_torch_cpu_outer(A v, int64_t n, int64_t vec, int64_t cols, int64_t r
 template <typename T, typename A>
 CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes);
 
+// The two-pass reduction's last pass: the buffer of g slots (contiguous, in the output's
+// dtype: bf16/fp16 pair loads when P.h names one) summed by the cascade of its dtype's
+// vectors, whatever the loads of the input's rows were (a strided row: P.a = 1).
+template <typename T>
+CL_HD T red_two_pass_final(const RedPlan& P, T* slot, int64_t g) {
+  if (P.a != 1) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  const int64_t lanes = sizeof(T) == 8 ? 4 : 8;
+  return red_torch_cpu<T>(slot, g, P.h ? 16 : lanes, lanes);
+}
+
 // The two-pass reduction above (P.e chunks): the chunks' sums into g slots, then the slots.
 template <typename T, typename A>
 CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
@@ -350,10 +360,38 @@ CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
     if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
     slot[k] = s;
   }
-  if (P.order == kOrdTorchCpu) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  if (P.order == kOrdTorchCpu) return red_two_pass_final<T>(P, slot, g);
   T r = T(0);
   for (int64_t k = 0; k < g; ++k) r = r + slot[k];
   return r;
+}
+
+// torch_cpu, the reduced dims not coalescing into one (P.zseg: the length of the
+// iterator's rows, the row here in the iterator's order): each row summed by the cascade
+// into the output in turn; on several threads (P.e > 0) the two-pass split's chunks cut the
+// rows at their boundaries, each piece summed on its own into the chunk's slot.
+template <typename T, typename A>
+CL_HD T red_cpu_ti_range(const RedPlan& P, A v, int64_t b, int64_t e) {
+  T out = T(0);
+  for (int64_t s = b; s < e;) {
+    const int64_t row_end = (s / P.zseg + 1) * P.zseg;
+    const int64_t end = row_end < e ? row_end : e;
+    out = out + red_torch_cpu<T>(v + s, end - s, P.a, P.b);
+    s = end;
+  }
+  return out;
+}
+
+template <typename T, typename A>
+CL_HD T red_cpu_ti_rows(const RedPlan& P, A v, int64_t n) {
+  if (P.e <= 0) return red_cpu_ti_range<T>(P, v, 0, n);
+  T slot[64];
+  const int64_t g = P.g < 64 ? P.g : 64;
+  for (int64_t k = 0; k < g; ++k) {
+    const int64_t b = k * P.f, e = n < b + P.f ? n : b + P.f;
+    slot[k] = k < P.e && b < e ? red_cpu_ti_range<T>(P, v, b, e) : T(0);
+  }
+  return red_two_pass_final<T>(P, slot, g);
 }
 
 template <typename T, typename A>
@@ -866,6 +904,7 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.zseg > 0) return red_cpu_ti_rows<T>(P, v, n);
     if (P.e > 0) return red_two_pass<T>(P, v, n);
     if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
     if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);

@@ -852,12 +852,35 @@ class Lowering:
         w = 4 if acc is float64 else 8
         code = ORDER_CODE["torch_cpu"]
         spec1 = (REDUCE_OPS["sum"], code, w if unit else 1, w if unit else 1, 0, 0)
+        kept = [d for d in range(nd) if d not in node.attrs["dims"]]
+        if _prod(shape[d] for d in kept) == 1:
+            # ONE output: the whole row in the iterator's order, its rows of n0 summed in
+            # turn, or cut at the chunks of ATen's two-pass split on several torch threads
+            # (red_cpu_ti_rows; the thread count read when it runs)
+            _torch_vml.unavailable()
+            listed = [d for g in reversed(reduced) for d in g[3]]
+            order = [d for d in range(nd) if d not in listed] + listed  # (size-1 dims first)
+            e = self.view(self.view(ev, ("permute", tuple(order))),
+                          ("reshape", (1, _prod(shape))))
+            spec = (*spec1, n0, 0)
+            t = self._reduce_step(e, 1, _prod(shape), acc, spec)
+            d = self.record.decide(node, F64 if acc is float64 else F32)
+            self.reduce_decisions[id(self.steps[-1])] = d
+            d.description = (
+                "sum torch_cpu: TensorIterator's dims " + " x ".join(
+                    f"{g[0]}{'r' if g[2] else ''}" for g in groups)
+                + f"; each row of {n0} by " + _C.describe_reduce(spec1, n0, 1).split(" ", 1)[-1]
+                + ", the rows' sums added in order (on several torch threads: ATen's two-pass"
+                " split, the rows cut at its chunks)"
+                + (" (from a float copy)" if node.inputs[0].dtype.bits == 16 else ""))
+            return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
         t1 = self._reduce_step(e1, rows1, n0, acc, spec1)
         # the row sums, over the dims other than d0, in logical order
         oshape = tuple(shape[d] for d in others)
-        kept_pos = [i for i, d in enumerate(others) if d not in node.attrs["dims"]]
         rest = [d for g in reversed(reduced[1:]) for d in g[3]]  # slowest first
         rest_pos = [others.index(d) for d in rest]
+        # (the kept dims, and any reduced dim of size 1 the iterator folded into them)
+        kept_pos = [i for i, d in enumerate(others) if d not in rest]
         rows, n = _prod(oshape[i] for i in kept_pos), _prod(oshape[i] for i in rest_pos)
         e2 = self.view(Leaf(t1.t._view_or_none(list(oshape)), t1.src),
                        ("permute", tuple(kept_pos + rest_pos)))
@@ -873,11 +896,6 @@ class Lowering:
             + f", then the {n} row sums added in order" + (" (from a float copy)"
                                                            if node.inputs[0].dtype.bits == 16
                                                            else ""))
-        threads = _torch_threads()
-        if rows == 1 and n0 * n >= 32768 and threads > 1:
-            d.description += (f"; EXCEPTION: not PyTorch's order on {threads} threads (ATen's "
-                              "two-pass split cuts these rows at its chunks' boundaries; "
-                              "castlab sums as one thread does)")
         return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
 
     def _reduce_step(self, ev, rows: int, n: int, acc, spec: tuple) -> Leaf:
@@ -1286,13 +1304,6 @@ def _row_geometry(e, shape: tuple, dims: tuple) -> tuple:
     if any(st[a] != st[b] * shape[b] for a, b in zip(kept, kept[1:])):
         return (mis, 0)
     return (mis, abs(st[kept[-1]]))
-
-
-def _torch_threads() -> int:
-    """torch's intra-op thread count when torch is loaded, else 1."""
-    import sys
-    t = sys.modules.get("torch")
-    return int(t.get_num_threads()) if t is not None and hasattr(t, "get_num_threads") else 1
 
 
 def _prod(xs) -> int:

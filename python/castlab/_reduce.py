@@ -131,10 +131,9 @@ def sum(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = F
 
     Under the torch_cpu order, dims that do not coalesce into one in memory (not adjacent,
     or a strided view) follow ATen's TensorIterator: the rows of the fastest reduced dim
-    by the cascade, their sums added in order; a 16-bit input is summed as a float copy.
-    One exception: a sum to ONE value of at least 32768 such elements on more than one
-    torch thread (ATen's two-pass split cuts the rows at its chunks' boundaries) is summed
-    as on one thread; the trace says so.
+    by the cascade, their sums added in order (cut at the chunks of ATen's two-pass split
+    for a sum to one value on several torch threads); a 16-bit input is summed as a float
+    copy.
 
     >>> x = cl.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> cl.sum(x, dim=1).tolist()
