@@ -727,18 +727,34 @@ class Lowering:
         for d in dims:
             n *= x.shape[d]
         acc = float64 if self.vt(node) == F64 else float32
-        ev = self.expr(x)
+        if (x.op == "astype" and x.attrs.get("to_copy") and not self.cuda
+                and self.math.reduction_order(False) == "torch_cpu"):
+            ev = self._to_copy(self.expr(x.inputs[0]), tuple(x.shape), x.dtype)
+        else:
+            ev = self.expr(x)
         src_f32 = False
         ti = self._ti_groups(node, ev)
         if ti is not None:
             # ATen's sum_out: two reduced dims in its 2-d loop (should_use_acc_buffer)
             # sum a 16-bit input converted to float first, into a float result
             if x.dtype.bits == 16:
-                ev, src_f32 = self._float_copy(ev, x.shape), True
+                if x.op == "astype" and x.attrs.get("to_copy"):
+                    # sum(dtype=16-bit): the buffer reads the call's own input as float
+                    # (``self.to(torch.float)``), not its 16-bit copy
+                    src_e = self.expr(x.inputs[0])
+                    ev = (src_e if x.inputs[0].dtype is float32
+                          else self._to_copy(src_e, x.shape, float32))
+                else:
+                    ev = self._to_copy(ev, x.shape, float32)
+                src_f32 = True
                 ti = self._ti_groups(node, ev)
             if ti is not None:
                 return self._reduce_ti_split(node, ev, ti, acc)
         layout = _reduce_layout(ev, x.shape, dims)
+        if self._plain_torch_cpu_sum(node) and x.shape and 0 not in tuple(x.shape):
+            layout = _ti_sum_layout(_ti_reduce_groups(tuple(x.shape),
+                                                      _strides_of(ev, tuple(x.shape)), dims),
+                                    32 // (4 if src_f32 else x.dtype.bits // 8), layout)
         zseg = self._extreme_segment(node, ev)
         geom = _row_geometry(ev, x.shape, dims) if layout[0] and layout[1] else (0, 0)
         if isinstance(ev, Leaf) and self._memory_order(node):
@@ -782,6 +798,13 @@ class Lowering:
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
 
+    def _plain_torch_cpu_sum(self, node: Node) -> bool:
+        """A sum ATen's cascade_sum computes under the torch_cpu order on the CPU (not one
+        inside softmax, var or a dot)."""
+        return (not self.cuda and node.op == "sum" and not node.attrs.get("algo")
+                and not node.attrs.get("order") and not node.attrs.get("dot")
+                and self.math.reduction_order(False) == "torch_cpu")
+
     def _ti_groups(self, node: Node, ev) -> list | None:
         """TensorIterator's dims (_ti_reduce_groups) of a plain sum under the torch_cpu
         order on the CPU whose first two dims are both reduced (dims that do not coalesce:
@@ -814,9 +837,9 @@ class Lowering:
             return g[0][0], g[0][1] == 1
         return None
 
-    def _float_copy(self, ev, shape: tuple) -> Leaf:
-        """``self.to(torch.float)`` of an input: a dense view keeps its strides
-        (preserve_format), anything else becomes contiguous."""
+    def _to_copy(self, ev, shape: tuple, dt) -> Leaf:
+        """``self.to(dt)`` of an input: a dense view keeps its strides (preserve_format),
+        anything else becomes contiguous."""
         st = _strides_of(ev, shape)
         nd = len(shape)
         order = sorted(range(nd), key=lambda d: (-abs(st[d]), d))
@@ -829,10 +852,10 @@ class Lowering:
                     break
                 want *= shape[d]
         if not dense or order == list(range(nd)):
-            return self._temp_from(ev, shape, float32)
+            return self._temp_from(ev, shape, dt)
         inv = [order.index(d) for d in range(nd)]
         t = self._temp_from(self.view(ev, ("permute", tuple(order))),
-                            tuple(shape[d] for d in order), float32)
+                            tuple(shape[d] for d in order), dt)
         return self.view(t, ("permute", tuple(inv)))
 
     def _reduce_ti_split(self, node: Node, ev, groups: list, acc) -> Reduced:
@@ -1377,6 +1400,24 @@ def _ti_reduce_groups(shape: tuple, strides: tuple, dims: tuple) -> list:
                 continue
         out.append((size, s_in, s_out, [d]))
     return [(s, si, so == 0 and s > 1, ds) for s, si, so, ds in out]
+
+
+def _ti_sum_layout(groups: list, vec: int, default: tuple) -> tuple:
+    """(inner, unit, cols) of _reduce_layout as cascade_sum picks its loop from
+    TensorIterator's first two dims (the reduced one first; the kept dims ordered by the
+    output's strides, so a permuted input's contiguous kept dim need not be second):
+    vectorized_inner_sum, vectorized_outer_sum (the second dim contiguous and at least a
+    vector of the input's dtype), scalar_inner_sum, else scalar_outer_sum."""
+    if not groups or not groups[0][2]:
+        return default
+    g0, g1 = groups[0], (groups[1] if len(groups) > 1 else None)
+    if g0[1] == 1 and g0[0] >= vec:
+        return (True, True, 0)
+    if g1 is not None and g1[1] == 1 and g1[0] >= vec:
+        return (False, True, g1[0])
+    if g1 is None or g0[1] < g1[1]:
+        return (True, g0[1] == 1, 0)
+    return (False, False, g1[0])
 
 
 def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:

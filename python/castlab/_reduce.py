@@ -151,6 +151,9 @@ def sum(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = F
         # requested dtype first (a narrower one rounds: 7e4 in fp16 is inf), then summed
         if dt is not None and p.dtype is not dt:
             p = ops.astype(p, dt)
+            # ``self.to(dtype)``: a copy laid out as the input when it is dense (the
+            # torch_cpu order reads it so: Lowering._to_copy)
+            p.node.attrs = {**p.node.attrs, "to_copy": True}
         return _reduce("sum", p, dims, keepdim, dt)
     return _call(body, [x])
 
