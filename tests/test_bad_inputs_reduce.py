@@ -132,6 +132,17 @@ def test_item1_strided_1d_full_sum_two_pass_buffer(threads, nthreads, dt):
         assert mismatches(cl.sum(cl.from_dlpack(t)), t.sum()) == 0
 
 
+@pytest.mark.parametrize("shape,dim", [((3, 1), 1), ((3, 1), None), ((4, 5, 6), (0, 2)),
+                                       ((40000,), None), ((1,), 0)])
+def test_item1_sums_of_negative_zeros(shape, dim):
+    """The output is zero-filled and the row sums added into it: +0, as torch."""
+    t = torch.full(shape, -0.0)
+    x = cl.from_dlpack(t)
+    for fn in ("sum", "mean"):
+        want = getattr(torch, fn)(t, dim) if dim is not None else getattr(torch, fn)(t)
+        assert mismatches(getattr(cl, fn)(x, dim), want) == 0, fn
+
+
 # ------------------------------------------------ item 2: dtype= converts the input first
 
 def test_item2_exact_reproducer():

@@ -178,7 +178,11 @@ def mean(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = 
 
 def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
     """Largest value over `dim` (default: every dimension), NaN-propagating, as
-    ``torch.amax``; exact in any order. An empty reduced dimension is an error.
+    ``torch.amax``; exact in any order. An empty reduced dimension is an error. The sign
+    of a zero result (``amax([-0., 0., -0.])`` is -0) follows ATen's CPU loops under the
+    torch_cpu order on the CPU (binary_kernel_reduce_vec: the scalar op keeps the first of
+    equal values, the vector op the second; ops/scalar/reduce.h red_cpu_extreme_zero);
+    exception: a GPU emulating the torch_cpu order, and the other orders, take -0 < +0.
 
     >>> cl.amax(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=0).tolist()
     [3.0, 5.0]
@@ -187,7 +191,8 @@ def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) ->
 
 
 def amin(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
-    """Smallest value over `dim` (default: every dimension), as ``torch.amin``.
+    """Smallest value over `dim` (default: every dimension), as ``torch.amin``; a zero
+    result's sign as amax says.
 
     >>> cl.amin(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=1).tolist()
     [1.0, 2.0]
