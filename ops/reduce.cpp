@@ -165,6 +165,18 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
     throw std::invalid_argument("reduce: the Welford orders compute a mean or M2, not a sum");
   switch (s.order) {
     case kOrdTorchCpu:
+      if ((s.kind == kRedMax || s.kind == kRedMin) && s.p3 == 0 && s.p1 >= 1 && s.p1 <= 3) {
+        // amax / amin: p0 = V (elements a vector), p1 = 1 + the loop, p2 = the outer
+        // reduction's columns, p4 = the iterator's row length (red_cpu_extreme_zero)
+        if (!(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) || s.p2 < 0 || s.p4 < 0)
+          throw std::invalid_argument("torch_cpu order: max/min take V = 4, 8 or 16");
+        P.a = s.p0;
+        P.c = s.p2;
+        P.zmode = s.p1;
+        P.zseg = s.p4;
+        if (s.p1 == 2 && s.p4 == 0) two_pass_config(&P, n, rows, 0);
+        break;
+      }
       if (s.p3 != 0) {  // SoftMaxKernel.cpp's vec::reduce_all over W lanes
         if (s.p3 < 0 || s.p3 > 6 || s.p0 != s.p1 || !(s.p0 == 4 || s.p0 == 8 || s.p0 == 16) ||
             s.p2 != 0)
@@ -180,6 +192,10 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.a = s.p0;
       P.b = s.p1;
       P.c = std::max<int64_t>(s.p2, 0);
+      // p4 > 0: the row in TensorIterator's order, its rows of p4 (red_cpu_ti_rows)
+      if (s.p4 < 0 || (s.p4 > 0 && s.p2 != 0))
+        throw std::invalid_argument("torch_cpu order: iterator rows of a negative length");
+      P.zseg = s.kind == kRedSum ? s.p4 : 0;
       if (s.kind == kRedSum && s.p2 <= 0) two_pass_config(&P, n, rows, s.p2 < 0 ? -s.p2 - 1 : 0);
       break;
     case kOrdTorchCuda: cuda_config(&P, s, n, rows); break;
@@ -382,6 +398,7 @@ void reduce_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n)
       const T* v = src + r * n;
       for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part<T>(P, v, n, r, t);
       dst[r] = red_combine(P, parts.data());
+      if (P.zmode > 0 && dst[r] == T(0)) dst[r] = red_cpu_extreme_zero<T>(P, v, n, r);
     }
   });
 }

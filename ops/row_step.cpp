@@ -70,6 +70,7 @@ void reduce_chunk(const RedPlan& P, const T* v, T* q, int64_t cr, int64_t n, int
     for (int64_t r = a; r < b; ++r) {
       for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part<T>(P, v + r * n, n, r0 + r, t);
       q[r] = red_combine<T>(P, parts.data());
+      if (P.zmode > 0 && q[r] == T(0)) q[r] = red_cpu_extreme_zero<T>(P, v + r * n, n, r0 + r);
     }
   });
 }

@@ -113,6 +113,9 @@ struct RedPlan {
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0;
   int64_t mis = 0, rs = 0;
   int64_t chunk = 0;
+  // torch_cpu max / min (red_cpu_extreme_zero): 1 + the loop ATen runs (0: none, castlab's
+  // -0 < +0), and the iterator's row length when the reduced dims do not coalesce (0: n)
+  int64_t zmode = 0, zseg = 0;
 };
 
 template <typename T>
@@ -342,6 +345,16 @@ CL_HD T red_torch_cpu_outer(A v, int64_t n, int64_t vec, int64_t cols, int64_t r
 template <typename T, typename A>
 CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes);
 
+// The two-pass reduction's last pass: the buffer of g slots (contiguous, in the output's
+// dtype: bf16/fp16 pair loads when P.h names one) summed by the cascade of its dtype's
+// vectors, whatever the loads of the input's rows were (a strided row: P.a = 1).
+template <typename T>
+CL_HD T red_two_pass_final(const RedPlan& P, T* slot, int64_t g) {
+  if (P.a != 1) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  const int64_t lanes = sizeof(T) == 8 ? 4 : 8;
+  return red_torch_cpu<T>(slot, g, P.h ? 16 : lanes, lanes);
+}
+
 // The two-pass reduction above (P.e chunks): the chunks' sums into g slots, then the slots.
 template <typename T, typename A>
 CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
@@ -360,10 +373,38 @@ CL_HD T red_two_pass(const RedPlan& P, A v, int64_t n) {
     if (P.h == kFloat16) s = T(f16_to_f32(f32_to_f16_rne(float(s))));
     slot[k] = s;
   }
-  if (P.order == kOrdTorchCpu) return red_torch_cpu<T>(slot, g, P.a, P.b);
+  if (P.order == kOrdTorchCpu) return red_two_pass_final<T>(P, slot, g);
   T r = T(0);
   for (int64_t k = 0; k < g; ++k) r = r + slot[k];
   return r;
+}
+
+// torch_cpu, the reduced dims not coalescing into one (P.zseg: the length of the
+// iterator's rows, the row here in the iterator's order): each row summed by the cascade
+// into the output in turn; on several threads (P.e > 0) the two-pass split's chunks cut the
+// rows at their boundaries, each piece summed on its own into the chunk's slot.
+template <typename T, typename A>
+CL_HD T red_cpu_ti_range(const RedPlan& P, A v, int64_t b, int64_t e) {
+  T out = T(0);
+  for (int64_t s = b; s < e;) {
+    const int64_t row_end = (s / P.zseg + 1) * P.zseg;
+    const int64_t end = row_end < e ? row_end : e;
+    out = out + red_torch_cpu<T>(v + s, end - s, P.a, P.b);
+    s = end;
+  }
+  return out;
+}
+
+template <typename T, typename A>
+CL_HD T red_cpu_ti_rows(const RedPlan& P, A v, int64_t n) {
+  if (P.e <= 0) return red_cpu_ti_range<T>(P, v, 0, n);
+  T slot[64];
+  const int64_t g = P.g < 64 ? P.g : 64;
+  for (int64_t k = 0; k < g; ++k) {
+    const int64_t b = k * P.f, e = n < b + P.f ? n : b + P.f;
+    slot[k] = k < P.e && b < e ? red_cpu_ti_range<T>(P, v, b, e) : T(0);
+  }
+  return red_two_pass_final<T>(P, slot, g);
 }
 
 template <typename T, typename A>
@@ -380,6 +421,83 @@ CL_HD T red_torch_cpu(A v, int64_t n, int64_t vec, int64_t lanes) {
     for (int k = 0; k < lanes; ++k) fin += lane_sum[k];
   }
   return T(0) + fin;
+}
+
+// ---- ATen's CPU max / min (amax, amin): which of equal zeros wins ----
+// binary_kernel_reduce_vec (aten/src/ATen/native/cpu/Reduce.h) with max_impl / min_impl
+// (the scalar op keeps its first operand on a tie) and Vectorized maximum / minimum
+// (_mm256_max_ps / _mm256_min_ps: the second operand on a tie), from an output filled with
+// the identity. The value is any order's; only the sign of a zero result depends on the
+// loops, so the executor asks this for rows whose result is a zero (no NaN in the row).
+template <typename T>
+CL_HD bool red_gt(int kind, T a, T b) {
+  return kind == kRedMax ? a > b : a < b;
+}
+
+// vectorized_reduction over v[0..n), V elements a vector: reduction128's four vector
+// accumulators over whole blocks of 4V (a tie: the later block), combined as
+// vop(vop(a0, a1), vop(a2, a3)), the lanes then in order by the scalar op, then the
+// remaining elements by the scalar op (a tie: the earlier). `out`: the output's value.
+template <typename T, typename A>
+CL_HD T red_cpu_vec_extreme(int kind, A v, int64_t n, int64_t V, T out) {
+  const int64_t blk = 4 * V, count = n / blk;
+  if (count > 0) {
+    T acc[64];
+    for (int64_t l = 0; l < blk; ++l) acc[l] = v[l];
+    for (int64_t i = 1; i < count; ++i)
+      for (int64_t l = 0; l < blk; ++l) {
+        const T x = v[i * blk + l];
+        acc[l] = red_gt(kind, acc[l], x) ? acc[l] : x;
+      }
+    T b0 = T(0);
+    for (int64_t l = 0; l < V; ++l) {
+      const T t01 = red_gt(kind, acc[l], acc[V + l]) ? acc[l] : acc[V + l];
+      const T t23 = red_gt(kind, acc[2 * V + l], acc[3 * V + l]) ? acc[2 * V + l] : acc[3 * V + l];
+      const T b = red_gt(kind, t01, t23) ? t01 : t23;
+      b0 = l == 0 ? b : (red_gt(kind, b, b0) ? b : b0);
+    }
+    out = red_gt(kind, b0, out) ? b0 : out;
+  }
+  for (int64_t i = count * blk; i < n; ++i) out = red_gt(kind, v[i], out) ? v[i] : out;
+  return out;
+}
+
+// The zero a torch_cpu max / min of the row returns (P.zmode - 1: 0 the scalar loop, 1
+// vectorized_reduction over a contiguous row (rows of P.zseg, each into the output; the
+// two-pass split's chunks into P.g slots, reduced the same way), 2 vectorized_outer_reduction:
+// columns in whole groups of 4V keep the later of equal values).
+template <typename T, typename A>
+CL_HD T red_cpu_extreme_zero(const RedPlan& P, A v, int64_t n, int64_t row) {
+  const int kind = P.kind;
+  const T ident = red_identity<T>(kind);
+  const int64_t V = P.a, mode = P.zmode - 1;
+  if (mode == 2) {
+    const int64_t j = row % (P.c > 0 ? P.c : 1);
+    if (j < (P.c / (4 * V)) * (4 * V)) {
+      T acc = v[0];
+      for (int64_t i = 1; i < n; ++i) acc = red_gt(kind, acc, v[i]) ? acc : v[i];
+      return acc;
+    }
+  }
+  if (mode != 1) {
+    T out = ident;
+    for (int64_t i = 0; i < n; ++i) out = red_gt(kind, v[i], out) ? v[i] : out;
+    return out;
+  }
+  if (P.e > 0) {  // the two-pass split: chunks into slots, then the slots
+    T slot[64];
+    const int64_t g = P.g < 64 ? P.g : 64;
+    for (int64_t k = 0; k < g; ++k) {
+      const int64_t start = k * P.f, len = n - start < P.f ? n - start : P.f;
+      slot[k] = k < P.e && len > 0 ? red_cpu_vec_extreme<T>(kind, v + start, len, V, ident) : ident;
+    }
+    return red_cpu_vec_extreme<T>(kind, slot, g, V, ident);
+  }
+  const int64_t seg = P.zseg > 0 ? P.zseg : n;
+  T out = ident;
+  for (int64_t s = 0; s < n; s += seg)
+    out = red_cpu_vec_extreme<T>(kind, v + s, n - s < seg ? n - s : seg, V, out);
+  return out;
 }
 
 // ATen's vec::reduce_all (cpu/vec/functional_base.h) as SoftMaxKernel.cpp sums a softmax
@@ -816,6 +934,7 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);
+    if (P.zseg > 0) return red_cpu_ti_rows<T>(P, v, n);
     if (P.e > 0) return red_two_pass<T>(P, v, n);
     if (P.d > 0) return red_cpu_reduce_all<T>(v, n, P.a, P.d);
     if (P.c > 0) return red_torch_cpu_outer<T>(v, n, P.a, P.c, row);

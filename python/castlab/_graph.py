@@ -9,10 +9,13 @@ the node to the graph being recorded.
 from __future__ import annotations
 
 import linecache
+import operator
 import os
 import sys
 import threading
 from typing import Any
+
+import numpy as np
 
 from . import _C
 from ._device import CPU, as_device, device
@@ -302,6 +305,19 @@ def cat_node(parts: list[Node], dim: int, shape: tuple, dt: dtype) -> Node:
     return Node("cat", tuple(parts), shape, dt, device, {"dim": dim})
 
 
+def _index_dim(fn: str, d: Any, what: str) -> int:
+    """An integer-like dim (int, NumPy integer, anything with __index__) as an int;
+    bools (Python's or NumPy's) and floats are refused."""
+    if isinstance(d, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {what}, not a bool ({d!r})")
+    if isinstance(d, int):
+        return int(d)
+    try:
+        return operator.index(d)
+    except TypeError:
+        raise TypeError(f"{fn}: {what}, not {type(d).__name__} ({d!r})") from None
+
+
 def reduce_dims(fn: str, shape: tuple, dim: Any) -> tuple:
     """PyTorch's reading of a reduction's ``dim``: None (or an empty sequence, as amax's
     default) for every dimension, an int, or a sequence of distinct ints; negative dims
@@ -309,20 +325,15 @@ def reduce_dims(fn: str, shape: tuple, dim: Any) -> tuple:
     nd = len(shape)
     if dim is None:
         return tuple(range(nd))
-    if isinstance(dim, bool) or not isinstance(dim, (int, tuple, list)):
-        if hasattr(dim, "__index__") and not isinstance(dim, bool):
-            dim = int(dim)
-        else:
-            raise TypeError(f"{fn}: dim must be an int, a sequence of ints or None, "
-                            f"not {type(dim).__name__}")
+    if not isinstance(dim, (tuple, list)):
+        dim = _index_dim(fn, dim, "dim must be an int, a sequence of ints or None")
     dims = [dim] if isinstance(dim, int) else list(dim)
     if not dims:
         return tuple(range(nd))
     lo, hi = (-1, 0) if nd == 0 else (-nd, nd - 1)
     out = []
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int):
-            raise TypeError(f"{fn}: dim must contain ints, not {type(d).__name__}")
+        d = _index_dim(fn, d, "dim must contain ints")
         if not lo <= d <= hi:
             raise IndexError(f"{fn}: Dimension out of range (expected to be in range of "
                              f"[{lo}, {hi}], but got {d})")

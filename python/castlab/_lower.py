@@ -727,8 +727,35 @@ class Lowering:
         for d in dims:
             n *= x.shape[d]
         acc = float64 if self.vt(node) == F64 else float32
-        ev = self.expr(x)
+        if (x.op == "astype" and x.attrs.get("to_copy") and not self.cuda
+                and self.math.reduction_order(False) == "torch_cpu"):
+            ev = self._to_copy(self.expr(x.inputs[0]), tuple(x.shape), x.dtype)
+        else:
+            ev = self.expr(x)
+        src_f32 = False
+        ti = self._ti_groups(node, ev)
+        if ti is not None:
+            # ATen's sum_out: two reduced dims in its 2-d loop (should_use_acc_buffer)
+            # sum a 16-bit input converted to float first, into a float result
+            if x.dtype.bits == 16:
+                if x.op == "astype" and x.attrs.get("to_copy"):
+                    # sum(dtype=16-bit): the buffer reads the call's own input as float
+                    # (``self.to(torch.float)``), not its 16-bit copy
+                    src_e = self.expr(x.inputs[0])
+                    ev = (src_e if x.inputs[0].dtype is float32
+                          else self._to_copy(src_e, x.shape, float32))
+                else:
+                    ev = self._to_copy(ev, x.shape, float32)
+                src_f32 = True
+                ti = self._ti_groups(node, ev)
+            if ti is not None:
+                return self._reduce_ti_split(node, ev, ti, acc)
         layout = _reduce_layout(ev, x.shape, dims)
+        if self._plain_torch_cpu_sum(node) and x.shape and 0 not in tuple(x.shape):
+            layout = _ti_sum_layout(_ti_reduce_groups(tuple(x.shape),
+                                                      _strides_of(ev, tuple(x.shape)), dims),
+                                    32 // (4 if src_f32 else x.dtype.bits // 8), layout)
+        zseg = self._extreme_segment(node, ev)
         geom = _row_geometry(ev, x.shape, dims) if layout[0] and layout[1] else (0, 0)
         if isinstance(ev, Leaf) and self._memory_order(node):
             # ATen's CPU reduction loops visit a strided input's reduced elements in memory
@@ -756,13 +783,155 @@ class Lowering:
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None)
+        spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None,
+                                src_f32=src_f32, zseg=zseg)
         self.steps.append((None, [ev], [Leaf(t, ("tmp", k))], spec))
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
         d.description = _C.describe_reduce(spec, 2 * n if dot else n, rows)
+        if node.op in ("amax", "amin") and spec[1] == ORDER_CODE["torch_cpu"] and spec[3] > 0:
+            loop = ("vectorized_reduction" + (f" over rows of {spec[6]}" if len(spec) > 6
+                                              else "") if spec[3] == 2
+                    else "vectorized_outer_reduction" if spec[3] == 3 else "the scalar loop")
+            d.description = (f"{node.op[1:]} torch_cpu (binary_kernel_reduce_vec, "
+                             f"{spec[2]}-element vectors: {loop} decides a zero's sign)")
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _plain_torch_cpu_sum(self, node: Node) -> bool:
+        """A sum ATen's cascade_sum computes under the torch_cpu order on the CPU (not one
+        inside softmax, var or a dot)."""
+        return (not self.cuda and node.op == "sum" and not node.attrs.get("algo")
+                and not node.attrs.get("order") and not node.attrs.get("dot")
+                and self.math.reduction_order(False) == "torch_cpu")
+
+    def _ti_groups(self, node: Node, ev) -> list | None:
+        """TensorIterator's dims (_ti_reduce_groups) of a plain sum under the torch_cpu
+        order on the CPU whose first two dims are both reduced (dims that do not coalesce:
+        not adjacent, or a strided view): ATen's cascade_sum then sums each row of the
+        first and adds the rows' sums into the zeroed output one after another across its
+        2-d loop and the outer loops (CastStoreAccumulate). None for every other reduction."""
+        dims = node.attrs["dims"]
+        if (self.cuda or node.op != "sum" or len(dims) < 2 or node.attrs.get("algo")
+                or node.attrs.get("order") or node.attrs.get("dot")
+                or self.math.reduction_order(False) != "torch_cpu"):
+            return None
+        shape = tuple(node.inputs[0].shape)
+        if any(s == 0 for s in shape):
+            return None
+        g = _ti_reduce_groups(shape, _strides_of(ev, shape), dims)
+        return g if len(g) >= 2 and g[0][2] and g[1][2] else None
+
+    def _extreme_segment(self, node: Node, ev) -> tuple | None:
+        """(row length, unit stride) of TensorIterator's first dim for a plain amax / amin
+        under the torch_cpu order whose first two iterator dims are both reduced: each such
+        row is reduced into the output in turn (red_cpu_extreme_zero); None otherwise."""
+        dims = node.attrs["dims"]
+        if (self.cuda or node.op not in ("amax", "amin") or len(dims) < 2
+                or node.attrs.get("algo")
+                or (node.attrs.get("order") or self.math.reduction_order(False)) != "torch_cpu"):
+            return None
+        shape = tuple(node.inputs[0].shape)
+        g = _ti_reduce_groups(shape, _strides_of(ev, shape), dims)
+        if len(g) >= 2 and g[0][2] and g[1][2]:
+            return g[0][0], g[0][1] == 1
+        return None
+
+    def _to_copy(self, ev, shape: tuple, dt) -> Leaf:
+        """``self.to(dt)`` of an input: a dense view keeps its strides (preserve_format),
+        anything else becomes contiguous."""
+        st = _strides_of(ev, shape)
+        nd = len(shape)
+        order = sorted(range(nd), key=lambda d: (-abs(st[d]), d))
+        dense = isinstance(ev, Leaf) and all(s >= 0 for s in st)
+        if dense:
+            want = 1
+            for d in reversed(order):
+                if shape[d] != 1 and st[d] != want:
+                    dense = False
+                    break
+                want *= shape[d]
+        if not dense or order == list(range(nd)):
+            return self._temp_from(ev, shape, dt)
+        inv = [order.index(d) for d in range(nd)]
+        t = self._temp_from(self.view(ev, ("permute", tuple(order))),
+                            tuple(shape[d] for d in order), dt)
+        return self.view(t, ("permute", tuple(inv)))
+
+    def _reduce_ti_split(self, node: Node, ev, groups: list, acc) -> Reduced:
+        """A sum whose TensorIterator dims start with two reduced ones (_ti_groups), as
+        cascade_sum computes it: each row of the first dim summed by the cascade
+        (vectorized_inner_sum, or scalar_inner_sum for a strided row), then those row
+        sums added into the output one after another, the iterator's second dim fastest."""
+        shape = tuple(node.inputs[0].shape)
+        nd = len(shape)
+        reduced = [g for g in groups if g[2]]
+        d0 = list(reduced[0][3])
+        others = [d for d in range(nd) if d not in d0]
+        rows1, n0 = _prod(shape[d] for d in others), _prod(shape[d] for d in d0)
+        e1 = self.view(ev, ("permute", tuple(others + d0)))
+        e1 = self.view(e1, ("reshape", (rows1, n0)))
+        unit = reduced[0][1] == 1
+        w = 4 if acc is float64 else 8
+        code = ORDER_CODE["torch_cpu"]
+        spec1 = (REDUCE_OPS["sum"], code, w if unit else 1, w if unit else 1, 0, 0)
+        kept = [d for d in range(nd) if d not in node.attrs["dims"]]
+        if _prod(shape[d] for d in kept) == 1:
+            # ONE output: the whole row in the iterator's order, its rows of n0 summed in
+            # turn, or cut at the chunks of ATen's two-pass split on several torch threads
+            # (red_cpu_ti_rows; the thread count read when it runs)
+            _torch_vml.unavailable()
+            listed = [d for g in reversed(reduced) for d in g[3]]
+            order = [d for d in range(nd) if d not in listed] + listed  # (size-1 dims first)
+            e = self.view(self.view(ev, ("permute", tuple(order))),
+                          ("reshape", (1, _prod(shape))))
+            spec = (*spec1, n0, 0)
+            t = self._reduce_step(e, 1, _prod(shape), acc, spec)
+            d = self.record.decide(node, F64 if acc is float64 else F32)
+            self.reduce_decisions[id(self.steps[-1])] = d
+            d.description = (
+                "sum torch_cpu: TensorIterator's dims " + " x ".join(
+                    f"{g[0]}{'r' if g[2] else ''}" for g in groups)
+                + f"; each row of {n0} by " + _C.describe_reduce(spec1, n0, 1).split(" ", 1)[-1]
+                + ", the rows' sums added in order (on several torch threads: ATen's two-pass"
+                " split, the rows cut at its chunks)"
+                + (" (from a float copy)" if node.inputs[0].dtype.bits == 16 else ""))
+            return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
+        t1 = self._reduce_step(e1, rows1, n0, acc, spec1)
+        # the row sums, over the dims other than d0, in logical order
+        oshape = tuple(shape[d] for d in others)
+        rest = [d for g in reversed(reduced[1:]) for d in g[3]]  # slowest first
+        rest_pos = [others.index(d) for d in rest]
+        # (the kept dims, and any reduced dim of size 1 the iterator folded into them)
+        kept_pos = [i for i, d in enumerate(others) if d not in rest]
+        rows, n = _prod(oshape[i] for i in kept_pos), _prod(oshape[i] for i in rest_pos)
+        e2 = self.view(Leaf(t1.t._view_or_none(list(oshape)), t1.src),
+                       ("permute", tuple(kept_pos + rest_pos)))
+        e2 = self.view(e2, ("reshape", (rows, n)))
+        spec2 = (REDUCE_OPS["sum"], ORDER_CODE["sequential"], 0, 0, 0, 0)
+        t = self._reduce_step(e2, rows, n, acc, spec2)
+        d = self.record.decide(node, F64 if acc is float64 else F32)
+        self.reduce_decisions[id(self.steps[-1])] = d
+        d.description = (
+            "sum torch_cpu: TensorIterator's dims " + " x ".join(
+                f"{g[0]}{'r' if g[2] else ''}" for g in groups)
+            + f"; each row of {n0} by " + _C.describe_reduce(spec1, n0, rows1).split(" ", 1)[-1]
+            + f", then the {n} row sums added in order" + (" (from a float copy)"
+                                                           if node.inputs[0].dtype.bits == 16
+                                                           else ""))
+        return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
+
+    def _reduce_step(self, ev, rows: int, n: int, acc, spec: tuple) -> Leaf:
+        """One reduce step over `ev` seen as [rows, n], into a fresh [rows] temporary."""
+        if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code and ev.t.is_contiguous()):
+            ev = self._temp_from(ev, (rows, n), acc)
+        k = len(self.temps)
+        self.temps.append(((rows,), acc))
+        t = _C.empty([rows], acc.name, str(self.device))
+        self.temp_tensors.append(t)
+        out = Leaf(t, ("tmp", k))
+        self.steps.append((None, [ev], [out], spec))
+        return out
 
     def _dot_operands(self, node: Node, ev) -> list | None:
         """The two factors of a sum of products that PyTorch's kernel accumulates with
@@ -778,7 +947,10 @@ class Lowering:
         """Does this reduction visit its elements one after another as ATen's CPU loops do
         (var's Welford pass, the second pass of its reduction to one value)?"""
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
-        return (node.attrs.get("algo") == "var" and order == "torch_cpu") or (
+        # (a plain torch_cpu sum too: its reduced dims coalesce into one in memory order)
+        plain = (node.op in ("sum", "amax", "amin") and not node.attrs.get("algo")
+                 and not node.attrs.get("dot"))
+        return (order == "torch_cpu" and (node.attrs.get("algo") == "var" or plain)) or (
             node.attrs.get("order") == "sequential")
 
     def _temp_from(self, e, shape: tuple, dt: dtype) -> Leaf:
@@ -790,7 +962,8 @@ class Lowering:
         return Leaf(t, ("tmp", k))
 
     def reduce_spec(self, node: Node, acc: dtype, layout: tuple, n: int,
-                    geom: tuple = (0, 0), dot: bool = False) -> tuple:
+                    geom: tuple = (0, 0), dot: bool = False, src_f32: bool = False,
+                    zseg: tuple | None = None) -> tuple:
         """(kind, order, p0, p1, p2, p3[, p4, p5]) of ops/reduce.h's ReduceSpec for this
         node, whose rows have n elements (a dot row: the two factors side by side).
         `layout` (_reduce_layout): whether PyTorch's kernel would reduce each row (the
@@ -799,7 +972,7 @@ class Lowering:
         the input's rows start, for Reduce.cuh's vectorized loads."""
         kind = REDUCE_OPS[node.op]
         order = node.attrs.get("order") or self.math.reduction_order(self.cuda)
-        src = node.inputs[0].dtype
+        src = float32 if src_f32 else node.inputs[0].dtype
         inner, unit, cols = layout
         if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
             fused = self.math.torch_cpu_fma()
@@ -850,6 +1023,17 @@ class Lowering:
                 # the DEFAULT build: vec_base has no SIMD vec_reduce_all (generic lane sums)
                 mode = {1: 3, 2: 5, 3: 3, 4: 6}[mode]
             return (kind, ORDER_CODE[order], w, w, 0, mode)
+        if order == "torch_cpu" and node.op in ("amax", "amin") and not self.cuda:
+            # binary_kernel_reduce_vec: the value in any order, the sign of a zero result
+            # from its loops (red_cpu_extreme_zero): vectorized_reduction over a contiguous
+            # row (each of the iterator's rows of zseg when the dims do not coalesce),
+            # vectorized_outer_reduction down contiguous columns, else the scalar loop
+            v = 32 // (src.bits // 8)  # an AVX2 vector of the input's dtype
+            _torch_vml.unavailable()  # (torch's thread count, for the two-pass split)
+            if zseg is not None:
+                return (kind, ORDER_CODE[order], v, 2 if zseg[1] else 1, 0, 0, zseg[0], 0)
+            loop = 1 if inner and unit else 2 if unit else 0
+            return (kind, ORDER_CODE[order], v, 1 + loop, cols if loop == 2 else 0, 0)
         if order == "torch_cpu":
             # ATen's cascade_sum: an innermost reduction sums each row (vectorized_inner_sum,
             # or scalar_inner_sum for a strided row); reducing outer dims sums each output
@@ -858,12 +1042,17 @@ class Lowering:
             # (a sum to one value reads torch's thread count, from the library
             # _torch_vml borrows: load it)
             # (the sum's own result is 16-bit; inside a kernel such as mean it is a float)
-            out16 = node.dtype.bits == 16 and not node.attrs.get("kernel_inner")
+            out16 = (node.dtype.bits == 16 and not node.attrs.get("kernel_inner")
+                     and not src_f32)  # (a float copy: summed into a float result)
             c16 = -node.dtype.code - 1 if out16 else 0
             if not self.cuda and node.op == "sum":
                 _torch_vml.unavailable()
             if inner and not unit:
                 return (kind, ORDER_CODE[order], 1, 1, c16, 0)
+            if not inner and (not unit or cols < 32 // (src.bits // 8)):
+                # scalar_outer_sum: the kept columns are strided, or fewer than one AVX2
+                # vector of the input's dtype (16 for bf16/fp16): groups of 4 columns
+                return (kind, ORDER_CODE[order], 1, 1, cols, 0)
             # (an innermost reduction to one value on several threads is ATen's two-pass
             # reduction, reduce.h: its buffer has the output's dtype, -code - 1 here)
             if acc is float64:
@@ -1161,6 +1350,97 @@ def _row_geometry(e, shape: tuple, dims: tuple) -> tuple:
     if any(st[a] != st[b] * shape[b] for a, b in zip(kept, kept[1:])):
         return (mis, 0)
     return (mis, abs(st[kept[-1]]))
+
+
+def _prod(xs) -> int:
+    r = 1
+    for x in xs:
+        r *= x
+    return r
+
+
+def _strides_of(e, shape: tuple) -> tuple:
+    """Element strides of an expression as PyTorch's kernels see it: an input view's own,
+    a computed value's contiguous in logical order."""
+    if isinstance(e, Leaf):
+        return tuple(e.t._strides)
+    st, acc = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        st[d] = acc
+        acc *= shape[d]
+    return tuple(st)
+
+
+def _ti_reduce_groups(shape: tuple, strides: tuple, dims: tuple) -> list:
+    """ATen's TensorIterator view of a CPU reduction of a tensor of `shape` and element
+    `strides` over `dims` (reorder_dimensions: reduced dims first, then by stride, the
+    output's strides deciding among kept dims; then coalesce_dimensions). Returns the
+    iterator's dims, fastest first, as (size, input stride, reduced, logical dims slowest
+    first); size-1 dims are folded into a neighbour as ATen does."""
+    nd = len(shape)
+    out_st = [0] * nd
+    acc = 1
+    for d in range(nd - 1, -1, -1):
+        if d not in dims:
+            out_st[d] = acc
+            acc *= shape[d]
+    ist = [abs(s) for s in strides]
+
+    def should_swap(d0: int, d1: int) -> int:
+        for st, is_out in ((out_st, True), (ist, False)):
+            s0, s1 = st[d0], st[d1]
+            if is_out and (s0 == 0) != (s1 == 0):
+                return 1 if s1 == 0 else -1
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 < s1:
+                return -1
+            if s0 > s1:
+                return 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(nd - 1, -1, -1))
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    out: list = []
+    for d in perm:
+        size, s_in, s_out = shape[d], ist[d], out_st[d]
+        if out:
+            psize, ps_in, ps_out, pdims = out[-1]
+            if psize == 1 or size == 1 or (psize * ps_in == s_in and psize * ps_out == s_out):
+                if psize == 1:
+                    ps_in, ps_out = s_in, s_out
+                out[-1] = (psize * size, ps_in, ps_out, [d] + pdims)
+                continue
+        out.append((size, s_in, s_out, [d]))
+    return [(s, si, so == 0 and s > 1, ds) for s, si, so, ds in out]
+
+
+def _ti_sum_layout(groups: list, vec: int, default: tuple) -> tuple:
+    """(inner, unit, cols) of _reduce_layout as cascade_sum picks its loop from
+    TensorIterator's first two dims (the reduced one first; the kept dims ordered by the
+    output's strides, so a permuted input's contiguous kept dim need not be second):
+    vectorized_inner_sum, vectorized_outer_sum (the second dim contiguous and at least a
+    vector of the input's dtype), scalar_inner_sum, else scalar_outer_sum."""
+    if not groups or not groups[0][2]:
+        return default
+    g0, g1 = groups[0], (groups[1] if len(groups) > 1 else None)
+    if g0[1] == 1 and g0[0] >= vec:
+        return (True, True, 0)
+    if g1 is not None and g1[1] == 1 and g1[0] >= vec:
+        return (False, True, g1[0])
+    if g1 is None or g0[1] < g1[1]:
+        return (True, g0[1] == 1, 0)
+    return (False, False, g1[0])
 
 
 def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:

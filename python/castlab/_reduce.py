@@ -127,7 +127,15 @@ def sum(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = F
         dtype: Any = None) -> TensorLike:
     """Sum over `dim` (None: every dimension), as ``torch.sum``: fp32 accumulation for
     16-bit and fp32 inputs (fp64 for fp64), one rounding to the result dtype, in the order
-    ``Math.reduction`` names (PyTorch's own order under ``torch_eager``).
+    ``Math.reduction`` names (PyTorch's own order under ``torch_eager``). With `dtype` the
+    input is converted to it first, as PyTorch's CPU kernel does (a narrower dtype rounds
+    each element: ``sum([7e4, -7e4, 1.], dtype=float16)`` is NaN). An empty reduction is 0.
+
+    Under the torch_cpu order, dims that do not coalesce into one in memory (not adjacent,
+    or a strided view) follow ATen's TensorIterator: the rows of the fastest reduced dim
+    by the cascade, their sums added in order (cut at the chunks of ATen's two-pass split
+    for a sum to one value on several torch threads); a 16-bit input is summed as a float
+    copy.
 
     >>> x = cl.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> cl.sum(x, dim=1).tolist()
@@ -139,7 +147,17 @@ def sum(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = F
     x = _arg(x)
     _check_float("sum", x)
     dims = reduce_dims("sum", _shape(x), dim)
-    return _call(lambda p: _reduce("sum", p, dims, keepdim, dt), [x])
+
+    def body(p):
+        # ATen's make_reduction_from_out_ty on the CPU: the input is converted to the
+        # requested dtype first (a narrower one rounds: 7e4 in fp16 is inf), then summed
+        if dt is not None and p.dtype is not dt:
+            p = ops.astype(p, dt)
+            # ``self.to(dtype)``: a copy laid out as the input when it is dense (the
+            # torch_cpu order reads it so: Lowering._to_copy)
+            p.node.attrs = {**p.node.attrs, "to_copy": True}
+        return _reduce("sum", p, dims, keepdim, dt)
+    return _call(body, [x])
 
 
 def mean(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
@@ -162,7 +180,11 @@ def mean(x: TensorLike, dim: int | Sequence[int] | None = None, keepdim: bool = 
 
 def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
     """Largest value over `dim` (default: every dimension), NaN-propagating, as
-    ``torch.amax``; exact in any order. An empty reduced dimension is an error.
+    ``torch.amax``; exact in any order. An empty reduced dimension is an error. The sign
+    of a zero result (``amax([-0., 0., -0.])`` is -0) follows ATen's CPU loops under the
+    torch_cpu order on the CPU (binary_kernel_reduce_vec: the scalar op keeps the first of
+    equal values, the vector op the second; ops/scalar/reduce.h red_cpu_extreme_zero);
+    exception: a GPU emulating the torch_cpu order, and the other orders, take -0 < +0.
 
     >>> cl.amax(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=0).tolist()
     [3.0, 5.0]
@@ -171,7 +193,8 @@ def amax(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) ->
 
 
 def amin(x: TensorLike, dim: int | Sequence[int] = (), keepdim: bool = False) -> TensorLike:
-    """Smallest value over `dim` (default: every dimension), as ``torch.amin``.
+    """Smallest value over `dim` (default: every dimension), as ``torch.amin``; a zero
+    result's sign as amax says.
 
     >>> cl.amin(cl.tensor([[1.0, 5.0], [3.0, 2.0]]), dim=1).tolist()
     [1.0, 2.0]
@@ -275,6 +298,12 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
             p = ops.astype(p, dt)
         out_dt = p.dtype
         xf = p if out_dt in (float32, float64) else ops.astype(p, float32)
+        if 0 in tuple(p.shape):
+            # an empty input (its softmax dim or another of size 0): PyTorch returns an
+            # empty tensor of the output dtype, no max to take
+            y = ops.astype(xf - xf, out_dt) if xf.dtype is not out_dt else xf - xf
+            y.node.attrs = {**y.node.attrs, "softmax": (d, log)}
+            return y
         if len(xf.shape) == 0:
             xf = ops.reshape(xf, 1)
         shape = tuple(p.shape)
