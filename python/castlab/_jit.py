@@ -182,12 +182,15 @@ def _guard_value(v: Any, objs: list, memo: dict, depth: int, seen: set):
                 return ("c", _Same(v), len(v))
             seen.add(id(v))
             if t is dict:
-                items = tuple((key, _guard_value(x, objs, memo, depth + 1, seen))
-                              for key, x in v.items())
+                items = tuple((key, g) for key, x in v.items()
+                              if (g := _guard_value(x, objs, memo, depth + 1, seen)) is not None)
             else:
                 items = tuple(_guard_value(x, objs, memo, depth + 1, seen) for x in v)
+                if not any(g is not None for g in items):
+                    items = ()
             seen.discard(id(v))
-            return (t, items)
+            # (nothing guardable inside, e.g. a log the function appends strings to: no guard)
+            return (t, items) if items else None
         if hasattr(v, "__array_interface__") or hasattr(v, "__dlpack__"):
             return _array_guard(v)
         if not t.__flags__ & _HEAPTYPE or t.__module__.partition(".")[0] in _FOREIGN_MODULES:
@@ -199,10 +202,10 @@ def _guard_value(v: Any, objs: list, memo: dict, depth: int, seen: set):
         if depth >= _GUARD_DEPTH or id(v) in seen or len(d) > _GUARD_ITEMS:
             return ("o", _Same(v))
         seen.add(id(v))
-        items = tuple((key, _guard_value(x, objs, memo, depth + 1, seen))
-                      for key, x in d.items())
+        items = tuple((key, g) for key, x in d.items()
+                      if (g := _guard_value(x, objs, memo, depth + 1, seen)) is not None)
         seen.discard(id(v))
-        return ("o", t, items)
+        return ("o", t, items) if items else None
     if k == "f":
         return v.hex()                 # distinguishes -0.0 and NaN exactly
     if k == "i":
@@ -307,6 +310,17 @@ class JitFunction:
         tr = self._lookup(key)
         if tr is None:
             tr = self._record(tensors, objs)
+            if not self._unguarded:
+                # keyed by the values as tracing left them: a function that changes what
+                # it guards while it runs (a counter it bumps) is then found again
+                post, post_objs = _guards(self.fn, self._code_memo)
+                if post != guard:
+                    key = (key[0], post)
+                    tr.captured_src = [
+                        s if type(s) is not int else next(
+                            (j for j, o in enumerate(post_objs) if o is objs[s]), (objs[s],))
+                        for s in tr.captured_src]
+                    objs = post_objs
             with self._lock:
                 self._cache[key] = tr
                 while len(self._cache) > self.cache_size:

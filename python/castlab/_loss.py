@@ -17,9 +17,10 @@ from typing import Any
 
 from . import ops
 from ._C import Tensor
+from ._creation import tensor
 from ._dtype import bool_, float32, float64, int32, int64
 from ._graph import EXPANSIONS, Node, Proxy, record
-from ._index import _gather_node
+from ._index import _gather_node, gather
 from ._reduce import _arg, _call, _check_float
 from ._reduce import log_softmax as _log_softmax
 from ._reduce import sum as _sum
@@ -239,9 +240,6 @@ def cross_entropy(input: TensorLike, target: TensorLike, weight: TensorLike | No
 
 def _gather_node_eager(w, idx):
     """w's elements at the (concrete, in-range) class indices idx, copied bit for bit."""
-    from ._creation import tensor
-    from ._index import gather
-
     it = tensor(idx.astype("int64"), dtype=int64)
     if w.device != it.device:
         it = it.to(w.device)

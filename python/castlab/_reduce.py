@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ops
+from . import _C, _torch_vml, ops
 from ._creation import asarray
 from ._dtype import as_dtype, bfloat16, float16, float32, float64, promote_types
 from ._graph import EXPANSIONS, Node, Proxy, record, reduce_dims, reduce_node, tracing
@@ -609,7 +609,6 @@ def _ln_rows(q: Proxy, rows: int, n: int) -> Proxy:
 def _torch_cpu_row_chunks(rows: int) -> list:
     """The rows each of torch's threads takes in at::parallel_for(0, M, 1, ...) (OpenMP:
     min(threads, M) chunks of ceil(M / chunks) rows; one chunk on one thread)."""
-    from . import _C, _torch_vml
     _torch_vml.unavailable()  # torch's thread count, from the library it borrows
     t = _C.torch_num_threads() or 1
     if rows <= 1 or t <= 1:
