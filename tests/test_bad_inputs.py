@@ -648,6 +648,11 @@ case("i50-9-int-in-list-shape", "i50-9", "k = [2]\nf = cl.jit(lambda x: cl.resha
 case("i50-9-string-unchanged", "i50-9", _G9 + "mode = {'m': 'a', 'k': 1.5}\nf = cl.jit(lambda x: x * mode['k'])\n"
      "r = [f(x) for _ in range(3)][-1]", ok("r.tolist() == [1.5] * 3 and len(f._cache) == 1"))
 
+case("i50-9-log-appended-while-tracing", "i50-9", _G9 + "seen = []\ndef g(x):\n    seen.append(str(x.dtype))\n"
+     "    return x * 2\nf = cl.jit(g)\nr = [f(x) for _ in range(4)][-1]", ok("len(seen) == 1 and len(f._cache) == 1"))
+case("i50-9-counter-bumped-while-tracing", "i50-9", _G9 + "n = [0]\ndef g(x):\n    n[0] += 1\n    return x * 2\n"
+     "f = cl.jit(g)\nr = [f(x) for _ in range(4)][-1]", ok("n == [1] and len(f._cache) == 1 and r.tolist() == [2.0] * 3"))
+
 # item 18: cotangents that are not tensors
 _V18 = "x = cl.randn(4, seed=0)\ny, pb = cl.vjp(lambda x: cl.exp(x), x)\n"
 case("i50-18-pullback-none", "i50-18", _V18 + "pb(None)", err(TE, r"cotangent 0 is None.*tensor"))
