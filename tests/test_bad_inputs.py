@@ -653,6 +653,11 @@ case("i50-9-log-appended-while-tracing", "i50-9", _G9 + "seen = []\ndef g(x):\n 
 case("i50-9-counter-bumped-while-tracing", "i50-9", _G9 + "n = [0]\ndef g(x):\n    n[0] += 1\n    return x * 2\n"
      "f = cl.jit(g)\nr = [f(x) for _ in range(4)][-1]", ok("n == [1] and len(f._cache) == 1 and r.tolist() == [2.0] * 3"))
 
+for fn, call in (("split", "cl.split(x, 2, dim={d})"), ("chunk", "cl.chunk(x, 2, dim={d})")):
+    case(f"i50-dim-float-{fn}", "i50-22", "x = cl.zeros(4, 6)\n" + call.format(d="1.0"), err(TE, r"dim must be an int"))
+    case(f"i50-dim-npint-{fn}", "i50-22", "x = cl.zeros(4, 6)\nr = " + call.format(d="np.int64(1)"),
+         ok("[t.shape for t in r] == [(4, 2)] * 3 if len(r) == 3 else [t.shape for t in r] == [(4, 3)] * 2"))
+
 # item 18: cotangents that are not tensors
 _V18 = "x = cl.randn(4, seed=0)\ny, pb = cl.vjp(lambda x: cl.exp(x), x)\n"
 case("i50-18-pullback-none", "i50-18", _V18 + "pb(None)", err(TE, r"cotangent 0 is None.*tensor"))

@@ -407,6 +407,9 @@ def select(x: TensorLike, dim: int, index: int) -> TensorLike:
 
 
 def _dim(x: TensorLike, dim: int) -> int:
+    if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
+        raise TypeError(f"dim must be an int, not {type(dim).__name__}")
+    dim = operator.index(dim)
     nd = len(x.shape)
     if not -nd <= dim < nd or nd == 0:
         raise IndexError(f"dimension {dim} is out of range for a {nd}-d tensor "
