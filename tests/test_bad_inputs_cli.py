@@ -556,3 +556,31 @@ def test_run_cells_checks_retries(retries):
     from castlab.sweep import run_cells
     with pytest.raises(ValueError, match="retries must be an int >= 0"):
         run_cells([1], abs, workers=0, retries=retries)
+
+
+# ================================================================ issue 53: dtype names
+
+@pytest.mark.parametrize("alias,name", [("bf16", "bfloat16"), ("fp16", "float16"),
+                                        ("fp32", "float32"), ("fp64", "float64"),
+                                        ("f32", "float32"), ("half", "float16"),
+                                        ("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_dtype_aliases_in_python_and_the_study_cli(alias, name, capsys, tmp_path):
+    import castlab as cl
+    assert cl.as_dtype(alias).name == name
+    rc, out, err, _ = _main(["study", "--device", "cpu", "--chains", "swiglu", "--dtypes", alias,
+                             "--shape", "swiglu=2x4", "--no-plots", "--no-progress",
+                             "--out", tmp_path / "o"], capsys)
+    assert rc == 0, err
+    assert f"swiglu {name}:" in out
+    import pandas as pd
+    assert set(pd.read_csv(tmp_path / "o" / "results.csv")["dtype"]) == {name}
+
+
+def test_dtype_aliases_in_a_config_and_unknown_names_refused(capsys, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('dtypes = ["bf16"]\n[[chains]]\nchain = "swiglu"\nshape = [2, 4]\n')
+    rc, out, err, _ = _main(["study", "--device", "cpu", "--config", cfg, "--no-plots",
+                             "--no-progress", "--out", tmp_path / "o"], capsys)
+    assert rc == 0, err
+    _refused(["study", "--dtypes", "fp9"], r"invalid choice: 'fp9'", capsys)
+    _refused(["study", "--dtypes", "int32"], r"invalid choice: 'int32'", capsys)

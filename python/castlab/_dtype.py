@@ -87,6 +87,9 @@ _BY_NAME = {d.name: d for d in _ALL}
 _BY_NAME.update({d.short: d for d in _ALL})
 _BY_NAME.update({"double": float64, "float": float32, "half": float16, "bool_": bool_,
                  "long": int64, "int": int32})
+# the names traces and papers use (issue 53: one vocabulary)
+_BY_NAME.update({"fp64": float64, "fp32": float32, "fp16": float16, "fp8_e4m3": float8_e4m3fn,
+                 "fp8_e4m3fn": float8_e4m3fn, "fp8_e5m2": float8_e5m2})
 _BY_CODE = {d.code: d for d in _ALL}
 _BY_NP = {d._np: d for d in _ALL}
 
@@ -94,8 +97,12 @@ _BY_NP = {d._np: d for d in _ALL}
 def as_dtype(x: Any) -> dtype:
     """Turn a castlab/NumPy/ml_dtypes/torch dtype, a Python type, or a name into a castlab dtype.
 
-    >>> cl.as_dtype("bf16"), cl.as_dtype(np.float16)
-    (castlab.bfloat16, castlab.float16)
+    Names: the full ones (``"bfloat16"``), the short ones traces print (``"bf16"``,
+    ``"f32"``), ``fp64``/``fp32``/``fp16``/``fp8_e4m3``/``fp8_e5m2``, and torch's aliases
+    (``"half"``, ``"double"``, ...).
+
+    >>> cl.as_dtype("bf16"), cl.as_dtype(np.float16), cl.as_dtype("fp8_e4m3")
+    (castlab.bfloat16, castlab.float16, castlab.float8_e4m3fn)
     """
     if isinstance(x, dtype):
         return x

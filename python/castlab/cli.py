@@ -15,6 +15,7 @@ from typing import Any
 
 from . import _C, cuda, numerics, ops, study
 from ._device import as_device
+from ._dtype import as_dtype
 from ._optable import BITS, IMPL_MASK, OPS
 from .policy import Math
 from .presets import libraries
@@ -168,10 +169,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure kernel-library presets instead of policies: 'all' or "
                    "names, space- or comma-separated (" + ", ".join(libraries()) + "), e.g. "
                    "`castlab study --chains swiglu,rope --math all` (see below)")
-    s.add_argument("--dtypes", nargs="+", metavar="DTYPE",
+    s.add_argument("--dtypes", nargs="+", metavar="DTYPE", type=_dtype_name,
                    choices=["bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
                             "float8_e5m2"],
-                   help="input dtypes (valid: %(choices)s; default: bfloat16 float16 float32)")
+                   help="input dtypes (valid: %(choices)s, or bf16, fp16, fp32, fp64, fp8_e4m3, "
+                   "fp8_e5m2; default: bfloat16 float16 float32)")
     s.add_argument("--policies", nargs="+", choices=["eager", "fused", "fp64"], metavar="POLICY",
                    help="policies (valid: %(choices)s; default: eager fused)")
     s.add_argument("--presets", nargs="+", choices=_valid_presets(), metavar="PRESET",
@@ -252,9 +254,10 @@ def _exhaustive_parser(sub) -> None:
         "configurations disagree (castlab.numerics.exhaustive).")
     e.add_argument("chain", help="swiglu, geglu (silu(a)*b, gelu(a)*b), a unary op ("
                    + ", ".join(_UNARY) + ") or pkg.module:function / path/file.py:function")
-    e.add_argument("--dtype", default="bfloat16",
+    e.add_argument("--dtype", default="bfloat16", type=_dtype_name,
                    choices=["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float32"],
-                   help="input dtype (default bfloat16)")
+                   help="input dtype (valid: %(choices)s, or bf16, fp16, fp32, fp8_e4m3, "
+                   "fp8_e5m2; default bfloat16)")
     e.add_argument("--math", default="torch_eager", metavar="A,B",
                    help="comma-separated math presets (valid: " + ", ".join(_valid_presets())
                    + "; default torch_eager)")
@@ -502,6 +505,7 @@ def _config_input(x: Any, where: str, base: str) -> Any:
                            f"[64, 4096], got {shp!r}")
         kw["shape"] = tuple(shp)
     if "dtype" in kw:
+        kw["dtype"] = _dtype_name(kw["dtype"])
         _one_of(f"{where}.dtype", kw["dtype"], _FLOAT_DTYPES)
     if "distribution" in kw:
         _one_of(f"{where}.distribution", kw["distribution"], study.DISTRIBUTIONS)
@@ -566,6 +570,8 @@ def _study_settings(args: argparse.Namespace) -> dict:
         valid = {"dtypes": _FLOAT_DTYPES, "policies": ("eager", "fused", "fp64"),
                  "presets": tuple(_valid_presets()),
                  "rounding": ("nearest", "toward_zero", "stochastic")}
+        if "dtypes" in cfg:
+            cfg["dtypes"] = [_dtype_name(v) for v in cfg["dtypes"]]
         for key, ok in valid.items():
             for j, v in enumerate(cfg.get(key, [])):
                 _one_of(f"{args.config}: {key}[{j}]", v, ok)
@@ -1076,6 +1082,19 @@ def _case_keys(df, seed: bool = True) -> list[str]:
     if seed and "seed" in df.columns:
         keys.append("seed")
     return keys + (["pass", "output"] if "pass" in df.columns else [])
+
+
+def _dtype_name(v: Any) -> Any:
+    """The full name of a floating dtype given by any of castlab's names (bf16, fp32,
+    fp8_e4m3, ...); anything else unchanged, for the caller's check to refuse."""
+    if isinstance(v, str):
+        try:
+            d = as_dtype(v)
+        except TypeError:
+            return v
+        if d.is_floating_point:
+            return d.name
+    return v
 
 
 def _one_of(what: str, v: Any, choices) -> None:
