@@ -584,3 +584,17 @@ def test_dtype_aliases_in_a_config_and_unknown_names_refused(capsys, tmp_path):
     assert rc == 0, err
     _refused(["study", "--dtypes", "fp9"], r"invalid choice: 'fp9'", capsys)
     _refused(["study", "--dtypes", "int32"], r"invalid choice: 'int32'", capsys)
+
+
+def test_version_and_help_list_every_command(capsys):
+    import castlab as cl
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"castlab {cl.__version__}"
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    commands = text[text.index("commands:"):text.index("positional arguments")]
+    for name in cli._parser()._subparsers._group_actions[0].choices:
+        assert f"\n  {name} " in commands, name

@@ -32,6 +32,9 @@ commands:
           policies and math presets; print exact / correctly rounded / 1 ulp / >1 ulp
           counts against fp64 and where configurations disagree; write JSON and CSV
   info    print versions and the devices found
+  ops     list the elementwise ops (the op table: each op's formula and variants)
+
+castlab --version prints castlab's version.
 """
 
 
@@ -154,6 +157,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"castlab {_C.__version__}")
     sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
