@@ -598,3 +598,25 @@ def test_version_and_help_list_every_command(capsys):
     commands = text[text.index("commands:"):text.index("positional arguments")]
     for name in cli._parser()._subparsers._group_actions[0].choices:
         assert f"\n  {name} " in commands, name
+
+
+def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tmp_path):
+    # issue 53 item 1: the README's TOML example (an input pinned to float32) makes the
+    # chain's result float32; the rows say so and the console warns, in one line
+    (tmp_path / "norms53.py").write_text(
+        "import castlab as cl\ndef rms_scale(x, w):\n"
+        "    return x * cl.rsqrt(cl.mean(x * x, -1, keepdim=True) + 1e-6) * w\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'dtypes = ["bf16", "float32"]\n[[chains]]\nchain = "{tmp_path}/norms53.py:rms_scale"\n'
+                   "[[chains.inputs]]\nshape = [8, 32]\n[[chains.inputs]]\nshape = [8, 1]\n"
+                   'dtype = "float32"\n')
+    rc, out, err, _ = _main(["study", "--device", "cpu", "--config", cfg, "--no-plots",
+                             "--no-progress", "--out", tmp_path / "o"], capsys)
+    assert rc == 0, err
+    warn = [ln for ln in err.splitlines() if ln.startswith("castlab: warning:")]
+    assert len(warn) == 1 and "result is float32 (input 1 is float32)" in warn[0], err
+    assert any("output_dtype" in ln for ln in out.splitlines()[:3]), out
+    import pandas as pd
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert set(zip(df["dtype"], df["input_dtypes"], df["output_dtype"])) == {
+        ("bfloat16", "bfloat16,float32", "float32"), ("float32", "float32,float32", "float32")}

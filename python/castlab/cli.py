@@ -1011,6 +1011,9 @@ def format_table(df) -> str:
             "same_vs_eager"]
     if "pass" in df.columns:  # a study with gradients: say which result each row is
         cols[1:1] = ["pass", "output"]
+    if "output_dtype" in df.columns and (df["output_dtype"] != df["dtype"]).any():
+        # a pinned or file input promoted a result: say in which format it was measured
+        cols.insert(cols.index("dtype") + 1, "output_dtype")
     cols = [c for c in cols if c in df.columns]
     show = df[cols].copy()
     show["correctly_rounded"] = show["correctly_rounded"].map(lambda v: f"{100 * v:.4f}%")
@@ -1249,6 +1252,20 @@ def ops_text() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; a bad value ends with one line on stderr and exit code 2
     (``castlab: error: ...``), never a traceback; Ctrl-C ends with exit code 130."""
+    import warnings
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        # castlab's own warnings (a result in another dtype than the study's, ...) as one
+        # line each, like its errors; others keep Python's format
+        text = " ".join(str(message).split())
+        if category.__module__.startswith("castlab") or filename.startswith(
+                os.path.dirname(os.path.abspath(__file__))):
+            print(f"castlab: warning: {text}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    show = warnings.showwarning
+    warnings.showwarning = one_line
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -1270,6 +1287,8 @@ def main(argv: list[str] | None = None) -> int:
         msg = " ".join(str(e).split()) or type(e).__name__
         print(f"castlab: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = show
 
 
 def _main(argv: list[str] | None = None) -> int:

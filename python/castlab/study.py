@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -572,8 +573,8 @@ def row_columns(grad: bool = False) -> list[str]:
     """The columns of a study's rows; with `grad`, also ``pass`` ("forward" or
     "backward") and ``output`` ("y" for the chain's result, "da", "dx", ... for a
     gradient)."""
-    cols = ["chain", "dtype", "shape", "input", "scale", "seed", "math", "policy", "rounding",
-            "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
+    cols = ["chain", "dtype", "input_dtypes", "output_dtype", "shape", "input", "scale",
+            "seed", "math", "policy", "rounding", "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
             "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager",
             "max_ulp_at_scale", "worst_index"]
     return cols[:1] + ["pass", "output"] + cols[1:] if grad else cols
@@ -969,6 +970,7 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
             raise ValueError(f"chain {ch.name!r} cannot be traced by castlab.jit "
                              f"({type(e).__name__}: {_one_line(e)})") from None
         _check_one_output(ch, tr)
+        _warn_other_output_dtype(ch, job[1], made[0], tr)
         first_args[(ch.name, job[1].name, job[2])] = made
     rows: list = []
     att_rows: list = []
@@ -1248,6 +1250,9 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
     args = made[0]
     common = _cell_common(ch, dt, made, spec["scale"], spec["seed_label"])
     key = _cell_key_dict(spec, common)
+    # what was computed: the inputs' dtypes (a pinned or file input keeps its own) and,
+    # per row, the output's (its metrics are in the output's format)
+    common["input_dtypes"] = ",".join(a.dtype.name for a in args)
     fn = _jit_of(ch.fn)
     reference = fn.run(*args, policy=spec["ref"])
     runs = []  # (math, policy, rounding, result)
@@ -1279,6 +1284,20 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
             new_verdicts.append(v)
     return {"key": key, "rows": [_jsonable(r) for r in new_rows],
             "attribution": _jsonable(new_att), "verdicts": _jsonable(new_verdicts)}
+
+
+def _warn_other_output_dtype(ch: Chain, dt, args: tuple, tr) -> None:
+    """Say, before the study runs, when a chain's result is not in the study dtype (an
+    input pinned to float32, or a float32 file, promotes it): its rows then carry the
+    output's dtype and their ulp and rounding figures are in that format."""
+    out = tr.outputs[0].dtype
+    if out != dt:
+        pinned = [f"input {k} is {a.dtype.name}" for k, a in enumerate(args) if a.dtype != dt]
+        warnings.warn(
+            f"chain {ch.name!r}: in the {dt.name} study its result is {out.name}"
+            + (f" ({', '.join(pinned)})" if pinned else "")
+            + f": its rows say output_dtype={out.name}, and their ulp and correctly-rounded "
+            f"figures are in {out.name}", UserWarning, stacklevel=3)
 
 
 def _baseline(runs: list, math0, run_eager: Callable):
@@ -1361,7 +1380,8 @@ def _compare_rows(runs: list, reference, common: dict, device: str, base=None) -
     rows = []
     for x in runs:
         m, pol, r, res = x
-        row = dict(common, math=m.name, policy=pol.name, rounding=r, device=device)
+        row = dict(common, math=m.name, policy=pol.name, rounding=r, device=device,
+                   output_dtype=res.dtype.name)
         row.update(_metrics_of(metrics, name_of[id(x)], res.numel()))
         rows.append(row)
     return rows
