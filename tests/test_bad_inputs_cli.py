@@ -620,3 +620,25 @@ def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tm
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert set(zip(df["dtype"], df["input_dtypes"], df["output_dtype"])) == {
         ("bfloat16", "bfloat16,float32", "float32"), ("float32", "float32,float32", "float32")}
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"])
+def test_npy_files_written_with_ml_dtypes_load_with_their_dtype(name, tmp_path):
+    # issue 53 item 1: NumPy saves ml_dtypes' arrays as untyped |V2 / |V1 values
+    import ml_dtypes
+    import numpy as np
+
+    from castlab import study
+    np_t = {"bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+            "float8_e5m2": ml_dtypes.float8_e5m2, "float16": np.float16}[name]
+    a = np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8).astype(np_t)
+    np.save(tmp_path / "x.npy", a)
+    got = study.load_input_file(str(tmp_path / "x.npy"), dtype=name)
+    assert got.dtype == a.dtype and got.tobytes() == a.tobytes()
+    if name != "float16":  # (fp16 is NumPy's own type: no dtype needed)
+        with pytest.raises(ValueError, match=r"untyped \d-byte values.*give the input's dtype"):
+            study.load_input_file(str(tmp_path / "x.npy"))
+    df = study.run(chains=[study.chain(lambda x: x * 2.0, inputs=[study.Input(
+        file=str(tmp_path / "x.npy"), dtype=name)], name="twice")],
+        dtypes=["bfloat16"], device="cpu", extra_presets={})
+    assert set(df["input_dtypes"]) == {name}

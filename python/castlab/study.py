@@ -43,7 +43,7 @@ from . import cuda, numerics
 from . import presets as _presets  # (run() has a parameter named presets)
 from ._creation import rand, randn, tensor
 from ._device import as_device
-from ._dtype import as_dtype, float32, float64, int64
+from ._dtype import as_dtype, bfloat16, float8_e4m3fn, float8_e5m2, float16, float32, float64, int64
 from ._index import gather
 from ._jit import JitFunction, _arg_names, jit
 from ._progress import bar as _bar
@@ -437,10 +437,12 @@ def _as_input(x: Any) -> Input:
     return x if isinstance(x, Input) else Input(tensor=x)
 
 
-def load_input_file(path: str, key: str | None = None):
+def load_input_file(path: str, key: str | None = None, dtype: Any = None):
     """A NumPy array (floating-point) from a ``.npy``, ``.pt`` (torch) or ``.safetensors``
     file; `key` picks one tensor of a file that holds several. ValueError (one line,
-    naming the file) otherwise."""
+    naming the file) otherwise. NumPy writes ml_dtypes' bfloat16 and float8 arrays as
+    untyped 1- or 2-byte values (``|V2``): `dtype` (the input's pinned dtype) says which
+    format their bits are in."""
     import numpy as np
 
     ext = os.path.splitext(path)[1].lower()
@@ -451,7 +453,12 @@ def load_input_file(path: str, key: str | None = None):
         raise ValueError(f"input file {path!r} not found")
     try:
         if ext == ".npy":
-            arr = np.load(path, allow_pickle=False)
+            try:
+                arr = np.load(path, allow_pickle=False)
+            except ValueError as e:  # ml_dtypes' float8_e5m2 saves a descr NumPy cannot read
+                if "descr" not in str(e):
+                    raise
+                arr = _npy_raw(path)
             if key is not None:
                 raise ValueError("a .npy file holds one array: drop key")
         elif ext == ".pt":
@@ -484,10 +491,44 @@ def load_input_file(path: str, key: str | None = None):
                          f"{_one_line(e)})") from None
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"input file {path!r}: expected an array, got {type(arr).__name__}")
+    if arr.dtype.kind == "V" and arr.dtype.fields is None and arr.dtype.itemsize in (1, 2):
+        n = arr.dtype.itemsize
+        fits = [d.name for d in (bfloat16, float16, float8_e4m3fn, float8_e5m2)
+                if d.itemsize == n]
+        want = as_dtype(dtype) if dtype is not None else None
+        if want is None or want.itemsize != n or not want.is_floating_point:
+            raise ValueError(
+                f"input file {path!r} holds untyped {n}-byte values ({arr.dtype.str}), as "
+                f"NumPy saves ml_dtypes' {' and '.join(fits)} arrays: give the input's dtype "
+                f"(dtype = \"{fits[0]}\" in the config, or Input(file=..., dtype=...)) to "
+                "read their bits in that format")
+        arr = arr.view(want._np)
     if arr.dtype.kind != "f" and "float" not in arr.dtype.name:
         raise ValueError(f"input file {path!r} holds {arr.dtype.name} values; expected a "
                          "floating-point array")
     return arr
+
+
+def _npy_raw(path: str):
+    """A .npy whose 1- or 2-byte descr NumPy cannot parse (``'<f1'``, written for ml_dtypes'
+    float8_e5m2), as untyped values of that size (|V1, |V2) for load_input_file."""
+    import ast
+
+    import numpy as np
+
+    with open(path, "rb") as f:
+        major, _ = np.lib.format.read_magic(f)
+        hlen = int.from_bytes(f.read(2 if major == 1 else 4), "little")
+        header = ast.literal_eval(f.read(hlen).decode("latin1"))
+        size = int(str(header["descr"])[-1])
+        if size not in (1, 2) or header.get("fortran_order"):
+            raise ValueError(f"descr {header['descr']!r} is not a dtype castlab can read")
+        shape = tuple(header["shape"])
+        data = np.frombuffer(f.read(), dtype=f"V{size}")
+    n = int(np.prod(shape))
+    if data.size < n:
+        raise ValueError(f"holds {data.size} values, its header says {n}")
+    return data[:n].reshape(shape).copy()
 
 
 def _pick(obj: Any, key: str | None, kind: type, want_key: bool = False):
@@ -694,7 +735,7 @@ def _make_args(ch: Chain, shape: tuple | None, dt, seed: int, kind: str, scale: 
     for i, sp in enumerate(specs):
         idt = as_dtype(sp.dtype) if sp.dtype else dt
         if sp.file is not None:
-            arr = load_input_file(sp.file, sp.key)
+            arr = load_input_file(sp.file, sp.key, sp.dtype)
             if sp.shape is not None and tuple(arr.shape) != tuple(sp.shape):
                 raise ValueError(f"input {i} of chain {ch.name!r}: file {sp.file!r} has shape "
                                  f"{tuple(arr.shape)}, expected {tuple(sp.shape)}")
