@@ -491,7 +491,7 @@ def load_input_file(path: str, key: str | None = None, dtype: Any = None):
                          f"{_one_line(e)})") from None
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"input file {path!r}: expected an array, got {type(arr).__name__}")
-    if arr.dtype.kind == "V" and arr.dtype.fields is None and arr.dtype.itemsize in (1, 2):
+    if arr.dtype.type is np.void and arr.dtype.fields is None and arr.dtype.itemsize in (1, 2):
         n = arr.dtype.itemsize
         fits = [d.name for d in (bfloat16, float16, float8_e4m3fn, float8_e5m2)
                 if d.itemsize == n]
