@@ -26,7 +26,9 @@ from castlab import numerics as nm
 from castlab.numerics import Enumeration
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PKG = os.path.join(os.path.dirname(HERE), "python")
+# The folder castlab was imported from (the installed package in CI, python/ in a
+# development build): children import the same castlab.
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
 
 # a small study that runs in well under a second
 Q = ["study", "--device", "cpu", "--chains", "swiglu", "--dtypes", "bfloat16", "--no-plots",
