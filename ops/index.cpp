@@ -87,16 +87,20 @@ void coords_of(int64_t k, const Shape& shape, int64_t nd, int64_t* c) {
   }
 }
 
+// Index element k: its coordinates into c, and its value wrapped and range-checked.
+int64_t index_at(int64_t k, const Tensor& index, int dim, int64_t size, bool wrap, int64_t* c) {
+  const int64_t nd = index.ndim();
+  coords_of(k, index.shape(), nd, c);
+  const int64_t raw =
+      static_cast<const int64_t*>(index.data_ptr())[offset_of(c, index.strides(), nd)];
+  const int64_t v = wrapped(raw, size, wrap);
+  if (v < 0 || v >= size) throw std::out_of_range(bounds_message(raw, dim, size));
+  return v;
+}
+
 void check_cpu(int dim, int64_t size, bool wrap, const Tensor& index) {
-  const int64_t nd = index.ndim(), n = index.numel();
-  const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
-  for (int64_t k = 0; k < n; ++k) {
-    int64_t c[kIndexMaxDims];
-    coords_of(k, index.shape(), nd, c);
-    const int64_t raw = ip[offset_of(c, index.strides(), nd)];
-    const int64_t v = wrapped(raw, size, wrap);
-    if (v < 0 || v >= size) throw std::out_of_range(bounds_message(raw, dim, size));
-  }
+  int64_t c[kIndexMaxDims];
+  for (int64_t k = 0; k < index.numel(); ++k) index_at(k, index, dim, size, wrap, c);
 }
 
 void gather_cpu(int dim, bool wrap, const Tensor& src, const Tensor& index, const Tensor& out) {
@@ -104,14 +108,10 @@ void gather_cpu(int dim, bool wrap, const Tensor& src, const Tensor& index, cons
   const size_t es = static_cast<size_t>(src.itemsize());
   const int64_t size = src.shape().empty() ? 1 : src.shape()[dim];
   const char* sp = static_cast<const char*>(src.data_ptr());
-  const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   char* op = static_cast<char*>(out.data_ptr());
   for (int64_t k = 0; k < n; ++k) {
     int64_t c[kIndexMaxDims];
-    coords_of(k, index.shape(), nd, c);
-    const int64_t raw = ip[offset_of(c, index.strides(), nd)];
-    const int64_t v = wrapped(raw, size, wrap);
-    if (v < 0 || v >= size) throw std::out_of_range(bounds_message(raw, dim, size));
+    const int64_t v = index_at(k, index, dim, size, wrap, c);
     const int64_t oo = offset_of(c, out.strides(), nd);
     if (nd > 0) c[dim] = v;
     std::memcpy(op + oo * static_cast<int64_t>(es),

@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from .. import _autodiff, _graph
 from .. import numerics as _nm
 from .._dlpack import from_dlpack, from_torch_region, from_torch_tracked, to_torch_region
-from .._jit import JitFunction
+from .._jit import JitFunction, _code_globals
 from ..policy import Math, Policy, as_math, as_policy
 from . import _aten, _attention
 
@@ -1049,13 +1049,7 @@ def _closure_tensors(fn: Callable, depth: int = 0, seen: set | None = None,
             named.append((var, cell.cell_contents))
         except ValueError:  # an empty cell
             pass
-    names: list = []
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        names.extend(c.co_names)
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    named.extend((var, fn.__globals__[var]) for var in dict.fromkeys(names)
+    named.extend((var, fn.__globals__[var]) for var in _code_globals(code, {})
                  if var in fn.__globals__)
     for var, v in named:
         if isinstance(v, torch.nn.Module):
