@@ -615,6 +615,52 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops) {
 // kernel does (no row in shared memory: vocabulary-sized rows fit), then the warps'
 // values and the block's in the order's trees; the epilogue as the general kernel's.
 // Returns the block's thread count, 0 where the phases take other orders.
+// The phase's values at elements i .. i + ilp - 1 of the row into out[]: each operand that
+// runs along the row read as 16-byte words where its address allows (else one element at
+// a time), then the phase's Program on each element, as `value` computes it.
+std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPhase& p,
+                         const std::string& K, int64_t ilp) {
+  const std::string L = num(ilp);
+  std::string src = "    auto chunk = [&](long long i, ACC* out) {\n";
+  for (size_t a = 0; a < p.ins.size(); ++a) {
+    const int q = p.ins[a];
+    const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
+    const int64_t bytes = ilp * itemsize(ops[q]->dtype());
+    if (s.cs[q] == 0) {
+      src += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+      continue;
+    }
+    src += "      __align__(16) " + t + " " + A + "[" + L + "];\n";
+    const std::string base = "((const " + t + "*)P.ptr[" + num(q) + "] + row * " +
+                             num(s.rs[q]) + "LL)";
+    if (s.cs[q] == 1 && bytes % 16 == 0) {
+      src += "      {\n        const " + t + "* p = " + base + " + i;\n";
+      src += "        if (((unsigned long long)p & 15ull) == 0ull) {\n#pragma unroll\n";
+      src += "          for (int w = 0; w < " + num(bytes / 16) + "; ++w) ((uint4*)" + A +
+             ")[w] = ((const uint4*)p)[w];\n";
+      src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " + A +
+             "[k] = p[k];\n        }\n      }\n";
+    } else {
+      const std::string idx = s.cs[q] == 1 ? "(i + k)" : "(i + k) * " + num(s.cs[q]) + "LL";
+      src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) " + A + "[k] = " + base +
+             "[" + idx + "];\n";
+    }
+  }
+  src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) {\n";
+  if (p.prog) {
+    src += "        ACC y;\n        cl_phase" + K + "(0ull, 0ull";
+    for (size_t a = 0; a < p.ins.size(); ++a) {
+      const std::string A = "a" + num(static_cast<int64_t>(a));
+      src += ", " + A + (s.cs[p.ins[a]] == 0 ? "" : "[k]");
+    }
+    src += ", y);\n        out[k] = y;\n";
+  } else {
+    src += "        out[k] = (ACC)a0" + std::string(s.cs[p.ins[0]] == 0 ? "" : "[k]") + ";\n";
+  }
+  src += "      }\n    };\n";
+  return src;
+}
+
 int64_t torch_threads(const RowStep& s) {
   int64_t t = 0;
   for (const RowPhase& p : s.phases) {
@@ -637,7 +683,12 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   src += row_params_struct(s, nops);
   src +=
       "template <typename F>\nstruct CallRow {\n  F f;\n"
-      "  __device__ ACC operator[](long long i) const { return f(i); }\n};\n";
+      "  __device__ ACC operator[](long long i) const { return f(i); }\n};\n"
+      // with G: ILP consecutive values at once (cl::red_chunk), the operands read as vectors
+      "template <typename F, typename G>\nstruct CallRowChunk {\n  F f;\n  G g;\n"
+      "  __device__ ACC operator[](long long i) const { return f(i); }\n"
+      "  template <int ILP>\n  __device__ void chunk(long long i, ACC* out) const { g(i, out); "
+      "}\n};\n";
   src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) +
          ") KERNEL_NAME(const RowParams P) {\n";
   bool block = false;  // (the warp kernel's lanes are its parts)
@@ -670,11 +721,21 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
     } else {
       src += "      return (ACC)a0;\n";
     }
-    src += "    };\n    const CallRow<decltype(value)> v{value};\n";
+    src += "    };\n";
     const std::string kind = num(p.spec.kind);
+    // the block kernels that read whole vectors (Smem, ilpReduce): ILP values a call
+    const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
+    const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
+    if (ilp > 0 && ilp <= 16) {
+      src += chunk_lambda(s, ops, p, K, ilp);
+      src += "    const CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk};\n";
+    } else {
+      src += "    const CallRow<decltype(value)> v{value};\n";
+    }
+    const std::string targs = ilp > 0 && ilp <= 16 ? "ACC, " + num(ilp) + ", " + kind : "ACC";
     if (p.spec.order == kOrdSoftmaxBlock) {
       src += "    const int t = threadIdx.x;\n";
-      src += "    lanes[t] = t < " + PL + ".a ? cl::red_softmax_thread<ACC>(" + PL +
+      src += "    lanes[t] = t < " + PL + ".a ? cl::red_softmax_thread<" + targs + ">(" + PL +
              ", v, n, row, t) : cl::red_identity<ACC>(" + kind + ");\n";
       src += "    __syncthreads();\n";
       src += "    if (t < " + PL + ".nparts) {\n      ACC* L = lanes + 32 * t;\n";

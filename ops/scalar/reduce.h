@@ -685,17 +685,39 @@ CL_HD T red_warp_down(int kind, T* lane) {
 // warp softmax: part t = lane t (elements t + it * warp, it = 0..b-1; past the row the
 // kernel's padding adds exp(-inf) = +0). block softmax: part t = warp t's shuffle-reduced
 // value of its 32 threads' own (red_softmax_thread). spatial softmax: part x = thread x.
-template <typename T, typename A>
+// ILP consecutive values from element i: the accessor's own chunk (a generated row
+// kernel's vector loads) where it has one, else one v[i + k] at a time. Same values.
+template <typename T, int ILP, typename A>
+CL_HD auto red_chunk(const A& v, int64_t i, T* out, int)
+    -> decltype(v.template chunk<ILP>(i, out), void()) {
+  v.template chunk<ILP>(i, out);
+}
+template <typename T, int ILP, typename A>
+CL_HD void red_chunk(const A& v, int64_t i, T* out, long) {
+  for (int k = 0; k < ILP; ++k) out[k] = v[i + k];
+}
+
+// ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
+// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan.
+template <typename T, int ILP = 0, int KIND = -1, typename A>
 CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
-  T s = red_identity<T>(P.kind);
-  const int64_t bs = P.a, ilp = P.b;
+  const int kind = KIND >= 0 ? KIND : P.kind;
+  T s = red_identity<T>(kind);
+  const int64_t bs = P.a, ilp = ILP > 0 ? ILP : P.b;
   if (P.c == 0) {  // cunn_SoftMaxForwardReg
-    for (int64_t i = th; i < n; i += bs) s = red_op(P.kind, s, v[i]);
+    for (int64_t i = th; i < n; i += bs) s = red_op(kind, s, v[i]);
     return s;
   }
   if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
-    for (int64_t q = th; q * ilp < n; q += bs)
-      for (int64_t i = 0; i < ilp; ++i) s = red_op(P.kind, s, v[q * ilp + i]);
+    for (int64_t q = th; q * ilp < n; q += bs) {
+      if (ILP > 0) {
+        T buf[ILP > 0 ? ILP : 1];
+        red_chunk<T, (ILP > 0 ? ILP : 1)>(v, q * ilp, buf, 0);
+        for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
+      } else {
+        for (int64_t i = 0; i < ilp; ++i) s = red_op(kind, s, v[q * ilp + i]);
+      }
+    }
     return s;
   }
   // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
@@ -704,14 +726,21 @@ CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_
   int64_t size = n, base = 0;  // v[base + k]: element k of the data pointer as it moves
   if (shift > 0) {
     size += shift;
-    if (th >= shift && th < size) s = red_op(P.kind, s, v[th - shift]);
+    if (th >= shift && th < size) s = red_op(kind, s, v[th - shift]);
     size -= bs > size ? size : bs;
     base = bs - shift;
   }
   const int64_t last = size % (ilp * bs);
-  for (int64_t q = th; q * ilp < size - last; q += bs)
-    for (int64_t i = 0; i < ilp; ++i) s = red_op(P.kind, s, v[base + q * ilp + i]);
-  for (int64_t q = size - last + th; q < size; q += bs) s = red_op(P.kind, s, v[base + q]);
+  for (int64_t q = th; q * ilp < size - last; q += bs) {
+    if (ILP > 0) {
+      T buf[ILP > 0 ? ILP : 1];
+      red_chunk<T, (ILP > 0 ? ILP : 1)>(v, base + q * ilp, buf, 0);
+      for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
+    } else {
+      for (int64_t i = 0; i < ilp; ++i) s = red_op(kind, s, v[base + q * ilp + i]);
+    }
+  }
+  for (int64_t q = size - last + th; q < size; q += bs) s = red_op(kind, s, v[base + q]);
   return s;
 }
 

@@ -312,13 +312,14 @@ def _expand_nll(ctx, node: Node, xg: Proxy, t: Proxy, wg: Proxy | None = None) -
         # zero weight), 0 when ignored; the total weight w (0 when ignored)
         w1 = wg if wg is not None else 1.0
         if a["what"] == "total_weight":
-            return ops.where(valid, wg, 0.0) if wg is not None else ops.astype(
+            tw = ops.where(valid, wg, 0.0) if wg is not None else ops.astype(
                 ops.where(valid, 1.0, 0.0), xg.dtype)
+            return ops.reshape(tw, ())
         if a["reduction"] == "mean":
             v = -xg if wg is None else ops.where(ops.eq(wg, 0.0), math.nan, -xg)
         else:
             v = -(xg * w1) if wg is not None else -xg
-        return ops.where(valid, v, 0.0)
+        return ops.reshape(ops.where(valid, v, 0.0), ())  # the one row's value: a 0-d loss
     acc = float64 if xg.dtype is float64 else float32
     term = -(xg * wg) if wg is not None else -xg
     loss = _sum(ops.where(valid, term, 0.0), dtype=acc)

@@ -15,6 +15,8 @@ Three steps:
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 
@@ -1533,8 +1535,10 @@ def triton_tile(r: int, xblock: int, warps: int, isz: int) -> tuple:
 #: Fuse reductions with their prologue and epilogue (row steps): "auto" where it was
 #: measured faster (on a GPU, runs whose sums are in NumPy's pairwise order and max/min:
 #: benchmarks/RESULTS.md), True always, False never (tests check that fusing changes no
-#: bit; benchmarks measure what it gains).
-FUSE_ROWS: bool | str = "auto"
+#: bit; benchmarks measure what it gains). The environment variable CASTLAB_FUSE_ROWS=1 / 0
+#: sets it to True / False when castlab is imported (test runs in worker processes).
+FUSE_ROWS: bool | str = {"1": True, "0": False}.get(os.environ.get("CASTLAB_FUSE_ROWS", ""),
+                                                   "auto")
 # SoftMax.cu's orders can run fused as that kernel's own threads (ops/cuda/row_kernel.cpp
 # torch_row_source: the row read from memory, any length) with FUSE_ROWS = True; not by
 # default until that kernel has run against PyTorch on a GPU (it compiles with NVRTC).

@@ -594,12 +594,33 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
         y = g * t if g is not None else t
         if b is not None:
             y = y + b
+            if g is None and ctx.cuda:
+                y = _ln_bias_only_lanes(r, d, b, y, n)
     else:  # LayerNormForwardCUDAKernel: fma((x - mean) * rstd, gamma, beta or 0); without
         # gamma nvcc folds the * 1 (measured on an H200: fma(x - mean, rstd, beta))
         r = ops.rsqrt(v + e)
         t = d * r if g is None else (d * r) * g
         y = t + (b if b is not None else 0.0)
     return ops.astype(y, in_dt) if y.dtype is not in_dt else y
+
+
+def _ln_bias_only_lanes(r: Proxy, d: Proxy, b: Proxy, y: Proxy, n: int) -> Proxy:
+    """vectorized_layer_norm_kernel with a bias and no weight, as nvcc builds it in torch
+    2.11 (measured on an H200, 2026-12-05): ``rstd * (x - mean) + beta`` is one fma in
+    lanes 1-3 of each 4-element vector and two roundings, ``rn(rn(rstd * d) + beta)``, in
+    lane 0 (fp32: 582 of 8,064 elements differ from an fma in every lane, all in lane 0;
+    bf16/fp16 agree with it). `y` is the fma form; lane 0 is taken from the other."""
+    st = _trace_state
+    saved = st.annot
+    st.annot = {**(saved or {}), "no_fma": True}  # its add does not contract the product
+    try:
+        plain = r * d + b
+    finally:
+        st.annot = saved
+    shape = tuple(y.shape)
+    q = (-1, n // 4, 4)
+    lanes = ops.cat([ops.reshape(plain, *q)[:, :, :1], ops.reshape(y, *q)[:, :, 1:]], -1)
+    return ops.reshape(lanes, *shape)
 
 
 def _ln_rows(q: Proxy, rows: int, n: int) -> Proxy:
