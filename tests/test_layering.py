@@ -18,7 +18,7 @@ PKG = ROOT / "python" / "castlab"
 LAYERS = {
     "_C": 0, "_debug": 0, "_progress": 0, "_dtype": 0, "_device": 0, "_optable": 0,
     "_torch_vml": 0, "_onednn": 0, "_cpu_codegen": 0,
-    "policy": 1, "_graph": 1, "cuda": 1,
+    "policy": 1, "_graph": 1, "cuda": 1, "_runrecord": 1,
     "_lower": 2,
     "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3, "_index": 3, "_loss": 3,
     "_tensor": 4, "_autodiff": 4,
@@ -30,7 +30,7 @@ LAYERS = {
 SAME_LAYER = {
     0: ["_C", "_debug", "_progress", "_dtype", "_device", "_optable", "_torch_vml", "_onednn",
         "_cpu_codegen"],
-    1: ["policy", "_graph", "cuda"],
+    1: ["policy", "_graph", "cuda", "_runrecord"],
     3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
     6: ["numerics", "torch", "presets", "sweep", "study", "plot", "cli"],

@@ -1,4 +1,4 @@
-"""The kernel-library matrix (castlab.study.libraries, `castlab study --math`): every
+"""The kernel-library matrix (castlab.study.libraries, `castlab study --libraries`): every
 library preset against Hugging Face eager and its own formula in fp64, on the CPU."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_bad_arguments():
 
 def test_cli_prints_and_writes_the_matrix(tmp_path, capsys):
     out = tmp_path / "m"
-    rc = cli.main(["study", "--chains", "swiglu,rope", "--math", "all", "--quick",
+    rc = cli.main(["study", "--chains", "swiglu,rope", "--libraries", "all", "--quick",
                    "--device", "cpu", "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
@@ -94,10 +94,11 @@ def test_cli_selects_libraries_and_ops(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,pattern", [
-    (["--math", "ligr"], "unknown library 'ligr'; valid: all, torch_eager, liger"),
-    (["--math", "all", "--chains", "geglu"], "kernel-library presets cover swiglu"),
-    (["--math", "all", "--policies", "eager"], "--policies does not apply"),
-    (["--math", "all", "--dtypes", "float32"], "bfloat16, float16"),
+    (["--libraries", "ligr"], "invalid choice: 'ligr' (choose from all, torch_eager, liger"),
+    (["--libraries", "all", "--chains", "geglu"], "kernel-library presets cover swiglu"),
+    (["--libraries", "all", "--policies", "eager"], "--policies does not apply"),
+    (["--libraries", "all", "--math", "inductor"], "--math does not apply to --libraries"),
+    (["--libraries", "all", "--dtypes", "float32"], "bfloat16, float16"),
 ])
 def test_cli_bad_values_one_line_exit_2(tmp_path, capsys, args, pattern):
     rc = cli.main(["study", "--device", "cpu", "--out", str(tmp_path / "x"), *args])

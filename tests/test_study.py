@@ -132,7 +132,7 @@ def test_cli_broken_config_names_the_line(tmp_path):
 def test_cli_bad_flags_list_valid_values():
     r = _cli("study", "--chains", "nope")
     assert r.returncode == 2 and "swiglu" in r.stderr
-    r = _cli("study", "--presets", "fastest")
+    r = _cli("study", "--math", "fastest")
     assert r.returncode == 2 and "inductor" in r.stderr
     r = _cli("study", "--frobnicate")
     assert r.returncode == 2 and "unrecognized" in r.stderr
@@ -184,7 +184,7 @@ def test_cli_interrupt_keeps_finished_rows(tmp_path):
 @pytest.mark.parametrize("args,pattern", [
     (["--scale", "nan"], "scale"),
     (["--scale=-1"], "scale"),
-    (["--shape", "nosuch=4x8"], "unknown chain 'nosuch'"),
+    (["--shape", "nosuch=4x8"], "unknown chain or input name 'nosuch'"),
     (["--shape", "swiglu=3x3"], "last dimension must be even"),
     (["--shape", "swiglu=abc"], "swiglu=2048x2048"),
     (["--shape", "swiglu=4611686018427387905x4"], "too large"),
@@ -245,7 +245,7 @@ def test_api_grad_rows_next_to_forward_rows():
         assert 0.5 < eager.correctly_rounded < 0.9 and eager.max_ulp > 1.0
         assert fused.rel_rmse < eager.rel_rmse < 1e-2
         assert eager.mismatch_vs_eager == 0.0 and 0.05 < fused.mismatch_vs_eager < 0.5
-        assert bool(eager.same_vs_eager) and bool(fused.same_vs_eager)
+        assert bool(eager.torch_same_vs_eager) and bool(fused.torch_same_vs_eager)
 
 
 def _swiglu_bf16_case(shape=(64, 128), seed=0):
@@ -546,7 +546,7 @@ inputs = [{ file = "x.npy" }, { file = "r.pt", dtype = "float32" }]
     ff = df[df.chain == "from_files"]
     assert set(ff.seed) == {"fixed"} and len(ff) == 2 * 2 and set(ff.input) == {"x.npy, r.pt:float32"}
     assert len(df) == 2 * 2 * 2 + 2 * 2 * 2 + 4
-    assert " seed " in r.stdout.splitlines()[0] and "fixed" in r.stdout
+    assert " seed " in r.stdout.splitlines()[1] and "fixed" in r.stdout
     # the mix of built-in names and specs on the command line
     r = _cli("study", "--chains", "swiglu", "mychains_i20:gate", "--shape", "swiglu=8x16",
              "--shape", "mychains_i20:gate=8x16", "--dtypes", "bfloat16", "--extra-presets",
@@ -617,7 +617,7 @@ def test_mismatch_vs_eager_is_against_eager_with_fp64_policy():
             want = full[(full.policy == r.policy) & (full.math == r.math)].iloc[0]
             # always against eager (nearest, first preset), never against fp64 or fused
             assert r.mismatch_vs_eager == want.mismatch_vs_eager, (pols, r.policy, r.math)
-            assert r.same_vs_eager == want.same_vs_eager
+            assert r.torch_same_vs_eager == want.torch_same_vs_eager
     fp = full[full.policy == "fp64"].iloc[0]
     assert fp.mismatch_vs_eager > 0.5  # the fp64 result is not the eager one
     # gradients too
@@ -631,7 +631,7 @@ def test_cli_seeds_summary_keeps_every_row_and_headline_without_torch_eager(tmp_
     out = tmp_path / "s"
     r = _cli("study", "--device", "cpu", "--chains", "swiglu", "rope", "--dtypes", "bfloat16",
              "--shape", "swiglu=8x16", "--shape", "rope=1x2x8x16", "--seeds", "0", "1", "2",
-             "--presets", "inductor", "torch_eager", "--rounding", "nearest", "toward_zero",
+             "--math", "inductor", "torch_eager", "--rounding", "nearest", "toward_zero",
              "--extra-presets", "nvfuser", "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(out / "results.csv")
@@ -645,8 +645,9 @@ def test_cli_seeds_summary_keeps_every_row_and_headline_without_torch_eager(tmp_
     lines = summary["headline"].splitlines()
     assert len(lines) == 6 and all("(inductor): fused" in ln and "vs eager" in ln for ln in lines)
     assert "swiglu bfloat16 seed=2: correctly rounded (inductor): fused" in r.stdout
-    # the table shows seed, shape and input
-    head = r.stdout.splitlines()[0].split()
+    # the table (after the first line, the device) shows seed, shape and input
+    assert r.stdout.startswith("castlab study on cpu (")
+    head = r.stdout.splitlines()[1].split()
     assert {"seed", "shape", "input"} <= set(head)
     assert (out / "correctly_rounded.png").stat().st_size > 1000
     pa = pytest.importorskip("pyarrow")

@@ -13,7 +13,8 @@
 #                                         devices, ops, torch's MKL VML when torch is loaded,
 #                                         where PyTorch's gelu calls oneDNN, the CPU's
 #                                         compiled loops)
-#   1  policy, _graph, cuda                   math/rounding policies, the graph IR, CUDA runtime
+#   1  policy, _graph, cuda, _runrecord       math/rounding policies, the graph IR, CUDA runtime,
+#                                         a command's run record (first line, run.json)
 #   2  _lower                                 graph -> Programs -> a Plan
 #   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
 #                                         op functions, reductions and norms, gather, losses

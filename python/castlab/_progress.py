@@ -41,16 +41,17 @@ def _render(i: int, n: int, label: str) -> str:
     return f"[{'#' * fill}{' ' * (WIDTH - fill)}] {i}/{n} {label}"
 
 
-def bar(i: int, n: int, label: str = "", stream: Any = None) -> None:
+def bar(i: int, n: int, label: str = "", stream: Any = None, prev: int | None = None) -> None:
     """Show that `i` of `n` steps are done, the next being `label` (on ``sys.stderr`` by
-    default). Call it with ``i = 0 .. n``; the call with ``i == n`` ends the line."""
+    default). Call it with ``i = 0 .. n``; the call with ``i == n`` ends the line. `prev`:
+    the `i` of the previous call, when the steps come in jumps (default ``i - 1``)."""
     stream = sys.stderr if stream is None else stream
     done = i >= n
     if is_tty(stream):
         stream.write(f"\r{_render(i, n, f'{label:<40.40}')}" + ("\n" if done else ""))
     else:
         tenth = (lambda k: (10 * k) // max(n, 1))
-        if not (i <= 0 or done or tenth(i) != tenth(i - 1)):
+        if not (i <= 0 or done or tenth(i) != tenth(i - 1 if prev is None else prev)):
             return
         stream.write(_render(i, n, label).rstrip() + "\n")
     stream.flush()

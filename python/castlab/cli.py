@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -13,11 +14,12 @@ import sys
 import time
 from typing import Any
 
-from . import _C, cuda, numerics, ops, study
+from . import _C, _runrecord, cuda, numerics, ops, study
 from ._device import as_device
 from ._dtype import as_dtype
 from ._optable import BITS, IMPL_MASK, OPS
-from .policy import Math
+from ._progress import bar as _bar
+from .policy import Math, as_math
 from .presets import libraries
 from .study import CHAINS, DEFAULT, LIBRARY_DTYPES, QUICK
 
@@ -26,13 +28,20 @@ HELP = """castlab: eager vs fused low-precision numerics, bit by bit.
 commands:
   study   run an A/B precision study (default: SwiGLU and RoPE; bf16, fp16, fp32;
           eager vs fused vs the fp64 reference, plus SwiGLU's formula presets) and write
-          results.csv, summary.json and plots to --out; with --math (--libraries), the
+          results.csv, summary.json, run.json and plots to --out; with --libraries, the
           kernel libraries' SwiGLU and RoPE (Liger, flash-attn, ...) against HF eager and fp64
   exhaustive  run a chain on every input of a dtype (or a sampled part) under several
           policies and math presets; print exact / correctly rounded / 1 ulp / >1 ulp
-          counts against fp64 and where configurations disagree; write JSON and CSV
+          counts against fp64 and where configurations disagree; write JSON, CSV, run.json
   info    print versions and the devices found
   ops     list the elementwise ops (the op table: each op's formula and variants)
+
+One vocabulary in every command: --math names math presets, --policy (--policies) the
+policies, --dtype (--dtypes) the dtypes (bf16, fp16, fp32, fp64, fp8_e4m3, fp8_e5m2 too),
+--seed (--seeds) the seeds, --libraries the kernel libraries; a list option takes its
+values space- or comma-separated (--policy eager,fused or --policies eager fused).
+A computing command prints the device it runs on first and writes run.json (versions,
+hardware, command line, resolved settings, seeds, git hash, date) next to its results.
 
 castlab --version prints castlab's version.
 """
@@ -43,7 +52,8 @@ config file (--config FILE, TOML; settings on the command line win):
 
   dtypes = ["bfloat16", "float16"]        # the study dtypes
   policies = ["eager", "fused"]           # eager, fused, fp64
-  presets = ["torch_eager", "inductor"]   # math presets every policy runs under
+  math = ["torch_eager", "inductor"]      # math presets every policy runs under
+                                          #   (spelled presets before; still read)
   rounding = ["nearest"]                  # nearest, toward_zero, stochastic
   seeds = [0, 1, 2]
   extra_presets = []                      # SwiGLU's side-by-side presets (or a table)
@@ -72,14 +82,28 @@ config file (--config FILE, TOML; settings on the command line win):
   or file keeps its own input, e.g. {} then { dtype = "float32" } twice for RoPE's
   fp32 cos/sin.)
 
+shapes on the command line (--shape, repeatable, values space- or comma-separated):
+
+  --shape 64x4096                  every chain (for a pkg.module:function chain: each input)
+  --shape swiglu=1024x2048         one chain (a built-in name, or a name with ':')
+  --shape x=4x4096 --shape w=4096  one input, by its parameter name, in every chain that
+                                   has it (a built-in chain's first input x is its shape)
+  --shape mymod:f.w=4096           one input of one chain
+  (the most specific wins: CHAIN.NAME, then NAME, then CHAIN, then a bare shape)
+
 output: results.csv (and results.parquet with pyarrow), one row per chain, shape,
 input, scale, dtype, seed, math, policy and rounding; cells.jsonl (finished cells, for
---resume); summary.json; plots (means over seeds, whiskers min-max).
+--resume); summary.json; run.json (the run record: versions, device, command line,
+resolved settings, seeds, git hash, date; also under "run" in summary.json); plots
+(means over seeds, whiskers min-max). mismatch_vs_eager is bitwise (the fraction of
+elements whose bits differ from eager's); torch_same_vs_eager is PyTorch's
+tolerance-based accuracy check torch._dynamo.utils.same() against eager (not bitwise;
+spelled same_vs_eager before).
 
-kernel libraries (--math, also spelled --libraries):
+kernel libraries (--libraries, also spelled --library):
 
-  castlab study --chains swiglu,rope --math all
-  castlab study --math liger,flash_attn --dtypes bfloat16 --device cuda
+  castlab study --chains swiglu,rope --libraries all
+  castlab study --libraries liger,flash_attn --dtypes bfloat16 --device cuda
 
   runs each library preset (castlab.library: """ + ", ".join(libraries()) + """)
   on the same Qwen2-shaped inputs (1M elements per input; 64K with --quick) against
@@ -89,8 +113,14 @@ kernel libraries (--math, also spelled --libraries):
   device and status (whether the preset has been run against the library itself).
   --chains picks the ops: swiglu (forward and backward), rope (half-split and
   interleaved, forward and backward) or rope_interleaved. Writes results.csv,
-  summary.json and results.parquet (with pyarrow) to --out. (Not the math presets of
-  --presets or of `castlab exhaustive --math`: those are compiler math variants.)
+  summary.json, run.json and results.parquet (with pyarrow) to --out. (Not the math
+  presets of --math: those are compiler math variants.)
+
+deprecated spellings (they work for one release, with a warning):
+  --presets NAME...          use --math NAME...
+  --math all, --math LIBRARY...  (kernel libraries only, no math preset among them): use
+                             --libraries all, --libraries LIBRARY...
+  presets = [...] in --config    use math = [...]
 """
 
 
@@ -143,6 +173,15 @@ def _seconds_arg(v: str) -> float:
 _SEED = _int_arg(0, 2**64 - 1)
 #: At most this many local Dask worker processes (a typo such as 4000 would start them all).
 _MAX_WORKERS = max(64, 2 * (os.cpu_count() or 1))
+_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+_EXHAUSTIVE_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float32")
+_DTYPE_ALIASES = "bf16, fp16, fp32, fp64, fp8_e4m3, fp8_e5m2"
+_LIST = "space- or comma-separated"
+
+
+def _warn(message: str) -> None:
+    """A one-line ``castlab: warning: ...`` on stderr (a deprecated spelling, ...)."""
+    print(f"castlab: warning: {message}", file=sys.stderr)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,6 +193,113 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"{sub + ': ' if sub else ''}{message} (see `{self.prog} --help`)")
 
 
+class _ListAction(argparse.Action):
+    """A list option: its values space- or comma-separated (``--policy eager,fused``,
+    ``--policies eager fused``); repeated, the lists add up. Each value is mapped by
+    `convert` (e.g. the dtype aliases) and checked against `valid`. The values each
+    spelling gave are kept in ``namespace._given`` (``{"--math": [...]}``); a spelling in
+    `deprecated` (``{old: new}``) is noted in ``namespace._deprecated`` for a warning once
+    the command line is read.
+
+    `spill`: the command's positional argument, which argparse's greedy lists would eat
+    when it comes after them (``castlab exhaustive --policy eager fused swiglu``): the
+    last of several values, when it is no value of this option, is kept in
+    ``namespace._spill`` (with the error it would have been) for ``_main`` to take as
+    that argument."""
+
+    def __init__(self, option_strings, dest, valid=None, convert=None, deprecated=None,
+                 empty=None, nargs="+", spill=None, **kw):
+        super().__init__(option_strings, dest, nargs=nargs, **kw)
+        self.valid = None if valid is None else tuple(valid)
+        self.convert = convert
+        self.deprecated = deprecated or {}
+        self.empty = empty
+        self.spill = spill
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        opt = option_string or self.dest
+        items = [v.strip() for x in values for v in str(x).split(",")]
+        items = [v for v in items if v]
+        if not items and self.nargs != "*":
+            parser.error(self.empty or f"argument {opt}: expected at least one value "
+                         f"({_LIST})")
+        out = []
+        last = values[-1] if values else ""
+        spillable = self.spill and len(values) > 1 and "," not in last
+        for v in items:
+            bad = None
+            if self.convert is not None:
+                try:
+                    v = self.convert(v)
+                except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+                    bad = f"argument {opt}: {e}"
+            if bad is None and self.valid is not None and v not in self.valid:
+                bad = (f"argument {opt}: invalid choice: {v!r} (choose from "
+                       + ", ".join(map(str, self.valid)) + ")")
+            if bad is not None:
+                if spillable and v is items[-1] and v == last.strip():
+                    earlier = getattr(namespace, "_spill", None)
+                    if earlier is not None:  # two such values: the first was no chain
+                        parser.error(earlier[1])
+                    namespace._spill = (v, bad)  # perhaps the positional argument
+                    continue
+                parser.error(bad)
+            out.append(v)
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + out)
+        given = dict(getattr(namespace, "_given", None) or {})
+        given[opt] = given.get(opt, []) + out
+        namespace._given = given
+        if opt in self.deprecated:
+            dep = list(getattr(namespace, "_deprecated", None) or [])
+            if (opt, self.deprecated[opt]) not in dep:
+                dep.append((opt, self.deprecated[opt]))
+            namespace._deprecated = dep
+
+
+def _list(p, *flags: str, **kw) -> None:
+    """A list option (``_ListAction``) with default None."""
+    p.add_argument(*flags, action=_ListAction, default=None, **kw)
+
+
+class _Run:
+    """The run record of one computing command (castlab._runrecord): its first line,
+    printed at once (the device and, when it fell back to the CPU, why), and run.json in
+    `out`, written now (status "running") and again when the ``with`` block ends
+    (finished, interrupted or failed, with the elapsed time and ``extra``)."""
+
+    def __init__(self, command: str, device: str, requested: str | None, config: dict,
+                 seeds: Any, out: str, workers: int | None = None,
+                 scheduler: str | None = None):
+        fallback = None if scheduler else _runrecord.fallback_reason(requested, device)
+        short = None if scheduler else _runrecord.fallback_reason(requested, device, short=True)
+        print(_runrecord.first_line(command, device, short, workers=workers,
+                                    scheduler=scheduler), flush=True)
+        self.record = _runrecord.record(command, device, config, seeds, fallback)
+        self.out, self.extra, self.status = out, {}, "finished"
+        self.t0 = time.perf_counter()
+        self.path = self._write("running")
+
+    def _write(self, status: str, **more: Any) -> str:
+        return _runrecord.write(self.out, self.record, status=status, **self.extra, **more)
+
+    def __enter__(self) -> _Run:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        elapsed = round(time.perf_counter() - self.t0, 3)
+        try:
+            if kind is None:
+                self._write(self.status, elapsed_s=elapsed)
+            elif issubclass(kind, KeyboardInterrupt):
+                self._write("interrupted", elapsed_s=elapsed)
+            else:
+                self._write("failed", elapsed_s=elapsed,
+                            error=" ".join(str(value).split()) or kind.__name__)
+        except OSError:  # the folder went away: the command's own error says more
+            if kind is None:
+                raise
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -161,39 +307,48 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
-                       "and compare each result with the fp64 reference.",
+                       "and compare each result with the fp64 reference. Every list option "
+                       f"takes its values {_LIST}.",
                        epilog=STUDY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--chains", nargs="+", metavar="CHAIN",
-                   help="chains to study, space- or comma-separated: built-in names ("
-                   + ", ".join(CHAINS) + "), "
-                   "pkg.module:function or path/file.py:function (any castlab.jit-able "
-                   "function; give its inputs with --shape CHAIN=AxB or in --config); "
-                   "default: swiglu rope")
-    s.add_argument("--libraries", "--math", dest="libraries", nargs="+", metavar="LIBRARY",
-                   help="measure kernel-library presets instead of policies: 'all' or "
-                   "names, space- or comma-separated (" + ", ".join(libraries()) + "), e.g. "
-                   "`castlab study --chains swiglu,rope --math all` (see below)")
-    s.add_argument("--dtypes", nargs="+", metavar="DTYPE", type=_dtype_name,
-                   choices=["bfloat16", "float16", "float32", "float64", "float8_e4m3fn",
-                            "float8_e5m2"],
-                   help="input dtypes (valid: %(choices)s, or bf16, fp16, fp32, fp64, fp8_e4m3, "
-                   "fp8_e5m2; default: bfloat16 float16 float32)")
-    s.add_argument("--policies", nargs="+", choices=["eager", "fused", "fp64"], metavar="POLICY",
-                   help="policies (valid: %(choices)s; default: eager fused)")
-    s.add_argument("--presets", nargs="+", choices=_valid_presets(), metavar="PRESET",
-                   help="math presets every policy runs under (valid: %(choices)s; "
-                   "default: torch_eager)")
-    s.add_argument("--extra-presets", nargs="*", choices=_valid_presets(), metavar="PRESET",
-                   help="presets run fused next to the others, for SwiGLU only "
-                   "(default: inductor nvfuser transformer_engine; give none to skip)")
-    s.add_argument("--rounding", nargs="+", choices=["nearest", "toward_zero", "stochastic"],
-                   metavar="MODE", help="downcast rounding modes (valid: %(choices)s)")
-    s.add_argument("--shape", action="append", default=None, metavar="CHAIN=AxBx...",
-                   help="shape for a chain, e.g. swiglu=1024x2048 or rope=1x8x512x128 "
-                   "(positive sizes, the last one even; at most 2**31 elements); for a "
-                   "pkg.module:function chain, the shape of each of its inputs")
-    s.add_argument("--seed", type=_SEED, default=None, help="input seed (default 0)")
-    s.add_argument("--seeds", type=_SEED, nargs="+", default=None, help="several input seeds")
+    _list(s, "--chains", "--chain", dest="chains", metavar="CHAIN",
+          empty="--chains needs at least one chain, e.g. --chains swiglu,rope",
+          help="chains to study: built-in names (" + ", ".join(CHAINS) + "), "
+          "pkg.module:function or path/file.py:function (any castlab.jit-able "
+          "function; give its inputs with --shape, e.g. --shape CHAIN=AxB or --shape "
+          "NAME=AxB per input, or in --config); default: swiglu rope")
+    _list(s, "--math", dest="math", metavar="PRESET",
+          help="math presets every policy runs under (valid: " + ", ".join(_valid_presets())
+          + "; default: torch_eager). For one release, --math all or kernel-library "
+          "names alone still run --libraries, with a warning")
+    _list(s, "--presets", dest="math", metavar="PRESET", valid=_valid_presets(),
+          deprecated={"--presets": "--math"}, help=argparse.SUPPRESS)
+    _list(s, "--libraries", "--library", dest="libraries", metavar="LIBRARY",
+          valid=["all", *libraries()],
+          help="measure kernel-library presets instead of policies: 'all' or names ("
+          + ", ".join(libraries()) + "), e.g. `castlab study --chains swiglu,rope "
+          "--libraries all` (see below)")
+    _list(s, "--dtypes", "--dtype", dest="dtypes", metavar="DTYPE", convert=_dtype_name,
+          valid=_FLOAT_DTYPES,
+          help="input dtypes (valid: " + ", ".join(_FLOAT_DTYPES) + f", or {_DTYPE_ALIASES}; "
+          "default: bfloat16 float16 float32)")
+    _list(s, "--policies", "--policy", dest="policies", metavar="POLICY",
+          valid=["eager", "fused", "fp64"],
+          help="policies (valid: eager, fused, fp64; default: eager fused)")
+    _list(s, "--extra-presets", dest="extra_presets", metavar="PRESET", nargs="*",
+          valid=_valid_presets(),
+          help="math presets run fused next to the others, for SwiGLU only "
+          "(default: inductor nvfuser transformer_engine; give none to skip)")
+    _list(s, "--rounding", dest="rounding", metavar="MODE",
+          valid=["nearest", "toward_zero", "stochastic"],
+          help="downcast rounding modes (valid: nearest, toward_zero, stochastic)")
+    _list(s, "--shape", "--shapes", dest="shape", metavar="SHAPE",
+          help="input shapes (positive sizes, at most 2**31 elements): a bare AxB for every "
+          "chain, CHAIN=AxB for one chain (e.g. swiglu=1024x2048, rope=1x8x512x128; for a "
+          "pkg.module:function chain, the shape of each of its inputs), NAME=AxB for the "
+          "input of that parameter name (x=4x4096 w=4096), CHAIN.NAME=AxB for one input of "
+          "one chain; repeatable (see below)")
+    _list(s, "--seeds", "--seed", dest="seeds", metavar="SEED", convert=_SEED,
+          help="input seeds (default 0)")
     s.add_argument("--input", choices=["normal", "uniform"], default=None,
                    help="input generator (default normal)")
     s.add_argument("--scale", type=_scale_arg, default=None,
@@ -247,6 +402,8 @@ def _geglu2(a, b):
 #: Chains of separate inputs for ``castlab exhaustive`` (besides every unary op by name).
 EXHAUSTIVE_CHAINS = {"swiglu": _swiglu2, "geglu": _geglu2}
 _UNARY = sorted(o.name for o in OPS.values() if o.arity == 1 and o.public and o.category != "internal")
+#: The files ``castlab exhaustive`` writes into --out (the first two are its results).
+EXHAUSTIVE_FILES = ("exhaustive.json", "exhaustive.csv", "run.json")
 
 
 def _exhaustive_parser(sub) -> None:
@@ -255,24 +412,26 @@ def _exhaustive_parser(sub) -> None:
         description="Run a chain on every input tuple of a dtype (the cross product of one "
         "enumeration per argument) under each policy x math, count exact / correctly rounded "
         "/ 1 ulp / >1 ulp / NaN-mismatch results against the fp64 reference and where the "
-        "configurations disagree (castlab.numerics.exhaustive).")
-    e.add_argument("chain", help="swiglu, geglu (silu(a)*b, gelu(a)*b), a unary op ("
+        "configurations disagree (castlab.numerics.exhaustive). Every list option takes its "
+        f"values {_LIST}; the chain may come first or last (castlab exhaustive swiglu "
+        "--policy eager fused, castlab exhaustive --policy eager fused swiglu).")
+    e.add_argument("chain", nargs="?", default=None,
+                   help="swiglu, geglu (silu(a)*b, gelu(a)*b), a unary op ("
                    + ", ".join(_UNARY) + ") or pkg.module:function / path/file.py:function")
-    e.add_argument("--dtype", default="bfloat16", type=_dtype_name,
-                   choices=["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float32"],
-                   help="input dtype (valid: %(choices)s, or bf16, fp16, fp32, fp8_e4m3, "
-                   "fp8_e5m2; default bfloat16)")
-    e.add_argument("--math", default="torch_eager", metavar="A,B",
-                   help="comma-separated math presets (valid: " + ", ".join(_valid_presets())
-                   + "; default torch_eager)")
-    e.add_argument("--policy", default="eager,fused", metavar="A,B",
-                   help="comma-separated policies: eager, fused (default eager,fused)")
+    _list(e, "--dtype", "--dtypes", dest="dtype", metavar="DTYPE", convert=_dtype_name,
+          valid=_EXHAUSTIVE_DTYPES, spill="chain",
+          help="input dtype, one (valid: " + ", ".join(_EXHAUSTIVE_DTYPES) + ", or bf16, "
+          "fp16, fp32, fp8_e4m3, fp8_e5m2; default bfloat16)")
+    _list(e, "--math", dest="math", metavar="PRESET", valid=_valid_presets(), spill="chain",
+          help="math presets (valid: " + ", ".join(_valid_presets()) + "; default torch_eager)")
+    _list(e, "--policy", "--policies", dest="policy", metavar="POLICY", valid=["eager", "fused"],
+          spill="chain", help="policies: eager, fused (default eager fused)")
     e.add_argument("--values", choices=["all", "finite"], default="all",
                    help="every bit pattern, or the finite values only (default all)")
     e.add_argument("--sample", type=_int_arg(1), default=None, metavar="N",
                    help="the second and later inputs take N sampled values each (seed --seed)")
-    e.add_argument("--seed", type=_int_arg(0, 2**63 - 1), default=0,
-                   help="seed of --sample (default 0)")
+    _list(e, "--seed", "--seeds", dest="seed", metavar="SEED", convert=_int_arg(0, 2**63 - 1),
+          spill="chain", help="seed of --sample, one (default 0)")
     e.add_argument("--start", type=_int_arg(0), default=0,
                    help="first index of the cross product")
     e.add_argument("--stop", type=_int_arg(0), default=None, help="end index (default: all)")
@@ -288,7 +447,13 @@ def _exhaustive_parser(sub) -> None:
                    help="cpu, cuda or cuda:N (default: cuda when available, else cpu); on the "
                    "GPU one generated kernel enumerates and reduces, and no run is refused")
     e.add_argument("--out", default="castlab-exhaustive",
-                   help="folder for exhaustive.json and exhaustive.csv (default %(default)s)")
+                   help="folder for exhaustive.json, exhaustive.csv and run.json (default "
+                   "%(default)s). A folder that already holds results is refused unless "
+                   "--overwrite is given")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace the results in an existing --out folder")
+    e.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it shows the time estimate and the running rate)")
 
 
 def _exhaustive_fn(spec: str) -> Any:
@@ -318,19 +483,72 @@ def _fn_arity(fn: Any) -> int:
                and p.default is p.empty) or 1
 
 
+def _one(args: argparse.Namespace, dest: str, flag: str, default: Any, what: str) -> Any:
+    """The one value of a list option that takes one value in this command."""
+    v = getattr(args, dest)
+    if v is None:
+        return default
+    v = list(dict.fromkeys(v))
+    if len(v) != 1:
+        raise CLIError(f"{flag}: castlab exhaustive runs one {what} at a time, got "
+                       + ", ".join(map(str, v)) + f" (run it once per {what})")
+    return v[0]
+
+
+def _refuse_old_results(out: str, names: tuple, overwrite: bool) -> None:
+    """Refuse an --out folder that holds results (regular files among `names`) unless
+    --overwrite."""
+    if overwrite or not os.path.isdir(out):
+        return
+    old = [n for n in names if os.path.isfile(os.path.join(out, n))]
+    if old:
+        raise CLIError(f"--out {out!r} already holds results ({', '.join(old)}); pass "
+                       "--overwrite to replace them or choose another --out")
+
+
+def _secs(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
+def _exhaustive_progress(stream: Any = None):
+    """progress(done, n, seconds) for numerics.exhaustive: the estimate once measured,
+    then a bar with the running rate and the time left (on stderr)."""
+    said, last = [False], [0]
+
+    def show(done: int, n: int, seconds: float) -> None:
+        rate = done / seconds if seconds > 0 else 0.0
+        if not said[0]:
+            said[0] = True
+            if 0 < done < n and rate > 0:
+                print(f"castlab exhaustive: {n} inputs, about {_secs(n / rate)} s at "
+                      f"{rate:.3g} inputs/s (measured on the first {done})",
+                      file=stream or sys.stderr, flush=True)
+            elif done == 0:
+                print(f"castlab exhaustive: {n} inputs in one GPU kernel",
+                      file=stream or sys.stderr, flush=True)
+        if done >= n:
+            label = f"{rate:.3g} inputs/s, {_secs(seconds)} s" if rate else "done"
+        else:
+            label = (f"{rate:.3g} inputs/s, about {_secs((n - done) / rate)} s left" if rate
+                     else "starting")
+        _bar(done, n, label, stream=stream, prev=last[0])
+        last[0] = done
+    return show
+
+
 def cmd_exhaustive(args: argparse.Namespace) -> int:
     fn = _exhaustive_fn(args.chain)
-    maths = [m.strip() for m in args.math.split(",") if m.strip()]
-    pols = [p.strip() for p in args.policy.split(",") if p.strip()]
-    if not maths or not pols:
-        raise CLIError("--math and --policy each need at least one name")
-    for m in maths:
-        _one_of("--math", m, _valid_presets())
-    for p in pols:
-        _one_of("--policy", p, ["eager", "fused"])
+    maths = list(dict.fromkeys(args.math or ["torch_eager"]))
+    pols = list(dict.fromkeys(args.policy or ["eager", "fused"]))
+    dtype = _one(args, "dtype", "--dtype", "bfloat16", "dtype")
+    seed = _one(args, "seed", "--seed", 0, "seed")
     if args.sample is not None and args.sample <= 0:
         raise CLIError(f"--sample must be positive, got {args.sample}")
-    device = args.device or ("cuda" if cuda.is_available() else "cpu")
+    try:
+        as_math(args.ref_math)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--ref-math {args.ref_math!r}: {e}") from None
+    device = args.device or ("cuda" if _cuda_ok() else "cpu")
     try:
         dev = as_device(device)
     except (TypeError, ValueError) as e:
@@ -340,27 +558,53 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     if args.stop is not None and args.stop <= args.start:
         raise CLIError(f"--start/--stop: the index range [{args.start}, {args.stop}) is empty "
                        "(--stop must be greater than --start)")
-    _check_out(args.out, ("exhaustive.json", "exhaustive.csv"))  # before the run, not after
     E = numerics.Enumeration
-    first = E.finite(args.dtype) if args.values == "finite" else E.all(args.dtype)
+    first = E.finite(dtype) if args.values == "finite" else E.all(dtype)
     n_in = _fn_arity(fn)
     if args.sample and n_in == 1:
         raise CLIError(f"--sample samples the second and later inputs; {args.chain} has one "
                        "input (restrict it with --start/--stop instead)")
-    rest = [E.sample(args.dtype, args.sample, seed=args.seed + k, finite=args.values == "finite")
+    rest = [E.sample(dtype, args.sample, seed=seed + k, finite=args.values == "finite")
             if args.sample else first for k in range(n_in - 1)]
-    res = numerics.exhaustive(fn, [first, *rest], [(p, m) for p in pols for m in maths],
-                              ref_math=args.ref_math, first_k=args.first_k, start=args.start,
-                              stop=args.stop, allow_long=args.allow_long,
-                              max_seconds=args.max_seconds, device=device)
-    print(res)
-    res.to_json(os.path.join(args.out, "exhaustive.json"))
-    res.to_csv(os.path.join(args.out, "exhaustive.csv"))
-    print(f"wrote {os.path.join(args.out, 'exhaustive.json')} and exhaustive.csv")
+    total = math.prod(len(x) for x in [first, *rest])
+    if args.start >= total or (args.stop is not None and args.stop > total):
+        raise CLIError(f"--start/--stop: the index range [{args.start}, "
+                       f"{total if args.stop is None else args.stop}) lies outside the {total} "
+                       f"inputs of {args.chain} (indices 0 to {total - 1})")
+    # the folder before the run, not after
+    _refuse_old_results(args.out, EXHAUSTIVE_FILES[:2], args.overwrite)
+    _check_out(args.out, EXHAUSTIVE_FILES)
+    config = {"chain": args.chain, "dtype": dtype, "math": maths, "policy": pols,
+              "values": args.values, "sample": args.sample, "seed": seed, "start": args.start,
+              "stop": args.stop, "first_k": args.first_k, "ref_math": args.ref_math,
+              "allow_long": args.allow_long, "max_seconds": args.max_seconds,
+              "device": str(dev), "out": args.out, "overwrite": args.overwrite,
+              "progress": not args.no_progress}
+    run = _Run("exhaustive", str(dev), args.device, config, [seed], args.out)
+    with run:
+        try:
+            res = numerics.exhaustive(
+                fn, [first, *rest], [(p, m) for p in pols for m in maths],
+                ref_math=args.ref_math, first_k=args.first_k, start=args.start, stop=args.stop,
+                allow_long=args.allow_long, max_seconds=args.max_seconds, device=str(dev),
+                progress=None if args.no_progress else _exhaustive_progress())
+        except numerics.ExhaustiveTooLong as e:  # the message names the CLI's flags
+            raise CLIError(
+                f"exhaustive: {e.n} inputs would take about {e.estimate:.0f} s on this CPU "
+                f"({e.rate:.3g} inputs/s measured on the first {e.measured}), more than "
+                f"--max-seconds {e.max_seconds:g}; pass --allow-long (or a larger "
+                "--max-seconds), a smaller range (--start/--stop)"
+                + (", a sampled second input (--sample N)" if n_in > 1 else "")
+                + " or --device cuda on a GPU") from None
+        print(res)
+        res.to_json(os.path.join(args.out, "exhaustive.json"))
+        res.to_csv(os.path.join(args.out, "exhaustive.csv"))
+        run.extra["inputs"] = res.n
+    print(f"wrote {os.path.join(args.out, 'exhaustive.json')}, exhaustive.csv and run.json")
     return 0
 
 
-CONFIG_KEYS = {"chains", "dtypes", "policies", "presets", "extra_presets", "rounding",
+CONFIG_KEYS = {"chains", "dtypes", "policies", "math", "presets", "extra_presets", "rounding",
                "shapes", "seeds", "seed", "input", "scale", "device", "quick", "out", "grad",
                "attribute"}
 
@@ -399,7 +643,13 @@ def load_config(path: str) -> dict:
     unknown = set(cfg) - CONFIG_KEYS
     if unknown:
         raise CLIError(f"{path}: unknown setting(s) {sorted(unknown)}; valid: "
-                       + ", ".join(sorted(CONFIG_KEYS)))
+                       + ", ".join(sorted(CONFIG_KEYS - {"presets"})))
+    if "presets" in cfg:  # the old name of math (one release)
+        if "math" in cfg:
+            raise CLIError(f"{path}: math and presets (its old name) both give the math "
+                           "presets: give math")
+        _warn(f"{path}: presets is deprecated; use math")
+        cfg["math"] = cfg.pop("presets")
     return cfg
 
 
@@ -407,25 +657,129 @@ def _form(chain: str) -> str:
     return f"{chain}=" + "x".join(str(d) for d in CHAINS[chain].default_shape)
 
 
-def _parse_shapes(items: list[str] | None) -> dict:
-    out: dict = {}
+def _shape_entries(items: list[str] | None) -> list[tuple[str, str | None, tuple]]:
+    """--shape values as (the value, its key or None, dims): ``AxB`` (every chain),
+    ``KEY=AxB`` (a chain, an input name or CHAIN.NAME: told apart once the chains are
+    known, by ``_apply_shapes``)."""
+    out = []
     for it in items or []:
-        if "=" not in it:
-            raise CLIError(f"--shape expects CHAIN=AxB... (e.g. swiglu=1024x2048 or "
-                           f"rope=1x8x512x128), got {it!r}")
-        k, v = it.rsplit("=", 1)
-        k = k.strip()
-        if k not in CHAINS and ":" not in k:
-            raise CLIError(f"--shape {it!r}: unknown chain {k!r}; valid: " + ", ".join(CHAINS)
-                           + " or a pkg.module:function chain")
-        form = _form(k) if k in CHAINS else f"{k}=64x4096"
+        k, eq, v = it.rpartition("=")
+        key = k.strip() if eq else None
+        if eq and not key:
+            raise CLIError(f"--shape {it!r}: nothing before '='; expected AxB, CHAIN=AxB, "
+                           "NAME=AxB or CHAIN.NAME=AxB (e.g. swiglu=1024x2048, x=4x4096)")
+        form = _form(key) if key in CHAINS else f"{key}=64x4096" if key else "64x4096"
         try:
-            dims = tuple(int(x) for x in v.lower().split("x"))
+            dims = tuple(int(x) for x in v.strip().lower().split("x"))
         except ValueError:
-            raise CLIError(f"--shape {it!r}: bad shape {v!r} for {k}: expected positive "
-                           f"integers joined by 'x', e.g. {form}") from None
-        out[k] = _checked_shape(k, dims, f"--shape {it!r}")
+            raise CLIError(f"--shape {it!r}: bad shape {v!r}" + (f" for {key}" if key else "")
+                           + f": expected positive integers joined by 'x', e.g. {form}") from None
+        out.append((it, key, dims))
     return out
+
+
+def _chain_key(key: str, names: list[str]) -> bool:
+    """Whether a --shape key names a chain: one of this study's, a built-in, or a
+    pkg.module:function / path/file.py:function spec (a ':' with no '.' after it)."""
+    return key in names or key in CHAINS or (":" in key and "." not in key.rsplit(":", 1)[1])
+
+
+def _checked_shape_of(ch: Any, dims: tuple, where: str) -> tuple:
+    try:
+        return study._check_chain_shape(ch, dims)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"{where}: {e}") from None
+
+
+def _apply_shapes(chains: list, shapes: dict, items: list[str] | None) -> tuple[list, dict]:
+    """Apply the --shape values to the study's chains (Chain objects): the chains (a
+    pkg.module:function chain given per-input shapes gets Input specs) and the shapes
+    per chain name. The most specific value wins: CHAIN.NAME, then NAME, then CHAIN,
+    then a bare shape. A built-in chain's shape is its first input's (x)."""
+    entries = _shape_entries(items)
+    if not entries:
+        return chains, shapes
+    names = [ch.name for ch in chains]
+    params = {ch.name: study.input_names(ch) for ch in chains}
+    bare, per_chain, per_name, per_input = None, {}, {}, {}
+    for it, key, dims in entries:
+        if key is None:
+            bare = (it, dims)
+        elif _chain_key(key, names):
+            if key not in names and key not in CHAINS:
+                raise CLIError(f"--shape {it!r}: chain {key!r} is not in this study (chains: "
+                               + ", ".join(names) + ")")
+            if key not in names:  # a built-in not studied: checked, as before, not used
+                _checked_shape(key, dims, f"--shape {it!r}")
+                continue
+            per_chain[key] = (it, dims)
+        elif "." in key and _chain_key(key.rsplit(".", 1)[0], names):
+            cname, iname = key.rsplit(".", 1)
+            if cname not in names:
+                raise CLIError(f"--shape {it!r}: chain {cname!r} is not in this study "
+                               "(chains: " + ", ".join(names) + ")")
+            if iname not in params[cname]:
+                raise CLIError(f"--shape {it!r}: chain {cname!r} has no input {iname!r}; its "
+                               "inputs: " + ", ".join(params[cname]))
+            per_input[(cname, iname)] = (it, dims)
+        else:
+            if not any(key in ps for ps in params.values()):
+                raise CLIError(f"--shape {it!r}: unknown chain or input name {key!r}; this "
+                               "study's chains and their inputs: " + "; ".join(
+                                   f"{n}({', '.join(ps)})" for n, ps in params.items()))
+            per_name[key] = (it, dims)
+    shapes = dict(shapes or {})
+    out = []
+    for ch in chains:
+        ps = params[ch.name]
+
+        def given(i: int, ps=ps, ch=ch):
+            return per_input.get((ch.name, ps[i])) or per_name.get(ps[i])
+
+        whole = per_chain.get(ch.name) or bare
+        if study._is_builtin(ch):  # one shape, its first input's; the others follow it
+            for i in range(1, len(ps)):
+                if (ch.name, ps[i]) in per_input:
+                    it = per_input[(ch.name, ps[i])][0]
+                    raise CLIError(f"--shape {it!r}: {ch.name}'s input {ps[i]!r} is made from "
+                                   f"its {ps[0]!r}; give --shape {ch.name}.{ps[0]}=... or "
+                                   f"--shape {ch.name}=...")
+            pick = given(0) or whole
+            if pick is not None:
+                where = f"--shape {pick[0]!r}"
+                if (ch.name, ps[0]) not in per_input and pick is per_name.get(ps[0]):
+                    where += (f" (it gives every chain's input {ps[0]!r}; --shape "
+                              f"{ch.name}.{ps[0]}=... gives {ch.name}'s alone)")
+                shapes[ch.name] = _checked_shape_of(ch, pick[1], where)
+            out.append(ch)
+            continue
+        if whole is not None:
+            shapes[ch.name] = _checked_shape_of(ch, whole[1], f"--shape {whole[0]!r}")
+        named = {i: given(i) for i in range(len(ps)) if given(i) is not None}
+        if not named:
+            out.append(ch)
+            continue
+        for it, dims in named.values():
+            _checked_shape_of(ch, dims, f"--shape {it!r}")
+        if ch.inputs is not None:  # specs from --config: the named inputs get new shapes
+            specs = list(ch.inputs)
+            for i, (it, dims) in named.items():
+                if specs[i].fixed:
+                    raise CLIError(f"--shape {it!r}: input {ps[i]!r} of chain {ch.name!r} is "
+                                   "read from a file or given as a tensor; its shape is the "
+                                   "file's")
+                specs[i] = dataclasses.replace(specs[i], shape=tuple(dims))
+        else:
+            specs = []
+            for i, n in enumerate(ps):
+                dims = named[i][1] if i in named else (whole[1] if whole else None)
+                if dims is None:
+                    raise CLIError(f"--shape: input {n!r} of chain {ch.name!r} has no shape; "
+                                   f"give --shape {n}=AxB, --shape {ch.name}.{n}=AxB or "
+                                   f"--shape {ch.name}=AxB (every input)")
+                specs.append(study.Input(shape=tuple(dims)))
+        out.append(study.chain(ch, inputs=specs))
+    return out, shapes
 
 
 def _checked_shape(chain: str, dims: Any, where: str) -> tuple:
@@ -439,7 +793,6 @@ def _checked_shape(chain: str, dims: Any, where: str) -> tuple:
 
 CHAIN_KEYS = ("chain", "name", "shape", "inputs")
 INPUT_KEYS = ("shape", "dtype", "distribution", "scale", "file", "key")
-_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
 
 
 def _config_chains(items: list, path: str) -> tuple[list, dict]:
@@ -541,7 +894,10 @@ def _resolve_chain(spec: str, where: str, base: str | None = None) -> Any:
 
 
 def _study_settings(args: argparse.Namespace) -> dict:
+    """The study's settings: the defaults, then the config file, then the command line
+    (the math presets under "math", chains as Chain objects with --shape applied)."""
     st: dict[str, Any] = dict(QUICK if args.quick else DEFAULT)
+    st["math"] = st.pop("presets")
     st["quick"] = bool(args.quick)
     st["out"] = "castlab-study"
     if args.config is not None:  # (--config '' names no file: refused, not ignored)
@@ -565,14 +921,14 @@ def _study_settings(args: argparse.Namespace) -> dict:
                 cfg["scale"] = study.check_scale(cfg["scale"])
             except (TypeError, ValueError) as e:
                 raise CLIError(f"{args.config}: {e}") from None
-        for key in ("chains", "dtypes", "policies", "presets", "rounding", "seeds"):
+        for key in ("chains", "dtypes", "policies", "math", "rounding", "seeds"):
             if key in cfg and (not isinstance(cfg[key], list) or not cfg[key]):
                 raise CLIError(f"{args.config}: {key} must be a non-empty list, got {cfg[key]!r}")
         for key in ("quick", "grad", "attribute"):
             if key in cfg and not isinstance(cfg[key], bool):
                 raise CLIError(f"{args.config}: {key} must be true or false, got {cfg[key]!r}")
         valid = {"dtypes": _FLOAT_DTYPES, "policies": ("eager", "fused", "fp64"),
-                 "presets": tuple(_valid_presets()),
+                 "math": tuple(_valid_presets()),
                  "rounding": ("nearest", "toward_zero", "stochastic")}
         if "dtypes" in cfg:
             cfg["dtypes"] = [_dtype_name(v) for v in cfg["dtypes"]]
@@ -600,24 +956,20 @@ def _study_settings(args: argparse.Namespace) -> dict:
         st.update(cfg)
     if args.out is not None:  # an explicit --out wins over the config file
         st["out"] = args.out
-    for key in ("chains", "dtypes", "policies", "presets", "rounding", "input", "scale",
+    for key in ("chains", "dtypes", "policies", "math", "rounding", "input", "scale",
                 "device", "seeds"):
         v = getattr(args, key)
         if v is not None:
-            st[key] = _split_commas(v) if key == "chains" else v
-            if key == "chains" and not st[key]:
-                raise CLIError("--chains needs at least one chain, e.g. --chains swiglu,rope")
-    if args.seed is not None:
-        st["seeds"] = [args.seed]
+            st[key] = v
     st["grad"] = bool(args.grad or st.get("grad", False))
     st["attribute"] = bool(args.attribute or st.get("attribute", False))
     if args.extra_presets is not None:
         st["extra_presets"] = {"swiglu": list(args.extra_presets)}
-    shapes = _parse_shapes(args.shape)
-    if shapes:
-        st["shapes"] = dict(st.get("shapes") or {}, **shapes)
-    st["chains"] = [_resolve_chain(c, "--chains" if args.chains else "") if isinstance(c, str)
-                    else c for c in st["chains"]]
+    _shape_entries(args.shape)  # a malformed --shape is refused before any chain is imported
+    chains = [_resolve_chain(c, "--chains" if args.chains else "") if isinstance(c, str)
+              else c for c in st["chains"]]
+    st["chains"], st["shapes"] = _apply_shapes([study.chain(c) for c in chains],
+                                               st.get("shapes"), args.shape)
     for s in st["seeds"]:
         if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**64:
             raise CLIError(f"seed {s!r} is out of range: seeds are integers in [0, 2**64)")
@@ -635,12 +987,7 @@ def _study_settings(args: argparse.Namespace) -> dict:
     return st
 
 
-def _split_commas(items: list[str]) -> list[str]:
-    """`--chains swiglu,rope` as `--chains swiglu rope`."""
-    return [x for it in items for x in it.split(",") if x]
-
-
-# ---------------------------------------------------------------- castlab study --math
+# ---------------------------------------------------------------- castlab study --libraries
 
 #: The ops of the kernel-library presets that each --chains name selects.
 LIBRARY_CHAINS = {
@@ -649,7 +996,7 @@ LIBRARY_CHAINS = {
     "rope_interleaved": ["rope_interleaved", "rope_interleaved_backward"],
 }
 # study settings that have no meaning for fixed library formulas: refused, not ignored
-_NOT_WITH_LIBRARIES = ("policies", "presets", "extra_presets", "rounding", "shape", "input",
+_NOT_WITH_LIBRARIES = ("policies", "math", "extra_presets", "rounding", "shape", "input",
                        "scale", "grad", "attribute", "config", "resume", "workers",
                        "scheduler")
 LIBRARY_TABLE_COLUMNS = ["library", "op", "dtype", "identical_to_eager", "mismatch_vs_eager",
@@ -657,16 +1004,49 @@ LIBRARY_TABLE_COLUMNS = ["library", "op", "dtype", "identical_to_eager", "mismat
                          "elements", "status"]
 
 
-def _library_names(items: list[str]) -> list[str]:
-    names = _split_commas(items)
-    if names == ["all"]:
+def _study_math(args: argparse.Namespace) -> None:
+    """Sort out study --math: math presets (checked here: the option takes library names
+    too, for one release). ``--math all`` or kernel-library names alone (none of them a
+    math preset; torch_eager and transformer_engine name both) are the old spelling of
+    --libraries: they move there, with a warning."""
+    given = getattr(args, "_given", None) or {}
+    vals = given.get("--math", [])
+    if not vals:
+        return
+    presets, libs = _valid_presets(), libraries()
+    lib_only = [v for v in vals if v == "all" or (v in libs and v not in presets)]
+    if lib_only and all(v == "all" or v in libs for v in vals) and not given.get("--presets"):
+        shown = ",".join(vals)
+        _warn(f"--math {shown} (kernel libraries) is deprecated; use --libraries {shown} "
+              "(--math names math presets: " + ", ".join(presets) + ")")
+        args.libraries = list(args.libraries or []) + vals
+        args.math = None
+        return
+    for v in vals:
+        if v in presets:
+            continue
+        if v == "all":
+            raise CLIError("study: argument --math: 'all' (every kernel library, the old "
+                           "meaning of --math) cannot be mixed with math presets; give "
+                           "--libraries all, or name the math presets: " + ", ".join(presets))
+        if v in libs:
+            raise CLIError(f"study: argument --math: {v!r} is a kernel library, not a math "
+                           f"preset; give kernel libraries with --libraries (math presets: "
+                           + ", ".join(presets) + ")")
+        raise CLIError(f"study: argument --math: invalid choice: {v!r} (choose from "
+                       + ", ".join(presets) + "; kernel libraries are --libraries) (see "
+                       "`castlab study --help`)")
+
+
+def _library_names(names: list[str]) -> list[str]:
+    if "all" in names:
         return libraries()
     for n in names:
         if n not in libraries():
-            raise CLIError(f"--math: unknown library {n!r}; valid: all, "
+            raise CLIError(f"--libraries: unknown library {n!r}; valid: all, "
                            + ", ".join(libraries()))
     if not names:
-        raise CLIError("--math needs 'all' or library names: " + ", ".join(libraries()))
+        raise CLIError("--libraries needs 'all' or library names: " + ", ".join(libraries()))
     return list(dict.fromkeys(names))
 
 
@@ -676,20 +1056,20 @@ def _library_settings(args: argparse.Namespace) -> dict:
         v = getattr(args, key)
         if v not in (None, False) and v != []:
             flag = "--" + key.replace("_", "-")
-            raise CLIError(f"{flag} does not apply to --math (kernel-library presets have "
-                           "their own formulas and roundings); drop it")
+            raise CLIError(f"{flag} does not apply to --libraries (kernel-library presets "
+                           "have their own formulas and roundings); drop it")
     ops: list[str] = []
-    for c in _split_commas(args.chains or ["swiglu", "rope"]):
+    for c in args.chains or ["swiglu", "rope"]:
         if c not in LIBRARY_CHAINS:
             raise CLIError(f"--chains {c!r}: kernel-library presets cover "
                            + ", ".join(LIBRARY_CHAINS))
         ops += [op for op in LIBRARY_CHAINS[c] if op not in ops]
-    dtypes = list(args.dtypes or LIBRARY_DTYPES)
+    dtypes = list(dict.fromkeys(args.dtypes or LIBRARY_DTYPES))
     for d in dtypes:
-        _one_of("--dtypes (with --math)", d, LIBRARY_DTYPES)
-    seeds = args.seeds or [args.seed or 0]
+        _one_of("--dtypes (with --libraries)", d, LIBRARY_DTYPES)
+    seeds = list(dict.fromkeys(args.seeds or [0]))
     if len(seeds) != 1:
-        raise CLIError("--math runs one seed: give --seed N")
+        raise CLIError("--libraries runs one seed: give --seed N")
     dev = args.device or study._device_default()
     if dev == "cuda" and not cuda.is_available():
         raise CLIError(f"--device cuda: no usable GPU ({cuda.unavailable_reason()})")
@@ -698,30 +1078,38 @@ def _library_settings(args: argparse.Namespace) -> dict:
 
 
 def cmd_libraries(args: argparse.Namespace) -> int:
-    """``castlab study --math ...``: the kernel-library matrix (castlab.study.libraries)."""
+    """``castlab study --libraries ...``: the kernel-library matrix
+    (castlab.study.libraries)."""
     kw = _library_settings(args)
     out = args.out or "castlab-study"
     _prepare_out(out, args.overwrite)
-    t0 = time.perf_counter()
-    try:
-        df = study.libraries(**kw)
-    except (ValueError, TypeError) as e:
-        raise CLIError(str(e)) from None
-    elapsed = time.perf_counter() - t0
-    print(format_library_table(df))
-    headline = library_headline(df)
-    csv_path = os.path.join(out, "results.csv")
-    df.to_csv(csv_path, index=False)
-    written = [csv_path]
-    pq = os.path.join(out, "results.parquet")
-    if write_parquet(df, pq):
-        written.append(pq)
-    summary = {"elapsed_s": round(elapsed, 3), "rows": len(df), "size": kw["size"],
-               "seed": kw["seed"], "device": kw["device"], "headline": headline,
-               "cases": df.to_dict("records")}
-    written.append(os.path.join(out, "summary.json"))
-    with open(written[-1], "w") as fj:
-        json.dump(summary, fj, indent=2)
+    config = dict(kw, libraries=kw["names"], chains=list(args.chains or ["swiglu", "rope"]),
+                  out=out, quick=bool(args.quick), overwrite=bool(args.overwrite),
+                  plots=False, progress=not args.no_progress)
+    config.pop("names")
+    run = _Run("study", kw["device"], args.device, config, [kw["seed"]], out)
+    with run:
+        t0 = time.perf_counter()
+        try:
+            df = study.libraries(**kw)
+        except (ValueError, TypeError) as e:
+            raise CLIError(str(e)) from None
+        elapsed = time.perf_counter() - t0
+        print(format_library_table(df))
+        headline = library_headline(df)
+        csv_path = os.path.join(out, "results.csv")
+        df.to_csv(csv_path, index=False)
+        written = [csv_path]
+        pq = os.path.join(out, "results.parquet")
+        if write_parquet(df, pq):
+            written.append(pq)
+        summary = {"elapsed_s": round(elapsed, 3), "rows": len(df), "size": kw["size"],
+                   "seed": kw["seed"], "device": kw["device"], "headline": headline,
+                   "cases": df.to_dict("records"), "run": run.record}
+        written.append(os.path.join(out, "summary.json"))
+        with open(written[-1], "w") as fj:
+            json.dump(summary, fj, indent=2)
+        written.append(run.path)
     print(f"\n{headline}")
     print("wrote " + ", ".join(written) + f"  ({elapsed:.1f} s)")
     return 0
@@ -735,7 +1123,9 @@ def format_library_table(df) -> str:
     show["max_ulp_error_at_scale"] = show["max_ulp_error_at_scale"].map(_fmt_ulp)
     show = show.rename(columns={"identical_to_eager": "= eager", "max_ulp_error": "max_ulp",
                                 "max_ulp_error_at_scale": "max_ulp@scale"})
-    return show.to_string(index=False) + "\n" + ULP_LEGEND.split(" results.csv")[0]
+    return (show.to_string(index=False) + "\n" + ULP_LEGEND + "\n= eager: bit-identical to "
+            "Hugging Face eager; mismatch_vs_eager: the fraction of elements whose bits "
+            "differ from it (bitwise).")
 
 
 def library_headline(df) -> str:
@@ -753,7 +1143,7 @@ def library_headline(df) -> str:
 
 #: The files ``castlab study`` may write into --out.
 STUDY_FILES = ("results.csv", "results.parquet", "cells.jsonl", "summary.json",
-               "attribution.csv", "correctly_rounded.png", "rel_rmse.png")
+               "attribution.csv", "correctly_rounded.png", "rel_rmse.png", "run.json")
 
 
 def _check_out(out: str, names: tuple = (), flag: str = "--out") -> None:
@@ -827,6 +1217,7 @@ def _read_cells(path: str, columns: list | None = None) -> list:
             if cut_short and i == len(lines):
                 continue
             raise bad(f"line {i} is not JSON") from None
+        rec = study.upgrade_record(rec)  # same_vs_eager -> torch_same_vs_eager
         why = _cell_record_problem(rec, columns)
         if why:
             raise bad(f"line {i}: {why}")
@@ -862,8 +1253,9 @@ def _cell_record_problem(rec: Any, columns: list | None) -> str:
                 v = r.get(c)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                     return f"a row's {c} is {v!r}, not a number"
-            if r.get("same_vs_eager") not in (None, True, False):
-                return f"a row's same_vs_eager is {r['same_vs_eager']!r}, not true or false"
+            if r.get("torch_same_vs_eager") not in (None, True, False):
+                return (f"a row's torch_same_vs_eager is {r['torch_same_vs_eager']!r}, not true "
+                        "or false")
             for c in ("chain", "dtype", "policy", "math", "rounding"):
                 if not isinstance(r.get(c), str):
                     return f"a row's {c} is {r.get(c)!r}, not a string"
@@ -894,8 +1286,6 @@ def write_parquet(df, path: str) -> bool:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    import csv
-
     if args.resume and args.overwrite:
         raise CLIError("--resume continues the results in --out and --overwrite replaces "
                        "them: give one")
@@ -908,6 +1298,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     st = _study_settings(args)
     out = st.pop("out")
     _prepare_out(out, args.overwrite, args.resume)
+    device = st.get("device") or study._device_default()
     csv_path = os.path.join(out, "results.csv")
     cells_path = os.path.join(out, "cells.jsonl")
     done: list = []
@@ -917,6 +1308,50 @@ def cmd_study(args: argparse.Namespace) -> int:
         elif os.path.exists(csv_path):
             raise CLIError(f"--resume: {out!r} holds results.csv but no cells.jsonl (the "
                            "finished cells): pass --overwrite to start again")
+    config = _study_config(st, args, out, device)
+    run = _Run("study", device, st.get("device"), config, st["seeds"], out,
+               workers=args.workers, scheduler=args.scheduler)
+    with run:
+        return _run_study(args, st, out, device, done, run)
+
+
+def _study_config(st: dict, args: argparse.Namespace, out: str, device: str) -> dict:
+    """The study's resolved settings, for run.json (the command line's names)."""
+    return {"chains": [_describe_chain(ch) for ch in st["chains"]],
+            "shapes": {k: list(v) for k, v in (st.get("shapes") or {}).items()},
+            "dtypes": [str(d) for d in st["dtypes"]], "policies": list(st["policies"]),
+            "math": list(st["math"]), "extra_presets": st.get("extra_presets") or {},
+            "rounding": list(st["rounding"]), "seeds": list(st["seeds"]),
+            "input": st["input"], "scale": float(st["scale"]), "device": device,
+            "quick": st["quick"], "grad": st["grad"], "attribute": st["attribute"],
+            "out": out, "config": args.config, "workers": args.workers,
+            "scheduler": args.scheduler, "resume": bool(args.resume),
+            "overwrite": bool(args.overwrite), "plots": not args.no_plots,
+            "progress": not args.no_progress}
+
+
+def _describe_chain(ch: Any) -> dict:
+    d: dict[str, Any] = {"name": ch.name, "source": ch.source or ch.name,
+                         "input_names": study.input_names(ch)}
+    if ch.inputs is not None:
+        d["inputs"] = []
+        for sp in ch.inputs:
+            spec = {f.name: getattr(sp, f.name) for f in dataclasses.fields(sp)
+                    if f.name != "tensor" and getattr(sp, f.name) is not None}
+            if sp.tensor is not None:
+                spec["tensor"] = True
+            d["inputs"].append(spec)
+    return d
+
+
+def _run_study(args: argparse.Namespace, st: dict, out: str, device: str, done: list,
+               run: _Run) -> int:
+    """The study itself (cmd_study's settings and run record): cells stream to
+    cells.jsonl and results.csv as they finish, then the table, summary and plots."""
+    import csv
+
+    csv_path = os.path.join(out, "results.csv")
+    cells_path = os.path.join(out, "cells.jsonl")
     cols = study.row_columns(st["grad"])
     files: dict = {}
 
@@ -949,8 +1384,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     df = None
     try:
         df = study.run(chains=st["chains"], dtypes=st["dtypes"], shapes=st.get("shapes"),
-                       policies=st["policies"], presets=st["presets"], rounding=st["rounding"],
-                       seeds=st["seeds"], device=st.get("device"), inputs=st["input"],
+                       policies=st["policies"], presets=st["math"], rounding=st["rounding"],
+                       seeds=st["seeds"], device=device, inputs=st["input"],
                        scale=float(st["scale"]), extra_presets=st.get("extra_presets"),
                        quick=st["quick"], progress=not args.no_progress, on_cell=on_cell,
                        grad=st["grad"], attribute=st["attribute"], done=done,
@@ -968,6 +1403,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     if interrupted:
         kept = len(done) + n_new[0]
+        run.status = "interrupted"
+        run.extra["finished_cells"] = kept
         print(f"\ncastlab: interrupted; {kept} finished cells kept in {out} (results.csv, "
               "cells.jsonl); run the same command with --resume to finish", file=sys.stderr)
         return 130
@@ -982,6 +1419,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     summary = summarize(df, elapsed)
     if done:
         summary["resumed_cells"] = len(done)
+        run.extra["resumed_cells"] = len(done)
+    summary["run"] = run.record
     written = [csv_path]
     pq = os.path.join(out, "results.parquet")
     if write_parquet(df, pq):
@@ -1000,6 +1439,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     plots = []
     if not args.no_plots:
         plots = write_plots(df, out)
+    written.append(run.path)
     print(f"\n{summary['headline']}")
     print("wrote " + ", ".join(written + plots) + f"  ({elapsed:.1f} s)")
     return 0
@@ -1008,7 +1448,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 def format_table(df) -> str:
     cols = ["chain", "dtype", "shape", "input", "seed", "math", "policy", "rounding",
             "correctly_rounded", "max_ulp", "max_ulp_at_scale", "rel_rmse", "mismatch_vs_eager",
-            "same_vs_eager"]
+            "torch_same_vs_eager"]
     if "pass" in df.columns:  # a study with gradients: say which result each row is
         cols[1:1] = ["pass", "output"]
     if "output_dtype" in df.columns and (df["output_dtype"] != df["dtype"]).any():
@@ -1023,15 +1463,22 @@ def format_table(df) -> str:
     if "max_ulp_at_scale" in show.columns:
         show["max_ulp_at_scale"] = show["max_ulp_at_scale"].map(_fmt_ulp)
         show = show.rename(columns={"max_ulp_at_scale": "max_ulp@scale"})
-    return show.to_string(index=False) + "\n" + ULP_LEGEND
+    return show.to_string(index=False) + "\n" + STUDY_LEGEND
 
 
 ULP_LEGEND = ("max_ulp: the worst error in ulps of the exact value at that element (it "
               "explodes where the exact result is tiny: cancellation, or 0);\n"
               "max_ulp@scale: the worst error in ulps of the largest exact magnitude (stays "
-              "meaningful under cancellation). results.csv's worst_index is the worst "
-              "element;\ncastlab.numerics.explain(fn, args, worst_index) shows why it comes "
-              "out as it does.")
+              "meaningful under cancellation).")
+#: Against eager: the bitwise column and PyTorch's tolerance-based verdict, side by side.
+EAGER_LEGEND = ("mismatch_vs_eager: the fraction of elements whose bits differ from eager's "
+                "(bitwise; eager: the first math preset, rounding to nearest);\n"
+                "torch_same_vs_eager: PyTorch's accuracy check torch._dynamo.utils.same() "
+                "against eager (tolerance-based, an RMSE rule against fp64:\nTrue does not "
+                "mean the same bits; mismatch_vs_eager does).")
+WORST_LEGEND = ("results.csv's worst_index is the worst element; castlab.numerics.explain("
+                "fn, args, worst_index) shows why\nit comes out as it does.")
+STUDY_LEGEND = "\n".join([ULP_LEGEND, EAGER_LEGEND, WORST_LEGEND])
 
 
 def _fmt_ulp(v) -> str:
@@ -1064,7 +1511,8 @@ def summarize(df, elapsed: float) -> dict:
         for _, r in g.iterrows():
             case[f"{r['math']}/{r['policy']}/{r['rounding']}"] = {
                 "correctly_rounded": float(r["correctly_rounded"]), "rel_rmse": float(r["rel_rmse"]),
-                "max_ulp": float(r["max_ulp"]), "same_vs_eager": bool(r["same_vs_eager"])}
+                "max_ulp": float(r["max_ulp"]),
+                "torch_same_vs_eager": bool(r["torch_same_vs_eager"])}
         out["cases"].append(case)
         m0, r0 = g.math.iloc[0], g.rounding.iloc[0]
         sub = g[(g.math == m0) & (g.rounding == r0)]
@@ -1209,6 +1657,7 @@ def info_text() -> str:
         lines.append(f"torch {torch.__version__}")
     except ImportError:
         lines.append("torch: not installed")
+    lines.append(f"cpu: {_runrecord.cpu_model()}")
     lines.append(f"cpu threads: {_C.num_threads()}")
     cg = _C._cpu_codegen()
     if cg["why_not"]:
@@ -1303,8 +1752,20 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "ops":
         print(ops_text())
         return 0
-    if args.command == "study" and args.seed is not None and args.seeds is not None:
-        raise CLIError("--seed and --seeds both give the seeds: give one")
+    if args.command == "exhaustive":  # its chain, after a list option's values
+        spill = getattr(args, "_spill", None)
+        if spill is not None and args.chain is None:
+            args.chain = spill[0]
+        elif spill is not None:
+            raise CLIError(f"exhaustive: {spill[1]} (see `castlab exhaustive --help`)")
+        if args.chain is None:
+            raise CLIError("exhaustive: the following arguments are required: chain (see "
+                           "`castlab exhaustive --help`)")
+    for old, new in getattr(args, "_deprecated", None) or []:
+        _warn(f"{old} is deprecated; use {new}")
+    if args.command == "study":
+        _study_math(args)
+    _runrecord.probe_torch()  # (for the run record: in the background, while we set up)
     try:
         if args.command == "exhaustive":
             return cmd_exhaustive(args)

@@ -55,7 +55,8 @@ from .sweep import CellFailure, run_cells, worker_device
 __all__ = ["Chain", "CHAINS", "run", "DEFAULT", "QUICK", "row_columns", "check_shape",
            "check_scale", "MAX_NUMEL", "ATTRIBUTION_COLUMNS", "attribution_table", "Input",
            "chain", "load_input_file", "DISTRIBUTIONS", "GRID_KEYS", "cell_key", "libraries",
-           "library_inputs", "LIBRARY_COLUMNS", "LIBRARY_DTYPES"]
+           "library_inputs", "LIBRARY_COLUMNS", "LIBRARY_DTYPES", "input_names", "upgrade_record",
+           "RENAMED_COLUMNS"]
 
 # The largest input a study generates (elements). Inputs are made in fp64 and the
 # study keeps several results of the same size, so this is already tens of GB.
@@ -616,7 +617,7 @@ def row_columns(grad: bool = False) -> list[str]:
     gradient)."""
     cols = ["chain", "dtype", "input_dtypes", "output_dtype", "shape", "input", "scale",
             "seed", "math", "policy", "rounding", "device", "numel", "correctly_rounded", "max_ulp", "mean_ulp", "rel_rmse", "rmse",
-            "max_abs_err", "max_rel_err", "mismatch_vs_eager", "same_vs_eager",
+            "max_abs_err", "max_rel_err", "mismatch_vs_eager", "torch_same_vs_eager",
             "max_ulp_at_scale", "worst_index"]
     return cols[:1] + ["pass", "output"] + cols[1:] if grad else cols
 
@@ -650,6 +651,38 @@ CELL_KEYS = ["chain", "shape", "input", "scale", "dtype", "seed"]
 #: The seed label of a chain whose inputs are all fixed (files, tensors): seeds change
 #: nothing, so it runs once.
 FIXED_SEED = "fixed"
+
+
+#: Row columns renamed since: {old name: new name} (``upgrade_record`` reads the old).
+RENAMED_COLUMNS = {"same_vs_eager": "torch_same_vs_eager"}
+
+
+def upgrade_record(rec: Any) -> Any:
+    """A cell record (``on_cell``'s) of an earlier castlab with its rows' renamed
+    columns under their new names (``RENAMED_COLUMNS``: same_vs_eager is now
+    torch_same_vs_eager); anything else unchanged.
+
+    >>> cl.study.upgrade_record({"key": {}, "rows": [{"same_vs_eager": True}]})["rows"]
+    [{'torch_same_vs_eager': True}]
+    """
+    rows = rec.get("rows") if isinstance(rec, dict) else None
+    if not isinstance(rows, list) or not any(
+            isinstance(r, dict) and any(k in r for k in RENAMED_COLUMNS) for r in rows):
+        return rec
+    return dict(rec, rows=[_upgrade_row(r) for r in rows])
+
+
+def _upgrade_row(r: Any) -> Any:
+    if not isinstance(r, dict) or not any(k in r for k in RENAMED_COLUMNS):
+        return r
+    out = {}
+    for k, v in r.items():  # in place, so that the columns keep their order
+        new = RENAMED_COLUMNS.get(k)
+        if new is None:
+            out[k] = v
+        elif new not in r:  # (both: the new one wins)
+            out[new] = v
+    return out
 
 
 def cell_key(cell: dict) -> str:
@@ -704,6 +737,19 @@ def _positional_count(fn: Any) -> int:
         return 1
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
                for p in ps) or 1
+
+
+def input_names(ch: Chain) -> list[str]:
+    """The names of a chain's inputs, in argument order: its function's positional
+    parameters (``x``, ``cos``, ``sin`` for RoPE; ``x0``, ``x1``, ... when they cannot be
+    read). A built-in chain's shape is the shape of its first input.
+
+    >>> cl.study.input_names(cl.study.CHAINS["rope"])
+    ['x', 'cos', 'sin']
+    """
+    n = len(ch.inputs) if ch.inputs is not None else _positional_count(ch.fn)
+    f = ch.fn.fn if isinstance(ch.fn, JitFunction) else ch.fn
+    return list(_arg_names(f, n))
 
 
 def _make_args(ch: Chain, shape: tuple | None, dt, seed: int, kind: str, scale: float,
@@ -974,6 +1020,7 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
                 "ref": ref_policy.describe(), "grad": bool(grad), "attribute": bool(attribute)}
     done_map = {}
     for rec in done or ():
+        rec = upgrade_record(rec)
         k = rec["key"]
         done_map[k if isinstance(k, str) else cell_key(k)] = rec
 
@@ -1492,7 +1539,9 @@ def _metrics_of(d: dict, name: str, numel: int) -> dict:
         "max_abs_err": r["max_abs_error"],
         "max_rel_err": r["max_rel_error"],
         "mismatch_vs_eager": r["mismatch_fraction"],
-        "same_vs_eager": True if same is None else bool(same),  # the baseline passes itself
+        # PyTorch's tolerance-based accuracy check (torch._dynamo.utils.same()) against
+        # eager; mismatch_vs_eager is the bitwise comparison
+        "torch_same_vs_eager": True if same is None else bool(same),  # the baseline passes itself
         # under cancellation max_ulp (ulps of the tiny exact value) explodes; this stays
         # meaningful: the worst error in ulps of the largest exact magnitude
         "max_ulp_at_scale": r["max_ulp_error_at_scale"],

@@ -53,7 +53,16 @@ class ExhaustiveTooLong(ValueError):
     ... except nm.ExhaustiveTooLong as e:
     ...     print(str(e)[:40])
     exhaustive: 4294967296 inputs would take
+
+    Its attributes say the same in numbers: `n` (inputs), `estimate` (seconds), `rate`
+    (inputs per second, measured on the first `measured` inputs) and `max_seconds`.
     """
+
+    def __init__(self, message: str, n: int = 0, estimate: float = 0.0, rate: float = 0.0,
+                 measured: int = 0, max_seconds: float = 0.0):
+        super().__init__(message)
+        self.n, self.estimate, self.rate = n, estimate, rate
+        self.measured, self.max_seconds = measured, max_seconds
 
 
 # ================================================================ argument checks
@@ -572,7 +581,7 @@ def _checked_seconds(v: Any) -> float:
 def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
                ref_math: Any = "portable", first_k: int = 10, start: int = 0,
                stop: int | None = None, device: Any = "cpu", allow_long: bool = False,
-               max_seconds: float = 120.0) -> Exhaustive:
+               max_seconds: float = 120.0, progress: Any = None) -> Exhaustive:
     """Run `fn` on every input of the cross product of `inputs` under each configuration
     of `configs` and against the fp64 reference, and count how the results compare.
 
@@ -592,6 +601,12 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     The CPU refuses runs estimated (from the first chunk) to take longer than
     `max_seconds` unless `allow_long` (:class:`ExhaustiveTooLong`); restrict a range or
     sample an input instead.
+
+    progress: None, or a function called as ``progress(done, n, seconds)`` while the run
+    goes on (``done`` of the ``n`` inputs finished after ``seconds``): on the CPU after the
+    first chunk (the one the estimate comes from) and then after each further part of
+    about a hundredth of the run; on the GPU before and after its one kernel. The
+    statistics are those of a run without it.
 
     >>> import castlab as cl
     >>> from castlab import numerics as nm
@@ -636,12 +651,19 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
     jf, tr, xs = _trace(fn, enums, chunk if not dev.is_cuda else min(n, 1024), str(dev))
     plans, ref_plan, out_dt = _plans(jf, tr, xs, cfgs, rmath)
     specs = [e._spec() for e in enums]
+    if progress is not None and not callable(progress):
+        raise TypeError(f"exhaustive: progress must be None or a function (done, n, seconds), "
+                        f"got {progress!r}")
     t0 = time.perf_counter()
     if dev.is_cuda:
+        if progress is not None:
+            progress(0, n, 0.0)
         raw = _C._exhaustive_cuda(specs, out_dt.name, start, stop, first_k, plans, ref_plan,
                                   dev.index)
-        return Exhaustive(raw, enums, cfgs, out_dt, total, start, rmath.name,
-                          time.perf_counter() - t0, first_k)
+        seconds = time.perf_counter() - t0
+        if progress is not None:
+            progress(n, n, seconds)
+        return Exhaustive(raw, enums, cfgs, out_dt, total, start, rmath.name, seconds, first_k)
 
     def run(b: int, e: int) -> dict:
         return _C._exhaustive_cpu(specs, out_dt.name, b, e, first_k, chunk, plans, ref_plan)
@@ -655,8 +677,21 @@ def exhaustive(fn: Any, inputs: Any, configs: Any, *, ref: str = "fp64",
             f"exhaustive: {n} inputs would take about {estimate:.0f} s on this CPU "
             f"({(first - start) / dt:.3g} inputs/s measured on the first {first - start}); "
             "pass allow_long=True (castlab exhaustive --allow-long), a smaller range "
-            "(start/stop) or a sampled input (Enumeration.sample)")
-    if first < stop:
-        raw = _merge(raw, run(first, stop), first_k)
+            "(start/stop) or a sampled input (Enumeration.sample)",
+            n=n, estimate=estimate, rate=(first - start) / dt, measured=first - start,
+            max_seconds=max_seconds)
+    if progress is None:
+        if first < stop:
+            raw = _merge(raw, run(first, stop), first_k)
+    else:
+        progress(first - start, n, time.perf_counter() - t0)
+        # the rest in parts of about a hundredth (whole chunks), merged as one range
+        part = max(chunk, -(-(stop - first) // 100 // chunk) * chunk)
+        b = first
+        while b < stop:
+            e = min(stop, b + part)
+            raw = _merge(raw, run(b, e), first_k)
+            b = e
+            progress(b - start, n, time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     return Exhaustive(raw, enums, cfgs, out_dt, total, start, rmath.name, seconds, first_k)
