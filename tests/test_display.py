@@ -231,19 +231,21 @@ def test_plots_with_inf_and_nan_errors():
     assert any("inf" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
 
 
-def test_drift_chart_log_axis_incorrectly_rounded_and_shading():
+def test_drift_chart_correctly_rounded_share_and_shading():
     from castlab import plot
 
     sw, x = _swiglu_data()
     d = nm.drift(sw, (x,), policies=("eager", "fused"))
     fig = _no_warnings(plot.drift_chart, d, metric="correctly_rounded")
     ax = fig.axes[0]
-    assert ax.get_yscale() == "log"
-    assert "incorrectly rounded" in ax.get_ylabel()
-    heights = [p.get_height() for p in ax.patches if p.get_width() < 0.5]
-    assert heights and all(h < 0.5 for h in heights)  # 1 - correctly rounded, not ~1.0
+    # the correctly rounded share itself, on a logit axis (99.998% and 100% look different)
+    assert ax.get_yscale() == "logit"
+    assert "correctly rounded share" in ax.get_ylabel()
+    share = {f"{r['node']}|{r['combo']}": r["correctly_rounded"] for r in d.rows}
+    bars = {p.get_gid(): p.get_height() for p in ax.patches if p.get_gid()}
+    assert bars and all(bars[k] == share[k] for k in bars)
     _legend_outside_axes(fig)
-    # the shading sits on a node where the chart shows some nonzero error
+    # the shading sits on a node where the chart shows some error (a share below 1)
     val = {(r["node"], r["combo"]): 1 - r["correctly_rounded"] for r in d.rows}
     spans = [p for p in ax.patches if p.get_label().startswith(("drift starts", "first nonzero"))]
     assert len(spans) == 1
@@ -255,7 +257,7 @@ def test_drift_chart_log_axis_incorrectly_rounded_and_shading():
         assert fig.axes[0].get_yscale() == "log"
 
 
-def test_study_chart_centres_partial_groups_and_marks_inf():
+def test_study_chart_packs_partial_groups_and_marks_inf():
     pd = pytest.importorskip("pandas")
     from castlab import plot
 
@@ -273,17 +275,17 @@ def test_study_chart_centres_partial_groups_and_marks_inf():
     ])
     fig = _no_warnings(plot.study_chart, df, "correctly_rounded")
     ax = fig.axes[0]
-    assert ax.get_yscale() == "log" and "incorrectly rounded" in ax.get_ylabel()
+    assert ax.get_yscale() == "logit" and "correctly rounded share" in ax.get_ylabel()
     bars = [p for p in ax.patches]
-    # the group of rope (2 of 3 labels; one exactly 0, drawn as a "0" mark) is centred on 1
-    xs = [p.get_x() + p.get_width() / 2 for p in bars]
-    assert not any(abs(x - 1) < 1e-9 for x in xs)  # two members: none on the tick itself
-    rope_x = sorted([x for x in xs if x > 0.5] + [t.get_position()[0] for t in ax.texts
-                                                   if t.get_text() == "0"])
-    assert abs(sum(rope_x) / len(rope_x) - 1.0) < 1e-9
-    # 1 - 0.999987 and 1 - 0.999981 are told apart
-    hs = sorted(p.get_height() for p in bars)
-    assert hs[0] == pytest.approx(1.3e-5, rel=1e-3) and hs[1] == pytest.approx(1.9e-5, rel=1e-3)
+    # the correctly rounded share itself: 0.999987 and 0.999981 are told apart on the
+    # logit axis, and 100% is a bar to the top edge, labelled
+    assert sorted(p.get_height() for p in bars) == [0.72, 0.75, 0.999981, 0.999987, 1.0]
+    assert "100%" in [t.get_text() for t in ax.texts]
+    # the group of rope (2 of 3 labels) has two bars side by side, no empty slot, and
+    # its tick sits between them
+    xs = sorted(p.get_x() + p.get_width() / 2 for p in bars)
+    assert xs[1] - xs[0] == xs[2] - xs[1] == xs[4] - xs[3] == 1.0
+    assert ax.get_xticks()[1] == pytest.approx((xs[3] + xs[4]) / 2)
     _legend_outside_axes(fig)
     fig = _no_warnings(plot.study_chart, df, "rel_rmse")
     texts = [t.get_text() for t in fig.axes[0].texts]
