@@ -1110,6 +1110,10 @@ def cmd_libraries(args: argparse.Namespace) -> int:
         with open(written[-1], "w") as fj:
             json.dump(summary, fj, indent=2)
         written.append(run.path)
+    if not args.no_plots:
+        from . import plot
+
+        written += plot.write_library_plots(df, out)
     print(f"\n{headline}")
     print("wrote " + ", ".join(written) + f"  ({elapsed:.1f} s)")
     return 0
@@ -1143,7 +1147,8 @@ def library_headline(df) -> str:
 
 #: The files ``castlab study`` may write into --out.
 STUDY_FILES = ("results.csv", "results.parquet", "cells.jsonl", "summary.json",
-               "attribution.csv", "correctly_rounded.png", "rel_rmse.png", "run.json")
+               "attribution.csv", "correctly_rounded.png", "rel_rmse.png", "max_ulp_error.png",
+               "run.json")
 
 
 def _check_out(out: str, names: tuple = (), flag: str = "--out") -> None:
@@ -1559,90 +1564,11 @@ def _one_of(what: str, v: Any, choices) -> None:
 
 
 def write_plots(df, out: str) -> list[str]:
-    """correctly_rounded.png (the incorrectly rounded fraction) and rel_rmse.png, on log
-    axes: one bar per math/policy/rounding in each group (chain, dtype, and shape/input
-    when they vary), a group's bars centred on its tick; with several seeds the bar is
-    the mean over the seeds and its whisker spans their min to max."""
-    try:
-        import matplotlib
+    """correctly_rounded.png (the correctly rounded share) and rel_rmse.png (in units of
+    each format's unit roundoff), one panel per dtype: castlab.plot.write_study_plots."""
+    from . import plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    paths = []
-    df = df.copy()
-    df["label"] = df["math"] + "/" + df["policy"] + df["rounding"].map(lambda r: "" if r == "nearest" else f"/{r}")
-    vary = [k for k in _varying(df) if k != "seed"]
-    gkeys = ["chain", "dtype"] + vary + (["pass", "output"] if "pass" in df.columns else [])
-    nseeds = df["seed"].astype(str).nunique() if "seed" in df.columns else 1
-
-    def label_of(vals: tuple) -> str:
-        d = dict(zip(gkeys, vals))
-        s = f"{d['chain']}\n{d['dtype']}"
-        if d.get("pass") == "backward":
-            s += f"\n{d['output']}"
-        return s + "".join(f"\n{d[k]}" for k in vary)
-
-    import numpy as np
-
-    # correctly_rounded.png shows the *incorrectly* rounded fraction on a log axis:
-    # 99.9987% and 99.9981% correctly rounded are 1.3e-5 and 1.9e-5 there, not both "1.0"
-    for metric, title, fname in [("correctly_rounded", "incorrectly rounded fraction vs fp64 "
-                                  "(lower is better; log axis)", "correctly_rounded.png"),
-                                 ("rel_rmse", "relative RMSE vs fp64 (lower is better; log axis)",
-                                  "rel_rmse.png")]:
-        groups = list(df.groupby(gkeys, sort=False))
-        labels = list(dict.fromkeys(df["label"]))
-        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4.4))
-        w = 0.8 / max(1, len(labels))
-        colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
-        n_inf, n_zero, ymax, drawn = 0, 0, 0.0, set()
-        for gi, (_, g) in enumerate(groups):
-            present = [lab for lab in labels if (g.label == lab).any()]
-            x0 = gi - (len(present) - 1) * w / 2  # groups with missing members stay centred
-            for li, lab in enumerate(present):
-                v = g[g.label == lab][metric].astype(float)
-                if metric == "correctly_rounded":
-                    v = 1.0 - v
-                fin = v[np.isfinite(v)]
-                n_inf += int((~np.isfinite(v)).sum())
-                if not len(fin):
-                    continue
-                m = float(fin.mean())
-                if m <= 0:
-                    n_zero += 1
-                    ax.annotate("0", (x0 + li * w, 0), xycoords=("data", "axes fraction"),
-                                ha="center", va="bottom", fontsize=7)
-                    continue
-                ymax = max(ymax, float(fin.max()))
-                err = [[m - float(fin.min())], [float(fin.max()) - m]] if nseeds > 1 else None
-                ax.bar([x0 + li * w], [m], width=w, color=colors[lab],
-                       label=lab if lab not in drawn else None, yerr=err,
-                       capsize=2 if err else 0, error_kw={"elinewidth": 0.8})
-                drawn.add(lab)
-        ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([label_of(k if isinstance(k, tuple) else (k,)) for k, _ in groups],
-                           fontsize=8)
-        notes = []
-        if nseeds > 1:
-            notes.append(f"mean of {nseeds} seeds, whiskers min-max")
-        if n_zero:
-            notes.append('"0": exactly zero, not drawn on the log axis')
-        if n_inf:
-            notes.append(f"{n_inf} infinite value(s) not drawn")
-        ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=10)
-        if ymax > 0:
-            ax.set_yscale("log")
-        ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16),
-                  frameon=False)
-        fig.tight_layout()
-        path = os.path.join(out, fname)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
+    return plot.write_study_plots(df, out)
 
 
 def info_text() -> str:
