@@ -818,21 +818,7 @@ def write_study_plots(df: Any, out: str, *, metrics: Any = STUDY_PLOTS,
     >>> [os.path.basename(p) for p in cplot.write_study_plots(df, d)]
     ['correctly_rounded.png', 'rel_rmse.png']
     """
-    try:
-        _plt()
-    except ImportError:
-        return []
-    if not len(df):
-        return []
-    device = _device_of(df, device)
-    gpu_name = _gpu_for(df, device, gpu_name, run, ask_cuda=True)
-    paths = []
-    for m in [metrics] if isinstance(metrics, str) else metrics:
-        if m not in df.columns:
-            continue
-        fig = study_chart(df, m, device=device, gpu_name=gpu_name, run=run)
-        paths.append(_save(fig, os.path.join(out, f"{m}.png"), dpi))
-    return paths
+    return _write_charts(study_chart, df, out, metrics, device, gpu_name, run, dpi)
 
 
 # ------------------------------------------------------------------ library matrix
@@ -944,6 +930,13 @@ def write_library_plots(df: Any, out: str, *, metrics: Any = LIBRARY_PLOTS,
     >>> [os.path.basename(p) for p in cplot.write_library_plots(df, tempfile.mkdtemp())]
     ['correctly_rounded.png', 'max_ulp_error.png']
     """
+    return _write_charts(library_chart, df, out, metrics, device, gpu_name, run, dpi)
+
+
+
+def _write_charts(chart, df, out: str, metrics, device, gpu_name, run, dpi: int) -> list[str]:
+    """`chart(df, metric, ...)` saved as out/<metric>.png for each metric df has; [] without
+    matplotlib or rows."""
     try:
         _plt()
     except ImportError:
@@ -956,10 +949,9 @@ def write_library_plots(df: Any, out: str, *, metrics: Any = LIBRARY_PLOTS,
     for m in [metrics] if isinstance(metrics, str) else metrics:
         if m not in df.columns:
             continue
-        fig = library_chart(df, m, device=device, gpu_name=gpu_name, run=run)
+        fig = chart(df, m, device=device, gpu_name=gpu_name, run=run)
         paths.append(_save(fig, os.path.join(out, f"{m}.png"), dpi))
     return paths
-
 
 def __dir__() -> list:
     """The public API only (not the helpers this module imports)."""
