@@ -35,6 +35,8 @@ import tempfile
 import textwrap
 import time
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = float(os.environ.get("CASTLAB_CATALOGUE_TIMEOUT", "20"))
 JOBS = int(os.environ.get("CASTLAB_CATALOGUE_JOBS", "4"))
@@ -1088,6 +1090,7 @@ def test_catalogue_size():
     assert len(ids) >= 300
 
 
+@pytest.mark.slow  # ~300 cases, a subprocess each: ~2 min on 2 cores
 def test_bad_inputs_catalogue(tmp_path):
     # The catalogue runs in a fresh interpreter that forks one child per case: this
     # (pytest) process may already hold worker threads (castlab's pool, torch's), which

@@ -373,6 +373,7 @@ def test_item15_systemexit_at_import_is_named_and_exit_2(chains):
         assert _last(p).startswith("castlab: error:") and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow  # ~15 s (a Dask cluster)
 def test_item8_workers_and_serial_agree_on_a_failed_cell(chains):
     spec = f"{chains}/fails_later.py:f"
     base = ["study", "--device", "cpu", "--dtypes", "bfloat16", "float16", "--no-plots",

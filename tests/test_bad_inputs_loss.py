@@ -35,6 +35,8 @@ import tempfile
 import textwrap
 import time
 
+import pytest
+
 HERE = os.path.abspath(__file__)
 TIMEOUT_S = float(os.environ.get("CASTLAB_CATALOGUE_TIMEOUT", "60"))
 
@@ -702,6 +704,7 @@ def test_catalogue_size():
     assert len({c[0] for c in CLI_CASES}) == len(CLI_CASES)
 
 
+@pytest.mark.slow  # ~20 s (subprocesses)
 def test_bad_inputs_loss_catalogue():
     results = run_catalogue()
     bad = [f"{r['id']} [{r['class']}] {r['detail']}" for r in results
@@ -724,6 +727,7 @@ CLI_CASES = [
 ]
 
 
+@pytest.mark.slow  # ~20 s (CLI studies in subprocesses)
 def test_study_logprobs_cli(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     bad = []

@@ -172,6 +172,7 @@ def test_kernel_rejects_bad_operands():
         _C._compare([cl.zeros(4, 4), cl.transpose(cl.zeros(4, 4), 0, 1)], None, 1e-4)
 
 
+@pytest.mark.slow  # NVRTC: ~25 s
 def test_compare_kernels_compile_with_nvrtc():
     arch = os.environ.get("CASTLAB_NVRTC_ARCH", "sm_90")
     try:

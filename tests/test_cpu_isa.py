@@ -26,6 +26,7 @@ _spec.loader.exec_module(report)
 SUPPORTED = report.supported_isas()
 
 
+@pytest.mark.slow  # 6-20 s a build (a torch subprocess)
 @pytest.mark.parametrize("isa", report.ISAS)
 def test_castlab_equals_torch_cpu_under_each_capability(isa):
     if SUPPORTED[isa] is not None:

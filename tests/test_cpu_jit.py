@@ -304,6 +304,7 @@ def test_disk_cache_serves_a_second_process(tmp_path):
     assert first["sum"] == second["sum"]
 
 
+@pytest.mark.slow  # compiler runs and timeouts: 3-5 s
 def test_no_compiler_or_a_broken_one_falls_back_to_the_interpreter(tmp_path):
     ref = _child({"CASTLAB_CPU_CODEGEN": "off"}, tmp_path)
     none = _child({"CASTLAB_CXX": "/nonexistent/c++", "PATH": str(tmp_path)}, tmp_path)
@@ -355,6 +356,7 @@ def _compiler() -> str:
     pytest.skip("no C++ compiler on this machine")
 
 
+@pytest.mark.slow  # compiler runs and timeouts: 3-5 s
 def test_flags_in_castlab_cxx_are_part_of_the_disk_cache_key(tmp_path):
     # issue 50 item 10: a kernel built by `g++ -O0 -DX` was reused by plain `g++`
     cxx = _compiler()
@@ -397,6 +399,7 @@ def _hung_child(tmp_path, script: str, extra: dict) -> tuple:
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
+@pytest.mark.slow  # compiler runs and timeouts: 3-5 s
 @pytest.mark.parametrize("where", ["version", "compile"])
 def test_a_compiler_that_hangs_times_out_and_the_interpreter_runs(tmp_path, where):
     # issue 50 item 13: a compiler (or a ccache/distcc wrapper) that never exits used to
@@ -419,6 +422,7 @@ def test_a_compiler_that_hangs_times_out_and_the_interpreter_runs(tmp_path, wher
     assert got["seconds"] < 30
 
 
+@pytest.mark.slow  # compiler runs and timeouts: 3-5 s
 def test_compiler_timeout_setting_is_read_and_bad_values_are_ignored(tmp_path):
     cxx = _compiler()
     for bad in ("nan", "-1", "0", "abc", "1e9"):

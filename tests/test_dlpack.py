@@ -577,6 +577,7 @@ def test_byte_offset_and_null_strides():
 # ---- memory --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~3 s
 def test_no_memory_growth_over_many_round_trips():
     t = torch.arange(64, dtype=torch.float32).reshape(8, 8)[:, 1:]
     a = np.arange(64.0)

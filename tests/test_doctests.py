@@ -16,11 +16,18 @@ MODULES = ["castlab"] + sorted(
     if m.name != "castlab.__main__")  # importing __main__ runs the command line
 # modules whose examples compile with torch.compile's Inductor
 INDUCTOR = {"castlab.torch._versus"}
+# modules whose examples take over ~10 s on 2 cores (torch.export, torch.compile)
+SLOW = {"castlab.torch", "castlab.torch._versus"}
+
+
+def _param(m: str):
+    marks = ([pytest.mark.inductor] if m in INDUCTOR else []) + ([pytest.mark.slow] if m in SLOW
+                                                                  else [])
+    return pytest.param(m, marks=marks)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
-@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.inductor) if m in INDUCTOR
-                                  else m for m in MODULES])
+@pytest.mark.parametrize("name", [_param(m) for m in MODULES])
 def test_doctests(name):
     mod = importlib.import_module(name)
     res = doctest.testmod(mod, globs={"cl": castlab, "castlab": castlab, "np": np},

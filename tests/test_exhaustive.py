@@ -505,6 +505,7 @@ def test_reference_class_fast_path_equals_the_general_functions(tmp_path):
     assert checked > 6_000_000 and bad == 0, out
 
 
+@pytest.mark.slow  # NVRTC: up to 12 s a case
 @pytest.mark.parametrize("case", list(NVRTC_CASES))
 def test_gpu_kernel_compiles_with_nvrtc(case):
     arch = os.environ.get("CASTLAB_NVRTC_ARCH", "sm_90")

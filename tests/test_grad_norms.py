@@ -198,6 +198,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~11 s a build (a torch subprocess)
 @pytest.mark.parametrize("isa", ["default", "avx2", "avx512"])
 def test_grads_bit_exact_under_each_cpu_capability(isa):
     """Each build of PyTorch's CPU kernels (torch reads ATEN_CPU_CAPABILITY at import, so

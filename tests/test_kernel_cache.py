@@ -197,6 +197,7 @@ def test_not_a_directory_refused(tmp_path):
     assert _C._kernel_cache_check_dir(str(f)) != "ok"
 
 
+@pytest.mark.slow  # five castlab imports in subprocesses: ~4 s
 def test_cache_dir_defaults():
     code = "from castlab import _C; print(_C._kernel_cache_dir())"
     env = {"CASTLAB_CACHE_DIR": None, "XDG_CACHE_HOME": None}

@@ -33,6 +33,7 @@ def harness(tmp_path_factory):
     return exe
 
 
+@pytest.mark.slow  # ~35 s: expf over every float
 def test_portable_math_exhaustive(harness):
     r = subprocess.run([str(harness)], capture_output=True, text=True, timeout=1200)
     print(r.stdout)

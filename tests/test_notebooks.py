@@ -64,6 +64,7 @@ def test_committed_notebook_matches_cells_and_has_outputs(path):
         f"{path.name}: outputs that change from run to run (addresses, paths)"
 
 
+@pytest.mark.slow  # a Jupyter kernel each: 3-15 s
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path):
     nb = nbformat.read(path, as_version=4)

@@ -253,6 +253,7 @@ def _nasty_args(rng, shape, dt):
             _nasty_input(rng, shape[-2:], dt))
 
 
+@pytest.mark.slow  # ~2.5 s a dtype
 @pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
 def test_drift_equals_previous_implementation(dt):
     dt = getattr(cl, dt)

@@ -428,6 +428,7 @@ def _check(item):
     return ok, log
 
 
+@pytest.mark.slow  # ~20 s on 2 cores (NVRTC)
 def test_nvrtc_compiles_every_generated_kernel():
     info = _nvrtc_or_skip()
     t0 = time.perf_counter()
@@ -576,6 +577,7 @@ def test_nvrtc_compile_check_reports_errors():
     assert f"--gpu-architecture={ARCH}" in opts and "--fmad=false" in opts
 
 
+@pytest.mark.slow  # ~3 min on 2 cores (NVRTC)
 def test_nvrtc_compiles_the_reduce_kernel():
     """The reduce kernel (ops/cuda/reduce.cpp) for float and double rows, with every order
     in ops/scalar/reduce.h, compiles without a warning."""
@@ -606,6 +608,7 @@ def test_nvrtc_compiles_the_index_and_nll_kernels():
         assert "warning" not in log, log
 
 
+@pytest.mark.slow  # ~11 min on 2 cores (NVRTC)
 def test_nvrtc_compiles_row_kernels(monkeypatch):
     """The row kernels (ops/cuda/row_kernel.cpp) of RMSNorm (both casts), softmax,
     log_softmax, layer_norm and amax, for every input dtype and under the fp64 policy,

@@ -94,6 +94,7 @@ def test_cli_quick_writes_outputs_and_agrees_with_api(tmp_path):
     assert (out / "correctly_rounded.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_default_study_runs(tmp_path):
     r = _cli("study", "--device", "cpu", "--no-progress", "--no-plots", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -129,6 +130,7 @@ def test_cli_broken_config_names_the_line(tmp_path):
     assert r.returncode != 0 and "chainz" in r.stderr and "valid" in r.stderr
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_bad_flags_list_valid_values():
     r = _cli("study", "--chains", "nope")
     assert r.returncode == 2 and "swiglu" in r.stderr
@@ -147,6 +149,7 @@ def test_cli_info():
     assert "cuda" in r.stdout
 
 
+@pytest.mark.slow  # ~25 s (a study interrupted in a subprocess)
 def test_cli_interrupt_keeps_finished_rows(tmp_path):
     # SIGINT after the first configuration: the finished rows stay in the CSV. 48 seeds
     # of one chain: after the first cell's rows appear, 47 cells of the same size are
@@ -190,6 +193,7 @@ def test_cli_interrupt_keeps_finished_rows(tmp_path):
     (["--shape", "swiglu=4611686018427387905x4"], "too large"),
     (["--out", "/dev/null/x"], "cannot write to --out"),
 ])
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_bad_values_one_line_exit_2(args, pattern):
     # issue 14: a bad value ends with one line `castlab: error: ...` and exit code 2
     r = _cli("study", "--device", "cpu", "--chains", "swiglu", "--no-progress", *args)
@@ -199,6 +203,7 @@ def test_cli_bad_values_one_line_exit_2(args, pattern):
     assert pattern in last and "error" in last, last
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_out_refuses_old_results_and_beats_config(tmp_path):
     small = ["study", "--device", "cpu", "--chains", "swiglu", "--dtypes", "bfloat16",
              "--shape", "swiglu=2x4", "--extra-presets", "--no-plots", "--no-progress"]
@@ -290,6 +295,7 @@ def test_api_grad_user_function_skips_broadcast_inputs():
     assert set(df[df["pass"] == "backward"].output) == {"dx"}
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_grad_writes_all_rows(tmp_path):
     out = tmp_path / "g"
     r = _cli("study", "--grad", "--device", "cpu", "--dtypes", "bfloat16", "--extra-presets",
@@ -357,6 +363,7 @@ def test_cli_attribute_writes_table_and_verdicts(tmp_path):
         assert rows.elements.sum() == v["differ"]
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_attribute_from_config_and_off_by_default(tmp_path):
     cfg = tmp_path / "s.toml"
     cfg.write_text('chains = ["swiglu"]\ndtypes = ["bfloat16"]\nshapes = { swiglu = [8, 16] }\n'
@@ -509,6 +516,7 @@ def test_api_file_inputs(tmp_path):
         study.load_input_file(str(tmp_path / "a.safetensors"))
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_config_chains_with_input_specs(chains_dir):
     import torch
     torch.save(torch.rand(16, 1), chains_dir / "r.pt")
@@ -591,6 +599,7 @@ def test_cli_help_documents_the_config():
     ([], 'policies = ["sometimes"]\n', "policies[0] must be one of eager, fused, fp64"),
     ([], 'seeds = [-1]\n', "seeds[0] must be an integer in [0, 2**64)"),
 ])
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_bad_chains_and_config_one_line_exit_2(chains_dir, args, toml, pattern):
     if toml is not None:
         (chains_dir / "bad.toml").write_text(toml)
@@ -627,6 +636,7 @@ def test_mismatch_vs_eager_is_against_eager_with_fp64_policy():
                                   gf[gf.policy == "fused"].mismatch_vs_eager.values)
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_seeds_summary_keeps_every_row_and_headline_without_torch_eager(tmp_path):
     out = tmp_path / "s"
     r = _cli("study", "--device", "cpu", "--chains", "swiglu", "rope", "--dtypes", "bfloat16",
@@ -668,6 +678,7 @@ def _records(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # studies in subprocesses: 1-6 s each
 def test_cli_resume_equals_full_run_bit_for_bit(tmp_path):
     small = ["study", "--device", "cpu", "--dtypes", "bfloat16", "float16", "--seeds", "0", "1",
              "--shape", "swiglu=16x32", "--shape", "rope=1x2x8x16", "--extra-presets",
@@ -718,6 +729,7 @@ def test_api_resume_with_done_records():
 
 # ---------------------------------------------------------------- Dask sweeps
 
+@pytest.mark.slow  # ~15 s (a Dask cluster)
 def test_dask_workers_give_the_rows_of_a_serial_run(tmp_path):
     pytest.importorskip("distributed")
     kw = dict(chains=["swiglu", "rope"], dtypes=["bfloat16", "float32"], quick=True,

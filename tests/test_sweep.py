@@ -33,6 +33,7 @@ def test_each_local_worker_gets_its_device():
     assert worker_device("cpu") == "cpu"  # outside a worker: the default
 
 
+@pytest.mark.slow  # ~10 s (Dask clusters)
 def test_bad_arguments():
     with pytest.raises(ValueError, match="workers must be"):
         run_cells([1], pow, args=(2,), workers=-1)

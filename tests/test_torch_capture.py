@@ -532,6 +532,7 @@ def test_qwen2_capture_calls_sdpa_as_eager_and_drops_the_mask():
     assert "is_causal" in cm.trace(ids, kwargs=KW, policy="eager")
 
 
+@pytest.mark.slow  # torch.compile (Inductor's C++ on the CPU): ~4 s
 @pytest.mark.inductor
 @pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_qwen2_eager_equals_torch_compile_keeping_casts(device):

@@ -673,6 +673,7 @@ print(*out)
 """
 
 
+@pytest.mark.slow  # a torch subprocess per ISA: ~2.5 s
 @pytest.mark.parametrize("cap,form,bf16_store", [("AVX2", "avx2", "rne"),
                                                  ("AVX512_CORE", "avx512", "rne")])
 def test_onednn_gelu_follows_onednn_isa_cap(cap, form, bf16_store):

@@ -31,8 +31,8 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
   ``x[2i], x[2i+1]`` rotate together; cos/sin [S, R] read at column i for pair i).
 
 Every preset is written from the library's source (cited in its ``source``) and marked
-by ``verified``: whether it has been run against the library itself (README, "Kernel
-libraries"). tests/test_presets.py checks
+by ``verified``: whether it has been run against the library itself
+(docs/kernel_libraries.md, "Status"). tests/test_presets.py checks
 each against a NumPy reference of the library's formula on the CPU;
 tests/test_presets_cuda.py against the library on the GPU. ``castlab.study.libraries``
 measures them all against Hugging Face eager and fp64.

@@ -117,7 +117,8 @@ def run_cells(cells: Sequence, fn: Callable, *, args: tuple = (), workers: int |
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
-        raise ImportError("castlab sweeps run on Dask: pip install 'dask[distributed]'") from None
+        raise ImportError("castlab sweeps run on Dask: pip install 'castlab[dask]' "
+                          "(or 'dask[distributed]')") from None
     devices = list(devices or [])
     cluster = None
     try:

@@ -44,7 +44,7 @@ try:
     import torch as _torch  # noqa: F401  (PyTorch itself, not this package)
 except ImportError as e:  # pragma: no cover - CI installs torch
     raise ImportError("castlab.torch captures PyTorch models and needs PyTorch: "
-                      "pip install torch") from e
+                      "pip install 'castlab[torch]' (or torch)") from e
 
 from ._backend import CastlabBackend, backend
 from ._drift import ModelDrift, drift
