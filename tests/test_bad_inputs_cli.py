@@ -624,6 +624,23 @@ def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tm
         ("bfloat16", "bfloat16,float32", "float32"), ("float32", "float32,float32", "float32")}
 
 
+def test_the_promotion_warning_names_every_study_dtype_it_happens_in(capsys, tmp_path):
+    # a float32 input promotes the bf16 and the fp16 studies: one line names both
+    (tmp_path / "norms53b.py").write_text(
+        "import castlab as cl\ndef rms_scale(x, w):\n"
+        "    return x * cl.rsqrt(cl.mean(x * x, -1, keepdim=True) + 1e-6) * w\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'dtypes = ["bf16", "fp16"]\n[[chains]]\nchain = "{tmp_path}/norms53b.py:rms_scale"\n'
+                   "[[chains.inputs]]\nshape = [8, 32]\n[[chains.inputs]]\nshape = [8, 1]\n"
+                   'dtype = "float32"\n')
+    rc, _, err, _ = _main(["study", "--device", "cpu", "--config", cfg, "--no-plots",
+                           "--no-progress", "--out", tmp_path / "o"], capsys)
+    assert rc == 0, err
+    warn = [ln for ln in err.splitlines() if ln.startswith("castlab: warning:")]
+    assert len(warn) == 1, err
+    assert "in the bfloat16 study and the float16 study its result is float32" in warn[0], err
+
+
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"])
 def test_npy_files_written_with_ml_dtypes_load_with_their_dtype(name, tmp_path):
     # issue 53 item 1: NumPy saves ml_dtypes' arrays as untyped |V2 / |V1 values

@@ -1058,7 +1058,11 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
             raise ValueError(f"chain {ch.name!r} cannot be traced by castlab.jit "
                              f"({type(e).__name__}: {_one_line(e)})") from None
         _check_one_output(ch, tr)
-        _warn_other_output_dtype(ch, job[1], made[0], tr)
+        promoted = [(job[1], made[0], tr)]
+        for dt in dict.fromkeys(j[1] for j in jobs if j[0] is ch and j[1] != job[1]):
+            other = _make_args(ch, shape_of(ch), dt, sd, kind, scale, device)[0]
+            promoted.append((dt, other, fns[ch.name].graph(*other)))
+        _warn_other_output_dtype(ch, promoted)
         first_args[(ch.name, job[1].name, job[2])] = made
     rows: list = []
     att_rows: list = []
@@ -1374,18 +1378,28 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
             "attribution": _jsonable(new_att), "verdicts": _jsonable(new_verdicts)}
 
 
-def _warn_other_output_dtype(ch: Chain, dt, args: tuple, tr) -> None:
+def _warn_other_output_dtype(ch: Chain, traced: list) -> None:
     """Say, before the study runs, when a chain's result is not in the study dtype (an
     input pinned to float32, or a float32 file, promotes it): its rows then carry the
-    output's dtype and their ulp and rounding figures are in that format."""
-    out = tr.outputs[0].dtype
-    if out != dt:
-        pinned = [f"input {k} is {a.dtype.name}" for k, a in enumerate(args) if a.dtype != dt]
-        warnings.warn(
-            f"chain {ch.name!r}: in the {dt.name} study its result is {out.name}"
-            + (f" ({', '.join(pinned)})" if pinned else "")
-            + f": its rows say output_dtype={out.name}, and their ulp and correctly-rounded "
-            f"figures are in {out.name}", UserWarning, stacklevel=3)
+    output's dtype and their ulp and rounding figures are in that format. `traced`: (study
+    dtype, the cell's inputs, the trace) for each dtype the chain runs in; one warning
+    names every dtype that promotes."""
+    hits = [(dt, args, tr.outputs[0].dtype) for dt, args, tr in traced
+            if tr.outputs[0].dtype != dt]
+    if not hits:
+        return
+    dt, args, out = hits[0]
+    outs = list(dict.fromkeys(o.name for _, _, o in hits))
+    studies = [f"the {d.name} study" for d, _, _ in hits]
+    where = studies[0] if len(studies) == 1 else (", ".join(studies[:-1]) + " and "
+                                                  + studies[-1])
+    result = (outs[0] if len(outs) == 1 else " / ".join(outs))
+    pinned = [f"input {k} is {a.dtype.name}" for k, a in enumerate(args) if a.dtype != dt]
+    warnings.warn(
+        f"chain {ch.name!r}: in {where} its result is {result}"
+        + (f" ({', '.join(pinned)})" if pinned else "")
+        + f": its rows say output_dtype={result}, and their ulp and correctly-rounded "
+        f"figures are in {result}", UserWarning, stacklevel=3)
 
 
 def _baseline(runs: list, math0, run_eager: Callable):
