@@ -81,6 +81,24 @@ def test_cli_prints_and_writes_the_matrix(tmp_path, capsys):
     assert set(df.library) == set(cl.libraries()) and set(df.dtype) == {"bfloat16", "float16"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == len(df) and summary["size"] == 1 << 16
+    # each case as it finished, and the plots (issue 53: library mode wrote neither)
+    cells = [json.loads(ln) for ln in (out / "cells.jsonl").read_text().splitlines()]
+    assert len(cells) == len(df)
+    assert {(c["library"], c["op"], c["dtype"]) for c in cells} == set(
+        zip(df.library, df.op, df.dtype))
+    assert (out / "correctly_rounded.png").exists() and (out / "max_ulp_error.png").exists()
+
+
+def test_cli_library_mode_shows_progress(tmp_path, capsys):
+    args = ["study", "--libraries", "liger", "--chains", "swiglu", "--dtypes", "bf16",
+            "--device", "cpu", "--quick", "--no-plots"]
+    assert cli.main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    bars = [ln for ln in err.splitlines() if ln.startswith("[")]
+    assert bars[0].endswith("0/2 liger swiglu bfloat16"), err
+    assert bars and bars[-1].startswith("[" + "#" * 28 + "] 2/2 done"), err
+    assert cli.main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    assert not [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[")]
 
 
 def test_cli_selects_libraries_and_ops(tmp_path, capsys):

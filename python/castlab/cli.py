@@ -1085,15 +1085,20 @@ def cmd_libraries(args: argparse.Namespace) -> int:
     _prepare_out(out, args.overwrite)
     config = dict(kw, libraries=kw["names"], chains=list(args.chains or ["swiglu", "rope"]),
                   out=out, quick=bool(args.quick), overwrite=bool(args.overwrite),
-                  plots=False, progress=not args.no_progress)
+                  plots=not args.no_plots, progress=not args.no_progress)
     config.pop("names")
     run = _Run("study", kw["device"], args.device, config, [kw["seed"]], out)
     with run:
         t0 = time.perf_counter()
-        try:
-            df = study.libraries(**kw)
-        except (ValueError, TypeError) as e:
-            raise CLIError(str(e)) from None
+        cells = os.path.join(out, "cells.jsonl")
+        with open(cells, "w") as fc:  # each case as it finishes: what an interrupted run did
+            def on_row(r: dict) -> None:
+                fc.write(json.dumps(study._jsonable(r)) + "\n")
+                fc.flush()
+            try:
+                df = study.libraries(**kw, progress=not args.no_progress, on_row=on_row)
+            except (ValueError, TypeError) as e:
+                raise CLIError(str(e)) from None
         elapsed = time.perf_counter() - t0
         print(format_library_table(df))
         headline = library_headline(df)
@@ -1103,6 +1108,7 @@ def cmd_libraries(args: argparse.Namespace) -> int:
         pq = os.path.join(out, "results.parquet")
         if write_parquet(df, pq):
             written.append(pq)
+        written.append(cells)
         summary = {"elapsed_s": round(elapsed, 3), "rows": len(df), "size": kw["size"],
                    "seed": kw["seed"], "device": kw["device"], "headline": headline,
                    "cases": df.to_dict("records"), "run": run.record}

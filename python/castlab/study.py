@@ -1222,7 +1222,8 @@ def _one_tensor(out: Any):
 
 def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = None,
               dtypes: Sequence[str] = LIBRARY_DTYPES, device: str | None = None,
-              size: int = 1 << 20, seed: int = 0) -> Any:
+              size: int = 1 << 20, seed: int = 0, progress: bool = False,
+              on_row: Callable[[dict], None] | None = None) -> Any:
     """Each kernel-library preset (``cl.library``) against Hugging Face eager (the
     ``torch_eager`` library) and against the library's own formula in fp64
     (``OpPreset.reference``), on the same Qwen2-shaped inputs (:func:`library_inputs`):
@@ -1237,6 +1238,8 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     library, `ops` to every op each one covers (``castlab.presets.OPS``); an op a
     library lacks is skipped. RoPE from angles (``apex``, ``transformer_engine``) reads
     ``freqs``, and its fp64 reference uses the exact cos/sin of the fp32 angles.
+    `progress`: a progress bar on stderr, one step per (dtype, op, library) case;
+    `on_row`: called with each row as its case finishes (the CLI's cells.jsonl).
 
     >>> df = cl.study.libraries(["torch_eager", "flash_attn"], ops=["rope"], size=4096,
     ...                         device="cpu")
@@ -1264,6 +1267,7 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     device = str(as_device(device or _device_default()))
     eager = _presets.library("torch_eager")
     rows = []
+    total = sum(op in lib.presets for _ in dtypes for op in ops for lib in libs)
     for d in dtypes:
         ins = library_inputs(size, d, seed, device)
         for op in ops:
@@ -1272,6 +1276,8 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
             for lib in libs:
                 if op not in lib.presets:
                     continue
+                if progress:
+                    _bar(len(rows), total, f"{lib.name} {op} {d}")
                 p = lib[op]
                 args = [pool[a] for a in p.inputs]
                 got = base if lib is eager else _one_tensor(p(*args))
@@ -1285,6 +1291,10 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
                              "max_ulp_error_at_scale": r["max_ulp_error_at_scale"],
                              "elements": got.numel(), "device": device,
                              "status": lib.status(op, d)})
+                if on_row is not None:
+                    on_row(dict(rows[-1]))
+    if progress and total:
+        _bar(total, total, "done")
     order = {(n, op, d): i for i, (n, op, d) in enumerate(
         (n, op, d) for n in names for op in _presets.OPS for d in dtypes)}
     rows.sort(key=lambda r: order[(r["library"], r["op"], r["dtype"])])
