@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from . import _C, _runrecord, cuda, numerics, ops, study
+from . import _C, _runrecord, cuda, numerics, ops, plot, study
 from ._device import as_device
 from ._dtype import as_dtype
 from ._optable import BITS, IMPL_MASK, OPS
@@ -1117,8 +1117,6 @@ def cmd_libraries(args: argparse.Namespace) -> int:
             json.dump(summary, fj, indent=2)
         written.append(run.path)
     if not args.no_plots:
-        from . import plot
-
         written += plot.write_library_plots(df, out)
     print(f"\n{headline}")
     print("wrote " + ", ".join(written) + f"  ({elapsed:.1f} s)")
@@ -1572,8 +1570,6 @@ def _one_of(what: str, v: Any, choices) -> None:
 def write_plots(df, out: str) -> list[str]:
     """correctly_rounded.png (the correctly rounded share) and rel_rmse.png (in units of
     each format's unit roundoff), one panel per dtype: castlab.plot.write_study_plots."""
-    from . import plot
-
     return plot.write_study_plots(df, out)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from . import cuda as _cuda
 from ._dtype import as_dtype
 from .numerics import Comparison, Drift, compare, ulp
 
@@ -643,8 +644,6 @@ def _gpu_for(df, device: str | None, gpu_name: str | None, run: Any,
         _find_gpu_name(run, idx) if run is not None else None)
     if name is None and ask_cuda:
         try:
-            from . import cuda as _cuda
-
             if _cuda.is_available():
                 name = _find_gpu_name(_cuda.info(), idx)
         except Exception:  # noqa: BLE001  (a name in a title is not worth failing for)
