@@ -305,6 +305,8 @@ _CMP = frozenset(_aten_spec(o.aten)[0] for o in OPS.values() if o.aten and o.cat
 def _overloads(op, packet) -> tuple[str, ...]:
     if op.name in _OVERLOADS:
         return _OVERLOADS[op.name]
+    if op.arity == 1:
+        return ("default",)
     have = set(packet.overloads())
     return tuple(n for n in ("Tensor", "Scalar") if n in have) or ("default",)
 
