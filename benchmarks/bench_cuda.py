@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 import castlab as cl
 import castlab.cuda as clcuda
+from castlab.torch._aten import torch_pairs
 
 RESULTS: dict = {}
 
@@ -183,10 +184,10 @@ def main():
 
     # ---- eager op kernels vs torch's
     print()
+    unary = torch_pairs("unary_float", "unary_signed", castlab_first=True)  # the op table's
     ops = {
-        "neg": (cl.neg, torch.neg), "exp": (cl.exp, torch.exp), "sigmoid": (cl.sigmoid, torch.sigmoid),
-        "silu": (cl.silu, F.silu), "tanh": (cl.tanh, torch.tanh), "gelu": (cl.gelu, F.gelu),
-        "sqrt": (cl.sqrt, torch.sqrt), "sin": (cl.sin, torch.sin), "log": (cl.log, torch.log),
+        **{n: unary[n] for n in ("neg", "exp", "sigmoid", "silu", "tanh", "gelu", "sqrt", "sin",
+                                 "log")},
         "mul": (lambda p: p * p, lambda p: p * p), "add": (lambda p: p + p, lambda p: p + p),
         "div": (lambda p: p / p, lambda p: p / p), "mul_scalar": (lambda p: p * 0.5, lambda p: p * 0.5),
     }

@@ -14,15 +14,11 @@ import time
 import torch
 
 import castlab as cl
+from castlab import _optable
+from castlab.torch._aten import torch_pairs
 
-OPS = {
-    "exp": (torch.exp, cl.exp), "log": (torch.log, cl.log), "sin": (torch.sin, cl.sin),
-    "cos": (torch.cos, cl.cos), "tanh": (torch.tanh, cl.tanh), "erf": (torch.erf, cl.erf),
-    "sigmoid": (torch.sigmoid, cl.sigmoid), "silu": (torch.nn.functional.silu, cl.silu),
-    "gelu": (torch.nn.functional.gelu, cl.gelu),
-    "gelu_tanh": (lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                  lambda x: cl.gelu(x, approximate="tanh")),
-}
+# The transcendental unary ops (those that read Math.impl), from the op table.
+OPS = {n: p for n, p in torch_pairs("unary_float").items() if _optable.OPS[n].factors & _optable.IMPL_MASK}
 
 
 def _median(f, arg, reps: int) -> float:

@@ -7,9 +7,10 @@ namespace cl {
 
 namespace {
 constexpr OpInfo kTable[kOpCount] = {
-#define CL_INFO_INTERNAL(E, name, cost) {name, 0, kCatInternal, 0, cost, cost, "", false, "", ""},
-#define CL_INFO_OP(E, name, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) \
-  {name, arity, cat, factors, cost, cost_fast, "cl::" #fn, py != 0, formula, grad},
+#define CL_INFO_INTERNAL(E, name, cost) \
+  {name, nullptr, 0, kCatInternal, 0, cost, cost, "", false, "", ""},
+#define CL_INFO_OP(E, name, aten, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) \
+  {name, aten, arity, cat, factors, cost, cost_fast, "cl::" #fn, py != 0, formula, grad},
     CL_INTERNAL_OPS(CL_INFO_INTERNAL) CL_ELEMENTWISE_OPS(CL_INFO_OP)
 #undef CL_INFO_INTERNAL
 #undef CL_INFO_OP

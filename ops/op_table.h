@@ -29,7 +29,13 @@ enum OpCategory : uint8_t {
 constexpr uint32_t kFImpl = kVarImplMask;
 constexpr uint32_t kFDiv = kVarApproxDiv;
 
-// CL_OP(Enum, "name", arity, category, factors, cost, cost_fast, fn, py, "formula", "grad")
+// The aten column of an op PyTorch has no ATen op for.
+constexpr const char* kCastlabOnly = nullptr;
+
+// CL_OP(Enum, "name", aten, arity, category, factors, cost, cost_fast, fn, py, "formula", "grad")
+//   aten       the ATen op PyTorch computes it with ("aten.<name>", then any keyword
+//              arguments as key=value, space-separated), or kCastlabOnly; castlab.torch's
+//              ATen map and the tests' op -> torch function lists derive from it
 //   arity      operands (registers a, b, c)
 //   factors    VariantBits the op's formula reads
 //   cost       rough SASS instructions per element on the GPU (CUDA's precise
@@ -44,71 +50,77 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
 //              computes the rule as that one kernel (castlab.grad's KERNELS says where
 //              it rounds). castlab/_autodiff.py reads it; the derivation is PyTorch's
 //              (tools/autograd/derivatives.yaml), checked against torch.autograd.
-#define CL_ELEMENTWISE_OPS(X)                                                                     \
-  X(Neg, "neg", 1, kCatUnarySigned, 0, 1, 1, op_neg, 1, "-x, exact", "dx = -g")                   \
-  X(Abs, "abs", 1, kCatUnarySigned, 0, 1, 1, op_abs, 1, "|x|, exact", "dx = g * sgn(x)")          \
-  X(Exp, "exp", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 8, 8, op_exp, 1, "e**x", "dx = g * y")  \
-  X(Log, "log", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_log, 1, "natural logarithm", \
-    "dx = g / x")                                                                                 \
-  X(Sigmoid, "sigmoid", 1, kCatUnaryFloat, kFImpl | kFDiv | kVarSigmoidEx2 | kVarTorchTail, 18,   \
-    18, op_sigmoid, 1, "1/(1+exp(-x))", "[sigmoid_backward] dx = g * (1 - y) * y")                \
-  X(Silu, "silu", 1, kCatUnaryFloat,                                                              \
-    kFImpl | kFDiv | kVarSiluMulSigmoid | kVarSigmoidEx2 | kVarTorchTail, 18, 18, op_silu, 1,     \
-    "x/(1+exp(-x))", "[silu_backward] s = 1 / (1 + exp(-x)); dx = g * s * (1 + x * (1 - s))")     \
-  X(Tanh, "tanh", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 16, 16, op_tanh, 1,                   \
-    "hyperbolic tangent", "[tanh_backward] dx = g * (1 - y * y)")                                 \
-  X(Gelu, "gelu", 1, kCatUnaryFloat, kFImpl | kVarTorchTail, 24, 24, op_gelu, 1,                  \
-    "x*0.5*(1+erf(x/sqrt(2)))",                                                                   \
-    "[gelu_backward] cdf = 0.5 * (1 + erf(x * M_SQRT1_2)); pdf = exp(-0.5 * x * x) * GELU_BETA; " \
-    "dx = g * (cdf + x * pdf)")                                                                   \
-  X(GeluTanh, "gelu_tanh", 1, kCatUnaryFloat, kFImpl | kVarFmaInOp | kVarTorchTail, 22, 22,       \
-    op_gelu_tanh, 0, "0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))",                              \
-    "[gelu_tanh_backward] x_sq = x * x; x_cube = x_sq * x; "                                      \
-    "inner = GELU_TANH_BETA * (x + 0.044715 * x_cube); t = tanh(inner); left = 0.5 * x; "         \
-    "right = 1 + t; left_derivative = 0.5 * right; tanh_derivative = 1 - t * t; "                 \
-    "inner_derivative = GELU_TANH_BETA * (1 + GELU_TANH_3KAPPA * x_sq); "                         \
-    "right_derivative = left * tanh_derivative * inner_derivative; "                              \
-    "dx = g * (left_derivative + right_derivative)")                                              \
-  X(Sqrt, "sqrt", 1, kCatUnaryFloat, kVarTorchVml, 6, 6, op_sqrt, 1, "IEEE square root",          \
-    "dx = g / (2 * y)")                                                                           \
-  X(Rsqrt, "rsqrt", 1, kCatUnaryFloat,                                                            \
-    kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail | kVarTorchScalarLoop, 4, 4, op_rsqrt, 1,   \
-    "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                                     \
-  X(Reciprocal, "reciprocal", 1, kCatUnaryFloat, kFDiv, 8, 3, op_reciprocal, 1, "1/x",            \
-    "dx = -g * (y * y)")                                                                          \
-  X(Square, "square", 1, kCatUnarySigned, 0, 1, 1, op_square, 1, "x*x", "dx = g * (2.0 * x)")     \
-  X(Cos, "cos", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_cos, 1, "cosine",            \
-    "dx = g * -sin(x)")                                                                           \
-  X(Sin, "sin", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_sin, 1, "sine",              \
-    "dx = g * cos(x)")                                                                            \
-  X(Erf, "erf", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 20, 20, op_erf, 1, "error function",    \
-    "dx = 1.1283791670955126 * exp(-pow(x, 2)) * g")                                              \
-  X(Hardswish, "hardswish", 1, kCatUnaryFloat, kVarHardswishRecip6, 4, 4, op_hardswish, 1,        \
-    "x*min(max(x+3,0),6)/6",                                                                      \
-    "[hardswish_backward] dx = where(x <= -3, 0, where(x < 3, g * (x / 3 + 0.5), g))")            \
-  X(Add, "add", 2, kCatBinary, 0, 1, 1, op_add, 1, "a+b", "da = g; db = g")                       \
-  X(Sub, "sub", 2, kCatBinary, 0, 1, 1, op_sub, 1, "a-b", "da = g; db = -g")                      \
-  X(Mul, "mul", 2, kCatBinary, 0, 1, 1, op_mul, 1, "a*b", "da = g * b; db = g * a")               \
-  X(Div, "div", 2, kCatBinary, kFDiv, 8, 3, op_div, 1, "a/b (true division)",                     \
-    "da = g / b; db = -g * ((a / b) / b)")                                                        \
-  X(Maximum, "maximum", 2, kCatBinary, 0, 1, 1, op_maximum, 1,                                    \
-    "max(a, b), NaN-propagating, -0 < +0",                                                        \
-    "h = where(a == b, g / 2, g); da = where(a < b, 0, h); db = where(a > b, 0, h)")              \
-  X(Minimum, "minimum", 2, kCatBinary, 0, 1, 1, op_minimum, 1,                                    \
-    "min(a, b), NaN-propagating, -0 < +0",                                                        \
-    "h = where(a == b, g / 2, g); da = where(a > b, 0, h); db = where(a < b, 0, h)")              \
-  X(Pow, "pow", 2, kCatBinary, kFImpl | kVarPowDevice | kVarPowTensorExp | kVarTorchTail, 24, 24, \
-    op_pow, 1, "a**b (C pow specials)",                                                           \
-    "da = pow_backward_self(g, a, b); db = pow_backward_exponent(g, a, b, y)")                    \
-  X(Eq, "eq", 2, kCatCompare, 0, 1, 1, op_eq, 1, "a == b", "")                                    \
-  X(Ne, "ne", 2, kCatCompare, 0, 1, 1, op_ne, 1, "a != b", "")                                    \
-  X(Lt, "lt", 2, kCatCompare, 0, 1, 1, op_lt, 1, "a < b", "")                                     \
-  X(Le, "le", 2, kCatCompare, 0, 1, 1, op_le, 1, "a <= b", "")                                    \
-  X(Gt, "gt", 2, kCatCompare, 0, 1, 1, op_gt, 1, "a > b", "")                                     \
-  X(Ge, "ge", 2, kCatCompare, 0, 1, 1, op_ge, 1, "a >= b", "")                                    \
-  X(Fma, "fma", 3, kCatTernary, 0, 1, 1, op_fma, 1, "a*b+c, one rounding",                        \
-    "da = g * b; db = g * a; dc = g")                                                             \
-  X(Where, "where", 3, kCatSelect, 0, 1, 1, op_where, 1, "a if cond else b",                      \
+#define CL_ELEMENTWISE_OPS(X)                                                                      \
+  X(Neg, "neg", "aten.neg", 1, kCatUnarySigned, 0, 1, 1, op_neg, 1, "-x, exact", "dx = -g")        \
+  X(Abs, "abs", "aten.abs", 1, kCatUnarySigned, 0, 1, 1, op_abs, 1, "|x|, exact",                  \
+    "dx = g * sgn(x)")                                                                             \
+  X(Exp, "exp", "aten.exp", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 8, 8, op_exp, 1, "e**x",     \
+    "dx = g * y")                                                                                  \
+  X(Log, "log", "aten.log", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_log, 1,           \
+    "natural logarithm", "dx = g / x")                                                             \
+  X(Sigmoid, "sigmoid", "aten.sigmoid", 1, kCatUnaryFloat,                                         \
+    kFImpl | kFDiv | kVarSigmoidEx2 | kVarTorchTail, 18, 18, op_sigmoid, 1, "1/(1+exp(-x))",       \
+    "[sigmoid_backward] dx = g * (1 - y) * y")                                                     \
+  X(Silu, "silu", "aten.silu", 1, kCatUnaryFloat,                                                  \
+    kFImpl | kFDiv | kVarSiluMulSigmoid | kVarSigmoidEx2 | kVarTorchTail, 18, 18, op_silu, 1,      \
+    "x/(1+exp(-x))", "[silu_backward] s = 1 / (1 + exp(-x)); dx = g * s * (1 + x * (1 - s))")      \
+  X(Tanh, "tanh", "aten.tanh", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 16, 16, op_tanh, 1,       \
+    "hyperbolic tangent", "[tanh_backward] dx = g * (1 - y * y)")                                  \
+  X(Gelu, "gelu", "aten.gelu", 1, kCatUnaryFloat, kFImpl | kVarTorchTail, 24, 24, op_gelu, 1,      \
+    "x*0.5*(1+erf(x/sqrt(2)))",                                                                    \
+    "[gelu_backward] cdf = 0.5 * (1 + erf(x * M_SQRT1_2)); pdf = exp(-0.5 * x * x) * GELU_BETA; "  \
+    "dx = g * (cdf + x * pdf)")                                                                    \
+  X(GeluTanh, "gelu_tanh", "aten.gelu approximate=tanh", 1, kCatUnaryFloat,                        \
+    kFImpl | kVarFmaInOp | kVarTorchTail, 22, 22, op_gelu_tanh, 0,                                 \
+    "0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x**3)))",                                                \
+    "[gelu_tanh_backward] x_sq = x * x; x_cube = x_sq * x; "                                       \
+    "inner = GELU_TANH_BETA * (x + 0.044715 * x_cube); t = tanh(inner); left = 0.5 * x; "          \
+    "right = 1 + t; left_derivative = 0.5 * right; tanh_derivative = 1 - t * t; "                  \
+    "inner_derivative = GELU_TANH_BETA * (1 + GELU_TANH_3KAPPA * x_sq); "                          \
+    "right_derivative = left * tanh_derivative * inner_derivative; "                               \
+    "dx = g * (left_derivative + right_derivative)")                                               \
+  X(Sqrt, "sqrt", "aten.sqrt", 1, kCatUnaryFloat, kVarTorchVml, 6, 6, op_sqrt, 1,                  \
+    "IEEE square root", "dx = g / (2 * y)")                                                        \
+  X(Rsqrt, "rsqrt", "aten.rsqrt", 1, kCatUnaryFloat,                                               \
+    kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail | kVarTorchScalarLoop, 4, 4, op_rsqrt, 1,    \
+    "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                                      \
+  X(Reciprocal, "reciprocal", "aten.reciprocal", 1, kCatUnaryFloat, kFDiv, 8, 3, op_reciprocal, 1, \
+    "1/x", "dx = -g * (y * y)")                                                                    \
+  X(Square, "square", "aten.square", 1, kCatUnarySigned, 0, 1, 1, op_square, 1, "x*x",             \
+    "dx = g * (2.0 * x)")                                                                          \
+  X(Cos, "cos", "aten.cos", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_cos, 1, "cosine", \
+    "dx = g * -sin(x)")                                                                            \
+  X(Sin, "sin", "aten.sin", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 24, 24, op_sin, 1, "sine",   \
+    "dx = g * cos(x)")                                                                             \
+  X(Erf, "erf", "aten.erf", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 20, 20, op_erf, 1,           \
+    "error function", "dx = 1.1283791670955126 * exp(-pow(x, 2)) * g")                             \
+  X(Hardswish, "hardswish", "aten.hardswish", 1, kCatUnaryFloat, kVarHardswishRecip6, 4, 4,        \
+    op_hardswish, 1, "x*min(max(x+3,0),6)/6",                                                      \
+    "[hardswish_backward] dx = where(x <= -3, 0, where(x < 3, g * (x / 3 + 0.5), g))")             \
+  X(Add, "add", "aten.add", 2, kCatBinary, 0, 1, 1, op_add, 1, "a+b", "da = g; db = g")            \
+  X(Sub, "sub", "aten.sub", 2, kCatBinary, 0, 1, 1, op_sub, 1, "a-b", "da = g; db = -g")           \
+  X(Mul, "mul", "aten.mul", 2, kCatBinary, 0, 1, 1, op_mul, 1, "a*b", "da = g * b; db = g * a")    \
+  X(Div, "div", "aten.div", 2, kCatBinary, kFDiv, 8, 3, op_div, 1, "a/b (true division)",          \
+    "da = g / b; db = -g * ((a / b) / b)")                                                         \
+  X(Maximum, "maximum", "aten.maximum", 2, kCatBinary, 0, 1, 1, op_maximum, 1,                     \
+    "max(a, b), NaN-propagating, -0 < +0",                                                         \
+    "h = where(a == b, g / 2, g); da = where(a < b, 0, h); db = where(a > b, 0, h)")               \
+  X(Minimum, "minimum", "aten.minimum", 2, kCatBinary, 0, 1, 1, op_minimum, 1,                     \
+    "min(a, b), NaN-propagating, -0 < +0",                                                         \
+    "h = where(a == b, g / 2, g); da = where(a > b, 0, h); db = where(a < b, 0, h)")               \
+  X(Pow, "pow", "aten.pow", 2, kCatBinary,                                                         \
+    kFImpl | kVarPowDevice | kVarPowTensorExp | kVarTorchTail, 24, 24, op_pow, 1,                  \
+    "a**b (C pow specials)",                                                                       \
+    "da = pow_backward_self(g, a, b); db = pow_backward_exponent(g, a, b, y)")                     \
+  X(Eq, "eq", "aten.eq", 2, kCatCompare, 0, 1, 1, op_eq, 1, "a == b", "")                          \
+  X(Ne, "ne", "aten.ne", 2, kCatCompare, 0, 1, 1, op_ne, 1, "a != b", "")                          \
+  X(Lt, "lt", "aten.lt", 2, kCatCompare, 0, 1, 1, op_lt, 1, "a < b", "")                           \
+  X(Le, "le", "aten.le", 2, kCatCompare, 0, 1, 1, op_le, 1, "a <= b", "")                          \
+  X(Gt, "gt", "aten.gt", 2, kCatCompare, 0, 1, 1, op_gt, 1, "a > b", "")                           \
+  X(Ge, "ge", "aten.ge", 2, kCatCompare, 0, 1, 1, op_ge, 1, "a >= b", "")                          \
+  X(Fma, "fma", kCastlabOnly, 3, kCatTernary, 0, 1, 1, op_fma, 1, "a*b+c, one rounding",           \
+    "da = g * b; db = g * a; dc = g")                                                              \
+  X(Where, "where", "aten.where", 3, kCatSelect, 0, 1, 1, op_where, 1, "a if cond else b",         \
     "db = where(a, g, 0); dc = where(a, 0, g)")
 
 // Instructions only the lowering emits; each executor implements them itself (they
@@ -126,7 +138,8 @@ constexpr uint32_t kFDiv = kVarApproxDiv;
 
 enum OpCode : uint8_t {
 #define CL_ENUM_INTERNAL(E, name, cost) kOp##E,
-#define CL_ENUM_OP(E, name, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) kOp##E,
+#define CL_ENUM_OP(E, name, aten, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) \
+  kOp##E,
   CL_INTERNAL_OPS(CL_ENUM_INTERNAL) CL_ELEMENTWISE_OPS(CL_ENUM_OP)
 #undef CL_ENUM_INTERNAL
 #undef CL_ENUM_OP
@@ -135,6 +148,7 @@ enum OpCode : uint8_t {
 
 struct OpInfo {
   const char* name;
+  const char* aten;  // "aten.<name>[ key=value...]", nullptr: castlab-only (or internal)
   int arity;
   OpCategory category;
   uint32_t factors;

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.cuda,
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+from castlab.torch._aten import torch_pairs  # noqa: E402
 
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("torch has no CUDA", allow_module_level=True)
@@ -149,26 +150,8 @@ def _all_patterns(dtype):
 
 # ---------------------------------------------------------------- a) unary ops
 
-UNARY = {
-    "neg": (cl.neg, torch.neg),
-    "abs": (cl.abs, torch.abs),
-    "exp": (cl.exp, torch.exp),
-    "log": (cl.log, torch.log),
-    "sigmoid": (cl.sigmoid, torch.sigmoid),
-    "silu": (cl.silu, F.silu),
-    "tanh": (cl.tanh, torch.tanh),
-    "gelu": (cl.gelu, F.gelu),
-    "gelu_tanh": (lambda x: cl.gelu(x, approximate="tanh"),
-                  lambda t: F.gelu(t, approximate="tanh")),
-    "sqrt": (cl.sqrt, torch.sqrt),
-    "rsqrt": (cl.rsqrt, torch.rsqrt),
-    "reciprocal": (cl.reciprocal, torch.reciprocal),
-    "square": (cl.square, torch.square),
-    "cos": (cl.cos, torch.cos),
-    "sin": (cl.sin, torch.sin),
-    "erf": (cl.erf, torch.erf),
-    "hardswish": (cl.hardswish, F.hardswish),
-}
+# Every unary op with an ATen op (the op table's aten column).
+UNARY = torch_pairs("unary_float", "unary_signed", castlab_first=True)
 
 
 def _one_arg(f):

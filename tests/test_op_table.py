@@ -162,3 +162,99 @@ def test_hardswish_vs_torch_cuda(tdt):
     x = cl.from_dlpack(t)
     fused = cl.jit(lambda x: cl.hardswish(x))(x)
     assert _same_bits(torch.from_dlpack(fused), want) == 0
+
+
+# ---------------------------------------------------------------- one table per kind of fact
+
+def test_variant_bits_come_from_one_table():
+    """ops/scalar/ops.h CL_VARIANT_BITS: the enum, _C.VARIANT_BITS and _optable's
+    constants all derive from it; every bit names the Math field that sets it."""
+    import dataclasses
+
+    from castlab import _optable, policy
+
+    table = _optable.VARIANT_BITS
+    assert len(table) == 17 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
+    assert _optable.BITS == dict(_C.VARIANT_BITS)
+    seen = 0
+    for b in table:
+        assert b.bit and not b.bit & seen, b  # distinct, non-overlapping
+        seen |= b.bit
+        assert b.doc, b
+    fields = {f.name for f in dataclasses.fields(cl.Math)}
+    assert {b.math_field for b in table} <= fields | {""}
+    # what the constants policy.py reads are, by the Math field column
+    assert _optable.TORCH_CUDA_BITS == (_optable.BITS["rsqrt_fast"] | _optable.BITS["fma_in_op"]
+                                        | _optable.BITS["hardswish_recip6"]
+                                        | _optable.BITS["pow_device"])
+    assert _optable.APPROX_DIV == 0x8 and _optable.SIGMOID_EX2 == 0x10
+    assert _optable.SILU_MUL_SIGMOID == 0x4 and _optable.IMPL_MASK == 0x3
+    # the trace has a note for each bit Math.cuda_kernels sets
+    assert set(policy._TORCH_CUDA_NOTES) == {b.name for b in table
+                                             if b.math_field == "cuda_kernels"}
+    # every op's factors are table bits
+    for o in OPS.values():
+        assert not o.factors & ~seen, o
+
+
+# Ops PyTorch has no ATen op for (the table marks them kCastlabOnly): adding one here is a
+# decision, not an accident.
+CASTLAB_ONLY = {"fma"}
+
+
+def test_every_op_has_an_aten_name_torch_resolves_or_is_castlab_only():
+    from castlab.torch._aten import TORCH_OPS, castlab_fn, torch_fn
+
+    assert {o.name for o in OPS.values() if o.aten is None} == CASTLAB_ONLY
+    assert all(o.aten is None for o in TABLE if o.category == "internal")
+    x = torch.linspace(-4, 4, 9, dtype=torch.float32)
+    for o in OPS.values():
+        if o.aten is None:
+            with pytest.raises(KeyError):
+                torch_fn(o.name)
+            continue
+        name = o.aten.split()[0]
+        assert name.startswith("aten."), o
+        assert hasattr(torch.ops.aten, name[5:]), o  # resolves
+        assert TORCH_OPS[o.name] is not None
+        if o.arity == 1:  # the keyword arguments are accepted too, and castlab agrees
+            want = TORCH_OPS[o.name](x)
+            got = castlab_fn(o.name)(cl.from_numpy(x.numpy())).numpy()
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert set(TORCH_OPS) == {o.name for o in OPS.values() if o.aten}
+
+
+def test_castlab_torch_maps_every_aten_op():
+    """castlab.torch's ATen map holds every op of the table that has an ATen name."""
+    from castlab.torch._aten import ATEN
+
+    mapped = {k.split(".")[1] for k in ATEN}
+    for o in OPS.values():
+        if o.aten:
+            assert o.aten.split()[0][5:] in mapped, o
+
+
+def test_test_maps_cover_every_aten_op():
+    """The op -> torch lists of tests and benchmarks derive from the aten column: none is
+    kept by hand (a hand list silently skips a new op), and the derived ones hold every
+    unary op with an ATen name."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    names = "|".join(sorted(OPS, key=len, reverse=True))
+    # "silu": F.silu / "silu": (torch.nn.functional.silu, cl.silu) / (cl.exp, torch.exp)
+    hand = re.compile(rf'"({names})":\s*\(?\s*(?:cl\.\w+,\s*)?(?:torch\.nn\.functional|F|torch)\.\1\b')
+    found = []
+    for folder in ("tests", "benchmarks"):
+        for p in sorted((root / folder).glob("*.py")):
+            if p.name == "test_op_table.py":  # (its own examples)
+                continue
+            for m in hand.finditer(p.read_text()):
+                found.append(f"{p.name}: {m.group(0)}")
+    assert not found, "hand-kept op -> torch maps (derive them from castlab.torch._aten):\n" + \
+        "\n".join(found)
+    from castlab.torch._aten import torch_pairs
+
+    unary = {o.name for o in OPS.values() if o.aten and o.arity == 1}
+    assert set(torch_pairs("unary_float", "unary_signed")) == unary

@@ -16,6 +16,7 @@ import castlab as cl
 
 torch = pytest.importorskip("torch")
 special = pytest.importorskip("scipy.special")
+from castlab.torch._aten import TORCH_OPS, castlab_fn, torch_pairs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -121,13 +122,8 @@ def operand_sets(dt):
 
 # ----------------------------------------------------------------------------- exact binary ops
 
-BINARY = {
-    "add": (cl.add, torch.add), "sub": (cl.sub, torch.sub), "mul": (cl.mul, torch.mul),
-    "div": (cl.div, torch.div), "maximum": (cl.maximum, torch.maximum),
-    "minimum": (cl.minimum, torch.minimum),
-    "eq": (cl.eq, torch.eq), "ne": (cl.ne, torch.ne), "lt": (cl.lt, torch.lt),
-    "le": (cl.le, torch.le), "gt": (cl.gt, torch.gt), "ge": (cl.ge, torch.ge),
-}
+# Every binary op with an ATen op but pow (correctly rounded in no library).
+BINARY = torch_pairs("binary", "compare", exclude=("pow",), castlab_first=True)
 
 
 @pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.name)
@@ -150,10 +146,10 @@ def test_operators_match_functions(dt):
         assert_same(got.numpy(), ref.numpy(), "operator")
 
 
-UNARY_EXACT = {
-    "neg": (cl.neg, torch.neg), "abs": (cl.abs, torch.abs), "sqrt": (cl.sqrt, torch.sqrt),
-    "square": (cl.square, torch.square), "pow2": (lambda x: cl.pow(x, 2), lambda x: torch.pow(x, 2)),
-    "pow_op2": (lambda x: x ** 2, lambda x: x ** 2), "reciprocal": (cl.reciprocal, torch.reciprocal),
+UNARY_EXACT = {  # the correctly rounded unary ops
+    **{n: torch_pairs(castlab_first=True)[n] for n in ("neg", "abs", "sqrt", "square", "reciprocal")},
+    "pow2": (lambda x: cl.pow(x, 2), lambda x: torch.pow(x, 2)),
+    "pow_op2": (lambda x: x ** 2, lambda x: x ** 2),
 }
 
 
@@ -327,13 +323,8 @@ REF64 = {
     "rsqrt": lambda x: 1 / np.sqrt(x), "reciprocal": lambda x: 1 / x, "cos": np.cos,
     "sin": np.sin, "erf": special.erf,
 }
-CLF = {k: getattr(cl, k) for k in REF64 if k != "gelu_tanh"}
-CLF["gelu_tanh"] = lambda x: cl.gelu(x, approximate="tanh")
-TF = {"exp": torch.exp, "log": torch.log, "sigmoid": torch.sigmoid,
-      "silu": torch.nn.functional.silu, "tanh": torch.tanh, "gelu": torch.nn.functional.gelu,
-      "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-      "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal, "cos": torch.cos, "sin": torch.sin,
-      "erf": torch.erf}
+CLF = {k: castlab_fn(k) for k in REF64}
+TF = {k: TORCH_OPS[k] for k in REF64}  # the op table's aten column
 
 # Exact-match rates (%) measured on this machine (x86-64, glibc libm, torch 2.13 CPU) over:
 # bf16 = all 65,536 patterns; f16/f32 = 1M samples of N(0, 4^2) (fixed seed); each as

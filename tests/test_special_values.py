@@ -45,6 +45,7 @@ from castlab import _optable
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+from castlab.torch._aten import TORCH_OPS, castlab_fn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -107,17 +108,11 @@ def cl_numpy(x) -> np.ndarray:
 # ------------------------------------------------------------------ the ops, both sides
 
 def cl_fn(name: str):
-    if name == "gelu_tanh":
-        return lambda x: cl.gelu(x, approximate="tanh")
-    return getattr(cl, name)
-
-
-TORCH_FN = {"silu": F.silu, "gelu": F.gelu, "hardswish": F.hardswish,
-            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    return castlab_fn(name)
 
 
 def torch_fn(name: str):
-    return TORCH_FN.get(name) or getattr(torch, name)
+    return TORCH_OPS[name]  # the op table's aten column
 
 
 # float64 references (math/NumPy, correctly rounded for these inputs) for the unary ops

@@ -34,8 +34,10 @@ import numpy as np
 import pytest
 
 import castlab as cl
+from castlab import _optable
 
 torch = pytest.importorskip("torch")
+from castlab.torch._aten import castlab_fn, torch_pairs  # noqa: E402
 
 _CAP = torch.backends.cpu.get_cpu_capability() if platform.machine() in ("x86_64", "AMD64") else ""
 pytestmark = pytest.mark.skipif(
@@ -270,20 +272,12 @@ def _all_patterns(dt):
     return torch.arange(-32768, 32768, dtype=torch.int16).view(dt)
 
 
-_UNARY = {
-    "exp": torch.exp, "log": torch.log, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
-    "erf": torch.erf, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal,
-    "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "square": torch.square,
-    "neg": torch.neg, "abs": torch.abs, "hardswish": torch.nn.functional.hardswish,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-}
+# Every unary op with an ATen op (the op table's aten column) -> its torch function.
+_UNARY = {n: tf for n, (tf, _) in torch_pairs("unary_float", "unary_signed").items()}
 
 
 def _cl_unary(op):
-    if op == "gelu_tanh":
-        return lambda x: cl.gelu(x, approximate="tanh")
-    return getattr(cl, op)
+    return castlab_fn(op)
 
 
 def _gelu_modelled_or_skip(op, dt):
@@ -490,12 +484,10 @@ def test_without_torch_the_trace_says_mkl_vml_is_unavailable():
     assert "MKL VML unavailable (torch not loaded): portable stand-in, not bit-exact" in r.stdout
 
 
-_TAIL_OPS = {
-    "sigmoid": (torch.sigmoid, cl.sigmoid), "silu": (_UNARY["silu"], cl.silu),
-    "gelu_tanh": (_UNARY["gelu_tanh"], _cl_unary("gelu_tanh")), "gelu": (_UNARY["gelu"], cl.gelu),
-    "rsqrt": (torch.rsqrt, cl.rsqrt),
-    "pow": (lambda x: torch.pow(x.abs(), x / 4), lambda x: cl.pow(cl.abs(x), x / 4)),
-}
+# The ops whose factors include torch_tail (a scalar lambda in PyTorch's CPU loop).
+_TAIL_OPS = {n: (tf, castlab_fn(n)) for n, tf in _UNARY.items()
+             if _optable.OPS[n].factors & _optable.BITS["torch_tail"]}
+_TAIL_OPS["pow"] = (lambda x: torch.pow(x.abs(), x / 4), lambda x: cl.pow(cl.abs(x), x / 4))
 
 
 def _tail_cases():

@@ -349,10 +349,10 @@ void compute_var(const Instr& in, T* d, const T* a, const T* b, const T* c, int6
       for (int64_t j = 0; j < n; ++j) d[j] = k;
       break;
     }
-#define CL_CPU_CASE(E, name, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) \
-  case kOp##E:                                                                            \
-    block_loop(std::integral_constant<int, arity>(), d, a, b, c, n,                       \
-               [v](auto... x) __attribute__((always_inline)) { return fn(x..., v); });    \
+#define CL_CPU_CASE(E, name, aten, arity, cat, factors, cost, cost_fast, fn, py, formula, grad) \
+  case kOp##E:                                                                                  \
+    block_loop(std::integral_constant<int, arity>(), d, a, b, c, n,                             \
+               [v](auto... x) __attribute__((always_inline)) { return fn(x..., v); });          \
     break;
       CL_ELEMENTWISE_OPS(CL_CPU_CASE)
 #undef CL_CPU_CASE

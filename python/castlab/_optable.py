@@ -14,6 +14,8 @@ class OpInfo(NamedTuple):
     """One entry of the op table."""
 
     name: str
+    aten: str | None  # the ATen op PyTorch computes it with ("aten.gelu approximate=tanh":
+                      # name, then keyword arguments), None: castlab-only (or internal)
     opcode: int
     arity: int
     category: str    # internal, unary_float, unary_signed, binary, compare, ternary,
@@ -29,15 +31,37 @@ TABLE: tuple[OpInfo, ...] = tuple(OpInfo(**d) for d in _C.OP_TABLE)
 OPS: dict[str, OpInfo] = {o.name: o for o in TABLE if o.category != "internal"}
 OPCODE: dict[str, int] = {o.name: o.opcode for o in TABLE}
 
-# Variant bits (ops/scalar/ops.h VariantBits), by name.
-BITS: dict[str, int] = dict(_C.VARIANT_BITS)
+
+
+class VariantBit(NamedTuple):
+    """One variant bit (ops/scalar/ops.h CL_VARIANT_BITS, the one list of them)."""
+
+    name: str
+    bit: int
+    math_field: str  # the castlab.Math field that sets it ("": the lowering does)
+    doc: str
+
+
+VARIANT_BITS: tuple[VariantBit, ...] = tuple(VariantBit(**d) for d in _C.VARIANT_BIT_TABLE)
+#: Variant bits by name.
+BITS: dict[str, int] = {b.name: b.bit for b in VARIANT_BITS}
+
+
+def bits_set_by(field: str) -> int:
+    """The variant bits the castlab.Math field `field` sets (its column in the table)."""
+    mask = 0
+    for b in VARIANT_BITS:
+        if b.math_field == field:
+            mask |= b.bit
+    return mask
+
+
 IMPL_MASK = BITS["impl_mask"]
-SILU_MUL_SIGMOID = BITS["silu_mul_sigmoid"]
-APPROX_DIV = BITS["approx_div"]
-SIGMOID_EX2 = BITS["sigmoid_ex2"]
+SILU_MUL_SIGMOID = bits_set_by("silu")
+APPROX_DIV = bits_set_by("division")
+SIGMOID_EX2 = bits_set_by("sigmoid")
 # Implementation details of PyTorch's eager CUDA kernels (Math.cuda_kernels).
-TORCH_CUDA_BITS = (BITS["rsqrt_fast"] | BITS["fma_in_op"] | BITS["hardswish_recip6"]
-                   | BITS["pow_device"])
+TORCH_CUDA_BITS = bits_set_by("cuda_kernels")
 # Set by the lowering (not a math factor): pow's exponent is a tensor, not a Python number.
 POW_TENSOR_EXP = BITS["pow_tensor_exp"]
 MATH_IMPLS: dict[str, int] = dict(_C.MATH_IMPLS)

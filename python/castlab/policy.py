@@ -28,6 +28,7 @@ from ._optable import (
     SIGMOID_EX2,
     SILU_MUL_SIGMOID,
     TORCH_CUDA_BITS,
+    VARIANT_BITS,
 )
 
 __all__ = ["Policy", "Math", "use_math", "current_math", "as_policy", "as_math"]
@@ -813,16 +814,18 @@ class Math:
         if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
         if cuda and self.cuda_kernels:
-            for bit, text in _TORCH_CUDA_NOTES.items():
-                if f & BITS[bit]:
-                    notes.append(text)
+            for b in VARIANT_BITS:  # a note per bit the field sets (KeyError: add one)
+                if b.math_field == "cuda_kernels" and f & b.bit:
+                    notes.append(_TORCH_CUDA_NOTES[b.name])
         if f & SIGMOID_EX2 and self._computes_sigmoid(f) and self.sigmoid == "ex2_approx":
             notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
         return " ".join(notes)
 
 
-# What Math.cuda_kernels changes, per variant bit (the lowering's own expansions of
-# PyTorch's kernels, e.g. division by a Python number, are in its record: the trace).
+# What Math.cuda_kernels changes, per variant bit it sets (math_field "cuda_kernels" in
+# ops/scalar/ops.h CL_VARIANT_BITS; tests/test_op_table.py checks the keys against it), as
+# traces show it (the lowering's own expansions of PyTorch's kernels, e.g. division by a
+# Python number, are in its record: the trace).
 _TORCH_CUDA_NOTES = {
     "rsqrt_fast": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
     "fma_in_op": "fma inside the formula (nvcc --fmad=true)",

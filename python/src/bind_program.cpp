@@ -113,6 +113,7 @@ void bind_program(py::module_& m) {
     const cl::OpInfo& o = cl::op_info(i);
     py::dict d;
     d["name"] = o.name;
+    d["aten"] = o.aten ? py::object(py::str(o.aten)) : py::object(py::none());
     d["opcode"] = i;
     d["arity"] = o.arity;
     d["category"] = category_name(o.category);
@@ -125,24 +126,23 @@ void bind_program(py::module_& m) {
   }
   m.attr("OP_TABLE") = table;
 
+  // The variant bits (ops/scalar/ops.h CL_VARIANT_BITS), in bit order: Python's
+  // constants (castlab._optable) are built from this list; VARIANT_BITS: name -> bit.
+  py::list bit_table;
   py::dict bits;
-  bits["impl_mask"] = static_cast<uint32_t>(cl::kVarImplMask);
-  bits["silu_mul_sigmoid"] = static_cast<uint32_t>(cl::kVarSiluMulSigmoid);
-  bits["approx_div"] = static_cast<uint32_t>(cl::kVarApproxDiv);
-  bits["sigmoid_ex2"] = static_cast<uint32_t>(cl::kVarSigmoidEx2);
-  bits["rsqrt_fast"] = static_cast<uint32_t>(cl::kVarRsqrtFast);
-  bits["fma_in_op"] = static_cast<uint32_t>(cl::kVarFmaInOp);
-  bits["hardswish_recip6"] = static_cast<uint32_t>(cl::kVarHardswishRecip6);
-  bits["pow_device"] = static_cast<uint32_t>(cl::kVarPowDevice);
-  bits["pow_tensor_exp"] = static_cast<uint32_t>(cl::kVarPowTensorExp);
-  bits["torch_vml"] = static_cast<uint32_t>(cl::kVarTorchVml);
-  bits["rsqrt_scalar16"] = static_cast<uint32_t>(cl::kVarRsqrtScalar16);
-  bits["torch_tail"] = static_cast<uint32_t>(cl::kVarTorchTail);
-  bits["onednn_gelu"] = static_cast<uint32_t>(cl::kVarOneDnnGelu);
-  bits["onednn_gelu_avx2"] = static_cast<uint32_t>(cl::kVarOneDnnGeluAvx2);
-  bits["onednn_bf16_ftz"] = static_cast<uint32_t>(cl::kVarOneDnnBf16Ftz);
-  bits["torch_scalar_loop"] = static_cast<uint32_t>(cl::kVarTorchScalarLoop);
-  bits["onednn_gelu_bwd"] = static_cast<uint32_t>(cl::kVarOneDnnGeluBwd);
+#define CL_VARIANT_DICT(E, name, bit, field, doc)    \
+  {                                                  \
+    py::dict d;                                      \
+    d["name"] = name;                                \
+    d["bit"] = static_cast<uint32_t>(cl::kVar##E);   \
+    d["math_field"] = field;                         \
+    d["doc"] = doc;                                  \
+    bit_table.append(d);                             \
+    bits[name] = static_cast<uint32_t>(cl::kVar##E); \
+  }
+  CL_VARIANT_BITS(CL_VARIANT_DICT)
+#undef CL_VARIANT_DICT
+  m.attr("VARIANT_BIT_TABLE") = bit_table;
   m.attr("VARIANT_BITS") = bits;
   m.def("torch_vml_load", &cl::torch_vml_load, py::arg("path"),
         "Borrow MKL VML's vms*/vmd* functions from the already-loaded library at path "

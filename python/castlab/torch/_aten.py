@@ -15,6 +15,7 @@ built here; everything else runs as an external PyTorch node.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -23,8 +24,10 @@ import torch
 
 from .. import _index, _loss, _reduce, ops
 from .._dtype import as_dtype
+from .._optable import OPS
 
-__all__ = ["ATEN", "can_map", "castlab_dtype", "FLOAT_DTYPES"]
+__all__ = ["ATEN", "can_map", "castlab_dtype", "FLOAT_DTYPES", "TORCH_OPS", "torch_fn",
+           "castlab_fn", "torch_pairs"]
 
 #: torch floating dtypes castlab stores (and computes with).
 FLOAT_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
@@ -42,24 +45,12 @@ def castlab_dtype(dt: torch.dtype):
     return as_dtype(FLOAT_DTYPES[dt])
 
 
-def _unary(fn: Callable) -> Callable:
-    return lambda a, kw: fn(a[0])
-
-
-def _binary(fn: Callable) -> Callable:
-    return lambda a, kw: fn(a[0], a[1])
+def _positional(fn: Callable, arity: int) -> Callable:
+    return lambda a, kw: fn(*a[:arity])
 
 
 def _rsub(a, kw):
     return ops.sub(a[1], a[0])
-
-
-def _pow(a, kw):
-    return ops.pow(a[0], a[1])
-
-
-def _where(a, kw):
-    return ops.where(a[0], a[1], a[2])
 
 
 def _gelu(a, kw):
@@ -245,32 +236,93 @@ def _take_along_dim(a, kw):  # take_along_dim(self, indices, dim)
     return _index.take_along_dim(a[0], a[1], _arg(a, kw, 2, "dim", None))
 
 
-_U = {"abs": ops.abs, "neg": ops.neg, "exp": ops.exp, "log": ops.log, "sigmoid": ops.sigmoid,
-      "silu": ops.silu, "tanh": ops.tanh, "sqrt": ops.sqrt, "rsqrt": ops.rsqrt,
-      "reciprocal": ops.reciprocal, "square": ops.square, "cos": ops.cos, "sin": ops.sin, "erf": ops.erf,
-      "hardswish": ops.hardswish}
-_B = {"add": ops.add, "sub": ops.sub, "mul": ops.mul, "div": ops.div}
-_CMP = {"eq": ops.eq, "ne": ops.ne, "lt": ops.lt, "le": ops.le, "gt": ops.gt, "ge": ops.ge}
+# ---------------------------------------------------------------- the op table's aten column
+
+def _aten_spec(aten: str) -> tuple[str, dict[str, str]]:
+    """("gelu", {"approximate": "tanh"}) for the op table's "aten.gelu approximate=tanh"."""
+    name, *kws = aten.split()
+    return name.removeprefix("aten."), dict(kw.split("=", 1) for kw in kws)
+
+
+def castlab_fn(op: str) -> Callable:
+    """castlab's function computing table op `op` (an op reached through another, such as
+    gelu_tanh, calls that one with its aten keyword arguments)."""
+    info = OPS[op]
+    if info.public:
+        return getattr(ops, op)
+    if not info.aten:
+        raise ValueError(f"op {op!r} is neither public nor reached through an ATen op")
+    name, kw = _aten_spec(info.aten)
+    base = next(o.name for o in OPS.values() if o.aten == f"aten.{name}")
+    fn = getattr(ops, base)
+    return lambda *a: fn(*a, **kw)
+
+
+def torch_fn(op: str) -> Callable:
+    """The torch function of table op `op`: its ATen op (``torch.ops.aten.<name>``), with
+    the table's keyword arguments (KeyError for a castlab-only op).
+
+    >>> from castlab.torch._aten import torch_fn
+    >>> torch_fn("silu"), torch_fn("gelu_tanh").keywords
+    (<OpOverloadPacket(op='aten.silu')>, {'approximate': 'tanh'})
+    """
+    aten = OPS[op].aten
+    if not aten:
+        raise KeyError(f"op {op!r} is castlab-only (no ATen op in ops/op_table.h)")
+    name, kw = _aten_spec(aten)
+    packet = getattr(torch.ops.aten, name)
+    return functools.partial(packet, **kw) if kw else packet
+
+
+#: Table op name -> torch function, for every op with an ATen name (castlab-only ops,
+#: such as fma, have none): the one op -> torch list tests and benchmarks derive theirs from.
+TORCH_OPS: dict[str, Callable] = {o.name: torch_fn(o.name) for o in OPS.values() if o.aten}
+
+
+def torch_pairs(*categories: str, exclude: tuple[str, ...] = (),
+                castlab_first: bool = False) -> dict[str, tuple[Callable, Callable]]:
+    """op -> (torch function, castlab function) for every op with an ATen name in the given
+    op-table categories (all if none), less `exclude` (say why where you exclude one);
+    `castlab_first`: (castlab function, torch function) pairs."""
+    out = {}
+    for name, tf in TORCH_OPS.items():
+        if name in exclude or (categories and OPS[name].category not in categories):
+            continue
+        pair = (tf, castlab_fn(name))
+        out[name] = pair[::-1] if castlab_first else pair
+    return out
+
+
+# Overloads mapped per op (otherwise: "default" for one operand, "Tensor" and "Scalar"
+# where ATen has them for two) and builders other than fn(*args[:arity]); ops whose aten
+# column carries keyword arguments are reached through their base op's builder.
+_OVERLOADS = {"pow": ("Tensor_Scalar", "Tensor_Tensor"), "where": ("self",)}
+_BUILDERS = {"gelu": _gelu}
+#: ATen names of the comparisons (bool results).
+_CMP = frozenset(_aten_spec(o.aten)[0] for o in OPS.values() if o.aten and o.category == "compare")
+
+
+def _overloads(op, packet) -> tuple[str, ...]:
+    if op.name in _OVERLOADS:
+        return _OVERLOADS[op.name]
+    if op.arity == 1:
+        return ("default",)
+    have = set(packet.overloads())
+    return tuple(n for n in ("Tensor", "Scalar") if n in have) or ("default",)
+
 
 #: ATen overload (as ``str(target)`` prints it) -> (kind, builder(args, kwargs)).
 ATEN: dict[str, tuple[str, Callable]] = {}
-for _n, _f in _U.items():
-    ATEN[f"aten.{_n}.default"] = ("compute", _unary(_f))
-for _n, _f in _B.items():
-    ATEN[f"aten.{_n}.Tensor"] = ("compute", _binary(_f))
-    ATEN[f"aten.{_n}.Scalar"] = ("compute", _binary(_f))
-for _n, _f in _CMP.items():
-    ATEN[f"aten.{_n}.Tensor"] = ("compute", _binary(_f))
-    ATEN[f"aten.{_n}.Scalar"] = ("compute", _binary(_f))
+for _o in OPS.values():
+    if not _o.aten or " " in _o.aten:
+        continue
+    _name = _aten_spec(_o.aten)[0]
+    _build = _BUILDERS.get(_o.name) or _positional(getattr(ops, _o.name), _o.arity)
+    for _ov in _overloads(_o, getattr(torch.ops.aten, _name)):
+        ATEN[f"aten.{_name}.{_ov}"] = ("compute", _build)
 ATEN.update({
     "aten.rsub.Scalar": ("compute", _rsub),
     "aten.rsub.Tensor": ("compute", _rsub),
-    "aten.maximum.default": ("compute", _binary(ops.maximum)),
-    "aten.minimum.default": ("compute", _binary(ops.minimum)),
-    "aten.pow.Tensor_Scalar": ("compute", _pow),
-    "aten.pow.Tensor_Tensor": ("compute", _pow),
-    "aten.where.self": ("compute", _where),
-    "aten.gelu.default": ("compute", _gelu),
     "aten._to_copy.default": ("compute", _to_copy),
     "aten.to.dtype": ("compute", _to_dtype),
     "aten.to.device": ("compute", _to_device),
