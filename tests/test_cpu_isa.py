@@ -54,6 +54,8 @@ x, g = cl.randn(1 << 16, seed=3), cl.randn(1 << 16, seed=4)
 f = cl.jit(lambda a: cl.silu(a) * a)
 y0 = f(x).numpy().copy()                              # lowered before torch is imported
 d0 = f.vjp(x, policy="eager")[1](g)[0].numpy().copy()
+import os
+os.environ["ATEN_CPU_CAPABILITY"] = "default"  # torch's build differs from castlab's guess
 import torch
 xt, gt = torch.from_numpy(x.numpy()), torch.from_numpy(g.numpy())
 xr = xt.clone().requires_grad_()
@@ -77,7 +79,7 @@ def test_a_jit_plan_lowered_before_torch_is_imported_is_not_reused_after(tmp_pat
 
     import castlab as cl
 
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
     env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", _BEFORE_AND_AFTER_IMPORT], env=env,
@@ -86,3 +88,40 @@ def test_a_jit_plan_lowered_before_torch_is_imported_is_not_reused_after(tmp_pat
     if y0 == 0 and d0 == 0:
         pytest.skip("this CPU's own build is torch's default one: nothing to tell apart")
     assert (y1, d1) == (0, 0), out.stdout
+
+
+_PREDICT = r"""
+import sys
+import castlab as cl
+from castlab import policy
+assert "torch" not in sys.modules
+before = cl.Math.preset("torch_eager").torch_cpu_isa()
+import torch
+print(before, torch.backends.cpu.get_cpu_capability().lower(),
+      cl.Math.preset("torch_eager").torch_cpu_isa())
+"""
+
+
+@pytest.mark.slow  # a torch subprocess each
+@pytest.mark.parametrize("isa", [None, *report.ISAS])
+def test_auto_predicts_torchs_capability_before_torch_is_imported(isa):
+    # issue 49 item 4: Math(cpu_isa="auto") follows torch's choice; castlab never imports
+    # torch, so without it, it predicts what torch would choose (ATEN_CPU_CAPABILITY, else
+    # the CPU's flags), and the prediction is what torch then reports
+    import os
+    import subprocess
+    import sys
+
+    import castlab as cl
+
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if isa is not None:
+        if SUPPORTED[isa] is not None:
+            pytest.skip(f"ATEN_CPU_CAPABILITY={isa}: {SUPPORTED[isa]}")
+        env["ATEN_CPU_CAPABILITY"] = isa
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
+    env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _PREDICT], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    before, torch_says, after = out.stdout.split()
+    assert before == torch_says == after, out.stdout

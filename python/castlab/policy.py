@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import operator
+import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -420,6 +422,34 @@ def _torch_cpu_capability() -> str:
     return cap() if cap is not None else ""
 
 
+@functools.lru_cache(maxsize=1)
+def _predicted_cpu_capability() -> str:
+    """The CPU capability torch would choose on this machine, without importing it
+    (DispatchStub.cpp compute_cpu_capability): ATEN_CPU_CAPABILITY when it is "avx512",
+    "avx2" or "default"; else AVX512 where the CPU has avx512vl, avx512bw, avx512dq and
+    fma, AVX2 where it has avx2 and fma, DEFAULT otherwise ("" where /proc/cpuinfo cannot
+    tell, e.g. not Linux or not x86). Decided once per process, as torch decides it."""
+    env = os.environ.get("ATEN_CPU_CAPABILITY")
+    if env in ("avx512", "avx2", "default"):
+        return env.upper()
+    flags: set = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return ""
+    if not flags or "sse2" not in flags:  # not an x86 CPU's flags
+        return ""
+    if {"avx512vl", "avx512bw", "avx512dq", "fma"} <= flags:
+        return "AVX512"
+    if {"avx2", "fma"} <= flags:
+        return "AVX2"
+    return "DEFAULT"
+
+
 # Bits the torch_cpu implementation adds on the CPU: GCC contracts gelu's tanh form
 # x + kKappa*x^3 into an fma in PyTorch's build (Gelu.h); pow calls SLEEF's pow (vector
 # body) or the C library's (scalar lambda) directly, after pow_tensor_scalar's shortcuts.
@@ -474,7 +504,9 @@ class Math:
             scalar tail; GCC's fused multiply-adds), "default" (``vec_base``: glibc's
             functions on every element, no fused multiply-add, vector lanes summed in
             order) or "auto": ``torch.backends.cpu.get_cpu_capability()`` of the imported
-            torch, and "avx2" while torch is not imported (castlab never imports it). The
+            torch; while torch is not imported (castlab never imports it), the build torch
+            would choose here: ``ATEN_CPU_CAPABILITY`` if set, else the CPU's flags
+            (avx512vl/bw/dq + fma: "avx512"; avx2 + fma: "avx2"; else "default"). The
             vector widths and tails also need torch's thread count, so they apply once
             torch is imported (docs/torch_cpu_kernels.md, "Per ISA").
         rms_norm: where ``castlab.rms_norm`` (cast=None) rounds to the input dtype: "hf"
@@ -745,7 +777,8 @@ class Math:
     def torch_cpu_isa(self) -> str:
         """The build of PyTorch's CPU kernels castlab follows: ``cpu_isa``, with "auto"
         resolved to ``torch.backends.cpu.get_cpu_capability()`` of the imported torch
-        ("avx512", "avx2" or "default"; "avx2" when torch is not imported).
+        ("avx512", "avx2" or "default"; without torch imported, the build torch would
+        choose on this CPU).
 
         >>> cl.Math(cpu_isa="default").torch_cpu_isa()
         'default'
@@ -753,10 +786,12 @@ class Math:
         return self._cpu_isa()
 
     def _cpu_isa(self) -> str:
-        """``cpu_isa`` resolved: "auto" asks the loaded torch (AVX2 when it is not)."""
+        """``cpu_isa`` resolved: "auto" asks the loaded torch, else predicts its choice on
+        this CPU (_predicted_cpu_capability; AVX2 where that cannot tell)."""
         if self.cpu_isa != "auto":
             return self.cpu_isa
-        return {"AVX512": "avx512", "DEFAULT": "default"}.get(_torch_cpu_capability(), "avx2")
+        cap = _torch_cpu_capability() or _predicted_cpu_capability()
+        return {"AVX512": "avx512", "DEFAULT": "default"}.get(cap, "avx2")
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a table of the fields.
