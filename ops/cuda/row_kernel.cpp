@@ -631,15 +631,15 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
       continue;
     }
     src += "      __align__(16) " + t + " " + A + "[" + L + "];\n";
-    const std::string base = "((const " + t + "*)P.ptr[" + num(q) + "] + row * " +
-                             num(s.rs[q]) + "LL)";
+    const std::string base =
+        "((const " + t + "*)P.ptr[" + num(q) + "] + row * " + num(s.rs[q]) + "LL)";
     if (s.cs[q] == 1 && bytes % 16 == 0) {
       src += "      {\n        const " + t + "* p = " + base + " + i;\n";
       src += "        if (((unsigned long long)p & 15ull) == 0ull) {\n#pragma unroll\n";
       src += "          for (int w = 0; w < " + num(bytes / 16) + "; ++w) ((uint4*)" + A +
              ")[w] = ((const uint4*)p)[w];\n";
-      src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " + A +
-             "[k] = p[k];\n        }\n      }\n";
+      src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " +
+             A + "[k] = p[k];\n        }\n      }\n";
     } else {
       const std::string idx = s.cs[q] == 1 ? "(i + k)" : "(i + k) * " + num(s.cs[q]) + "LL";
       src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) " + A + "[k] = " + base +

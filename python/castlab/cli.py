@@ -668,6 +668,10 @@ def _shape_entries(items: list[str] | None) -> list[tuple[str, str | None, tuple
         if eq and not key:
             raise CLIError(f"--shape {it!r}: nothing before '='; expected AxB, CHAIN=AxB, "
                            "NAME=AxB or CHAIN.NAME=AxB (e.g. swiglu=1024x2048, x=4x4096)")
+        if not eq and (v.strip() in CHAINS or ":" in v):
+            name = v.strip()
+            raise CLIError(f"--shape {it!r} names a chain but no shape: write CHAIN=AxB, e.g. "
+                           + (_form(name) if name in CHAINS else f"{name}=64x4096"))
         form = _form(key) if key in CHAINS else f"{key}=64x4096" if key else "64x4096"
         try:
             dims = tuple(int(x) for x in v.strip().lower().split("x"))

@@ -1044,6 +1044,7 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
     # chains that are not built in: make the first cell's inputs and trace them now, so
     # that a bad file or an untraceable function fails before the study starts
     first_args: dict = {}
+    promoted_said: set = set()  # (chain, study dtype) whose promotion was warned about
     for ch in chain_objs:
         if _is_builtin(ch) and ch.inputs is None:
             continue
@@ -1058,11 +1059,10 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
             raise ValueError(f"chain {ch.name!r} cannot be traced by castlab.jit "
                              f"({type(e).__name__}: {_one_line(e)})") from None
         _check_one_output(ch, tr)
-        promoted = [(job[1], made[0], tr)]
-        for dt in dict.fromkeys(j[1] for j in jobs if j[0] is ch and j[1] != job[1]):
-            other = _make_args(ch, shape_of(ch), dt, sd, kind, scale, device)[0]
-            promoted.append((dt, other, fns[ch.name].graph(*other)))
-        _warn_other_output_dtype(ch, promoted)
+        # (the other dtypes are not traced here: a trace calls the user's function, and
+        # the study's cells would then see what that call changed; their rows say it)
+        _warn_other_output_dtype(ch.name, job[1].name, tr.outputs[0].dtype.name, made[0])
+        promoted_said.add((ch.name, job[1].name))
         first_args[(ch.name, job[1].name, job[2])] = made
     rows: list = []
     att_rows: list = []
@@ -1106,6 +1106,11 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
             return
         records[ji] = rec
         for row in rec["rows"]:
+            said = (row.get("chain"), row.get("dtype"))
+            if row.get("output_dtype") not in (None, row.get("dtype")) and \
+                    said not in promoted_said:
+                promoted_said.add(said)
+                _warn_other_output_dtype(said[0], said[1], row["output_dtype"], too=True)
             if on_row is not None:
                 on_row(row)
         if on_cell is not None:
@@ -1388,28 +1393,22 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
             "attribution": _jsonable(new_att), "verdicts": _jsonable(new_verdicts)}
 
 
-def _warn_other_output_dtype(ch: Chain, traced: list) -> None:
-    """Say, before the study runs, when a chain's result is not in the study dtype (an
-    input pinned to float32, or a float32 file, promotes it): its rows then carry the
-    output's dtype and their ulp and rounding figures are in that format. `traced`: (study
-    dtype, the cell's inputs, the trace) for each dtype the chain runs in; one warning
-    names every dtype that promotes."""
-    hits = [(dt, args, tr.outputs[0].dtype) for dt, args, tr in traced
-            if tr.outputs[0].dtype != dt]
-    if not hits:
+def _warn_other_output_dtype(chain: str, dt: str, out: str, args: tuple | None = None,
+                             too: bool = False) -> None:
+    """Say when a chain's result is not in the study dtype (an input pinned to float32, or
+    a float32 file, promotes it): its rows then carry the output's dtype and their ulp and
+    rounding figures are in that format. Before the study runs for its first dtype
+    (naming the inputs that differ), and for each other dtype when its first cell comes
+    in (`too`)."""
+    if out == dt:
         return
-    dt, args, out = hits[0]
-    outs = list(dict.fromkeys(o.name for _, _, o in hits))
-    studies = [f"the {d.name} study" for d, _, _ in hits]
-    where = studies[0] if len(studies) == 1 else (", ".join(studies[:-1]) + " and "
-                                                  + studies[-1])
-    result = (outs[0] if len(outs) == 1 else " / ".join(outs))
-    pinned = [f"input {k} is {a.dtype.name}" for k, a in enumerate(args) if a.dtype != dt]
+    pinned = [f"input {k} is {a.dtype.name}" for k, a in enumerate(args or ())
+              if a.dtype.name != dt]
     warnings.warn(
-        f"chain {ch.name!r}: in {where} its result is {result}"
+        f"chain {chain!r}: in the {dt} study{' too' if too else ''} its result is {out}"
         + (f" ({', '.join(pinned)})" if pinned else "")
-        + f": its rows say output_dtype={result}, and their ulp and correctly-rounded "
-        f"figures are in {result}", UserWarning, stacklevel=3)
+        + f": its rows say output_dtype={out}, and their ulp and correctly-rounded "
+        f"figures are in {out}", UserWarning, stacklevel=3)
 
 
 def _baseline(runs: list, math0, run_eager: Callable):
