@@ -10,7 +10,8 @@ inputs, bit for bit (NaN equals NaN, -0 differs from +0), and prints one line pe
     python scripts/cpu_isa_report.py --quick         # the sizes tests/test_cpu_isa.py runs
     python scripts/cpu_isa_report.py --isa avx2 --only softmax
 
-A capability the CPU lacks (no avx512f / avx2 flag in /proc/cpuinfo) is skipped and said so.
+A capability the CPU lacks (torch would not choose it there: castlab.policy._capability_of) is
+skipped and said so.
 """
 
 from __future__ import annotations
@@ -26,24 +27,20 @@ ISAS = ("default", "avx2", "avx512")
 
 def cpu_flags() -> set:
     """The x86 feature flags of the first CPU in /proc/cpuinfo (empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    from castlab.policy import _cpu_flags
+
+    return _cpu_flags()
 
 
 def supported_isas() -> dict:
-    """capability -> None where this CPU runs torch's build of it, else why not."""
-    fl = cpu_flags()
-    # torch's cpuinfo checks: AVX2 needs avx2 + fma; AVX512 needs avx512f/bw/vl/dq
+    """capability -> None where this CPU runs torch's build of it, else why not (torch's
+    own choice on this CPU, castlab.policy._capability_of, and every build below it)."""
+    from castlab.policy import _capability_of
+
+    rank = {"": 0, "DEFAULT": 0, "AVX2": 1, "AVX512": 2}[_capability_of(cpu_flags())]
     return {"default": None,
-            "avx2": None if {"avx2", "fma"} <= fl else "the CPU has no AVX2/FMA",
-            "avx512": None if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= fl
-            else "the CPU has no AVX512F/BW/VL/DQ"}
+            "avx2": None if rank >= 1 else "the CPU has no AVX2/FMA",
+            "avx512": None if rank >= 2 else "the CPU has no AVX512VL/BW/DQ with FMA"}
 
 
 # ---------------------------------------------------------------- the child: one capability

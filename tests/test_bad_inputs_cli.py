@@ -602,20 +602,26 @@ def test_version_and_help_list_every_command(capsys):
         assert f"\n  {name} " in commands, name
 
 
-def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tmp_path):
-    # issue 53 item 1: the README's TOML example (an input pinned to float32) makes the
-    # chain's result float32; the rows say so and the console warns, in one line
-    (tmp_path / "norms53.py").write_text(
+def _pinned_fp32_study(capsys, tmp_path, dtypes: str, module: str):
+    """castlab study of rms_scale(x, w) with w pinned to float32 (the README's TOML example)
+    in the study dtypes `dtypes`: (rc, stdout, stderr, its castlab: warning lines)."""
+    (tmp_path / f"{module}.py").write_text(
         "import castlab as cl\ndef rms_scale(x, w):\n"
         "    return x * cl.rsqrt(cl.mean(x * x, -1, keepdim=True) + 1e-6) * w\n")
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'dtypes = ["bf16", "float32"]\n[[chains]]\nchain = "{tmp_path}/norms53.py:rms_scale"\n'
+    cfg.write_text(f'dtypes = {dtypes}\n[[chains]]\nchain = "{tmp_path}/{module}.py:rms_scale"\n'
                    "[[chains.inputs]]\nshape = [8, 32]\n[[chains.inputs]]\nshape = [8, 1]\n"
                    'dtype = "float32"\n')
     rc, out, err, _ = _main(["study", "--device", "cpu", "--config", cfg, "--no-plots",
                              "--no-progress", "--out", tmp_path / "o"], capsys)
+    return rc, out, err, [ln for ln in err.splitlines() if ln.startswith("castlab: warning:")]
+
+
+def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tmp_path):
+    # issue 53 item 1: the README's TOML example (an input pinned to float32) makes the
+    # chain's result float32; the rows say so and the console warns, in one line
+    rc, out, err, warn = _pinned_fp32_study(capsys, tmp_path, '["bf16", "float32"]', "norms53")
     assert rc == 0, err
-    warn = [ln for ln in err.splitlines() if ln.startswith("castlab: warning:")]
     assert len(warn) == 1 and "result is float32 (input 1 is float32)" in warn[0], err
     assert any("output_dtype" in ln for ln in out.splitlines()[:3]), out
     import pandas as pd
@@ -627,17 +633,8 @@ def test_a_pinned_input_that_promotes_the_result_is_said_and_recorded(capsys, tm
 def test_the_promotion_warning_names_every_study_dtype_it_happens_in(capsys, tmp_path):
     # a float32 input promotes the bf16 and the fp16 studies: a line for each (the second
     # when its cells come in: tracing it first would call the user's function again)
-    (tmp_path / "norms53b.py").write_text(
-        "import castlab as cl\ndef rms_scale(x, w):\n"
-        "    return x * cl.rsqrt(cl.mean(x * x, -1, keepdim=True) + 1e-6) * w\n")
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f'dtypes = ["bf16", "fp16"]\n[[chains]]\nchain = "{tmp_path}/norms53b.py:rms_scale"\n'
-                   "[[chains.inputs]]\nshape = [8, 32]\n[[chains.inputs]]\nshape = [8, 1]\n"
-                   'dtype = "float32"\n')
-    rc, _, err, _ = _main(["study", "--device", "cpu", "--config", cfg, "--no-plots",
-                           "--no-progress", "--out", tmp_path / "o"], capsys)
+    rc, _, err, warn = _pinned_fp32_study(capsys, tmp_path, '["bf16", "fp16"]', "norms53b")
     assert rc == 0, err
-    warn = [ln for ln in err.splitlines() if ln.startswith("castlab: warning:")]
     assert len(warn) == 2, err
     assert "in the bfloat16 study its result is float32 (input 1 is float32)" in warn[0], err
     assert "in the float16 study too its result is float32" in warn[1], err

@@ -697,6 +697,20 @@ CL_HD void red_chunk(const A& v, int64_t i, T* out, long) {
   for (int k = 0; k < ILP; ++k) out[k] = v[i + k];
 }
 
+// s folded with the ilp values from element i in order: read as one chunk where ILP (the
+// same ilp) is known when the caller compiles, else one at a time.
+template <typename T, int ILP, typename A>
+CL_HD T red_fold_ilp(int kind, T s, const A& v, int64_t i, int64_t ilp) {
+  if (ILP > 0) {
+    T buf[ILP > 0 ? ILP : 1];
+    red_chunk<T, (ILP > 0 ? ILP : 1)>(v, i, buf, 0);
+    for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
+  } else {
+    for (int64_t k = 0; k < ilp; ++k) s = red_op(kind, s, v[i + k]);
+  }
+  return s;
+}
+
 // ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
 // generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan.
 template <typename T, int ILP = 0, int KIND = -1, typename A>
@@ -709,15 +723,7 @@ CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_
     return s;
   }
   if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
-    for (int64_t q = th; q * ilp < n; q += bs) {
-      if (ILP > 0) {
-        T buf[ILP > 0 ? ILP : 1];
-        red_chunk<T, (ILP > 0 ? ILP : 1)>(v, q * ilp, buf, 0);
-        for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
-      } else {
-        for (int64_t i = 0; i < ilp; ++i) s = red_op(kind, s, v[q * ilp + i]);
-      }
-    }
+    for (int64_t q = th; q * ilp < n; q += bs) s = red_fold_ilp<T, ILP>(kind, s, v, q * ilp, ilp);
     return s;
   }
   // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
@@ -731,15 +737,8 @@ CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_
     base = bs - shift;
   }
   const int64_t last = size % (ilp * bs);
-  for (int64_t q = th; q * ilp < size - last; q += bs) {
-    if (ILP > 0) {
-      T buf[ILP > 0 ? ILP : 1];
-      red_chunk<T, (ILP > 0 ? ILP : 1)>(v, base + q * ilp, buf, 0);
-      for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
-    } else {
-      for (int64_t i = 0; i < ilp; ++i) s = red_op(kind, s, v[base + q * ilp + i]);
-    }
-  }
+  for (int64_t q = th; q * ilp < size - last; q += bs)
+    s = red_fold_ilp<T, ILP>(kind, s, v, base + q * ilp, ilp);
   for (int64_t q = size - last + th; q < size; q += bs) s = red_op(kind, s, v[base + q]);
   return s;
 }

@@ -422,32 +422,40 @@ def _torch_cpu_capability() -> str:
     return cap() if cap is not None else ""
 
 
-@functools.lru_cache(maxsize=1)
-def _predicted_cpu_capability() -> str:
-    """The CPU capability torch would choose on this machine, without importing it
-    (DispatchStub.cpp compute_cpu_capability): ATEN_CPU_CAPABILITY when it is "avx512",
-    "avx2" or "default"; else AVX512 where the CPU has avx512vl, avx512bw, avx512dq and
-    fma, AVX2 where it has avx2 and fma, DEFAULT otherwise ("" where /proc/cpuinfo cannot
-    tell, e.g. not Linux or not x86). Decided once per process, as torch decides it."""
-    env = os.environ.get("ATEN_CPU_CAPABILITY")
-    if env in ("avx512", "avx2", "default"):
-        return env.upper()
-    flags: set = set()
+def _cpu_flags() -> set:
+    """The x86 feature flags of the first CPU in /proc/cpuinfo (empty where it cannot
+    tell: not Linux, or not an x86 CPU)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
-                    break
+                    return flags if "sse2" in flags else set()
     except OSError:
-        return ""
-    if not flags or "sse2" not in flags:  # not an x86 CPU's flags
+        pass
+    return set()
+
+
+def _capability_of(flags: set) -> str:
+    """torch's CPU capability for a CPU with these flags (DispatchStub.cpp
+    compute_cpu_capability, through cpuinfo): AVX512 with avx512vl, avx512bw, avx512dq and
+    fma; AVX2 with avx2 and fma; else DEFAULT ("" for no flags: unknown)."""
+    if not flags:
         return ""
     if {"avx512vl", "avx512bw", "avx512dq", "fma"} <= flags:
         return "AVX512"
-    if {"avx2", "fma"} <= flags:
-        return "AVX2"
-    return "DEFAULT"
+    return "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT"
+
+
+@functools.lru_cache(maxsize=1)
+def _predicted_cpu_capability() -> str:
+    """The CPU capability torch would choose on this machine, without importing it:
+    ATEN_CPU_CAPABILITY when it is "avx512", "avx2" or "default", else the CPU's flags
+    (_capability_of). Decided once per process, as torch decides it."""
+    env = os.environ.get("ATEN_CPU_CAPABILITY")
+    if env in ("avx512", "avx2", "default"):
+        return env.upper()
+    return _capability_of(_cpu_flags())
 
 
 # Bits the torch_cpu implementation adds on the CPU: GCC contracts gelu's tanh form
