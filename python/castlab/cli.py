@@ -1501,10 +1501,10 @@ def _fmt_ulp(v) -> str:
     return f"{v:.2f}" if v < 1e6 else f"{v:.3e}"
 
 
-def _varying(df, keys=("shape", "input", "scale", "seed")) -> list[str]:
-    """The cell keys that take more than one value for one chain of this study."""
-    return [k for k in keys if k in df.columns
-            and (df.groupby("chain", sort=False)[k].agg(lambda c: c.astype(str).nunique()) > 1).any()]
+def _varying(df) -> list[str]:
+    """The cell keys (shape, input, scale, seed) that take more than one value for one
+    chain of this study."""
+    return plot._varying_keys(df, ("shape", "input", "scale", "seed"))
 
 
 def summarize(df, elapsed: float) -> dict:

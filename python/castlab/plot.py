@@ -680,14 +680,11 @@ def _shapes_text(df) -> str:
     return "shape " + ", ".join(parts) if parts else ""
 
 
-def _varying_keys(df) -> list:
-    """The cell keys (shape, input, scale) that take more than one value for one chain."""
-    out = []
-    for k in ("shape", "input", "scale"):
-        if k in df.columns and (df.groupby("chain", sort=False)[k]
-                                .agg(lambda c: c.astype(str).nunique()) > 1).any():
-            out.append(k)
-    return out
+def _varying_keys(df, keys=("shape", "input", "scale")) -> list:
+    """The cell keys (of `keys`) that take more than one value for one chain."""
+    return [k for k in keys if k in df.columns
+            and (df.groupby("chain", sort=False)[k].agg(lambda c: c.astype(str).nunique())
+                 > 1).any()]
 
 
 def _stats(values: list) -> tuple:
