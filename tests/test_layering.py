@@ -23,7 +23,8 @@ LAYERS = {
     "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3, "_index": 3, "_loss": 3,
     "_tensor": 4, "_autodiff": 4,
     "_jit": 5,
-    "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "study": 6, "plot": 6, "cli": 6,
+    "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "study": 6, "plot": 6, "testing": 6,
+    "cli": 6,
     "__init__": 7, "__main__": 7,
 }
 # The order inside a layer (a module may import those listed before it).
@@ -33,7 +34,7 @@ SAME_LAYER = {
     1: ["policy", "_graph", "cuda", "_runrecord"],
     3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
-    6: ["numerics", "torch", "presets", "sweep", "study", "plot", "cli"],
+    6: ["numerics", "torch", "presets", "sweep", "study", "plot", "testing", "cli"],
 }
 
 

@@ -20,15 +20,16 @@
 #                                         op functions, reductions and norms, gather, losses
 #   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics -> torch, presets, sweep -> study, plot -> cli  analysis, PyTorch model
-#                                         capture, kernel-library presets,
+#   6  numerics -> torch, presets, sweep -> study, plot -> testing -> cli  analysis,
+#                                         PyTorch model capture, kernel-library presets,
 #                                         (castlab.torch: imported on its own, it needs torch),
-#                                         Dask sweeps, studies, plots, the CLI
+#                                         Dask sweeps, studies, plots, proven bounds and
+#                                         kernel checks (castlab.testing), the CLI
 #   7  castlab (this file), __main__
 # Tensor methods are installed by _tensor; modules below it may call them on tensors
 # (t.clone(), t.astype()) at run time, but never import it.
 
-from . import _C, _debug, cli, cuda, numerics, presets, study
+from . import _C, _debug, cli, cuda, numerics, presets, study, testing
 from ._cpu_codegen import cpu_codegen
 from ._creation import (
     arange,
@@ -100,7 +101,7 @@ __all__ = [
     "gather", "take_along_dim", "nll_loss", "cross_entropy",
     "Math", "Policy", "use_math", "jit", "JitFunction", "vjp", "grad", "from_dlpack", "cuda",
     "numerics",
-    "study", "info", "presets", "library", "libraries", "cpu_codegen",
+    "study", "testing", "info", "presets", "library", "libraries", "cpu_codegen",
 ]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import inspect
 import json
@@ -14,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from . import _C, _runrecord, cuda, numerics, ops, plot, study
+from . import _C, _runrecord, cuda, numerics, ops, plot, presets, study, testing
 from ._device import as_device
 from ._dtype import as_dtype
 from ._optable import BITS, IMPL_MASK, OPS
@@ -33,6 +34,9 @@ commands:
   exhaustive  run a chain on every input of a dtype (or a sampled part) under several
           policies and math presets; print exact / correctly rounded / 1 ulp / >1 ulp
           counts against fp64 and where configurations disagree; write JSON, CSV, run.json
+  bounds  the proven worst case of each kernel library's SwiGLU / RoPE (or an op) against
+          fp64, PyTorch eager and torch.compile over every input of a dtype (or a stated
+          sample); print a table, write bounds.json, bounds.csv and run.json
   info    print versions and the devices found
   ops     list the elementwise ops (the op table: each op's formula and variants)
 
@@ -304,7 +308,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"castlab {_C.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,info,ops}")
+    sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,bounds,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
                        "and compare each result with the fp64 reference. Every list option "
@@ -384,6 +388,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _exhaustive_parser(sub)
+    _bounds_parser(sub)
     sub.add_parser("info", help="print versions and devices")
     sub.add_parser("ops", help="list the elementwise ops (the op table, ops/op_table.h)")
     return p
@@ -601,6 +606,132 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
         res.to_csv(os.path.join(args.out, "exhaustive.csv"))
         run.extra["inputs"] = res.n
     print(f"wrote {os.path.join(args.out, 'exhaustive.json')}, exhaustive.csv and run.json")
+    return 0
+
+
+# ---------------------------------------------------------------- castlab bounds
+
+#: The files ``castlab bounds`` writes into --out (the first two are its results).
+BOUNDS_FILES = ("bounds.json", "bounds.csv", "run.json")
+
+
+def _bounds_parser(sub) -> None:
+    b = sub.add_parser(
+        "bounds", help="proven worst cases of library kernels against fp64, eager, compile",
+        description="The proven worst case of each kernel library's preset of an op (or of a "
+        "one-argument op) against the exact answer, PyTorch eager and torch.compile, over "
+        "every input of a dtype: max ulps, max absolute and relative error, the share that "
+        "differs, and the worst input (castlab.testing.bounds). A one-argument op visits all "
+        "65,536 patterns; SwiGLU every gate value times sampled up values (every pair on a "
+        "GPU); RoPE every x1 times sampled x2 and angles. Results are cached on disk. Every "
+        f"list option takes its values {_LIST}.")
+    b.add_argument("chains", nargs="*", default=None, metavar="CHAIN",
+                   help="ops: " + ", ".join(_presets_ops()) + " or a one-argument op ("
+                   + ", ".join(_testing_unary()) + "); default swiglu rope")
+    _list(b, "--dtype", "--dtypes", dest="dtype", metavar="DTYPE", convert=_dtype_name,
+          valid=["bfloat16", "float16", "float32"], spill="chains",
+          help="dtypes (bfloat16, float16, float32 or bf16, fp16, fp32; default bfloat16)")
+    _list(b, "--libraries", "--library", dest="libraries", metavar="LIBRARY",
+          valid=["all", *libraries()], spill="chains",
+          help="the libraries whose presets are bounded: 'all' (default) or names ("
+          + ", ".join(libraries()) + ")")
+    _list(b, "--against", dest="against", metavar="REF", spill="chains",
+          help="references: fp64, torch_eager, inductor (default all three), a library, "
+          "or POLICY/MATH")
+    b.add_argument("--values", choices=["all", "finite"], default="all",
+                   help="every bit pattern, or the finite values only (default all)")
+    b.add_argument("--sample", type=_int_arg(1), default=None, metavar="N",
+                   help="input tuples a multi-input op visits (default: 2**32 on a GPU, "
+                   "2**22 on the CPU)")
+    b.add_argument("--seed", type=_int_arg(0, 2**63 - 1), default=0,
+                   help="seed of the sampled inputs (default 0)")
+    b.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    b.add_argument("--no-cache", action="store_true",
+                   help="recompute instead of reading the disk cache "
+                   "($CASTLAB_CACHE_DIR/bounds or ~/.cache/castlab/bounds)")
+    b.add_argument("--out", default="castlab-bounds",
+                   help="folder for bounds.json, bounds.csv and run.json (default "
+                   "%(default)s); one that already holds results is refused unless "
+                   "--overwrite")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace the results in an existing --out folder")
+
+
+def _presets_ops() -> list:
+    return list(presets.OPS)
+
+
+def _testing_unary() -> list:
+    return testing.unary_ops()
+
+
+def _bounds_subjects(chains: list, libs: list) -> list:
+    """(chain, subject) pairs: each library's preset of each preset op; a one-argument op
+    as itself."""
+    out = []
+    for ch in chains:
+        if ch in presets.OPS:
+            have = [lib for lib in libs if ch in presets.library(lib).presets]
+            if not have:
+                raise CLIError(f"{ch}: none of the libraries {', '.join(libs)} has a preset "
+                               f"of it (castlab.presets.coverage: "
+                               f"{', '.join(presets.coverage()[ch])})")
+            out += [(ch, presets.library(lib)[ch]) for lib in have]
+        elif ch in testing.unary_ops():
+            out.append((ch, ch))
+        else:
+            raise CLIError(f"unknown chain {ch!r}; valid: " + ", ".join(
+                list(presets.OPS) + testing.unary_ops()))
+    return out
+
+
+def cmd_bounds(args: argparse.Namespace) -> int:
+    chains = list(dict.fromkeys(args.chains or ["swiglu", "rope"]))
+    dtypes = list(dict.fromkeys(args.dtype or ["bfloat16"]))
+    libs = list(dict.fromkeys(args.libraries or ["all"]))
+    libs = libraries() if "all" in libs else libs
+    against = list(dict.fromkeys(args.against or list(testing.DEFAULT_AGAINST)))
+    device = args.device or ("cuda" if _cuda_ok() else "cpu")
+    try:
+        dev = as_device(device)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--device {device!r}: {e}") from None
+    if dev.is_cuda and not _cuda_ok():
+        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
+    subjects = _bounds_subjects(chains, libs)
+    _refuse_old_results(args.out, BOUNDS_FILES[:2], args.overwrite)
+    _check_out(args.out, BOUNDS_FILES)
+    config = {"chains": chains, "dtype": dtypes, "libraries": libs, "against": against,
+              "values": args.values, "sample": args.sample, "seed": args.seed,
+              "device": str(dev), "cache": not args.no_cache, "out": args.out,
+              "overwrite": args.overwrite}
+    results = []
+    run = _Run("bounds", str(dev), args.device, config, [args.seed], args.out)
+    with run:
+        for d in dtypes:
+            for ch, subj in subjects:
+                refs = [a for a in against
+                        if not (isinstance(subj, presets.OpPreset) and a in libraries()
+                                and ch not in presets.library(a).presets)]
+                try:
+                    r = testing.bounds(subj, d, refs, device=str(dev), values=args.values,
+                                       sample=args.sample, seed=args.seed,
+                                       cache=not args.no_cache)
+                except (TypeError, ValueError) as e:
+                    raise CLIError(f"bounds {ch} {d}: {e}") from None
+                results.append(r)
+                print(r, flush=True)
+        rows = [dict(zip(testing.Bounds.headers(), row)) for r in results
+                for row in r.table_rows()]
+        with open(os.path.join(args.out, "bounds.json"), "w") as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+        with open(os.path.join(args.out, "bounds.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=testing.Bounds.headers())
+            w.writeheader()
+            w.writerows(rows)
+        run.extra["bounds"] = len(results)
+    print(f"wrote {os.path.join(args.out, 'bounds.json')}, bounds.csv and run.json")
     return 0
 
 
@@ -1695,12 +1826,18 @@ def _main(argv: list[str] | None = None) -> int:
                            "`castlab exhaustive --help`)")
     for old, new in getattr(args, "_deprecated", None) or []:
         _warn(f"{old} is deprecated; use {new}")
+    if args.command == "bounds":  # chains after a list option's values
+        spill = getattr(args, "_spill", None)
+        if spill is not None:
+            args.chains = list(args.chains or []) + [spill[0]]
     if args.command == "study":
         _study_math(args)
     _runrecord.probe_torch()  # (for the run record: in the background, while we set up)
     try:
         if args.command == "exhaustive":
             return cmd_exhaustive(args)
+        if args.command == "bounds":
+            return cmd_bounds(args)
         if args.libraries is not None:
             return cmd_libraries(args)
         return cmd_study(args)

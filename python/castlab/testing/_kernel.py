@@ -1,0 +1,315 @@
+"""Checking a user's kernel on every input: :func:`assert_kernel_matches`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import cuda
+from .._device import as_device
+from .._dlpack import from_dlpack
+from ..numerics import Enumeration, compare, explain
+from ._bounds import chunks, default_space, out_to_input
+from ._space import Space
+from ._target import Target, flat, subject
+
+__all__ = ["assert_kernel_matches", "KernelReport", "KernelMismatch", "MODES"]
+
+MODES = ("exhaustive", "sample")
+#: The most input tuples mode="exhaustive" visits (every pair of a 16-bit dtype).
+_MAX_EXHAUSTIVE = 1 << 32
+_INT = {8: "int8", 16: "int16", 32: "int32", 64: "int64"}
+
+
+class KernelReport:
+    """What :func:`assert_kernel_matches` found.
+
+    ``passed``; ``reference`` (label) and ``space`` (what was visited); ``inputs`` and
+    ``elements`` (input tuples, output elements); ``differ`` (elements whose bits differ
+    from the reference's; any NaN equals any NaN), ``signed_zeros`` (of those, +0 against
+    -0), ``nan_where_reference_is_not``, ``max_ulp`` (largest distance in ulps);
+    ``closer_to_fp64`` / ``farther_from_fp64`` / ``as_close`` (of the differing elements:
+    the kernel's value nearer the exact one than the reference's, farther, or as near);
+    ``first`` (the first differing inputs: input values, kernel and reference values,
+    exact value, which is correctly rounded, and the reference's rounding explained);
+    ``seconds_kernel`` (in the user's kernel) and ``seconds_castlab`` (inputs, reference,
+    comparison); ``failure`` (why it failed, one line).
+    """
+
+    def __init__(self, **kw: Any):
+        self.first: list = []
+        self.failure: str | None = None
+        self.__dict__.update(kw)
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def __str__(self) -> str:
+        verdict = "PASS" if self.passed else f"FAIL: {self.failure}"
+        L = [f"castlab kernel check against {self.reference} ({self.mode}): {verdict}",
+             f"  inputs: {self.space}",
+             f"  {self.differ:,} of {self.elements:,} output elements differ "
+             f"({self.differ / max(1, self.elements):.3g}); max {self.max_ulp:g} ulp apart"]
+        if self.signed_zeros:
+            L.append(f"  {self.signed_zeros:,} of them are +0 against -0")
+        if self.nan_where_reference_is_not:
+            L.append(f"  NaN where the reference is not: {self.nan_where_reference_is_not:,}")
+        if self.differ:
+            L.append(f"  against fp64: the kernel is closer in {self.closer_to_fp64:,}, farther "
+                     f"in {self.farther_from_fp64:,}, as close in {self.as_close:,}")
+        for f in self.first:
+            ins = ", ".join(f"{k}={v[0]!r} ({v[1]})" for k, v in f["inputs"].items())
+            L.append(f"  at {ins}{'' if f['output'] == 0 else ' output ' + str(f['output'])}:"
+                     f" kernel {f['kernel']!r}, reference {f['reference']!r}, exact "
+                     f"{f['exact']!r}; correctly rounded: {f['correctly_rounded']}")
+            if f.get("why"):
+                L.append(f"    {f['why']}")
+        L.append(f"  time: {self.seconds_kernel:.3f} s in the kernel, "
+                 f"{self.seconds_castlab:.3f} s in castlab")
+        return "\n".join(L)
+
+    __repr__ = __str__
+
+
+class KernelMismatch(AssertionError):
+    """Raised by :func:`assert_kernel_matches`; ``.report`` is the :class:`KernelReport`."""
+
+    def __init__(self, report: KernelReport):
+        super().__init__(str(report))
+        self.report = report
+
+
+def _space_for(t: Target, dtype: Any, mode: str, dev: Any, inputs: Any, sample: int | None,
+               seed: int, values: str) -> Space:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if inputs is not None:
+        if isinstance(inputs, (Enumeration, str)):
+            inputs = [inputs]
+        return default_space(t, dtype, dev, values=values, seed=seed, inputs=list(inputs))
+    if mode == "sample":
+        return default_space(t, dtype, dev, values=values, sample=sample or (1 << 22), seed=seed)
+    if t.family == "rope":
+        raise ValueError("mode='exhaustive': RoPE computes each output from four numbers "
+                         "(x1, x2, cos, sin), 2**64 tuples in a 16-bit dtype; use "
+                         "mode='sample' (every x1, sampled x2 and angles)")
+    sp = default_space(t, dtype, dev, values=values, sample=_MAX_EXHAUSTIVE, seed=seed)
+    if not sp.exhaustive or sp.size > _MAX_EXHAUSTIVE:
+        raise ValueError(f"mode='exhaustive': {len(t.arg_names)} {sp.dtype.name} inputs have "
+                         f"2**{sp.dtype.bits * len(t.arg_names)} tuples; use mode='sample' or "
+                         "pass inputs= (one Enumeration per argument)")
+    return sp
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _bits(torch: Any, t: Any) -> Any:
+    return t.contiguous().view(getattr(torch, _INT[t.element_size() * 8]))
+
+
+def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space) -> str | None:
+    """Why the kernel's result cannot be compared (None: it can)."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    wants = list(want) if isinstance(want, (tuple, list)) else [want]
+    if isinstance(out, (tuple, list)) and not all(isinstance(o, torch.Tensor) for o in outs):
+        kinds = sorted({type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)})
+        return (f"returned a {type(out).__name__} holding {', '.join(kinds)}, not a "
+                "torch.Tensor (or a tuple of them)")
+    if len(outs) != len(wants):
+        return f"returned {len(outs)} tensor(s), the reference returns {len(wants)}"
+    for k, (o, w) in enumerate(zip(outs, wants)):
+        what = "its result" if len(outs) == 1 else f"result {k}"
+        if not isinstance(o, torch.Tensor):
+            return f"{what} is a {type(o).__name__}, not a torch.Tensor"
+        if tuple(o.shape) != tuple(w.shape):
+            return (f"{what} has shape {tuple(o.shape)}, the reference's is {tuple(w.shape)} "
+                    f"(chunk starting at input {_fmt_inputs(space.inputs_at(lo))})")
+        if str(o.dtype) != f"torch.{w.dtype.name}":
+            return f"{what} has dtype {o.dtype}, the reference's is {w.dtype.name}"
+    return None
+
+
+def _fmt_inputs(ins: dict) -> str:
+    return ", ".join(f"{k}={v[0]!r} ({v[1]})" for k, v in ins.items())
+
+
+def _sync(torch: Any, dev: Any) -> None:
+    if dev.is_cuda:
+        torch.cuda.synchronize(dev.index or 0)
+
+
+def _explain_one(t: Target, space: Space, i: int, out_no: int, k_local: int) -> dict:
+    """The reference at input tuple `i`, output `out_no`, explained (castlab.numerics.explain
+    on a one-input call)."""
+    args = t.args(space.build(space.chunk_bits(i, i + 1), "cpu"))
+    d: dict = {"inputs": space.inputs_at(i), "output": out_no}
+    raw = t.run(args)
+    r = flat(raw)
+    m = r.numel()
+    blocks = len(raw) if isinstance(raw, (tuple, list)) else 1
+    j = out_no * (m // blocks) + k_local
+    exact = flat(t.fp64(args))
+    d["reference"] = float(r.numpy().astype(np.float64)[j])
+    d["exact"] = float(exact.numpy()[j])
+    if t.jit is not None:
+        shape = tuple((raw[out_no] if blocks > 1 else raw).shape)
+        idx = tuple(int(v) for v in np.unravel_index(k_local, shape)) if shape else ()
+        try:
+            e = explain(t.jit, args, idx, policies=[t.policy], maths=[t.math], output=out_no)
+            o = e.outcomes[0]
+            d["correctly_rounded_value"] = float(e.correctly_rounded)
+            steps = [f"{nd['label'].split('  (')[0]} = {nd['values'][1][0]!r} (exact "
+                     f"{nd['values'][0][0]!r})" for nd in e.nodes
+                     if not nd["label"].endswith("(input)") and len(nd["values"]) > 1]
+            d["why"] = (f"the reference ({o.label}): " + "; ".join(steps)
+                        + f"; its last rounding is {'' if o.correct else 'not '}correct")
+        except (TypeError, ValueError, IndexError):
+            d["why"] = None
+    return d
+
+
+def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any] | None = None,
+                          *, dtype: Any = "bfloat16", mode: str = "exhaustive",
+                          max_ulp: float | None = None, device: Any = None,
+                          sample: int | None = None, seed: int = 0, values: str = "all",
+                          first_k: int = 5, policy: Any = None,
+                          math: Any = None) -> KernelReport:
+    """Run `kernel` on every input and assert it equals `reference` bit for bit (or within
+    `max_ulp` ulps); return the :class:`KernelReport`, or raise :class:`KernelMismatch`
+    (an AssertionError) carrying it.
+
+    kernel: any callable on torch tensors (a Triton kernel's launcher, a CUDA extension, a
+    torch function), called with the reference's arguments (``kernel(a, b)`` for SwiGLU;
+    RoPE: ``x`` [1, 1, n, 2] and its cos/sin cache [n, 2] or fp32 angles), returning
+    a tensor (a tuple for a backward op) of the reference's shape and dtype.
+    reference: a library preset (``cl.library("liger")["swiglu"]``, ``"liger:swiglu"``),
+    a preset op (``"swiglu"``: PyTorch eager) or a castlab function (under
+    `policy`/`math`, default ``cl.jit``'s).
+
+    mode: ``"exhaustive"`` visits every input tuple of `dtype` (all 2**32 pairs for a
+    two-input 16-bit op: seconds on a GPU, minutes on a CPU); ``"sample"`` every value of
+    the first input (SwiGLU's ``a``) with `sample` tuples in all (default 2**22; seed
+    `seed`). `inputs` (one Enumeration, dtype or tensor per argument) sets the space by
+    hand. The inputs are made chunk by chunk on `device` (default: the GPU when castlab
+    has one) and reach the kernel through DLPack, without a copy.
+
+    Fails when the kernel raises, returns the wrong type, shape or dtype, changes its
+    inputs in place, returns NaN where the reference does not, or (``max_ulp=None``)
+    differs in any bit (any NaN equals any NaN) or is more than `max_ulp` ulps away. The
+    report gives the count, the first `first_k` differing inputs with the reference's
+    rounding explained, and whether the kernel is closer to the exact value than the
+    reference.
+
+    >>> import torch
+    >>> from castlab.testing import assert_kernel_matches
+    >>> def my_swiglu(a, b):
+    ...     return torch.nn.functional.silu(a) * b
+    >>> r = assert_kernel_matches(my_swiglu, "swiglu", mode="sample", sample=1 << 18,
+    ...                           device="cpu")
+    >>> r.passed, r.differ
+    (True, 0)
+    """
+    torch = _torch()
+    if not callable(kernel):
+        raise TypeError(f"kernel must be callable, got {type(kernel).__name__}")
+    if max_ulp is not None and (isinstance(max_ulp, bool) or not isinstance(max_ulp, (int, float))
+                                or not max_ulp >= 0):
+        raise ValueError(f"max_ulp must be None or a number >= 0, got {max_ulp!r}")
+    if isinstance(first_k, bool) or not isinstance(first_k, int) or first_k < 0:
+        raise ValueError(f"first_k must be an int >= 0, got {first_k!r}")
+    if device is None:
+        device = "cuda" if cuda.is_available() else "cpu"
+    dev = as_device(device)
+    t = subject(reference, policy, math)
+    space = _space_for(t, dtype, mode, dev, inputs, sample, seed, values)
+    rep = KernelReport(reference=t.label, mode=mode if inputs is None else "inputs",
+                       space=space.description, inputs=space.size, elements=0, differ=0,
+                       signed_zeros=0, nan_where_reference_is_not=0, max_ulp=0.0,
+                       closer_to_fp64=0, farther_from_fp64=0, as_close=0,
+                       seconds_kernel=0.0, seconds_castlab=0.0)
+    firsts: list = []   # (input index, output number, local index)
+    t0 = time.perf_counter()
+    tk = 0.0
+    for lo, hi, built in chunks(space, dev):
+        args = t.args(built)
+        targs = [torch.from_dlpack(a) for a in args]
+        saved = [a.clone() for a in targs]
+        want = t.run(args)
+        _sync(torch, dev)
+        t1 = time.perf_counter()
+        try:
+            out = kernel(*targs)
+            _sync(torch, dev)
+        except Exception as e:  # noqa: BLE001  (the user's kernel: reported, never a pass)
+            rep.failure = (f"the kernel raised {type(e).__name__}: {e} (on input tuples "
+                           f"[{lo}, {hi}), the first {_fmt_inputs(space.inputs_at(lo))})")
+            raise KernelMismatch(rep) from e
+        finally:
+            tk += time.perf_counter() - t1
+        bad = _check_out(torch, out, want, lo, space)
+        if bad is not None:
+            rep.failure = f"the kernel {bad}"
+            raise KernelMismatch(rep)
+        for name, a, s in zip(t.arg_names, targs, saved):
+            ch = torch.nonzero((_bits(torch, a) != _bits(torch, s)).reshape(-1))
+            if len(ch):
+                i = out_to_input(int(ch[0]), lo, hi - lo, a.numel(), 1)[0]
+                rep.failure = (f"the kernel changed its input {name!r} in place ({len(ch)} "
+                               f"elements; the first at {_fmt_inputs(space.inputs_at(i))})")
+                raise KernelMismatch(rep)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        kflat = torch.cat([o.reshape(-1) for o in outs])
+        rflat = torch.from_dlpack(flat(want))
+        blocks = len(outs)
+        m = kflat.numel()
+        rep.elements += m
+        kb, rb = _bits(torch, kflat), _bits(torch, rflat)
+        kn, rn = torch.isnan(kflat), torch.isnan(rflat)
+        diff = (kb != rb) & ~(kn & rn)
+        nd = int(diff.sum())
+        rep.nan_where_reference_is_not += int((kn & ~rn).sum())
+        if nd:
+            rep.differ += nd
+            rep.signed_zeros += int((diff & (kflat == rflat)).sum())
+            c = compare(from_dlpack(rflat), from_dlpack(kflat), names=["ref", "kernel"])
+            rep.max_ulp = max(rep.max_ulp, float(c.to_dict()["kernel"]["max_ulp_apart"]))
+            where = torch.nonzero(diff).reshape(-1)
+            exact = torch.from_dlpack(flat(t.fp64(args)))[where]
+            ek = (kflat[where].double() - exact).abs()
+            er = (rflat[where].double() - exact).abs()
+            rep.closer_to_fp64 += int((ek < er).sum())
+            rep.farther_from_fp64 += int((ek > er).sum())
+            rep.as_close += int((ek == er).sum()) + int((torch.isnan(ek) | torch.isnan(er)).sum())
+            for k in where[:max(0, first_k - len(firsts))].tolist():
+                firsts.append((*out_to_input(k, lo, hi - lo, m, blocks),
+                               float(kflat[k].double())))
+    rep.seconds_kernel = tk
+    for i, o, kl, kv in firsts:
+        d = _explain_one(t, space, i, o, kl)
+        d["kernel"] = kv
+        cr = d.get("correctly_rounded_value")
+        d["correctly_rounded"] = ("unknown" if cr is None else
+                                  "both" if kv == cr and d["reference"] == cr else
+                                  "the kernel" if kv == cr else
+                                  "the reference" if d["reference"] == cr else "neither")
+        rep.first.append(d)
+    rep.seconds_castlab = time.perf_counter() - t0 - tk
+    if rep.nan_where_reference_is_not:
+        rep.failure = (f"the kernel returned NaN where the reference does not in "
+                       f"{rep.nan_where_reference_is_not:,} elements")
+    elif max_ulp is None and rep.differ:
+        rep.failure = f"{rep.differ:,} elements differ from the reference (max_ulp=None: bits)"
+    elif max_ulp is not None and rep.max_ulp > max_ulp:
+        rep.failure = f"{rep.max_ulp:g} ulps apart, more than max_ulp={max_ulp:g}"
+    if rep.failure is not None:
+        raise KernelMismatch(rep)
+    return rep
+

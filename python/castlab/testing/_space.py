@@ -1,0 +1,217 @@
+"""Input spaces: which inputs a bound or a kernel check visits, and how a chunk of them
+becomes the arguments of an op.
+
+A space is the cross product of one :class:`~castlab.numerics.Enumeration` per free
+scalar (the last varies fastest, as in :func:`castlab.numerics.exhaustive`), walked by
+index in chunks. Elementwise ops take one scalar per argument. RoPE takes four numbers per
+output pair -- the pair ``(x1, x2)`` and the angle -- so its space is ``x1 x x2 x angle``
+and a chunk of ``n`` triples becomes ``x`` [1, 1, n, 2] with a cos/sin cache (or the fp32
+angles) [n, 2], the layout of a head dimension of 2: every library's formula rotates the
+pair exactly as it does in a wide head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._creation import from_numpy, tensor
+from .._dtype import as_dtype, dtype, float32
+from ..numerics import Enumeration
+from ..numerics._formats import _fmt
+
+__all__ = ["Space", "elementwise_space", "rope_space", "check_dtype", "DTYPES", "QWEN2_ANGLES"]
+
+#: The dtypes castlab.testing visits (16-bit: every pattern; float32: sampled).
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _qwen2_angles() -> np.ndarray:
+    """Every RoPE angle Qwen2 uses (head dim 128, theta 1e6, positions 0..32767), as
+    Hugging Face computes them in fp32, sorted and distinct."""
+    inv = (1.0 / (1e6 ** (np.arange(0, 128, 2, dtype=np.int64).astype(np.float32) / 128))
+           ).astype(np.float32)
+    t = np.arange(32768, dtype=np.float32)
+    return np.unique(np.outer(t, inv).astype(np.float32).reshape(-1))
+
+
+#: The angles RoPE bounds sample from (fp32; see :func:`rope_space`).
+QWEN2_ANGLES = "Qwen2's RoPE angles (head dim 128, theta 1e6, positions 0-32767, fp32)"
+
+
+@dataclasses.dataclass
+class Space:
+    """The inputs a check visits: ``enums`` (one Enumeration per free scalar), ``names``
+    (their names), ``outputs_per_input`` (output elements per input tuple: 2 for a RoPE
+    pair), ``description`` (one line: what was visited, sampled parts with their seeds)
+    and ``build(bits, device)``: the op's arguments for a chunk of input tuples, from one
+    array of bit patterns (or fp32 angles) per free scalar."""
+
+    enums: list
+    names: tuple
+    dtype: dtype
+    description: str
+    build: Callable
+    outputs_per_input: int = 1
+    exhaustive: bool = True
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(e) for e in self.enums)
+
+    def key(self) -> list:
+        """What identifies the space (the disk cache's key)."""
+        return [self.description, [e.label for e in self.enums],
+                [_enum_digest(e) for e in self.enums]]
+
+    def chunk_bits(self, lo: int, hi: int) -> list:
+        """One array of bit patterns per free scalar for input tuples [lo, hi)."""
+        idx = np.arange(lo, hi, dtype=np.uint64)
+        out = [None] * len(self.enums)
+        for k in range(len(self.enums) - 1, -1, -1):
+            n = np.uint64(len(self.enums[k]))
+            d = idx % n
+            idx = idx // n
+            e = self.enums[k]
+            out[k] = e.table[d] if e.table is not None else d + np.uint64(e.lo)
+        return out
+
+    def inputs_at(self, i: int) -> dict:
+        """The input tuple number `i`, by name: ``{name: (value, hex bits)}``."""
+        bits = self.chunk_bits(i, i + 1)
+        out = {}
+        for name, e, b in zip(self.names, self.enums, bits):
+            v = np.array([b[0]], dtype=np.uint64).astype(_fmt(e.dtype).uint).view(e.dtype.numpy)
+            out[name] = (float(v[0].astype(np.float64)),
+                         f"0x{int(b[0]):0{e.dtype.bits // 4}X}")
+        return out
+
+
+def _enum_digest(e: Enumeration) -> str:
+    if e.table is None:
+        return f"{e.lo}+{e.count}"
+    return hashlib.sha256(np.ascontiguousarray(e.table).tobytes()).hexdigest()[:16]
+
+
+def _values(bits: np.ndarray, dt: dtype) -> np.ndarray:
+    return bits.astype(_fmt(dt).uint).view(dt.numpy)
+
+
+def _as_tensor(bits: np.ndarray, dt: dtype, device: str):
+    t = from_numpy(np.ascontiguousarray(_values(bits, dt)))
+    return t if device == "cpu" else t.to(device)
+
+
+def check_dtype(dt: Any, what: str) -> dtype:
+    d = as_dtype(dt)
+    if d.name not in DTYPES:
+        raise ValueError(f"{what}: dtype must be one of {', '.join(DTYPES)}, got {d.name}")
+    return d
+
+
+def _first(dt: dtype, values: str, budget: int, seed: int) -> Enumeration:
+    """The input that visits every value: all patterns of a 16-bit dtype (or every finite
+    one); float32 has 2**32, so a sample of at most `budget` of them."""
+    if dt.bits <= 16:
+        return Enumeration.all(dt) if values == "all" else Enumeration.finite(dt)
+    n = min(budget, 1 << 16)
+    return Enumeration.sample(dt, n, seed=seed, finite=values == "finite")
+
+
+def _rest(dt: dtype, values: str, per: int, seed: int, k: int) -> Enumeration:
+    pool = (1 << dt.bits) if values == "all" else len(Enumeration.finite(dt)) if dt.bits <= 16 \
+        else 0x7F800000 * 2
+    if dt.bits <= 16 and per >= pool:
+        return Enumeration.all(dt) if values == "all" else Enumeration.finite(dt)
+    return Enumeration.sample(dt, per, seed=seed + k, finite=values == "finite")
+
+
+def _per_rest(first: int, budget: int, k: int) -> int:
+    """Samples per further input: the k-th root of what the budget leaves per first value."""
+    if k == 0:
+        return 0
+    left = max(1, budget // first)
+    return max(1, int(math.floor(left ** (1.0 / k) + 1e-9)))
+
+
+def _describe(names: tuple, enums: list, seed: int) -> str:
+    parts = [f"{n}: {e.label}" for n, e in zip(names, enums)]
+    total = math.prod(len(e) for e in enums)
+    return f"{total:,} inputs ({'; '.join(parts)})"
+
+
+def elementwise_space(names: tuple, dt: dtype, *, values: str = "all", budget: int = 1 << 22,
+                      seed: int = 0, first: int = 0, inputs: list | None = None) -> Space:
+    """Elementwise op of ``len(names)`` arguments of dtype `dt`: argument `first` takes
+    every pattern (or every finite value), the others as many sampled patterns each as
+    `budget` allows (every pattern when the budget covers them: all 2**32 pairs of a
+    16-bit dtype with a budget of 2**32). `inputs` (Enumerations, one per argument)
+    replaces the choice."""
+    k = len(names)
+    if inputs is not None:
+        enums = list(inputs)
+        if len(enums) != k:
+            raise ValueError(f"inputs: {len(enums)} enumerations for {k} arguments "
+                             f"({', '.join(names)})")
+    else:
+        f = _first(dt, values, budget, seed)
+        per = _per_rest(len(f), budget, k - 1)
+        enums = [f if i == first else _rest(dt, values, per, seed, i) for i in range(k)]
+    exhaustive = all(e.table is None or e.label.startswith(("all ", "finite "))
+                     for e in enums)
+
+    def build(bits: list, device: str) -> tuple:
+        return tuple(_as_tensor(b, e.dtype, device) for b, e in zip(bits, enums))
+
+    return Space(enums, tuple(names), dt, _describe(names, enums, seed), build,
+                 exhaustive=exhaustive)
+
+
+def rope_space(names: tuple, dt: dtype, *, values: str = "all", budget: int = 1 << 22,
+               seed: int = 0, inputs: list | None = None) -> Space:
+    """RoPE, one output pair per input triple ``(x1, x2, angle)``: ``x1`` every pattern,
+    ``x2`` and the angle (from :data:`QWEN2_ANGLES`) sampled within `budget`. `names`
+    are the subject's arguments. A chunk builds every argument RoPE kernels take, by
+    name: ``x`` (also read as ``dy``), the cos/sin cache ``c``/``s`` as Hugging Face
+    builds it (fp32 cos/sin of the fp32 angle, rounded to `dt`) and ``freqs``, the fp32
+    angle itself (what RoPE from angles reads)."""
+    if inputs is not None:
+        enums = list(inputs)
+        if len(enums) != 3:
+            raise ValueError("inputs: RoPE takes three enumerations (x1, x2, angle)")
+    else:
+        f = _first(dt, values, budget, seed)
+        per = _per_rest(len(f), budget, 2)
+        x2 = _rest(dt, values, per, seed, 1)
+        ang = _qwen2_angles()
+        rng = np.random.default_rng(seed + 2)
+        pick = np.sort(rng.choice(len(ang), size=min(per, len(ang)), replace=False))
+        angles = Enumeration(float32, table=ang[pick].view(np.uint32).astype(np.uint64),
+                             label=f"{len(pick)} sampled angles of {QWEN2_ANGLES} "
+                             f"(seed {seed + 2})")
+        enums = [f, x2, angles]
+    if enums[2].dtype is not float32:
+        raise TypeError("RoPE's third enumeration holds fp32 angles")
+    x_dt = enums[0].dtype
+
+    def build(bits: list, device: str) -> tuple:
+        n = len(bits[0])
+        x = np.stack([_values(bits[0], x_dt), _values(bits[1], x_dt)], axis=-1)
+        xt = from_numpy(np.ascontiguousarray(x).reshape(1, 1, n, 2))
+        theta = _values(bits[2], float32).astype(np.float64)
+        pool = {"x": xt,
+                "freqs": tensor(np.repeat(theta.astype(np.float32)[:, None], 2, axis=1))}
+        for name, fn in (("c", np.cos), ("s", np.sin)):
+            pool[name] = tensor(np.repeat(fn(theta).astype(np.float32)[:, None], 2,
+                                          axis=1)).astype(x_dt)
+        return {k: v if device == "cpu" else v.to(device) for k, v in pool.items()}
+
+    labels = ("x1", "x2", "angle")
+    return Space(enums, labels, x_dt, _describe(labels, enums, seed), build,
+                 outputs_per_input=2, exhaustive=False)
+
