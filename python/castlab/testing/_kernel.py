@@ -170,7 +170,7 @@ def _explain_one(t: Target, space: Space, i: int, out_no: int, k_local: int) -> 
                      f"{nd['values'][0][0]!r})" for nd in e.nodes
                      if not nd["label"].endswith("(input)") and len(nd["values"]) > 1]
             d["why"] = (f"the reference ({o.label}): " + "; ".join(steps)
-                        + f"; its last rounding is {'' if o.correct else 'not '}correct")
+                        + f"; {'correctly rounded' if o.correct else 'not correctly rounded'}")
         except (TypeError, ValueError, IndexError):
             d["why"] = None
     return d
