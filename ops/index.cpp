@@ -4,6 +4,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "ops/backend.h"
+
 namespace cl {
 
 namespace {
@@ -161,10 +163,10 @@ void run_index(const IndexSpec& s, const Tensor& src, const Tensor& index, const
   if (index.numel() == 0 && s.mode != kIndexScatterAdd) return;
   const Tensor& big = s.mode == kIndexGather ? src : out;
   const int64_t size = s.mode == kIndexCheck ? s.size : (big.ndim() > 0 ? big.shape()[s.dim] : 1);
-  if (index.device().type == DeviceType::CUDA) {
+  if (index.device().type != DeviceType::CPU) {
     bool bad = false;
     int64_t v = 0;
-    cuda::launch_index_cuda(s, src, index, out, size, &bad, &v);
+    device_backend(index.device().type).index(s, src, index, out, size, &bad, &v);
     if (bad) throw std::out_of_range(bounds_message(v, s.dim, size, s.target));
     return;
   }

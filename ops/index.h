@@ -34,11 +34,4 @@ void run_index(const IndexSpec& s, const Tensor& src, const Tensor& index, const
 // The dims an index step handles (a view of more is refused with a clear error).
 constexpr int kIndexMaxDims = 16;
 
-namespace cuda {
-std::string index_kernel_source();
-// Returns the first out-of-range index found (or none: *bad == false).
-void launch_index_cuda(const IndexSpec& s, const Tensor& src, const Tensor& index,
-                       const Tensor& out, int64_t size, bool* bad, int64_t* bad_value);
-}  // namespace cuda
-
 }  // namespace cl

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ops/backend.h"
+
 namespace cl {
 
 namespace {
@@ -53,8 +55,8 @@ void run_nll(const NllPlan& plan, const Tensor& x, const Tensor& w, const Tensor
   P.n = t.numel();
   P.threads = nll_cuda_threads(P.n);
   check(P, x, w, t, out);
-  if (t.device().type == DeviceType::CUDA) {
-    cuda::launch_nll_cuda(P, x, w, t, out);
+  if (t.device().type != DeviceType::CPU) {
+    device_backend(t.device().type).nll(P, x, w, t, out);
     return;
   }
   if (x.dtype() == kFloat64)

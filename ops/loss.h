@@ -15,10 +15,4 @@ namespace cl {
 void run_nll(const NllPlan& plan, const Tensor& x, const Tensor& w, const Tensor& t,
              const Tensor& out);
 
-namespace cuda {
-std::string nll_kernel_source(bool f64);
-void launch_nll_cuda(const NllPlan& plan, const Tensor& x, const Tensor& w, const Tensor& t,
-                     const Tensor& out);
-}  // namespace cuda
-
 }  // namespace cl

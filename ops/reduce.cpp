@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/backend.h"
 #include "ops/cpu/torch_vml.h"
 
 namespace cl {
@@ -420,8 +421,8 @@ void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst) {
   if (total % rows != 0) throw std::invalid_argument("reduce: rows do not divide the input");
   const int64_t n = total / rows;
   const RedPlan P = make_red_plan(s, n, rows);
-  if (src.device().type == DeviceType::CUDA) {
-    cuda::launch_reduce_cuda(P, src, dst, rows);
+  if (src.device().type != DeviceType::CPU) {
+    device_backend(src.device().type).reduce(P, src, dst, rows);
     return;
   }
   if (src.dtype() == kFloat32)

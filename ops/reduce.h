@@ -51,11 +51,4 @@ std::string describe_red_plan(const RedPlan& p);
 // rows elements, the same dtype and device.
 void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst);
 
-namespace cuda {
-// The CUDA source of the reduce kernel for float (f64 false) or double rows (tests
-// compile it with NVRTC without a GPU).
-std::string reduce_kernel_source(bool f64);
-void launch_reduce_cuda(const RedPlan& p, const Tensor& src, const Tensor& dst, int64_t rows);
-}  // namespace cuda
-
 }  // namespace cl

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/parallel.h"
-#include "ops/runtime.h"
+#include "ops/backend.h"
 
 namespace cl {
 

@@ -5,34 +5,8 @@
 #include <string>
 
 #include "core/checked.h"
-#include "ops/cuda/executor.h"
-#include "ops/cuda/row_kernel.h"
 
 namespace cl {
-
-namespace {
-ProgramRunner g_cuda_runner;
-}  // namespace
-
-void set_cuda_runner(ProgramRunner f) { g_cuda_runner = std::move(f); }
-
-void run_program_any(const Program& p, const std::vector<Tensor>& in,
-                     const std::vector<Tensor>& out) {
-  if (out.empty()) return;
-  const Device dev = out[0].device();
-  for (const auto& t : out)
-    if (t.device() != dev) throw std::invalid_argument("outputs on different devices");
-  for (const auto& t : in)
-    if (t.device() != dev)
-      throw std::invalid_argument("expected all tensors on " + dev.str() + ", but one is on " +
-                                  t.device().str());
-  if (dev.type == DeviceType::CPU) {
-    run_program_cpu(p, in, out);
-    return;
-  }
-  if (!g_cuda_runner) throw std::runtime_error("CUDA support is not loaded");
-  g_cuda_runner(p, in, out);
-}
 
 Device Plan::run_device(const Tensor* const* inputs, size_t n_inputs,
                         const std::vector<Tensor>& outs) const {
@@ -111,10 +85,10 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
     if (s.row) {
       std::vector<const Tensor*> ops(in_p, in_p + ni);
       ops.insert(ops.end(), out_p, out_p + no);
-      if (dev.type == DeviceType::CUDA)
-        cuda::launch_row_kernel(*s.row, ops.data(), ops.size());
-      else
+      if (dev.type == DeviceType::CPU)
         run_row_cpu(*s.row, ops.data(), ops.size());
+      else
+        device_backend(dev.type).run_rows(*s.row, ops.data(), ops.size());
       continue;
     }
     if (s.nll) {
@@ -134,8 +108,9 @@ std::vector<Tensor> Plan::run(const Tensor* const* inputs, size_t n_inputs,
       run_reduce(s.reduce, *in_p[0], *out_p[0]);
       continue;
     }
-    if (no > 0 && out_p[0]->device().type == DeviceType::CUDA) {
-      cuda::launch_program_cuda(*s.prog, in_p, static_cast<int>(ni), out_p, static_cast<int>(no));
+    if (no > 0 && out_p[0]->device().type != DeviceType::CPU) {
+      device_backend(out_p[0]->device().type)
+          .launch_program(*s.prog, in_p, static_cast<int>(ni), out_p, static_cast<int>(no));
     } else {
       std::vector<Tensor> in_views, out_views;
       in_views.reserve(ni);

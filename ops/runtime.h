@@ -1,14 +1,15 @@
 // The runtime: runs Programs on the device of their operands (the CPU executor, or the
-// CUDA executor once it has registered itself), and runs lowered graphs as Plans. Pure
-// C++ (python/src only binds it; the GIL is released there).
+// device's registered backend record: ops/backend.h), and runs lowered graphs as Plans.
+// Pure C++ (python/src only binds it; the GIL is released there). Device-neutral: it
+// includes nothing under ops/cpu or ops/cuda.
 #pragma once
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/backend.h"
 #include "ops/index.h"
 #include "ops/loss.h"
 #include "ops/program.h"
@@ -16,17 +17,6 @@
 #include "ops/row_step.h"
 
 namespace cl {
-
-using ProgramRunner =
-    std::function<void(const Program&, const std::vector<Tensor>&, const std::vector<Tensor>&)>;
-
-// The CUDA executor registers itself here (ops/cuda/executor.cpp) when CUDA support loads.
-void set_cuda_runner(ProgramRunner f);
-
-// Runs a Program on the device of its outputs; every operand must be on that device
-// (std::invalid_argument naming both devices otherwise).
-void run_program_any(const Program& p, const std::vector<Tensor>& in,
-                     const std::vector<Tensor>& out);
 
 // How one operand of a Plan step is bound: a strided view of an input, a temporary or an
 // output of the plan.

@@ -143,3 +143,69 @@ def test_cpp_includes_point_down(tree, forbidden):
         if p.suffix in (".h", ".cpp") and re.search(r"#\s*include\s+<pybind11", p.read_text()):
             bad.append(f"{p.relative_to(ROOT)} includes pybind11")
     assert not bad, "\n".join(bad)
+
+
+# The backends (issue 51): ops/cpu and ops/cuda never include each other; code generation
+# they share lives in ops/codegen, which includes neither; the device-neutral ops/*.h and
+# ops/*.cpp (the runtime, row steps, reduce, index, loss...) reach CUDA only through its
+# registered backend record (ops/backend.h), never by including ops/cuda or calling cuda::.
+_BACKEND_RULES = [("ops/cpu", ("ops/cuda/",)), ("ops/cuda", ("ops/cpu/",)),
+                  ("ops/codegen", ("ops/cpu/", "ops/cuda/")), ("ops", ("ops/cuda/",))]
+
+
+def _cpp_files(folder: str, recursive: bool):
+    base = ROOT / folder
+    files = base.rglob("*") if recursive else base.glob("*")
+    return [p for p in sorted(files) if p.suffix in (".h", ".cpp", ".cuh")]
+
+
+@pytest.mark.parametrize("folder,forbidden", _BACKEND_RULES,
+                         ids=[f"{f}-not-{'-'.join(x.strip('/') for x in b)}"
+                              for f, b in _BACKEND_RULES])
+def test_backends_do_not_include_each_other(folder, forbidden):
+    files = _cpp_files(folder, recursive=False)
+    assert files, folder
+    bad = [f"{p.relative_to(ROOT)} includes {inc}" for p in files
+           for inc in _INCLUDE.findall(p.read_text()) if inc.startswith(forbidden)]
+    assert not bad, "\n".join(bad)
+
+
+def test_device_neutral_ops_call_no_cuda_functions():
+    """ops/*.cpp reach a device through device_backend() (ops/backend.h), not cuda::."""
+    bad = []
+    for p in _cpp_files("ops", recursive=False):
+        if p.suffix != ".cpp":
+            continue
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            code = line.split("//")[0]
+            if re.search(r"\bcuda::", code):
+                bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+
+
+def test_ops_modules_form_no_include_cycle():
+    """A module (x.h with x.cpp) of ops/ never includes, directly or not, a module that
+    includes it (the runtime and the row steps did: runtime.h <-> row_step.cpp)."""
+    graph: dict[str, set[str]] = {}
+    for p in _cpp_files("ops", recursive=True):
+        me = str(p.relative_to(ROOT).with_suffix(""))
+        for inc in _INCLUDE.findall(p.read_text()):
+            dep = str(pathlib.PurePosixPath(inc).with_suffix(""))
+            if dep != me and inc.startswith("ops/"):
+                graph.setdefault(me, set()).add(dep)
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]):
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(path[path.index(d):] + [d]))
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)

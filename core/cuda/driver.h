@@ -200,7 +200,9 @@ void empty_cache();
 bool owns_memory(int device, uintptr_t ptr, size_t nbytes);
 void register_cuda_allocator();  // idempotent
 
-// ---- executor.cpp ----
+// ---- ops/cuda/backend.cpp ----
+// Registers CUDA's backend record (ops/backend.h): the executor and the row, reduce,
+// index and nll kernels.
 void register_cuda_runner();  // idempotent
 }  // namespace cuda
 }  // namespace cl

@@ -6,7 +6,7 @@
 // passes that only move memory (the other operand's load, the output's store) cannot
 // overlap it. The generated loop can. It calls the very scalar functions the interpreter
 // calls (the op table's, ops/scalar/ops.h), written out by the CUDA code generator's
-// per-element function (ops/cuda/codegen.h emit_element_function) and compiled by the
+// per-element function (ops/codegen/element.h emit_element_function) and compiled by the
 // system's C++ compiler with the executor's flags (-ffp-contract=off, no fast math, the
 // executor's ISA), so both give the same bits (tests/test_cpu_jit.py checks them).
 //
@@ -14,7 +14,7 @@
 // background thread while the interpreter runs the calls; "sync" compiles before the
 // call; "off" never. Programs below min_elements (CASTLAB_CPU_CODEGEN_MIN, default 2^18)
 // stay interpreted: there a call's time is its fixed costs. Compiled libraries are kept in
-// the kernel disk cache (ops/cuda/kernel_cache.h cache_dir(), kind "so").
+// the kernel disk cache (ops/codegen/disk_cache.h cache_dir(), kind "so").
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,35 +1,19 @@
 // Program -> CUDA C++ (see codegen.h), written by small emitters: the per-element body
-// (emit_body) mirrors run_program_cpu in ops/cpu/executor.cpp instruction by instruction,
-// including the loads (exact widening), the stores (one rounding, with the same fast
-// paths) and the random stream index; emit_contiguous and emit_nd write the kernel that
-// calls it once per element. One instruction's expression: emit_instr.cpp.
+// (emit_body, ops/codegen/element.cpp) mirrors run_program_cpu in ops/cpu/executor.cpp instruction
+// by instruction, including the loads (exact widening), the stores (one rounding, with the same
+// fast paths) and the random stream index; emit_contiguous and emit_nd write the kernel that calls
+// it once per element. One instruction's expression: ops/codegen/emit_instr.cpp.
 #include "ops/cuda/codegen.h"
 
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
-#include "ops/cuda/emit_instr.h"
+#include "ops/codegen/emit_instr.h"
 #include "ops/cuda/kernel_cache.h"
 
 namespace cl {
 namespace cuda {
-
-// The C++ type a dtype is stored as (kernel parameters and loads/stores).
-const char* storage_type(int dt) {
-  switch (dt) {
-    case kFloat64: return "double";
-    case kFloat32: return "float";
-    case kFloat16:
-    case kBFloat16: return "unsigned short";
-    case kFloat8E4M3FN:
-    case kFloat8E5M2:
-    case kBool: return "unsigned char";
-    case kInt32: return "int";
-    case kInt64: return "long long";
-  }
-  throw std::invalid_argument("CUDA codegen: unsupported dtype " + std::to_string(dt));
-}
 
 bool needs_linked_pow(const Program& prog) {
   for (const Instr& in : prog.code)
@@ -39,77 +23,22 @@ bool needs_linked_pow(const Program& prog) {
 
 namespace {
 
-// String builder (no iostreams: the generated source is plain concatenation).
-struct Out {
-  std::string s;
-  Out& operator<<(const std::string& x) {
-    s += x;
-    return *this;
-  }
-  Out& operator<<(const char* x) {
-    s += x;
-    return *this;
-  }
-  Out& operator<<(char x) {
-    s += x;
-    return *this;
-  }
-  template <typename T, typename = typename std::enable_if<std::is_integral<T>::value>::type>
-  Out& operator<<(T x) {
-    s += std::to_string(static_cast<long long>(x));
-    return *this;
-  }
-  const std::string& str() const { return s; }
-};
+using codegen::emit_body;
+using codegen::Out;
+using codegen::reg_name;
+using codegen::store_expr;
 
-// One rounding register -> storage (as store_rows). `rb` is the random-bits expression.
-std::string store_expr(int dt, int rt, const std::string& src, int mode, bool sat,
-                       const std::string& rb) {
-  const bool f32 = rt == kRegF32;
-  const std::string s = sat ? "true" : "false";
-  const std::string m = std::to_string(mode);
-  const std::string d = std::to_string(dt);
-  switch (dt) {
-    case kFloat64: return "static_cast<double>(" + src + ")";
-    case kFloat32:
-      if (f32 || mode == kNearestEven) return "static_cast<float>(" + src + ")";
-      return "cl::f32_from_bits(cl::round_f64_to_bits(static_cast<double>(" + src +
-             "), cl::kFloat32, " + m + ", " + s + ", " + rb + "))";
-    case kBFloat16:
-    case kFloat16:
-      if (f32 && mode == kNearestEven) {
-        if (dt == kBFloat16) return "cl::f32_to_bf16_rne(" + src + ")";
-        return "static_cast<unsigned short>(cl::narrow_f32(" + src + ", " + d +
-               ", cl::kNearestEven, " + s + ", 0u))";
-      }
-      return "static_cast<unsigned short>(cl::round_f64_to_bits(static_cast<double>(" + src +
-             "), " + d + ", " + m + ", " + s + ", " + rb + "))";
-    case kFloat8E4M3FN:
-    case kFloat8E5M2:
-      return "static_cast<unsigned char>(cl::round_f64_to_bits(static_cast<double>(" + src + "), " +
-             d + ", " + m + ", " + s + ", " + rb + "))";
-    case kBool: return "(unsigned char)(" + src + " != 0 ? 1 : 0)";
-    case kInt32: return "static_cast<int>(cl::to_int_fmt(" + src + ", cl::kInt32))";
-    case kInt64: return "static_cast<long long>(cl::to_int_fmt(" + src + ", cl::kInt64))";
-  }
-  throw std::invalid_argument("CUDA codegen: store of unsupported dtype");
-}
-
-// What every emitter needs to know about one kernel: the program, its layout and the
-// per-operand decisions taken once up front.
-struct Kernel {
-  const Program& prog;
+// What the kernel's walk needs besides the element function: the layout (vector width,
+// static shape and strides).
+struct Kernel : codegen::ElementKernel {
+  Kernel(const Program& program, const KernelLayout& layout)
+      : ElementKernel(program, layout.dtypes, layout.n_out),
+        L(layout),
+        nd(layout.nd),
+        V(layout.vec) {}
   const KernelLayout& L;
-  int nops, nout, nin, nd, V;
-  std::vector<int> rtype;    // per register: RegType, -1 never written
-  std::vector<int> writes;   // per register: instructions writing it
-  std::vector<bool> wide;    // per input: fp16, handed to the body widened to float
-  std::vector<bool> paired;  // per output: left unrounded by the body (see analyse)
+  int nd, V;
 
-  std::string in_t(int k) const { return storage_type(L.dtypes[nout + k]); }
-  std::string out_t(int k) const { return storage_type(L.dtypes[k]); }
-  // The type the body writes output k as.
-  std::string body_t(int k) const { return paired[k] ? std::string("float") : out_t(k); }
   std::string in_ptr(int k) const {
     return "((const " + in_t(k) + "*)P.ptr[" + std::to_string(nout + k) + "])";
   }
@@ -126,104 +55,6 @@ struct Kernel {
     return false;
   }
 };
-
-// Register types and write counts (a register holds one type), and which operands take
-// the vector fast paths.
-Kernel analyse(const Program& prog, const KernelLayout& L) {
-  const int nops = static_cast<int>(L.dtypes.size());
-  Kernel K{prog, L, nops, L.n_out, nops - L.n_out, L.nd, L.vec, {}, {}, {}, {}};
-  if (K.nout != static_cast<int>(prog.outputs.size()))
-    throw std::logic_error("CUDA codegen: output count mismatch");
-  K.rtype.assign(prog.n_regs, -1);
-  K.writes.assign(prog.n_regs, 0);
-  for (const Instr& in : prog.code) {
-    if (K.rtype[in.dst] >= 0 && K.rtype[in.dst] != in.rtype)
-      throw std::logic_error("CUDA codegen: register r" + std::to_string(in.dst) +
-                             " holds two register types");
-    K.rtype[in.dst] = in.rtype;
-    K.writes[in.dst]++;
-  }
-  // fp16 inputs arrive widened to float: the kernel converts each loaded vector at once
-  // (cl_f16v_to_f32) and single elements with cl::f16_to_f32.
-  K.wide.assign(K.nin, false);
-  for (int k = 0; k < K.nin; ++k) K.wide[k] = L.dtypes[K.nout + k] == kFloat16;
-  // bf16/fp16 outputs rounded to nearest from a float register: the kernel converts them
-  // in pairs (f32x2_to_*16x2_rne) where it stores a vector, one at a time in the tail.
-  K.paired.assign(K.nout, false);
-  for (int k = 0; k < K.nout; ++k) {
-    const OutputSpec& os = prog.outputs[k];
-    K.paired[k] = (L.dtypes[k] == kBFloat16 || L.dtypes[k] == kFloat16) && K.rtype[os.reg] == 0 &&
-                  os.mode == kNearestEven;
-  }
-  return K;
-}
-
-// The per-element __device__ function cl_body(seed, e, x..., y&...): one line per
-// instruction, then one rounding store per output. It mirrors run_program_cpu.
-// `hoisted` (the row kernel's split, emit_split_element_function): the instructions
-// computed once per row; the body takes their values (those it reads) as parameters
-// named as their registers, after the inputs.
-std::string emit_body(const Kernel& K, const std::string& name = "cl_body",
-                      const std::vector<bool>* hoisted = nullptr,
-                      const std::vector<int>* handed = nullptr) {
-  const Program& prog = K.prog;
-  Out b;
-  b << "__device__ __forceinline__ void " << name
-    << "(const unsigned long long seed, "
-       "const unsigned long long e";
-  for (int k = 0; k < K.nin; ++k)
-    b << ", const " << (K.wide[k] ? std::string("float") : K.in_t(k)) << " x" << k;
-  if (handed)
-    for (int r : *handed) b << ", const " << reg_type_cxx(K.rtype[r]) << " " << reg_name(r);
-  for (int k = 0; k < K.nout; ++k) b << ", " << K.body_t(k) << "& y" << k;
-  b << ") {\n";
-  b << "  (void)seed; (void)e;\n";
-  // Registers written more than once (or never) are declared up front; the others are
-  // const at their one assignment.
-  std::vector<bool> declared(prog.n_regs, false);
-  std::vector<bool> read(prog.n_regs, false);
-  for (const Instr& in : prog.code)
-    for (int a : {in.a, in.b, in.c})
-      if (a >= 0 && a < prog.n_regs) read[a] = true;
-  for (const OutputSpec& os : prog.outputs) read[os.reg] = true;
-  if (handed)
-    for (int r : *handed) declared[r] = true;
-  for (int r = 0; r < prog.n_regs; ++r) {
-    if (!declared[r] && (K.writes[r] > 1 || (K.writes[r] == 0 && read[r]))) {
-      b << "  " << reg_type_cxx(K.rtype[r] < 0 ? kRegF32 : K.rtype[r]) << " " << reg_name(r)
-        << " = 0;\n";
-      declared[r] = true;
-    }
-  }
-  for (size_t i = 0; i < prog.code.size(); ++i) {
-    const Instr& in = prog.code[i];
-    if (hoisted && (*hoisted)[i]) continue;
-    const std::string ex = instr_expr(in, K.wide, K.nin);
-    b << "  ";
-    if (!declared[in.dst]) {
-      b << "const " << reg_type_cxx(in.rtype) << " ";
-      declared[in.dst] = true;
-    }
-    b << reg_name(in.dst) << " = " << ex << ";  // " << op_name(in.op) << "\n";
-  }
-  for (int k = 0; k < K.nout; ++k) {
-    const OutputSpec& os = prog.outputs[k];
-    if (K.paired[k]) {  // rounded by the kernel (emit_vstore, emit_sstore)
-      b << "  y" << k << " = " << reg_name(os.reg) << ";\n";
-      continue;
-    }
-    const std::string rb =
-        os.mode == kStochastic
-            ? "cl::random_bits(seed, " + std::to_string(static_cast<uint32_t>(os.salt)) + "u, e)"
-            : std::string("0u");
-    b << "  y" << k << " = "
-      << store_expr(K.L.dtypes[k], K.rtype[os.reg] < 0 ? kRegF32 : K.rtype[os.reg],
-                    reg_name(os.reg), os.mode, os.saturate != 0, rb)
-      << ";\n";
-  }
-  b << "}\n";
-  return b.str();
-}
 
 // Source head: the scalar functions and the device prelude (both embedded headers), the
 // index type and the parameter block (layout: codegen.h, param_words).
@@ -526,94 +357,6 @@ std::string emit_nd(const Kernel& K) {
 
 }  // namespace
 
-std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                  int n_out, const std::string& name) {
-  KernelLayout L;
-  L.dtypes = dtypes;
-  L.n_out = n_out;
-  Kernel K = analyse(prog, L);
-  K.wide.assign(K.nin, false);     // inputs arrive as stored
-  K.paired.assign(K.nout, false);  // outputs leave rounded
-  return emit_body(K, name);
-}
-
-SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                          int n_out, const std::string& name,
-                                          const std::vector<bool>& invariant, bool pair_outputs) {
-  KernelLayout L;
-  L.dtypes = dtypes;
-  L.n_out = n_out;
-  Kernel K = analyse(prog, L);
-  K.wide.assign(K.nin, false);
-  if (!pair_outputs) K.paired.assign(K.nout, false);
-  // an instruction is the row's when it writes its register once and reads only constants,
-  // invariant inputs and such registers (no random stream: that is per element)
-  const size_t n = prog.code.size();
-  std::vector<bool> hoisted(n, false), row_reg(prog.n_regs, false);
-  for (size_t i = 0; i < n; ++i) {
-    const Instr& in = prog.code[i];
-    bool h = K.writes[in.dst] == 1;
-    if (in.op == kOpLoad)
-      h = h && in.aux >= 0 && in.aux < K.nin && invariant[in.aux];
-    else if (in.op == kOpRandUniform || in.op == kOpRandNormal ||
-             (in.op == kOpRound && in.mode == kStochastic))
-      h = false;
-    for (int a : {in.a, in.b, in.c})
-      if (a >= 0) h = h && row_reg[a];
-    hoisted[i] = h;
-    row_reg[in.dst] = h;
-  }
-  // what the element part reads of the row part
-  std::vector<bool> needed(prog.n_regs, false);
-  for (size_t i = 0; i < n; ++i) {
-    const Instr& in = prog.code[i];
-    if (hoisted[i]) continue;
-    for (int a : {in.a, in.b, in.c})
-      if (a >= 0 && row_reg[a]) needed[a] = true;
-  }
-  for (const OutputSpec& os : prog.outputs)
-    if (row_reg[os.reg]) needed[os.reg] = true;
-  SplitFunction f;
-  f.paired = K.paired;
-  for (int r = 0; r < prog.n_regs; ++r)
-    if (needed[r]) f.handed.push_back(r);
-  Out b;
-  b << "__device__ __forceinline__ void " << name << "_row(";
-  bool first = true;
-  for (int k = 0; k < K.nin; ++k) {
-    if (!invariant[k]) continue;
-    b << (first ? "" : ", ") << "const " << K.in_t(k) << " x" << k;
-    first = false;
-  }
-  for (int r : f.handed) {
-    b << (first ? "" : ", ") << reg_type_cxx(K.rtype[r]) << "& h" << r;
-    first = false;
-  }
-  b << ") {\n";
-  for (size_t i = 0; i < n; ++i) {
-    if (!hoisted[i]) continue;
-    const Instr& in = prog.code[i];
-    b << "  const " << reg_type_cxx(in.rtype) << " " << reg_name(in.dst) << " = "
-      << instr_expr(in, K.wide, K.nin) << ";  // " << op_name(in.op) << "\n";
-  }
-  for (int r : f.handed) b << "  h" << r << " = " << reg_name(r) << ";\n";
-  b << "}\n";
-  f.src = b.str() + emit_body(K, name, &hoisted, &f.handed);
-  for (int r : f.handed) f.types.push_back(reg_type_cxx(K.rtype[r]));
-  return f;
-}
-
-std::string paired_rounding(int dtype, const std::string& dst, const std::string& src,
-                            const std::string& count, bool even) {
-  const bool bf = dtype == kBFloat16;
-  if (even)
-    return "for (int j = 0; j < " + count + "; j += 2) reinterpret_cast<unsigned int*>(" + dst +
-           ")[j / 2] = cl::" + (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") + "(" + src +
-           "[j], " + src + "[j + 1]);\n";
-  return "for (int j = 0; j < " + count + "; ++j) " + dst +
-         "[j] = cl::" + (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") + "(" + src + "[j]);\n";
-}
-
 bool params_have_layout(bool contig, bool static_layout) { return !contig && !static_layout; }
 
 size_t param_words(int nops, int nd, bool contig, bool static_layout, bool idx32) {
@@ -638,7 +381,7 @@ uint64_t division_magic(uint32_t d) {
 // every lane, as PyTorch's and Triton's pointwise kernels (see benchmarks/RESULTS.md).
 // The kernel is named after the hash of its source.
 GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L) {
-  const Kernel K = analyse(prog, L);
+  const Kernel K(prog, L);
   const std::string body = emit_body(K);
   Out s;
   s << emit_head(K) << body;

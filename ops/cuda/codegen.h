@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/codegen/element.h"
 #include "ops/program.h"
 
 namespace cl {
@@ -76,40 +77,13 @@ GeneratedKernel generate_kernel(const Program& prog, const KernelLayout& L);
 // kernel then starts with kLinkPowDefine (ops/cuda/kernel_cache.h).
 bool needs_linked_pow(const Program& prog);
 
-// The C++ type a dtype is stored as in generated kernels ("unsigned short" for bf16...).
-const char* storage_type(int dt);
-
-// The per-element device function of `prog` alone, named `name`:
-//   void name(seed, e, x0, x1, ..., y0&, ...)
-// with inputs and outputs in their storage types (dtypes: outputs first, then inputs), for
-// kernels of other shapes (the row kernel) that evaluate a Program element by element.
-std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                  int n_out, const std::string& name);
-
-// emit_element_function split in two where `invariant` (per input) marks the inputs that
-// are the same for every element of a row: `name`_row(x_k of those inputs..., h_r&...)
-// computes once per row every instruction that depends on nothing else, and
-// `name`(seed, e, x..., r..., y&...) the rest, taking those values (`handed`: their
-// registers, `types`: their C++ types) after the inputs.
-// With `pair_outputs`, bf16/fp16 outputs rounded to nearest from a float register are
-// left unrounded (`paired`: written as float), for the caller to convert two at a time
-// (cl::f32x2_to_bf16x2_rne: the same bits, half the instructions).
-// The loop that rounds `count` floats of array `src` to bf16 (`dtype` kBFloat16) or fp16
-// into the unsigned short array `dst`, nearest even: two per conversion where `even`
-// (cl::f32x2_to_bf16x2_rne, aligned `dst`), else one by one. A statement ending in "\n".
-std::string paired_rounding(int dtype, const std::string& dst, const std::string& src,
-                            const std::string& count, bool even);
-
-struct SplitFunction {
-  std::string src;
-  std::vector<int> handed;
-  std::vector<std::string> types;
-  std::vector<bool> paired;  // per output
-};
-SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                          int n_out, const std::string& name,
-                                          const std::vector<bool>& invariant,
-                                          bool pair_outputs = false);
+// The per-element emitters and storage types, shared with the CPU's generated loops
+// (ops/codegen/element.h).
+using codegen::emit_element_function;
+using codegen::emit_split_element_function;
+using codegen::paired_rounding;
+using codegen::SplitFunction;
+using codegen::storage_type;
 
 }  // namespace cuda
 }  // namespace cl

@@ -17,7 +17,6 @@
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/kernel_cache.h"
 #include "ops/program.h"
-#include "ops/runtime.h"
 
 namespace cl {
 
@@ -589,11 +588,6 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
   set_device(sd.index);
   check(drv.cuStreamWaitEvent(stream(sd.index), ev, 0), "cuStreamWaitEvent");
   check(drv.cuEventDestroy(ev), "cuEventDestroy");
-}
-
-void register_cuda_runner() {
-  static std::once_flag once;
-  std::call_once(once, [] { set_cuda_runner(run_program_cuda); });
 }
 
 }  // namespace cuda

@@ -1,7 +1,7 @@
 // castlab.numerics.exhaustive on the GPU: one generated kernel enumerates the index range,
 // makes every input from its index (no input tensor exists), runs each configuration's
 // Program and the fp64 reference's (one line per instruction, the expressions of the
-// fused kernels: emit_instr.h) and reduces the statistics of ops/scalar/exhaustive.h on
+// fused kernels: ops/codegen/emit_instr.h) and reduces the statistics of ops/scalar/exhaustive.h on
 // the device. What makes it fast (all 2**32 bf16 SwiGLU pairs: 277 -> 48 ms on the H200):
 //   - values that do not depend on the fastest-varying input are computed once per value
 //     of the outer inputs (SwiGLU's silu(a) and its fp64 reference, not once per pair);
@@ -25,13 +25,16 @@
 #include <string>
 
 #include "core/cuda/driver.h"
-#include "ops/cuda/emit_instr.h"
+#include "ops/codegen/emit_instr.h"
 #include "ops/cuda/kernel_cache.h"
 
 namespace cl {
 namespace cuda {
 
 namespace {
+
+using codegen::instr_expr;
+using codegen::reg_name;
 
 // Threads per block: 256, or 128 with more than 8 configurations (the per-warp rows of
 // shared memory grow with the number of pairs; 16 configurations must fit in 48 KB).

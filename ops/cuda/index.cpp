@@ -1,14 +1,13 @@
 // Index steps on the GPU (ops/index.h): gather, one thread an element; scatter_add, one
 // thread a row of the index along the dim, adding in order (ATen's CPU order, no atomics:
 // the CPU's bits). An index out of range sets a flag the host reads back.
-#include "ops/index.h"
-
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
 
 #include "core/cuda/driver.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 
 namespace cl {
 namespace cuda {

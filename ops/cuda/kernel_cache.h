@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "core/cuda/driver.h"
+#include "ops/codegen/disk_cache.h"
+#include "ops/codegen/hash.h"
 
 namespace cl {
 
-// The embedded scalar-math headers (cmake/embed.cmake): {path, text} pairs, then {null, null}.
-extern const std::pair<const char*, const char*> kEmbeddedHeaders[];
 namespace cuda {
 
 // A generated source that starts with this line calls CUDA's double pow as nvcc
@@ -47,40 +47,16 @@ struct NvrtcCheck {
 };
 NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
                                const std::string& name = "castlab_check");
-std::string sha256_hex(const std::string& data);
-// The SHA-256 of every embedded header (names and texts): part of every kernel key.
-const std::string& embedded_headers_hash();
+// Hashing and the disk cache, shared with the CPU's generated code (ops/codegen/).
+using codegen::cache_dir;
+using codegen::embedded_headers_hash;
+using codegen::sha256_hex;
+namespace disk = codegen::disk;
 struct CacheStats {
   uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
   double compile_seconds = 0;
 };
 CacheStats cache_stats();
-// The disk cache's folder: $CASTLAB_CACHE_DIR (set but empty: "", the disk cache is off),
-// else $XDG_CACHE_HOME/castlab/kernels, else $HOME/.cache/castlab/kernels, else
-// /tmp/castlab-kernels-<euid>.
-std::string cache_dir();
-
-// The disk cache's file handling (no driver, no GPU; private bindings test it).
-namespace disk {
-constexpr size_t kMaxEntryBytes = size_t{64} << 20;  // larger files are never read
-constexpr int kStaleTempSeconds = 600;
-// Opens the cache folder `dir`, creating missing folders with mode 0700. Returns a
-// descriptor, or -1 with the reason in *why: the folder is not a directory, is not owned
-// by this user, or is group- or world-writable (anyone able to write it would choose the
-// GPU code castlab runs).
-int open_dir(const std::string& dir, std::string* why);
-// Reads entry `key` (64 hex digits) from the folder: "ok", or why it was not loaded
-// ("missing", "symlink", "not a regular file", "too large", "foreign owner",
-// "bad header", "key mismatch", "size mismatch", "checksum mismatch", "read error").
-// Never follows a symlink and never blocks on a FIFO or device.
-std::string load(int dirfd, const std::string& key, std::string* kind, std::string* payload);
-// Writes entry `key` as a temporary file (mode 0600 whatever the umask, named with the
-// pid) renamed into place. False when it could not.
-bool store(int dirfd, const std::string& key, const std::string& kind, const std::string& payload);
-// Removes temporary files left by a writer that died (pid gone) or older than
-// max_age_s seconds; returns how many.
-int clean_temps(int dirfd, int max_age_s);
-}  // namespace disk
 
 }  // namespace cuda
 }  // namespace cl

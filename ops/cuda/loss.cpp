@@ -1,13 +1,12 @@
 // nll_loss steps on the GPU: the torch_cuda order as Loss.cu runs it (one block, a thread
 // per partial sum, the tree on thread 0 with ops/scalar/loss.h's expressions, so the bits
 // are the CPU's), the torch_cpu order on one thread.
-#include "ops/loss.h"
-
 #include <stdexcept>
 #include <string>
 
 #include "core/cuda/driver.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 
 namespace cl {
 namespace cuda {

@@ -1,14 +1,13 @@
 // Reduction steps on the GPU: one thread block per row. Its threads compute the parts of
 // the row's order (red_part, in parallel), then thread 0 combines them (red_combine): the
 // same header and expressions as the CPU (ops/reduce.cpp), so both give the same bits.
-#include "ops/reduce.h"
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "core/cuda/driver.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 
 namespace cl {
 namespace cuda {

@@ -8,6 +8,7 @@
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/executor.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 #include "ops/index.h"
 #include "ops/loss.h"
 #include "ops/reduce.h"

@@ -1,7 +1,7 @@
 // Program instruction -> C++ expression (see emit_instr.h). Table ops call the scalar
 // function the CPU executor calls (ops/op_table.h, ops/scalar/ops.h); the internal
 // instructions (loads, constants, rounding, random numbers) are written out here.
-#include "ops/cuda/emit_instr.h"
+#include "ops/codegen/emit_instr.h"
 
 #include <cmath>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <string>
 
 namespace cl {
-namespace cuda {
+namespace codegen {
 
 namespace {
 
@@ -132,5 +132,5 @@ std::string instr_expr(const Instr& in, const std::vector<bool>& wide, int nin) 
   return ex;
 }
 
-}  // namespace cuda
+}  // namespace codegen
 }  // namespace cl
