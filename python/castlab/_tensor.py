@@ -286,7 +286,7 @@ class TensorMethods:
         return ops.reshape(self, -1)
 
     @property
-    def T(self) -> Self:  # noqa: N802  (PyTorch's and NumPy's name)
+    def T(self) -> Self:
         """Every dimension reversed (a view)."""
         return ops.permute(self, tuple(reversed(range(len(self.shape)))))
 
