@@ -3,6 +3,11 @@ interop without copies, printing, and clear errors on bad input."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import pathlib
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -10,6 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import castlab as cl
+from castlab import _tensor, ops
+from castlab._graph import Proxy
+from castlab._optable import OPS
 
 torch = pytest.importorskip("torch")
 
@@ -383,3 +391,81 @@ def test_full_integers_exact():
     assert cl.full((1,), 2**24 + 1, dtype=cl.int32).tolist() == [2**24 + 1]
     assert cl.full((1,), 2**31 - 1, dtype=cl.int32).tolist() == [2**31 - 1]
     assert cl.full((1,), 2**40 + 1, dtype=cl.int64).tolist() == [2**40 + 1]
+
+
+# ---------------------------------------------------------------- where the methods live
+
+_STUB = pathlib.Path(cl.__file__).parent / "_C.pyi"
+# The class bodies whose methods each tensor class has (castlab._tensor copies the
+# mixins' attributes onto both classes at import).
+_BODIES = {"Tensor": (_tensor.TensorMethods, _tensor.ConcreteTensorMethods),
+           "Proxy": (_tensor.TensorMethods, Proxy)}
+
+
+def _python_function(v):
+    """The Python function behind a class attribute (a property's getter), else None."""
+    if isinstance(v, property):
+        v = v.fget
+    return v if isinstance(v, types.FunctionType) else None
+
+
+@pytest.mark.parametrize("cls", [cl.Tensor, Proxy], ids=["Tensor", "Proxy"])
+def test_every_python_method_has_one_home(cls):
+    """Each method, property and operator written in Python is the very function of one
+    class body (what "go to definition", help() and type checkers find), defined in no
+    other body the class takes methods from: nothing is assembled at import."""
+    bodies = {b.__name__: b for b in _BODIES[cls.__name__]}
+    n = 0
+    for name in dir(cls):
+        f = _python_function(inspect.getattr_static(cls, name))
+        if f is None:
+            continue  # C++ bindings, object's slots, plain values
+        n += 1
+        home = f.__qualname__.rsplit(".", 1)[0]
+        assert home in bodies, f"{cls.__name__}.{name} is {f.__qualname__}: not a method body"
+        assert _python_function(vars(bodies[home]).get(name)) is f, (name, f.__qualname__)
+        written = [b for b, body in bodies.items()  # (Proxy's dict also holds the copies)
+                   if getattr(_python_function(vars(body).get(name)), "__qualname__",
+                              "").startswith(b + ".")]
+        assert written == [home], name
+        assert inspect.getsourcefile(f) == inspect.getsourcefile(bodies[home])
+        if not name.startswith("_"):
+            assert f.__doc__, f"{home}.{name} has no docstring"
+    assert n >= (80 if cls is cl.Tensor else 60)
+
+
+def test_methods_take_their_functions_arguments():
+    """A method form (``x.sum(...)``) takes exactly the arguments of its function
+    (``cl.sum(x, ...)``), and every elementwise op of one or two operands has one."""
+    fns = {n: f for n, f in ops.ELEMENTWISE_FUNCTIONS.items() if OPS[n].arity <= 2}
+    fns.update({n: getattr(ops, n) for n in (
+        "astype", "reshape", "view", "permute", "transpose", "unsqueeze", "squeeze", "expand",
+        "broadcast_to", "chunk", "split", "contiguous", "clone", "select")})
+    fns.update({n: getattr(cl, n) for n in (
+        "sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "gather",
+        "take_along_dim")})
+
+    def params(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    for name, fn in fns.items():
+        method = vars(_tensor.TensorMethods).get(name)
+        assert method is not None, f"TensorMethods has no method {name} (castlab.{name})"
+        assert params(method)[1:] == params(fn)[1:], name
+
+
+def test_stub_declares_every_member():
+    """_C.pyi declares Tensor as the mixin's subclass with each member bound in C++, so
+    that static tools see every public attribute of castlab.Tensor."""
+    tree = ast.parse(_STUB.read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tensor"]
+    assert [ast.unparse(b) for b in node.bases] == ["ConcreteTensorMethods"]
+    declared = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+    from_python = set(dir(_tensor.ConcreteTensorMethods))
+    # pybind11's own: no constructor (tensors come from castlab's functions), the
+    # attribute dict of py::dynamic_attr, and its cross-module conduit
+    machinery = {"__init__", "__dict__", "__module__", "__doc__", "_pybind11_conduit_v1_"}
+    from_cpp = set(vars(cl.Tensor)) - from_python - machinery
+    assert declared == from_cpp
+    public = {n for n in dir(cl.Tensor) if not n.startswith("_")}
+    assert public <= declared | from_python, public - declared - from_python

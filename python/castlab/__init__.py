@@ -18,7 +18,9 @@
 #   2  _lower                                 graph -> Programs -> a Plan
 #   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
 #                                         op functions, reductions and norms, gather, losses
-#   4  _tensor, _autodiff                     Tensor/Proxy methods; derivative rules, backward graphs
+#   4  _tensor, _autodiff                     Tensor/Proxy methods (one class body each, copied
+#                                         onto _C.Tensor and Proxy); derivative rules,
+#                                         backward graphs
 #   5  _jit                                   tracing and fused execution
 #   6  numerics -> torch, presets, sweep -> study, plot -> testing -> cli  analysis,
 #                                         PyTorch model capture, kernel-library presets,
@@ -26,7 +28,8 @@
 #                                         Dask sweeps, studies, plots, proven bounds and
 #                                         kernel checks (castlab.testing), the CLI
 #   7  castlab (this file), __main__
-# Tensor methods are installed by _tensor; modules below it may call them on tensors
+# Tensor methods are written in _tensor (TensorMethods, ConcreteTensorMethods; _C.pyi
+# declares them on _C.Tensor for static tools); modules below it may call them on tensors
 # (t.clone(), t.astype()) at run time, but never import it.
 
 from . import _C, _debug, cli, cuda, numerics, presets, study, testing
@@ -49,8 +52,6 @@ from ._creation import (
 )
 from ._device import device
 from ._dlpack import from_dlpack
-from ._dlpack import tensor_dlpack as _tensor_dlpack
-from ._dlpack import tensor_dlpack_device as _tensor_dlpack_device
 from ._dtype import (
     as_dtype,
     bfloat16,
@@ -87,8 +88,6 @@ from .presets import libraries, library
 
 __version__ = _C.__version__
 _debug.level()  # pass CASTLAB_DEBUG on to C++
-Tensor.__dlpack__ = _tensor_dlpack
-Tensor.__dlpack_device__ = _tensor_dlpack_device
 bool = _bool  # noqa: A001  (castlab.bool, as torch.bool)
 
 __all__ = [

@@ -346,7 +346,8 @@ def _import(x: Any, device: Any, copy: bool | None, track_stream: bool = False) 
 # ---- producer --------------------------------------------------------------------------
 
 
-_UNSET: Any = object()  # `copy` not passed: a consumer older than the 2023.12 protocol
+#: ``__dlpack__``'s default ``copy``: not passed, by a consumer older than the 2023.12 protocol
+COPY_UNSET: Any = object()
 
 
 def _consumer_takes_negative_strides(copy_passed: bool) -> bool:
@@ -355,13 +356,15 @@ def _consumer_takes_negative_strides(copy_passed: bool) -> bool:
     ``from_dlpack`` passes no ``copy`` and aborts the process on a negative stride)."""
     if not copy_passed:
         return False
-    caller = sys._getframe(2).f_globals.get("__name__", "")
+    # frames: 0 here, 1 tensor_dlpack, 2 Tensor.__dlpack__ (castlab._tensor), 3 the consumer
+    caller = sys._getframe(3).f_globals.get("__name__", "")
     return not str(caller).startswith("torch")
 
 
 def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int] | None = None,
-                  dl_device: Any = None, copy: Any = _UNSET) -> Any:
-    """``Tensor.__dlpack__``: export as a DLPack capsule (array API semantics).
+                  dl_device: Any = None, copy: Any = COPY_UNSET) -> Any:
+    """The body of ``Tensor.__dlpack__`` (castlab._tensor), its only caller: export as a
+    DLPack capsule (array API semantics).
 
     A versioned capsule ("dltensor_versioned", DLPack 1.1) when ``max_version[0] >= 1``,
     else a legacy "dltensor" one. ``copy=True`` exports a copy (flag IS_COPIED); otherwise
@@ -370,7 +373,7 @@ def tensor_dlpack(self: Any, *, stream: Any = None, max_version: tuple[int, int]
     PyTorch; ``copy=False`` then raises BufferError). ``dl_device`` other than the tensor's device
     raises BufferError, except a copy to the CPU (``dl_device=(1, 0)``, not ``copy=False``).
     """
-    copy_passed = copy is not _UNSET
+    copy_passed = copy is not COPY_UNSET
     if not copy_passed:
         copy = None
     versioned = max_version is not None and int(max_version[0]) >= 1

@@ -76,7 +76,9 @@ def tracing() -> bool:
 
 
 class Proxy:
-    """A symbolic tensor seen by a function while ``castlab.jit`` traces it."""
+    """A symbolic tensor seen by a function while ``castlab.jit`` traces it. Its tensor
+    methods and operators are castlab._tensor.TensorMethods', copied onto this class when
+    that module is imported (they call the ops, a layer above this module)."""
 
     __slots__ = ("node",)
     __array_priority__ = 1000
@@ -86,23 +88,29 @@ class Proxy:
 
     @property
     def shape(self) -> tuple:
+        """The traced value's shape (known while tracing)."""
         return self.node.shape
 
     @property
     def dtype(self) -> dtype:
+        """The traced value's dtype."""
         return self.node.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.node.shape)
 
     def dim(self) -> int:
+        """The number of dimensions."""
         return len(self.node.shape)
 
     def size(self, d: int | None = None):
+        """The shape (a tuple), or the size of dimension ``d``."""
         return self.node.shape if d is None else self.node.shape[d]
 
     def numel(self) -> int:
+        """The number of elements."""
         n = 1
         for s in self.node.shape:
             n *= s
@@ -110,6 +118,7 @@ class Proxy:
 
     @property
     def device(self) -> device:
+        """The device the traced value will live on."""
         return self.node.device
 
     def __repr__(self) -> str:
@@ -136,12 +145,15 @@ class Proxy:
         self._value_error("index()")
 
     def item(self):
+        """Raises: a traced tensor has no values."""
         self._value_error(".item()")
 
     def tolist(self):
+        """Raises: a traced tensor has no values."""
         self._value_error(".tolist()")
 
     def numpy(self):
+        """Raises: a traced tensor has no values."""
         self._value_error(".numpy()")
 
     def __array__(self, *a, **k):
