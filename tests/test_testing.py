@@ -16,7 +16,14 @@ import pytest
 
 import castlab as cl
 from castlab import cli
-from castlab.testing import KernelMismatch, assert_kernel_matches, bounds, cache_dir, inputs
+from castlab.testing import (
+    KernelMismatch,
+    _bounds,
+    assert_kernel_matches,
+    bounds,
+    cache_dir,
+    inputs,
+)
 from castlab.testing._space import elementwise_space, rope_space
 
 torch = pytest.importorskip("torch")
@@ -84,7 +91,7 @@ def test_space_walks_the_cross_product_last_fastest():
     assert a.tolist() == [0x3F80, 0x3F80, 0x3F81, 0x3F81, 0x3F82, 0x3F82]
     assert b.tolist() == [0x4000, 0x4080] * 3
     assert sp.inputs_at(3) == {"a": (1.0078125, "0x3F81"), "b": (4.0, "0x4080")}
-    x = sp.build(sp.chunk_bits(2, 5), "cpu")
+    x = sp.chunk(2, 5, "cpu")
     assert [t.tolist() for t in x] == [[1.0078125, 1.0078125, 1.015625], [2.0, 4.0, 2.0]]
 
 
@@ -127,7 +134,7 @@ def test_bounds_against_configurations_agree_with_a_torch_brute_force():
     b = bounds(cl.library("liger")["swiglu"], "bfloat16", ["inductor", "torch_eager"],
                sample=1 << 20, cache=False)
     sp = elementwise_space(("a", "b"), cl.bfloat16, budget=1 << 20)
-    a, bb = (torch.from_dlpack(t) for t in sp.build(sp.chunk_bits(0, sp.size), "cpu"))
+    a, bb = (torch.from_dlpack(t) for t in sp.chunk(0, sp.size, "cpu"))
     eager = _silu_torch(a) * bb
     fused = cl.jit(lambda a, b: cl.silu(a) * b).run(cl.from_dlpack(a), cl.from_dlpack(bb),
                                                     policy="fused", math="inductor")
@@ -150,6 +157,18 @@ def test_bounds_rope_and_backward_run_every_library():
                                                              2 if op.endswith("backward") else 1)
             if lib == "torch_eager":
                 assert b.rows["torch_eager"]["differ"] == 0
+
+
+@pytest.mark.parametrize("subject,dt", [("silu", "float16"), ("liger:swiglu", "bfloat16"),
+                                        ("liger:rope", "bfloat16"),
+                                        ("transformer_engine:rope", "float16")])
+def test_bounds_the_gpu_way_equal_the_host_way(subject, dt, monkeypatch):
+    # inputs made with PyTorch from their indices and statistics reduced with PyTorch (what
+    # a GPU runs), here on the CPU: the same rows as NumPy's
+    host = bounds(subject, dt, sample=1 << 18, cache=False)
+    monkeypatch.setattr(_bounds, "ON_DEVICE", True)
+    dev = bounds(subject, dt, sample=1 << 18, cache=False)
+    assert dev.rows == host.rows
 
 
 def test_bounds_cache(tmp_path):
@@ -203,7 +222,7 @@ def test_kernel_matches_bit_for_bit():
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
 def test_kernel_mismatch_count_equals_a_brute_force_count(dt):
     sp = elementwise_space(("a", "b"), cl.as_dtype(dt), budget=1 << 20)
-    a, b = (torch.from_dlpack(t) for t in sp.build(sp.chunk_bits(0, sp.size), "cpu"))
+    a, b = (torch.from_dlpack(t) for t in sp.chunk(0, sp.size, "cpu"))
     want = _silu_torch(a) * b
     got = _swiglu_fp32(a, b)
     brute = int((~((want == got) | (want.isnan() & got.isnan()))).sum())
@@ -224,13 +243,27 @@ def test_kernel_mismatch_count_equals_a_brute_force_count(dt):
                               sample=1 << 20, device="cpu", max_ulp=rep.max_ulp - 1)
 
 
+def test_kernel_check_the_gpu_way(monkeypatch):
+    # the GPU's way (inputs made with PyTorch from their indices), here on the CPU
+    host = None
+    for on in (False, True):
+        monkeypatch.setattr(_bounds, "ON_DEVICE", on)
+        with pytest.raises(KernelMismatch) as e:
+            assert_kernel_matches(_swiglu_fp32, "swiglu", mode="sample", sample=1 << 18,
+                                  device="cpu")
+        r = e.value.report
+        got = (r.differ, r.max_ulp, r.closer_to_fp64, [f["inputs"] for f in r.first])
+        host = host or got
+        assert got == host
+
+
 def test_perturbed_kernel_fails_with_the_right_count():
     def exp2_swiglu(a, b):   # sigmoid through exp2, rounded to bf16 before the product
         s = (1.0 / (1.0 + torch.exp2(-a.float() * 1.4426950408889634))).to(a.dtype)
         return (a * s) * b
 
     sp = elementwise_space(("a", "b"), cl.bfloat16, budget=1 << 18)
-    a, b = (torch.from_dlpack(t) for t in sp.build(sp.chunk_bits(0, sp.size), "cpu"))
+    a, b = (torch.from_dlpack(t) for t in sp.chunk(0, sp.size, "cpu"))
     want, got = _silu_torch(a) * b, exp2_swiglu(a, b)
     brute = int((~((want == got) | (want.isnan() & got.isnan()))).sum())
     with pytest.raises(KernelMismatch) as e:

@@ -30,6 +30,12 @@ _CHUNK = {"cpu": 1 << 20, "cuda": 1 << 24}
 DEFAULT_BUDGET = {"cpu": 1 << 22, "cuda": 1 << 32}
 
 
+#: Where a chunk's inputs are made and its statistics reduced: None -- on the device with
+#: PyTorch on a GPU, with NumPy on the host for the CPU. True forces the GPU's way on any
+#: device (the tests run it on the CPU: same bits, same counts).
+ON_DEVICE: bool | None = None
+
+
 def cache_dir() -> str:
     """Where bounds are cached: ``$CASTLAB_CACHE_DIR/bounds``, else
     ``~/.cache/castlab/bounds`` (``$XDG_CACHE_HOME`` respected)."""
@@ -69,15 +75,18 @@ def _checked_count(v: Any, what: str) -> int:
     return int(v)
 
 
-def chunks(space: Space, device: Any) -> Iterator[tuple]:
+def chunks(space: Space, device: Any, on_device: bool | None = None) -> Iterator[tuple]:
     """``(lo, hi, args)`` for each chunk of the space: input tuples [lo, hi) as the op's
-    arguments on `device`."""
+    arguments on `device`. On a GPU the inputs are made on the device from their indices
+    (PyTorch); `on_device` forces either way (the same bits)."""
     dev = str(as_device(device))
-    step = _CHUNK["cuda" if dev.startswith("cuda") else "cpu"]
+    cuda_dev = dev.startswith("cuda")
+    step = _CHUNK["cuda" if cuda_dev else "cpu"]
+    on = (cuda_dev if ON_DEVICE is None else ON_DEVICE) if on_device is None else on_device
     n = space.size
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        yield lo, hi, space.build(space.chunk_bits(lo, hi), dev)
+        yield lo, hi, space.chunk(lo, hi, dev, on)
 
 
 def out_to_input(k: int, lo: int, n: int, m: int, blocks: int) -> tuple:
@@ -235,7 +244,7 @@ def bounds(chain_or_preset: Any, dtype: Any = "bfloat16",
         if hit is not None:
             return Bounds(hit, cached=True)
     t0 = time.perf_counter()
-    xp = Namespace("torch" if dev.is_cuda else "numpy")
+    xp = Namespace("torch" if (dev.is_cuda if ON_DEVICE is None else ON_DEVICE) else "numpy")
     worst = [_Worst(r.label, r.label == "fp64") for r in refs]
     for lo, hi, args in chunks(space, dev):
         raw = s.run(s.args(args))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._creation import from_numpy, tensor
+from .._dlpack import from_dlpack
 from .._dtype import as_dtype, dtype, float32
 from ..numerics import Enumeration
 from ..numerics._formats import _fmt
@@ -59,6 +60,7 @@ class Space:
     build: Callable
     outputs_per_input: int = 1
     exhaustive: bool = True
+    _tables: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def size(self) -> int:
@@ -70,16 +72,49 @@ class Space:
                 [_enum_digest(e) for e in self.enums]]
 
     def chunk_bits(self, lo: int, hi: int) -> list:
-        """One array of bit patterns per free scalar for input tuples [lo, hi)."""
-        idx = np.arange(lo, hi, dtype=np.uint64)
+        """One array of bit patterns per free scalar for input tuples [lo, hi) (NumPy)."""
+        return [_table_of(e)[d] for e, d in zip(self.enums, self._digits_np(lo, hi))]
+
+    def _digits_np(self, lo: int, hi: int) -> list:
+        idx = np.arange(lo, hi, dtype=np.int64)
         out = [None] * len(self.enums)
         for k in range(len(self.enums) - 1, -1, -1):
-            n = np.uint64(len(self.enums[k]))
-            d = idx % n
+            n = len(self.enums[k])
+            out[k] = idx % n
             idx = idx // n
-            e = self.enums[k]
-            out[k] = e.table[d] if e.table is not None else d + np.uint64(e.lo)
         return out
+
+    def chunk(self, lo: int, hi: int, device: str, on_device: bool = False) -> Any:
+        """The arguments for input tuples [lo, hi) on `device`. With `on_device`, the
+        inputs are made there from their indices with PyTorch (no host arrays, no copy:
+        the GPU path); else with NumPy on the host and copied. Both give the same bits."""
+        if not on_device:
+            digits = self._digits_np(lo, hi)
+            vals = [_values(_table_of(e)[d], e.dtype) for e, d in zip(self.enums, digits)]
+            return self.build(Arrays(np, vals, digits, self, "cpu"), device)
+        import torch
+
+        idx = torch.arange(lo, hi, dtype=torch.int64, device=device)
+        digits = [None] * len(self.enums)
+        for k in range(len(self.enums) - 1, -1, -1):
+            n = len(self.enums[k])
+            digits[k] = idx % n
+            idx = idx // n
+        vals = [self._table_torch(k, device)[d] for k, d in enumerate(digits)]
+        return self.build(Arrays(torch, vals, digits, self, device), device)
+
+    def _table_torch(self, k: int, device: str) -> Any:
+        """Enumeration k's values as a typed torch tensor on `device` (made once)."""
+        key = (k, device)
+        t = self._tables.get(key)
+        if t is None:
+            import torch
+
+            e = self.enums[k]
+            t = torch.from_dlpack(from_numpy(np.ascontiguousarray(
+                _values(_table_of(e), e.dtype))))
+            t = self._tables[key] = t.to(device)
+        return t
 
     def inputs_at(self, i: int) -> dict:
         """The input tuple number `i`, by name: ``{name: (value, hex bits)}``."""
@@ -92,6 +127,32 @@ class Space:
         return out
 
 
+@dataclasses.dataclass
+class Arrays:
+    """A chunk's inputs as typed arrays of one library (NumPy on the host, or PyTorch on
+    the device): ``vals[k]`` the values of free scalar k, ``digits[k]`` their positions
+    in its enumeration."""
+
+    lib: Any
+    vals: list
+    digits: list
+    space: Any
+    device: str
+
+    def tensor(self, a: Any):
+        """A castlab tensor of array `a` on the chunk's device (a view where possible)."""
+        if self.lib is np:
+            return from_numpy(np.ascontiguousarray(a))
+        return from_dlpack(a.contiguous())
+
+
+def _table_of(e: Enumeration) -> np.ndarray:
+    """Every bit pattern of an enumeration, in order (a range made on demand)."""
+    if e.table is not None:
+        return np.asarray(e.table, dtype=np.uint64)
+    return np.arange(e.lo, e.lo + e.count, dtype=np.uint64)
+
+
 def _enum_digest(e: Enumeration) -> str:
     if e.table is None:
         return f"{e.lo}+{e.count}"
@@ -102,9 +163,8 @@ def _values(bits: np.ndarray, dt: dtype) -> np.ndarray:
     return bits.astype(_fmt(dt).uint).view(dt.numpy)
 
 
-def _as_tensor(bits: np.ndarray, dt: dtype, device: str):
-    t = from_numpy(np.ascontiguousarray(_values(bits, dt)))
-    return t if device == "cpu" else t.to(device)
+def _to(t: Any, device: str):
+    return t if str(t.device) == device or device == "cpu" and not t.is_cuda else t.to(device)
 
 
 def check_dtype(dt: Any, what: str) -> dtype:
@@ -165,8 +225,8 @@ def elementwise_space(names: tuple, dt: dtype, *, values: str = "all", budget: i
     exhaustive = all(e.table is None or e.label.startswith(("all ", "finite "))
                      for e in enums)
 
-    def build(bits: list, device: str) -> tuple:
-        return tuple(_as_tensor(b, e.dtype, device) for b, e in zip(bits, enums))
+    def build(ch: Arrays, device: str) -> tuple:
+        return tuple(_to(ch.tensor(v), device) for v in ch.vals)
 
     return Space(enums, tuple(names), dt, _describe(names, enums, seed), build,
                  exhaustive=exhaustive)
@@ -199,17 +259,29 @@ def rope_space(names: tuple, dt: dtype, *, values: str = "all", budget: int = 1 
         raise TypeError("RoPE's third enumeration holds fp32 angles")
     x_dt = enums[0].dtype
 
-    def build(bits: list, device: str) -> tuple:
-        n = len(bits[0])
-        x = np.stack([_values(bits[0], x_dt), _values(bits[1], x_dt)], axis=-1)
-        xt = from_numpy(np.ascontiguousarray(x).reshape(1, 1, n, 2))
-        theta = _values(bits[2], float32).astype(np.float64)
-        pool = {"x": xt,
-                "freqs": tensor(np.repeat(theta.astype(np.float32)[:, None], 2, axis=1))}
-        for name, fn in (("c", np.cos), ("s", np.sin)):
-            pool[name] = tensor(np.repeat(fn(theta).astype(np.float32)[:, None], 2,
-                                          axis=1)).astype(x_dt)
-        return {k: v if device == "cpu" else v.to(device) for k, v in pool.items()}
+    # cos/sin of each angle as Hugging Face's cache holds them (fp32 cos/sin, rounded to
+    # the dtype), made once on the host: a chunk looks them up by the angle's position
+    theta = _values(_table_of(enums[2]), float32).astype(np.float64)
+    cache = {n: np.asarray(tensor(fn(theta).astype(np.float32)).astype(x_dt).numpy())
+             for n, fn in (("c", np.cos), ("s", np.sin))}
+    dev_cache: dict = {}
+
+    def build(ch: Arrays, device: str) -> dict:
+        L = ch.lib
+        x1, x2, ang = ch.vals
+        n = len(x1)
+        pool = {"x": L.stack([x1, x2], -1).reshape(1, 1, n, 2),
+                "freqs": L.stack([ang, ang], -1)}
+        for name, tab in cache.items():
+            if L is not np:
+                key = (name, ch.device)
+                if key not in dev_cache:
+                    dev_cache[key] = L.from_dlpack(from_numpy(np.ascontiguousarray(tab))) \
+                        .to(ch.device)
+                tab = dev_cache[key]
+            v = tab[ch.digits[2]]
+            pool[name] = L.stack([v, v], -1)
+        return {k: _to(ch.tensor(v), device) for k, v in pool.items()}
 
     labels = ("x1", "x2", "angle")
     return Space(enums, labels, x_dt, _describe(labels, enums, seed), build,

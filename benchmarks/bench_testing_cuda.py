@@ -1,0 +1,98 @@
+"""castlab.testing on the GPU: all 2**32 bf16 (a, b) pairs of a user's SwiGLU kernel
+checked against a castlab preset (issue 54's goal: under 2 s on an H200, with castlab's
+side not the bottleneck), and bounds() over the same pairs.
+
+    PYTHONPATH=$PWD/python python benchmarks/bench_testing_cuda.py [--json FILE]
+
+Prints, per kernel: the total time of assert_kernel_matches (warm: the castlab kernels'
+NVRTC compile is done by a first, smaller call), the time inside the user's kernel and the
+time in castlab (input generation, the reference, the comparison), and the ratio of the
+total to the 2 s goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import castlab as cl
+from castlab.testing import KernelMismatch, assert_kernel_matches, bounds
+
+GOAL_S = 2.0
+
+
+def _triton_swiglu():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        a = tl.load(a_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=m, other=0.0)
+        tl.store(c_ptr + offs, (a * tl.sigmoid(a)).to(b.dtype) * b, mask=m)
+
+    def swiglu(a, b):
+        c = torch.empty_like(a)
+        kernel[(triton.cdiv(a.numel(), 1024),)](a, b, c, a.numel(), BLOCK=1024)
+        return c
+
+    return swiglu
+
+
+def _kernels() -> dict:
+    ks = {"torch eager silu(a)*b": (lambda a, b: torch.nn.functional.silu(a) * b,
+                                    cl.library("torch_eager")["swiglu"])}
+    try:
+        ks["triton, Liger's order"] = (_triton_swiglu(), cl.library("liger")["swiglu"])
+    except ImportError as e:
+        print(f"triton: not run ({e})")
+    try:
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        ks["liger-kernel"] = (LigerSiLUMulFunction.apply, cl.library("liger")["swiglu"])
+    except ImportError as e:
+        print(f"liger-kernel: not run ({e})")
+    return ks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows = []
+    for name, (k, ref) in _kernels().items():
+        assert_kernel_matches(k, ref, mode="sample", sample=1 << 24, device="cuda")  # warm
+        t0 = time.perf_counter()
+        try:
+            r = assert_kernel_matches(k, ref, device="cuda")
+        except KernelMismatch as e:
+            r = e.report
+        total = time.perf_counter() - t0
+        rows.append({"kernel": name, "reference": r.reference, "pairs": r.inputs,
+                     "passed": r.passed, "differ": r.differ, "total_s": total,
+                     "kernel_s": r.seconds_kernel, "castlab_s": r.seconds_castlab,
+                     "goal_ratio": GOAL_S / total})
+        print(f"{name:24s} vs {r.reference:22s} {r.inputs:,} pairs  "
+              f"{'pass' if r.passed else 'FAIL'} ({r.differ} differ)  total {total:.2f} s  "
+              f"kernel {r.seconds_kernel:.2f} s  castlab {r.seconds_castlab:.2f} s  "
+              f"goal/total {GOAL_S / total:.2f}")
+    bounds(cl.library("liger")["swiglu"], "bfloat16", device="cuda", sample=1 << 24,
+           cache=False)  # warm
+    t0 = time.perf_counter()
+    b = bounds(cl.library("liger")["swiglu"], "bfloat16", device="cuda", cache=False)
+    tb = time.perf_counter() - t0
+    print(f"bounds(liger swiglu, bf16, 3 references) over {b.inputs:,} pairs: {tb:.2f} s")
+    rows.append({"kernel": "bounds liger swiglu", "pairs": b.inputs, "total_s": tb})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
