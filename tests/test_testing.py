@@ -194,6 +194,11 @@ def test_bounds_bad_input():
         bounds("swiglu", sample=0)
     with pytest.raises(ValueError, match="twice"):
         bounds("silu", against=["fp64", "fp64"])
+    if not cl.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no usable GPU"):
+            bounds("silu", device="cuda")
+        with pytest.raises(RuntimeError, match="no usable GPU"):
+            assert_kernel_matches(lambda a, b: a * b, "swiglu", device="cuda")
 
 
 def test_bounds_of_a_users_chain_under_a_policy():
@@ -299,6 +304,7 @@ def test_kernel_exhaustive_refuses_spaces_it_cannot_visit():
     (lambda a, b: torch.where(a == 1.0, float("nan"), _silu_torch(a) * b),
      "NaN where the reference does not"),
     (lambda a, b: (_silu_torch(a) * b, a), "returned 2 tensor"),
+    (lambda a, b: (_silu_torch(a) * b).to("meta"), "is on meta, its inputs on cpu"),
 ])
 def test_bad_kernels_are_reported_never_passed(kernel, msg):
     with pytest.raises(KernelMismatch, match=msg) as e:

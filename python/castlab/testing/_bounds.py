@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .. import _C
+from .. import _C, cuda
 from .._device import as_device
 from ..numerics import Enumeration
 from ..numerics._tables import _fmt_num, _html_table, _text_table
@@ -19,7 +19,8 @@ from ._space import Space, check_dtype, elementwise_space, rope_space
 from ._stats import Namespace, chunk_stats
 from ._target import Target, flat, reference, subject
 
-__all__ = ["bounds", "Bounds", "default_space", "chunks", "cache_dir", "DEFAULT_AGAINST"]
+__all__ = ["bounds", "Bounds", "default_space", "chunks", "cache_dir", "check_device",
+           "DEFAULT_AGAINST"]
 
 #: What :func:`bounds` measures against by default.
 DEFAULT_AGAINST = ("fp64", "torch_eager", "inductor")
@@ -44,6 +45,15 @@ def cache_dir() -> str:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "castlab")
     return os.path.join(base, "bounds")
+
+
+def check_device(device: Any, what: str):
+    """The device, or a RuntimeError naming why a GPU cannot be used."""
+    dev = as_device(device)
+    if dev.is_cuda and not cuda.is_available():
+        raise RuntimeError(f"{what}: device {dev}: no usable GPU for castlab "
+                           f"({cuda.unavailable_reason()})")
+    return dev
 
 
 def default_space(t: Target, dt: Any, device: Any = "cpu", *, values: str = "all",
@@ -227,7 +237,7 @@ def bounds(chain_or_preset: Any, dtype: Any = "bfloat16",
     >>> b.exhaustive, b.inputs, b.rows["torch_eager"]["differ"]
     (True, 65536, 0)
     """
-    dev = as_device(device)
+    dev = check_device(device, "bounds")
     s = subject(chain_or_preset, policy, math)
     if isinstance(against, (str, Target)) or callable(against):
         against = [against]

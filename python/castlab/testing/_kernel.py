@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from .._device import as_device
 from .._dlpack import from_dlpack
 from ..numerics import Enumeration, explain, ulp_diff
-from ._bounds import chunks, default_space, out_to_input
+from ._bounds import check_device, chunks, default_space, out_to_input
 from ._space import Space
 from ._target import Target, flat, subject
 
@@ -115,7 +114,8 @@ def _bits(torch: Any, t: Any) -> Any:
     return t.contiguous().view(getattr(torch, _INT[t.element_size() * 8]))
 
 
-def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space) -> str | None:
+def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space,
+               device: Any) -> str | None:
     """Why the kernel's result cannot be compared (None: it can)."""
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     wants = list(want) if isinstance(want, (tuple, list)) else [want]
@@ -134,6 +134,8 @@ def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space) -> str | 
                     f"(chunk starting at input {_fmt_inputs(space.inputs_at(lo))})")
         if str(o.dtype) != f"torch.{w.dtype.name}":
             return f"{what} has dtype {o.dtype}, the reference's is {w.dtype.name}"
+        if o.device != device:
+            return f"{what} is on {o.device}, its inputs on {device}"
     return None
 
 
@@ -227,7 +229,7 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
         raise ValueError(f"first_k must be an int >= 0, got {first_k!r}")
     if device is None:
         device = "cuda" if cuda.is_available() else "cpu"
-    dev = as_device(device)
+    dev = check_device(device, "assert_kernel_matches")
     t = subject(reference, policy, math)
     space = _space_for(t, dtype, mode, dev, inputs, sample, seed, values)
     rep = KernelReport(reference=t.label, mode=mode if inputs is None else "inputs",
@@ -254,7 +256,7 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
             raise KernelMismatch(rep) from e
         finally:
             tk += time.perf_counter() - t1
-        bad = _check_out(torch, out, want, lo, space)
+        bad = _check_out(torch, out, want, lo, space, targs[0].device)
         if bad is not None:
             rep.failure = f"the kernel {bad}"
             raise KernelMismatch(rep)
