@@ -35,7 +35,7 @@ TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CASTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CASTLAB_BOUNDS_DIR", str(tmp_path / "bounds"))
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -171,7 +171,7 @@ def test_bounds_the_gpu_way_equal_the_host_way(subject, dt, monkeypatch):
     assert dev.rows == host.rows
 
 
-def test_bounds_cache(tmp_path):
+def test_bounds_cache(tmp_path, monkeypatch):
     b1 = bounds("exp", "bfloat16", ["fp64"])
     assert not b1.cached and os.listdir(cache_dir())
     b2 = bounds("exp", "bfloat16", ["fp64"])
@@ -179,6 +179,9 @@ def test_bounds_cache(tmp_path):
     assert not bounds("exp", "bfloat16", ["fp64"], values="finite").cached
     assert not bounds("exp", "float16", ["fp64"]).cached
     assert str(b2).startswith("castlab bounds: exp in bfloat16")
+    assert oct(os.stat(cache_dir()).st_mode & 0o777) == "0o700"
+    monkeypatch.setenv("CASTLAB_BOUNDS_DIR", "")          # set but empty: no disk cache
+    assert cache_dir() is None and not bounds("exp", "bfloat16", ["fp64"]).cached
 
 
 def test_bounds_bad_input():
@@ -359,7 +362,7 @@ def test_pytest_plugin_fixtures(tmp_path):
             b = castlab_bounds("silu", "bfloat16", against=["torch_eager"])
             assert b.rows["torch_eager"]["differ"] == 0
     """))
-    env = dict(os.environ, CASTLAB_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, CASTLAB_BOUNDS_DIR=str(tmp_path / "bounds"))
     # an installed castlab registers the plugin itself (entry point pytest11); a checkout
     # on PYTHONPATH names it
     installed = any(ep.value == "castlab.testing.plugin"

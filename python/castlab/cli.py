@@ -649,7 +649,7 @@ def _bounds_parser(sub) -> None:
                    help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     b.add_argument("--no-cache", action="store_true",
                    help="recompute instead of reading the disk cache "
-                   "($CASTLAB_CACHE_DIR/bounds or ~/.cache/castlab/bounds)")
+                   "($CASTLAB_BOUNDS_DIR, default ~/.cache/castlab/bounds)")
     b.add_argument("--out", default="castlab-bounds",
                    help="folder for bounds.json, bounds.csv and run.json (default "
                    "%(default)s); one that already holds results is refused unless "

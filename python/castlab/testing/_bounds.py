@@ -37,14 +37,15 @@ DEFAULT_BUDGET = {"cpu": 1 << 22, "cuda": 1 << 32}
 ON_DEVICE: bool | None = None
 
 
-def cache_dir() -> str:
-    """Where bounds are cached: ``$CASTLAB_CACHE_DIR/bounds``, else
-    ``~/.cache/castlab/bounds`` (``$XDG_CACHE_HOME`` respected)."""
-    base = os.environ.get("CASTLAB_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "castlab")
-    return os.path.join(base, "bounds")
+def cache_dir() -> str | None:
+    """Where bounds are cached: ``$CASTLAB_BOUNDS_DIR`` (set but empty: no disk cache),
+    else ``$XDG_CACHE_HOME/castlab/bounds`` or ``~/.cache/castlab/bounds`` (next to the
+    kernel cache, not inside it). Created 0700."""
+    d = os.environ.get("CASTLAB_BOUNDS_DIR")
+    if d is not None:
+        return d or None
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "castlab", "bounds")
 
 
 def check_device(device: Any, what: str):
@@ -196,7 +197,7 @@ def _cached(path: str) -> dict | None:
 
 
 def _store(path: str, d: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(d, f)
@@ -227,9 +228,9 @@ def bounds(chain_or_preset: Any, dtype: Any = "bfloat16",
     and infinity; `inputs` (Enumerations, dtypes or tensors, one per free scalar) sets
     the space by hand.
 
-    Results are cached on disk (:func:`cache_dir`) by the chain's source, its policy and
-    math, the references', the dtype, the space and castlab's version; `cache=False`
-    recomputes.
+    Results are cached on disk (:func:`cache_dir`; ``CASTLAB_BOUNDS_DIR``) by the chain's
+    source, its policy and math, the references', the dtype, the space and castlab's
+    version; `cache=False` recomputes and stores nothing.
 
     >>> import castlab as cl
     >>> from castlab.testing import bounds
@@ -248,8 +249,10 @@ def bounds(chain_or_preset: Any, dtype: Any = "bfloat16",
     if len(set(labels)) != len(labels):
         raise ValueError(f"against names a reference twice: {labels}")
     space = default_space(s, dtype, dev, values=values, sample=sample, seed=seed, inputs=inputs)
-    path = os.path.join(cache_dir(), _key(s, refs, space.dtype.name, space) + ".json")
-    if cache:
+    where = cache_dir() if cache else None
+    path = None if where is None else os.path.join(where, _key(s, refs, space.dtype.name,
+                                                               space) + ".json")
+    if path is not None:
         hit = _cached(path)
         if hit is not None:
             return Bounds(hit, cached=True)
@@ -276,6 +279,9 @@ def bounds(chain_or_preset: Any, dtype: Any = "bfloat16",
          "space": space.description, "exhaustive": space.exhaustive, "inputs": space.size,
          "seed": seed, "values": values, "castlab_version": _C.__version__, "rows": rows,
          "seconds": time.perf_counter() - t0}
-    if cache:
-        _store(path, d)
+    if path is not None:
+        try:
+            _store(path, d)
+        except OSError as e:   # a read-only home: the bound stands, uncached
+            d["cache_error"] = str(e)
     return Bounds(d)
