@@ -22,10 +22,13 @@
 #                                         onto _C.Tensor and Proxy); derivative rules,
 #                                         backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics -> torch, presets, sweep -> study, plot -> testing -> cli  analysis,
-#                                         PyTorch model capture, kernel-library presets,
-#                                         (castlab.torch: imported on its own, it needs torch),
-#                                         Dask sweeps, studies, plots, proven bounds and
+#   6  numerics -> torch, presets, sweep -> _study_chains -> _study_inputs -> _study_cells
+#      -> _study_rows -> _study_library -> study, plot -> testing -> cli
+#                                         analysis, PyTorch model capture, kernel-library
+#                                         presets (castlab.torch: imported on its own, it
+#                                         needs torch), Dask sweeps, studies (built-in
+#                                         chains, inputs, cells, their rows, the library
+#                                         matrix; study.run), plots, proven bounds and
 #                                         kernel checks (castlab.testing), the CLI
 #   7  castlab (this file), __main__
 # Tensor methods are written in _tensor (TensorMethods, ConcreteTensorMethods; _C.pyi
