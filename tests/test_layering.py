@@ -25,7 +25,8 @@ LAYERS = {
     "_jit": 5,
     "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "_study_chains": 6, "_study_inputs": 6,
     "_study_cells": 6, "_study_rows": 6, "_study_library": 6, "study": 6, "_plot_draw": 6,
-    "_plot_labels": 6, "plot": 6, "testing": 6, "cli": 6,
+    "_plot_labels": 6, "plot": 6, "testing": 6, "_cli_parser": 6, "_cli_config": 6,
+    "_cli_files": 6, "_cli_exhaustive": 6, "cli": 6,
     "__init__": 7, "__main__": 7,
 }
 # The order inside a layer (a module may import those listed before it).
@@ -37,7 +38,7 @@ SAME_LAYER = {
     4: ["_tensor", "_autodiff"],
     6: ["numerics", "torch", "presets", "sweep", "_study_chains", "_study_inputs", "_study_cells",
         "_study_rows", "_study_library", "study", "_plot_draw", "_plot_labels", "plot", "testing",
-        "cli"],
+        "_cli_parser", "_cli_config", "_cli_files", "_cli_exhaustive", "cli"],
 }
 
 
