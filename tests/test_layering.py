@@ -23,8 +23,10 @@ LAYERS = {
     "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3, "_index": 3, "_loss": 3,
     "_tensor": 4, "_autodiff": 4,
     "_jit": 5,
-    "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "study": 6, "plot": 6, "testing": 6,
-    "cli": 6,
+    "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "_study_chains": 6, "_study_inputs": 6,
+    "_study_cells": 6, "_study_rows": 6, "_study_library": 6, "study": 6, "_plot_draw": 6,
+    "_plot_labels": 6, "plot": 6, "testing": 6, "_cli_parser": 6, "_cli_config": 6,
+    "_cli_files": 6, "_cli_exhaustive": 6, "cli": 6,
     "__init__": 7, "__main__": 7,
 }
 # The order inside a layer (a module may import those listed before it).
@@ -34,7 +36,9 @@ SAME_LAYER = {
     1: ["policy", "_graph", "cuda", "_runrecord"],
     3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
-    6: ["numerics", "torch", "presets", "sweep", "study", "plot", "testing", "cli"],
+    6: ["numerics", "torch", "presets", "sweep", "_study_chains", "_study_inputs", "_study_cells",
+        "_study_rows", "_study_library", "study", "_plot_draw", "_plot_labels", "plot", "testing",
+        "_cli_parser", "_cli_config", "_cli_files", "_cli_exhaustive", "cli"],
 }
 
 

@@ -22,11 +22,17 @@
 #                                         onto _C.Tensor and Proxy); derivative rules,
 #                                         backward graphs
 #   5  _jit                                   tracing and fused execution
-#   6  numerics -> torch, presets, sweep -> study, plot -> testing -> cli  analysis,
-#                                         PyTorch model capture, kernel-library presets,
-#                                         (castlab.torch: imported on its own, it needs torch),
-#                                         Dask sweeps, studies, plots, proven bounds and
-#                                         kernel checks (castlab.testing), the CLI
+#   6  numerics -> torch, presets, sweep -> _study_chains -> _study_inputs -> _study_cells
+#      -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
+#      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> cli
+#                                         analysis, PyTorch model capture, kernel-library
+#                                         presets (castlab.torch: imported on its own, it
+#                                         needs torch), Dask sweeps, studies (built-in
+#                                         chains, inputs, cells, their rows, the library
+#                                         matrix; study.run), plots (drawing, labels;
+#                                         castlab.plot), proven bounds and kernel checks
+#                                         (castlab.testing), the CLI (parser, --config,
+#                                         --out files, exhaustive and bounds; castlab.cli)
 #   7  castlab (this file), __main__
 # Tensor methods are written in _tensor (TensorMethods, ConcreteTensorMethods; _C.pyi
 # declares them on _C.Tensor for static tools); modules below it may call them on tensors

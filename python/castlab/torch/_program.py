@@ -30,11 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import operator
-import os
-import re
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -42,375 +38,45 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .. import _autodiff, _graph
+from .. import _autodiff
 from .. import numerics as _nm
-from .._dlpack import from_dlpack, from_torch_region, from_torch_tracked, to_torch_region
-from .._jit import JitFunction, _code_globals
+from .._dlpack import from_torch_region, to_torch_region
+from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
-from . import _aten, _attention
+from . import _attention
+from ._partition import (
+    _SKIP,
+    CaptureError,
+    Segment,
+    _arg_nodes,
+    _export_error,
+    _fmt_arg,
+    _getter,
+    _op_name,
+    _short_type,
+    _subst,
+    _subst_nominal,
+    module_path,
+    partition,
+    where_text,
+)
+from ._tensors import (
+    Run,
+    _closure_tensors,
+    _eager_layout,
+    _gap,
+    _meta_dtype,
+    _no_grad_view,
+    _relayout,
+    _tensor_key,
+    _to_castlab,
+    _to_torch,
+    _widen,
+    config,
+)
+from ._tensors import differing_elements as differing_elements
 
 __all__ = ["CaptureError", "CapturedModel", "Segment", "capture"]
-
-
-class CaptureError(RuntimeError):
-    """PyTorch could not capture the forward, or castlab cannot run one of its ops."""
-
-
-_SKIP = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
-         "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg")
-
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-
-
-def _where(node) -> tuple | None:
-    """(file, line, source text) of the user's code that made FX node `node`: the
-    innermost frame of its recorded stack trace."""
-    st = node.meta.get("stack_trace")
-    if not st:
-        return None
-    lines = st.rstrip().splitlines()
-    fallback = None
-    for i in range(len(lines) - 1, -1, -1):
-        s = lines[i].strip()
-        if s.startswith("File \""):
-            try:
-                fname = s.split("\"")[1]
-                lineno = int(s.split(", line ")[1].split(",")[0])
-            except (IndexError, ValueError):
-                return None
-            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            if _graph._in_package(fname):
-                continue  # castlab's wrapper of a plain function
-            if fname.startswith(_TORCH_DIR):  # torch.nn's modules: the user's call, if known
-                fallback = fallback or (fname, lineno, code)
-                continue
-            return (fname, lineno, code)
-    return fallback
-
-
-def where_text(node) -> str:
-    """``file.py:LINE`` of the user code behind an FX node ("" when unknown)."""
-    w = _where(node)
-    return f"{os.path.basename(w[0])}:{w[1]}" if w else ""
-
-
-def module_path(node) -> str:
-    """The dotted path of the innermost ``nn.Module`` that ran the node ("" at the top)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
-    return path if isinstance(path, str) else ""
-
-
-def _short_type(v) -> str:
-    if isinstance(v, torch.Tensor):
-        name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32",
-                torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
-                torch.bool: "bool"}.get(v.dtype, str(v.dtype).replace("torch.", ""))
-        return f"{name}[{', '.join(str(s) for s in v.shape)}]"
-    if isinstance(v, (list, tuple)):
-        return "(" + ", ".join(_short_type(x) for x in v) + ")"
-    return type(v).__name__
-
-
-class Segment:
-    """One step of a captured program: ``kind`` is "region" (castlab computes
-    ``nodes``, a ``castlab.jit`` function ``jit``), "external" (one ATen op run by
-    PyTorch) or "view" (a view or tuple item taken in PyTorch: exact)."""
-
-    def __init__(self, kind: str, nodes: list):
-        self.kind = kind
-        self.nodes = nodes
-        self.inputs: list = []      # region: FX nodes read from outside, in order
-        self.outputs: list = []     # region: FX nodes used outside
-        self.jit: JitFunction | None = None
-        self.maps: dict = {}        # region: id(first input node) -> {fx name: castlab node}
-        self.io: tuple | None = None  # region: (input names, made by PyTorch, output layouts)
-
-    def __repr__(self) -> str:
-        names = ", ".join(n.name for n in self.nodes[:4]) + (", ..." if len(self.nodes) > 4 else "")
-        return f"Segment({self.kind}: {names})"
-
-
-def _arg_nodes(n) -> list:
-    out: list = []
-    pytree.tree_map(lambda a: out.append(a) if isinstance(a, torch.fx.Node) else None,
-                    (n.args, n.kwargs))
-    return out
-
-
-def _subst(a: Any, env: dict) -> Any:
-    return pytree.tree_map(lambda x: env[x.name] if isinstance(x, torch.fx.Node) else x, a)
-
-
-def _getter(a: Any, leaf: Callable | None = None, const: Callable | None = None) -> Callable:
-    """env -> `a` with every FX node replaced by its value: _subst's result, with the
-    structure walked once when the program is built instead of on every run (a captured
-    24-layer model binds ~1,000 nodes per run). `leaf`: node name -> its getter (default
-    env[name]); `const`: applied once to each part of `a` that holds no node."""
-    if isinstance(a, torch.fx.Node):
-        name = a.name
-        return leaf(name) if leaf is not None else (lambda env: env[name])
-    if isinstance(a, (list, tuple)) and any(_has_node(b) for b in a):
-        gs = [_getter(b, leaf, const) for b in a]
-        kind = type(a) if type(a) in (list, tuple) else list
-        return lambda env: kind([g(env) for g in gs])
-    if isinstance(a, dict) and any(_has_node(b) for b in a.values()):
-        gd = {k: _getter(b, leaf, const) for k, b in a.items()}
-        return lambda env: {k: g(env) for k, g in gd.items()}
-    c = a if const is None else const(a)
-    return lambda env: c
-
-
-def _has_node(a: Any) -> bool:
-    if isinstance(a, torch.fx.Node):
-        return True
-    if isinstance(a, (list, tuple)):
-        return any(_has_node(b) for b in a)
-    if isinstance(a, dict):
-        return any(_has_node(b) for b in a.values())
-    return False
-
-
-def _subst_nominal(a: Any, env: dict) -> Any:
-    """Like _subst, with every floating value in the dtype PyTorch gives that node."""
-    def get(x):
-        v = env[x.name]
-        meta = x.meta.get("val")
-        if isinstance(v, torch.Tensor) and isinstance(meta, torch.Tensor) and v.dtype != meta.dtype:
-            return v.to(meta.dtype)
-        return v
-    return pytree.tree_map(lambda x: get(x) if isinstance(x, torch.fx.Node) else x, a)
-
-
-def _check_external(n) -> None:
-    """An op castlab hands to PyTorch must be one PyTorch can call again as a function:
-    an ATen op without side effects (no in-place, out= or random ops)."""
-    t = n.target
-    if isinstance(t, torch._ops.OpOverload):
-        if t._schema.is_mutable or (torch.Tag.nondeterministic_seeded in t.tags
-                                    and not _no_randomness(n)):
-            raise CaptureError(
-                f"castlab.torch.capture: {t} at {where_text(n) or n.name} mutates its "
-                "inputs or draws random numbers; castlab can neither map it nor run it again "
-                "as an external PyTorch node (capture the model in eval() mode and without "
-                "in-place updates)")
-        return
-    if t is operator.getitem:
-        return
-    raise CaptureError(
-        f"castlab.torch.capture: {getattr(t, '__name__', t)} at {where_text(n) or n.name} "
-        "is not an ATen op (a higher-order op such as torch.cond, or a Python call): "
-        "castlab can neither map it nor run it as an external PyTorch node")
-
-
-_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
-def _check_static(n) -> None:
-    """The first node whose result has a size known only at run time (boolean-mask
-    indexing, nonzero, ...) is a clear error: castlab captures static shapes."""
-    v = n.meta.get("val")
-    vals = list(v) if isinstance(v, (list, tuple)) else [v]
-    if any(isinstance(x, _SYM) or (isinstance(x, torch.Tensor)
-                                   and any(isinstance(s, _SYM) for s in x.shape))
-           for x in vals):
-        op = "getitem" if n.target is operator.getitem else str(n.target)
-        raise CaptureError(
-            f"castlab.torch.capture: {op} at {where_text(n) or n.name} gives a result whose "
-            "size depends on the data (dynamic shapes, e.g. boolean-mask indexing or "
-            "nonzero); castlab captures static shapes only")
-
-
-def _no_randomness(n) -> bool:
-    """A seeded op called so that it draws nothing: dropout probability 0 (attention in
-    eval mode) or train=False."""
-    vals = {}
-    for k, a in enumerate(n.target._schema.arguments):
-        if k < len(n.args):
-            vals[a.name] = n.args[k]
-        elif a.name in n.kwargs:
-            vals[a.name] = n.kwargs[a.name]
-        elif a.has_default_value():
-            vals[a.name] = a.default_value
-    if "train" in vals:
-        return vals["train"] is False
-    p = vals.get("dropout_p", vals.get("p"))
-    return p is not None and p == 0
-
-
-def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
-    """Split the graph's op nodes into segments (see the module docstring). `given`: names
-    of nodes whose value is supplied from outside (drift substitutes reference values)."""
-    segs: list[Segment] = []
-    region: Segment | None = None
-    in_region: set = set()
-    users: dict = {}
-
-    def close():
-        nonlocal region
-        if region is not None:
-            segs.append(region)
-            region = None
-            in_region.clear()
-
-    for n in nodes:
-        if n.op != "call_function" or n.name in given:
-            continue
-        name = str(n.target)
-        if name in _SKIP:
-            continue
-        _check_static(n)
-        deps = _arg_nodes(n)
-        reads_region = any(d.name in in_region for d in deps)
-        kind = None
-        if n.target is operator.getitem:
-            kind = "region" if reads_region else "view"
-        elif _aten.can_map(n):
-            view = _aten.ATEN[name][0] == "view"
-            kind = "view" if view and not reads_region else "region"
-        if kind == "region":
-            if region is None:
-                region = Segment("region", [])
-            region.nodes.append(n)
-            in_region.add(n.name)
-            continue
-        if kind is None:
-            _check_external(n)
-            kind = "external"
-        if reads_region:
-            close()
-        segs.append(Segment(kind, [n]))
-    close()
-    # region inputs and outputs
-    for s in segs:
-        for n in s.nodes:
-            for d in _arg_nodes(n):
-                users.setdefault(d.name, set()).add(id(s))
-    outs = {a.name for a in _arg_nodes(nodes[-1])} if nodes and nodes[-1].op == "output" else set()
-    for s in segs:
-        if s.kind != "region":
-            continue
-        mine = {n.name for n in s.nodes}
-        seen: set = set()
-        for n in s.nodes:
-            for d in _arg_nodes(n):
-                if d.name not in mine and d.name not in seen:
-                    seen.add(d.name)
-                    s.inputs.append(d)
-        s.outputs = [n for n in s.nodes
-                     if n.name in outs or users.get(n.name, set()) - {id(s)}]
-        s.jit = JitFunction(_region_function(s), policy="fused", math="torch_eager")
-    return [s for s in segs if s.kind != "region" or s.outputs]  # (unused values: dead)
-
-
-def _region_function(seg: Segment) -> Callable:
-    """The Python function castlab.jit traces for a region: replays its ATen nodes with
-    castlab's op functions, each recorded at the user's source line."""
-    nodes, outputs = seg.nodes, seg.outputs
-    input_names = [n.name for n in seg.inputs]
-
-    def region(*xs):
-        env = dict(zip(input_names, xs))
-        mapping: dict = {}
-        st = _graph._state
-        try:
-            for n in nodes:
-                st.where = _where(n)
-                args, kwargs = _subst(list(n.args), env), _subst(dict(n.kwargs), env)
-                if n.target is operator.getitem:
-                    v = args[0][args[1]]
-                else:
-                    v = _aten.build(n, args, kwargs)
-                env[n.name] = v
-                if isinstance(v, _graph.Proxy):
-                    mapping[n.name] = v.node
-        finally:
-            st.where = None
-        if xs:
-            seg.maps[id(xs[0].node)] = mapping
-        return tuple(env[o.name] for o in outputs)
-
-    region.__name__ = region.__qualname__ = f"region_{nodes[0].name}"
-    region._castlab_arg_names = lambda k: input_names[:k]
-    region._castlab_unguarded = True  # its closure and globals are fixed at capture
-    return region
-
-
-def _to_castlab(t: torch.Tensor, made_by_torch: bool = True):
-    """A region's input as a castlab tensor, zero-copy. A tensor PyTorch's allocator made
-    (an external node's output, a parameter, a region's output handed back) is imported
-    without a host synchronisation at its release (from_torch_tracked); a user's input,
-    whose memory may come from another library, is imported as from_dlpack does."""
-    t = t.detach()
-    return from_torch_tracked(t) if made_by_torch else from_dlpack(t)
-
-
-def _to_torch(x) -> torch.Tensor:
-    return torch.utils.dlpack.from_dlpack(x)
-
-
-def _widen(v: Any) -> Any:
-    """An external node's argument under the fp64 policy: floating tensors and floating
-    dtypes become float64 (an exact widening)."""
-    if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype is not torch.float64:
-        return v.to(torch.float64)
-    if isinstance(v, torch.dtype) and v.is_floating_point:
-        return torch.float64
-    return v
-
-
-def _dense(meta: torch.Tensor) -> bool:
-    """Whether the strides of `meta` lay its elements out without gaps or overlap."""
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(meta.shape, meta.stride()) if s > 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _no_grad_view(v: Any) -> Any:
-    """`v`, detached where it requires grad (a parameter): DLPack exports no autograd."""
-    return v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v
-
-
-def _meta_dtype(n: Any) -> Any:
-    """The dtype PyTorch gives FX node `n`'s value, or None where it is not a tensor."""
-    meta = n.meta.get("val")
-    return meta.dtype if isinstance(meta, torch.Tensor) else None
-
-
-def _eager_layout(meta: Any) -> tuple | None:
-    """(shape, strides) PyTorch eager gives a value whose example is `meta` (castlab
-    writes contiguous results; the next PyTorch kernel must see eager's layout), or None
-    where castlab's layout is kept (not a tensor, a scalar, an expanded view: the values
-    are all PyTorch's kernels read)."""
-    if not isinstance(meta, torch.Tensor) or meta.dim() == 0 or not _dense(meta):
-        return None
-    return tuple(meta.shape), tuple(meta.stride())
-
-
-def _relayout(t: torch.Tensor, layout: tuple | None) -> torch.Tensor:
-    if layout is None or t.stride() == layout[1] or t.shape != layout[0]:
-        return t
-    out = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
-
-
-class Run:
-    """The values of one execution of a captured program (every FX node's value, as the
-    program's segments passed them on), the policy and math it ran under, and the
-    castlab input tensors of each region (for per-node values and traces)."""
-
-    def __init__(self, env: dict, policy: Policy, math: Math, region_inputs: dict):
-        self.env = env
-        self.policy = policy
-        self.math = math
-        self.region_inputs = region_inputs
 
 
 class CapturedModel:
@@ -986,84 +652,6 @@ class CapturedModel:
                 f"nodes; policy={self.policy.describe()} math={self.math.name}>")
 
 
-def config(c: Any) -> tuple:
-    """(label, Policy, Math) from "eager", "fused/inductor", ("fused", "inductor") or a
-    Policy (math torch_eager)."""
-    if isinstance(c, str):
-        pol, _, mth = c.partition("/")
-        pol, mth = as_policy(pol), as_math(mth or "torch_eager")
-    elif isinstance(c, (tuple, list)) and len(c) == 2:
-        pol, mth = as_policy(c[0]), as_math(c[1])
-    elif isinstance(c, Policy):
-        pol, mth = c, as_math("torch_eager")
-    else:
-        raise TypeError(f"a configuration is a policy name, 'policy/math' or a (policy, "
-                        f"math) pair, not {type(c).__name__} {c!r}")
-    return f"{pol.describe()}/{mth.name}", pol, mth
-
-
-def _op_name(n) -> str:
-    t = n.target
-    return "getitem" if t is operator.getitem else str(t).replace("aten.", "").rsplit(".", 1)[0]
-
-
-def _fmt_arg(a: Any) -> str:
-    if isinstance(a, torch.fx.Node):
-        return a.name
-    if isinstance(a, (list, tuple)):
-        return "[" + ", ".join(_fmt_arg(b) for b in a) + "]"
-    return repr(a)
-
-
-def _tensor_key(t: Any) -> tuple | None:
-    """What identifies a tensor's memory (a lifted constant shares its parameter's)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                t.stride(), t.dtype, t.device)
-    except Exception:  # noqa: BLE001 - a tensor without storage (fake, sparse, ...)
-        return None
-
-
-def _closure_tensors(fn: Callable, depth: int = 0, seen: set | None = None,
-                     out: dict | None = None) -> dict:
-    """{tensor key: name} of the parameters, buffers and tensors a function reaches
-    through its closure cells and the globals its code names (``lin.weight`` for a
-    module ``lin``; ``w`` for a tensor ``w``), followed into the plain functions it
-    reaches that way (3 levels) and into a bound method's ``self``."""
-    out = {} if out is None else out
-    seen = set() if seen is None else seen
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    named: list = []
-    if isinstance(fn, types.MethodType):
-        named.append(("self", fn.__self__))
-        fn = fn.__func__
-    if not isinstance(fn, types.FunctionType) or fn.__code__ in seen or depth > 3:
-        return out
-    seen.add(fn.__code__)
-    code = fn.__code__
-    for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        try:
-            named.append((var, cell.cell_contents))
-        except ValueError:  # an empty cell
-            pass
-    named.extend((var, fn.__globals__[var]) for var in _code_globals(code, {})
-                 if var in fn.__globals__)
-    for var, v in named:
-        if isinstance(v, torch.nn.Module):
-            for pname, t in list(v.named_parameters(prefix=var, remove_duplicate=False)) + \
-                    list(v.named_buffers(prefix=var, remove_duplicate=False)):
-                out.setdefault(_tensor_key(t), pname)
-        elif isinstance(v, torch.Tensor):
-            out.setdefault(_tensor_key(v), var)
-        elif isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
-            _closure_tensors(v, depth + 1, seen, out)
-    out.pop(None, None)
-    return out
-
-
 def _wrap(fn: Callable) -> torch.nn.Module:
     if isinstance(fn, torch.nn.Module):
         return fn
@@ -1125,25 +713,7 @@ def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
         with torch.no_grad():
             ep = torch.export.export(mod, tuple(example_inputs), kw, strict=False)
     except Exception as e:  # torch's own errors name the line; keep them, say what it means
-        lines = str(e).strip().splitlines()
-        head = lines[:6]
-        for i, ln in enumerate(lines):  # the user's line torch names
-            if ln.strip().startswith("File \"") and i >= 6:
-                head += lines[i:i + 2]
-        head = "\n".join(head)
-        m = re.search(r"Found <class '([^']+)'> in output", str(e))
-        if m:  # an output torch.export cannot flatten (a Hugging Face KV cache, for one)
-            hint = (" A Hugging Face model returns its KV cache unless called with "
-                    "kwargs={'use_cache': False}." if m.group(1).endswith("Cache") else "")
-            raise CaptureError(
-                f"castlab.torch.capture: {name} returns a {m.group(1)}, which torch.export "
-                f"cannot flatten into tensors: return tensors (or tuples, lists or dicts of "
-                f"them).{hint}") from e
-        raise CaptureError(
-            f"castlab.torch.capture: torch.export could not capture {name} as one static "
-            f"graph ({type(e).__name__}). Data-dependent control flow (an `if` on a tensor's "
-            f"value), graph breaks and dynamic shapes are not supported. PyTorch said:\n"
-            f"{head}") from e
+        raise _export_error(name, e) from e
     if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
            and n.target._schema.is_mutable for n in ep.graph.nodes):
         # in-place ops (``y.add_(1)``, ``z[0] = v``): functionalized as torch.compile does
@@ -1210,26 +780,3 @@ def _check_eager(cm: CapturedModel, mod: torch.nn.Module, restore_sdpa: bool) ->
     return cm
 
 
-def _gap(want: Any, got: Any) -> tuple:
-    """(differing, total) floating output elements between two outputs of the model
-    (NaN equals NaN; -0 differs from 0)."""
-    differ = total = 0
-    for a, b in zip(pytree.tree_leaves(want), pytree.tree_leaves(got)):
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
-            total += a.numel()
-            if a.shape != b.shape or a.dtype != b.dtype:
-                differ += a.numel()
-                continue
-            differ += differing_elements(a.detach(), b.detach())
-    return differ, total
-
-
-def differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
-    """How many elements of `a` and `b` (one shape; `b` is cast to `a`'s dtype) differ:
-    -0 and +0 differ, NaNs of any payload are equal."""
-    if a.dtype != b.dtype:
-        b = b.to(a.dtype)
-    if not a.is_floating_point():
-        return int((a != b).sum())
-    same = (a == b) & (torch.signbit(a) == torch.signbit(b)) | (a.isnan() & b.isnan())
-    return int((~same).sum())
