@@ -237,82 +237,109 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
                        signed_zeros=0, nan_where_reference_is_not=0, max_ulp=0.0,
                        closer_to_fp64=0, farther_from_fp64=0, as_close=0,
                        seconds_kernel=0.0, seconds_castlab=0.0)
-    firsts: list = []   # (input index, output number, local index)
+    firsts: list = []   # (input index, output number, local index, kernel value)
     t0 = time.perf_counter()
-    tk = 0.0
     for lo, hi, built in chunks(space, dev):
         args = t.args(built)
         targs = [torch.from_dlpack(a) for a in args]
         saved = [a.clone() for a in targs]
         want = t.run(args)
-        _sync(torch, dev)
-        t1 = time.perf_counter()
-        try:
-            out = kernel(*targs)
-            _sync(torch, dev)
-        except Exception as e:  # noqa: BLE001  (the user's kernel: reported, never a pass)
-            rep.failure = (f"the kernel raised {type(e).__name__}: {e} (on input tuples "
-                           f"[{lo}, {hi}), the first {_fmt_inputs(space.inputs_at(lo))})")
-            raise KernelMismatch(rep) from e
-        finally:
-            tk += time.perf_counter() - t1
+        out = _call(torch, kernel, targs, dev, rep, lo, hi, space)
         bad = _check_out(torch, out, want, lo, space, targs[0].device)
         if bad is not None:
             rep.failure = f"the kernel {bad}"
             raise KernelMismatch(rep)
-        for name, a, s in zip(t.arg_names, targs, saved):
-            changed = (_bits(torch, a) != _bits(torch, s)).reshape(-1)
-            if bool(changed.any()):
-                ch = torch.nonzero(changed)
-                i = out_to_input(int(ch[0]), lo, hi - lo, a.numel(), 1)[0]
-                rep.failure = (f"the kernel changed its input {name!r} in place ({len(ch)} "
-                               f"elements; the first at {_fmt_inputs(space.inputs_at(i))})")
-                raise KernelMismatch(rep)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        kflat = torch.cat([o.reshape(-1) for o in outs])
-        rflat = torch.from_dlpack(flat(want))
-        blocks = len(outs)
-        m = kflat.numel()
-        rep.elements += m
-        kb, rb = _bits(torch, kflat), _bits(torch, rflat)
-        kn, rn = torch.isnan(kflat), torch.isnan(rflat)
-        diff = (kb != rb) & ~(kn & rn)
-        nd = int(diff.sum())
-        rep.nan_where_reference_is_not += int((kn & ~rn).sum())
-        if nd:
-            rep.differ += nd
-            rep.signed_zeros += int((diff & (kflat == rflat)).sum())
-            ud = torch.from_dlpack(ulp_diff(from_dlpack(rflat), from_dlpack(kflat)))
-            rep.max_ulp = max(rep.max_ulp, float(ud.max()))
-            where = torch.nonzero(diff).reshape(-1)
-            exact = torch.from_dlpack(flat(t.fp64(args)))[where]
-            ek = (kflat[where].double() - exact).abs()
-            er = (rflat[where].double() - exact).abs()
-            rep.closer_to_fp64 += int((ek < er).sum())
-            rep.farther_from_fp64 += int((ek > er).sum())
-            rep.as_close += int((ek == er).sum()) + int((torch.isnan(ek) | torch.isnan(er)).sum())
-            for k in where[:max(0, first_k - len(firsts))].tolist():
-                firsts.append((*out_to_input(k, lo, hi - lo, m, blocks),
-                               float(kflat[k].double())))
-    rep.seconds_kernel = tk
+        _check_unchanged(torch, t.arg_names, targs, saved, rep, lo, hi, space)
+        _compare_chunk(torch, t, args, out, want, rep, firsts, first_k, lo, hi)
     for i, o, kl, kv in firsts:
-        d = _explain_one(t, space, i, o, kl)
-        d["kernel"] = kv
-        cr = d.get("correctly_rounded_value")
-        d["correctly_rounded"] = ("unknown" if cr is None else
-                                  "both" if kv == cr and d["reference"] == cr else
-                                  "the kernel" if kv == cr else
-                                  "the reference" if d["reference"] == cr else "neither")
-        rep.first.append(d)
-    rep.seconds_castlab = time.perf_counter() - t0 - tk
-    if rep.nan_where_reference_is_not:
-        rep.failure = (f"the kernel returned NaN where the reference does not in "
-                       f"{rep.nan_where_reference_is_not:,} elements")
-    elif max_ulp is None and rep.differ:
-        rep.failure = f"{rep.differ:,} elements differ from the reference (max_ulp=None: bits)"
-    elif max_ulp is not None and rep.max_ulp > max_ulp:
-        rep.failure = f"{rep.max_ulp:g} ulps apart, more than max_ulp={max_ulp:g}"
+        rep.first.append(_first_one(t, space, i, o, kl, kv))
+    rep.seconds_castlab = time.perf_counter() - t0 - rep.seconds_kernel
+    rep.failure = _verdict(rep, max_ulp)
     if rep.failure is not None:
         raise KernelMismatch(rep)
     return rep
 
+
+def _call(torch: Any, kernel: Callable, targs: list, dev: Any, rep: KernelReport, lo: int,
+          hi: int, space: Space) -> Any:
+    """The kernel's result on one chunk, its time added to the report; an exception is a
+    failure naming the chunk's first input."""
+    _sync(torch, dev)
+    t1 = time.perf_counter()
+    try:
+        out = kernel(*targs)
+        _sync(torch, dev)
+    except Exception as e:  # noqa: BLE001  (the user's kernel: reported, never a pass)
+        rep.failure = (f"the kernel raised {type(e).__name__}: {e} (on input tuples "
+                       f"[{lo}, {hi}), the first {_fmt_inputs(space.inputs_at(lo))})")
+        raise KernelMismatch(rep) from e
+    finally:
+        rep.seconds_kernel += time.perf_counter() - t1
+    return out
+
+
+def _check_unchanged(torch: Any, names: tuple, targs: list, saved: list, rep: KernelReport,
+                     lo: int, hi: int, space: Space) -> None:
+    """Fail if the kernel wrote into an input (compared bit for bit with a copy)."""
+    for name, a, s in zip(names, targs, saved):
+        changed = (_bits(torch, a) != _bits(torch, s)).reshape(-1)
+        if bool(changed.any()):
+            ch = torch.nonzero(changed)
+            i = out_to_input(int(ch[0]), lo, hi - lo, a.numel(), 1)[0]
+            rep.failure = (f"the kernel changed its input {name!r} in place ({len(ch)} "
+                           f"elements; the first at {_fmt_inputs(space.inputs_at(i))})")
+            raise KernelMismatch(rep)
+
+
+def _compare_chunk(torch: Any, t: Target, args: tuple, out: Any, want: Any,
+                   rep: KernelReport, firsts: list, first_k: int, lo: int, hi: int) -> None:
+    """Count one chunk's differing bits (any NaN equals any NaN), their ulps, and, where
+    they differ, which side is closer to the exact value; keep the first differing."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    kflat = torch.cat([o.reshape(-1) for o in outs])
+    rflat = torch.from_dlpack(flat(want))
+    m = kflat.numel()
+    rep.elements += m
+    kn, rn = torch.isnan(kflat), torch.isnan(rflat)
+    diff = (_bits(torch, kflat) != _bits(torch, rflat)) & ~(kn & rn)
+    rep.nan_where_reference_is_not += int((kn & ~rn).sum())
+    nd = int(diff.sum())
+    if not nd:
+        return
+    rep.differ += nd
+    rep.signed_zeros += int((diff & (kflat == rflat)).sum())
+    ud = torch.from_dlpack(ulp_diff(from_dlpack(rflat), from_dlpack(kflat)))
+    rep.max_ulp = max(rep.max_ulp, float(ud.max()))
+    where = torch.nonzero(diff).reshape(-1)
+    exact = torch.from_dlpack(flat(t.fp64(args)))[where]
+    ek = (kflat[where].double() - exact).abs()
+    er = (rflat[where].double() - exact).abs()
+    rep.closer_to_fp64 += int((ek < er).sum())
+    rep.farther_from_fp64 += int((ek > er).sum())
+    rep.as_close += int((ek == er).sum()) + int((torch.isnan(ek) | torch.isnan(er)).sum())
+    for k in where[:max(0, first_k - len(firsts))].tolist():
+        firsts.append((*out_to_input(k, lo, hi - lo, m, len(outs)), float(kflat[k].double())))
+
+
+def _first_one(t: Target, space: Space, i: int, o: int, kl: int, kv: float) -> dict:
+    """A differing input's entry of the report: the reference explained, the kernel's value
+    and which of the two is correctly rounded."""
+    d = _explain_one(t, space, i, o, kl)
+    d["kernel"] = kv
+    cr = d.get("correctly_rounded_value")
+    d["correctly_rounded"] = ("unknown" if cr is None else
+                              "both" if kv == cr and d["reference"] == cr else
+                              "the kernel" if kv == cr else
+                              "the reference" if d["reference"] == cr else "neither")
+    return d
+
+
+def _verdict(rep: KernelReport, max_ulp: float | None) -> str | None:
+    if rep.nan_where_reference_is_not:
+        return (f"the kernel returned NaN where the reference does not in "
+                f"{rep.nan_where_reference_is_not:,} elements")
+    if max_ulp is None and rep.differ:
+        return f"{rep.differ:,} elements differ from the reference (max_ulp=None: bits)"
+    if max_ulp is not None and rep.max_ulp > max_ulp:
+        return f"{rep.max_ulp:g} ulps apart, more than max_ulp={max_ulp:g}"
+    return None
