@@ -27,6 +27,7 @@
 #include "core/cuda/driver.h"
 #include "ops/codegen/emit_instr.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 
 namespace cl {
 namespace cuda {
