@@ -853,86 +853,136 @@ int64_t torch_threads(const RowStep& s) {
   return s.n > int64_t(0x3FFFFFFF) ? 0 : t;
 }
 
+// The SoftMax.cu kernel: a row accessor over the phase's values (CallRow; CallRowChunk
+// with G: ILP consecutive values at once, cl::red_chunk, the operands read as vectors),
+// then each phase (kSoftmaxPhase) and the epilogue. `lanes`: the block order's per-thread
+// values (the warp kernel's lanes are its parts).
+constexpr const char* kSoftmaxKernel = R"(
+template <typename F>
+struct CallRow {
+  F f;
+  __device__ ACC operator[](long long i) const { return f(i); }
+};
+template <typename F, typename G>
+struct CallRowChunk {
+  F f;
+  G g;
+  __device__ ACC operator[](long long i) const { return f(i); }
+  template <int ILP>
+  __device__ void chunk(long long i, ACC* out) const { g(i, out); }
+};
+extern "C" __global__ void __launch_bounds__(${threads}) KERNEL_NAME(const RowParams P) {
+${lanes}
+  __shared__ ACC parts[32];
+  const long long row = blockIdx.x;
+  const int n = (int)P.n;
+  const int step = (int)blockDim.x * ${unroll};
+  (void)step;
+${phases}
+${epilogue}
+}
+)";
+
+// One phase: its value at element i of the row (its operands read as the order reads
+// them), the order's parts (`reduce`) and their combination into the phase's result.
+constexpr const char* kSoftmaxPhase = R"(
+  {
+${invariants}
+    auto value = [&](long long i) -> ACC {
+${operands}
+${value}
+    };
+${chunk}
+    const ${call};
+${reduce}
+    __syncthreads();
+    if (threadIdx.x == 0) ((ACC*)P.ptr[${q}])[row] = cl::red_softmax_combine(${pl}, parts);
+    __syncthreads();
+  }
+)";
+
+// The block order: each thread's value (red_softmax_thread), then each warp's 32 values
+// in the order's tree into the parts.
+constexpr const char* kSoftmaxBlock = R"(
+    const int t = threadIdx.x;
+    lanes[t] = t < ${pl}.a ? cl::red_softmax_thread<${targs}>(${pl}, v, n, row, t) : cl::red_identity<ACC>(${kind});
+    __syncthreads();
+    if (t < ${pl}.nparts) {
+      ACC* L = lanes + 32 * t;
+      ACC r;
+      if (${pl}.f) {
+        r = cl::red_identity<ACC>(${kind});
+        for (int l = 0; l < 32; ++l) r = cl::red_op(${kind}, r, L[l]);
+      } else {
+        r = cl::red_warp_down(${kind}, L);
+      }
+      parts[t] = r;
+    }
+)";
+constexpr const char* kSoftmaxWarp = R"(
+    if ((long long)threadIdx.x < ${pl}.nparts) parts[threadIdx.x] = cl::red_softmax_part<ACC>(${pl}, v, n, row, threadIdx.x);
+)";
+
+// Phase k of the SoftMax.cu kernel.
+std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) {
+  const RowPhase& p = s.phases[k];
+  const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
+  std::string operands, value;
+  for (size_t a = 0; a < p.ins.size(); ++a) {
+    const int q = p.ins[a];
+    const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
+    if (s.cs[q] == 0) {
+      operands += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+    } else {
+      const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
+      operands += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
+                  "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
+    }
+  }
+  if (p.prog) {
+    value = "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
+    for (size_t a = 0; a < p.ins.size(); ++a) value += ", a" + num(static_cast<int64_t>(a));
+    value += ", y);\n      return y;\n";
+  } else {
+    value = "      return (ACC)a0;\n";
+  }
+  const std::string kind = num(p.spec.kind);
+  // the block kernels that read whole vectors (Smem, ilpReduce): ILP values a call
+  const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
+  const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
+  const bool chunked = ilp > 0 && ilp <= 16;
+  const std::string targs = chunked ? "ACC, " + num(ilp) + ", " + kind : "ACC";
+  const std::string reduce =
+      p.spec.order == kOrdSoftmaxBlock
+          ? codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}})
+          : codegen::fill(kSoftmaxWarp, {{"pl", PL}});
+  return codegen::fill(
+      kSoftmaxPhase,
+      {{"invariants", row_invariant_loads(s, ops, p.ins)},
+       {"operands", operands},
+       {"value", value},
+       {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp) : ""},
+       {"call", chunked ? "CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk}"
+                        : "CallRow<decltype(value)> v{value}"},
+       {"reduce", reduce},
+       {"q", num(p.q)},
+       {"pl", PL}});
+}
+
 std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
   const int64_t NT = torch_threads(s);
   if (NT == 0) return "";
-  std::string src = row_preamble(s, ops, "SoftMax.cu's threads");
-  src += row_params_struct(s, nops);
-  src +=
-      "template <typename F>\nstruct CallRow {\n  F f;\n"
-      "  __device__ ACC operator[](long long i) const { return f(i); }\n};\n"
-      // with G: ILP consecutive values at once (cl::red_chunk), the operands read as vectors
-      "template <typename F, typename G>\nstruct CallRowChunk {\n  F f;\n  G g;\n"
-      "  __device__ ACC operator[](long long i) const { return f(i); }\n"
-      "  template <int ILP>\n  __device__ void chunk(long long i, ACC* out) const { g(i, out); "
-      "}\n};\n";
-  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) +
-         ") KERNEL_NAME(const RowParams P) {\n";
   bool block = false;  // (the warp kernel's lanes are its parts)
   for (const RowPhase& p : s.phases) block = block || p.spec.order == kOrdSoftmaxBlock;
-  if (block) src += "  __shared__ ACC lanes[" + num(NT) + "];\n";
-  src += "  __shared__ ACC parts[32];\n";
-  src += "  const long long row = blockIdx.x;\n  const int n = (int)P.n;\n";
-  src += "  const int step = (int)blockDim.x * " + num(kUnroll) + ";\n  (void)step;\n";
-  for (size_t k = 0; k < s.phases.size(); ++k) {
-    const RowPhase& p = s.phases[k];
-    const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
-    src += "  {\n" + row_invariant_loads(s, ops, p.ins);
-    // the phase's value at element i of the row, its operands read as the order reads them
-    src += "    auto value = [&](long long i) -> ACC {\n";
-    for (size_t a = 0; a < p.ins.size(); ++a) {
-      const int q = p.ins[a];
-      const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
-      if (s.cs[q] == 0) {
-        src += "      const " + t + " " + A + " = h" + num(q) + ";\n";
-      } else {
-        const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
-        src += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
-               "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
-      }
-    }
-    if (p.prog) {
-      src += "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
-      for (size_t a = 0; a < p.ins.size(); ++a) src += ", a" + num(static_cast<int64_t>(a));
-      src += ", y);\n      return y;\n";
-    } else {
-      src += "      return (ACC)a0;\n";
-    }
-    src += "    };\n";
-    const std::string kind = num(p.spec.kind);
-    // the block kernels that read whole vectors (Smem, ilpReduce): ILP values a call
-    const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
-    const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
-    if (ilp > 0 && ilp <= 16) {
-      src += chunk_lambda(s, ops, p, K, ilp);
-      src += "    const CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk};\n";
-    } else {
-      src += "    const CallRow<decltype(value)> v{value};\n";
-    }
-    const std::string targs = ilp > 0 && ilp <= 16 ? "ACC, " + num(ilp) + ", " + kind : "ACC";
-    if (p.spec.order == kOrdSoftmaxBlock) {
-      src += "    const int t = threadIdx.x;\n";
-      src += "    lanes[t] = t < " + PL + ".a ? cl::red_softmax_thread<" + targs + ">(" + PL +
-             ", v, n, row, t) : cl::red_identity<ACC>(" + kind + ");\n";
-      src += "    __syncthreads();\n";
-      src += "    if (t < " + PL + ".nparts) {\n      ACC* L = lanes + 32 * t;\n";
-      src += "      ACC r;\n      if (" + PL + ".f) {\n        r = cl::red_identity<ACC>(" + kind +
-             ");\n        for (int l = 0; l < 32; ++l) r = cl::red_op(" + kind +
-             ", r, L[l]);\n      } else {\n        r = cl::red_warp_down(" + kind +
-             ", L);\n      }\n      parts[t] = r;\n    }\n";
-    } else {
-      src += "    if ((long long)threadIdx.x < " + PL +
-             ".nparts) parts[threadIdx.x] = "
-             "cl::red_softmax_part<ACC>(" +
-             PL + ", v, n, row, threadIdx.x);\n";
-    }
-    src += "    __syncthreads();\n";
-    src += "    if (threadIdx.x == 0) ((ACC*)P.ptr[" + num(p.q) +
-           "])[row] = cl::red_softmax_combine(" + PL + ", parts);\n";
-    src += "    __syncthreads();\n  }\n";
-  }
-  src += epilogue_source(s, ops);
-  src += "}\n";
+  std::string phases;
+  for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k);
+  std::string src = row_preamble(s, ops, "SoftMax.cu's threads") + row_params_struct(s, nops);
+  src += codegen::fill(kSoftmaxKernel,
+                       {{"threads", num(NT)},
+                        {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
+                        {"unroll", num(kUnroll)},
+                        {"phases", phases},
+                        {"epilogue", epilogue_source(s, ops)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
