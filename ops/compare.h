@@ -44,19 +44,5 @@ void tie_split_cpu(const void* a, int acode, const void* b, int bcode, const uin
 void ulp_error_cpu(const void* x, int xcode, const void* r, int rcode, int64_t n, int fmt,
                    double* out);
 void ulp_diff_cpu(const void* a, const void* b, int code, int64_t n, int64_t* out, uint8_t* mask);
-namespace cuda {
-CmpTotals compare_cuda(const CmpParams& P, int device);
-void ulp_error_cuda(const void* x, int xcode, const void* r, int rcode, int64_t n, int fmt,
-                    double* out, int device);
-void ulp_diff_cuda(const void* a, const void* b, int code, int64_t n, int64_t* out, uint8_t* mask,
-                   int device);
-int64_t near_ties_cuda(const void* ref, int ref_code, int64_t n, int fmt, double fmax,
-                       double within, uint8_t* mask, double* dist, int device);
-void tie_split_cuda(const void* a, int acode, const void* b, int bcode, const uint8_t* mask,
-                    int64_t n, int64_t* out3, int device);
-// The source of its kernels (cl_compare_leaves, cl_compare_tree, cl_near_ties,
-// cl_tie_split, cl_ulp_error, cl_ulp_diff), for NVRTC.
-extern const char* const kCompareSource;
-}  // namespace cuda
 
 }  // namespace cl

@@ -80,20 +80,4 @@ struct ExChain {
 };
 ExChain exhaustive_chain(const Plan& plan, int n_inputs);
 
-namespace cuda {
-// The patterns of the table inputs as the kernel reads them: one array, input 0's first;
-// offset[k] is where input k's start in `words` (also what the tests check the source by).
-struct ExTables {
-  std::vector<uint64_t> words;
-  std::vector<uint64_t> offset;
-};
-ExTables exhaustive_tables(const std::vector<Enumeration>& inputs);
-// The generated kernel's source (also compiled without a GPU by the tests, with NVRTC).
-std::string exhaustive_kernel_source(const ExhaustiveSpec& spec, const std::vector<ExChain>& cfgs,
-                                     const ExChain& ref, const std::string& name);
-// Runs the exhaustive comparison on GPU `device` (ops/cuda/exhaustive.cpp).
-ExhaustiveResult exhaustive_cuda(const ExhaustiveSpec& spec, const std::vector<ExChain>& cfgs,
-                                 const ExChain& ref, int device);
-}  // namespace cuda
-
 }  // namespace cl

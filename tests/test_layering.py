@@ -187,6 +187,21 @@ def test_device_neutral_ops_call_no_cuda_functions():
     assert not bad, "\n".join(bad)
 
 
+def test_device_neutral_headers_declare_nothing_of_cuda():
+    """ops/*.h and ops/*.cpp open no `namespace cuda` and the headers name no cuda::
+    function or type: CUDA's declarations live in ops/cuda/ (ops/cuda/kernels.h for the
+    kernels of the device-neutral steps), so a device-neutral header is the same whatever
+    backends are built."""
+    bad = []
+    for p in _cpp_files("ops", recursive=False):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            code = line.split("//")[0]
+            if re.search(r"\bnamespace\s+cuda\b", code) or (
+                    p.suffix == ".h" and re.search(r"\bcuda::", code)):
+                bad.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)
+
+
 def test_ops_modules_form_no_include_cycle():
     """A module (x.h with x.cpp) of ops/ never includes, directly or not, a module that
     includes it (the runtime and the row steps did: runtime.h <-> row_step.cpp)."""

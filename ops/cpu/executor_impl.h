@@ -724,74 +724,76 @@ void compute_int(const Instr& in, int64_t* d, const int64_t* a, const int64_t* b
   }
 }
 
-}  // namespace
-
-void run(const Program& prog, const std::vector<Tensor>& inputs,
-         const std::vector<Tensor>& outputs) {
-  if (outputs.empty()) return;
-  std::vector<const Tensor*> in_ptrs, out_ptrs, ops;
-  for (const auto& t : inputs) in_ptrs.push_back(&t);
-  for (const auto& t : outputs) out_ptrs.push_back(&t);
-  const int n_in = static_cast<int>(in_ptrs.size());
-  gather_operands(prog, in_ptrs.data(), n_in, out_ptrs.data(), static_cast<int>(out_ptrs.size()),
-                  &ops);
-  for (const auto* t : ops)
-    if (t->device().type != DeviceType::CPU)
-      throw std::invalid_argument("CPU executor got a tensor on " + t->device().str());
-  check_loads(prog, in_ptrs.data(), n_in);
-  const Shape& shape = outputs[0].shape();
-  const int64_t numel = numel_of(shape);
-  if (numel == 0) return;
-
+// What run() works out once per call and every block reads: the blocks of the collapsed
+// iteration (rows of `inner` elements, in blocks of rows_per_block rows x col_chunk
+// columns), the operands (outputs first), and how each instruction runs. It holds
+// pointers into itself (code may be code_here): made in place, never copied.
+struct RunPlan {
+  const Program& prog;
+  const std::vector<Tensor>& outputs;
+  std::vector<const Tensor*> ops;
   Iter it;
   std::vector<int64_t> scratch;
-  collapse_dims(shape, ops.data(), static_cast<int>(ops.size()), &it, &scratch);
-  const int nd = it.nd;
-  const int64_t inner = it.shape[nd - 1];
-  int64_t rows = 1;
-  for (int d = 0; d < nd - 1; ++d) rows *= it.shape[d];
-  const int64_t col_chunk = std::min(inner, kBlock);
-  const int64_t col_blocks = (inner + col_chunk - 1) / col_chunk;
-  const int64_t rows_per_block = std::max<int64_t>(1, kBlock / col_chunk);
-  const int64_t row_blocks = (rows + rows_per_block - 1) / rows_per_block;
-  const int64_t nblocks = row_blocks * col_blocks;
-  const int nops = static_cast<int>(ops.size());
-  const int nout = static_cast<int>(outputs.size());
-  const bool random = prog.uses_random();
+  int nd = 0, nops = 0, nout = 0;
+  int64_t numel = 0, inner = 0, rows = 1, col_chunk = 0, col_blocks = 0, rows_per_block = 0;
+  int64_t nblocks = 0;
+  bool random = false;
   // Element index in the first output's storage: the stream position for stochastic
   // rounding (the same on every device).
-  const int64_t out0_offset = outputs[0].offset();
-
-  const std::vector<uint8_t> rtypes = prog.reg_types();
-
-  std::vector<char*> bases(nops);
-  for (int k = 0; k < nops; ++k) bases[k] = static_cast<char*>(ops[k]->data_ptr());
-
-  // PyTorch's loops vectorise only when every operand is contiguous in the innermost
-  // dimension (an input may also be a broadcast scalar there); otherwise they run the
-  // scalar lambda (torch_scalar_lambda_op). What PyTorch's own kernel for each instruction sees
-  // (under the eager policy each op is its own kernel: its operands are the program's inputs, laid
-  // out as they are, or results of earlier ops, which PyTorch materialises contiguous). Per
-  // register: 0 an op's result, 1 an input laid out as the output, 2 a broadcast input, 3 an input
-  // with a non-unit innermost stride. An instruction reading a class-3 input runs PyTorch's scalar
-  // lambda; one reading only classes 0-1 sees one contiguous row (flat tails); else rows of inner.
+  int64_t out0_offset = 0;
+  std::vector<uint8_t> rtypes;
+  std::vector<char*> bases;
   bool out_strided = false;
-  for (int k = 0; k < nout; ++k)
-    if (inner > 1 && it.stride(k, nd - 1) != 1) out_strided = true;
+  std::vector<uint8_t> ins_scalar, ins_flat;  // per instruction (layout_classes)
+  const std::vector<Instr>* code = nullptr;
+  std::vector<Instr> code_here;
+  std::vector<int> sop;
+  std::vector<SumOfProducts> sops;
+  std::vector<uint8_t> absorbed;
+  TorchTails tails, tails_flat;
+  CpuKernelFn jit = nullptr;
+  std::vector<int64_t> inner_stride;
+  struct TailOf {
+    int64_t w;
+    bool flat;
+    int64_t iimm, row_chunk;
+  };
+  std::vector<TailOf> jit_tails;  // the scalar tails the interpreter would recompute
+
+  RunPlan(const Program& p, const std::vector<Tensor>& outs) : prog(p), outputs(outs) {}
+  RunPlan(const RunPlan&) = delete;
+  RunPlan& operator=(const RunPlan&) = delete;
+};
+
+// PyTorch's loops vectorise only when every operand is contiguous in the innermost
+// dimension (an input may also be a broadcast scalar there); otherwise they run the
+// scalar lambda (torch_scalar_lambda_op). What PyTorch's own kernel for each instruction sees
+// (under the eager policy each op is its own kernel: its operands are the program's inputs, laid
+// out as they are, or results of earlier ops, which PyTorch materialises contiguous). Per
+// register: 0 an op's result, 1 an input laid out as the output, 2 a broadcast input, 3 an input
+// with a non-unit innermost stride. An instruction reading a class-3 input runs PyTorch's scalar
+// lambda; one reading only classes 0-1 sees one contiguous row (flat tails); else rows of inner.
+void layout_classes(RunPlan* R) {
+  const Program& prog = R->prog;
+  const Iter& it = R->it;
+  const int nd = R->nd;
+  for (int k = 0; k < R->nout; ++k)
+    if (R->inner > 1 && it.stride(k, nd - 1) != 1) R->out_strided = true;
   auto leaf_class = [&](int k) -> uint8_t {
     bool same = true;
     for (int d = 0; d < nd; ++d)
       if (it.shape[d] > 1 && it.stride(k, d) != it.stride(0, d)) same = false;
     if (same) return 1;
     const int64_t st = it.stride(k, nd - 1);
-    return (inner > 1 && st != 1 && st != 0) ? 3 : 2;
+    return (R->inner > 1 && st != 1 && st != 0) ? 3 : 2;
   };
   std::vector<uint8_t> prov(static_cast<size_t>(std::max(prog.n_regs, 1)), 0);
-  std::vector<uint8_t> ins_scalar(prog.code.size(), 0), ins_flat(prog.code.size(), 0);
+  R->ins_scalar.assign(prog.code.size(), 0);
+  R->ins_flat.assign(prog.code.size(), 0);
   for (size_t i = 0; i < prog.code.size(); ++i) {
     const Instr& in = prog.code[i];
     if (in.op == kOpLoad) {
-      prov[in.dst] = leaf_class(nout + in.aux);
+      prov[in.dst] = leaf_class(R->nout + in.aux);
       continue;
     }
     if (in.op == kOpToF32 || in.op == kOpToF64) {  // a widening inside the op's kernel
@@ -801,321 +803,416 @@ void run(const Program& prog, const std::vector<Tensor>& inputs,
     uint8_t worst = 0;
     for (int r : {in.a, in.b, in.c})
       if (r >= 0 && prov[r] > worst) worst = prov[r];
-    ins_scalar[i] = out_strided || worst == 3;
-    ins_flat[i] = worst <= 1;
+    R->ins_scalar[i] = R->out_strided || worst == 3;
+    R->ins_flat[i] = worst <= 1;
     prov[in.dst] = 0;
   }
+}
 
-  // PyTorch's gelu calls oneDNN only on a contiguous tensor of 2 or more elements
-  // (Activation.cpp use_mkldnn): here, a gelu whose operand is an earlier op's result or an
-  // input laid out as the output (ins_flat). Elsewhere its Gelu.h loop runs, so the
-  // instruction drops the oneDNN bits (keeping the tail ones); under oneDNN there are no
-  // scalar tails.
-  const std::vector<Instr>* code = &prog.code;
-  std::vector<Instr> code_here;
+// PyTorch's gelu calls oneDNN only on a contiguous tensor of 2 or more elements
+// (Activation.cpp use_mkldnn): here, a gelu whose operand is an earlier op's result or an
+// input laid out as the output (ins_flat). Elsewhere its Gelu.h loop runs, so the
+// instruction drops the oneDNN bits (keeping the tail ones); under oneDNN there are no
+// scalar tails.
+void choose_gelu(RunPlan* R) {
+  const Program& prog = R->prog;
+  R->code = &prog.code;
   for (const Instr& in : prog.code)
     if (in.var & kVarOneDnnGelu) {
-      code_here = prog.code;
-      for (size_t i = 0; i < code_here.size(); ++i) {
-        Instr& g = code_here[i];
+      R->code_here = prog.code;
+      for (size_t i = 0; i < R->code_here.size(); ++i) {
+        Instr& g = R->code_here[i];
         // (the backward's: the lowering emits it for contiguous operands only)
         if (!(g.var & kVarOneDnnGelu) || (g.var & kVarOneDnnGeluBwd)) continue;
-        const bool onednn = numel > 1 && ins_flat[i] && !out_strided;
+        const bool onednn = R->numel > 1 && R->ins_flat[i] && !R->out_strided;
         g.var &=
             onednn
                 ? ~static_cast<uint32_t>(kVarTorchTail)
                 : ~static_cast<uint32_t>(kVarOneDnnGelu | kVarOneDnnGeluAvx2 | kVarOneDnnBf16Ftz);
       }
-      code = &code_here;
+      R->code = &R->code_here;
       break;
     }
+}
 
-  std::vector<int> sop;
-  std::vector<SumOfProducts> sops;
-  std::vector<uint8_t> absorbed;
-  find_sums_of_products(prog, *code, &sop, &sops, &absorbed);
-
-  // PyTorch's thread chunks, for the scalar tails of its cpu_kernel_vec loops (TorchTails).
-  TorchTails tails;
-  for (const Instr& in : *code)
-    if (in.var & kVarTorchTail) tails = TorchTails::of(numel, inner);
-  TorchTails tails_flat = tails;
-  tails_flat.flat = true;
-
-  // The whole block as one generated loop (ops/cpu/jit.h), where the interpreter's
-  // emulations of PyTorch that depend on the layout do not apply: torch_cpu instructions
-  // that run PyTorch's scalar lambda here, and blocks holding a scalar tail (checked per
-  // block). Outputs must not share memory with an input: the interpreter reads a block's
-  // inputs before it writes any output, the loop element by element.
-  CpuKernelFn jit = nullptr;
-  std::vector<int64_t> inner_stride(static_cast<size_t>(nops));
+// The whole block as one generated loop (ops/cpu/jit.h), where the interpreter's
+// emulations of PyTorch that depend on the layout do not apply: torch_cpu instructions
+// that run PyTorch's scalar lambda here, and blocks holding a scalar tail (checked per
+// block). Outputs must not share memory with an input: the interpreter reads a block's
+// inputs before it writes any output, the loop element by element.
+void choose_jit(RunPlan* R) {
+  const std::vector<Instr>& code = *R->code;
+  const int nops = R->nops, nout = R->nout;
+  R->inner_stride.assign(static_cast<size_t>(nops), 0);
   bool torch_scalar = false;
-  for (size_t i = 0; i < code->size(); ++i)
-    if (ins_scalar[i] && ((*code)[i].var & kVarImplMask) == kTorchCpu) torch_scalar = true;
-  if (!torch_scalar && !random) {
+  for (size_t i = 0; i < code.size(); ++i)
+    if (R->ins_scalar[i] && (code[i].var & kVarImplMask) == kTorchCpu) torch_scalar = true;
+  if (!torch_scalar && !R->random) {
     bool apart = true;  // (outputs write disjoint elements: the lowering's views)
     for (int k = 0; k < nout && apart; ++k)
       for (int j = nout; j < nops && apart; ++j)
-        if (may_overlap(*ops[k], *ops[j])) apart = false;
+        if (may_overlap(*R->ops[k], *R->ops[j])) apart = false;
     if (apart) {
       std::vector<uint8_t> dts(static_cast<size_t>(nops));
       for (int k = 0; k < nops; ++k) {
-        dts[k] = static_cast<uint8_t>(ops[k]->dtype());
-        inner_stride[k] = it.stride(k, nd - 1);
+        dts[k] = static_cast<uint8_t>(R->ops[k]->dtype());
+        R->inner_stride[k] = R->it.stride(k, R->nd - 1);
       }
-      jit = cpu_jit_kernel(prog, *code, dts, inner_stride, numel);
+      R->jit = cpu_jit_kernel(R->prog, code, dts, R->inner_stride, R->numel);
     }
   }
-  struct TailOf {
-    int64_t w;
-    bool flat;
-    int64_t iimm, row_chunk;
-  };
-  std::vector<TailOf> jit_tails;  // the scalar tails the interpreter would recompute
-  if (jit && tails.chunk != 0) {
-    for (size_t i = 0; i < code->size(); ++i) {
-      const Instr& in = (*code)[i];
+  if (R->jit && R->tails.chunk != 0) {
+    for (size_t i = 0; i < code.size(); ++i) {
+      const Instr& in = code[i];
       if ((in.var & kVarTorchTail) && in.aux > 0)
-        jit_tails.push_back({in.aux, ins_flat[i] != 0, in.iimm, static_cast<int64_t>(in.imm)});
+        R->jit_tails.push_back(
+            {in.aux, R->ins_flat[i] != 0, in.iimm, static_cast<int64_t>(in.imm)});
     }
   }
-  if (jit) cpu_jit_count_run();
+  if (R->jit) cpu_jit_count_run();
+}
 
-  const int64_t work_per_block =
-      rows_per_block * col_chunk * static_cast<int64_t>(code->size() + 1);
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
+// Plans a call whose operands are on the CPU and whose output is not empty.
+void plan_run(RunPlan* R) {
+  const Program& prog = R->prog;
+  collapse_dims(R->outputs[0].shape(), R->ops.data(), static_cast<int>(R->ops.size()), &R->it,
+                &R->scratch);
+  const int nd = R->nd = R->it.nd;
+  R->inner = R->it.shape[nd - 1];
+  for (int d = 0; d < nd - 1; ++d) R->rows *= R->it.shape[d];
+  R->col_chunk = std::min(R->inner, kBlock);
+  R->col_blocks = (R->inner + R->col_chunk - 1) / R->col_chunk;
+  R->rows_per_block = std::max<int64_t>(1, kBlock / R->col_chunk);
+  const int64_t row_blocks = (R->rows + R->rows_per_block - 1) / R->rows_per_block;
+  R->nblocks = row_blocks * R->col_blocks;
+  R->nops = static_cast<int>(R->ops.size());
+  R->nout = static_cast<int>(R->outputs.size());
+  R->random = prog.uses_random();
+  R->out0_offset = R->outputs[0].offset();
+  R->rtypes = prog.reg_types();
+  R->bases.resize(R->nops);
+  for (int k = 0; k < R->nops; ++k) R->bases[k] = static_cast<char*>(R->ops[k]->data_ptr());
+  layout_classes(R);
+  choose_gelu(R);
+  find_sums_of_products(prog, *R->code, &R->sop, &R->sops, &R->absorbed);
+  // PyTorch's thread chunks, for the scalar tails of its cpu_kernel_vec loops (TorchTails).
+  for (const Instr& in : *R->code)
+    if (in.var & kVarTorchTail) R->tails = TorchTails::of(R->numel, R->inner);
+  R->tails_flat = R->tails;
+  R->tails_flat.flat = true;
+  choose_jit(R);
+}
 
-  parallel_for(nblocks, grain, [&](int64_t b0, int64_t b1) {
-    // Registers kRegStride doubles apart, from a 64-byte boundary: a stride of exactly
-    // 4 KiB (kBlock doubles) put every register on the same L1 sets and made loads of one
-    // look dependent on stores to another (4K aliasing).
-    // (kept per thread between calls: zeroing a fresh n_regs x 4 KiB for every call was
-    // most of a small call's time; every instruction writes its register before any read)
-    thread_local std::vector<double> regs;
-    const size_t need = static_cast<size_t>(prog.n_regs) * kRegStride + 8;
-    if (regs.size() < need) regs.resize(need);
-    double* const reg0 =
-        regs.data() + ((64 - reinterpret_cast<uintptr_t>(regs.data()) % 64) % 64) / 8;
-    std::vector<int64_t> row_off(static_cast<size_t>(nops) * rows_per_block);
-    std::vector<int64_t> rbits(random ? kBlock : 0);  // element index per lane
-    std::vector<int64_t> idx(nd > 1 ? nd - 1 : 1);
-    auto reg_ptr = [&](int r) -> void* { return reg0 + static_cast<size_t>(r) * kRegStride; };
-    // Where each register's values are read from: its own block, or, for a load of a float32
-    // (float64) input into a float32 (float64) register whose block is one contiguous,
-    // aligned run of the input, the input itself (no copy).
-    std::vector<const void*> read_at(static_cast<size_t>(std::max(prog.n_regs, 1)));
-    auto in_ptr = [&](int r) -> const void* { return read_at[static_cast<size_t>(r)]; };
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t rb = blk / col_blocks, cb = blk % col_blocks;
-      const int64_t r0 = rb * rows_per_block;
-      const int64_t nrows = std::min(rows_per_block, rows - r0);
-      const int64_t c0 = cb * col_chunk;
-      const int64_t ncols = std::min(col_chunk, inner - c0);
-      const int64_t n = nrows * ncols;
-      // row offsets of every operand
-      int64_t rem = r0;
-      for (int d = nd - 2; d >= 0; --d) {
-        idx[d] = rem % it.shape[d];
-        rem /= it.shape[d];
+// One block of a run: rows r0 .. r0 + nrows - 1, columns c0 .. c0 + ncols - 1 (n elements).
+struct Block {
+  int64_t r0, nrows, c0, ncols, n;
+};
+
+// A thread's state across its blocks: the registers, every operand's row offsets, the
+// element index of each lane (random numbers) and where each register is read from.
+struct BlockState {
+  double* reg0 = nullptr;
+  std::vector<int64_t> row_off, rbits, idx;
+  // Where each register's values are read from: its own block, or, for a load of a float32
+  // (float64) input into a float32 (float64) register whose block is one contiguous,
+  // aligned run of the input, the input itself (no copy).
+  std::vector<const void*> read_at;
+
+  void* reg_ptr(int r) const { return reg0 + static_cast<size_t>(r) * kRegStride; }
+  const void* in_ptr(int r) const { return read_at[static_cast<size_t>(r)]; }
+};
+
+// Registers kRegStride doubles apart, from a 64-byte boundary: a stride of exactly 4 KiB
+// (kBlock doubles) put every register on the same L1 sets and made loads of one look
+// dependent on stores to another (4K aliasing). (Kept per thread between calls: zeroing a
+// fresh n_regs x 4 KiB for every call was most of a small call's time; every instruction
+// writes its register before any read.)
+BlockState block_state(const RunPlan& R) {
+  thread_local std::vector<double> regs;
+  const size_t need = static_cast<size_t>(R.prog.n_regs) * kRegStride + 8;
+  if (regs.size() < need) regs.resize(need);
+  BlockState b;
+  b.reg0 = regs.data() + ((64 - reinterpret_cast<uintptr_t>(regs.data()) % 64) % 64) / 8;
+  b.row_off.resize(static_cast<size_t>(R.nops) * R.rows_per_block);
+  b.rbits.resize(R.random ? kBlock : 0);  // element index per lane
+  b.idx.resize(R.nd > 1 ? R.nd - 1 : 1);
+  b.read_at.resize(static_cast<size_t>(std::max(R.prog.n_regs, 1)));
+  return b;
+}
+
+// Every operand's row offsets for the block's rows, and the lanes' element indices.
+void block_offsets(const RunPlan& R, BlockState* S, const Block& B) {
+  const Iter& it = R.it;
+  const int nd = R.nd;
+  std::vector<int64_t>& idx = S->idx;
+  int64_t* const row_off = S->row_off.data();
+  int64_t rem = B.r0;
+  for (int d = nd - 2; d >= 0; --d) {
+    idx[d] = rem % it.shape[d];
+    rem /= it.shape[d];
+  }
+  // (a row after one that only stepped the innermost row index is the one before
+  // plus that dimension's stride; the full sum only after a carry)
+  bool carried = true;
+  for (int64_t r = 0; r < B.nrows; ++r) {
+    if (carried) {
+      for (int k = 0; k < R.nops; ++k) {
+        int64_t off = 0;
+        for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.stride(k, d);
+        row_off[k * R.rows_per_block + r] = off;
       }
-      // (a row after one that only stepped the innermost row index is the one before
-      // plus that dimension's stride; the full sum only after a carry)
-      bool carried = true;
-      for (int64_t r = 0; r < nrows; ++r) {
-        if (carried) {
-          for (int k = 0; k < nops; ++k) {
-            int64_t off = 0;
-            for (int d = 0; d < nd - 1; ++d) off += idx[d] * it.stride(k, d);
-            row_off[k * rows_per_block + r] = off;
-          }
-        } else {
-          for (int k = 0; k < nops; ++k)
-            row_off[k * rows_per_block + r] =
-                row_off[k * rows_per_block + r - 1] + it.stride(k, nd - 2);
-        }
-        carried = true;
-        for (int d = nd - 2; d >= 0; --d) {
-          if (++idx[d] < it.shape[d]) {
-            carried = d != nd - 2;
-            break;
-          }
-          idx[d] = 0;
-        }
-      }
-      if (random) {
-        int64_t j = 0;
-        const int64_t cs = it.stride(0, nd - 1);
-        for (int64_t r = 0; r < nrows; ++r)
-          for (int64_t c = 0; c < ncols; ++c, ++j)
-            rbits[j] = out0_offset + row_off[r] + (c0 + c) * cs;
-      }
-      if (jit) {
-        bool tail = false;
-        for (const TailOf& t : jit_tails)
-          (t.flat ? tails_flat : tails)
-              .each(t.w, t.iimm, t.row_chunk, r0, nrows, c0, ncols,
-                    [&](int64_t, int64_t) { tail = true; });
-        if (!tail) {
-          jit(bases.data(), row_off.data(), rows_per_block, nrows, c0, ncols, inner_stride.data());
-          continue;
-        }
-      }
-      for (size_t ii = 0; ii < code->size(); ++ii) {
-        const Instr& in = (*code)[ii];
-        if (absorbed[ii]) continue;  // computed inside a sum of products
-        void* d = reg_ptr(in.dst);
-        read_at[static_cast<size_t>(in.dst)] = d;
-        if (sop[ii] >= 0) {
-          const SumOfProducts& s = sops[static_cast<size_t>(sop[ii])];
-          auto at = [&](int r) { return r >= 0 ? in_ptr(r) : nullptr; };
-          if (in.rtype == kRegF64)
-            sum_of_products(s, static_cast<double*>(d), static_cast<const double*>(at(s.x[0])),
-                            static_cast<const double*>(at(s.y[0])),
-                            static_cast<const double*>(at(s.x[1])),
-                            static_cast<const double*>(at(s.y[1])), n);
-          else
-            sum_of_products(s, static_cast<float*>(d), static_cast<const float*>(at(s.x[0])),
-                            static_cast<const float*>(at(s.y[0])),
-                            static_cast<const float*>(at(s.x[1])),
-                            static_cast<const float*>(at(s.y[1])), n);
-          continue;
-        }
-        if (in.op == kOpLoad) {
-          const int k = nout + in.aux;
-          if ((in.rtype == kRegF32 && in.dtype == kFloat32) ||
-              (in.rtype == kRegF64 && in.dtype == kFloat64)) {
-            const size_t esz = in.dtype == kFloat64 ? 8 : 4;
-            const int64_t* ro = &row_off[k * rows_per_block];
-            bool run = it.stride(k, nd - 1) == 1 || ncols == 1;
-            for (int64_t r = 1; run && r < nrows; ++r) run = ro[r] == ro[0] + r * ncols;
-            const char* p =
-                bases[k] + (ro[0] + c0 * it.stride(k, nd - 1)) * static_cast<int64_t>(esz);
-            if (run && reinterpret_cast<uintptr_t>(p) % esz == 0) {
-              read_at[static_cast<size_t>(in.dst)] = p;
-              continue;
-            }
-          }
-          if (in.rtype == kRegI64)
-            load_rows_int(static_cast<int64_t*>(d), bases[k], in.dtype,
-                          &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1));
-          else if (in.rtype == kRegF64)
-            load_rows(static_cast<double*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
-                      nrows, c0, ncols, it.stride(k, nd - 1));
-          else
-            load_rows(static_cast<float*>(d), bases[k], in.dtype, &row_off[k * rows_per_block],
-                      nrows, c0, ncols, it.stride(k, nd - 1));
-          continue;
-        }
-        if (in.op == kOpRound) {
-          const bool sr = in.mode == kStochastic;
-          if (in.rtype == kRegF64) {
-            double* o = static_cast<double*>(d);
-            const double* a = static_cast<const double*>(in_ptr(in.a));
-            for (int64_t j = 0; j < n; ++j)
-              o[j] = round_f64_to(a[j], in.dtype, in.mode, in.saturate,
-                                  sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux),
-                                                   static_cast<uint64_t>(rbits[j]))
-                                     : 0u);
-          } else {
-            float* o = static_cast<float*>(d);
-            const float* a = static_cast<const float*>(in_ptr(in.a));
-            if (in.mode == kNearestEven && in.dtype == kBFloat16) {
-              for (int64_t j = 0; j < n; ++j) o[j] = bf16_to_f32(f32_to_bf16_rne(a[j]));
-            } else if (in.mode == kNearestEven && in.dtype == kFloat16) {
-              for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(f32_to_f16_rne(a[j]));
-            } else {
-              for (int64_t j = 0; j < n; ++j)
-                o[j] = round_f32_to(a[j], in.dtype, in.mode, in.saturate,
-                                    sr ? random_bits(prog.seed, static_cast<uint32_t>(in.aux),
-                                                     static_cast<uint64_t>(rbits[j]))
-                                       : 0u);
-            }
-          }
-          continue;
-        }
-        if (in.op == kOpRandUniform || in.op == kOpRandNormal) {
-          const uint32_t stream = static_cast<uint32_t>(in.aux);
-          for (int64_t j = 0; j < n; ++j) {
-            const uint64_t e = static_cast<uint64_t>(rbits[j]);
-            const double v = in.op == kOpRandUniform ? rand_uniform(prog.seed, stream, e)
-                                                     : rand_normal(prog.seed, stream, e);
-            if (in.rtype == kRegF64)
-              static_cast<double*>(d)[j] = v;
-            else
-              static_cast<float*>(d)[j] = static_cast<float>(v);
-          }
-          continue;
-        }
-        if (in.op == kOpToF64 || in.op == kOpToF32 || in.op == kOpToI64) {
-          const void* a = in_ptr(in.a);
-          const int src = rtypes[in.a];
-          auto conv = [&](auto* o) {
-            using O = typename std::remove_pointer<decltype(o)>::type;
-            auto from = [&](const auto* x) {
-              for (int64_t j = 0; j < n; ++j) {
-                if constexpr (std::is_same<O, int64_t>::value)
-                  o[j] = to_int_fmt(x[j], in.dtype);
-                else
-                  o[j] = static_cast<O>(x[j]);
-              }
-            };
-            if (src == kRegI64)
-              from(static_cast<const int64_t*>(a));
-            else if (src == kRegF64)
-              from(static_cast<const double*>(a));
-            else
-              from(static_cast<const float*>(a));
-          };
-          if (in.op == kOpToF64)
-            conv(static_cast<double*>(d));
-          else if (in.op == kOpToF32)
-            conv(static_cast<float*>(d));
-          else
-            conv(static_cast<int64_t*>(d));
-          continue;
-        }
-        if (in.rtype == kRegI64)
-          compute_int(in, static_cast<int64_t*>(d),
-                      static_cast<const int64_t*>(in.a >= 0 ? in_ptr(in.a) : d),
-                      static_cast<const int64_t*>(in.b >= 0 ? in_ptr(in.b) : d),
-                      static_cast<const int64_t*>(in.c >= 0 ? in_ptr(in.c) : d), n);
-        else if (in.rtype == kRegF64)
-          compute_block(
-              in, static_cast<double*>(d), static_cast<const double*>(in.a >= 0 ? in_ptr(in.a) : d),
-              static_cast<const double*>(in.b >= 0 ? in_ptr(in.b) : d),
-              static_cast<const double*>(in.c >= 0 ? in_ptr(in.c) : d), n, ins_scalar[ii] != 0,
-              ins_flat[ii] ? tails_flat : tails, r0, nrows, c0, ncols);
-        else
-          compute_block(
-              in, static_cast<float*>(d), static_cast<const float*>(in.a >= 0 ? in_ptr(in.a) : d),
-              static_cast<const float*>(in.b >= 0 ? in_ptr(in.b) : d),
-              static_cast<const float*>(in.c >= 0 ? in_ptr(in.c) : d), n, ins_scalar[ii] != 0,
-              ins_flat[ii] ? tails_flat : tails, r0, nrows, c0, ncols);
-      }
-      for (int k = 0; k < nout; ++k) {
-        const OutputSpec& os = prog.outputs[k];
-        std::vector<uint32_t> sbits;
-        if (os.mode == kStochastic) {
-          sbits.resize(n);
-          for (int64_t j = 0; j < n; ++j)
-            sbits[j] = random_bits(prog.seed, static_cast<uint32_t>(os.salt),
-                                   static_cast<uint64_t>(rbits[j]));
-        }
-        const int ort = rtypes[os.reg];
-        if (ort == kRegI64)
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const int64_t*>(in_ptr(os.reg)),
-                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
-                     os.saturate, sbits.empty() ? nullptr : sbits.data());
-        else if (ort == kRegF64)
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const double*>(in_ptr(os.reg)),
-                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
-                     os.saturate, sbits.empty() ? nullptr : sbits.data());
-        else
-          store_rows(bases[k], outputs[k].dtype(), static_cast<const float*>(in_ptr(os.reg)),
-                     &row_off[k * rows_per_block], nrows, c0, ncols, it.stride(k, nd - 1), os.mode,
-                     os.saturate, sbits.empty() ? nullptr : sbits.data());
-      }
+    } else {
+      for (int k = 0; k < R.nops; ++k)
+        row_off[k * R.rows_per_block + r] =
+            row_off[k * R.rows_per_block + r - 1] + it.stride(k, nd - 2);
     }
+    carried = true;
+    for (int d = nd - 2; d >= 0; --d) {
+      if (++idx[d] < it.shape[d]) {
+        carried = d != nd - 2;
+        break;
+      }
+      idx[d] = 0;
+    }
+  }
+  if (R.random) {
+    int64_t j = 0;
+    const int64_t cs = it.stride(0, nd - 1);
+    for (int64_t r = 0; r < B.nrows; ++r)
+      for (int64_t c = 0; c < B.ncols; ++c, ++j)
+        S->rbits[j] = R.out0_offset + row_off[r] + (B.c0 + c) * cs;
+  }
+}
+
+// Runs the block with the generated loop unless it holds a scalar tail; whether it did.
+bool jit_block(const RunPlan& R, BlockState* S, const Block& B) {
+  bool tail = false;
+  for (const RunPlan::TailOf& t : R.jit_tails)
+    (t.flat ? R.tails_flat : R.tails)
+        .each(t.w, t.iimm, t.row_chunk, B.r0, B.nrows, B.c0, B.ncols,
+              [&](int64_t, int64_t) { tail = true; });
+  if (tail) return false;
+  R.jit(R.bases.data(), S->row_off.data(), R.rows_per_block, B.nrows, B.c0, B.ncols,
+        R.inner_stride.data());
+  return true;
+}
+
+// A load: the input itself where the register can read it in place, else its block
+// converted into the register.
+void load_instr(const RunPlan& R, BlockState* S, const Instr& in, void* d, const Block& B) {
+  const int k = R.nout + in.aux;
+  const int64_t cs = R.it.stride(k, R.nd - 1);
+  const int64_t* ro = &S->row_off[k * R.rows_per_block];
+  if ((in.rtype == kRegF32 && in.dtype == kFloat32) ||
+      (in.rtype == kRegF64 && in.dtype == kFloat64)) {
+    const size_t esz = in.dtype == kFloat64 ? 8 : 4;
+    bool run = cs == 1 || B.ncols == 1;
+    for (int64_t r = 1; run && r < B.nrows; ++r) run = ro[r] == ro[0] + r * B.ncols;
+    const char* p = R.bases[k] + (ro[0] + B.c0 * cs) * static_cast<int64_t>(esz);
+    if (run && reinterpret_cast<uintptr_t>(p) % esz == 0) {
+      S->read_at[static_cast<size_t>(in.dst)] = p;
+      return;
+    }
+  }
+  if (in.rtype == kRegI64)
+    load_rows_int(static_cast<int64_t*>(d), R.bases[k], in.dtype, ro, B.nrows, B.c0, B.ncols, cs);
+  else if (in.rtype == kRegF64)
+    load_rows(static_cast<double*>(d), R.bases[k], in.dtype, ro, B.nrows, B.c0, B.ncols, cs);
+  else
+    load_rows(static_cast<float*>(d), R.bases[k], in.dtype, ro, B.nrows, B.c0, B.ncols, cs);
+}
+
+void round_instr(const RunPlan& R, const BlockState& S, const Instr& in, void* d, int64_t n) {
+  const bool sr = in.mode == kStochastic;
+  const auto seed = R.prog.seed;
+  const int64_t* rbits = S.rbits.data();
+  if (in.rtype == kRegF64) {
+    double* o = static_cast<double*>(d);
+    const double* a = static_cast<const double*>(S.in_ptr(in.a));
+    for (int64_t j = 0; j < n; ++j)
+      o[j] = round_f64_to(
+          a[j], in.dtype, in.mode, in.saturate,
+          sr ? random_bits(seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j]))
+             : 0u);
+    return;
+  }
+  float* o = static_cast<float*>(d);
+  const float* a = static_cast<const float*>(S.in_ptr(in.a));
+  if (in.mode == kNearestEven && in.dtype == kBFloat16) {
+    for (int64_t j = 0; j < n; ++j) o[j] = bf16_to_f32(f32_to_bf16_rne(a[j]));
+  } else if (in.mode == kNearestEven && in.dtype == kFloat16) {
+    for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(f32_to_f16_rne(a[j]));
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      o[j] = round_f32_to(
+          a[j], in.dtype, in.mode, in.saturate,
+          sr ? random_bits(seed, static_cast<uint32_t>(in.aux), static_cast<uint64_t>(rbits[j]))
+             : 0u);
+  }
+}
+
+void rand_instr(const RunPlan& R, const BlockState& S, const Instr& in, void* d, int64_t n) {
+  const uint32_t stream = static_cast<uint32_t>(in.aux);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t e = static_cast<uint64_t>(S.rbits[j]);
+    const double v = in.op == kOpRandUniform ? rand_uniform(R.prog.seed, stream, e)
+                                             : rand_normal(R.prog.seed, stream, e);
+    if (in.rtype == kRegF64)
+      static_cast<double*>(d)[j] = v;
+    else
+      static_cast<float*>(d)[j] = static_cast<float>(v);
+  }
+}
+
+void convert_instr(const RunPlan& R, const BlockState& S, const Instr& in, void* d, int64_t n) {
+  const void* a = S.in_ptr(in.a);
+  const int src = R.rtypes[in.a];
+  auto conv = [&](auto* o) {
+    using O = typename std::remove_pointer<decltype(o)>::type;
+    auto from = [&](const auto* x) {
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (std::is_same<O, int64_t>::value)
+          o[j] = to_int_fmt(x[j], in.dtype);
+        else
+          o[j] = static_cast<O>(x[j]);
+      }
+    };
+    if (src == kRegI64)
+      from(static_cast<const int64_t*>(a));
+    else if (src == kRegF64)
+      from(static_cast<const double*>(a));
+    else
+      from(static_cast<const float*>(a));
+  };
+  if (in.op == kOpToF64)
+    conv(static_cast<double*>(d));
+  else if (in.op == kOpToF32)
+    conv(static_cast<float*>(d));
+  else
+    conv(static_cast<int64_t*>(d));
+}
+
+// A sum of products (find_sums_of_products) in the register's type.
+void sop_instr(const SumOfProducts& s, const BlockState& S, const Instr& in, void* d, int64_t n) {
+  auto at = [&](int r) { return r >= 0 ? S.in_ptr(r) : nullptr; };
+  if (in.rtype == kRegF64)
+    sum_of_products(s, static_cast<double*>(d), static_cast<const double*>(at(s.x[0])),
+                    static_cast<const double*>(at(s.y[0])), static_cast<const double*>(at(s.x[1])),
+                    static_cast<const double*>(at(s.y[1])), n);
+  else
+    sum_of_products(s, static_cast<float*>(d), static_cast<const float*>(at(s.x[0])),
+                    static_cast<const float*>(at(s.y[0])), static_cast<const float*>(at(s.x[1])),
+                    static_cast<const float*>(at(s.y[1])), n);
+}
+
+// Any other instruction: on int64 registers, or compute_block in the register's type
+// (an absent operand reads the destination).
+void compute_instr(const RunPlan& R, const BlockState& S, size_t ii, void* d, const Block& B) {
+  const Instr& in = (*R.code)[ii];
+  auto op = [&](int r) -> const void* { return r >= 0 ? S.in_ptr(r) : d; };
+  if (in.rtype == kRegI64) {
+    compute_int(in, static_cast<int64_t*>(d), static_cast<const int64_t*>(op(in.a)),
+                static_cast<const int64_t*>(op(in.b)), static_cast<const int64_t*>(op(in.c)), B.n);
+    return;
+  }
+  const TorchTails& tails = R.ins_flat[ii] ? R.tails_flat : R.tails;
+  if (in.rtype == kRegF64)
+    compute_block(in, static_cast<double*>(d), static_cast<const double*>(op(in.a)),
+                  static_cast<const double*>(op(in.b)), static_cast<const double*>(op(in.c)), B.n,
+                  R.ins_scalar[ii] != 0, tails, B.r0, B.nrows, B.c0, B.ncols);
+  else
+    compute_block(in, static_cast<float*>(d), static_cast<const float*>(op(in.a)),
+                  static_cast<const float*>(op(in.b)), static_cast<const float*>(op(in.c)), B.n,
+                  R.ins_scalar[ii] != 0, tails, B.r0, B.nrows, B.c0, B.ncols);
+}
+
+// The outputs of the block from their registers, rounded to their formats.
+void store_outputs(const RunPlan& R, const BlockState& S, const Block& B) {
+  for (int k = 0; k < R.nout; ++k) {
+    const OutputSpec& os = R.prog.outputs[k];
+    std::vector<uint32_t> sbits;
+    if (os.mode == kStochastic) {
+      sbits.resize(B.n);
+      for (int64_t j = 0; j < B.n; ++j)
+        sbits[j] = random_bits(R.prog.seed, static_cast<uint32_t>(os.salt),
+                               static_cast<uint64_t>(S.rbits[j]));
+    }
+    const uint32_t* sb = sbits.empty() ? nullptr : sbits.data();
+    const int ort = R.rtypes[os.reg];
+    const int dt = R.outputs[k].dtype();
+    const int64_t* ro = &S.row_off[k * R.rows_per_block];
+    const int64_t cs = R.it.stride(k, R.nd - 1);
+    if (ort == kRegI64)
+      store_rows(R.bases[k], dt, static_cast<const int64_t*>(S.in_ptr(os.reg)), ro, B.nrows, B.c0,
+                 B.ncols, cs, os.mode, os.saturate, sb);
+    else if (ort == kRegF64)
+      store_rows(R.bases[k], dt, static_cast<const double*>(S.in_ptr(os.reg)), ro, B.nrows, B.c0,
+                 B.ncols, cs, os.mode, os.saturate, sb);
+    else
+      store_rows(R.bases[k], dt, static_cast<const float*>(S.in_ptr(os.reg)), ro, B.nrows, B.c0,
+                 B.ncols, cs, os.mode, os.saturate, sb);
+  }
+}
+
+// Block `blk`: its row offsets, then the generated loop, or the interpreter's
+// instructions one after the other over the whole block and the outputs stored.
+void run_block(const RunPlan& R, BlockState* S, int64_t blk) {
+  const int64_t rb = blk / R.col_blocks, cb = blk % R.col_blocks;
+  Block B;
+  B.r0 = rb * R.rows_per_block;
+  B.nrows = std::min(R.rows_per_block, R.rows - B.r0);
+  B.c0 = cb * R.col_chunk;
+  B.ncols = std::min(R.col_chunk, R.inner - B.c0);
+  B.n = B.nrows * B.ncols;
+  block_offsets(R, S, B);
+  if (R.jit && jit_block(R, S, B)) return;
+  const std::vector<Instr>& code = *R.code;
+  for (size_t ii = 0; ii < code.size(); ++ii) {
+    const Instr& in = code[ii];
+    if (R.absorbed[ii]) continue;  // computed inside a sum of products
+    void* d = S->reg_ptr(in.dst);
+    S->read_at[static_cast<size_t>(in.dst)] = d;
+    if (R.sop[ii] >= 0)
+      sop_instr(R.sops[static_cast<size_t>(R.sop[ii])], *S, in, d, B.n);
+    else if (in.op == kOpLoad)
+      load_instr(R, S, in, d, B);
+    else if (in.op == kOpRound)
+      round_instr(R, *S, in, d, B.n);
+    else if (in.op == kOpRandUniform || in.op == kOpRandNormal)
+      rand_instr(R, *S, in, d, B.n);
+    else if (in.op == kOpToF64 || in.op == kOpToF32 || in.op == kOpToI64)
+      convert_instr(R, *S, in, d, B.n);
+    else
+      compute_instr(R, *S, ii, d, B);
+  }
+  store_outputs(R, *S, B);
+}
+
+}  // namespace
+
+void run(const Program& prog, const std::vector<Tensor>& inputs,
+         const std::vector<Tensor>& outputs) {
+  if (outputs.empty()) return;
+  RunPlan R(prog, outputs);
+  std::vector<const Tensor*> in_ptrs, out_ptrs;
+  for (const auto& t : inputs) in_ptrs.push_back(&t);
+  for (const auto& t : outputs) out_ptrs.push_back(&t);
+  const int n_in = static_cast<int>(in_ptrs.size());
+  gather_operands(prog, in_ptrs.data(), n_in, out_ptrs.data(), static_cast<int>(out_ptrs.size()),
+                  &R.ops);
+  for (const auto* t : R.ops)
+    if (t->device().type != DeviceType::CPU)
+      throw std::invalid_argument("CPU executor got a tensor on " + t->device().str());
+  check_loads(prog, in_ptrs.data(), n_in);
+  R.numel = numel_of(outputs[0].shape());
+  if (R.numel == 0) return;
+  plan_run(&R);
+  const int64_t work_per_block =
+      R.rows_per_block * R.col_chunk * static_cast<int64_t>(R.code->size() + 1);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_block));
+  parallel_for(R.nblocks, grain, [&](int64_t b0, int64_t b1) {
+    BlockState S = block_state(R);
+    for (int64_t blk = b0; blk < b1; ++blk) run_block(R, &S, blk);
   });
 }
 

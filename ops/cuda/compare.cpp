@@ -11,6 +11,7 @@
 #include "core/cuda/driver.h"
 #include "core/tensor.h"
 #include "ops/cuda/kernel_cache.h"
+#include "ops/cuda/kernels.h"
 
 namespace cl {
 namespace cuda {

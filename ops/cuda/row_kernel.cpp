@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cuda/driver.h"
+#include "ops/codegen/template.h"
 #include "ops/cuda/codegen.h"
 #include "ops/cuda/executor.h"
 #include "ops/cuda/kernel_cache.h"
@@ -233,65 +234,252 @@ std::vector<int> row_result_aliases(const RowStep& s, const Tensor* const* ops, 
   return a;
 }
 
-std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
-  const std::vector<int> alias = row_result_aliases(s, ops, nops);
-  const auto lay = triton_layout(s);
-  if (lay.first == 0) return "";
-  const RedPlan P0 = make_red_plan(s.phases[0].spec, s.n, s.rows);
-  const int64_t R = P0.a, PER = P0.b, W = P0.d, NT = lay.first, TILE = PER * NT;
-  const int64_t ITS = (s.n + R - 1) / R, REPS = R / TILE, E = lay.second;
-  const bool f64 = acc_f64(s, ops);
-  // the operands: phase results (registers), row invariants (one load), varying (registers)
-  std::vector<int> qs, varying, inv;
-  for (const RowPhase& p : s.phases) qs.push_back(p.q);
-  auto row_result = [&](int k) {
-    return std::find(qs.begin(), qs.end(), k) != qs.end() || alias[k] >= 0;
+// The register kernel: its parameters, the row loop of one block (cl_trow, with the
+// vector path as a template argument VEC, P.vec, so that each instantiation holds only
+// its own loads and stores: one uniform branch at entry, where a runtime test inside the
+// body left the element-wise loads in the loop as predicated-off instructions that still
+// issue), and the kernel. A block takes row blockIdx.x, then rows by ticket
+// (launch_row_kernel: as many blocks as the device holds at once; ticket base + k is row
+// gridDim.x + k), so that a block that runs faster takes more rows and all finish
+// together. Thread 0 takes a ticket a row before it is needed (the atomic's latency
+// hides behind a row) and hands it to the block before the last phase's barrier (one
+// warp: a shuffle); a block takes tickets until one is past the rows, so a launch takes
+// exactly `rows` of them. `next`: the row after this one, read (`prefetch`) while this
+// one is reduced; `tk`: thread 0's row after that. An operand the same for every row
+// (RMSNorm's weight) is read once (`invariant_rows`). The warps' partials (wpart) are
+// one buffer per parity of the block's row count: a row's writes and the previous row's
+// reads of the same buffer are a barrier apart.
+constexpr const char* kTritonRow = R"(
+struct RowParams {
+  const void* ptr[${nops}];
+  long long rs[${nops}];
+  long long cs[${nops}];
+  long long n;
+  long long vec;
+  long long rows;
+  unsigned long long* ctr;
+  unsigned long long base;
+};
+template <bool VEC>
+__device__ __forceinline__ void cl_trow(const RowParams P${wpart_param}) {
+  const int t = threadIdx.x;
+  const int n = ${n};
+  (void)n;
+${invariant_rows}
+  const unsigned rows = (unsigned)P.rows, G = gridDim.x;
+  auto take = [&]() -> unsigned {
+    const unsigned long long k = atomicAdd(P.ctr, 1ull) - P.base;
+    return k < (unsigned long long)(rows - G) ? G + (unsigned)k : rows;
   };
-  // the epilogue's row-invariant part (RMSNorm's mean, + eps, rsqrt) runs once per thread
-  std::vector<bool> epi_inv;
-  for (int k : s.epi_ins) epi_inv.push_back(row_result(k) || s.cs[k] == 0);
+  unsigned row = blockIdx.x, next = rows, tk = rows;
+  if (t == 0) {
+    next = take();
+    if (next < rows) tk = take();
+  }
+${first_next}
+${first_loads}
+  for (int par = 0; row < rows; par ^= 1) {
+  const unsigned pre = next < rows ? next : row;
+  unsigned tk2 = rows;
+  if (t == 0 && tk < rows) tk2 = take();
+${prefetch}
+${phases}
+${epilogue}
+${rotate}
+  row = next;
+  next = ${next_row};
+  tk = tk2;
+  }
+}
+extern "C" __global__ void __launch_bounds__(${threads}, ${blocks_per_sm}) KERNEL_NAME(const RowParams P) {
+${wpart_decl}
+  if (P.vec)
+    cl_trow<true>(P${warg});
+  else
+    cl_trow<false>(P${warg});
+}
+)";
+
+// Element e of a thread: tile `it`, repetition `rep`, k: (it * REPS + rep) * PER + k.
+constexpr const char* kTritonElem =
+    "((${e}) / ${rp}) * ${r} + (((${e}) / ${per}) % ${reps}) * ${tile} + t * ${per} + (${e}) % "
+    "${per}";
+
+// An operand's thread values of a row: on the vector path as words of PER elements
+// (kTritonWords, absent where the operand is read one by one), else element by element.
+constexpr const char* kTritonWords = R"(
+    if (VEC) {
+#pragma unroll
+      for (int g = 0; g < ${words}; ++g) {
+        const int j = ${elem};
+${body}
+      }
+    } else
+)";
+constexpr const char* kTritonElems = R"(
+    {
+#pragma unroll
+      for (int e = 0; e < ${e_count}; ++e) {
+        const int j = ${elem};
+${body}
+      }
+    }
+)";
+
+// One phase: the Program's value at each of the thread's positions, then the row's
+// reduction into v (`reduce`), kept in red<K> where later code reads it.
+constexpr const char* kTritonPhase = R"(
+${invariants}
+${hand_next}
+${red_decl}
+  {
+    ACC y[${e_count}];
+#pragma unroll
+    for (int e = 0; e < ${e_count}; ++e) {
+${value}
+    }
+    ACC v;
+${reduce}
+${red_keep}
+    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
+  }
+)";
+
+// Triton's fold: per position over the tiles (looped) or the value (persistent; the
+// identity past the row), then the positions in register order, the lanes by an xor
+// butterfly and the warps (`across_warps`).
+constexpr const char* kTritonFold = R"(
+    v = ACC(0);
+#pragma unroll
+    for (int r = 0; r < ${rp}; ++r) {
+      ACC a = cl::red_identity<ACC>(${kind});
+#pragma unroll
+      for (int it = 0; it < ${its}; ++it) {
+        const int e = it * ${rp} + r;
+        const bool in = ${in_row};
+        ${step}
+      }
+      v = r == 0 ? a : cl::red_op(${kind}, v, a);
+    }
+${plus_zero}
+${lanes}
+    v = __shfl_sync(0xffffffffu, v, 0);
+${across_warps}
+)";
+
+// `var` = op(var, the value `off` lanes away) for off = from, from / 2, .., 1.
+constexpr const char* kTritonButterfly = R"(
+#pragma unroll
+    for (int off = ${from}; off > 0; off >>= 1)
+      ${var} = ${op}${var}, __shfl_xor_sync(0xffffffffu, ${var}, off));
+)";
+
+// The warps' partials by Triton's tree (w += w + off for off = W/2 .. 1), as an xor
+// butterfly over W lanes of every warp: lane 0 folds in the tree's order, and its value
+// is every thread's (a NaN's payload included).
+constexpr const char* kTritonAcrossWarps = R"(
+    if ((t & 31) == 0) wpart[par][${k}][t >> 5] = ${var};
+    __syncthreads();
+    ${var} = wpart[par][${k}][t & ${w1}];
+${butterfly}
+)";
+
+// A float maximum or minimum is one value whatever the order, unless it is a NaN (the
+// fold keeps the first NaN's payload) or a zero (-0 < +0 ties): the hardware's
+// NaN-propagating max/min over the row, and Triton's fold only where that gave a NaN or a
+// zero (the same for every thread of the block: all see the row's value). Where every
+// position is in the row the fold starts at the first value; the fold rewrites the
+// warps' buffer that every thread has just read (`sync`).
+constexpr const char* kTritonMaxMin = R"(
+    {
+      float m = ${m0};
+#pragma unroll
+      for (int e = ${e0}; e < ${e_count}; ++e) {
+        const bool in = ${in_row};
+        if (in) m = ${op}m, y[e]);
+      }
+${lanes}
+${across_warps}
+      v = m;
+    }
+    if (v != v || v == 0.0f) {
+${sync}
+${fold}
+    }
+)";
+
+// The epilogue on the registers: its row-invariant part once per thread (cl_epi_row,
+// RMSNorm's mean, + eps, rsqrt), then each position's outputs, those left in float
+// rounded two at a time (the same bits), then stored.
+constexpr const char* kTritonEpilogue = R"(
+${invariants}
+${out_decls}
+  cl_epi_row(${row_args});
+#pragma unroll
+  for (int e = 0; e < ${e_count}; ++e) {
+    cl_epi(0ull, 0ull${args});
+  }
+${rounding}
+${stores}
+)";
+
+// The register kernel's generator for one step: its layout (RedPlan P0: R values a
+// tile, PER a thread's run, W warps, NT threads, E values per thread per operand) and
+// the operands' roles: phase results (registers), row invariants (one load), varying
+// (registers; per_row: those read for every row).
+struct TritonRow {
+  const RowStep& s;
+  const Tensor* const* ops;
+  std::vector<int> alias, qs, varying, inv, per_row, loaded;
+  RedPlan P0;
+  int64_t R, PER, W, NT, TILE, ITS, REPS, E;
+  bool f64, full;
+  std::vector<bool> epi_inv;  // the epilogue's row-invariant inputs
   SplitFunction epi;
-  std::string src = row_preamble(s, ops, "triton order", &epi_inv, &epi, true);
-  src += "struct RowParams {\n  const void* ptr[" + num(static_cast<int64_t>(nops)) +
-         "];\n  long long rs[" + num(static_cast<int64_t>(nops)) + "];\n  long long cs[" +
-         num(static_cast<int64_t>(nops)) + "];\n  long long n;\n  long long vec;\n" +
-         "  long long rows;\n  unsigned long long* ctr;\n  unsigned long long base;\n};\n";
-  // The kernel body takes the vector path as a template argument (VEC: P.vec), so that
-  // each instantiation holds only its own loads and stores: one uniform branch at entry,
-  // where a runtime test inside the body left the element-wise loads in the loop as
-  // predicated-off instructions that still issue.
-  // The warps' partials, one buffer per parity of the block's row count: a row's writes
-  // and the previous row's reads of the same buffer are a barrier apart.
-  const std::string wdims = "[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
-  src += "template <bool VEC>\n__device__ __forceinline__ void cl_trow(const RowParams P" +
-         (W > 1 ? ", ACC (*wpart)" + wdims : std::string()) + ") {\n";
-  src += "  const int t = threadIdx.x;\n";
-  src += "  const int n = " + num(s.n) + ";\n  (void)n;\n";
-  // element e of a thread: tile `it`, repetition `rep`, k: (it * REPS + rep) * PER + k
-  auto elem = [&](const std::string& e) {
-    return "((" + e + ") / " + num(REPS * PER) + ") * " + num(R) + " + (((" + e + ") / " +
-           num(PER) + ") % " + num(REPS) + ") * " + num(TILE) + " + t * " + num(PER) + " + (" + e +
-           ") % " + num(PER);
-  };
-  // every thread's positions inside the row (n a multiple of the tile): no bounds checks
-  bool full = true;
-  for (int64_t e = 0; e < E; ++e)
-    full =
-        full && (e / (REPS * PER)) * R + ((e / PER) % REPS) * TILE + (NT - 1) * PER + e % PER < s.n;
-  const std::string guard = full ? "" : "if (j < n) ";
-  auto note = [&](int k) {
+
+  TritonRow(const RowStep& st, const Tensor* const* o, size_t nops, std::pair<int64_t, int64_t> lay)
+      : s(st), ops(o), alias(row_result_aliases(st, o, nops)) {
+    P0 = make_red_plan(s.phases[0].spec, s.n, s.rows);
+    R = P0.a, PER = P0.b, W = P0.d, NT = lay.first, TILE = PER * NT;
+    ITS = (s.n + R - 1) / R, REPS = R / TILE, E = lay.second;
+    f64 = acc_f64(s, ops);
+    for (const RowPhase& p : s.phases) qs.push_back(p.q);
+    for (int k : s.epi_ins) epi_inv.push_back(row_result(k) || s.cs[k] == 0);
+    // every thread's positions inside the row (n a multiple of the tile): no bounds checks
+    full = true;
+    for (int64_t e = 0; e < E; ++e)
+      full = full &&
+             (e / (REPS * PER)) * R + ((e / PER) % REPS) * TILE + (NT - 1) * PER + e % PER < s.n;
+    for (const RowPhase& p : s.phases)
+      for (int k : p.ins) note(k);
+    for (int k : s.epi_ins) note(k);
+    for (int k : varying)
+      if (s.rs[k] != 0) per_row.push_back(k);
+  }
+  bool row_result(int k) const {
+    return std::find(qs.begin(), qs.end(), k) != qs.end() || alias[k] >= 0;
+  }
+  void note(int k) {
     if (row_result(k)) return;
     auto& v = s.cs[k] == 0 ? inv : varying;
     if (std::find(v.begin(), v.end(), k) == v.end()) v.push_back(k);
-  };
-  for (const RowPhase& p : s.phases)
-    for (int k : p.ins) note(k);
-  for (int k : s.epi_ins) note(k);
-  // a row invariant is read where it is first used, after the phases before it have
+  }
+  std::string guard() const { return full ? "" : "if (j < n) "; }
+  std::string wdims() const {
+    return "[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
+  }
+  std::string elem(const std::string& e) const {
+    return codegen::fill(kTritonElem, {{"e", e},
+                                       {"rp", num(REPS * PER)},
+                                       {"r", num(R)},
+                                       {"per", num(PER)},
+                                       {"reps", num(REPS)},
+                                       {"tile", num(TILE)}});
+  }
+  // A row invariant is read where it is first used, after the phases before it have
   // written their results (an operand may be an earlier phase's result under another
-  // index: the same memory, written by thread 0 before the barrier)
-  std::vector<int> loaded;
-  auto load_invariants = [&](const std::vector<int>& ins, bool after_phase) {
+  // index: the same memory, written by thread 0 before the barrier).
+  std::string load_invariants(const std::vector<int>& ins, bool after_phase) {
     std::string r;
     for (int k : ins) {
       if (std::find(inv.begin(), inv.end(), k) == inv.end() ||
@@ -304,243 +492,232 @@ std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t
            num(s.rs[k]) + "LL];\n";
     }
     return r;
-  };
-  // operand k's thread values as words of PER elements (unit stride, rows on 16-byte
-  // boundaries: P.vec), or "" where they are read one by one
-  auto word = [&](int k) -> std::string {
+  }
+  // Operand k's thread values as words of PER elements (unit stride, rows on 16-byte
+  // boundaries: P.vec), or "" where they are read one by one.
+  std::string word(int k) const {
     const int64_t bytes = PER * static_cast<int64_t>(itemsize(ops[k]->dtype()));
     if (s.cs[k] != 1 || PER > 8) return "";
     return bytes == 16 ? "uint4" : bytes == 8 ? "uint2" : bytes == 4 ? "uint1" : "";
-  };
-  // a loop over the thread's values: words (g) on the vector path, else elements (e)
-  auto loops = [&](int k, const std::string& words, const std::string& elems) {
+  }
+  std::string idx(int k) const {
+    return s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
+  }
+  // A loop over the thread's values: words (g) on the vector path, else elements (e).
+  std::string loops(int k, const std::string& words, const std::string& elems) const {
     std::string r;
     if (!word(k).empty())
-      r += "    if (VEC) {\n#pragma unroll\n      for (int g = 0; g < " + num(E / PER) +
-           "; ++g) {\n        const int j = " + elem("g * " + num(PER)) + ";\n" + words +
-           "      }\n    } else\n";
-    const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
-    std::string body = elems;
-    body.replace(body.find("IDX"), 3, idx);
-    return r + "    {\n#pragma unroll\n      for (int e = 0; e < " + num(E) +
-           "; ++e) {\n        const int j = " + elem("e") + ";\n" + body + "      }\n    }\n";
-  };
-  // operand k's values of row `r` into the thread's array `o`
-  auto load_row = [&](int k, const std::string& r, const std::string& o) {
+      r = codegen::fill(
+          kTritonWords,
+          {{"words", num(E / PER)}, {"elem", elem("g * " + num(PER))}, {"body", words}});
+    return r +
+           codegen::fill(kTritonElems, {{"e_count", num(E)}, {"elem", elem("e")}, {"body", elems}});
+  }
+  // Operand k's values of row `r` into the thread's array `o`.
+  std::string load_row(int k, const std::string& r, const std::string& o) const {
     const std::string t = storage_type(ops[k]->dtype()), w = word(k);
     const std::string at = "(" + o + " + g * " + num(PER) + ")";
+    const std::string words = "        " + guard() +
+                              (itemsize(ops[k]->dtype()) == 2
+                                   ? "cl_unpack16(" + at + ", *(const " + w + "*)(p + j));\n"
+                                   : "*(" + w + "*)" + at + " = *(const " + w + "*)(p + j);\n") +
+                              (full ? "" : "        else *(" + w + "*)" + at + " = " + w + "{};\n");
+    const std::string elems =
+        "        " + o +
+        "[e] = " + (full ? "p[" + idx(k) + "]" : "j < n ? p[" + idx(k) + "] : (" + t + ")0") +
+        ";\n";
     return "  {\n    const " + t + "* p = (const " + t + "*)P.ptr[" + num(k) + "] + " + r + " * " +
-           num(s.rs[k]) + "LL;\n" +
-           loops(k,
-                 "        " + guard +
-                     (itemsize(ops[k]->dtype()) == 2
-                          ? "cl_unpack16(" + at + ", *(const " + w + "*)(p + j));\n"
-                          : "*(" + w + "*)" + at + " = *(const " + w + "*)(p + j);\n") +
-                     (full ? "" : "        else *(" + w + "*)" + at + " = " + w + "{};\n"),
-                 "        " + o + "[e] = " + (full ? "p[IDX]" : "j < n ? p[IDX] : (" + t + ")0") +
-                     ";\n") +
-           "  }\n";
-  };
-  auto decl = [&](int k, const std::string& o) {
+           num(s.rs[k]) + "LL;\n" + loops(k, words, elems) + "  }\n";
+  }
+  std::string decl(int k, const std::string& o) const {
     return std::string("  __align__(16) ") + storage_type(ops[k]->dtype()) + " " + o + "[" +
            num(E) + "];\n";
-  };
-  // A block takes row blockIdx.x, then rows by ticket (below; launch_row_kernel: as many
-  // blocks as the device holds at once). An operand the same for every row (RMSNorm's
-  // weight) is read once; the others' next row is read before this row's reductions, so
-  // that its loads are in flight while the block waits on its barriers.
-  std::vector<int> per_row;
-  for (int k : varying) {
-    src += decl(k, "o" + num(k));
-    if (s.rs[k] == 0)
-      src += load_row(k, "0", "o" + num(k));
-    else
-      per_row.push_back(k);
   }
-  // Block b's first row is b; its later rows are tickets from the device's counter
-  // (launch_row_kernel: ticket base + k is row gridDim.x + k), so that a block that runs
-  // faster takes more rows and all finish together. Thread 0 takes a ticket a row before
-  // it is needed (the atomic's latency hides behind a row) and hands it to the block
-  // before the last phase's barrier (one warp: a shuffle); a block takes tickets until
-  // one is past the rows, so a launch takes exactly `rows` of them. `next`: the row after
-  // this one, read while this one is reduced; `tk`: thread 0's row after that.
-  src += "  const unsigned rows = (unsigned)P.rows, G = gridDim.x;\n";
-  src +=
-      "  auto take = [&]() -> unsigned {\n    const unsigned long long k = atomicAdd(P.ctr, "
-      "1ull) - P.base;\n    return k < (unsigned long long)(rows - G) ? G + (unsigned)k : "
-      "rows;\n  };\n";
-  src += "  unsigned row = blockIdx.x, next = rows, tk = rows;\n";
-  src += "  if (t == 0) {\n    next = take();\n    if (next < rows) tk = take();\n  }\n";
-  if (W > 1)
-    src +=
-        "  __shared__ unsigned nxt[2];\n  if (t == 0) nxt[1] = next;\n  __syncthreads();\n"
-        "  next = nxt[1];\n";
-  else
-    src += "  next = __shfl_sync(0xffffffffu, next, 0);\n";
-  for (int k : per_row) src += load_row(k, "row", "o" + num(k));
-  src += "  for (int par = 0; row < rows; par ^= 1) {\n";
-  src += "  const unsigned pre = next < rows ? next : row;\n";
-  src += "  unsigned tk2 = rows;\n  if (t == 0 && tk < rows) tk2 = take();\n";
-  for (int k : per_row) src += decl(k, "p" + num(k)) + load_row(k, "pre", "p" + num(k));
-  auto arg = [&](int k) {
+  std::string arg(int k) const {
     if (alias[k] >= 0) return "red" + num(alias[k]);
     for (size_t j = 0; j < qs.size(); ++j)
       if (qs[j] == k) return "red" + num(static_cast<int64_t>(j));
     return (s.cs[k] == 0 ? "h" : "o") + num(k) + (s.cs[k] == 0 ? "" : "[e]");
-  };
-  for (size_t ph = 0; ph < s.phases.size(); ++ph) {
-    const RowPhase& p = s.phases[ph];
-    const std::string K = num(static_cast<int64_t>(ph));
-    const std::string kind = num(p.spec.kind);
-    src += load_invariants(p.ins, ph > 0);
-    if (W > 1 && ph + 1 == s.phases.size()) src += "  if (t == 0) nxt[par] = tk;\n";
-    auto reads = [&](const std::vector<int>& ins) {
-      for (int k : ins)
-        if (k == p.q || alias[k] == static_cast<int>(ph)) return true;
-      return false;
-    };
-    bool used = reads(s.epi_ins);
-    for (const RowPhase& later : s.phases) used = used || reads(later.ins);
-    if (used) src += "  ACC red" + K + ";\n";
-    src += "  {\n    ACC y[" + num(E) + "];\n";
-    src += "#pragma unroll\n    for (int e = 0; e < " + num(E) + "; ++e) {\n";
-    if (p.prog) {
-      src += "      cl_phase" + K + "(0ull, 0ull";
-      for (int k : p.ins) src += ", " + arg(k);
-      src += ", y[e]);\n";
-    } else {
-      src += "      y[e] = " + arg(p.ins[0]) + ";\n";
-    }
-    src += "    }\n";
-    // Triton's fold: per position over the tiles (looped) or the value (persistent; the
-    // identity past the row), then the positions in register order
-    const std::string in_row = full ? "true" : elem("e") + " < n";
-    // A float sum starts each position's fold at its first value, not at 0 + that value
-    // (Triton's looped fold): the partial sums are the same numbers, and only a zero's
-    // sign can differ, where every value added was a zero. Triton's sum is never -0 (an
-    // addend 0 + y is not), and a NaN comes out of any addition as the canonical NaN:
-    // so one final + 0 gives its bits. One addition a row, not one a value.
-    const bool from_first = P0.e && !f64 && p.spec.kind == kRedSum;
-    std::string fold = "    v = ACC(0);\n#pragma unroll\n    for (int r = 0; r < " +
-                       num(REPS * PER) + "; ++r) {\n      ACC a = cl::red_identity<ACC>(" + kind +
-                       ");\n";
-    fold += "#pragma unroll\n      for (int it = 0; it < " + num(ITS) + "; ++it) {\n";
-    fold += "        const int e = it * " + num(REPS * PER) + " + r;\n";
-    fold += "        const bool in = " + in_row + ";\n";
-    if (from_first)
-      fold += "        if (in) a = it == 0 ? y[e] : cl::red_op(" + kind + ", a, y[e]);\n";
-    else if (P0.e)
-      fold += "        if (in) a = cl::red_op(" + kind + ", a, y[e]);\n";
-    else
-      fold += "        if (in) a = y[e];\n";
-    fold += "      }\n      v = r == 0 ? a : cl::red_op(" + kind + ", v, a);\n    }\n";
-    if (from_first) fold += "    v = v + 0.0f;\n";
-    // `var` = op(var, the value `off` lanes away) for off = from, from / 2, .., 1
-    auto butterfly = [&](const std::string& var, const std::string& op, int64_t from) {
-      return "#pragma unroll\n    for (int off = " + num(from) + "; off > 0; off >>= 1)\n      " +
-             var + " = " + op + var + ", __shfl_xor_sync(0xffffffffu, " + var + ", off));\n";
-    };
-    const std::string red_op = "cl::red_op(" + kind + ", ";
-    fold += butterfly("v", red_op, 16) + "    v = __shfl_sync(0xffffffffu, v, 0);\n";
-    // the warps' partials by Triton's tree (w += w + off for off = W/2 .. 1), as an xor
-    // butterfly over W lanes of every warp: lane 0 folds in the tree's order, and its
-    // value is every thread's (a NaN's payload included)
-    auto across_warps = [&](const std::string& var, const std::string& op) {
-      return "    if ((t & 31) == 0) wpart[par][" + K + "][t >> 5] = " + var +
-             ";\n    __syncthreads();\n    " + var + " = wpart[par][" + K + "][t & " + num(W - 1) +
-             "];\n" + butterfly(var, op, W / 2);
-    };
-    if (W > 1) fold += across_warps("v", red_op) + "    v = __shfl_sync(0xffffffffu, v, 0);\n";
-    src += "    ACC v;\n";
-    if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
-      // A maximum or minimum is one value whatever the order, unless it is a NaN (the
-      // fold keeps the first NaN's payload) or a zero (-0 < +0 ties): the hardware's
-      // NaN-propagating max/min over the row, and Triton's fold only where that gave a
-      // NaN or a zero (the same for every thread of the block: all see the row's value)
-      const std::string op =
-          std::string("cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
-      // (every position in the row: the fold starts at the first value)
-      src += "    {\n      float m = " +
-             (full ? std::string("y[0]") : "cl::red_identity<ACC>(" + kind + ")") + ";\n";
-      src += "#pragma unroll\n      for (int e = " + std::string(full ? "1" : "0") + "; e < " +
-             num(E) + "; ++e) {\n";
-      src += "        const bool in = " + in_row + ";\n";
-      src += "        if (in) m = " + op + "m, y[e]);\n      }\n";
-      src += butterfly("m", op, 16);
-      if (W > 1) src += across_warps("m", op);
-      src += "      v = m;\n    }\n";
-      // (the fold rewrites the warps' buffer that every thread has just read)
-      src += "    if (v != v || v == 0.0f) {\n" +
-             std::string(W > 1 ? "    __syncthreads();\n" : "") + fold + "    }\n";
-    } else {
-      src += fold;
-    }
-    if (used) src += "    red" + K + " = v;\n";
-    src += "    if (t == 0) ((ACC*)P.ptr[" + num(p.q) + "])[row] = v;\n  }\n";
   }
-  if (s.epilogue) {
-    src += load_invariants(s.epi_ins, true);
-    for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-      const int k = s.epi_outs[o];
-      const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
-      src += "  __align__(16) " + t + " yo" + O + "[" + num(E) + "];\n";
-      if (epi.paired[o]) src += "  float yf" + O + "[" + num(E) + "];\n";
-    }
-    std::string row_args;
-    for (size_t j = 0; j < s.epi_ins.size(); ++j)
-      if (epi_inv[j]) row_args += (row_args.empty() ? "" : ", ") + arg(s.epi_ins[j]);
-    std::string handed;
-    for (size_t j = 0; j < epi.handed.size(); ++j) {
-      const std::string h = "eh" + num(epi.handed[j]);
-      src += "  " + epi.types[j] + " " + h + ";\n";
-      row_args += (row_args.empty() ? "" : ", ") + h;
-      handed += ", " + h;
-    }
-    src += "  cl_epi_row(" + row_args + ");\n";
-    src += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) {\n";
-    src += "    cl_epi(0ull, 0ull";
-    for (int k : s.epi_ins) src += ", " + arg(k);
-    src += handed;
-    for (size_t o = 0; o < s.epi_outs.size(); ++o)
-      src += (epi.paired[o] ? ", yf" : ", yo") + num(static_cast<int64_t>(o)) + "[e]";
-    src += ");\n  }\n";
-    // outputs the epilogue left in float: rounded two at a time (the same bits)
-    for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-      if (!epi.paired[o]) continue;
-      const std::string O = num(static_cast<int64_t>(o));
-      src += "#pragma unroll\n  " +
-             paired_rounding(ops[s.epi_outs[o]]->dtype(), "yo" + O, "yf" + O, num(E), E % 2 == 0);
-    }
-    for (size_t o = 0; o < s.epi_outs.size(); ++o) {
-      const int k = s.epi_outs[o];
-      const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
-      const std::string w = word(k);
-      src += "  {\n    " + t + "* p = (" + t + "*)P.ptr[" + num(k) + "] + row * " + num(s.rs[k]) +
-             "LL;\n";
-      src += loops(k,
-                   "        " + guard + "*(" + w + "*)(p + j) = *(const " + w + "*)(yo" + O +
-                       " + g * " + num(PER) + ");\n",
-                   "        " + guard + "p[IDX] = yo" + O + "[e];\n") +
-             "  }\n";
-    }
+  std::string in_row() const { return full ? "true" : elem("e") + " < n"; }
+  static std::string butterfly(const std::string& var, const std::string& op, int64_t from) {
+    return codegen::fill(kTritonButterfly, {{"var", var}, {"op", op}, {"from", num(from)}});
+  }
+  std::string across_warps(const std::string& var, const std::string& op,
+                           const std::string& K) const {
+    return codegen::fill(
+        kTritonAcrossWarps,
+        {{"var", var}, {"k", K}, {"w1", num(W - 1)}, {"butterfly", butterfly(var, op, W / 2)}});
+  }
+  std::string fold(const RowPhase& p, const std::string& K) const;
+  std::string phase(size_t ph);
+  std::string epilogue();
+  std::string source(size_t nops);
+};
+
+// Triton's fold of phase K's values y[] into v. A float sum starts each position's fold
+// at its first value, not at 0 + that value (Triton's looped fold): the partial sums are
+// the same numbers, and only a zero's sign can differ, where every value added was a
+// zero. Triton's sum is never -0 (an addend 0 + y is not), and a NaN comes out of any
+// addition as the canonical NaN: so one final + 0 gives its bits. One addition a row,
+// not one a value.
+std::string TritonRow::fold(const RowPhase& p, const std::string& K) const {
+  const std::string kind = num(p.spec.kind);
+  const bool from_first = P0.e && !f64 && p.spec.kind == kRedSum;
+  const std::string step = from_first
+                               ? "if (in) a = it == 0 ? y[e] : cl::red_op(" + kind + ", a, y[e]);"
+                           : P0.e ? "if (in) a = cl::red_op(" + kind + ", a, y[e]);"
+                                  : std::string("if (in) a = y[e];");
+  const std::string red_op = "cl::red_op(" + kind + ", ";
+  return codegen::fill(
+      kTritonFold,
+      {{"rp", num(REPS * PER)},
+       {"kind", kind},
+       {"its", num(ITS)},
+       {"in_row", in_row()},
+       {"step", step},
+       {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
+       {"lanes", butterfly("v", red_op, 16)},
+       {"across_warps",
+        W > 1 ? across_warps("v", red_op, K) + "    v = __shfl_sync(0xffffffffu, v, 0);\n" : ""}});
+}
+
+std::string TritonRow::phase(size_t ph) {
+  const RowPhase& p = s.phases[ph];
+  const std::string K = num(static_cast<int64_t>(ph));
+  auto reads = [&](const std::vector<int>& ins) {
+    for (int k : ins)
+      if (k == p.q || alias[k] == static_cast<int>(ph)) return true;
+    return false;
+  };
+  bool used = reads(s.epi_ins);
+  for (const RowPhase& later : s.phases) used = used || reads(later.ins);
+  std::string value;
+  if (p.prog) {
+    value = "      cl_phase" + K + "(0ull, 0ull";
+    for (int k : p.ins) value += ", " + arg(k);
+    value += ", y[e]);\n";
+  } else {
+    value = "      y[e] = " + arg(p.ins[0]) + ";\n";
+  }
+  std::string reduce = fold(p, K);
+  if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
+    const std::string op =
+        std::string("cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
+    reduce = codegen::fill(
+        kTritonMaxMin,
+        {{"m0", full ? std::string("y[0]") : "cl::red_identity<ACC>(" + num(p.spec.kind) + ")"},
+         {"e0", full ? "1" : "0"},
+         {"e_count", num(E)},
+         {"in_row", in_row()},
+         {"op", op},
+         {"lanes", butterfly("m", op, 16)},
+         {"across_warps", W > 1 ? across_warps("m", op, K) : ""},
+         {"sync", W > 1 ? "    __syncthreads();\n" : ""},
+         {"fold", reduce}});
+  }
+  const std::string invariants = load_invariants(p.ins, ph > 0);
+  return codegen::fill(
+      kTritonPhase,
+      {{"invariants", invariants},
+       {"hand_next", W > 1 && ph + 1 == s.phases.size() ? "  if (t == 0) nxt[par] = tk;\n" : ""},
+       {"red_decl", used ? "  ACC red" + K + ";\n" : ""},
+       {"e_count", num(E)},
+       {"value", value},
+       {"reduce", reduce},
+       {"red_keep", used ? "    red" + K + " = v;\n" : ""},
+       {"q", num(p.q)}});
+}
+
+std::string TritonRow::epilogue() {
+  if (!s.epilogue) return "";
+  const std::string invariants = load_invariants(s.epi_ins, true);
+  std::string out_decls, row_args, args, rounding, stores;
+  for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+    const int k = s.epi_outs[o];
+    const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
+    out_decls += "  __align__(16) " + t + " yo" + O + "[" + num(E) + "];\n";
+    if (epi.paired[o]) out_decls += "  float yf" + O + "[" + num(E) + "];\n";
+  }
+  for (size_t j = 0; j < s.epi_ins.size(); ++j)
+    if (epi_inv[j]) row_args += (row_args.empty() ? "" : ", ") + arg(s.epi_ins[j]);
+  for (int k : s.epi_ins) args += ", " + arg(k);
+  for (size_t j = 0; j < epi.handed.size(); ++j) {
+    const std::string h = "eh" + num(epi.handed[j]);
+    out_decls += "  " + epi.types[j] + " " + h + ";\n";
+    row_args += (row_args.empty() ? "" : ", ") + h;
+    args += ", " + h;
+  }
+  for (size_t o = 0; o < s.epi_outs.size(); ++o)
+    args += (epi.paired[o] ? ", yf" : ", yo") + num(static_cast<int64_t>(o)) + "[e]";
+  for (size_t o = 0; o < s.epi_outs.size(); ++o) {
+    const int k = s.epi_outs[o];
+    const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
+    if (epi.paired[o])
+      rounding += "#pragma unroll\n  " +
+                  paired_rounding(ops[k]->dtype(), "yo" + O, "yf" + O, num(E), E % 2 == 0);
+    const std::string w = word(k);
+    stores += "  {\n    " + t + "* p = (" + t + "*)P.ptr[" + num(k) + "] + row * " + num(s.rs[k]) +
+              "LL;\n" +
+              loops(k,
+                    "        " + guard() + "*(" + w + "*)(p + j) = *(const " + w + "*)(yo" + O +
+                        " + g * " + num(PER) + ");\n",
+                    "        " + guard() + "p[" + idx(k) + "] = yo" + O + "[e];\n") +
+              "  }\n";
+  }
+  return codegen::fill(kTritonEpilogue, {{"invariants", invariants},
+                                         {"out_decls", out_decls},
+                                         {"row_args", row_args},
+                                         {"e_count", num(E)},
+                                         {"args", args},
+                                         {"rounding", rounding},
+                                         {"stores", stores}});
+}
+
+std::string TritonRow::source(size_t nops) {
+  std::string src = row_preamble(s, ops, "triton order", &epi_inv, &epi, true);
+  std::string invariant_rows, first_loads, prefetch, phases, rotate;
+  for (int k : varying) {
+    invariant_rows += decl(k, "o" + num(k));
+    if (s.rs[k] == 0) invariant_rows += load_row(k, "0", "o" + num(k));
   }
   for (int k : per_row) {
-    const std::string K = num(k);
-    src += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) o" + K + "[e] = p" + K +
-           "[e];\n";
+    first_loads += load_row(k, "row", "o" + num(k));
+    prefetch += decl(k, "p" + num(k)) + load_row(k, "pre", "p" + num(k));
+    rotate += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) o" + num(k) + "[e] = p" +
+              num(k) + "[e];\n";
   }
-  src += "  row = next;\n  next = " +
-         std::string(W > 1 ? "nxt[par]" : "__shfl_sync(0xffffffffu, tk, 0)") +
-         ";\n  tk = tk2;\n  }\n}\n";
-  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) + ", " +
-         num(triton_blocks_per_sm(NT)) + ") KERNEL_NAME(const RowParams P) {\n";
-  if (W > 1) src += "  __shared__ ACC wpart[2]" + wdims + ";\n";
+  for (size_t ph = 0; ph < s.phases.size(); ++ph) phases += phase(ph);
   const std::string warg = W > 1 ? ", wpart" : "";
-  src += "  if (P.vec)\n    cl_trow<true>(P" + warg + ");\n  else\n    cl_trow<false>(P" + warg +
-         ");\n}\n";
+  src += codegen::fill(
+      kTritonRow,
+      {{"nops", num(static_cast<int64_t>(nops))},
+       {"wpart_param", W > 1 ? ", ACC (*wpart)" + wdims() : std::string()},
+       {"n", num(s.n)},
+       {"invariant_rows", invariant_rows},
+       {"first_next", W > 1 ? "  __shared__ unsigned nxt[2];\n  if (t == 0) nxt[1] = next;\n"
+                              "  __syncthreads();\n  next = nxt[1];\n"
+                            : "  next = __shfl_sync(0xffffffffu, next, 0);\n"},
+       {"first_loads", first_loads},
+       {"prefetch", prefetch},
+       {"phases", phases},
+       {"epilogue", epilogue()},
+       {"rotate", rotate},
+       {"next_row", W > 1 ? "nxt[par]" : "__shfl_sync(0xffffffffu, tk, 0)"},
+       {"threads", num(NT)},
+       {"blocks_per_sm", num(triton_blocks_per_sm(NT))},
+       {"wpart_decl", W > 1 ? "  __shared__ ACC wpart[2]" + wdims() + ";\n" : ""},
+       {"warg", warg}});
   const std::string name = "castlab_trow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
+}
+
+std::string triton_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
+  const auto lay = triton_layout(s);
+  if (lay.first == 0) return "";
+  TritonRow g(s, ops, nops, lay);
+  return g.source(nops);
 }
 
 // The general kernels' parameter block (ops[] pointers and strides, n, the vector path,
@@ -676,89 +853,321 @@ int64_t torch_threads(const RowStep& s) {
   return s.n > int64_t(0x3FFFFFFF) ? 0 : t;
 }
 
+// The SoftMax.cu kernel: a row accessor over the phase's values (CallRow; CallRowChunk
+// with G: ILP consecutive values at once, cl::red_chunk, the operands read as vectors),
+// then each phase (kSoftmaxPhase) and the epilogue. `lanes`: the block order's per-thread
+// values (the warp kernel's lanes are its parts).
+constexpr const char* kSoftmaxKernel = R"(
+template <typename F>
+struct CallRow {
+  F f;
+  __device__ ACC operator[](long long i) const { return f(i); }
+};
+template <typename F, typename G>
+struct CallRowChunk {
+  F f;
+  G g;
+  __device__ ACC operator[](long long i) const { return f(i); }
+  template <int ILP>
+  __device__ void chunk(long long i, ACC* out) const { g(i, out); }
+};
+extern "C" __global__ void __launch_bounds__(${threads}) KERNEL_NAME(const RowParams P) {
+${lanes}
+  __shared__ ACC parts[32];
+  const long long row = blockIdx.x;
+  const int n = (int)P.n;
+  const int step = (int)blockDim.x * ${unroll};
+  (void)step;
+${phases}
+${epilogue}
+}
+)";
+
+// One phase: its value at element i of the row (its operands read as the order reads
+// them), the order's parts (`reduce`) and their combination into the phase's result.
+constexpr const char* kSoftmaxPhase = R"(
+  {
+${invariants}
+    auto value = [&](long long i) -> ACC {
+${operands}
+${value}
+    };
+${chunk}
+    const ${call};
+${reduce}
+    __syncthreads();
+    if (threadIdx.x == 0) ((ACC*)P.ptr[${q}])[row] = cl::red_softmax_combine(${pl}, parts);
+    __syncthreads();
+  }
+)";
+
+// The block order: each thread's value (red_softmax_thread), then each warp's 32 values
+// in the order's tree into the parts.
+constexpr const char* kSoftmaxBlock = R"(
+    const int t = threadIdx.x;
+    lanes[t] = t < ${pl}.a ? cl::red_softmax_thread<${targs}>(${pl}, v, n, row, t) : cl::red_identity<ACC>(${kind});
+    __syncthreads();
+    if (t < ${pl}.nparts) {
+      ACC* L = lanes + 32 * t;
+      ACC r;
+      if (${pl}.f) {
+        r = cl::red_identity<ACC>(${kind});
+        for (int l = 0; l < 32; ++l) r = cl::red_op(${kind}, r, L[l]);
+      } else {
+        r = cl::red_warp_down(${kind}, L);
+      }
+      parts[t] = r;
+    }
+)";
+constexpr const char* kSoftmaxWarp = R"(
+    if ((long long)threadIdx.x < ${pl}.nparts) parts[threadIdx.x] = cl::red_softmax_part<ACC>(${pl}, v, n, row, threadIdx.x);
+)";
+
+// Phase k of the SoftMax.cu kernel.
+std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) {
+  const RowPhase& p = s.phases[k];
+  const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
+  std::string operands, value;
+  for (size_t a = 0; a < p.ins.size(); ++a) {
+    const int q = p.ins[a];
+    const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
+    if (s.cs[q] == 0) {
+      operands += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+    } else {
+      const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
+      operands += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
+                  "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
+    }
+  }
+  if (p.prog) {
+    value = "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
+    for (size_t a = 0; a < p.ins.size(); ++a) value += ", a" + num(static_cast<int64_t>(a));
+    value += ", y);\n      return y;\n";
+  } else {
+    value = "      return (ACC)a0;\n";
+  }
+  const std::string kind = num(p.spec.kind);
+  // the block kernels that read whole vectors (Smem, ilpReduce): ILP values a call
+  const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
+  const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
+  const bool chunked = ilp > 0 && ilp <= 16;
+  const std::string targs = chunked ? "ACC, " + num(ilp) + ", " + kind : "ACC";
+  const std::string reduce =
+      p.spec.order == kOrdSoftmaxBlock
+          ? codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}})
+          : codegen::fill(kSoftmaxWarp, {{"pl", PL}});
+  return codegen::fill(
+      kSoftmaxPhase,
+      {{"invariants", row_invariant_loads(s, ops, p.ins)},
+       {"operands", operands},
+       {"value", value},
+       {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp) : ""},
+       {"call", chunked ? "CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk}"
+                        : "CallRow<decltype(value)> v{value}"},
+       {"reduce", reduce},
+       {"q", num(p.q)},
+       {"pl", PL}});
+}
+
 std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
   const int64_t NT = torch_threads(s);
   if (NT == 0) return "";
-  std::string src = row_preamble(s, ops, "SoftMax.cu's threads");
-  src += row_params_struct(s, nops);
-  src +=
-      "template <typename F>\nstruct CallRow {\n  F f;\n"
-      "  __device__ ACC operator[](long long i) const { return f(i); }\n};\n"
-      // with G: ILP consecutive values at once (cl::red_chunk), the operands read as vectors
-      "template <typename F, typename G>\nstruct CallRowChunk {\n  F f;\n  G g;\n"
-      "  __device__ ACC operator[](long long i) const { return f(i); }\n"
-      "  template <int ILP>\n  __device__ void chunk(long long i, ACC* out) const { g(i, out); "
-      "}\n};\n";
-  src += "extern \"C\" __global__ void __launch_bounds__(" + num(NT) +
-         ") KERNEL_NAME(const RowParams P) {\n";
   bool block = false;  // (the warp kernel's lanes are its parts)
   for (const RowPhase& p : s.phases) block = block || p.spec.order == kOrdSoftmaxBlock;
-  if (block) src += "  __shared__ ACC lanes[" + num(NT) + "];\n";
-  src += "  __shared__ ACC parts[32];\n";
-  src += "  const long long row = blockIdx.x;\n  const int n = (int)P.n;\n";
-  src += "  const int step = (int)blockDim.x * " + num(kUnroll) + ";\n  (void)step;\n";
-  for (size_t k = 0; k < s.phases.size(); ++k) {
-    const RowPhase& p = s.phases[k];
-    const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
-    src += "  {\n" + row_invariant_loads(s, ops, p.ins);
-    // the phase's value at element i of the row, its operands read as the order reads them
-    src += "    auto value = [&](long long i) -> ACC {\n";
-    for (size_t a = 0; a < p.ins.size(); ++a) {
-      const int q = p.ins[a];
-      const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
-      if (s.cs[q] == 0) {
-        src += "      const " + t + " " + A + " = h" + num(q) + ";\n";
-      } else {
-        const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
-        src += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
-               "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
-      }
-    }
-    if (p.prog) {
-      src += "      ACC y;\n      cl_phase" + K + "(0ull, 0ull";
-      for (size_t a = 0; a < p.ins.size(); ++a) src += ", a" + num(static_cast<int64_t>(a));
-      src += ", y);\n      return y;\n";
-    } else {
-      src += "      return (ACC)a0;\n";
-    }
-    src += "    };\n";
-    const std::string kind = num(p.spec.kind);
-    // the block kernels that read whole vectors (Smem, ilpReduce): ILP values a call
-    const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
-    const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
-    if (ilp > 0 && ilp <= 16) {
-      src += chunk_lambda(s, ops, p, K, ilp);
-      src += "    const CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk};\n";
-    } else {
-      src += "    const CallRow<decltype(value)> v{value};\n";
-    }
-    const std::string targs = ilp > 0 && ilp <= 16 ? "ACC, " + num(ilp) + ", " + kind : "ACC";
-    if (p.spec.order == kOrdSoftmaxBlock) {
-      src += "    const int t = threadIdx.x;\n";
-      src += "    lanes[t] = t < " + PL + ".a ? cl::red_softmax_thread<" + targs + ">(" + PL +
-             ", v, n, row, t) : cl::red_identity<ACC>(" + kind + ");\n";
-      src += "    __syncthreads();\n";
-      src += "    if (t < " + PL + ".nparts) {\n      ACC* L = lanes + 32 * t;\n";
-      src += "      ACC r;\n      if (" + PL + ".f) {\n        r = cl::red_identity<ACC>(" + kind +
-             ");\n        for (int l = 0; l < 32; ++l) r = cl::red_op(" + kind +
-             ", r, L[l]);\n      } else {\n        r = cl::red_warp_down(" + kind +
-             ", L);\n      }\n      parts[t] = r;\n    }\n";
-    } else {
-      src += "    if ((long long)threadIdx.x < " + PL +
-             ".nparts) parts[threadIdx.x] = "
-             "cl::red_softmax_part<ACC>(" +
-             PL + ", v, n, row, threadIdx.x);\n";
-    }
-    src += "    __syncthreads();\n";
-    src += "    if (threadIdx.x == 0) ((ACC*)P.ptr[" + num(p.q) +
-           "])[row] = cl::red_softmax_combine(" + PL + ", parts);\n";
-    src += "    __syncthreads();\n  }\n";
-  }
-  src += epilogue_source(s, ops);
-  src += "}\n";
+  std::string phases;
+  for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k);
+  std::string src = row_preamble(s, ops, "SoftMax.cu's threads") + row_params_struct(s, nops);
+  src += codegen::fill(kSoftmaxKernel,
+                       {{"threads", num(NT)},
+                        {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
+                        {"unroll", num(kUnroll)},
+                        {"phases", phases},
+                        {"epilogue", epilogue_source(s, ops)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
+}
+
+// ---- The general kernel: the row in shared memory ----
+// The row in shared memory, one pad word per 32 (parts reading chunks of 32 m elements, m
+// odd, or NumPy's leaves of 128, start in different banks); 4 blocks per SM: at most 64
+// registers. Each phase writes its values into the padded row, then reduces it.
+constexpr const char* kSmemKernel = R"(
+struct PadRow {
+  const ACC* p;
+  long long o;
+  __device__ ACC operator[](long long i) const { const long long j = o + i; return p[j + (j >> 5)]; }
+  __device__ PadRow operator+(long long k) const { return PadRow{p, o + k}; }
+  __device__ PadRow operator-(long long k) const { return PadRow{p, o - k}; }
+};
+extern "C" __global__ void __launch_bounds__(${threads}, 4) KERNEL_NAME(const RowParams P) {
+  extern __shared__ __align__(16) unsigned char cl_smem[];
+  ACC* buf = reinterpret_cast<ACC*>(cl_smem);
+  const int n = (int)P.n;
+  ACC* parts = buf + (n + (n >> 5) + 1);
+  const long long row = blockIdx.x;
+  const int step = (int)blockDim.x * ${unroll};
+${phases}
+${epilogue}
+}
+)";
+
+// NumPy's tree from its table (its leaves, then its additions in order). Each leaf (at
+// most 128 elements) is summed by 8 lanes, lane k holding NumPy's accumulator r[k]; the
+// xor shuffles add them as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) (a + b == b + a exactly,
+// so every lane's sum is the one NumPy forms), then lane 0 adds the last n % 8 in order.
+// `tree` combines the leaves (kSmemBalancedTree or kSmemTableTree).
+constexpr const char* kSmemPairwise = R"(
+  {
+    const int* T = P.tab[${k}];
+    const int L = ${leaves};
+    const PadRow rowv{buf, 0};
+    for (int base = 0; base < L; base += blockDim.x >> 3) {
+      const int t = base + (threadIdx.x >> 3), k = threadIdx.x & 7;
+      int st = 0, len = 0;
+      if (t < L) { st = T[1 + 2 * t]; len = T[2 + 2 * t]; }
+      const int full = len - len % 8;
+      ACC v = ACC(0);
+      if (len >= 8) {
+        v = rowv[st + k];
+        for (int i = 8; i < full; i += 8) v += rowv[st + i + k];
+      }
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      if (k == 0 && t < L) {
+        ACC r = len >= 8 ? v : ACC(-0.0);
+        for (int i = full; i < len; ++i) r += rowv[st + i];
+        parts[t] = r;
+      }
+    }
+    __syncthreads();
+${tree}
+  }
+)";
+
+// A row of 2^k equal leaves (4096 = 32 x 128, 3584 = 32 x 112) has the complete tree over
+// neighbours: each lane's complete subtree of m neighbouring leaves, level by level
+// (`subtree`, where m > 1), then a butterfly over the lanes (`shuffles`).
+constexpr const char* kSmemBalancedTree = R"(
+    if (threadIdx.x < ${lanes}) {
+${subtree}
+      ACC v = parts[threadIdx.x * ${m}];
+${shuffles}
+      if (threadIdx.x == 0) ${q} = v;
+    }
+)";
+constexpr const char* kSmemSubtree = R"(
+      ACC* q = parts + threadIdx.x * ${m};
+      for (int h = 1; h < ${m}; h *= 2)
+        for (int i = 0; i < ${m}; i += 2 * h) q[i] = q[i] + q[i + h];
+)";
+// Any other tree runs from the table on one thread.
+constexpr const char* kSmemTableTree = R"(
+    if (threadIdx.x == 0) {
+      const int* G = T + 1 + 2 * L;
+      for (int i = 0; i < L - 1; ++i) parts[G[3 * i]] = parts[G[3 * i + 1]] + parts[G[3 * i + 2]];
+      ${q} = parts[L == 1 ? 0 : 2 * L - 2];
+    }
+)";
+
+// The other orders: the parts (red_part) on many threads, then `combine` (the order and
+// kind as template arguments, O: only their code compiles).
+constexpr const char* kSmemParts = R"(
+  for (long long t = threadIdx.x; t < ${pl}.nparts; t += blockDim.x)
+    parts[t] = cl::red_part<ACC, ${o}>(${pl}, PadRow{buf, 0}, n, row, t);
+  __syncthreads();
+${combine}
+)";
+// Reduce.cuh's block reduction, each tree level by all threads at once (the levels of
+// red_cuda_block; several CTAs per row: one thread, red_combine).
+constexpr const char* kSmemTorchCuda = R"(
+  if (${pl}.f <= 1) {
+    const long long bw = ${pl}.a, bh = ${pl}.b;
+    const long long nr = ${pl}.e ? bh : 1;
+    for (long long off = bw / 2; off > 0; off >>= 1) {
+      for (long long i = threadIdx.x; i < nr * off; i += blockDim.x) {
+        const long long y = i / off, x = i - y * off;
+        parts[y * bw + x] = cl::red_op(${pl}.kind, parts[y * bw + x], parts[y * bw + x + off]);
+      }
+      __syncthreads();
+    }
+    if (${pl}.e) {
+      for (long long off = bh / 2; off > 0; off >>= 1) {
+        for (long long y = threadIdx.x; y < off; y += blockDim.x)
+          parts[bw * y] = cl::red_op(${pl}.kind, parts[bw * y], parts[bw * (y + off)]);
+        __syncthreads();
+      }
+    }
+    if (threadIdx.x == 0) ${q} = parts[0];
+  } else if (threadIdx.x == 0) {
+    ${q} = cl::red_combine<ACC, ${o}>(${pl}, parts);
+  }
+)";
+// Max/min chunks: a tree of neighbours (the lower chunk on the left keeps the row's first
+// NaN, as one pass would); else red_combine on one thread.
+constexpr const char* kSmemChunks = R"(
+  if (${pl}.chunk > 0) {
+    for (long long s = 1; s < ${pl}.nparts; s *= 2) {
+      for (long long i = threadIdx.x * 2 * s; i + s < ${pl}.nparts; i += (long long)blockDim.x * 2 * s)
+        parts[i] = cl::red_op(${pl}.kind, parts[i], parts[i + s]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) ${q} = ${pl}.nparts > 0 ? parts[0] : cl::red_identity<ACC>(${pl}.kind);
+  } else if (threadIdx.x == 0) {
+    ${q} = cl::red_combine<ACC, ${o}>(${pl}, parts);
+  }
+)";
+
+// NumPy's pairwise sum of phase K's row (kSmemPairwise) into q, the phase's result.
+std::string smem_pairwise(const RowStep& s, const std::string& K, const std::string& q) {
+  const std::vector<int32_t> tab = pairwise_table(s.n);
+  const int64_t L = tab[0];
+  std::string tree;
+  if (balanced_table(tab)) {
+    const int64_t m = L > 32 ? L / 32 : 1, lanes = L > 32 ? 32 : L;
+    char mask[24];
+    std::snprintf(mask, sizeof mask, "%llx", static_cast<unsigned long long>((1ull << lanes) - 1));
+    std::string shuffles;
+    for (int64_t h = 1; h < lanes; h *= 2)
+      shuffles += "      v += __shfl_xor_sync(0x" + std::string(lanes == 32 ? "ffffffff" : mask) +
+                  "u, v, " + num(h) + ");\n";
+    tree = codegen::fill(kSmemBalancedTree,
+                         {{"lanes", num(lanes)},
+                          {"m", num(m)},
+                          {"subtree", m > 1 ? codegen::fill(kSmemSubtree, {{"m", num(m)}}) : ""},
+                          {"shuffles", shuffles},
+                          {"q", q}});
+  } else {
+    tree = codegen::fill(kSmemTableTree, {{"q", q}});
+  }
+  return codegen::fill(kSmemPairwise, {{"k", K}, {"leaves", num(L)}, {"tree", tree}});
+}
+
+// Phase k of the general kernel: its values into the padded row, then its reduction.
+std::string smem_phase(const RowStep& s, const Tensor* const* ops, size_t k) {
+  const RowPhase& p = s.phases[k];
+  const std::string K = num(static_cast<int64_t>(k));
+  const std::string PL = "P.plan[" + K + "]";
+  std::string src = row_loop(s, ops, p.ins, [&](bool, const char* where) -> std::string {
+    if (std::string(where) != "each") return "";
+    if (!p.prog) return "        buf[j + (j >> 5)] = a0[u];\n";
+    std::string b = "        ACC y;\n        cl_phase" + K + "(0ull, 0ull";
+    for (size_t a = 0; a < p.ins.size(); ++a) b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
+    return b + ", y);\n        buf[j + (j >> 5)] = y;\n";
+  });
+  src += "  __syncthreads();\n";
+  const std::string Q = "((ACC*)P.ptr[" + num(p.q) + "])[row]";
+  const std::string O = num(p.spec.order) + ", " + num(p.spec.kind);
+  if (p.spec.order == kOrdPairwise && p.spec.kind == kRedSum) {
+    src += smem_pairwise(s, K, Q);
+  } else {
+    const codegen::Slots slots = {{"pl", PL}, {"o", O}, {"q", Q}};
+    const std::string combine =
+        codegen::fill(p.spec.order == kOrdTorchCuda ? kSmemTorchCuda : kSmemChunks, slots);
+    src += codegen::fill(kSmemParts, {{"pl", PL}, {"o", O}, {"combine", combine}});
+  }
+  return src + "  __syncthreads();\n";
 }
 
 }  // namespace
@@ -779,143 +1188,13 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
   if (!tri.empty()) return tri;
   const std::string tor = torch_row_source(s, ops, nops);
   if (!tor.empty()) return tor;
-  std::string src = row_preamble(s, ops, "");
-  src += row_params_struct(s, nops);
-  // the row in shared memory, one pad word per 32 (parts reading chunks of 32 m elements,
-  // m odd, or NumPy's leaves of 128, start in different banks)
-  src +=
-      "struct PadRow {\n  const ACC* p;\n  long long o;\n"
-      "  __device__ ACC operator[](long long i) const { const long long j = o + i; "
-      "return p[j + (j >> 5)]; }\n"
-      "  __device__ PadRow operator+(long long k) const { return PadRow{p, o + k}; }\n"
-      "  __device__ PadRow operator-(long long k) const { return PadRow{p, o - k}; }\n};\n";
-  src += "extern \"C\" __global__ void __launch_bounds__(" + num(kRowThreads) +
-         ", 4) KERNEL_NAME(const RowParams P) {\n";  // 4 blocks per SM: at most 64 registers
-  src += "  extern __shared__ __align__(16) unsigned char cl_smem[];\n";
-  src += "  ACC* buf = reinterpret_cast<ACC*>(cl_smem);\n";
-  src += "  const int n = (int)P.n;\n  ACC* parts = buf + (n + (n >> 5) + 1);\n";
-  src += "  const long long row = blockIdx.x;\n";
-  src += "  const int step = (int)blockDim.x * " + num(kUnroll) + ";\n";
-  for (size_t k = 0; k < s.phases.size(); ++k) {
-    const RowPhase& p = s.phases[k];
-    const std::string K = num(static_cast<int64_t>(k));
-    const std::string PL = "P.plan[" + K + "]";
-    // the row's values, into the padded row in shared memory
-    src += row_loop(s, ops, p.ins, [&](bool, const char* where) -> std::string {
-      if (std::string(where) != "each") return "";
-      std::string b;
-      if (p.prog) {
-        b += "        ACC y;\n        cl_phase" + K + "(0ull, 0ull";
-        for (size_t a = 0; a < p.ins.size(); ++a) b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
-        b += ", y);\n        buf[j + (j >> 5)] = y;\n";
-      } else {
-        b += "        buf[j + (j >> 5)] = a0[u];\n";
-      }
-      return b;
-    });
-    src += "  __syncthreads();\n";
-    const std::string Q = "((ACC*)P.ptr[" + num(p.q) + "])[row]";
-    // the order and kind as template arguments: only their code compiles
-    const std::string O = num(p.spec.order) + ", " + num(p.spec.kind);
-    if (p.spec.order == kOrdPairwise && p.spec.kind == kRedSum) {
-      // NumPy's tree from its table (its leaves, then its additions in order). Each leaf
-      // (at most 128 elements) is summed by 8 lanes, lane k holding NumPy's accumulator
-      // r[k]; the xor shuffles add them as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) (a + b ==
-      // b + a exactly, so every lane's sum is the one NumPy forms), then lane 0 adds the
-      // last n % 8 in order. A row of 2^k equal leaves (4096 = 32 x 128, 3584 = 32 x 112)
-      // has the complete tree over neighbours: a butterfly; any other tree runs from the
-      // table on one thread.
-      const std::vector<int32_t> tab = pairwise_table(s.n);
-      const int64_t L = tab[0];
-      src += "  {\n    const int* T = P.tab[" + K + "];\n    const int L = " + num(L) + ";\n";
-      src += "    const PadRow rowv{buf, 0};\n";
-      src += "    for (int base = 0; base < L; base += blockDim.x >> 3) {\n";
-      src += "      const int t = base + (threadIdx.x >> 3), k = threadIdx.x & 7;\n";
-      src +=
-          "      int st = 0, len = 0;\n      if (t < L) { st = T[1 + 2 * t]; len = T[2 + 2 * t]; "
-          "}\n";
-      src += "      const int full = len - len % 8;\n      ACC v = ACC(0);\n";
-      src += "      if (len >= 8) {\n        v = rowv[st + k];\n";
-      src += "        for (int i = 8; i < full; i += 8) v += rowv[st + i + k];\n      }\n";
-      src += "      v += __shfl_xor_sync(0xffffffffu, v, 1);\n";
-      src += "      v += __shfl_xor_sync(0xffffffffu, v, 2);\n";
-      src += "      v += __shfl_xor_sync(0xffffffffu, v, 4);\n";
-      src += "      if (k == 0 && t < L) {\n        ACC r = len >= 8 ? v : ACC(-0.0);\n";
-      src += "        for (int i = full; i < len; ++i) r += rowv[st + i];\n";
-      src += "        parts[t] = r;\n      }\n    }\n    __syncthreads();\n";
-      if (balanced_table(tab)) {
-        const int64_t m = L > 32 ? L / 32 : 1, lanes = L > 32 ? 32 : L;
-        src += "    if (threadIdx.x < " + num(lanes) + ") {\n";
-        if (m > 1) {  // each lane's complete subtree of m neighbouring leaves, level by level
-          src += "      ACC* q = parts + threadIdx.x * " + num(m) + ";\n";
-          src += "      for (int h = 1; h < " + num(m) + "; h *= 2)\n";
-          src +=
-              "        for (int i = 0; i < " + num(m) + "; i += 2 * h) q[i] = q[i] + q[i + h];\n";
-        }
-        src += "      ACC v = parts[threadIdx.x * " + num(m) + "];\n";
-        for (int64_t h = 1; h < lanes; h *= 2)
-          src += "      v += __shfl_xor_sync(0x" +
-                 std::string(lanes == 32 ? "ffffffff" : [&] {
-                   char b[16];
-                   std::snprintf(b, sizeof b, "%llx",
-                                 static_cast<unsigned long long>((1ull << lanes) - 1));
-                   return std::string(b);
-                 }()) +
-                 "u, v, " + num(h) + ");\n";
-        src += "      if (threadIdx.x == 0) " + Q + " = v;\n    }\n  }\n";
-      } else {
-        src += "    if (threadIdx.x == 0) {\n";
-        src += "      const int* G = T + 1 + 2 * L;\n";
-        src +=
-            "      for (int i = 0; i < L - 1; ++i) parts[G[3 * i]] = parts[G[3 * i + 1]] + "
-            "parts[G[3 * i + 2]];\n";
-        src += "      " + Q + " = parts[L == 1 ? 0 : 2 * L - 2];\n    }\n  }\n";
-      }
-    } else {
-      src += "  for (long long t = threadIdx.x; t < " + PL + ".nparts; t += blockDim.x)\n";
-      src +=
-          "    parts[t] = cl::red_part<ACC, " + O + ">(" + PL + ", PadRow{buf, 0}, n, row, t);\n";
-      src += "  __syncthreads();\n";
-      if (p.spec.order == kOrdTorchCuda) {
-        // Reduce.cuh's block reduction, each tree level by all threads at once (the levels
-        // of red_cuda_block; several CTAs per row: one thread, red_combine)
-        src += "  if (" + PL + ".f <= 1) {\n";
-        src += "    const long long bw = " + PL + ".a, bh = " + PL + ".b;\n";
-        src += "    const long long nr = " + PL + ".e ? bh : 1;\n";
-        src += "    for (long long off = bw / 2; off > 0; off >>= 1) {\n";
-        src += "      for (long long i = threadIdx.x; i < nr * off; i += blockDim.x) {\n";
-        src += "        const long long y = i / off, x = i - y * off;\n";
-        src += "        parts[y * bw + x] = cl::red_op(" + PL +
-               ".kind, parts[y * bw + x], parts[y * bw + x + off]);\n";
-        src += "      }\n      __syncthreads();\n    }\n";
-        src += "    if (" + PL + ".e) {\n";
-        src += "      for (long long off = bh / 2; off > 0; off >>= 1) {\n";
-        src += "        for (long long y = threadIdx.x; y < off; y += blockDim.x)\n";
-        src += "          parts[bw * y] = cl::red_op(" + PL +
-               ".kind, parts[bw * y], parts[bw * (y + off)]);\n";
-        src += "        __syncthreads();\n      }\n    }\n";
-        src += "    if (threadIdx.x == 0) " + Q + " = parts[0];\n";
-        src += "  } else if (threadIdx.x == 0) {\n    " + Q + " = cl::red_combine<ACC, " + O +
-               ">(" + PL + ", parts);\n  }\n";
-      } else {
-        // max/min chunks: a tree of neighbours (the lower chunk on the left keeps the
-        // row's first NaN, as one pass would)
-        src += "  if (" + PL + ".chunk > 0) {\n";
-        src += "    for (long long s = 1; s < " + PL + ".nparts; s *= 2) {\n";
-        src += "      for (long long i = threadIdx.x * 2 * s; i + s < " + PL +
-               ".nparts; i += (long long)blockDim.x * 2 * s)\n";
-        src += "        parts[i] = cl::red_op(" + PL + ".kind, parts[i], parts[i + s]);\n";
-        src += "      __syncthreads();\n    }\n";
-        src += "    if (threadIdx.x == 0) " + Q + " = " + PL +
-               ".nparts > 0 ? parts[0] : cl::red_identity<ACC>(" + PL + ".kind);\n";
-        src += "  } else if (threadIdx.x == 0) {\n    " + Q + " = cl::red_combine<ACC, " + O +
-               ">(" + PL + ", parts);\n  }\n";
-      }
-    }
-    src += "  __syncthreads();\n";
-  }
-  src += epilogue_source(s, ops);
-  src += "}\n";
+  std::string phases;
+  for (size_t k = 0; k < s.phases.size(); ++k) phases += smem_phase(s, ops, k);
+  std::string src = row_preamble(s, ops, "") + row_params_struct(s, nops);
+  src += codegen::fill(kSmemKernel, {{"threads", num(kRowThreads)},
+                                     {"unroll", num(kUnroll)},
+                                     {"phases", phases},
+                                     {"epilogue", epilogue_source(s, ops)}});
   const std::string name = "castlab_row" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;

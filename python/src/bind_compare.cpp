@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ops/compare.h"
+#include "ops/cuda/kernels.h"
 #include "python/src/bindings.h"
 
 namespace {

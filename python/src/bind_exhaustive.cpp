@@ -1,5 +1,6 @@
 // castlab._C._exhaustive_cpu: binds ops/exhaustive.h (castlab.numerics.exhaustive's CPU
 // driver). The statistics come back as plain Python lists and dicts.
+#include "ops/cuda/kernels.h"
 #include "ops/exhaustive.h"
 #include "python/src/bindings.h"
 
