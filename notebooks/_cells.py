@@ -1091,10 +1091,13 @@ PyTorch's SwiGLU, and fails against Liger's kernel, which rounds `silu(a)` first
 """),
     ("code", """
 import torch
+
 from castlab.testing import KernelMismatch, assert_kernel_matches, bounds
+
 
 def my_swiglu(a, b):   # fp32 inside, one rounding
     return (torch.nn.functional.silu(a.float()) * b.float()).to(a.dtype)
+
 
 device = "cuda" if cl.cuda.is_available() else "cpu"
 mode = "exhaustive" if device == "cuda" else "sample"
