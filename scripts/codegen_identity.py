@@ -35,6 +35,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import numpy as np  # noqa: E402
+import test_exhaustive as tex  # noqa: E402
+import test_nvrtc_codegen as tn  # noqa: E402
 
 import castlab as cl  # noqa: E402
 from castlab import _C, _lower  # noqa: E402
@@ -42,9 +44,6 @@ from castlab._optable import OPS  # noqa: E402
 from castlab.numerics import Enumeration  # noqa: E402
 from castlab.numerics._exhaustive import _kernel_source  # noqa: E402
 from castlab.policy import Math  # noqa: E402
-
-import test_exhaustive as tex  # noqa: E402
-import test_nvrtc_codegen as tn  # noqa: E402
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 POLICIES = ["eager", "fused"]
