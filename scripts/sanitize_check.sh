@@ -76,11 +76,23 @@ fi
 # files) run in the plain suite only; the chains, policies and metrics their cells run are
 # what tests/test_numerics*.py and tests/test_jit.py run here in process. (Keeps .ci/run
 # inside its 20 minutes on 2 cores.)
+# Also left to the plain suite: tests that repeat, at length, code the sanitizer already
+# sees -- the numerics sweeps over every capability torch has (test_cpu_isa runs the
+# suite's CPU kernels again in subprocesses per ISA; grad_norms' per-capability gradients),
+# the portable math library over every input, the README's blocks (subprocesses running the
+# same calls), the command line's argument parsing and plots (test_cli_vocabulary,
+# test_plot: Python), and the CLI runs of a study in subprocesses or Dask workers.
 DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips
           --deselect tests/test_exhaustive.py::test_gpu_kernel_compiles_with_nvrtc
           --deselect tests/test_compare_kernels.py::test_compare_kernels_compile_with_nvrtc
           --ignore tests/test_nvrtc_codegen.py --ignore tests/test_sweep.py
-          --ignore tests/test_notebooks.py --ignore tests/test_study.py)
+          --ignore tests/test_notebooks.py --ignore tests/test_study.py
+          --ignore tests/test_cpu_isa.py --ignore tests/test_readme.py
+          --ignore tests/test_cli_vocabulary.py --ignore tests/test_plot.py
+          --deselect tests/test_math_portable.py::test_portable_math_exhaustive
+          --deselect tests/test_grad_norms.py::test_grads_bit_exact_under_each_cpu_capability
+          --deselect tests/test_bad_inputs_loss.py::test_study_logprobs_cli
+          --deselect tests/test_bad_inputs_cli.py::test_item8_workers_and_serial_agree_on_a_failed_cell)
 set +e
 "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "${DESELECT[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
 rc=$?
