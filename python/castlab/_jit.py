@@ -30,6 +30,7 @@ from ._creation import asarray, ones
 from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
 from ._lower import Lowering, Record, input_node, lower
+from ._lower_steps import ProgramStep, ReduceStep, RowStep
 from ._optable import BACKWARD_KERNELS, REDUCE_OPS
 from .policy import Math, Policy, as_math, as_policy
 
@@ -407,13 +408,15 @@ class JitFunction:
             print(format_trace(tr, plan.record), file=sys.stderr)
         if level >= 2:
             for k, st in enumerate(plan.steps):
-                if isinstance(st[0], str):
-                    print(f"# row step {k}: (rows, n, phases, epilogue, ...) = {st[3]}",
+                if isinstance(st, ProgramStep):
+                    print(f"# program {k}\n{st.program}", file=sys.stderr)
+                elif isinstance(st, ReduceStep):
+                    print(f"# reduce {k}: (kind, order, p0..p3) = {st.spec}", file=sys.stderr)
+                elif isinstance(st, RowStep):
+                    print(f"# row step {k}: (rows, n, phases, epilogue, ...) = {st.spec}",
                           file=sys.stderr)
-                elif st[0] is not None:
-                    print(f"# program {k}\n{st[0]}", file=sys.stderr)
                 else:
-                    print(f"# reduce {k}: (kind, order, p0..p3) = {st[3]}", file=sys.stderr)
+                    print(f"# {st.tag} step {k}: {st.spec}", file=sys.stderr)
         return plan, outs
 
     # -- running ---------------------------------------------------------------------
