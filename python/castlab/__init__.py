@@ -15,11 +15,11 @@
 #                                         compiled loops)
 #   1  policy, _graph, cuda, _runrecord       math/rounding policies, the graph IR, CUDA runtime,
 #                                         a command's run record (first line, run.json)
-#   2  _lower_steps -> _lower_views -> _schedule -> _torch_kernels -> _lower_reduce
-#      -> _lower_build -> _lower              graph -> Programs -> a Plan: plan steps, view
-#                                         push-down, schedule (tiles, row fusion),
-#                                         PyTorch-kernel reproduction, reductions, the
-#                                         program builder, the driver
+#   2  _lower_steps -> _rounding -> _lower_views -> _schedule -> _torch_kernels -> _lower_reduce
+#      -> _lower_build -> _lower              graph -> Programs -> a Plan: plan steps, rounding
+#                                         placement, view push-down, schedule (tiles, row
+#                                         fusion), PyTorch-kernel reproduction, reductions,
+#                                         the program builder, the driver
 #   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
 #                                         op functions, reductions and norms, gather, losses
 #   4  _tensor, _autodiff                     Tensor/Proxy methods (one class body each, copied

@@ -29,9 +29,10 @@ from . import _C, _autodiff, _debug, _onednn
 from ._creation import asarray, ones
 from ._dtype import float32, float64
 from ._graph import COMPARE, Node, Proxy, _state
-from ._lower import Lowering, Record, input_node, lower
+from ._lower import Record, input_node, lower
 from ._lower_steps import ProgramStep, ReduceStep, RowStep
 from ._optable import BACKWARD_KERNELS, REDUCE_OPS
+from ._rounding import RoundingPlan
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE", "vjp", "grad"]
@@ -464,6 +465,14 @@ class JitFunction:
         plan, _ = self._plan(tr, tensors + captured, pol, mth)
         return Trace(format_trace(tr, plan.record))
 
+    def _lowered(self, args: tuple, pol: Policy, mth: Math):
+        """The plan of the graph for `args` under `pol` and `mth`: the one a run under
+        them used (lowered now if none did). Its ``record`` and ``rounding`` say what the
+        lowering decided, per node."""
+        tensors = self._bind(args)
+        tr, captured = self._traced(tensors)
+        return self._plan(tr, tensors + captured, pol, mth)[0]
+
     def node_values(self, *args, policy: Any = None, math: Any = None) -> list:
         """The value of every op node of the trace under `policy`/`math`, exactly as the
         graph computes it (after the policy's rounding, before any output rounding):
@@ -491,15 +500,19 @@ class JitFunction:
         tr, captured = self._traced(tensors)
         all_inputs = tensors + captured
         pol.check_graph(tr.nodes)
-        low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
+        # the register types (castlab._rounding's placement: the device does not matter)
+        rounding = RoundingPlan(pol, mth, "cpu").place(tr.outputs)
+
+        def f64(n) -> bool:
+            return rounding.of(n).compute == "f64"
 
         def value(n):
             if n.op == "cat":
-                dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
+                dt = float64 if any(f64(p) for p in n.inputs if p.op != "scalar") else float32
             elif n.op in COMPARE or not n.dtype.is_floating_point:
                 dt = n.dtype
             else:
-                dt = float64 if low.vt64(n) else float32
+                dt = float64 if f64(n) else float32
             plan, outs = lower([n], all_inputs, pol, mth, out_dtypes=[dt])
             plan.run(all_inputs, outs)
             return outs[0]
@@ -812,15 +825,14 @@ def format_trace(tr: Traced, record: Record) -> str:
     conv: dict = {}
     for n in tr.inputs + tr.captured_nodes:
         rep[id(n)] = ("st", n.dtype)
-    unlowered = Lowering(policy, math, record.device, [])  # register types of unused nodes
+    placement = record.rounding  # register types of nodes no program computed, too
 
     def comp_dt(node) -> Any:
         d = record.of(node)
-        if not node.dtype.is_floating_point and (
-                d.compute == "i64" if d is not None else unlowered.vt(node) == 2):
+        compute = d.compute if d is not None else placement.of(node).compute
+        if not node.dtype.is_floating_point and compute == "i64":
             return node.dtype  # integers and bools: exact in an int64 register
-        f64 = d.compute == "f64" if d is not None else unlowered.vt64(node)
-        return float64 if f64 else float32
+        return float64 if compute == "f64" else float32
 
     def operand(a: Node, cdt) -> str:
         if a.op == "scalar":

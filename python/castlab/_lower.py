@@ -1,15 +1,18 @@
 """Lowering: graph + policy + math -> a plan of Programs the executors run.
 
 The passes, one module each, this one driving them:
-1. Views (castlab._lower_views): every output is expressed as a tree of expressions over
+1. Rounding placement (castlab._rounding): a pure function from the graph, policy, math
+   and device to one decision per node (its register type, whether and to what it is
+   rounded, and why), kept with the plan (``plan.rounding``).
+2. Views (castlab._lower_views): every output is expressed as a tree of expressions over
    *leaves* (strided views of inputs): view ops are pushed down to the leaves, where they
    cost nothing; concatenations are hoisted to the top, so each output splits into
    rectangular regions and every region is a pure elementwise DAG. Reductions
    (castlab._lower_reduce) become steps of their own.
-2. Each region becomes one Program (castlab._lower_build): a load per leaf, one
-   instruction per op, and a rounding step wherever the policy says; PyTorch's kernels
-   are reproduced where the math asks (castlab._torch_kernels).
-3. The schedule (castlab._schedule): regions of one shape share a Program; reductions
+3. Each region becomes one Program (castlab._lower_build): a load per leaf, one
+   instruction per op, and a rounding step wherever the placement puts one; PyTorch's
+   kernels are reproduced where the math asks (castlab._torch_kernels).
+4. The schedule (castlab._schedule): regions of one shape share a Program; reductions
    are fused with their prologue and epilogue into row steps; Triton's tiles.
 """
 
@@ -20,15 +23,15 @@ import os
 from . import _C
 from ._device import as_device
 from ._dtype import _BY_CODE, as_dtype, dtype, float32, float64, int64
-from ._graph import COMPARE, EXPANSIONS, Node, expand
+from ._graph import EXPANSIONS, Node, expand
 from ._lower_build import ProgramBuilder as ProgramBuilder
-from ._lower_build import _int_scalar
 from ._lower_reduce import ReductionLowering
 from ._lower_steps import ProgramStep, RowStep
 from ._lower_views import Cat, Elem, Leaf, Reduced, Scalar, ViewLowering, _dtype_code
 from ._lower_views import _norm_vop as _norm_vop
 from ._lower_views import apply_view as apply_view
 from ._optable import BACKWARD_KERNELS, F32, F64, I64, REDUCE_OPS, output
+from ._rounding import RT_NAME, RoundingPlan
 from ._schedule import TRITON_CONFIGS as TRITON_CONFIGS
 from ._schedule import _pow2_at_least as _pow2_at_least
 from ._schedule import fuse_rows, program_groups
@@ -36,8 +39,6 @@ from ._schedule import triton_config as triton_config
 from ._schedule import triton_tile as triton_tile
 from ._torch_kernels import TorchKernelLowering
 from .policy import Math, Policy
-
-_RT_NAME = {F32: "f32", F64: "f64", I64: "i64"}
 
 # ---------------------------------------------------------------- the record
 
@@ -87,7 +88,8 @@ class Decision:
 class Record:
     """The lowering's own record of one graph under one policy, math and device: one
     :class:`Decision` per node it computed (``decisions``, by node index; ``of(node)``).
-    A jit plan carries it as ``plan.record``; ``trace()`` prints it.
+    A jit plan carries it as ``plan.record``; ``trace()`` prints it. ``rounding``: the
+    rounding placement (castlab._rounding) the decisions follow, one per node.
 
     >>> f = cl.jit(lambda x: cl.silu(x) * x, policy="eager", math="inductor")
     >>> x = cl.randn(8, seed=0, dtype=cl.bfloat16)
@@ -109,6 +111,9 @@ class Record:
         self.cuda = device.is_cuda
         self._by_node: dict = {}
         self.expansions: dict = {}  # id(kernel node) -> the nodes it was lowered as
+        # where each node is rounded (castlab._rounding): what every Decision's rounding
+        # follows, and what the analyses read
+        self.rounding = RoundingPlan(policy, math, device)
 
     @property
     def decisions(self) -> list:
@@ -120,7 +125,7 @@ class Record:
     def decide(self, node: Node, rt: int) -> Decision:
         d = self._by_node.get(id(node))
         if d is None:
-            d = self._by_node[id(node)] = Decision(node, _RT_NAME[int(rt)])
+            d = self._by_node[id(node)] = Decision(node, RT_NAME[int(rt)])
         return d
 
 
@@ -145,7 +150,12 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
         self._hoist_memo: dict = {}
         self.record = Record(policy, math, self.device)  # what was decided, per node
 
-    # -- value types -------------------------------------------------------------
+    # -- value types and rounding (castlab._rounding's placement) ----------------------
+    @property
+    def rounding(self) -> RoundingPlan:
+        """The rounding placement of this graph: one decision per node."""
+        return self.record.rounding
+
     def vt64(self, node: Node) -> bool:
         """Does this node's value live in a double register?"""
         return self.vt(node) == F64
@@ -154,54 +164,20 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
         """The register type of this node's value: I64 for integer and bool values
         (loads, casts to integer formats, where, comparisons of integers), which stay
         exact there; else F64 or F32."""
-        if node.dtype is not None and not node.dtype.is_floating_point:
-            if node.op not in COMPARE or all(
-                    _int_scalar(a.value) if a.op == "scalar" else not a.dtype.is_floating_point
-                    for a in node.inputs):
-                return I64
-        return F64 if self._vt64_float(node) else F32
-
-    def _vt64_float(self, node: Node) -> bool:
-        if self.policy.compute is not None:
-            return self.policy.compute is float64
-        if node.op in ("input", "tmp"):
-            return node.dtype in (float64, int64)
-        if node.op in COMPARE:
-            return any(a.op != "scalar" and a.dtype in (float64, int64) for a in node.inputs)
-        if node.op == "astype":  # round from the input's own precision: no double rounding
-            return node.dtype is float64 or self.vt(node.inputs[0]) == F64
-        return node.dtype in (float64, int64)
+        return self.record.rounding.of(node).register
 
     def round_target(self, node: Node) -> dtype | None:
-        p = self.policy
-        if node.op == "astype":
-            if p.name == "fp64" or not p.round_casts:
-                return None
-            target = node.dtype
-        elif node.op in COMPARE or node.op in ("input", "scalar"):
-            return None
-        elif p.rounds_after(node.index, node.op, node.attrs.get("phase"),
-                            self.kernel_inner(node)):
-            target = node.dtype
-        else:
-            return None
-        f64 = self.vt64(node)
-        if target is float64 or not target.is_floating_point or self.vt(node) == I64:
-            return None
-        if target is float32 and not f64:
-            return None
-        return target
-
-    def _kernel(self, node: Node):
-        k = node.attrs.get("kernel")
-        return BACKWARD_KERNELS[k] if k is not None else None
+        """The dtype the placement rounds this node's value to (None: not rounded)."""
+        return self.record.rounding.of(node).round_to
 
     def kernel_inner(self, node: Node) -> bool:
         """Is this node inside one of PyTorch's fused backward kernels that computes in
         op-math on this device (its value is never rounded on its own)?"""
-        k = self._kernel(node)
-        return (k is not None and node.attrs.get("kernel_inner", False)
-                and k.arith_for(self.cuda, node.dtype) == "opmath")
+        return self.record.rounding.of(node).kernel_inner
+
+    def _kernel(self, node: Node):
+        k = node.attrs.get("kernel")
+        return BACKWARD_KERNELS[k] if k is not None else None
 
     def kernel_contracts(self, node: Node) -> bool:
         """Inside one of PyTorch's backward kernels, does its compiler contract a*b+c to
@@ -226,9 +202,7 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
                     mul.attrs.get("kernel_id") != into.attrs.get("kernel_id")):
                 return False
             return self.round_target(mul) is None
-        return (not self.policy.rounds_after(mul.index, "mul", mul.attrs.get("phase"),
-                                             self.kernel_inner(mul))
-                and self.round_target(mul) is None)
+        return not self.record.rounding.of(mul).rounds and self.round_target(mul) is None
 
     # -- expression building -----------------------------------------------------
     def expr(self, node: Node):
@@ -465,6 +439,7 @@ class Plan:
         self.row_steps = [(st.spec, [x.t._dtype_name for x in st.leaves + st.outs])
                           for st in low.steps if isinstance(st, RowStep)]
         self.record = low.record  # what the lowering decided, per node
+        self.rounding = low.record.rounding  # where it rounds, per node (castlab._rounding)
         self.temps = list(low.temps)
         self.out_shapes = out_shapes
         self.out_dtypes = out_dtypes
@@ -487,6 +462,7 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
     through their own strides, and runs only with outputs of that layout."""
     device = str(outputs[0].device) if outputs else "cpu"
     low = Lowering(policy, math, device, inputs)
+    low.rounding.place(outputs)  # the rounding placement of the whole graph, first
     if out_dtypes is None:
         out_dtypes = []
         for n in outputs:

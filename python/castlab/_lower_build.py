@@ -1,6 +1,6 @@
 """The program builder: one region's expression DAG as instructions, one register per
-value, with a rounding step wherever the policy says: after every op under ``eager``;
-only at the store under ``fused``; nowhere under ``fp64``.
+value, with a rounding step wherever the rounding placement (castlab._rounding) puts one:
+after every op under ``eager``; only at the store under ``fused``; nowhere under ``fp64``.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class ProgramBuilder(TorchKernelQuirks):
             self.ins(op, I64, out, *(regs + [-1, -1, -1])[:3])
         else:
             out = self._float_op(e, f64, d)
-        tgt = low.round_target(node)
+        tgt = low.round_target(node)  # castlab._rounding's placement
         if tgt is not None:
             r = self.new()
             self.ins("round", f64, r, a=out, dtype=tgt.code, mode=low.policy.rounding_code,

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from .._jit import JitFunction
-from .._lower import Lowering
 from .._optable import REDUCE_OPS
 from ..policy import Math, Policy, as_math, as_policy
 from ._explain import _VIEWS, _as_jit, _bind_args, explain
@@ -87,11 +86,11 @@ def _op_nodes(tr) -> list:
     return [n for n in tr.nodes if n.op not in _NOT_OPS]
 
 
-def _rounding_set(pol: Policy, tr, low: Lowering) -> frozenset:
-    """The op nodes after which `pol` rounds (or, in fp32, closes a kernel), as the
-    lowering decides: its phases and PyTorch's backward kernels included."""
-    return frozenset(n.index for n in _op_nodes(tr)
-                     if pol.rounds_after(n.index, n.op, n.attrs.get("phase"), low.kernel_inner(n)))
+def _rounding_set(tr, rounding) -> frozenset:
+    """The op nodes after which a policy rounds (or, in fp32, closes a kernel), as the
+    lowering decided: its phases and PyTorch's backward kernels included. `rounding`: the
+    rounding placement a plan carries (``plan.rounding``, castlab._rounding)."""
+    return frozenset(n.index for n in _op_nodes(tr) if rounding.of(n).rounds)
 
 
 def _bits(v, idx: np.ndarray | None = None) -> np.ndarray:
@@ -325,8 +324,9 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
                          f"{tuple(va.a.shape)}")
 
     # -- the factors
-    low_a = Lowering(pa, ma, device, [])
-    ra, rb = _rounding_set(pa, tr, low_a), _rounding_set(pb, tr, Lowering(pb, mb, device, []))
+    # where A and B round, as the plans of their runs above placed it
+    ra = _rounding_set(tr, jf._lowered(args, pa, ma).rounding)
+    rb = _rounding_set(tr, jf._lowered(args, pb, mb).rounding)
     if pa.output != pb.output:
         raise ValueError("attribute: A and B write different output dtypes "
                          f"({pa.output} vs {pb.output})")

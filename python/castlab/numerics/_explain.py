@@ -19,7 +19,6 @@ from .._creation import arange
 from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
-from .._lower import Lowering
 from .._optable import REDUCE_OPS
 from ..policy import as_math, as_policy
 from ._formats import (
@@ -427,11 +426,11 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         if out_node.op in ("input",) or out_node.op in _VIEWS:
             pre = _val(vals[id(out_node)])
         else:
-            low = Lowering(pol, mth, res.device, [])
+            # where the run's plan rounds (its rounding placement, castlab._rounding)
+            rounding = jf._lowered(args, pol, mth).rounding
 
-            def rounds(n, pol=pol, low=low) -> bool:
-                return pol.rounds_after(n.index, n.op, n.attrs.get("phase"),
-                                        low.kernel_inner(n))
+            def rounds(n, rounding=rounding) -> bool:
+                return rounding.of(n).rounds
 
             if rounds(out_node) and pol.round_after != "none":
                 keep = tuple(n.index for n in tr.nodes
