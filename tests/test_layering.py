@@ -23,7 +23,7 @@ LAYERS = {
     "_lower_reduce": 2, "_lower_build": 2, "_lower": 2,
     "_dlpack": 3, "_creation": 3, "ops": 3, "_reduce": 3, "_index": 3, "_loss": 3,
     "_tensor": 4, "_autodiff": 4,
-    "_jit": 5,
+    "_listing": 5, "_jit": 5,
     "numerics": 6, "torch": 6, "presets": 6, "sweep": 6, "study": 6, "plot": 6, "testing": 6,
     "cli": 6,
     "__init__": 7, "__main__": 7,
@@ -37,6 +37,7 @@ SAME_LAYER = {
         "_lower_reduce", "_lower_build", "_lower"],
     3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
+    5: ["_listing", "_jit"],
     6: ["numerics", "torch", "presets", "sweep", "study", "plot", "testing", "cli"],
 }
 

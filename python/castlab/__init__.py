@@ -25,7 +25,8 @@
 #   4  _tensor, _autodiff                     Tensor/Proxy methods (one class body each, copied
 #                                         onto _C.Tensor and Proxy); derivative rules,
 #                                         backward graphs
-#   5  _jit                                   tracing and fused execution
+#   5  _listing -> _jit                       the trace listing (from the lowering's record);
+#                                         tracing and fused execution
 #   6  numerics -> torch, presets, sweep -> study, plot -> testing -> cli  analysis,
 #                                         PyTorch model capture, kernel-library presets,
 #                                         (castlab.torch: imported on its own, it needs torch),
