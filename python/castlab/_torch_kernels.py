@@ -598,8 +598,6 @@ class TorchKernelQuirks:
         if (isinstance(y, bool) or float(y) in _POW_SHORTCUTS or isinstance(args[0], Scalar)
                 or dt.name not in ("bfloat16", "float16")):
             return var, args
-        import numpy as np
-
         r = float(np.asarray(float(y), dtype=np.float64).astype(dt.numpy).astype(np.float64))
         if r != float(y):
             d.quirk = f"exponent {y!r} rounded to {dt.short} first: {r!r} (pow_tensor_scalar)"
@@ -617,8 +615,6 @@ class TorchKernelQuirks:
                 and (k is None or k.scalar_div_reciprocal)):
             # (inside a PyTorch kernel, as the kernel does: mean's MeanOps multiplies by
             # 1/n, a backward kernel divides truly)
-            import numpy as np
-
             b = float(args[1].value)
             inv = float(np.float64(1.0) / np.float64(b)) if f64 else float(np.float32(1.0) / np.float32(b))
             a = self.operand(args[0], f64)
