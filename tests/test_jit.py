@@ -674,6 +674,35 @@ def test_trace_prints_the_recorded_cuda_quirks_and_fma():
     assert "div_true_kernel_cuda" not in t
 
 
+def test_plan_carries_its_rounding_placement_and_named_steps():
+    """A plan keeps the rounding placement it was lowered with (castlab._rounding): every
+    rounding the program builder inserted is one the placement put there, and the
+    analyses read it from the plan. Its steps are named records (castlab._lower_steps)."""
+    from castlab._lower_steps import ProgramStep, ReduceStep
+
+    f = cl.jit(lambda x, y: cl.softmax(x * y, -1) + x.astype(cl.float32))
+    x, y = (rnd((4, 16), cl.bfloat16, s) for s in (1, 2))
+    placed = {}
+    for pol in ("eager", "fused", "fp64"):
+        f.run(x, y, policy=pol)
+        plan = f._lowered((x, y), cl.Policy(pol), f.math)
+        assert plan.rounding is plan.record.rounding
+        for d in plan.record.decisions:
+            r = plan.rounding.of(d.node)
+            assert r.compute == d.compute and r.node is d.node
+            if d.round_to is not None:
+                assert r.round_to is d.round_to and r.why
+        placed[pol] = {r.index for r in plan.rounding.decisions if r.round_to is not None}
+        assert {type(s) for s in plan.steps} >= {ProgramStep, ReduceStep}
+        for s in plan.steps:
+            if isinstance(s, ProgramStep):
+                assert isinstance(s.program, cl._C.Program) and s.leaves and s.outs
+            elif isinstance(s, ReduceStep):
+                assert s.tag is None and len(s.spec) >= 6
+    # softmax's cast back to bf16 rounds under eager and fused; eager rounds its product too
+    assert placed["fp64"] == set() and placed["fused"] and placed["fused"] < placed["eager"]
+
+
 def test_a_value_returned_twice_fills_both_outputs():
     """A jit function returning one value twice (castlab.torch's region backward does:
     the gradient of a residual add) writes it to both outputs under every policy. Before

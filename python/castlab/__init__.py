@@ -15,13 +15,18 @@
 #                                         compiled loops)
 #   1  policy, _graph, cuda, _runrecord       math/rounding policies, the graph IR, CUDA runtime,
 #                                         a command's run record (first line, run.json)
-#   2  _lower                                 graph -> Programs -> a Plan
+#   2  _lower_steps -> _rounding -> _lower_views -> _schedule -> _torch_kernels -> _lower_reduce
+#      -> _lower_build -> _lower              graph -> Programs -> a Plan: plan steps, rounding
+#                                         placement, view push-down, schedule (tiles, row
+#                                         fusion), PyTorch-kernel reproduction, reductions,
+#                                         the program builder, the driver
 #   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
 #                                         op functions, reductions and norms, gather, losses
 #   4  _tensor, _autodiff                     Tensor/Proxy methods (one class body each, copied
 #                                         onto _C.Tensor and Proxy); derivative rules,
 #                                         backward graphs
-#   5  _jit                                   tracing and fused execution
+#   5  _listing -> _jit                       the trace listing (from the lowering's record);
+#                                         tracing and fused execution
 #   6  numerics -> torch, presets, sweep -> _study_chains -> _study_inputs -> _study_cells
 #      -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
 #      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> cli

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import numbers
-import os
 import sys
 import threading
 import types
@@ -28,9 +27,12 @@ from typing import Any
 from . import _C, _autodiff, _debug, _onednn
 from ._creation import asarray, ones
 from ._dtype import float32, float64
-from ._graph import COMPARE, Node, Proxy, _state
-from ._lower import Lowering, Record, input_node, lower
-from ._optable import BACKWARD_KERNELS, REDUCE_OPS
+from ._graph import COMPARE, Proxy, _state
+from ._listing import Trace, _arg_names, format_trace
+from ._listing import _vop_args as _vop_args
+from ._lower import input_node, lower
+from ._lower_steps import ProgramStep, ReduceStep, RowStep
+from ._rounding import RoundingPlan
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["jit", "JitFunction", "Trace", "DEFAULT_CACHE_SIZE", "vjp", "grad"]
@@ -407,13 +409,15 @@ class JitFunction:
             print(format_trace(tr, plan.record), file=sys.stderr)
         if level >= 2:
             for k, st in enumerate(plan.steps):
-                if isinstance(st[0], str):
-                    print(f"# row step {k}: (rows, n, phases, epilogue, ...) = {st[3]}",
+                if isinstance(st, ProgramStep):
+                    print(f"# program {k}\n{st.program}", file=sys.stderr)
+                elif isinstance(st, ReduceStep):
+                    print(f"# reduce {k}: (kind, order, p0..p3) = {st.spec}", file=sys.stderr)
+                elif isinstance(st, RowStep):
+                    print(f"# row step {k}: (rows, n, phases, epilogue, ...) = {st.spec}",
                           file=sys.stderr)
-                elif st[0] is not None:
-                    print(f"# program {k}\n{st[0]}", file=sys.stderr)
                 else:
-                    print(f"# reduce {k}: (kind, order, p0..p3) = {st[3]}", file=sys.stderr)
+                    print(f"# {st.tag} step {k}: {st.spec}", file=sys.stderr)
         return plan, outs
 
     # -- running ---------------------------------------------------------------------
@@ -461,6 +465,14 @@ class JitFunction:
         plan, _ = self._plan(tr, tensors + captured, pol, mth)
         return Trace(format_trace(tr, plan.record))
 
+    def _lowered(self, args: tuple, pol: Policy, mth: Math):
+        """The plan of the graph for `args` under `pol` and `mth`: the one a run under
+        them used (lowered now if none did). Its ``record`` and ``rounding`` say what the
+        lowering decided, per node."""
+        tensors = self._bind(args)
+        tr, captured = self._traced(tensors)
+        return self._plan(tr, tensors + captured, pol, mth)[0]
+
     def node_values(self, *args, policy: Any = None, math: Any = None) -> list:
         """The value of every op node of the trace under `policy`/`math`, exactly as the
         graph computes it (after the policy's rounding, before any output rounding):
@@ -488,15 +500,19 @@ class JitFunction:
         tr, captured = self._traced(tensors)
         all_inputs = tensors + captured
         pol.check_graph(tr.nodes)
-        low = Lowering(pol, mth, None, [])  # (only for vt64: the device does not matter)
+        # the register types (castlab._rounding's placement: the device does not matter)
+        rounding = RoundingPlan(pol, mth, "cpu").place(tr.outputs)
+
+        def f64(n) -> bool:
+            return rounding.of(n).compute == "f64"
 
         def value(n):
             if n.op == "cat":
-                dt = float64 if any(low.vt64(p) for p in n.inputs if p.op != "scalar") else float32
+                dt = float64 if any(f64(p) for p in n.inputs if p.op != "scalar") else float32
             elif n.op in COMPARE or not n.dtype.is_floating_point:
                 dt = n.dtype
             else:
-                dt = float64 if low.vt64(n) else float32
+                dt = float64 if f64(n) else float32
             plan, outs = lower([n], all_inputs, pol, mth, out_dtypes=[dt])
             plan.run(all_inputs, outs)
             return outs[0]
@@ -635,64 +651,6 @@ def _make_backward(fn: Callable, nargs: int, argnums: tuple) -> Callable:
     return bwd
 
 
-def _arg_names(fn: Callable, n: int) -> list:
-    import inspect
-
-    try:
-        params = [p.name for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        params = []
-    if len(params) >= n and len(set(params[:n])) == n:
-        return params[:n]
-    return ["x"] if n == 1 else [f"x{i}" for i in range(n)]
-
-
-class Trace(str):
-    """A trace listing (a str), shown in a fixed-width font in Jupyter."""
-
-    def _repr_html_(self) -> str:
-        """The listing as a monospace block (scrolling sideways rather than wrapping),
-        with the node names in bold, the comments in grey, and the conversions that
-        round (``convert(...)`` lines whose comment says round) highlighted.
-
-        >>> tr = cl.jit(lambda x: cl.exp(x) * 2).trace(cl.ones(2, dtype=cl.bfloat16), policy="eager")
-        >>> h = tr._repr_html_()
-        >>> "castlab-round" in h and "<b>t0</b>" in h
-        True
-        """
-        import html
-        import re
-
-        esc = html.escape
-        out = []
-        name_re = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*)( = )(.*)$")
-        for line in str(self).split("\n"):
-            if line.lstrip().startswith("#"):
-                out.append(f"<span style='color:#6a737d'>{esc(line)}</span>")
-                continue
-            code, sep, comment = line.partition("  # ")
-            m = name_re.match(code)
-            if m:
-                indent, name, eq, rhs = m.groups()
-                body = f"{esc(indent)}<b>{esc(name)}</b>{esc(eq)}{esc(rhs)}"
-            else:
-                body = esc(code)
-            if sep:
-                body += f"<span style='color:#6a737d'>{esc(sep + comment)}</span>"
-            rounds = (m is not None and m.group(4).startswith("convert(")
-                      and "round" in comment.lower())
-            if rounds:
-                body = ("<span class='castlab-round' title='rounds to a lower precision' "
-                        "style='background:#fff3cd;color:#8a4b00'>" + body + "</span>")
-            out.append(body)
-        return ("<div style='overflow-x:auto'><pre style='font-family:monospace;"
-                "white-space:pre;margin:0'>" + "\n".join(out) + "</pre></div>")
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
 def jit(fn: Callable | None = None, *, policy: Any = "fused", math: Any = "torch_eager",
         cache_size: int = DEFAULT_CACHE_SIZE):
     """Trace `fn` on its first call for each input signature (shapes, dtypes, strides,
@@ -746,236 +704,6 @@ def jit(fn: Callable | None = None, *, policy: Any = "fused", math: Any = "torch
 
 
 # ---------------------------------------------------------------- trace listing
-
-def _fmt_type(dt, shape) -> str:
-    return f"{dt.short}[{', '.join(str(s) for s in shape)}]"
-
-
-def _vop_args(node: Node) -> str:
-    v = node.attrs["vop"]
-    k = v[0]
-    if k == "slice":
-        _, d, a, b, s = v
-        b = "" if b >= 2**62 else b
-        return f"dim={d}, {a}:{b}" + (f":{s}" if s != 1 else "")
-    if k == "select":
-        return f"dim={v[1]}, index={v[2]}"
-    if k in ("permute", "expand", "reshape"):
-        return str(list(v[1]))
-    return f"dim={v[1]}"
-
-
-def _where(node: Node) -> str:
-    """``file.py:LINE`` of the user code that recorded `node` (empty when unknown)."""
-    w = node.where
-    return f"{os.path.basename(w[0])}:{w[1]}" if w else ""
-
-
-def format_trace(tr: Traced, record: Record) -> str:
-    """Render a traced graph, Thunder style, from the lowering's record of it under one
-    policy, math and device (``lower(...)[0].record``): every convert, fma contraction,
-    PyTorch kernel quirk and rounding shown is one the lowering made."""
-    policy, math, cuda = record.policy, record.math, record.cuda
-    names: dict = {}
-    lines: list = []
-    # Names: graph node k is t{k} (the index that Policy(round_after=...) takes); a value
-    # widened or rounded to another dtype gets that dtype as a suffix (t2_bf16).
-
-    def emit(lhs, rhs, comment="", where=""):
-        s = f"  {lhs} = {rhs}"
-        if comment:
-            s = s.ljust(44) + "  # " + comment
-        if where:
-            s = (s + "  # " + where) if comment else (s.ljust(44) + "  # " + where)
-        lines.append(s)
-
-    arg_decl: list = []
-    arg_names = getattr(tr, "arg_names", None) or _arg_names(lambda: None, len(tr.inputs))
-    for i, n in enumerate(tr.inputs):
-        nm = arg_names[i]
-        names[id(n)] = nm
-        arg_decl.append(f"{nm}: {_fmt_type(n.dtype, n.shape)}")
-    for i, n in enumerate(tr.captured_nodes):
-        nm = f"c{i}"
-        names[id(n)] = nm
-        arg_decl.append(f"{nm}: {_fmt_type(n.dtype, n.shape)} (captured)")
-    header = (f"# castlab trace: policy={policy.describe()}  math={math.name}"
-              f"  device={'cuda' if cuda else 'cpu'}")
-    lines.append(header)
-    lines.append(f"def {tr.name}({', '.join(arg_decl)}):")
-
-    # representation of each value: ("st", dtype) in storage precision, ("cp", dtype) in compute
-    rep: dict = {}
-    conv: dict = {}
-    for n in tr.inputs + tr.captured_nodes:
-        rep[id(n)] = ("st", n.dtype)
-    unlowered = Lowering(policy, math, record.device, [])  # register types of unused nodes
-
-    def comp_dt(node) -> Any:
-        d = record.of(node)
-        if not node.dtype.is_floating_point and (
-                d.compute == "i64" if d is not None else unlowered.vt(node) == 2):
-            return node.dtype  # integers and bools: exact in an int64 register
-        f64 = d.compute == "f64" if d is not None else unlowered.vt64(node)
-        return float64 if f64 else float32
-
-    def operand(a: Node, cdt) -> str:
-        if a.op == "scalar":
-            return repr(a.value)
-        nm = names[id(a)]
-        _, dt = rep[id(a)]
-        if dt is cdt:
-            return nm
-        key = (id(a), cdt.name)
-        if key not in conv:
-            t = f"{nm}_{cdt.short}"
-            what = "widen, exact" if (dt.bits < cdt.bits) else "round to nearest even"
-            emit(t, f"convert({nm}, {cdt.short})", what)
-            conv[key] = t
-        return conv[key]
-
-    rounding = {"nearest": "round to nearest even", "toward_zero": "round toward zero",
-                "stochastic": f"stochastic rounding, seed={policy.seed}"}[policy.rounding]
-
-    def round_note(d) -> str:
-        return rounding + ("; done by the output store" if d.round_elided else "")
-
-    def listed():
-        """The graph's nodes, each kernel node (var, layer_norm) as the nodes the lowering
-        expanded it into (named t<index>_<k>; the kernel node then names their result)."""
-        for n in tr.nodes:
-            sub = record.expansions.get(id(n))
-            if not sub:
-                yield n
-                continue
-            for k, m in enumerate(sub):
-                sub_names[id(m)] = f"t{n.index}_{k}"
-                yield m
-            names[id(n)] = names[id(sub[-1])]
-            rep[id(n)] = rep[id(sub[-1])]
-
-    sub_names: dict = {}
-    phase = None
-    for n in listed():
-        where = _where(n)
-        ph = n.attrs.get("phase")
-        if ph != phase and ph is not None:
-            lines.append("  # " + ("forward (the activations the backward reads)" if ph == "forward"
-                                   else "backward (vector-Jacobian product)"))
-            phase = ph
-        if n.op in ("slice", "select", "permute", "expand", "reshape", "unsqueeze", "squeeze"):
-            t = sub_names.get(id(n), f"t{n.index}")
-            names[id(n)] = t
-            rep[id(n)] = rep[id(n.inputs[0])]
-            emit(t, f"{n.op}({names[id(n.inputs[0])]}, {_vop_args(n)})",
-                 f"{_fmt_type(rep[id(n)][1] if rep[id(n)][0] == 'cp' else n.dtype, n.shape)}  view",
-                 where)
-            continue
-        if n.op == "cat":
-            cdt = max((rep[id(p)][1] for p in n.inputs), key=lambda d: d.bits)
-            parts = [operand(p, cdt) if rep[id(p)][1] is not cdt else names[id(p)] for p in n.inputs]
-            t = sub_names.get(id(n), f"t{n.index}")
-            names[id(n)] = t
-            kinds = {rep[id(p)][0] for p in n.inputs}
-            rep[id(n)] = ("st", n.dtype) if kinds == {"st"} and cdt is n.dtype else ("cp", cdt)
-            emit(t, f"cat([{', '.join(parts)}], dim={n.attrs['dim']})",
-                 f"{_fmt_type(rep[id(n)][1], n.shape)}  data movement, exact", where)
-            continue
-        if n.op in ("gather", "scatter_add"):
-            x, ix = n.inputs
-            t = sub_names.get(id(n), f"t{n.index}")
-            names[id(n)] = t
-            rep[id(n)] = rep[id(x)]
-            extra = ", wrap=True" if n.attrs.get("wrap") else ""
-            note = ("gathered, exact: each op before it computes only the gathered values"
-                    if n.op == "gather" else
-                    f"zeros with {names[id(x)]} added at the index, each row in order, "
-                    f"in {_fmt_type(rep[id(x)][1], n.shape)}")
-            emit(t, f"{n.op}({names[id(x)]}, dim={n.attrs['dim']}, index={names[id(ix)]}{extra})",
-                 f"{_fmt_type(rep[id(x)][1] if rep[id(x)][0] == 'cp' else n.dtype, n.shape)}  "
-                 + note, where)
-            continue
-        if n.op == "nll_reduce":
-            t = sub_names.get(id(n), f"t{n.index}")
-            names[id(n)] = t
-            rep[id(n)] = ("st", n.dtype)
-            d = record.of(n)
-            a = n.attrs
-            args = ", ".join(names[id(m)] for m in n.inputs)
-            emit(t, f"nll_{a['what']}({args}, reduction={a['reduction']!r}, "
-                    f"ignore_index={a['ignore_index']})",
-                 f"{_fmt_type(n.dtype, n.shape)}  "
-                 + (d.description if d is not None and d.description else "expanded"), where)
-            continue
-        d = record.of(n)
-        cdt = comp_dt(n)
-        t = sub_names.get(id(n), f"t{n.index}")
-        if n.op == "astype":
-            src = operand(n.inputs[0], cdt)
-            names[id(n)] = t
-            tgt = d.round_to if d is not None else None
-            if tgt is not None:
-                emit(t, f"convert({src}, {tgt.short})", f"astype: {round_note(d)}", where)
-                rep[id(n)] = ("st", tgt)
-            else:
-                emit(t, f"astype({src}, {n.dtype.short})",
-                     ("kept exact (fp64 policy)" if policy.name == "fp64" else "no rounding")
-                     + ("" if d is not None else "; not computed (unused)"), where)
-                rep[id(n)] = ("cp", cdt)
-            continue
-        args = [operand(a, cdt) for a in n.inputs]
-        names[id(n)] = t
-        out_dt = n.dtype if n.op in COMPARE else cdt
-        note = [_fmt_type(out_dt, n.shape)]
-        if d is None:
-            note.append("not computed (unused)")
-        else:
-            if d.description:
-                note.append(d.description)
-            if d.fma_with is not None:
-                note.append(f"fma-contracted with {names[id(d.fma_with)]}")
-            if d.fma_into is not None:
-                note.append(f"product kept exact for the fma of t{d.fma_into.index}")
-            if d.quirk:
-                note.append(d.quirk)
-            k = n.attrs.get("kernel")
-            if k is not None:
-                arith = BACKWARD_KERNELS[k].arith_for(cuda, n.dtype)
-                kid = f"{k}#{n.attrs.get('kernel_id', 0)}"
-                if n.attrs.get("kernel_inner") and arith == "opmath":
-                    note.append(f"in {kid} (one PyTorch kernel, not rounded)")
-                else:
-                    note.append(f"{kid} " + ("result" if arith == "opmath" else
-                                             "(PyTorch computes it in the storage type)"))
-        if n.op in REDUCE_OPS:
-            args.append(f"dim={list(n.attrs['dims'])}")
-            if n.attrs.get("keepdim"):
-                args.append("keepdim=True")
-        emit(t, f"{n.op}({', '.join(args)})", "  ".join(note), where)
-        rep[id(n)] = ("st", n.dtype) if n.op in COMPARE else ("cp", cdt)
-        if d is not None and d.round_to is not None:
-            tgt = d.round_to
-            r = f"{t}_{tgt.short}"
-            emit(r, f"convert({t}, {tgt.short})", round_note(d))
-            names[id(n)] = r
-            rep[id(n)] = ("st", tgt)
-
-    rets = []
-    for n in tr.outputs:
-        want = n.dtype
-        if policy.output is not None and want.is_floating_point:
-            want = policy.output
-        kind, dt = rep[id(n)]
-        nm = names[id(n)]
-        if dt is not want:
-            t = f"{nm}_{want.short}"
-            emit(t, f"convert({nm}, {want.short})",
-                 f"output: {rounding}" if want.bits < dt.bits else "output: widen, exact")
-            nm = t
-        rets.append(nm)
-    lines.append("  return " + ", ".join(rets))
-    return "\n".join(lines)
-
 
 # ---------------------------------------------------------------- vjp and grad
 

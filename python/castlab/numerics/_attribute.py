@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from .._jit import JitFunction
-from .._lower import Lowering
 from .._optable import REDUCE_OPS
 from ..policy import Math, Policy, as_math, as_policy
 from ._explain import _VIEWS, _as_jit, _bind_args, explain
@@ -87,11 +86,11 @@ def _op_nodes(tr) -> list:
     return [n for n in tr.nodes if n.op not in _NOT_OPS]
 
 
-def _rounding_set(pol: Policy, tr, low: Lowering) -> frozenset:
-    """The op nodes after which `pol` rounds (or, in fp32, closes a kernel), as the
-    lowering decides: its phases and PyTorch's backward kernels included."""
-    return frozenset(n.index for n in _op_nodes(tr)
-                     if pol.rounds_after(n.index, n.op, n.attrs.get("phase"), low.kernel_inner(n)))
+def _rounding_set(tr, rounding) -> frozenset:
+    """The op nodes after which a policy rounds (or, in fp32, closes a kernel), as the
+    lowering decided: its phases and PyTorch's backward kernels included. `rounding`: the
+    rounding placement a plan carries (``plan.rounding``, castlab._rounding)."""
+    return frozenset(n.index for n in _op_nodes(tr) if rounding.of(n).rounds)
 
 
 def _bits(v, idx: np.ndarray | None = None) -> np.ndarray:
@@ -324,9 +323,47 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
         raise ValueError(f"attribute: the reference has shape {tuple(vr.a.shape)}, the output "
                          f"{tuple(va.a.shape)}")
 
-    # -- the factors
-    low_a = Lowering(pa, ma, device, [])
-    ra, rb = _rounding_set(pa, tr, low_a), _rounding_set(pb, tr, Lowering(pb, mb, device, []))
+    # -- the factors: where A and B round, as the plans of their runs above placed it
+    ra = _rounding_set(tr, jf._lowered(args, pa, ma).rounding)
+    rb = _rounding_set(tr, jf._lowered(args, pb, mb).rounding)
+    factors = _factors(tr, (pa, ma), (pb, mb), ra, rb)
+    factors, inert = _acting(jf, tr, args, factors, (pa, ma), ra, rb)
+
+    def mixed(subset) -> tuple:
+        return _mixed(factors, ra, pa, ma, subset)
+
+    bits_a, bits_b = _bits(va), _bits(vb)
+    diff = np.nonzero(bits_a != bits_b)[0]
+    want = bits_b[diff]
+
+    def attempt(subset, where):
+        """Mask over `where`: the positions whose bits `subset` reproduces."""
+        return _bits(run(*mixed(subset)), diff[where]) == want[where]
+
+    subsets, set_id = _search(len(diff), len(factors), max_set, attempt)
+
+    a64, b64, r64, codes, suspicious = _verdicts(va, vb, vr, diff)
+
+    node_labels = {}
+    for nd in tr.nodes:
+        w = nd.where
+        src = f" at {w[0].rsplit('/', 1)[-1]}:{w[1]}" if w else ""
+        node_labels[nd.index] = f"t{nd.index} {nd.op}{src}"
+    att = Attribution(
+        fn=jf, fn_name=getattr(jf.fn, "__name__", "fn"), args=args, output=output,
+        a_config=(pa, ma), b_config=(pb, mb), a_label=_label(pa, ma), b_label=_label(pb, mb),
+        device=device, factors=factors, inert=inert, node_labels=node_labels,
+        shape=tuple(va.a.shape), total=int(va.a.size), indices=diff, subsets=subsets,
+        set_id=set_id, verdict_codes=codes, suspicious=suspicious,
+        a_values=a64, b_values=b64, ref_values=r64)
+    att.verdict = _verdict(att)
+    return att
+
+
+def _factors(tr, a: tuple, b: tuple, ra: frozenset, rb: frozenset) -> list:
+    """The factors A = (policy, math) and B differ in: a rounding after a node (`ra`, `rb`:
+    where each rounds), a policy field, a math field."""
+    (pa, ma), (pb, mb) = a, b
     if pa.output != pb.output:
         raise ValueError("attribute: A and B write different output dtypes "
                          f"({pa.output} vs {pb.output})")
@@ -355,23 +392,35 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
     if not factors:
         raise ValueError(f"attribute: A ({_label(pa, ma)}) and B ({_label(pb, mb)}) differ in "
                          "no factor: they compute the same thing")
+    return factors
 
-    def mixed(subset) -> tuple:
-        chosen = {factors[i].key: factors[i] for i in subset}
-        rset = set(ra)
-        for i in subset:
-            if factors[i].kind == "rounding":
-                rset ^= {factors[i].key}
-        pf = {f: (chosen[f].b if f in chosen else getattr(pa, f)) for f in _POLICY_FIELDS}
-        pol = Policy("attribution", round_after=tuple(sorted(rset)) or "none",
-                     output=pa.output, **pf)
-        mf = {f: (chosen[f].b if f in chosen else getattr(ma, f)) for f in _MATH_FIELDS}
-        return pol, Math("attribution", **mf)
+
+def _mixed(factors: list, ra: frozenset, pa: Policy, ma: Math, subset) -> tuple:
+    """(policy, math) of A with the factors `subset` (positions into `factors`) switched
+    to B's setting."""
+    chosen = {factors[i].key: factors[i] for i in subset}
+    rset = set(ra)
+    for i in subset:
+        if factors[i].kind == "rounding":
+            rset ^= {factors[i].key}
+    pf = {f: (chosen[f].b if f in chosen else getattr(pa, f)) for f in _POLICY_FIELDS}
+    pol = Policy("attribution", round_after=tuple(sorted(rset)) or "none",
+                 output=pa.output, **pf)
+    mf = {f: (chosen[f].b if f in chosen else getattr(ma, f)) for f in _MATH_FIELDS}
+    return pol, Math("attribution", **mf)
+
+
+def _acting(jf: JitFunction, tr, args, factors: list, a: tuple, ra: frozenset,
+            rb: frozenset) -> tuple:
+    """(acting, inert): the factors with the nodes each acts at (``Factor.nodes``), and
+    the policy/math factors that change no node's lowering decision."""
+    pa, ma = a
 
     # where each policy/math factor acts: the nodes whose lowering decision it changes,
     # switched alone from A or alone back from B (fma acts only where nothing rounds)
     def record(subset):
-        return jf._plan(tr, list(args) + list(tr.captured), *mixed(subset))[0].record
+        return jf._plan(tr, list(args) + list(tr.captured),
+                        *_mixed(factors, ra, pa, ma, subset))[0].record
 
     every = tuple(range(len(factors)))
     rec_a, rec_b = record(()), record(every)
@@ -390,20 +439,16 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
             nodes = tuple(sorted(set(nodes) | (ra & rb)))  # acts at every rounding
         f = dataclasses.replace(f, nodes=tuple(sorted(nodes)))
         (acting if f.nodes or f.kind == "policy" else inert).append(f)
-    factors = acting
+    return acting, inert
 
-    bits_a, bits_b = _bits(va), _bits(vb)
-    diff = np.nonzero(bits_a != bits_b)[0]
-    want = bits_b[diff]
+
+def _search(ndiff: int, n: int, max_set: int, attempt) -> tuple:
+    """(subsets, set_id): the smallest factor sets (of the n) reproducing B's bits at each
+    of the ndiff differing elements, up to max_set exhaustively, then greedily from the
+    full switch. `attempt(subset, where)`: the mask over positions `where` it reproduces."""
     subsets: list = []                      # set_id -> tuple of factor positions
-    set_id = np.full(len(diff), -1, dtype=np.int64)
-    remaining = np.arange(len(diff))        # positions into diff
-    n = len(factors)
-
-    def attempt(subset, where):
-        """Mask over `where`: the positions whose bits `subset` reproduces."""
-        return _bits(run(*mixed(subset)), diff[where]) == want[where]
-
+    set_id = np.full(ndiff, -1, dtype=np.int64)
+    remaining = np.arange(ndiff)            # positions into diff
     for size in range(1, min(max_set, n) + 1):
         for subset in itertools.combinations(range(n), size):
             if len(remaining) == 0:
@@ -430,9 +475,12 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
         for s_, where in cur.items():
             set_id[where] = len(subsets)
             subsets.append(s_)
+    return subsets, set_id
 
-    # -- verdicts against the exact value (toward/away compare |x - ref| directly: the
-    # same ulp(ref) scales both)
+
+def _verdicts(va, vb, vr, diff: np.ndarray) -> tuple:
+    """(A, B and the reference at the differing elements in float64, verdict codes,
+    suspicious) (toward/away compare |x - ref| directly: the same ulp(ref) scales both)."""
     a64, b64, r64 = (_f64(_at(v, diff)) for v in (va, vb, vr))
     fmt = _fmt(va.dt)
     with np.errstate(all="ignore"):
@@ -453,21 +501,7 @@ def attribute(fn: Any, args: Any, a: Any = "eager", b: Any = "fused", *, ref: An
         cr = _round_np(finite, fmt)
         suspicious = ~nan & ~tie & ((db > u) | ((a64 == cr) & (b64 != cr)))
     codes = np.select([nan, tie, db < da, db > da], [4, 2, 0, 1], default=3).astype(np.int8)
-
-    node_labels = {}
-    for nd in tr.nodes:
-        w = nd.where
-        src = f" at {w[0].rsplit('/', 1)[-1]}:{w[1]}" if w else ""
-        node_labels[nd.index] = f"t{nd.index} {nd.op}{src}"
-    att = Attribution(
-        fn=jf, fn_name=getattr(jf.fn, "__name__", "fn"), args=args, output=output,
-        a_config=(pa, ma), b_config=(pb, mb), a_label=_label(pa, ma), b_label=_label(pb, mb),
-        device=device, factors=factors, inert=inert, node_labels=node_labels,
-        shape=tuple(va.a.shape), total=int(va.a.size), indices=diff, subsets=subsets,
-        set_id=set_id, verdict_codes=codes, suspicious=suspicious,
-        a_values=a64, b_values=b64, ref_values=r64)
-    att.verdict = _verdict(att)
-    return att
+    return a64, b64, r64, codes, suspicious
 
 
 def _decision(d) -> tuple | None:

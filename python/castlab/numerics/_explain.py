@@ -19,7 +19,6 @@ from .._creation import arange
 from .._dlpack import from_dlpack
 from .._dtype import dtype, float64
 from .._jit import JitFunction, jit
-from .._lower import Lowering
 from .._optable import REDUCE_OPS
 from ..policy import as_math, as_policy
 from ._formats import (
@@ -416,46 +415,10 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
 
     outcomes, combo_vals, out_dts = [], [], []
     for label, pol, mth in combos:
-        res = _val(pick(jf.run(*args, policy=pol, math=mth)))
-        odt = res.dt
-        out_dts.append(odt)
-        f = _fmt(odt)
-        rounded = float(res.f64[index])
-        vals = _all_values(jf, args, pol, mth, tr)
+        outcome, vals, odt = _outcome(jf, args, tr, output, index, exact, label, pol, mth)
+        outcomes.append(outcome)
         combo_vals.append(vals)
-        # the output node before its last rounding
-        if out_node.op in ("input",) or out_node.op in _VIEWS:
-            pre = _val(vals[id(out_node)])
-        else:
-            low = Lowering(pol, mth, res.device, [])
-
-            def rounds(n, pol=pol, low=low) -> bool:
-                return pol.rounds_after(n.index, n.op, n.attrs.get("phase"),
-                                        low.kernel_inner(n))
-
-            if rounds(out_node) and pol.round_after != "none":
-                keep = tuple(n.index for n in tr.nodes
-                             if n is not out_node and n.op not in _VIEWS and rounds(n))
-                pol2 = dataclasses.replace(pol, name="custom", round_after=keep)
-                pre_vals = {id(n): t for n, t in jf.node_values(*args, policy=pol2, math=mth)}
-                pre = _val(pre_vals[id(out_node)])
-            else:
-                pre = _val(vals[id(out_node)])
-        value = float(pre.f64[index])
-        lo, hi, _ = _neighbours_np(np.array([value]), f)
-        lo, hi = float(lo[0]), float(hi[0])
-        mid = (lo + hi) / 2
-        cr_value = float(_round_np(np.array([value]), f)[0])
-        if lo == hi:
-            position, direction = "exact", "none"
-        else:
-            position = ("on the midpoint: tie, to even" if value == mid else
-                        "above the midpoint" if value > mid else "below the midpoint")
-            direction = "up" if rounded > value else ("down" if rounded < value else "none")
-        cr = float(_round_np(np.array([exact]), f)[0])
-        outcomes.append(_Outcome(label, value, pre.dt, rounded, _hex_bits(rounded, odt), lo, hi, mid,
-                                 position, direction, rounded == cr or (math.isnan(rounded) and math.isnan(cr)),
-                                 cr_value == rounded or (math.isnan(cr_value) and math.isnan(rounded))))
+        out_dts.append(odt)
     odt = next((d for d in out_dts if d is not float64), out_dts[0])
     f = _fmt(odt)
     lo, hi, _ = _neighbours_np(np.array([exact]), f)
@@ -463,6 +426,74 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
     mid = (lo + hi) / 2
     cr = float(_round_np(np.array([exact]), f)[0])
 
+    nodes = _node_rows(node_list, names, out_node, index, [ref_vals] + combo_vals)
+
+    x_cuda = any(getattr(a, "is_cuda", False) for a in args)
+    rows = []
+    for n in tr.nodes:
+        idx = _map_index(tuple(n.shape), out_shape, index)
+        if n.op in REDUCE_OPS and idx is not None:
+            rows.append(_row_summary(n, idx, names, [ref_vals] + combo_vals,
+                                     ["fp64 reference"] + [o.label for o in outcomes],
+                                     [ref_m] + [c[2] for c in combos], x_cuda))
+    why = _why(outcomes, exact, lo, hi, mid, cr, odt)
+    return Explanation(fn_name=getattr(jf.fn, "__name__", "fn"), index=index, dtype=odt,
+                       exact=exact, lo=lo, hi=hi, midpoint=mid, correctly_rounded=cr,
+                       outcomes=outcomes, nodes=nodes, why=why, rows=rows,
+                       out_label=_node_expr(out_node, names))
+
+
+def _outcome(jf, args, tr, output: int, index: tuple, exact: float, label: str, pol,
+             mth) -> tuple:
+    """(_Outcome, every node's value, output dtype) of one configuration's run: the output
+    before its last rounding, where it lies between its neighbours, which way it went."""
+    out_node = tr.outputs[output]
+    res = jf.run(*args, policy=pol, math=mth)
+    res = _val(res[output] if isinstance(res, (tuple, list)) else res)
+    odt = res.dt
+    f = _fmt(odt)
+    rounded = float(res.f64[index])
+    vals = _all_values(jf, args, pol, mth, tr)
+    # the output node before its last rounding
+    if out_node.op in ("input",) or out_node.op in _VIEWS:
+        pre = _val(vals[id(out_node)])
+    else:
+        # where the run's plan rounds (its rounding placement, castlab._rounding)
+        rounding = jf._lowered(args, pol, mth).rounding
+
+        def rounds(n) -> bool:
+            return rounding.of(n).rounds
+
+        if rounds(out_node) and pol.round_after != "none":
+            keep = tuple(n.index for n in tr.nodes
+                         if n is not out_node and n.op not in _VIEWS and rounds(n))
+            pol2 = dataclasses.replace(pol, name="custom", round_after=keep)
+            pre_vals = {id(n): t for n, t in jf.node_values(*args, policy=pol2, math=mth)}
+            pre = _val(pre_vals[id(out_node)])
+        else:
+            pre = _val(vals[id(out_node)])
+    value = float(pre.f64[index])
+    lo, hi, _ = _neighbours_np(np.array([value]), f)
+    lo, hi = float(lo[0]), float(hi[0])
+    mid = (lo + hi) / 2
+    cr_value = float(_round_np(np.array([value]), f)[0])
+    if lo == hi:
+        position, direction = "exact", "none"
+    else:
+        position = ("on the midpoint: tie, to even" if value == mid else
+                    "above the midpoint" if value > mid else "below the midpoint")
+        direction = "up" if rounded > value else ("down" if rounded < value else "none")
+    cr = float(_round_np(np.array([exact]), f)[0])
+    outcome = _Outcome(label, value, pre.dt, rounded, _hex_bits(rounded, odt), lo, hi, mid,
+                       position, direction, rounded == cr or (math.isnan(rounded) and math.isnan(cr)),
+                       cr_value == rounded or (math.isnan(cr_value) and math.isnan(rounded)))
+    return outcome, vals, odt
+
+
+def _node_rows(node_list: list, names: dict, out_node, index: tuple, all_vals: list) -> list:
+    """One row per node: its expression, the element it holds at the output's `index`, and
+    that element's value in each run (`all_vals`: the reference's, then each config's)."""
+    out_shape = tuple(out_node.shape)
     nodes = []
     for n in node_list:
         if n.op == "scalar":
@@ -479,7 +510,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         if n is out_node:
             label += "  (output)"
         row_vals = []
-        for vals in [ref_vals] + combo_vals:
+        for vals in all_vals:
             t = vals.get(id(n))
             if idx is None or t is None:
                 row_vals.append(None)
@@ -490,20 +521,7 @@ def explain(fn: Any, args: Any, index: Any, policies: Any = ("eager", "fused"),
         if idx is None:
             label += f"  [shape {list(n.shape)}]"
         nodes.append({"label": label, "at": at, "values": row_vals})
-
-    x_cuda = any(getattr(a, "is_cuda", False) for a in args)
-    rows = []
-    for n in tr.nodes:
-        idx = _map_index(tuple(n.shape), out_shape, index)
-        if n.op in REDUCE_OPS and idx is not None:
-            rows.append(_row_summary(n, idx, names, [ref_vals] + combo_vals,
-                                     ["fp64 reference"] + [o.label for o in outcomes],
-                                     [ref_m] + [c[2] for c in combos], x_cuda))
-    why = _why(outcomes, exact, lo, hi, mid, cr, odt)
-    return Explanation(fn_name=getattr(jf.fn, "__name__", "fn"), index=index, dtype=odt,
-                       exact=exact, lo=lo, hi=hi, midpoint=mid, correctly_rounded=cr,
-                       outcomes=outcomes, nodes=nodes, why=why, rows=rows,
-                       out_label=_node_expr(out_node, names))
+    return nodes
 
 
 def _row_summary(n, idx: tuple, names: dict, all_vals: list, labels: list, maths: list,

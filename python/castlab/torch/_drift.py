@@ -41,7 +41,7 @@ from .._dlpack import from_dlpack
 from .._dtype import float32, float64
 from .._graph import VIEW_OPS as _VIEW_OPS
 from .._jit import JitFunction
-from .._lower import Lowering, lower
+from .._lower import lower
 from ..numerics._formats import _fmt, _val, round_to
 from ..numerics._metrics import drift_scan
 from ..numerics._tables import _html_table, _text_table
@@ -128,14 +128,15 @@ class _Values:
         tr = seg.jit.graph(*xs)
         mapping = seg.maps[id(tr.inputs[0])]
         inputs = xs + list(tr.captured)
-        low = Lowering(self.pol, self.mth, None, [])
+        # register types: the rounding placement of the plan the region ran with above
+        rounding = seg.jit._lowered(tuple(xs), self.pol, self.mth).rounding
         names, nodes, dts = [], [], []
         for name, node in mapping.items():
             if node.op in _VIEW_OPS or node.op == "input" or not node.dtype.is_floating_point:
                 continue
             names.append(name)
             nodes.append(node)
-            dts.append(float64 if low.vt64(node) else float32)
+            dts.append(float64 if rounding.of(node).compute == "f64" else float32)
         if not nodes:
             return {}
         self.pol.check_graph(tr.nodes)
