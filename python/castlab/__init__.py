@@ -13,7 +13,8 @@
 #                                         devices, ops, torch's MKL VML when torch is loaded,
 #                                         where PyTorch's gelu calls oneDNN, the CPU's
 #                                         compiled loops)
-#   1  policy, _graph, cuda, _runrecord       math/rounding policies, the graph IR, CUDA runtime,
+#   1  _policy -> policy, _graph, cuda, _runrecord  rounding policies, math variants, the
+#                                         graph IR, CUDA runtime,
 #                                         a command's run record (first line, run.json)
 #   2  _lower_steps -> _rounding -> _lower_views -> _schedule -> _torch_kernels -> _lower_reduce
 #      -> _lower_build -> _lower              graph -> Programs -> a Plan: plan steps, rounding

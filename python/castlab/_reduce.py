@@ -687,21 +687,7 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
         d = xf - m
         r = ops.rsqrt(_reduce("sum", d * d, dims, True) / float(n) + e)
     if not (torch_order and eager and ctx.order == "torch_cpu"):
-        # the decomposition, in op-math
-        lead = tuple(d for d in range(len(shape)) if d not in dims)
-        xhat = (xf - m) * r
-        if what == "dbeta":
-            y = _reduce("sum", gf, lead, False) if lead else gf
-        elif what == "dgamma":
-            y = _reduce("sum", gf * xhat, lead, False) if lead else gf * xhat
-        else:
-            gx = gf * wf if wf is not None else gf
-            s1 = _reduce("sum", gx, dims, True)
-            s2 = _reduce("sum", gx * xhat, dims, True)
-            y = (r / float(n)) * ((gx * float(n) - s1) - xhat * s2)
-        if tuple(y.shape) != tuple(node.shape):
-            y = ops.reshape(y, tuple(node.shape))
-        return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+        return _ln_backward_decomposition(node, what, xf, gf, wf, m, r, dims, shape, n)
 
     # PyTorch's CPU kernel
     if not ctx.math.torch_cpu_fma():
@@ -747,6 +733,35 @@ def _expand_layer_norm_backward(ctx, node: Node, pg: Proxy, px: Proxy, *params: 
         y = (b * xf + t) + c
         return ops.astype(y, out_dt) if y.dtype is not out_dt else y
     # dgamma / dbeta: the per-thread buffers, then their sum from 0 in op-math
+    return _ln_backward_param_buffers(node, what, xf, gf, m, r, rows, n, half, in_dt, red)
+
+
+def _ln_backward_decomposition(node: Node, what: str, xf: Proxy, gf: Proxy, wf, m, r,
+                               dims: tuple, shape: tuple, n: int) -> Proxy:
+    """layer_norm's gradient as torch.compile differentiates it (torch._decomp
+    native_layer_norm_backward), in op-math, rounded once."""
+    out_dt = node.dtype
+    lead = tuple(d for d in range(len(shape)) if d not in dims)
+    xhat = (xf - m) * r
+    if what == "dbeta":
+        y = _reduce("sum", gf, lead, False) if lead else gf
+    elif what == "dgamma":
+        y = _reduce("sum", gf * xhat, lead, False) if lead else gf * xhat
+    else:
+        gx = gf * wf if wf is not None else gf
+        s1 = _reduce("sum", gx, dims, True)
+        s2 = _reduce("sum", gx * xhat, dims, True)
+        y = (r / float(n)) * ((gx * float(n) - s1) - xhat * s2)
+    if tuple(y.shape) != tuple(node.shape):
+        y = ops.reshape(y, tuple(node.shape))
+    return ops.astype(y, out_dt) if y.dtype is not out_dt else y
+
+
+def _ln_backward_param_buffers(node: Node, what: str, xf: Proxy, gf: Proxy, m, r, rows: int,
+                               n: int, half: bool, in_dt, red: dict) -> Proxy:
+    """dgamma / dbeta as PyTorch's CPU kernel: one buffer per thread accumulating rows
+    (in the input's dtype for bf16/fp16), then the buffers' sum from 0 in op-math."""
+    out_dt = node.dtype
     g2, x2 = _ln_rows(gf, rows, n), _ln_rows(xf, rows, n)
     if what == "dgamma":
         mr, rr = ops.reshape(m, (rows, 1)), ops.reshape(r, (rows, 1))

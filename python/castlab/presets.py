@@ -382,10 +382,11 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list,
     return Library(name, summary, url, math, presets, verified)
 
 
-def _build() -> dict:
+def _triton_libs() -> list:
+    """PyTorch eager (the baseline) and the Triton libraries: Liger, Unsloth."""
     triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
                       division="approx", fma_rounding="storage")
-    libs = [
+    return [
         _lib("torch_eager",
              "Hugging Face modeling code (interleaved RoPE: flash-attn's PyTorch "
              "reference) under PyTorch eager: every op rounds",
@@ -443,6 +444,12 @@ def _build() -> dict:
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True, "unsloth"),
                   "as rope with sin negated", _UNSLOTH + "rope_embedding.py#L140-L142"),
              ], VERIFIED),
+    ]
+
+
+def _cuda_libs() -> list:
+    """The CUDA and fused-kernel libraries: flash-attn, vLLM, Apex, TransformerEngine."""
+    return [
         _lib("flash_attn", "flash-attn's Triton rotary kernel (apply_rotary_emb)",
              _GH + "Dao-AILab/flash-attention", Math("flash_attn", impl="cuda", fma=True), [
                  ("rope", _pairs_fp32(True, False, False), _FUSED,
@@ -504,6 +511,10 @@ def _build() -> dict:
                   "interleaved rotate_half, eager", _TE + "pytorch/attention/rope.py#L258-L317"),
              ]),
     ]
+
+
+def _build() -> dict:
+    libs = _triton_libs() + _cuda_libs()
     return {lib.name: lib for lib in libs}
 
 

@@ -187,7 +187,15 @@ def scan(vals: list, rv, shape: tuple) -> dict:
         return outs, shared
 
     parts = parallel_map(work, list(range(len(leaves))), n)
+    tots, ref = _totals(vals, parts, tree, rv)
+    return assemble(vals, n, tots, ref)
 
+
+def _totals(vals: list, parts: list, tree, rv) -> tuple:
+    """The leaves' partial metrics (``parts``: per leaf, a ``_Leaf`` per result and the
+    reference's partial sums) combined: counts added, maxima taken, sums over NumPy's
+    pairwise tree. Returns (per-result totals, the reference's totals or None)."""
+    base = vals[0]
     tots = []
     for j, v in enumerate(vals):
         ls = [p[0][j] for p in parts]
@@ -217,7 +225,7 @@ def scan(vals: list, rv, shape: tuple) -> dict:
     if rv is not None:
         ref = {"r_sq": _tree_sum(tree, [p[1]["r_sq"] for p in parts]),
                "r_absmax": max(p[1]["r_absmax"] for p in parts)}
-    return assemble(vals, n, tots, ref)
+    return tots, ref
 
 
 def assemble(vals: list, n: int, tots: list, ref: dict | None) -> dict:
