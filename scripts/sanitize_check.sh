@@ -59,7 +59,7 @@ export CASTLAB_CATALOGUE_KEEP_LOGS="${CASTLAB_CATALOGUE_KEEP_LOGS:-1}"
 "$PY" -c 'import castlab, sys; p = castlab._C.__file__; print("castlab from", p); sys.exit("/pkg/castlab/" not in p)'
 
 if [ "$FULL" = 1 ]; then
-  TESTS=(tests -m "not cuda and not inductor")
+  TESTS=(tests -m "not cuda and not inductor and (not slow or sanitize)")
 else
   TESTS=(tests/test_bad_inputs.py tests/test_tensor.py tests/test_ops.py tests/test_dlpack.py)
 fi
@@ -76,8 +76,10 @@ fi
 # files) run in the plain suite only; the chains, policies and metrics their cells run are
 # what tests/test_numerics*.py and tests/test_jit.py run here in process. (Keeps .ci/run
 # inside its 20 minutes on 2 cores.)
-# Also left to the plain suite: tests that repeat, at length, code the sanitizer already
-# sees -- the numerics sweeps over every capability torch has (test_cpu_isa runs the
+# Of the tests marked slow, the sanitizer runs those marked sanitize too (the bad-input
+# catalogues, the overflow checks, the threads test: where a memory error would hide); the
+# other slow ones run larger inputs through paths the quick tests take. Also left to the
+# plain suite: tests that repeat, at length, code the sanitizer already sees -- the numerics sweeps over every capability torch has (test_cpu_isa runs the
 # suite's CPU kernels again in subprocesses per ISA; grad_norms' per-capability gradients),
 # the portable math library over every input, the README's blocks (subprocesses running the
 # same calls), the command line's argument parsing and plots (test_cli_vocabulary,

@@ -1091,6 +1091,7 @@ def test_catalogue_size():
 
 
 @pytest.mark.slow  # ~300 cases, a subprocess each: ~2 min on 2 cores
+@pytest.mark.sanitize
 def test_bad_inputs_catalogue(tmp_path):
     # The catalogue runs in a fresh interpreter that forks one child per case: this
     # (pytest) process may already hold worker threads (castlab's pool, torch's), which

@@ -705,6 +705,7 @@ def test_catalogue_size():
 
 
 @pytest.mark.slow  # ~20 s (subprocesses)
+@pytest.mark.sanitize
 def test_bad_inputs_loss_catalogue():
     results = run_catalogue()
     bad = [f"{r['id']} [{r['class']}] {r['detail']}" for r in results

@@ -191,6 +191,7 @@ def _progress_during(op) -> int:
 
 
 @pytest.mark.slow  # ~15 s on 2 cores
+@pytest.mark.sanitize
 def test_gil_released_while_cpu_kernels_run():
     # Item 14 (kept): a CPU op lets other Python threads run.
     x = cl.from_numpy(__import__("numpy").ones(1 << 21))

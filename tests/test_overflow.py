@@ -106,6 +106,7 @@ RAISES = [
 
 
 @pytest.mark.slow  # a subprocess per case: ~1 s each
+@pytest.mark.sanitize
 @pytest.mark.parametrize("code,exc,match", [c[1:] for c in RAISES], ids=[c[0] for c in RAISES])
 def test_overflow_raises(code, exc, match):
     if exc == "NO":
