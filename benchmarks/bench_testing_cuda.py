@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -22,33 +24,16 @@ import castlab as cl
 from castlab.testing import KernelMismatch, assert_kernel_matches, bounds
 
 GOAL_S = 2.0
-
-
-def _triton_swiglu():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def kernel(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        a = tl.load(a_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + offs, mask=m, other=0.0)
-        tl.store(c_ptr + offs, (a * tl.sigmoid(a)).to(b.dtype) * b, mask=m)
-
-    def swiglu(a, b):
-        c = torch.empty_like(a)
-        kernel[(triton.cdiv(a.numel(), 1024),)](a, b, c, a.numel(), BLOCK=1024)
-        return c
-
-    return swiglu
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 
 def _kernels() -> dict:
     ks = {"torch eager silu(a)*b": (lambda a, b: torch.nn.functional.silu(a) * b,
                                     cl.library("torch_eager")["swiglu"])}
     try:
-        ks["triton, Liger's order"] = (_triton_swiglu(), cl.library("liger")["swiglu"])
+        from _triton_swiglu import triton_swiglu  # tests/_triton_swiglu.py
+
+        ks["triton, Liger's order"] = (triton_swiglu, cl.library("liger")["swiglu"])
     except ImportError as e:
         print(f"triton: not run ({e})")
     try:

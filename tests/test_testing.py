@@ -86,7 +86,9 @@ def test_space_walks_the_cross_product_last_fastest():
     sp = elementwise_space(("a", "b"), cl.bfloat16,
                            inputs=[E.bits(cl.bfloat16, 0x3F80, 0x3F83),
                                    E.of(cl.tensor([2.0, 4.0], dtype=cl.bfloat16))])
-    assert sp.size == 6
+    assert sp.size == 6 and not sp.exhaustive      # a range and two values: not every input
+    assert elementwise_space(("a", "b"), cl.float16,
+                             inputs=[E.all(cl.float16), E.finite(cl.float16)]).exhaustive
     a, b = sp.chunk_bits(0, 6)
     assert a.tolist() == [0x3F80, 0x3F80, 0x3F81, 0x3F81, 0x3F82, 0x3F82]
     assert b.tolist() == [0x4000, 0x4080] * 3

@@ -107,6 +107,19 @@ def _exhaustive_progress(stream: Any = None):
     return show
 
 
+def _device_arg(requested: str | None):
+    """--device as a Device: the GPU when there is one and none was named; a GPU that
+    cannot be used is a CLIError naming why."""
+    device = requested or ("cuda" if _cuda_ok() else "cpu")
+    try:
+        dev = as_device(device)
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--device {device!r}: {e}") from None
+    if dev.is_cuda and not _cuda_ok():
+        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
+    return dev
+
+
 def cmd_exhaustive(args: argparse.Namespace) -> int:
     fn = _exhaustive_fn(args.chain)
     maths = list(dict.fromkeys(args.math or ["torch_eager"]))
@@ -119,13 +132,7 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
         as_math(args.ref_math)
     except (TypeError, ValueError) as e:
         raise CLIError(f"--ref-math {args.ref_math!r}: {e}") from None
-    device = args.device or ("cuda" if _cuda_ok() else "cpu")
-    try:
-        dev = as_device(device)
-    except (TypeError, ValueError) as e:
-        raise CLIError(f"--device {device!r}: {e}") from None
-    if dev.is_cuda and not _cuda_ok():
-        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
+    dev = _device_arg(args.device)
     if args.stop is not None and args.stop <= args.start:
         raise CLIError(f"--start/--stop: the index range [{args.start}, {args.stop}) is empty "
                        "(--stop must be greater than --start)")
@@ -205,13 +212,7 @@ def cmd_bounds(args: argparse.Namespace) -> int:
     libs = list(dict.fromkeys(args.libraries or ["all"]))
     libs = libraries() if "all" in libs else libs
     against = list(dict.fromkeys(args.against or list(testing.DEFAULT_AGAINST)))
-    device = args.device or ("cuda" if _cuda_ok() else "cpu")
-    try:
-        dev = as_device(device)
-    except (TypeError, ValueError) as e:
-        raise CLIError(f"--device {device!r}: {e}") from None
-    if dev.is_cuda and not _cuda_ok():
-        raise CLIError(f"--device {device}: no usable GPU ({cuda.unavailable_reason()})")
+    dev = _device_arg(args.device)
     subjects = _bounds_subjects(chains, libs)
     _refuse_old_results(args.out, BOUNDS_FILES[:2], args.overwrite)
     _check_out(args.out, BOUNDS_FILES)

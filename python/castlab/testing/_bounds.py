@@ -14,6 +14,7 @@ from typing import Any
 from .. import _C, cuda
 from .._device import as_device
 from ..numerics import Enumeration
+from ..numerics._exhaustive import _as_enumeration
 from ..numerics._tables import _fmt_num, _html_table, _text_table
 from ._space import Space, check_dtype, elementwise_space, rope_space
 from ._stats import Namespace, chunk_stats
@@ -67,17 +68,11 @@ def default_space(t: Target, dt: Any, device: Any = "cpu", *, values: str = "all
     kind = "cuda" if as_device(device).is_cuda else "cpu"
     budget = DEFAULT_BUDGET[kind] if sample is None else _checked_count(sample, "sample")
     if inputs is not None:
-        inputs = [x if isinstance(x, Enumeration) else _enum_of(x) for x in inputs]
+        inputs = [_as_enumeration(x) for x in inputs]
     if t.family == "rope":
         return rope_space(t.arg_names, d, values=values, budget=budget, seed=seed, inputs=inputs)
     return elementwise_space(t.arg_names, d, values=values, budget=budget, seed=seed,
                              first=t.first, inputs=inputs)
-
-
-def _enum_of(x: Any) -> Enumeration:
-    if isinstance(x, str) or hasattr(x, "is_floating_point") and not hasattr(x, "shape"):
-        return Enumeration.all(x)
-    return Enumeration.of(x)
 
 
 def _checked_count(v: Any, what: str) -> int:

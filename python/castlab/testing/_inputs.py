@@ -10,7 +10,7 @@ import numpy as np
 from .._creation import from_numpy
 from ..numerics import Enumeration
 from ..numerics._formats import _fmt
-from ._space import check_dtype
+from ._space import _table_of, check_dtype
 
 __all__ = ["inputs", "special_bits", "KINDS", "AS"]
 
@@ -60,12 +60,12 @@ def inputs(dtype: Any, kind: str = "all", *, n: int = 4096, seed: int = 0,
     if kind == "specials":
         bits = special_bits(d)
     elif kind == "sample":
-        bits = _table(Enumeration.sample(d, n, seed=seed))
+        bits = _table_of(Enumeration.sample(d, n, seed=seed))
     elif d.bits > 16:
         raise ValueError(f"inputs: {d.name} has 2**{d.bits} patterns; use kind='sample' or "
                          "'specials' (castlab.testing.bounds samples float32 too)")
     else:
-        bits = _table(Enumeration.all(d) if kind == "all" else Enumeration.finite(d))
+        bits = _table_of(Enumeration.all(d) if kind == "all" else Enumeration.finite(d))
     vals = bits.astype(_fmt(d).uint).view(d.numpy)
     dev = str(device)
     if as_ == "numpy":
@@ -80,10 +80,4 @@ def inputs(dtype: Any, kind: str = "all", *, n: int = 4096, seed: int = 0,
     import torch
 
     return torch.from_dlpack(t)
-
-
-def _table(e: Enumeration) -> np.ndarray:
-    if e.table is not None:
-        return np.asarray(e.table, dtype=np.uint64)
-    return np.arange(e.lo, e.lo + e.count, dtype=np.uint64)
 

@@ -184,10 +184,10 @@ def _first(dt: dtype, values: str, budget: int, seed: int) -> Enumeration:
 
 
 def _rest(dt: dtype, values: str, per: int, seed: int, k: int) -> Enumeration:
-    pool = (1 << dt.bits) if values == "all" else len(Enumeration.finite(dt)) if dt.bits <= 16 \
-        else 0x7F800000 * 2
-    if dt.bits <= 16 and per >= pool:
-        return Enumeration.all(dt) if values == "all" else Enumeration.finite(dt)
+    if dt.bits <= 16:
+        whole = Enumeration.all(dt) if values == "all" else Enumeration.finite(dt)
+        if per >= len(whole):
+            return whole
     return Enumeration.sample(dt, per, seed=seed + k, finite=values == "finite")
 
 
@@ -199,7 +199,15 @@ def _per_rest(first: int, budget: int, k: int) -> int:
     return max(1, int(math.floor(left ** (1.0 / k) + 1e-9)))
 
 
-def _describe(names: tuple, enums: list, seed: int) -> str:
+def _whole(e: Enumeration) -> bool:
+    """Does the enumeration visit every pattern of its dtype (Enumeration.all), or every
+    finite value (Enumeration.finite)?"""
+    if e.table is None:
+        return e.lo == 0 and e.count == 1 << e.dtype.bits
+    return e.dtype.bits <= 16 and np.array_equal(e.table, Enumeration.finite(e.dtype).table)
+
+
+def _describe(names: tuple, enums: list) -> str:
     parts = [f"{n}: {e.label}" for n, e in zip(names, enums)]
     total = math.prod(len(e) for e in enums)
     return f"{total:,} inputs ({'; '.join(parts)})"
@@ -222,13 +230,12 @@ def elementwise_space(names: tuple, dt: dtype, *, values: str = "all", budget: i
         f = _first(dt, values, budget, seed)
         per = _per_rest(len(f), budget, k - 1)
         enums = [f if i == first else _rest(dt, values, per, seed, i) for i in range(k)]
-    exhaustive = all(e.table is None or e.label.startswith(("all ", "finite "))
-                     for e in enums)
+    exhaustive = all(_whole(e) for e in enums)
 
     def build(ch: Arrays, device: str) -> tuple:
         return tuple(_to(ch.tensor(v), device) for v in ch.vals)
 
-    return Space(enums, tuple(names), dt, _describe(names, enums, seed), build,
+    return Space(enums, tuple(names), dt, _describe(names, enums), build,
                  exhaustive=exhaustive)
 
 
@@ -284,6 +291,6 @@ def rope_space(names: tuple, dt: dtype, *, values: str = "all", budget: int = 1 
         return {k: _to(ch.tensor(v), device) for k, v in pool.items()}
 
     labels = ("x1", "x2", "angle")
-    return Space(enums, labels, x_dt, _describe(labels, enums, seed), build,
+    return Space(enums, labels, x_dt, _describe(labels, enums), build,
                  outputs_per_input=2, exhaustive=False)
 

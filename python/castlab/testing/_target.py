@@ -16,7 +16,7 @@ from ..ops import cat, reshape
 from ..policy import as_math, as_policy
 from ..presets import OpPreset
 
-__all__ = ["Target", "subject", "reference", "flat", "unary_ops", "REFERENCES"]
+__all__ = ["Target", "subject", "reference", "flat", "unary_ops"]
 
 
 def flat(out: Any):
@@ -140,10 +140,6 @@ def subject(x: Any, policy: Any = None, math: Any = None) -> Target:
         return _chain_target(x, name, policy, math)
     raise TypeError(f"expected a castlab function, an OpPreset or a preset name, got "
                     f"{type(x).__name__}")
-
-
-#: The references every subject has (besides library names and "policy/math").
-REFERENCES = ("fp64", "torch_eager", "inductor")
 
 
 def reference(s: Target, against: Any) -> Target:
