@@ -87,10 +87,32 @@ def test_liger_kernel_itself_on_every_pair():
 
     r = assert_kernel_matches(liger_swiglu, cl.library("liger")["swiglu"], device="cuda")
     assert r.passed
+    n_eager = _all_pairs_count(liger_swiglu, _eager)
+    if n_eager:
+        with pytest.raises(KernelMismatch) as e:
+            assert_kernel_matches(liger_swiglu, "swiglu", device="cuda")
+        assert e.value.report.differ == n_eager
+    else:
+        assert assert_kernel_matches(liger_swiglu, "swiglu", device="cuda").passed
     with pytest.raises(KernelMismatch) as e:
         assert_kernel_matches(liger_swiglu, "swiglu", device="cuda", policy="fused",
                               math="inductor")
     assert e.value.report.differ == _all_pairs_count(liger_swiglu, _fused)
+
+
+def test_a_perturbed_kernel_fails_with_the_brute_force_count():
+    """Sigmoid through exp2 with log2(e) cut to 5 digits: castlab's count against Liger's
+    preset equals PyTorch's count against a Triton kernel that passes that preset."""
+    sw = _triton_swiglu()
+
+    def perturbed(a, b):
+        af = a.float()
+        return (af / (1.0 + torch.exp2(af * -1.4427))).to(a.dtype) * b
+
+    with pytest.raises(KernelMismatch) as e:
+        assert_kernel_matches(perturbed, cl.library("liger")["swiglu"], device="cuda")
+    assert e.value.report.differ == _all_pairs_count(perturbed, sw) > 0
+    print(e.value.report)
 
 
 def test_inputs_on_the_gpu():
