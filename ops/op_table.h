@@ -97,6 +97,9 @@ constexpr const char* kCastlabOnly = nullptr;
   X(Hardswish, "hardswish", "aten.hardswish", 1, kCatUnaryFloat, kVarHardswishRecip6, 4, 4,        \
     op_hardswish, 1, "x*min(max(x+3,0),6)/6",                                                      \
     "[hardswish_backward] dx = where(x <= -3, 0, where(x < 3, g * (x / 3 + 0.5), g))")             \
+  X(Hardsigmoid, "hardsigmoid", "aten.hardsigmoid", 1, kCatUnaryFloat, kVarHardswishRecip6, 4, 4,  \
+    op_hardsigmoid, 1, "min(max(x+3,0),6)/6",                                                      \
+    "[hardsigmoid_backward] dx = where(x > -3, where(x < 3, g * 0.1666666716337204, 0), 0)")       \
   X(Add, "add", "aten.add", 2, kCatBinary, 0, 1, 1, op_add, 1, "a+b", "da = g; db = g")            \
   X(Sub, "sub", "aten.sub", 2, kCatBinary, 0, 1, 1, op_sub, 1, "a-b", "da = g; db = -g")           \
   X(Mul, "mul", "aten.mul", 2, kCatBinary, 0, 1, 1, op_mul, 1, "a*b", "da = g * b; db = g * a")    \

@@ -33,7 +33,7 @@ def test_every_public_op_is_exported_and_a_method():
         assert o.name in cl.__all__, o.name
         f = getattr(cl, o.name)
         assert f.__name__ == o.name and f.__doc__
-        if o.arity <= 2:
+        if o.arity <= 2 and hasattr(torch.Tensor, o.name):  # PyTorch's methods
             assert callable(getattr(cl.Tensor, o.name)), o.name
     assert "gelu_tanh" not in cl.__all__  # reached through gelu(approximate="tanh")
 
@@ -171,7 +171,7 @@ def test_variant_bits_come_from_one_table():
     constants all derive from it; every bit names the Math field that sets it."""
     import dataclasses
 
-    from castlab import _optable, policy
+    from castlab import _optable
 
     table = _optable.VARIANT_BITS
     assert len(table) == 17 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
@@ -189,9 +189,9 @@ def test_variant_bits_come_from_one_table():
                                         | _optable.BITS["pow_device"])
     assert _optable.APPROX_DIV == 0x8 and _optable.SIGMOID_EX2 == 0x10
     assert _optable.SILU_MUL_SIGMOID == 0x4 and _optable.IMPL_MASK == 0x3
-    # the trace has a note for each bit Math.cuda_kernels sets
-    assert set(policy._TORCH_CUDA_NOTES) == {b.name for b in table
-                                             if b.math_field == "cuda_kernels"}
+    # the trace has a note for each bit Math.cuda_kernels sets, from the table's column
+    for b in table:
+        assert bool(b.trace) == (b.math_field == "cuda_kernels"), b
     # every op's factors are table bits
     for o in OPS.values():
         assert not o.factors & ~seen, o

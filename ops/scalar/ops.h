@@ -22,57 +22,71 @@ namespace cl {
 // op's formula reads). 32 bits wide: room for the factors still to come. The one list of
 // them: the enum below, castlab._C.VARIANT_BITS and castlab._optable's constants derive
 // from it.
-// CL_VARIANT_BIT(Enum, "name", bit, "math_field", "description")
+// CL_VARIANT_BIT(Enum, "name", bit, "math_field", "description", "trace")
 //   math_field  the castlab.Math field that sets the bit ("" where the lowering sets it)
+//   trace       the note a trace shows where Math.cuda_kernels sets the bit (required for
+//               those bits; "" for the others)
 #define CL_VARIANT_BITS(X)                                                                      \
-  X(ImplMask, "impl_mask", 0x3, "impl", "MathImpl for exp/log/sin/cos/tanh/erf")                \
+  X(ImplMask, "impl_mask", 0x3, "impl", "MathImpl for exp/log/sin/cos/tanh/erf", "")            \
   X(SiluMulSigmoid, "silu_mul_sigmoid", 0x4, "silu",                                            \
-    "silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)")                          \
+    "silu = x * sigmoid(x) (TE, Thunder, nvFuser) instead of x/(1+e)", "")                      \
   X(ApproxDiv, "approx_div", 0x8, "division",                                                   \
-    "division as CUDA's approximate div.full.f32 (GPU only)")                                   \
+    "division as CUDA's approximate div.full.f32 (GPU only)", "")                               \
   X(SigmoidEx2, "sigmoid_ex2", 0x10, "sigmoid",                                                 \
-    "sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)")                       \
+    "sigmoid exp as ex2.approx(x*log2e) (Triton's tl.sigmoid, GPU only)", "")                   \
   X(RsqrtFast, "rsqrt_fast", 0x20, "cuda_kernels",                                              \
-    "rsqrt via the device's rsqrtf instead of 1/sqrt(x)")                                       \
+    "rsqrt via the device's rsqrtf instead of 1/sqrt(x)",                                       \
+    "rsqrtf (approximate, as PyTorch's CUDA kernel)")                                           \
   X(FmaInOp, "fma_in_op", 0x40, "cuda_kernels",                                                 \
-    "a*b+c inside an op's formula contracts (nvcc --fmad=true builds; GCC's on torch_cpu)")     \
+    "a*b+c inside an op's formula contracts (nvcc --fmad=true builds; GCC's on torch_cpu)",     \
+    "fma inside the formula (nvcc --fmad=true)")                                                \
   X(HardswishRecip6, "hardswish_recip6", 0x80, "cuda_kernels",                                  \
-    "hardswish multiplies by 1/6 (PyTorch CUDA) instead of / 6 (CPU)")                          \
+    "hardswish and hardsigmoid multiply by 1/6 (PyTorch CUDA) instead of / 6 (CPU)",            \
+    "times 1/6 (PyTorch's CUDA kernel)")                                                        \
   X(PowDevice, "pow_device", 0x100, "cuda_kernels",                                             \
-    "pow's general case is the device's pow: CUDA powf/pow (PyTorch; glibc's on torch_cpu)")    \
+    "pow's general case is the device's pow: CUDA powf/pow (PyTorch; glibc's on torch_cpu)",    \
+    "CUDA powf/pow (PyTorch's pow kernels)")                                                    \
   X(PowTensorExp, "pow_tensor_exp", 0x200, "",                                                  \
     "with pow_device: a tensor exponent, no pow_tensor_scalar shortcuts (PyTorch's "            \
-    "pow_tensor_tensor calls pow directly)")                                                    \
+    "pow_tensor_tensor calls pow directly)",                                                    \
+    "")                                                                                         \
   X(TorchVml, "torch_vml", 0x400, "impl",                                                       \
     "CPU only: MKL VML's function from libtorch_cpu.so over the whole block "                   \
-    "(ops/cpu/torch_vml.h), as PyTorch's fp32/fp64 exp/log/sin/cos/tanh/erf/sqrt kernels")      \
+    "(ops/cpu/torch_vml.h), as PyTorch's fp32/fp64 exp/log/sin/cos/tanh/erf/sqrt kernels",      \
+    "")                                                                                         \
   X(RsqrtScalar16, "rsqrt_scalar16", 0x800, "impl",                                             \
     "CPU only, on layouts where PyTorch runs its scalar lambda: 1 / sqrt(x) with sqrt "         \
-    "rounded to the 16-bit Instr.dtype first")                                                  \
+    "rounded to the 16-bit Instr.dtype first",                                                  \
+    "")                                                                                         \
   X(TorchTail, "torch_tail", 0x1000, "impl",                                                    \
     "CPU only: PyTorch's cpu_kernel_vec runs the last (n mod Instr.aux) elements of each "      \
-    "thread chunk with its scalar lambda (glibc), Loops.h; the executor does so too")           \
+    "thread chunk with its scalar lambda (glibc), Loops.h; the executor does so too",           \
+    "")                                                                                         \
   X(OneDnnGelu, "onednn_gelu", 0x2000, "impl",                                                  \
     "CPU only, fp32 gelu (erf): oneDNN's JIT eltwise_gelu_erf (math_onednn.h), minimax form "   \
     "(AVX512 cores), which PyTorch calls on contiguous input of 2 or more elements; the "       \
-    "executor clears it on other layouts (then Gelu.h's loop, torch_tail)")                     \
+    "executor clears it on other layouts (then Gelu.h's loop, torch_tail)",                     \
+    "")                                                                                         \
   X(OneDnnGeluAvx2, "onednn_gelu_avx2", 0x4000, "impl",                                         \
-    "with onednn_gelu: the JIT's form below AVX512 (A&S)")                                      \
+    "with onednn_gelu: the JIT's form below AVX512 (A&S)", "")                                  \
   X(OneDnnBf16Ftz, "onednn_bf16_ftz", 0x8000, "impl",                                           \
     "with onednn_gelu: bf16 stored by vcvtneps2bf16, which writes a subnormal float as a "      \
-    "signed zero (avx512_bf16 CPUs)")                                                           \
+    "signed zero (avx512_bf16 CPUs)",                                                           \
+    "")                                                                                         \
   X(TorchScalarLoop, "torch_scalar_loop", 0x10000, "cpu_isa",                                   \
     "CPU only: PyTorch's DEFAULT build (ATEN_CPU_CAPABILITY=default), whose vec_base "          \
     "Vectorized maps the scalar function over its lanes: every layout computes as the scalar "  \
-    "lambda (16-bit rsqrt's rounded sqrt)")                                                     \
+    "lambda (16-bit rsqrt's rounded sqrt)",                                                     \
+    "")                                                                                         \
   X(OneDnnGeluBwd, "onednn_gelu_bwd", 0x20000, "impl",                                          \
     "CPU only, with onednn_gelu: PyTorch's CPU gelu_backward (erf form, contiguous fp32/bf16) " \
     "through oneDNN's JIT eltwise_gelu_erf backward: register b (the cotangent) times "         \
     "gelu'(a) by Abramowitz & Stegun (every ISA), stored as the kernel stores "                 \
-    "(onednn_bf16_ftz); the scalar op_gelu returns gelu'(a) only")
+    "(onednn_bf16_ftz); the scalar op_gelu returns gelu'(a) only",                              \
+    "")
 
 enum VariantBits : uint32_t {
-#define CL_VARIANT_ENUM(E, name, bit, field, doc) kVar##E = bit,
+#define CL_VARIANT_ENUM(E, name, bit, field, doc, trace) kVar##E = bit,
   CL_VARIANT_BITS(CL_VARIANT_ENUM)
 #undef CL_VARIANT_ENUM
 };
@@ -227,6 +241,16 @@ CL_HD T op_hardswish(T x, int var) {
   // one_sixth is the float 1.0f/6.0f widened to op-math, also for double
   if (var & kVarHardswishRecip6) return x * c * T(1.0f / 6.0f);
   return x * c / T(6);
+}
+// PyTorch: hardsigmoid as hardswish's c alone, / 6 on the CPU (Activation.cpp
+// hardsigmoid_kernel), times the float one_sixth on the GPU (ActivationHardsigmoidKernel.cu).
+template <typename T>
+CL_HD T op_hardsigmoid(T x, int var) {
+  T c = x + T(3);
+  c = c < T(0) ? T(0) : c;  // std::max(c, 0): keeps c when c is NaN
+  c = T(6) < c ? T(6) : c;  // std::min(c, 6)
+  if (var & kVarHardswishRecip6) return c * T(1.0f / 6.0f);
+  return c / T(6);
 }
 
 template <typename T>

@@ -40,6 +40,7 @@ class VariantBit(NamedTuple):
     bit: int
     math_field: str  # the castlab.Math field that sets it ("": the lowering does)
     doc: str
+    trace: str  # the note a trace shows where Math.cuda_kernels sets the bit ("" otherwise)
 
 
 VARIANT_BITS: tuple[VariantBit, ...] = tuple(VariantBit(**d) for d in _C.VARIANT_BIT_TABLE)
@@ -156,10 +157,23 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
     "gelu_tanh_backward": BackwardKernel(
         {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
         "aten/src/ATen/native/cuda/ActivationGeluKernel.cu, native/cpu/Activation.cpp"),
-    "hardswish_backward": BackwardKernel(
-        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
-        "aten/src/ATen/native/cuda/ActivationHardswishKernel.cu, native/cpu/Activation.cpp"),
 }
+
+
+def _table_kernel(name: str, aten: str | None) -> BackwardKernel:
+    """A backward kernel the op table names that has no entry above: PyTorch's usual
+    activation backward, which loads into op-math, computes and rounds once, with its
+    compilers' contraction (CUDA functors over opmath_t; the CPU's float Vectorized
+    lambdas). tests/test_grad.py and test_grad_cuda.py check each such kernel against
+    torch.autograd; one that rounds otherwise gets an entry above."""
+    src = f"PyTorch's {name} kernels ({aten or 'castlab-only'}), op-math as the op table's default"
+    return BackwardKernel({"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True}, src)
+
+
+for _o in OPS.values():  # "[kernel] ..." grad rules whose kernel is the default above
+    _k = _o.grad[1:_o.grad.find("]")] if _o.grad.startswith("[") else ""
+    if _k and _k not in BACKWARD_KERNELS:
+        BACKWARD_KERNELS[_k] = _table_kernel(_k, _o.aten)
 
 
 # ---------------------------------------------------------------- reductions

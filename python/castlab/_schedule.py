@@ -237,7 +237,8 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
         cand = steps[j]
         if all(_rows_strides(o.t, rows, n) is not None for o in cand.outs) and rowable(cand.leaves):
             epi = cand
-    spec = _row_spec(phases, epi, qsrcs, rows, n)
+    *head, leaves, outs = _row_spec(phases, epi, qsrcs, rows, n)
+    spec = tuple(head)  # the 8 fields ops/row_step.h reads
     acc64 = _dtype_code(phases[0].dst.t) == float64.code
     if mode == "auto" and not (low.cuda and all(
             ph.red.spec[1] in _FAST_ROW.get(ph.red.spec[0], ()) for ph in phases)):
@@ -247,8 +248,7 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
     if low.cuda and any(ph.red.spec[0] >= REDUCE_OPS["moments_mean"] for ph in phases):
         return None  # Welford moments in a row kernel have not run on a GPU: kept apart
     end = j + (1 if epi else 0)
-    leaves, outs = spec[-2], spec[-1]
-    return RowStep.make(leaves, outs, spec[:-2]), end, dropped
+    return RowStep.make(leaves, outs, spec), end, dropped
 
 
 def _row_spec(phases: list, epi: ProgramStep | None, qsrcs: set, rows: int, n: int) -> tuple:

@@ -518,24 +518,12 @@ class Math:
         if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
         if cuda and self.cuda_kernels:
-            for b in VARIANT_BITS:  # a note per bit the field sets (KeyError: add one)
+            for b in VARIANT_BITS:  # each bit the field sets has its note in the table
                 if b.math_field == "cuda_kernels" and f & b.bit:
-                    notes.append(_TORCH_CUDA_NOTES[b.name])
+                    notes.append(b.trace)
         if f & SIGMOID_EX2 and self._computes_sigmoid(f) and self.sigmoid == "ex2_approx":
             notes.append("exp=ex2.approx" if cuda else "ex2.approx is GPU-only: exp=" + impl)
         return " ".join(notes)
-
-
-# What Math.cuda_kernels changes, per variant bit it sets (math_field "cuda_kernels" in
-# ops/scalar/ops.h CL_VARIANT_BITS; tests/test_op_table.py checks the keys against it), as
-# traces show it (the lowering's own expansions of PyTorch's kernels, e.g. division by a
-# Python number, are in its record: the trace).
-_TORCH_CUDA_NOTES = {
-    "rsqrt_fast": "rsqrtf (approximate, as PyTorch's CUDA kernel)",
-    "fma_in_op": "fma inside the formula (nvcc --fmad=true)",
-    "hardswish_recip6": "x*c*(1/6) (PyTorch's CUDA kernel)",
-    "pow_device": "CUDA powf/pow (PyTorch's pow kernels)",
-}
 
 
 _PRESETS = {

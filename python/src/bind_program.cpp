@@ -130,15 +130,16 @@ void bind_program(py::module_& m) {
   // constants (castlab._optable) are built from this list; VARIANT_BITS: name -> bit.
   py::list bit_table;
   py::dict bits;
-#define CL_VARIANT_DICT(E, name, bit, field, doc)    \
-  {                                                  \
-    py::dict d;                                      \
-    d["name"] = name;                                \
-    d["bit"] = static_cast<uint32_t>(cl::kVar##E);   \
-    d["math_field"] = field;                         \
-    d["doc"] = doc;                                  \
-    bit_table.append(d);                             \
-    bits[name] = static_cast<uint32_t>(cl::kVar##E); \
+#define CL_VARIANT_DICT(E, name, bit, field, doc, trace) \
+  {                                                      \
+    py::dict d;                                          \
+    d["name"] = name;                                    \
+    d["bit"] = static_cast<uint32_t>(cl::kVar##E);       \
+    d["math_field"] = field;                             \
+    d["doc"] = doc;                                      \
+    d["trace"] = trace;                                  \
+    bit_table.append(d);                                 \
+    bits[name] = static_cast<uint32_t>(cl::kVar##E);     \
   }
   CL_VARIANT_BITS(CL_VARIANT_DICT)
 #undef CL_VARIANT_DICT

@@ -26,7 +26,7 @@ __all__ = ["bounds", "Bounds", "default_space", "chunks", "cache_dir", "check_de
 #: What :func:`bounds` measures against by default.
 DEFAULT_AGAINST = ("fp64", "torch_eager", "inductor")
 #: Input tuples per chunk, by device kind.
-_CHUNK = {"cpu": 1 << 20, "cuda": 1 << 24}
+_CHUNK = {"cpu": 1 << 20, "cuda": 1 << 26}
 #: Input tuples a default space visits, by device kind: on the GPU all 2**32 pairs of a
 #: 16-bit dtype; on the CPU every value of the first input times a sample of the others.
 DEFAULT_BUDGET = {"cpu": 1 << 22, "cuda": 1 << 32}
