@@ -160,6 +160,9 @@ if [ "$BENCH" = 1 ]; then
   t0=$(date +%s)
   $PY benchmarks/bench_testing_cuda.py --json "$OUT/bench_testing.json" 2>&1 | tee "$OUT/bench_testing.log"
   echo "bench castlab.testing: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  $PY benchmarks/bench_cold_compile.py --json "$OUT/bench_cold_compile.json" 2>&1 | tee "$OUT/bench_cold_compile.log"
+  echo "bench cold compile (issue 53): $(( $(date +%s) - t0 )) s"
   $PY scripts/reduce_gpu_report.py --quick > "$OUT/reduce_report.txt" 2>&1
   echo "reduction report: $(grep -c ' 0 / ' "$OUT/reduce_report.txt") cases equal, nonzero below"
   grep -v ' 0 / ' "$OUT/reduce_report.txt" | grep -v 'dynamo' | head -40

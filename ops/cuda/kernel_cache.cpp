@@ -23,15 +23,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
+#include <future>
 #include <mutex>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -45,11 +49,31 @@ namespace cl {
 namespace cuda {
 
 // ---------------------------------------------------------------- cache
+//
+// Concurrency (issue 53). g_mu guards only the maps and the counters: NVRTC, the disk
+// cache and the module load run outside it, so threads compile different kernels at the
+// same time. A compiled source is one module per device (g_modules, keyed by the disk
+// key: a source compiled under several kernel names, as the compare kernels are, is
+// compiled once); the first thread to miss it compiles it, and every other thread asking
+// for it meanwhile waits on that thread's shared_future and gets its module, or its
+// exception (the failed entry is dropped first, so a later call compiles again). No
+// lock is held while a thread waits or compiles, so no wait can deadlock.
+//
+// What this relies on: NVRTC programs are independent objects, and NVRTC's header
+// (nvrtc.h, CUDA 12 and 13) names nvrtcGetTypeName, which castlab never calls, as the
+// only API that is not multi-thread safe; each thread here creates, compiles and
+// destroys its own nvrtcProgram. The driver API is thread-safe (a context may be current
+// on several threads; set_device makes it current on the calling one), so cuLink* (one
+// CUlinkState per call) and cuModuleLoadData/cuModuleGetFunction may run concurrently.
+// The disk cache writes each entry through a temporary named by pid and a random suffix
+// and renames it into place, so two writers never share a temporary.
 
 namespace {
 
 std::mutex g_mu;
 std::unordered_map<std::string, CompiledKernel> g_mem;  // key -> function (per device)
+// device + disk key -> its module: compiled (or being compiled, or loaded from disk)
+std::unordered_map<std::string, std::shared_future<CUmodule>> g_modules;
 std::unordered_set<std::string> g_printed;
 CacheStats g_stats;
 
@@ -59,9 +83,11 @@ namespace {
 
 // The cache folder's descriptor for this call, or -1 when the disk cache is not used
 // (the reason is printed once per folder at CASTLAB_DEBUG>=1). Stale temporaries are
-// cleaned on a folder's first use. Called with g_mu held.
+// cleaned on a folder's first use (by one thread; the others wait for it).
 int disk_dir(const std::string& dir) {
+  static std::mutex mu;
   static std::unordered_set<std::string> seen;
+  std::lock_guard<std::mutex> lk(mu);
   std::string why;
   const int fd = disk::open_dir(dir, &why);
   const bool first = seen.insert(dir).second;
@@ -241,7 +267,7 @@ std::vector<std::string> nvrtc_options(int dev, bool* ptx_only) {
 }
 
 NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
-                               const std::string& name) {
+                               const std::string& name, bool keep_image) {
   // "sm_<n>" (a CUBIN, as the cache builds for a device NVRTC knows) or "compute_<n>"
   // (PTX, as for a device newer than NVRTC).
   const bool sm = arch.rfind("sm_", 0) == 0;
@@ -262,48 +288,46 @@ NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arc
                                 "; it supports:" + list);
   }
   NvrtcCheck out;
-  std::string error;
+  std::string error, kind;
+  std::string* image = keep_image ? &out.image : nullptr;
   if (source.find(kLinkPowDefine) != std::string::npos) {
     // as get_kernel builds it: both parts relocatable, to PTX (the driver links them)
     const std::vector<std::string> opts = nvrtc_options_for_arch(arch);
-    std::string pow_log;
-    out.ok = nvrtc_compile(name, source, with_options(opts, false), true, nullptr, nullptr,
-                           &out.log, &error) &&
-             nvrtc_compile("cl_pow_fmad", kPowFmadSource, with_options(opts, true), true, nullptr,
-                           nullptr, &pow_log, &error);
+    std::string pow_log, pow_image;
+    out.ok = nvrtc_compile(name, source, with_options(opts, false), true, image, &kind, &out.log,
+                           &error) &&
+             nvrtc_compile("cl_pow_fmad", kPowFmadSource, with_options(opts, true), true,
+                           keep_image ? &pow_image : nullptr, &kind, &pow_log, &error);
     out.log += pow_log;
+    out.image += pow_image;
   } else {
-    out.ok = nvrtc_compile(name, source, nvrtc_options_for_arch(arch), !sm, nullptr, nullptr,
-                           &out.log, &error);
+    out.ok = nvrtc_compile(name, source, nvrtc_options_for_arch(arch), !sm, image, &kind, &out.log,
+                           &error);
   }
   if (!out.ok) out.log = "NVRTC: " + error + "\n" + out.log;
   return out;
 }
 
-CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  const std::string mem_key = std::to_string(dev) + "\n" + name + "\n" + source;
-  auto it = g_mem.find(mem_key);
-  if (it != g_mem.end()) {
-    g_stats.memory_hits++;
-    return it->second;
-  }
-  if (debug_level() >= 3 && g_printed.insert(name).second) {
-    std::fprintf(stderr, "# castlab CUDA kernel %s\n%s\n", name.c_str(), source.c_str());
-    std::fflush(stderr);
-  }
-  bool ptx_only = false;
-  const std::vector<std::string> opts = nvrtc_options(dev, &ptx_only);
+namespace {
+
+// What decides a kernel's binary, hashed: the disk cache's key (see the top of the file).
+std::string disk_key(const std::vector<std::string>& opts, bool linked, const std::string& source) {
   int vmaj = 0, vmin = 0;
   nvrtc_version(&vmaj, &vmin);
   std::string key_text = "castlab " CASTLAB_VERSION "\n";
   key_text += "nvrtc " + std::to_string(vmaj) + "." + std::to_string(vmin) + "\n";
   for (const auto& o : opts) key_text += o + "\n";
   key_text += "headers " + embedded_headers_hash() + "\n";
-  const bool linked = source.find(kLinkPowDefine) != std::string::npos;
   if (linked) key_text += std::string("linked with:\n") + kPowFmadSource;
   key_text += source;
-  const std::string file_key = sha256_hex(key_text);
+  return sha256_hex(key_text);
+}
+
+// `source`'s module on `dev`: from the disk cache, else compiled (and stored there), then
+// loaded. Runs without g_mu (taken only to count).
+CUmodule build_module(int dev, const std::string& name, const std::string& source,
+                      const std::vector<std::string>& opts, bool ptx_only, bool linked,
+                      const std::string& file_key) {
   const int dfd = disk_dir(cache_dir());
   struct DirCloser {
     int fd;
@@ -311,31 +335,117 @@ CompiledKernel get_kernel(int dev, const std::string& name, const std::string& s
       if (fd >= 0) close(fd);
     }
   } dir_closer{dfd};
-
   std::string kind, image;
   const std::string got = dfd >= 0 ? disk::load(dfd, file_key, &kind, &image) : "off";
   if (got == "ok") {
+    std::lock_guard<std::mutex> lk(g_mu);
     g_stats.disk_hits++;
   } else {
-    if (got != "missing" && got != "off") g_stats.disk_rejects++;  // present but refused
     const auto t0 = std::chrono::steady_clock::now();
     if (linked) set_device(dev);  // the driver links for the current context's device
     image = linked ? compile_linked(name, source, opts, &kind)
                    : compile(name, source, opts, ptx_only, &kind);
-    g_stats.compile_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    g_stats.compiles++;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      if (got != "missing" && got != "off") g_stats.disk_rejects++;  // present but refused
+      g_stats.compile_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      g_stats.compiles++;
+    }
     if (dfd >= 0) disk::store(dfd, file_key, kind, image);
   }
   set_device(dev);
-  const DriverApi& d = driver();
   CUmodule mod = nullptr;
-  check(d.cuModuleLoadData(&mod, image.data()), "cuModuleLoadData");
+  check(driver().cuModuleLoadData(&mod, image.data()), "cuModuleLoadData");
+  return mod;
+}
+
+}  // namespace
+
+CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source) {
+  const std::string mem_key = std::to_string(dev) + "\n" + name + "\n" + source;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_mem.find(mem_key);
+    if (it != g_mem.end()) {
+      g_stats.memory_hits++;
+      return it->second;
+    }
+  }
+  bool ptx_only = false;
+  const std::vector<std::string> opts = nvrtc_options(dev, &ptx_only);
+  const bool linked = source.find(kLinkPowDefine) != std::string::npos;
+  const std::string file_key = disk_key(opts, linked, source);
+  const std::string mod_key = std::to_string(dev) + "\n" + file_key;
+  std::promise<CUmodule> mine;
+  std::shared_future<CUmodule> mod;
+  bool owner = false;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_mem.find(mem_key);  // (another thread may have finished it meanwhile)
+    if (it != g_mem.end()) {
+      g_stats.memory_hits++;
+      return it->second;
+    }
+    if (debug_level() >= 3 && g_printed.insert(name).second) {
+      std::fprintf(stderr, "# castlab CUDA kernel %s\n%s\n", name.c_str(), source.c_str());
+      std::fflush(stderr);
+    }
+    auto m = g_modules.find(mod_key);
+    if (m == g_modules.end()) {
+      mod = mine.get_future().share();
+      g_modules.emplace(mod_key, mod);
+      owner = true;
+    } else {
+      mod = m->second;
+      g_stats.module_hits++;
+    }
+  }
+  if (owner) {
+    try {
+      mine.set_value(build_module(dev, name, source, opts, ptx_only, linked, file_key));
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lk(g_mu);
+        g_modules.erase(mod_key);  // a later call compiles again
+      }
+      mine.set_exception(std::current_exception());  // wakes the waiters, who rethrow it
+      throw;
+    }
+  }
+  const CUmodule m = mod.get();  // a waiter blocks here (no lock held) and may rethrow
+  set_device(dev);
   CUfunction fn = nullptr;
-  check(d.cuModuleGetFunction(&fn, mod, name.c_str()), "cuModuleGetFunction");
-  CompiledKernel k{fn, name};
-  g_mem.emplace(mem_key, k);
-  return k;
+  check(driver().cuModuleGetFunction(&fn, m, name.c_str()), "cuModuleGetFunction");
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_mem.emplace(mem_key, CompiledKernel{fn, name}).first->second;
+}
+
+void precompile(int dev, const std::vector<std::pair<std::string, std::string>>& kernels,
+                int threads) {
+  const size_t n = kernels.size();
+  const size_t nt = std::min(n, static_cast<size_t>(std::max(1, threads)));
+  std::atomic<size_t> next{0};
+  std::mutex err_mu;
+  std::exception_ptr first_error;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        get_kernel(dev, kernels[i].first, kernels[i].second);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  };
+  if (nt <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < nt; ++t) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 CacheStats cache_stats() {

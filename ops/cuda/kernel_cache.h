@@ -24,8 +24,14 @@ struct CompiledKernel {
   std::string name;
 };
 // Compiles (or finds in memory / on disk) `source` for device `dev`; throws with the
-// NVRTC log and the source on failure.
+// NVRTC log and the source on failure. Thread-safe: different sources compile at the same
+// time; a caller asking for a source another thread is compiling waits for that compile
+// (and gets its error, if it fails) instead of compiling it again.
 CompiledKernel get_kernel(int dev, const std::string& name, const std::string& source);
+// get_kernel for each (name, source) on `threads` threads (at least 1): the kernels a run
+// will need, compiled at once. Every kernel is tried; the first failure is rethrown after.
+void precompile(int dev, const std::vector<std::pair<std::string, std::string>>& kernels,
+                int threads);
 // NVRTC options used for `dev` (for reporting and the cache key): those of
 // nvrtc_options_for_arch for the device's architecture, nvrtc_arch(cc).
 std::vector<std::string> nvrtc_options(int dev, bool* ptx_only);
@@ -41,19 +47,25 @@ std::string nvrtc_arch(int cc, bool* ptx_only);
 // "compute_<n>": to PTX), with the same options and embedded headers, and drops the result
 // (tests of the code generator; loads NVRTC but neither the driver nor a GPU). Throws
 // std::invalid_argument for an architecture NVRTC does not support.
+// `keep_image`: *image gets what NVRTC produced (the CUBIN or PTX; for a linked source
+// both PTX parts, one after the other).
 struct NvrtcCheck {
   bool ok = false;
-  std::string log;  // NVRTC's log (warnings too); on failure it starts with NVRTC's error
+  std::string log;    // NVRTC's log (warnings too); on failure it starts with NVRTC's error
+  std::string image;  // (keep_image only)
 };
 NvrtcCheck nvrtc_compile_check(const std::string& source, const std::string& arch,
-                               const std::string& name = "castlab_check");
+                               const std::string& name = "castlab_check", bool keep_image = false);
 // Hashing and the disk cache, shared with the CPU's generated code (ops/codegen/).
 using codegen::cache_dir;
 using codegen::embedded_headers_hash;
 using codegen::sha256_hex;
 namespace disk = codegen::disk;
+// memory_hits: kernels found loaded; module_hits: a kernel of a source already compiled
+// (or being compiled: the caller waited for it) under another name or by another thread;
+// compile_seconds: summed over the compiling threads (not wall time).
 struct CacheStats {
-  uint64_t memory_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
+  uint64_t memory_hits = 0, module_hits = 0, disk_hits = 0, compiles = 0, disk_rejects = 0;
   double compile_seconds = 0;
 };
 CacheStats cache_stats();

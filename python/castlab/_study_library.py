@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import numerics
+from . import cuda, numerics
 from . import presets as _presets
 from ._creation import randn, tensor
 from ._device import as_device
 from ._dtype import as_dtype, float32, float64
+from ._jit import warm
 from ._progress import bar as _bar
 from ._study_cells import _check_seed, _device_default
 from ._study_chains import MAX_NUMEL, _rope_angles
@@ -84,6 +85,29 @@ def _one_tensor(out: Any):
     return cat([reshape(t, t.numel()) for t in out], dim=0)
 
 
+def _warm_runs_of(inputs: dict, ops: list, libs: list) -> list:
+    """The (jit function, args, policy, math) the matrix runs: each library's op and its
+    fp64 reference on each dtype's inputs (castlab._jit.warm)."""
+    runs = []
+    for ins in inputs.values():
+        for op in ops:
+            pool = ins[op.removesuffix("_backward")]
+            for lib in libs:
+                if op in lib.presets:
+                    runs += lib[op]._runs([pool[a] for a in lib[op].inputs])
+    return runs
+
+
+def _warm_libraries(inputs: dict, ops: list, libs: list, device: str) -> None:
+    """Compile the kernels the matrix will run, `cuda.compile_threads()` at a time, before
+    it runs them one by one (castlab._jit.warm: nothing it computes is kept; a failure is
+    left for the matrix to report). With CASTLAB_COMPILE_THREADS=1, nothing is done."""
+    threads = cuda.compile_threads()
+    if threads > 1:
+        cuda.precompile_kernels(device=device, threads=threads)  # numerics.compare's kernels
+        warm(_warm_runs_of(inputs, ops, libs), threads)
+
+
 def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = None,
               dtypes: Sequence[str] = LIBRARY_DTYPES, device: str | None = None,
               size: int = 1 << 20, seed: int = 0, progress: bool = False,
@@ -132,8 +156,11 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     eager = _presets.library("torch_eager")
     rows = []
     total = sum(op in lib.presets for _ in dtypes for op in ops for lib in libs)
+    inputs = {d: library_inputs(size, d, seed, device) for d in dtypes}
+    if device.startswith("cuda"):
+        _warm_libraries(inputs, ops, [eager] + [b for b in libs if b is not eager], device)
     for d in dtypes:
-        ins = library_inputs(size, d, seed, device)
+        ins = inputs[d]
         for op in ops:
             pool = ins[op.removesuffix("_backward")]
             base = _one_tensor(eager[op](*(pool[a] for a in eager[op].inputs)))

@@ -69,18 +69,11 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
     common["input_dtypes"] = ",".join(a.dtype.name for a in args)
     fn = _jit_of(ch.fn)
     reference = fn.run(*args, policy=spec["ref"])
-    runs = []  # (math, policy, rounding, result)
-    for m in maths:
-        for p in pols:
-            for r in rounding:
-                pol = _policy_with_rounding(p, r, seed)
-                runs.append((m, pol, r, fn.run(*args, policy=pol, math=m)))
-    extras = []
-    for m in spec["extras"]:
-        if any(x[0] == m for x in runs) or m in extras:
-            continue
-        extras.append(m)
-        runs.append((m, Policy.fused(), "nearest", fn.run(*args, policy="fused", math=m)))
+    configs, extra_configs = _cell_configs(spec)
+    # (math, policy, rounding, result)
+    runs = [(m, pol, r, fn.run(*args, policy=pol, math=m)) for m, pol, r in configs]
+    runs += [(m, pol, r, fn.run(*args, policy="fused", math=m)) for m, pol, r in extra_configs]
+    extras = [m for m, _, _ in extra_configs]
     base = _baseline(runs, maths[0] if maths else None,
                      lambda m, fn=fn, args=args: fn.run(*args, policy="eager", math=m))
     if spec["grad"]:
@@ -98,6 +91,35 @@ def _run_cell(spec: dict, on_device: str | None = None) -> dict:
             new_verdicts.append(v)
     return {"key": key, "rows": [_jsonable(r) for r in new_rows],
             "attribution": _jsonable(new_att), "verdicts": _jsonable(new_verdicts)}
+
+
+def _cell_configs(spec: dict) -> tuple:
+    """The (math, policy, rounding) a cell runs: every preset, policy and rounding mode of
+    the study, then (fused, nearest) each extra preset not among them."""
+    seed = spec["seed"]
+    configs = [(m, _policy_with_rounding(p, r, seed), r)
+               for m in spec["maths"] for p in spec["pols"] for r in spec["rounding"]]
+    extra: list = []
+    for m in spec["extras"]:
+        if not any(x[0] == m for x in configs + extra):
+            extra.append((m, Policy.fused(), "nearest"))
+    return configs, extra
+
+
+def _cell_warm_runs(spec: dict) -> list:
+    """The (jit function, args, policy, math) of a cell's forward runs (reference, each
+    configuration, the eager baseline), for castlab._jit.warm; none for a cell whose
+    inputs are made where it runs (a Dask worker)."""
+    made = spec.get("made")
+    if made is None:
+        return []
+    fn, args = _jit_of(spec["chain"].fn), made[0]
+    configs, extra = _cell_configs(spec)
+    runs = [(fn, args, spec["ref"], fn.math)]
+    runs += [(fn, args, pol, m) for m, pol, _ in configs + extra]
+    if spec["maths"]:
+        runs.append((fn, args, Policy.eager(), spec["maths"][0]))
+    return runs
 
 
 def _warn_other_output_dtype(chain: str, dt: str, out: str, args: tuple | None = None,

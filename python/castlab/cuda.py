@@ -20,7 +20,8 @@ from ._device import as_device
 
 __all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
            "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
-           "kernel_cache_stats", "unavailable_reason", "wait_on_stream"]
+           "kernel_cache_stats", "unavailable_reason", "wait_on_stream", "compile_threads",
+           "precompile_kernels", "MAX_COMPILE_THREADS"]
 
 
 def _nvrtc_candidates() -> list[str]:
@@ -108,8 +109,92 @@ def empty_cache() -> None:
 
 
 def kernel_cache_stats() -> dict:
-    """Kernel cache counters: memory hits, disk hits, NVRTC compiles and their time."""
+    """Kernel cache counters: ``memory_hits`` (kernels found loaded), ``module_hits`` (a
+    kernel whose source was already compiled, or was being compiled by another thread,
+    which then waited for it), ``disk_hits``, ``compiles`` (NVRTC), ``disk_rejects`` and
+    ``compile_seconds`` (summed over the threads that compiled, not wall time)."""
     return dict(_C._cuda_kernel_cache_stats())
+
+
+#: The most threads :func:`compile_threads` gives by default (NVRTC compiles of one
+#: study rarely keep more busy; CASTLAB_COMPILE_THREADS may set more).
+MAX_COMPILE_THREADS = 32
+
+
+def compile_threads(threads: int | None = None) -> int:
+    """How many threads compile kernels at once (the study's warm-up, ``precompile``):
+    `threads` when given, else the environment variable ``CASTLAB_COMPILE_THREADS``, else
+    the CPUs this process may run on (``os.sched_getaffinity``), at most
+    ``MAX_COMPILE_THREADS``. 1 compiles one kernel at a time, as each first run does.
+
+    >>> cl.cuda.compile_threads(4)
+    4
+    """
+    if threads is None:
+        env = os.environ.get("CASTLAB_COMPILE_THREADS", "").strip()
+        if env:
+            try:
+                threads = int(env)
+            except ValueError:
+                raise ValueError("CASTLAB_COMPILE_THREADS must be a positive integer, got "
+                                 f"{env!r}") from None
+            if threads < 1:
+                raise ValueError(f"CASTLAB_COMPILE_THREADS must be >= 1, got {threads}")
+            return threads
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # (not Linux)
+            cpus = os.cpu_count() or 1
+        return max(1, min(cpus, MAX_COMPILE_THREADS))
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    return threads
+
+
+def precompile_kernels(kernels: Any = None, device: int | str = 0,
+                       threads: int | None = None) -> None:
+    """Compile kernels for `device` now, `threads` at a time (:func:`compile_threads`),
+    into the kernel cache (memory and disk), as their first use would: `kernels` is a
+    list of (name, source) pairs, by default castlab's kernels of fixed source (the
+    comparison's, the reductions', the index and loss kernels). The first failure is
+    raised once every kernel has been tried. RuntimeError without a usable GPU."""
+    idx = _index(device)
+    _require_cuda("precompile_kernels")
+    ks = _C._cuda_builtin_kernels() if kernels is None else [(str(n), str(s)) for n, s in kernels]
+    _C._cuda_precompile(idx, ks, compile_threads(threads))
+
+
+def _concurrently(calls: list, threads: int | None = None, errors: str = "raise") -> list:
+    """Call each of `calls` (no arguments) on `threads` threads (compile_threads()): their
+    results in the order of `calls`. castlab's C++ (runs, NVRTC compiles) releases the
+    GIL, so first runs compile their kernels at the same time. `errors`: "raise" raises
+    the first failure (in the order of `calls`) once all have finished; "ignore" gives
+    None for a call that failed."""
+    n = compile_threads(threads)
+    if n <= 1 or len(calls) <= 1:
+        out = []
+        for c in calls:
+            try:
+                out.append(c())
+            except Exception:  # noqa: BLE001  (kept for the caller, as below)
+                if errors == "raise":
+                    raise
+                out.append(None)
+        return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(n, len(calls)),
+                            thread_name_prefix="castlab-compile") as pool:
+        futs = [pool.submit(c) for c in calls]
+        out = []
+        for f in futs:
+            e = f.exception()
+            if e is not None and errors == "raise":
+                for g in futs:
+                    g.cancel()
+                raise e
+            out.append(None if e is not None else f.result())
+    return out
 
 
 def current_stream_ptr(device: int | str = 0) -> int:

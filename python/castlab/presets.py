@@ -47,7 +47,7 @@ from collections.abc import Callable
 from ._dtype import float32
 from ._jit import JitFunction, jit
 from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
-from .policy import Math, Policy
+from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "VERIFIED",
            "NOT_RUN", "BASELINE"]
@@ -124,13 +124,26 @@ class OpPreset:
     def _run(self, args: tuple, **how):
         if self.grad_of is None:
             return self.jit().run(*args, **how) if how else self.jit()(*args)
-        # autodiff, called as the library ops are: swiglu_backward(dc, a, b) has every
-        # primal; rope_backward(dy, cos, sin) lacks x, which RoPE's gradient (linear in
-        # x) never reads: dy stands in for it as a tensor of the right shape and dtype
-        _, argnums = self.grad_of
+        dy, primals = self._primals(args)
+        return self.jit().backward(*primals, grad_outputs=dy, argnums=self.grad_of[1], **how)
+
+    def _primals(self, args: tuple) -> tuple:
+        """(cotangent, primals) of a backward op's call. Autodiff, called as the library
+        ops are: swiglu_backward(dc, a, b) has every primal; rope_backward(dy, cos, sin)
+        lacks x, which RoPE's gradient (linear in x) never reads: dy stands in for it as
+        a tensor of the right shape and dtype."""
         dy, *rest = args
-        primals = rest if self.op.startswith("swiglu") else [dy, *rest]
-        return self.jit().backward(*primals, grad_outputs=dy, argnums=argnums, **how)
+        return dy, (rest if self.op.startswith("swiglu") else [dy, *rest])
+
+    def _runs(self, args: tuple) -> list:
+        """The (jit function, args, policy, math) that calling the op and its
+        ``reference`` on `args` run (castlab._jit.warm compiles them ahead)."""
+        j = self.jit()
+        if self.grad_of is not None:
+            dy, primals = self._primals(args)
+            j, args = j.backward_fn(len(primals), self.grad_of[1]), (*primals, dy)
+        return [(j, tuple(args), j.policy, j.math),
+                (j, tuple(args), as_policy("fp64"), as_math("portable"))]
 
     def trace(self, *args) -> str:
         """The listing of the graph castlab runs for these inputs (casts shown)."""

@@ -38,6 +38,7 @@ from typing import Any
 from . import cuda
 from ._device import as_device
 from ._dtype import as_dtype
+from ._jit import warm
 from ._progress import bar as _bar
 from ._study_cells import CELL_KEYS as CELL_KEYS
 from ._study_cells import COTANGENT_SEED_MIX as COTANGENT_SEED_MIX
@@ -77,6 +78,7 @@ from ._study_rows import (
     ATTRIBUTION_COLUMNS,
     _cell_common,
     _cell_key_dict,
+    _cell_warm_runs,
     _jit_of,
     _run_cell,
     _run_cell_at,
@@ -192,6 +194,7 @@ def run(chains: Sequence[str | Callable | Chain] = ("swiglu", "rope"),
     collect = _Collector(st, len(jobs), len(cells), records, promoted_said, on_row, on_cell,
                          progress)
     if st.here:
+        _warm_cells(st, cells)
         _run_here(cells, collect)
     else:
         _run_on_workers(st, cells, collect)
@@ -466,6 +469,19 @@ class _Collector:
                     else "")
             raise CellFailed(f"study: {self.failures[0]}{more}; the finished cells are kept "
                              "(castlab study --resume, or run(done=records), runs the rest)")
+
+
+def _warm_cells(st: _Study, cells: list) -> None:
+    """On CUDA, compile the kernels of every pending cell's forward runs first,
+    `cuda.compile_threads()` at a time (castlab._jit.warm; the cells then run one after
+    another as before and find them loaded). CASTLAB_COMPILE_THREADS=1 skips it."""
+    if not st.device.startswith("cuda"):
+        return
+    threads = cuda.compile_threads()
+    runs = [r for _, spec in cells for r in _cell_warm_runs(spec)]
+    if threads > 1 and runs:
+        cuda.precompile_kernels(device=st.device, threads=threads)  # numerics.compare's
+        warm(runs, threads)
 
 
 def _run_here(cells: list, collect: _Collector) -> None:

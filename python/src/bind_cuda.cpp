@@ -147,10 +147,35 @@ void bind_cuda(py::module_& m) {
         cu::stream_wait_for(producer, device);
       },
       py::arg("producer_stream"), py::arg("device") = 0);
+  // The kernels whose sources are fixed (the comparison's, the reductions', the index and
+  // loss kernels): (name, source) pairs for _cuda_precompile, in no particular order.
+  m.def("_cuda_builtin_kernels", [] {
+    std::vector<std::pair<std::string, std::string>> k;
+    for (const char* n : {"cl_compare_leaves", "cl_compare_tree", "cl_near_ties", "cl_tie_split",
+                          "cl_ulp_error", "cl_ulp_diff"})
+      k.emplace_back(n, cu::kCompareSource);
+    for (bool f64 : {false, true}) {
+      k.emplace_back(f64 ? "cl_reduce_f64" : "cl_reduce_f32", cu::reduce_kernel_source(f64));
+      k.emplace_back(f64 ? "cl_nll_f64" : "cl_nll_f32", cu::nll_kernel_source(f64));
+    }
+    for (const char* n : {"cl_gather", "cl_index_check", "cl_scatter_add", "cl_zero"})
+      k.emplace_back(n, cu::index_kernel_source());
+    return k;
+  });
+  // Compiles (or loads from the disk cache) each (name, source) for `device` on `threads`
+  // threads, as get_kernel would on first use; the first failure is raised after all ran.
+  m.def(
+      "_cuda_precompile",
+      [](int device, const std::vector<std::pair<std::string, std::string>>& kernels, int threads) {
+        py::gil_scoped_release nogil;
+        cu::precompile(device, kernels, threads);
+      },
+      py::arg("device"), py::arg("kernels"), py::arg("threads"));
   m.def("_cuda_kernel_cache_stats", [] {
     const cu::CacheStats s = cu::cache_stats();
     py::dict d;
     d["memory_hits"] = s.memory_hits;
+    d["module_hits"] = s.module_hits;
     d["disk_hits"] = s.disk_hits;
     d["compiles"] = s.compiles;
     d["disk_rejects"] = s.disk_rejects;
@@ -217,6 +242,20 @@ void bind_cuda(py::module_& m) {
           c = cu::nvrtc_compile_check(source, arch, name);
         }
         return py::make_tuple(c.ok, c.log);
+      },
+      py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
+  // The same compile, returning what NVRTC produced (bytes; RuntimeError with the log on
+  // failure): tests compare the images of concurrent and serial compiles.
+  m.def(
+      "_nvrtc_compile_image",
+      [](const std::string& source, const std::string& arch, const std::string& name) {
+        cu::NvrtcCheck c;
+        {
+          py::gil_scoped_release nogil;
+          c = cu::nvrtc_compile_check(source, arch, name, true);
+        }
+        if (!c.ok) throw std::runtime_error(c.log);
+        return py::bytes(c.image);
       },
       py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
   m.def("_nvrtc_options", &cu::nvrtc_options_for_arch, py::arg("arch"));
