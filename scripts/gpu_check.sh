@@ -87,12 +87,13 @@ fi
 
 # ---- CUDA tests ----
 t0=$(date +%s)
-# CASTLAB_TEST_TARGETS: the test files (default: all); a device call has 600 s, and the
+# CASTLAB_TEST_TARGETS: the test files (default: all); CASTLAB_TEST_MARK: the -m expression
+# (default cuda; e.g. "cuda and not slow"). A device call has 600 s, and the
 # whole CUDA suite takes about that on 16 workers, so a session may split it, e.g.
 # CASTLAB_TEST_TARGETS=tests/test_reduce_cuda.py, then the other files. -v: each result
 # reaches the log as it comes, so a run cut short still says what passed.
 # shellcheck disable=SC2086
-$PY -m pytest -m cuda ${CASTLAB_TEST_TARGETS:-tests} -v -rfEx -p no:cacheprovider --timeout=400 \
+$PY -m pytest -m "${CASTLAB_TEST_MARK:-cuda}" ${CASTLAB_TEST_TARGETS:-tests} -v -rfEx -p no:cacheprovider --timeout=400 \
     -n "${CASTLAB_TEST_JOBS:-6}" --durations=15 > "$OUT/test_cuda.log" 2>&1
 grep -E "FAILED|ERROR|passed|failed" "$OUT/test_cuda.log" | tail -40
 echo "cuda tests: $(( $(date +%s) - t0 )) s"
