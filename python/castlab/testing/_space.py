@@ -73,16 +73,11 @@ class Space:
 
     def chunk_bits(self, lo: int, hi: int) -> list:
         """One array of bit patterns per free scalar for input tuples [lo, hi) (NumPy)."""
-        return [_table_of(e)[d] for e, d in zip(self.enums, self._digits_np(lo, hi))]
+        return [_bits_at(e, d) for e, d in zip(self.enums, self._digits_np(lo, hi))]
 
     def _digits_np(self, lo: int, hi: int) -> list:
-        idx = np.arange(lo, hi, dtype=np.int64)
-        out = [None] * len(self.enums)
-        for k in range(len(self.enums) - 1, -1, -1):
-            n = len(self.enums[k])
-            out[k] = idx % n
-            idx = idx // n
-        return out
+        idx = np.arange(lo, hi, dtype=np.uint32 if hi <= 1 << 32 else np.int64)
+        return _split_index(idx, [len(e) for e in self.enums])
 
     def chunk(self, lo: int, hi: int, device: str, on_device: bool = False) -> Any:
         """The arguments for input tuples [lo, hi) on `device`. With `on_device`, the
@@ -90,16 +85,12 @@ class Space:
         the GPU path); else with NumPy on the host and copied. Both give the same bits."""
         if not on_device:
             digits = self._digits_np(lo, hi)
-            vals = [_values(_table_of(e)[d], e.dtype) for e, d in zip(self.enums, digits)]
+            vals = [_values(_bits_at(e, d), e.dtype) for e, d in zip(self.enums, digits)]
             return self.build(Arrays(np, vals, digits, self, "cpu"), device)
         import torch
 
-        idx = torch.arange(lo, hi, dtype=torch.int64, device=device)
-        digits = [None] * len(self.enums)
-        for k in range(len(self.enums) - 1, -1, -1):
-            n = len(self.enums[k])
-            digits[k] = idx % n
-            idx = idx // n
+        digits = _split_index(torch.arange(lo, hi, dtype=torch.int64, device=device),
+                              [len(e) for e in self.enums])
         vals = [self._table_torch(k, device)[d] for k, d in enumerate(digits)]
         return self.build(Arrays(torch, vals, digits, self, device), device)
 
@@ -127,6 +118,25 @@ class Space:
         return out
 
 
+def _split_index(idx: Any, sizes: list) -> list:
+    """Input-tuple indices (a NumPy or torch int64 array) as one position per free scalar,
+    the last varying fastest. A power-of-two size (every 16-bit enumeration) takes a mask
+    and a shift, not an integer division (5x the whole check's host time on the CPU)."""
+    out: list = [None] * len(sizes)
+    for k in range(len(sizes) - 1, -1, -1):
+        n = sizes[k]
+        last = k == 0
+        if n & (n - 1) == 0:
+            out[k] = idx & (n - 1)
+            if not last:
+                idx = idx >> (n.bit_length() - 1)
+        else:
+            out[k] = idx % n
+            if not last:
+                idx = idx // n
+    return out
+
+
 @dataclasses.dataclass
 class Arrays:
     """A chunk's inputs as typed arrays of one library (NumPy on the host, or PyTorch on
@@ -151,6 +161,13 @@ def _table_of(e: Enumeration) -> np.ndarray:
     if e.table is not None:
         return np.asarray(e.table, dtype=np.uint64)
     return np.arange(e.lo, e.lo + e.count, dtype=np.uint64)
+
+
+def _bits_at(e: Enumeration, d: np.ndarray) -> np.ndarray:
+    """The bit patterns at positions `d` of an enumeration (a range: no table to read)."""
+    if e.table is None:
+        return d + e.lo if e.lo else d
+    return _table_of(e)[d]
 
 
 def _enum_digest(e: Enumeration) -> str:
