@@ -88,21 +88,38 @@ def _views(t):
     return [("contiguous", t), ("strided", wide[:, ::2]), ("offset", off)]
 
 
+def _cases(n: int, dt: str, views: bool, inner: bool) -> list:
+    rows = _rows(n)
+    t = _input((rows, n), DT[dt], n)
+    if n > 2:
+        t[0, 1] = float("-inf")
+        t[1, 2] = 30.0
+    cases = _views(t) if views else [("contiguous", t)]
+    if inner:
+        k = 3
+        ti = _input((max(1, rows // k), n, k), DT[dt], n + 1)
+        cases = [("inner", ti)]
+    return [(n, rows, variant, tv) for variant, tv in cases]
+
+
+# Lengths whose kernels compile together (castlab._jit.warm, on cl.cuda.compile_threads()
+# threads) before their cases run one by one: every length and layout is a kernel of its
+# own, which compiled one after another made the fused sweep (CASTLAB_FUSE_ROWS=1)
+# outlast a device call.
+_BATCH = 48
+
+
 def _sweep(op: str, dt: str, fn_cl, fn_torch, lengths, views=True, inner=False):
+    from castlab._jit import warm
+    from castlab.policy import as_math, as_policy
+
     fails, results = [], []
     f = cl.jit(fn_cl)
-    for n in lengths:
-        rows = _rows(n)
-        t = _input((rows, n), DT[dt], n)
-        if n > 2:
-            t[0, 1] = float("-inf")
-            t[1, 2] = 30.0
-        cases = _views(t) if views else [("contiguous", t)]
-        if inner:
-            k = 3
-            ti = _input((max(1, rows // k), n, k), DT[dt], n + 1)
-            cases = [("inner", ti)]
-        for variant, tv in cases:
+    pol, math = as_policy(EAGER["policy"]), as_math(EAGER["math"])
+    for b in range(0, len(lengths), _BATCH):
+        batch = [c for n in lengths[b:b + _BATCH] for c in _cases(n, dt, views, inner)]
+        warm([(f, (cl.from_dlpack(tv),), pol, math) for *_, tv in batch])
+        for n, rows, variant, tv in batch:
             got = f.run(cl.from_dlpack(tv), **EAGER)
             want = fn_torch(tv)
             bad = _bad(got, want)
