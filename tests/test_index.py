@@ -10,7 +10,9 @@ import castlab as cl
 
 torch = pytest.importorskip("torch")
 
-DEVICES = ["cpu"] + (["cuda"] if cl.cuda.is_available() and torch.cuda.is_available() else [])
+# the GPU case carries the cuda mark, so `pytest -m cuda` (scripts/gpu_check.sh) runs it
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)]
+                     if cl.cuda.is_available() and torch.cuda.is_available() else [])
 DTYPES = [(cl.float32, torch.float32), (cl.bfloat16, torch.bfloat16),
           (cl.float16, torch.float16), (cl.float64, torch.float64)]
 

@@ -11,7 +11,9 @@ import castlab as cl
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-DEVICES = ["cpu"] + (["cuda"] if cl.cuda.is_available() and torch.cuda.is_available() else [])
+# the GPU case carries the cuda mark, so `pytest -m cuda` (scripts/gpu_check.sh) runs it
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)]
+                     if cl.cuda.is_available() and torch.cuda.is_available() else [])
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 EAGER = dict(policy="eager", math="torch_eager")
 
