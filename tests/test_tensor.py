@@ -437,7 +437,7 @@ def test_every_python_method_has_one_home(cls):
 def test_methods_take_their_functions_arguments():
     """A method form (``x.sum(...)``) takes exactly the arguments of its function
     (``cl.sum(x, ...)``), and every elementwise op of one or two operands that is a method
-    of torch.Tensor (or was one of castlab's before) has one."""
+    of torch.Tensor has one (castlab's other op methods are checked too)."""
     fns = {n: f for n, f in ops.ELEMENTWISE_FUNCTIONS.items() if OPS[n].arity <= 2 and (
         hasattr(torch.Tensor, n) or vars(_tensor.TensorMethods).get(n) is not None)}
     fns.update({n: getattr(ops, n) for n in (

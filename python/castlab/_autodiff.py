@@ -27,7 +27,7 @@ from ._dtype import dtype as _dtype
 from ._dtype import float64
 from ._graph import COMPARE, Node, Proxy, _state
 from ._graph import record as _graph_record
-from ._optable import BACKWARD_KERNELS, OPS
+from ._optable import BACKWARD_KERNELS, OPS, grad_rule_kernel
 
 Tensor = _C.Tensor
 
@@ -124,9 +124,7 @@ class _Rule:
     def __init__(self, op: str, text: str):
         self.op = op
         self.text = text
-        m = re.match(r"\s*\[(\w+)\]\s*(.*)$", text, re.S)
-        self.kernel = m.group(1) if m else None
-        body = m.group(2) if m else text
+        self.kernel, body = grad_rule_kernel(text)
         if self.kernel is not None and self.kernel not in BACKWARD_KERNELS:
             raise RuntimeError(f"op table: {op}'s grad rule names an unknown kernel "
                                f"{self.kernel!r}")

@@ -5,6 +5,7 @@ functions castlab exports all come from here.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from . import _C
@@ -157,23 +158,10 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
     "gelu_tanh_backward": BackwardKernel(
         {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
         "aten/src/ATen/native/cuda/ActivationGeluKernel.cu, native/cpu/Activation.cpp"),
+    "hardswish_backward": BackwardKernel(
+        {"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True},
+        "aten/src/ATen/native/cuda/ActivationHardswishKernel.cu, native/cpu/Activation.cpp"),
 }
-
-
-def _table_kernel(name: str, aten: str | None) -> BackwardKernel:
-    """A backward kernel the op table names that has no entry above: PyTorch's usual
-    activation backward, which loads into op-math, computes and rounds once, with its
-    compilers' contraction (CUDA functors over opmath_t; the CPU's float Vectorized
-    lambdas). tests/test_grad.py and test_grad_cuda.py check each such kernel against
-    torch.autograd; one that rounds otherwise gets an entry above."""
-    src = f"PyTorch's {name} kernels ({aten or 'castlab-only'}), op-math as the op table's default"
-    return BackwardKernel({"cuda": "opmath", "cpu": "opmath"}, {"cuda": True, "cpu": True}, src)
-
-
-for _o in OPS.values():  # "[kernel] ..." grad rules whose kernel is the default above
-    _k = _o.grad[1:_o.grad.find("]")] if _o.grad.startswith("[") else ""
-    if _k and _k not in BACKWARD_KERNELS:
-        BACKWARD_KERNELS[_k] = _table_kernel(_k, _o.aten)
 
 
 # ---------------------------------------------------------------- reductions
@@ -219,3 +207,22 @@ BACKWARD_KERNELS.update({
         "aten/src/ATen/native/cpu/layer_norm_kernel.cpp LayerNormBackwardKernelImpl"),
     "rms_norm_te": _opmath_kernel("transformer_engine/common/normalization/rmsnorm"),
 })
+
+
+def grad_rule_kernel(rule: str) -> tuple[str | None, str]:
+    """An op table grad rule split into the PyTorch kernel its ``[kernel]`` prefix names
+    (None without one) and its statements."""
+    m = re.match(r"\s*\[(\w+)\]\s*(.*)$", rule, re.S)
+    return (m.group(1), m.group(2)) if m else (None, rule)
+
+
+# A backward kernel the op table names and nothing above describes: PyTorch's usual
+# activation backward, which loads into op-math, computes and rounds once, with its
+# compilers' contraction (CUDA functors over opmath_t; the CPU's float Vectorized
+# lambdas). tests/test_grad.py and test_grad_cuda.py check each against torch.autograd;
+# one that rounds otherwise gets an entry above.
+for _o in OPS.values():
+    _k = grad_rule_kernel(_o.grad)[0]
+    if _k is not None and _k not in BACKWARD_KERNELS:
+        BACKWARD_KERNELS[_k] = _opmath_kernel(f"PyTorch's {_k} kernels ({_o.aten}), "
+                                              "op-math as the op table's default")

@@ -119,7 +119,7 @@ class Space:
 
 
 def _split_index(idx: Any, sizes: list) -> list:
-    """Input-tuple indices (a NumPy or torch int64 array) as one position per free scalar,
+    """Input-tuple indices (a NumPy or torch integer array) as one position per free scalar,
     the last varying fastest. A power-of-two size (every 16-bit enumeration) takes a mask
     and a shift, not an integer division (5x the whole check's host time on the CPU)."""
     out: list = [None] * len(sizes)
