@@ -34,8 +34,11 @@ class KernelReport:
     the kernel's value nearer the exact one than the reference's, farther, or as near);
     ``first`` (the first differing inputs: input values, kernel and reference values,
     exact value, which is correctly rounded, and the reference's rounding explained);
-    ``seconds_kernel`` (in the user's kernel) and ``seconds_castlab`` (inputs, reference,
-    comparison); ``failure`` (why it failed, one line).
+    ``seconds_kernel`` (in the user's kernel) and ``seconds_castlab`` (the rest of the
+    wall time); ``seconds_phases`` (the time by phase: ``inputs``, ``reference``,
+    ``kernel``, ``input check`` (the copy that proves the kernel left its inputs alone),
+    ``comparison`` and ``explanations``; on a GPU from CUDA events, device time with the
+    device's idle gaps in the phase they fall in); ``failure`` (why it failed, one line).
     """
 
     def __init__(self, **kw: Any):
@@ -69,6 +72,9 @@ class KernelReport:
                 L.append(f"    {f['why']}")
         L.append(f"  time: {self.seconds_kernel:.3f} s in the kernel, "
                  f"{self.seconds_castlab:.3f} s in castlab")
+        ph = getattr(self, "seconds_phases", None)
+        if ph:
+            L.append("  by phase: " + ", ".join(f"{k} {v:.3f} s" for k, v in ph.items()))
         return "\n".join(L)
 
     __repr__ = __str__
@@ -139,13 +145,37 @@ def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space,
     return None
 
 
+class _Phases:
+    """Where a check's time goes, without waiting for the device: a mark ends the phase it
+    names. On a GPU a mark is a CUDA event on the current stream (read once, at the end);
+    on the CPU a clock reading."""
+
+    def __init__(self, torch: Any, dev: Any):
+        self.torch, self.cuda = torch, dev.type == "cuda"
+        self.marks: list = []
+        self.mark("")
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((name, e))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def seconds(self) -> dict:
+        """Seconds per phase name, in the order first seen."""
+        if self.cuda and self.marks:
+            self.marks[-1][1].synchronize()
+        out: dict = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            dt = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + dt
+        return out
+
+
 def _fmt_inputs(ins: dict) -> str:
     return ", ".join(f"{k}={v[0]!r} ({v[1]})" for k, v in ins.items())
-
-
-def _sync(torch: Any, dev: Any) -> None:
-    if dev.is_cuda:
-        torch.cuda.synchronize(dev.index or 0)
 
 
 def _explain_one(t: Target, space: Space, i: int, out_no: int, k_local: int,
@@ -239,46 +269,53 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
                        space=space.description, inputs=space.size, elements=0, differ=0,
                        signed_zeros=0, nan_where_reference_is_not=0, max_ulp=0.0,
                        closer_to_fp64=0, farther_from_fp64=0, as_close=0,
-                       seconds_kernel=0.0, seconds_castlab=0.0)
+                       seconds_kernel=0.0, seconds_castlab=0.0, seconds_phases={})
     firsts: list = []   # (input index, output number, local index, kernel value)
     t0 = time.perf_counter()
-    for lo, hi, built in chunks(space, dev):
-        args = t.args(built)
-        targs = [torch.from_dlpack(a) for a in args]
-        saved = [a.clone() for a in targs]
-        want = t.run(args)
-        out = _call(torch, kernel, targs, dev, rep, lo, hi, space)
-        bad = _check_out(torch, out, want, lo, space, targs[0].device)
-        if bad is not None:
-            rep.failure = f"the kernel {bad}"
-            raise KernelMismatch(rep)
-        _check_unchanged(torch, t.arg_names, targs, saved, rep, lo, hi, space)
-        _compare_chunk(torch, t, args, out, want, rep, firsts, first_k, lo, hi)
-    for i, o, kl, kv in firsts:
-        rep.first.append(_first_one(t, space, i, o, kl, kv, str(dev)))
-    rep.seconds_castlab = time.perf_counter() - t0 - rep.seconds_kernel
+    ph = _Phases(torch, dev)
+    try:
+        for lo, hi, built in chunks(space, dev):
+            args = t.args(built)
+            ph.mark("inputs")
+            targs = [torch.from_dlpack(a) for a in args]
+            saved = [a.clone() for a in targs]
+            ph.mark("input check")
+            want = t.run(args)
+            ph.mark("reference")
+            out = _call(torch, kernel, targs, rep, lo, hi, space)
+            ph.mark("kernel")
+            bad = _check_out(torch, out, want, lo, space, targs[0].device)
+            if bad is not None:
+                rep.failure = f"the kernel {bad}"
+                raise KernelMismatch(rep)
+            _check_unchanged(torch, t.arg_names, targs, saved, rep, lo, hi, space)
+            ph.mark("input check")
+            _compare_chunk(torch, t, args, out, want, rep, firsts, first_k, lo, hi)
+            ph.mark("comparison")
+        for i, o, kl, kv in firsts:
+            rep.first.append(_first_one(t, space, i, o, kl, kv, str(dev)))
+        ph.mark("explanations")
+    finally:
+        rep.seconds_phases = ph.seconds()
+        rep.seconds_kernel = rep.seconds_phases.get("kernel", 0.0)
+        rep.seconds_castlab = time.perf_counter() - t0 - rep.seconds_kernel
     rep.failure = _verdict(rep, max_ulp)
     if rep.failure is not None:
         raise KernelMismatch(rep)
     return rep
 
 
-def _call(torch: Any, kernel: Callable, targs: list, dev: Any, rep: KernelReport, lo: int,
+def _call(torch: Any, kernel: Callable, targs: list, rep: KernelReport, lo: int,
           hi: int, space: Space) -> Any:
-    """The kernel's result on one chunk, its time added to the report; an exception is a
-    failure naming the chunk's first input."""
-    _sync(torch, dev)
-    t1 = time.perf_counter()
+    """The kernel's result on one chunk; an exception is a failure naming the chunk's first
+    input. (No wait for the device: an asynchronous device error surfaces at the next
+    wait, the chunk's comparison, as that error.)"""
     try:
-        out = kernel(*targs)
-        _sync(torch, dev)
+        return kernel(*targs)
     except Exception as e:  # noqa: BLE001  (the user's kernel: reported, never a pass)
         rep.failure = (f"the kernel raised {type(e).__name__}: {e} (on input tuples "
                        f"[{lo}, {hi}), the first {_fmt_inputs(space.inputs_at(lo))})")
         raise KernelMismatch(rep) from e
-    finally:
-        rep.seconds_kernel += time.perf_counter() - t1
-    return out
 
 
 def _check_unchanged(torch: Any, names: tuple, targs: list, saved: list, rep: KernelReport,
