@@ -311,10 +311,46 @@ def test_kernel_exhaustive_refuses_spaces_it_cannot_visit():
     (lambda a, b: (_silu_torch(a) * b, a), "returned 2 tensor"),
     (lambda a, b: (_silu_torch(a) * b).to("meta"), "is on meta, its inputs on cpu"),
 ])
-def test_bad_kernels_are_reported_never_passed(kernel, msg):
+@pytest.mark.parametrize("gpu_way", [False, True])
+def test_bad_kernels_are_reported_never_passed(kernel, msg, gpu_way, monkeypatch):
+    # gpu_way: the inputs made from indices with PyTorch, and the in-place check against
+    # the space's broadcast views instead of a copy (what a GPU runs), here on the CPU
+    monkeypatch.setattr(_bounds, "ON_DEVICE", gpu_way)
     with pytest.raises(KernelMismatch, match=msg) as e:
         assert_kernel_matches(kernel, "swiglu", mode="sample", sample=1 << 16, device="cpu")
     assert not e.value.report.passed
+
+
+def test_in_place_change_of_one_value_found_the_gpu_way(monkeypatch):
+    # one element of b, in the last chunk, changed in place: the broadcast-view check finds
+    # it and names its input
+    monkeypatch.setattr(_bounds, "ON_DEVICE", True)
+    monkeypatch.setitem(_bounds._CHUNK, "cpu", 1 << 16)
+
+    def sneaky(a, b):
+        out = _silu_torch(a) * b
+        if bool((a == -2.0).any()):
+            b[int(torch.nonzero(a == -2.0)[3])] = 7.0
+        return out
+
+    with pytest.raises(KernelMismatch, match="changed its input 'b' in place \\(1 elements; "
+                       "the first at a=-2.0") as e:
+        assert_kernel_matches(sneaky, "swiglu", mode="sample", sample=1 << 18, device="cpu")
+    assert not e.value.report.passed
+
+
+def test_space_views_equal_its_chunks():
+    sp = elementwise_space(("a", "b"), cl.bfloat16, budget=1 << 20)
+    inner = sp.size // len(sp.enums[0])
+    for lo, hi in ((0, sp.size), (inner * 5, inner * 9)):
+        a, b = (torch.from_dlpack(t) for t in sp.chunk(lo, hi, "cpu"))
+        va, vb = sp.views(lo, hi, "cpu")
+        assert va.stride()[0] == 1 and vb.stride()[0] == 0
+        assert torch.equal(a.view(torch.int16), va.reshape(-1).view(torch.int16))
+        assert torch.equal(b.view(torch.int16), vb.reshape(-1).view(torch.int16))
+        g = sp.chunk(lo, hi, "cpu", on_device=True)
+        assert torch.equal(torch.from_dlpack(g[1]).view(torch.int16), b.view(torch.int16))
+    assert sp.views(1, inner, "cpu") is None
 
 
 def test_kernel_matches_rope_and_backward():

@@ -11,6 +11,7 @@ import numpy as np
 from .. import cuda
 from .._dlpack import from_dlpack
 from ..numerics import Enumeration, explain, ulp_diff
+from . import _bounds  # its ON_DEVICE is read at each call (tests set it)
 from ._bounds import check_device, chunks, default_space, out_to_input
 from ._space import Space
 from ._target import Target, flat, subject
@@ -117,7 +118,8 @@ def _torch():
 
 
 def _bits(torch: Any, t: Any) -> Any:
-    return t.contiguous().view(getattr(torch, _INT[t.element_size() * 8]))
+    """`t`'s bits as integers of its width (a view, whatever its strides)."""
+    return t.view(getattr(torch, _INT[t.element_size() * 8]))
 
 
 def _check_out(torch: Any, out: Any, want: Any, lo: int, space: Space,
@@ -278,7 +280,7 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
             args = t.args(built)
             ph.mark("inputs")
             targs = [torch.from_dlpack(a) for a in args]
-            saved = [a.clone() for a in targs]
+            saved = _saved(torch, space, built, targs, lo, hi, dev)
             ph.mark("input check")
             want = t.run(args)
             ph.mark("reference")
@@ -318,9 +320,25 @@ def _call(torch: Any, kernel: Callable, targs: list, rep: KernelReport, lo: int,
         raise KernelMismatch(rep) from e
 
 
+def _saved(torch: Any, space: Space, built: Any, targs: list, lo: int, hi: int,
+           dev: Any) -> list:
+    """What each argument must still hold after the kernel: on a GPU (where the chunk was
+    made from indices on the device), for arguments that
+    are the space's values themselves (elementwise ops over whole rows), the space's
+    broadcast views, which read only its tables (no copy); else a copy."""
+    on = dev.type == "cuda" if _bounds.ON_DEVICE is None else _bounds.ON_DEVICE
+    if on and not isinstance(built, dict):
+        views = space.views(lo, hi, str(dev))
+        if views is not None and len(views) == len(targs):
+            return views
+    return [a.clone() for a in targs]
+
+
 def _check_unchanged(torch: Any, names: tuple, targs: list, saved: list, rep: KernelReport,
                      lo: int, hi: int, space: Space) -> None:
-    """Fail if the kernel wrote into an input (compared bit for bit with a copy)."""
+    """Fail if the kernel wrote into an input (compared bit for bit with a copy, or with
+    the space's views of the values the chunk was made from)."""
+    targs = [a.reshape(s.shape) for a, s in zip(targs, saved)]
     if all(torch.equal(_bits(torch, a), _bits(torch, s)) for a, s in zip(targs, saved)):
         return  # one pass per input when nothing changed
     for name, a, s in zip(names, targs, saved):

@@ -89,10 +89,57 @@ class Space:
             return self.build(Arrays(np, vals, digits, self, "cpu"), device)
         import torch
 
+        grid = self.views(lo, hi, device)
+        if grid is not None:   # whole rows: each value a broadcast of its table, written once
+            # a fresh tensor each (a reshape could alias the cached table)
+            vals = [torch.empty(v.shape, dtype=v.dtype, device=device).copy_(v).view(-1)
+                    for v in grid]
+            return self.build(Arrays(torch, vals, lambda: self._grid_digits(lo, hi, device),
+                                     self, device), device)
         digits = _split_index(torch.arange(lo, hi, dtype=torch.int64, device=device),
                               [len(e) for e in self.enums])
         vals = [self._table_torch(k, device)[d] for k, d in enumerate(digits)]
         return self.build(Arrays(torch, vals, digits, self, device), device)
+
+    def _grid(self, lo: int, hi: int) -> tuple | None:
+        """Input tuples [lo, hi) as a grid, when they are whole rows of the first free
+        scalar: ``(first row, grid shape)``; else None."""
+        inner = math.prod(len(e) for e in self.enums[1:])
+        if lo % inner or hi % inner or hi <= lo:
+            return None
+        return lo // inner, ((hi - lo) // inner, *(len(e) for e in self.enums[1:]))
+
+    def views(self, lo: int, hi: int, device: str) -> list | None:
+        """The values of input tuples [lo, hi), one broadcast view (stride 0 where a value
+        repeats) per free scalar in the grid's shape, reading only the enumerations'
+        tables (PyTorch on `device`); None unless the tuples are whole rows of the first
+        free scalar. What a chunk holds, without making it: a check compares with it."""
+        g = self._grid(lo, hi)
+        if g is None:
+            return None
+        row, shape = g
+        out = []
+        for k in range(len(self.enums)):
+            tab = self._table_torch(k, device)
+            if k == 0:
+                tab = tab[row:row + shape[0]]
+            vshape = [1] * len(shape)
+            vshape[k] = shape[k]
+            out.append(tab.view(vshape).expand(shape))
+        return out
+
+    def _grid_digits(self, lo: int, hi: int, device: str) -> list:
+        import torch
+
+        row, shape = self._grid(lo, hi)
+        out = []
+        for k in range(len(shape)):
+            vshape = [1] * len(shape)
+            vshape[k] = shape[k]
+            d = torch.arange(row if k == 0 else 0, (row if k == 0 else 0) + shape[k],
+                             dtype=torch.int64, device=device)
+            out.append(d.view(vshape).expand(shape).reshape(-1))
+        return out
 
     def _table_torch(self, k: int, device: str) -> Any:
         """Enumeration k's values as a typed torch tensor on `device` (made once)."""
@@ -137,17 +184,20 @@ def _split_index(idx: Any, sizes: list) -> list:
     return out
 
 
-@dataclasses.dataclass
 class Arrays:
     """A chunk's inputs as typed arrays of one library (NumPy on the host, or PyTorch on
     the device): ``vals[k]`` the values of free scalar k, ``digits[k]`` their positions
-    in its enumeration."""
+    in its enumeration (made when first read, where `digits` is given as a function)."""
 
-    lib: Any
-    vals: list
-    digits: list
-    space: Any
-    device: str
+    def __init__(self, lib: Any, vals: list, digits: Any, space: Any, device: str):
+        self.lib, self.vals, self.space, self.device = lib, vals, space, device
+        self._digits = digits
+
+    @property
+    def digits(self) -> list:
+        if callable(self._digits):
+            self._digits = self._digits()
+        return self._digits
 
     def tensor(self, a: Any):
         """A castlab tensor of array `a` on the chunk's device (a view where possible)."""
