@@ -67,11 +67,13 @@ def main() -> None:
         rows.append({"kernel": name, "reference": r.reference, "pairs": r.inputs,
                      "passed": r.passed, "differ": r.differ, "total_s": total,
                      "kernel_s": r.seconds_kernel, "castlab_s": r.seconds_castlab,
-                     "goal_ratio": GOAL_S / total})
+                     "goal_ratio": GOAL_S / total, "phases_s": r.seconds_phases})
         print(f"{name:24s} vs {r.reference:22s} {r.inputs:,} pairs  "
               f"{'pass' if r.passed else 'FAIL'} ({r.differ} differ)  total {total:.2f} s  "
               f"kernel {r.seconds_kernel:.2f} s  castlab {r.seconds_castlab:.2f} s  "
               f"goal/total {GOAL_S / total:.2f}")
+        print("    by phase (device time): " + ", ".join(
+            f"{k} {v:.3f} s" for k, v in r.seconds_phases.items()))
     bounds(cl.library("liger")["swiglu"], "bfloat16", device="cuda", sample=1 << 24,
            cache=False)  # warm
     t0 = time.perf_counter()

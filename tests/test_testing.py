@@ -24,6 +24,7 @@ from castlab.testing import (
     cache_dir,
     inputs,
 )
+from castlab.testing._kernel import _chunk_clean
 from castlab.testing._space import elementwise_space, rope_space
 
 torch = pytest.importorskip("torch")
@@ -337,6 +338,20 @@ def test_in_place_change_of_one_value_found_the_gpu_way(monkeypatch):
                        "the first at a=-2.0") as e:
         assert_kernel_matches(sneaky, "swiglu", mode="sample", sample=1 << 18, device="cpu")
     assert not e.value.report.passed
+
+
+@pytest.mark.parametrize("one_wait", [False, True])
+def test_chunk_clean_both_ways(one_wait):
+    a = torch.arange(12, dtype=torch.float32).to(torch.bfloat16)
+    view = a.clone().view(3, 4)
+    out = torch.tensor([0.0, -0.0, float("nan")], dtype=torch.bfloat16)
+    assert _chunk_clean(torch, [a], [view], out, out.clone(), one_wait) == (True, True)
+    neg = out.clone()
+    neg[0] = -0.0                                   # +0 against -0: bits differ
+    assert _chunk_clean(torch, [a], [view], out, neg, one_wait) == (True, False)
+    b = a.clone()
+    b[7] = 100.0
+    assert _chunk_clean(torch, [b], [view], out, out.clone(), one_wait) == (False, True)
 
 
 def test_space_views_equal_its_chunks():

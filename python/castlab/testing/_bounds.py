@@ -81,13 +81,15 @@ def _checked_count(v: Any, what: str) -> int:
     return int(v)
 
 
-def chunks(space: Space, device: Any, on_device: bool | None = None) -> Iterator[tuple]:
+def chunks(space: Space, device: Any, on_device: bool | None = None,
+           step: int | None = None) -> Iterator[tuple]:
     """``(lo, hi, args)`` for each chunk of the space: input tuples [lo, hi) as the op's
-    arguments on `device`. On a GPU the inputs are made on the device from their indices
-    (PyTorch); `on_device` forces either way (the same bits)."""
+    arguments on `device`, `step` tuples a chunk (default :data:`_CHUNK`'s). On a GPU the
+    inputs are made on the device from their indices (PyTorch); `on_device` forces either
+    way (the same bits)."""
     dev = str(as_device(device))
     cuda_dev = dev.startswith("cuda")
-    step = _CHUNK["cuda" if cuda_dev else "cpu"]
+    step = step or _CHUNK["cuda" if cuda_dev else "cpu"]
     on = (cuda_dev if ON_DEVICE is None else ON_DEVICE) if on_device is None else on_device
     n = space.size
     for lo in range(0, n, step):

@@ -21,6 +21,9 @@ __all__ = ["assert_kernel_matches", "KernelReport", "KernelMismatch", "MODES"]
 MODES = ("exhaustive", "sample")
 #: The most input tuples mode="exhaustive" visits (every pair of a 16-bit dtype).
 _MAX_EXHAUSTIVE = 1 << 32
+#: Input tuples per chunk of a check on a GPU: 2**28 (16 chunks for every 16-bit pair;
+#: about 3 GB of device memory for a two-input op), fewer waits than bounds()' chunks.
+_GPU_CHUNK = 1 << 28
 _INT = {8: "int8", 16: "int16", 32: "int32", 64: "int64"}
 
 
@@ -276,7 +279,7 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
     t0 = time.perf_counter()
     ph = _Phases(torch, dev)
     try:
-        for lo, hi, built in chunks(space, dev):
+        for lo, hi, built in chunks(space, dev, step=_GPU_CHUNK if dev.type == "cuda" else None):
             args = t.args(built)
             ph.mark("inputs")
             targs = [torch.from_dlpack(a) for a in args]
@@ -290,9 +293,15 @@ def assert_kernel_matches(kernel: Callable, reference: Any, inputs: Sequence[Any
             if bad is not None:
                 rep.failure = f"the kernel {bad}"
                 raise KernelMismatch(rep)
-            _check_unchanged(torch, t.arg_names, targs, saved, rep, lo, hi, space)
+            kflat, rflat, blocks = _flat_pair(torch, out, want)
+            same_in, same_out = _chunk_clean(torch, targs, saved, kflat, rflat)
+            if not same_in:
+                _check_unchanged(torch, t.arg_names, targs, saved, rep, lo, hi, space)
             ph.mark("input check")
-            _compare_chunk(torch, t, args, out, want, rep, firsts, first_k, lo, hi)
+            rep.elements += kflat.numel()
+            if not same_out:
+                _compare_chunk(torch, t, args, kflat, rflat, blocks, rep, firsts, first_k, lo,
+                               hi)
             ph.mark("comparison")
         for i, o, kl, kv in firsts:
             rep.first.append(_first_one(t, space, i, o, kl, kv, str(dev)))
@@ -336,11 +345,10 @@ def _saved(torch: Any, space: Space, built: Any, targs: list, lo: int, hi: int,
 
 def _check_unchanged(torch: Any, names: tuple, targs: list, saved: list, rep: KernelReport,
                      lo: int, hi: int, space: Space) -> None:
-    """Fail if the kernel wrote into an input (compared bit for bit with a copy, or with
-    the space's views of the values the chunk was made from)."""
+    """Fail, naming the input and its first changed element, where the kernel wrote into
+    an input (compared bit for bit with a copy, or with the space's views of the values
+    the chunk was made from)."""
     targs = [a.reshape(s.shape) for a, s in zip(targs, saved)]
-    if all(torch.equal(_bits(torch, a), _bits(torch, s)) for a, s in zip(targs, saved)):
-        return  # one pass per input when nothing changed
     for name, a, s in zip(names, targs, saved):
         changed = (_bits(torch, a) != _bits(torch, s)).reshape(-1)
         if bool(changed.any()):
@@ -351,18 +359,35 @@ def _check_unchanged(torch: Any, names: tuple, targs: list, saved: list, rep: Ke
             raise KernelMismatch(rep)
 
 
-def _compare_chunk(torch: Any, t: Target, args: tuple, out: Any, want: Any,
-                   rep: KernelReport, firsts: list, first_k: int, lo: int, hi: int) -> None:
-    """Count one chunk's differing bits (any NaN equals any NaN), their ulps, and, where
-    they differ, which side is closer to the exact value; keep the first differing."""
+def _flat_pair(torch: Any, out: Any, want: Any) -> tuple:
+    """The kernel's and the reference's results as flat torch tensors (several outputs
+    concatenated), and the number of outputs."""
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     kflat = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
-    rflat = torch.from_dlpack(flat(want))
+    return kflat, torch.from_dlpack(flat(want)), len(outs)
+
+
+def _chunk_clean(torch: Any, targs: list, saved: list, kflat: Any, rflat: Any,
+                 one_wait: bool | None = None) -> tuple:
+    """(every input unchanged, the result's bits equal the reference's): on a GPU
+    (`one_wait`) one device reduction each and one wait for all of them; on the CPU
+    ``torch.equal``."""
+    pairs = [(a.reshape(s.shape), s) for a, s in zip(targs, saved)] + [(kflat, rflat)]
+    if not (kflat.device.type != "cpu" if one_wait is None else one_wait):
+        same = [torch.equal(_bits(torch, a), _bits(torch, b)) for a, b in pairs]
+    else:
+        same = [not v for v in torch.stack([(_bits(torch, a) != _bits(torch, b)).any()
+                                            for a, b in pairs]).tolist()]
+    return all(same[:-1]), same[-1]
+
+
+def _compare_chunk(torch: Any, t: Target, args: tuple, kflat: Any, rflat: Any, blocks: int,
+                   rep: KernelReport, firsts: list, first_k: int, lo: int, hi: int) -> None:
+    """Count the differing bits of a chunk whose bits are not all equal (any NaN equals any
+    NaN), their ulps, and, where they differ, which side is closer to the exact value;
+    keep the first differing."""
     m = kflat.numel()
-    rep.elements += m
     kb, rb = _bits(torch, kflat), _bits(torch, rflat)
-    if torch.equal(kb, rb):
-        return  # the same bits (a passing kernel's usual chunk): one pass, nothing to count
     kn, rn = torch.isnan(kflat), torch.isnan(rflat)
     diff = (kb != rb) & ~(kn & rn)
     # both counts in one transfer: one wait for the device per chunk
@@ -382,7 +407,7 @@ def _compare_chunk(torch: Any, t: Target, args: tuple, out: Any, want: Any,
     rep.farther_from_fp64 += int((ek > er).sum())
     rep.as_close += int((ek == er).sum()) + int((torch.isnan(ek) | torch.isnan(er)).sum())
     for k in where[:max(0, first_k - len(firsts))].tolist():
-        firsts.append((*out_to_input(k, lo, hi - lo, m, len(outs)), float(kflat[k].double())))
+        firsts.append((*out_to_input(k, lo, hi - lo, m, blocks), float(kflat[k].double())))
 
 
 def _first_one(t: Target, space: Space, i: int, o: int, kl: int, kv: float,
