@@ -30,8 +30,8 @@ split there (the values it hands the kernel become region outputs); a run withou
 >>> import torch, castlab.torch as ct
 >>> g, u = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
 >>> m = ct.capture(lambda g, u: torch.nn.functional.silu(g) * u, g, u)
->>> [(r.kind, r.inputs) for r in m.regions()]
-[('swiglu', ('g', 'u'))]
+>>> [(r.kind, r.nodes) for r in m.regions()]
+[('swiglu', ('silu', 'mul'))]
 """
 
 from __future__ import annotations
@@ -325,14 +325,20 @@ def _rms_norm(r) -> Region | None:
     (h,) = _users(r)
     if not _is(h, _MUL) or {id(v) for v in h.args[:2]} != {id(xf), id(r)}:
         return None
-    x, casts = _uncast(xf)
-    nodes = [*casts, p, mean, a, r, h]
     out, w, offset, more = _weighted(h, module_path(r))
     if w is None:
         return None
-    nodes += more
-    if not _closed(nodes, [out]):
+    x, casts = _uncast(xf)
+    # the input: before the casts, or at a cast that changes nothing and that others read
+    # (an fp32 model's residual reads x.to(float32), which is x)
+    for k in range(len(casts), -1, -1):
+        nodes = [*casts[:k], p, mean, a, r, h, *more]
+        x_k = casts[k] if k < len(casts) else x
+        if (k == len(casts) or _val(x_k).dtype == _val(x).dtype) and _closed(nodes, [out]):
+            break
+    else:
         return None
+    x = x_k
     return _region("rms_norm", out, nodes, [Call((x.name, w.name), (out.name,))],
                    {"eps": float(eps), "offset": float(offset)})
 
