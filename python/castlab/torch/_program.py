@@ -341,6 +341,9 @@ class CapturedModel:
             self._regions = _regions.find(self.nodes)
         return self._regions
 
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.run(*inputs, kwargs=kwargs or None)
+
     # -- gradients -----------------------------------------------------------------
     def vjp(self, *inputs: Any, policy: Any = None, math: Any = None,
             kwargs: dict | None = None, kernels: dict | None = None) -> tuple:
@@ -364,7 +367,7 @@ class CapturedModel:
         >>> dw.shape
         torch.Size([8, 8])
         """
-        if kernels:
+        if kernels and any(v is not None for v in kernels.values()):
             raise NotImplementedError(
                 f"{self.name}: vjp/backward with kernels= is not supported: a library's "
                 "backward is a kernel of its own (the presets' *_backward ops), which "
