@@ -40,7 +40,7 @@ SAME_LAYER = {
     3: ["_dlpack", "_creation", "ops", "_reduce", "_index", "_loss"],
     4: ["_tensor", "_autodiff"],
     5: ["_listing", "_jit"],
-    6: ["numerics", "torch", "presets", "sweep", "_study_chains", "_study_inputs", "_study_cells",
+    6: ["numerics", "presets", "torch", "sweep", "_study_chains", "_study_inputs", "_study_cells",
         "_study_rows", "_study_library", "study", "_plot_draw", "_plot_labels", "plot", "testing",
         "_cli_parser", "_cli_config", "_cli_files", "_cli_exhaustive", "cli"],
 }

@@ -28,12 +28,13 @@
 #                                         backward graphs
 #   5  _listing -> _jit                       the trace listing (from the lowering's record);
 #                                         tracing and fused execution
-#   6  numerics -> torch, presets, sweep -> _study_chains -> _study_inputs -> _study_cells
+#   6  numerics -> presets -> torch, sweep -> _study_chains -> _study_inputs -> _study_cells
 #      -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
 #      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> cli
-#                                         analysis, PyTorch model capture, kernel-library
-#                                         presets (castlab.torch: imported on its own, it
-#                                         needs torch), Dask sweeps, studies (built-in
+#                                         analysis, kernel-library presets, PyTorch
+#                                         model capture (castlab.torch: imported on its
+#                                         own, it needs torch; its kernels= reads
+#                                         presets), Dask sweeps, studies (built-in
 #                                         chains, inputs, cells, their rows, the library
 #                                         matrix; study.run), plots (drawing, labels;
 #                                         castlab.plot), proven bounds and kernel checks

@@ -7,6 +7,16 @@ math=))`` runs a model through castlab from inside PyTorch; ``versus_compiled(ca
 *inputs)`` counts, at every value castlab hands to PyTorch, the bits that differ from
 ``torch.compile``'s.
 
+Regions and kernels (the ground of stacks): ``captured.regions()`` lists the model's
+SwiGLU/GeGLU, RoPE, RMSNorm, attention and matmul instances, recognised by the dataflow
+of the ATen graph (:mod:`castlab.torch._regions`: kind, module path, source line, FX
+nodes); ``captured.run(..., kernels={"swiglu": "liger", "rope": cl.library("liger")
+["rope"]})`` runs a kernel-library preset in place of every instance of a kind, under the
+preset's own policy and math, on the storage-dtype tensors that reach it (a kernel
+boundary). ``policy="fp64"`` ignores kernels (it is the reference); a kind the model
+lacks is an error naming it (``regions().inert(kernels)`` lists those); ``vjp`` refuses
+kernels.
+
 Capture: ``torch.export`` (non-strict), not Dynamo. export gives one whole-graph ATen
 program or an error that names the line (Dynamo would split the model at graph breaks
 and fall back to Python silently), records each node's module path and source line,
@@ -49,7 +59,9 @@ except ImportError as e:  # pragma: no cover - CI installs torch
 from ._backend import CastlabBackend, backend
 from ._drift import ModelDrift, drift
 from ._program import CapturedModel, CaptureError, Segment, capture
+from ._regions import Region, Regions
 from ._versus import CompiledComparison, versus_compiled
 
 __all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
-           "backend", "CastlabBackend", "versus_compiled", "CompiledComparison"]
+           "backend", "CastlabBackend", "versus_compiled", "CompiledComparison", "Region",
+           "Regions"]

@@ -46,6 +46,23 @@ def _export_error(name: str, e: Exception) -> CaptureError:
         f"{head}")
 
 
+def _wrap(fn: Callable) -> torch.nn.Module:
+    if isinstance(fn, torch.nn.Module):
+        return fn
+
+    # torch.export keeps only the stack frames of `forward` methods (and registered
+    # anchors) in each node's recorded stack: register the user's function too, so its
+    # lines are the ones castlab shows (private hook: skipped where torch lacks it)
+    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
+    if anchor is not None:
+        anchor(fn)
+
+    class Fn(torch.nn.Module):
+        def forward(self, *a, **k):
+            return fn(*a, **k)
+    return Fn()
+
+
 _SKIP = ("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
          "aten.sym_constrain_range_for_size.default", "aten._assert_async.msg")
 
@@ -231,9 +248,13 @@ def _no_randomness(n) -> bool:
     return p is not None and p == 0
 
 
-def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
+def partition(nodes: list, given: frozenset = frozenset(),
+              kernels: dict | None = None) -> list[Segment]:
     """Split the graph's op nodes into segments (see the module docstring). `given`: names
-    of nodes whose value is supplied from outside (drift substitutes reference values)."""
+    of nodes whose value is supplied from outside (drift substitutes reference values).
+    `kernels`: node name -> None for the nodes a library kernel computes instead, or its
+    "kernel" segment at the node where it runs (placed as an external node is)."""
+    kernels = kernels or {}
     segs: list[Segment] = []
     region: Segment | None = None
     in_region: set = set()
@@ -248,6 +269,13 @@ def partition(nodes: list, given: frozenset = frozenset()) -> list[Segment]:
 
     for n in nodes:
         if n.op != "call_function" or n.name in given:
+            continue
+        if n.name in kernels:
+            k = kernels[n.name]
+            if k is not None:
+                if any(d.name in in_region for d in k.inputs):
+                    close()
+                segs.append(k)
             continue
         name = str(n.target)
         if name in _SKIP:

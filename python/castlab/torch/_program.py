@@ -43,7 +43,7 @@ from .. import numerics as _nm
 from .._dlpack import from_torch_region, to_torch_region
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
-from . import _attention
+from . import _attention, _regions
 from ._partition import (
     _SKIP,
     CaptureError,
@@ -56,6 +56,7 @@ from ._partition import (
     _short_type,
     _subst,
     _subst_nominal,
+    _wrap,
     module_path,
     partition,
     where_text,
@@ -144,6 +145,8 @@ class CapturedModel:
         self.attention: str | None = None
         self._binders: dict = {}  # node name -> (args, kwargs) getters (see _getter)
         self._binders64: dict = {}  # the same for the fp64 policy (see _wide_getters)
+        self._regions: _regions.Regions | None = None  # see regions()
+        self._kernel_plans: dict = {}  # kernels -> (their segments, the presets they hold)
 
     # -- inputs --------------------------------------------------------------------
     def _flat_inputs(self, args: tuple, kwargs: dict | None) -> list:
@@ -225,7 +228,7 @@ class CapturedModel:
         segs = self.segments if segments is None else segments
         for k in range(start, len(segs)):
             seg = segs[k]
-            if seg.kind == "region":
+            if seg.kind in ("region", "kernel"):
                 io = seg.io
                 if io is None:  # the names and layouts each run needs, found once
                     io = seg.io = (
@@ -236,8 +239,11 @@ class CapturedModel:
                 xs = from_torch_region([_no_grad_view(env[name]) for name in io[0]], io[1],
                                        streams)
                 region_inputs[k] = xs
-                rp = policy if region_policy is None else region_policy.get(k, policy)
-                outs = seg.jit.run(*xs, policy=rp, math=math)
+                if seg.kind == "kernel":  # a library's kernel: its preset's policy and math
+                    outs = seg.jit(*xs)
+                else:
+                    rp = policy if region_policy is None else region_policy.get(k, policy)
+                    outs = seg.jit.run(*xs, policy=rp, math=math)
                 for (name, dt, layout), t in zip(io[2], to_torch_region(outs, streams)):
                     if not f64 and dt is not None and t.dtype != dt:
                         t = t.to(dt)  # a substituted input widened the region
@@ -300,10 +306,14 @@ class CapturedModel:
         return out
 
     def run(self, *inputs: Any, policy: Any = None, math: Any = None,
-            kwargs: dict | None = None) -> Any:
+            kwargs: dict | None = None, kernels: dict | None = None) -> Any:
         """Run the captured forward on `inputs` (torch tensors of the captured shapes)
         under `policy` and `math` (default: the capture's own); returns PyTorch tensors
         in the forward's output structure. Under ``"fp64"`` floating outputs are float64.
+        `kernels`: ``{kind: preset}`` (see :meth:`regions`) puts a kernel-library preset
+        (``cl.library("liger")["swiglu"]``, or a library name) in place of every instance
+        of that kind, run under the preset's own policy and math on the storage-dtype
+        tensors that reach it; not under ``"fp64"`` (the reference: kernels are ignored).
 
         >>> import torch, castlab.torch as ct
         >>> f = ct.capture(lambda x: torch.sigmoid(x) * x, torch.ones(2, dtype=torch.bfloat16))
@@ -313,15 +323,30 @@ class CapturedModel:
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         flat = self._flat_inputs(inputs, kwargs)
+        segs = _regions.run_segments(self, kernels, pol)
         with torch.no_grad():
-            return self.outputs(self.execute(flat, pol, mth))
+            return self.outputs(self.execute(flat, pol, mth, segments=segs))
+
+    def regions(self) -> _regions.Regions:
+        """The model's SwiGLU/GeGLU, RoPE, RMSNorm, attention and matmul instances,
+        recognised by the graph's dataflow (:mod:`castlab.torch._regions`), in graph order.
+
+        >>> import torch, castlab.torch as ct
+        >>> x = torch.ones(2, 4, dtype=torch.bfloat16)
+        >>> [r.kind for r in ct.capture(lambda a, b: torch.nn.functional.silu(a) * b @ b.T,
+        ...                             x, x).regions()]
+        ['swiglu', 'matmul']
+        """
+        if self._regions is None:
+            self._regions = _regions.find(self.nodes)
+        return self._regions
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.run(*inputs, kwargs=kwargs or None)
 
     # -- gradients -----------------------------------------------------------------
     def vjp(self, *inputs: Any, policy: Any = None, math: Any = None,
-            kwargs: dict | None = None) -> tuple:
+            kwargs: dict | None = None, kernels: dict | None = None) -> tuple:
         """Run the captured forward and return ``(outputs, pullback)``, as ``jax.vjp``.
         ``pullback(*cotangents, wrt="inputs")`` takes one cotangent per output (PyTorch
         tensors in the outputs' structure; None for an output that does not matter) and
@@ -342,6 +367,11 @@ class CapturedModel:
         >>> dw.shape
         torch.Size([8, 8])
         """
+        if kernels and any(v is not None for v in kernels.values()):
+            raise NotImplementedError(
+                f"{self.name}: vjp/backward with kernels= is not supported: a library's "
+                "backward is a kernel of its own (the presets' *_backward ops), which "
+                "the pullback does not put in place yet; run(..., kernels=) is forward only")
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         flat = self._flat_inputs(inputs, kwargs)
@@ -363,7 +393,8 @@ class CapturedModel:
         return outs, pullback
 
     def backward(self, *inputs: Any, grad_outputs: Any, policy: Any = None, math: Any = None,
-                 wrt: str = "inputs", kwargs: dict | None = None) -> Any:
+                 wrt: str = "inputs", kwargs: dict | None = None,
+                 kernels: dict | None = None) -> Any:
         """The gradients for the output cotangents `grad_outputs` (see :meth:`vjp`), as
         ``torch.autograd.grad(outputs, inputs, grad_outputs)``.
 
@@ -374,7 +405,8 @@ class CapturedModel:
         >>> torch.allclose(dx, torch.func.grad(lambda v: (torch.tanh(v) * v).sum())(x))
         True
         """
-        _, pullback = self.vjp(*inputs, policy=policy, math=math, kwargs=kwargs)
+        _, pullback = self.vjp(*inputs, policy=policy, math=math, kwargs=kwargs,
+                               kernels=kernels)
         cots = grad_outputs if isinstance(grad_outputs, tuple) else (grad_outputs,)
         return pullback(*cots, wrt=wrt)
 
@@ -650,23 +682,6 @@ class CapturedModel:
         e = sum(s.kind == "external" for s in self.segments)
         return (f"<castlab.torch captured {self.name}: {r} castlab regions, {e} external "
                 f"nodes; policy={self.policy.describe()} math={self.math.name}>")
-
-
-def _wrap(fn: Callable) -> torch.nn.Module:
-    if isinstance(fn, torch.nn.Module):
-        return fn
-
-    # torch.export keeps only the stack frames of `forward` methods (and registered
-    # anchors) in each node's recorded stack: register the user's function too, so its
-    # lines are the ones castlab shows (private hook: skipped where torch lacks it)
-    anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-    if anchor is not None:
-        anchor(fn)
-
-    class Fn(torch.nn.Module):
-        def forward(self, *a, **k):
-            return fn(*a, **k)
-    return Fn()
 
 
 def capture(fn: Callable, *example_inputs: Any, kwargs: dict | None = None,
