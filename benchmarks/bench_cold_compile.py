@@ -37,12 +37,13 @@ def run_matrix(cache: str, out: str, threads: int | None, extra: list) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
     with open(os.path.join(out, "summary.json")) as f:
-        elapsed = json.load(f).get("elapsed_s")
+        summ = json.load(f)
+    elapsed = summ.get("elapsed_s")
     with open(os.path.join(out, "results.csv")) as f:
         csv = f.read()
     return {"wall_s": round(wall, 3), "elapsed_s": elapsed, "threads": threads,
             "kernel_files": len([p for p in os.listdir(cache) if p.endswith(".bin")]),
-            "csv": csv}
+            "timing": summ.get("timing"), "csv": csv}
 
 
 def main() -> None:
@@ -68,6 +69,13 @@ def main() -> None:
                                   threads, extra)
             print(f"{key:14s} {res[key]['wall_s']:8.2f} s wall  (study {res[key]['elapsed_s']} "
                   f"s, {res[key]['kernel_files']} kernel files)", flush=True)
+            tm = res[key]["timing"] or {}
+            if tm:
+                w, e = tm["kernel_cache_after_warm"], tm["kernel_cache_end"]
+                print(f"{'':14s} warm-up {tm['warm_s']} s: {w['compiles']} compiles "
+                      f"({w['compile_seconds']:.1f} s summed over threads); after it "
+                      f"{e['compiles'] - w['compiles']} more compiles "
+                      f"({e['compile_seconds'] - w['compile_seconds']:.1f} s)", flush=True)
     csvs = {k: res[k].pop("csv") for k in ("cold_serial", "cold_parallel", "warm") if k in res}
     res["identical"] = len(set(csvs.values())) == 1
     cold = res["cold_parallel"]["wall_s"]

@@ -341,16 +341,23 @@ CUmodule build_module(int dev, const std::string& name, const std::string& sourc
     std::lock_guard<std::mutex> lk(g_mu);
     g_stats.disk_hits++;
   } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (linked) set_device(dev);  // the driver links for the current context's device
-    image = linked ? compile_linked(name, source, opts, &kind)
-                   : compile(name, source, opts, ptx_only, &kind);
+    // Counted when the compile ends, failed or not: `compiles` is NVRTC's runs.
+    struct Counted {
+      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      bool rejected;
+      ~Counted() {
+        std::lock_guard<std::mutex> lk(g_mu);
+        if (rejected) g_stats.disk_rejects++;  // present but refused
+        g_stats.compile_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        g_stats.compiles++;
+      }
+    };
     {
-      std::lock_guard<std::mutex> lk(g_mu);
-      if (got != "missing" && got != "off") g_stats.disk_rejects++;  // present but refused
-      g_stats.compile_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      g_stats.compiles++;
+      const Counted counted{std::chrono::steady_clock::now(), got != "missing" && got != "off"};
+      if (linked) set_device(dev);  // the driver links for the current context's device
+      image = linked ? compile_linked(name, source, opts, &kind)
+                     : compile(name, source, opts, ptx_only, &kind);
     }
     if (dfd >= 0) disk::store(dfd, file_key, kind, image);
   }

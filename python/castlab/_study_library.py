@@ -3,6 +3,7 @@ on Qwen2-shaped inputs (``castlab study --libraries``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -157,8 +158,12 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     rows = []
     total = sum(op in lib.presets for _ in dtypes for op in ops for lib in libs)
     inputs = {d: library_inputs(size, d, seed, device) for d in dtypes}
+    timing: dict = {}
     if device.startswith("cuda"):
+        t0 = time.perf_counter()
         _warm_libraries(inputs, ops, [eager] + [b for b in libs if b is not eager], device)
+        timing = {"warm_s": round(time.perf_counter() - t0, 3),
+                  "kernel_cache_after_warm": cuda.kernel_cache_stats()}
     for d in dtypes:
         ins = inputs[d]
         for op in ops:
@@ -191,4 +196,7 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     rows.sort(key=lambda r: order[(r["library"], r["op"], r["dtype"])])
     df = pd.DataFrame(rows, columns=LIBRARY_COLUMNS)
     df.attrs.update(size=size, seed=seed)
+    if timing:   # on a GPU: the parallel compile's wall time and the cache after it
+        timing["kernel_cache_end"] = cuda.kernel_cache_stats()
+        df.attrs["timing"] = timing
     return df

@@ -166,6 +166,8 @@ def cmd_libraries(args: argparse.Namespace) -> int:
         summary = {"elapsed_s": round(elapsed, 3), "rows": len(df), "size": kw["size"],
                    "seed": kw["seed"], "device": kw["device"], "headline": headline,
                    "cases": df.to_dict("records"), "run": run.record}
+        if "timing" in df.attrs:   # the GPU's kernel compiles (castlab.study.libraries)
+            summary["timing"] = df.attrs["timing"]
         written.append(os.path.join(out, "summary.json"))
         with open(written[-1], "w") as fj:
             json.dump(summary, fj, indent=2)

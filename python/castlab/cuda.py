@@ -111,7 +111,7 @@ def empty_cache() -> None:
 def kernel_cache_stats() -> dict:
     """Kernel cache counters: ``memory_hits`` (kernels found loaded), ``module_hits`` (a
     kernel whose source was already compiled, or was being compiled by another thread,
-    which then waited for it), ``disk_hits``, ``compiles`` (NVRTC), ``disk_rejects`` and
+    which then waited for it), ``disk_hits``, ``compiles`` (NVRTC runs, failed ones included), ``disk_rejects`` and
     ``compile_seconds`` (summed over the threads that compiled, not wall time)."""
     return dict(_C._cuda_kernel_cache_stats())
 
