@@ -187,10 +187,12 @@ def _vllm_sum_sq(h, threads: int, vec: int):
                 zx, zy = p[..., j, :, i], p[..., j, :, i + 1]
                 q = zx * zx + zy * zy
                 s = q if s is None else s + q
-        else:
+            acc = s if acc is None else acc + s
+        else:   # variance = 0.0f; variance += x * x: fmas from 0, the first one too (a
+            # bare product would let castlab contract it into cub's tree, which adds
+            # registers from other threads)
             z = p[..., j, :, 0]
-            s = z * z
-        acc = s if acc is None else acc + s
+            acc = (0.0 if acc is None else acc) + z * z
     return _cub_block_sum(acc, threads)
 
 
