@@ -78,7 +78,9 @@ def test_cli_prints_and_writes_the_matrix(tmp_path, capsys):
     assert "rope bfloat16: most accurate flash_attn, vllm" in text
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns) == study.LIBRARY_COLUMNS
-    assert set(df.library) == set(cl.libraries()) and set(df.dtype) == {"bfloat16", "float16"}
+    ops = cli.LIBRARY_CHAINS["swiglu"] + cli.LIBRARY_CHAINS["rope"]
+    covering = {n for n in cl.libraries() if set(cl.library(n).ops) & set(ops)}
+    assert set(df.library) == covering and set(df.dtype) == {"bfloat16", "float16"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == len(df) and summary["size"] == 1 << 16
     # each case as it finished, and the plots (issue 53: library mode wrote neither)
@@ -138,3 +140,18 @@ def test_single_names_and_repeats():
                          device="cpu")
     assert df[["library", "op", "dtype"]].values.tolist() == [["vllm", "swiglu", "float16"]]
     assert bool(df.identical_to_eager.iloc[0])
+
+
+def test_rms_norm_presets_in_the_matrix_and_not_in_bounds(tmp_path, capsys):
+    df = study.libraries(["torch_eager", "liger", "vllm", "transformer_engine"],
+                         ops=list(presets.ROW_OPS), dtypes=["bfloat16"], size=4096,
+                         device="cpu")
+    assert set(df.op) == set(presets.ROW_OPS)
+    assert df[df.library == "torch_eager"].identical_to_eager.all()
+    assert (df[df.library != "torch_eager"].status == presets.NOT_RUN).all()
+    # TE multiplies by the weight in fp32 and rounds once: not HF's two roundings
+    te = df[(df.library == "transformer_engine") & (df.op == "rms_norm")]
+    assert not te.identical_to_eager.all()
+    # bounds enumerates elementwise inputs: RMSNorm's rows are refused, with the reason
+    rc = cli.main(["bounds", "rms_norm", "--out", str(tmp_path / "b")])
+    assert rc != 0 and "reduces whole rows" in capsys.readouterr().err

@@ -115,7 +115,9 @@ def test_every_library_is_named_and_described():
         assert lib.verified in (presets.VERIFIED, presets.NOT_RUN, presets.BASELINE)
         for op in lib.ops:
             p = lib[op]
-            assert p.summary and p.source and p.policy is not None and p.math is lib.math
+            assert p.summary and p.source and p.policy is not None
+            # RMSNorm's presets add rsqrtf (cuda_kernels) to their library's math
+            assert p.math is lib.math or (op in RMS_OPS and p.math.cuda_kernels)
 
 
 def test_an_op_a_library_lacks_names_who_covers_it():
@@ -374,3 +376,242 @@ def test_presets_differ_from_eager_where_the_library_rounds_less():
     eager = as_np(cl.library("torch_eager").rope(x, c, s))
     for name in ("liger", "flash_attn", "vllm"):
         assert not np.array_equal(as_np(cl.library(name).rope(x, c, s)), eager), name
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+RMS_OPS = ("rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
+HIDDEN = (896, 1000, 2048, 4096)
+F32 = np.float32
+EPS32 = F32(1e-6)
+
+
+def rms_inputs(n: int, dt: str, seed: int, gemma: bool = False):
+    """6 rows of [n]: normal, a row of zeros, a row of large values, a row with an inf,
+    a row with a NaN, a small-valued row; weight near 1 (near 0 for Gemma's offset form);
+    a residual. castlab tensors and their float64 values."""
+    big = {"bfloat16": 1e4, "float16": 3e2, "float32": 1e4}[dt]
+    x = as_np(data((6, n), dt, seed))
+    x[1] = 0.0
+    x[2] *= big
+    x[3, n // 3] = np.inf
+    x[4, n // 2] = np.nan
+    x[5] *= 1e-3
+    w = as_np(data((n,), dt, seed + 1, 0.1)) + (0.0 if gemma else 1.0)
+    r = as_np(data((6, n), dt, seed + 2))
+    xs, ws, rs = (cl.tensor(v).astype(CL[dt]) for v in (x, w, r))
+    return xs, ws, rs, as_np(xs), as_np(ws), as_np(rs)
+
+
+def f32(v):
+    return np.asarray(v, np.float64).astype(F32)
+
+
+def fma32(a, b, c):
+    """fma(a, b, c) for float32 operands, vectorised: a*b is exact in float64, a*b + c is
+    rounded to float64, and where that lands on a float32 midpoint while inexact it is
+    nudged toward the exact value first (so the float32 rounding is the correct one)."""
+    a, b, c = (np.asarray(t, np.float64) for t in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    lo = s.astype(F32).astype(np.float64)
+    hi = np.nextafter(lo.astype(F32), np.where(s >= lo, np.inf, -np.inf).astype(F32))
+    mid = (lo + hi.astype(np.float64)) / 2
+    fix = (err != 0) & (s == mid) & np.isfinite(s)
+    s = np.where(fix, np.nextafter(s, s + err), s)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return s.astype(F32)
+
+
+def rsqrt32(v):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return F32(1) / np.sqrt(f32(v))
+
+
+def to_dt(v, dt: str):
+    """float32 values rounded to dt (a kernel's store), as float64."""
+    return f32(v).astype(NP[dt]).astype(np.float64)
+
+
+def same(got, want) -> bool:
+    """Bit for bit, zeros' signs included; NaNs of any sign and payload count as equal."""
+    nan = np.isnan(got) & np.isnan(want)
+    return np.array_equal(got, want, equal_nan=True) and np.array_equal(
+        np.signbit(got) | nan, np.signbit(want) | nan)
+
+
+def triton_sum_sq(h, isz: int):
+    """Triton's tl.sum(h*h) over one block as Liger's kernel launches it, from its layout:
+    BLOCK = next_power_of_2(n) on 4/8/16 warps; each thread holds up to 16 bytes of
+    contiguous loaded elements, folds them (product, then fmas) in register order; lanes,
+    then warps, combine by xor butterflies."""
+    rows, n = h.shape
+    block = 1 << (n - 1).bit_length()
+    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
+    per = min(16 // isz, block // (32 * warps))
+    threads = 32 * warps
+    p = np.zeros((rows, block), F32)
+    p[:, :n] = h
+    p = p.reshape(rows, block // (per * threads), threads, per)
+    acc = None
+    for rep in range(p.shape[1]):
+        for k in range(per):
+            v = p[:, rep, :, k]
+            with np.errstate(over="ignore", invalid="ignore"):
+                acc = v * v if acc is None else fma32(v, v, acc)
+    a = acc.reshape(rows, warps, 32)
+    with np.errstate(invalid="ignore"):
+        while a.shape[-1] > 1:
+            m = a.shape[-1] // 2
+            a = a[..., :m] + a[..., m:]
+        while a.shape[1] > 1:
+            m = a.shape[1] // 2
+            a = a[:, :m] + a[:, m:]
+    return a.reshape(rows, 1)
+
+
+def liger_ref(x, w, dt: str, casting: str, offset: float):
+    h = f32(x)
+    s = triton_sum_sq(h, np.dtype(NP[dt]).itemsize)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = h * rsqrt32(s / F32(x.shape[-1]) + EPS32)
+        if casting == "llama":
+            y = f32(to_dt(y, dt))
+        return to_dt(y * (f32(w) + F32(offset)), dt)
+
+
+@pytest.mark.parametrize("n", HIDDEN)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("lib, op, casting, offset", [
+    ("liger", "rms_norm", "llama", 0.0), ("liger", "rms_norm_gemma", "gemma", 1.0),
+    ("liger_casting_gemma", "rms_norm", "gemma", 0.0)])
+def test_liger_rms_norm(lib, op, casting, offset, dt, n):
+    xs, ws, _, x, w, _ = rms_inputs(n, dt, 30 + n, gemma=offset == 1.0)
+    got = as_np(cl.library(lib)[op](xs, ws))
+    assert same(got, liger_ref(x, w, dt, casting, offset))
+
+
+def _hf_module(kind: str, n: int, w, dt: str):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if kind == "gemma":
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm as M
+    elif kind == "qwen2":
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm as M
+    else:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm as M
+    m = M(n, eps=1e-6)
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dt]
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor(w))
+    return m.to(tdt), tdt
+
+
+@pytest.mark.parametrize("n", HIDDEN)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma"])
+def test_torch_eager_rms_norm_is_hugging_face_bit_for_bit(kind, dt, n):
+    torch = pytest.importorskip("torch")
+    xs, ws, rs, x, w, r = rms_inputs(n, dt, 40 + n, gemma=kind == "gemma")
+    m, tdt = _hf_module(kind, n, w, dt)
+    op = "rms_norm_gemma" if kind == "gemma" else "rms_norm"
+    lib = cl.library("torch_eager")
+    with torch.no_grad():
+        want = m(torch.tensor(x).to(tdt)).double().numpy()
+    assert same(as_np(lib[op](xs, ws)), want)
+    if kind == "llama":   # the decoder layer: residual + hidden, then the norm
+        y, z = lib.fused_add_rms_norm(xs, rs, ws)
+        with torch.no_grad():
+            tz = torch.tensor(r).to(tdt) + torch.tensor(x).to(tdt)
+            want_y = m(tz).double().numpy()
+        assert same(as_np(z), tz.double().numpy()) and same(as_np(y), want_y)
+
+
+def cub_sum(acc, threads: int):
+    """cub::BlockReduce (warp reductions): each warp's shfl_down tree pairs adjacent lanes
+    (offsets 1 .. 16), missing lanes add nothing, then the warps' sums in order."""
+    rows = acc.shape[0]
+    warps = -(-threads // 32)
+    a = np.zeros((rows, warps * 32), F32)
+    a[:, :threads] = acc
+    a = a.reshape(rows, warps, 32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        while a.shape[-1] > 1:
+            a = a[..., 0::2] + a[..., 1::2]
+        total = a[:, 0]
+        for k in range(1, warps):
+            total = total + a[:, k]
+    return total
+
+
+def vllm_ref(x, w, dt: str, threads: int, vec: int):
+    rows, n = x.shape
+    h = f32(x)
+    unit = vec or 1
+    j = -(-n // (threads * unit))
+    p = np.zeros((rows, j * threads * unit), F32)
+    p[:, :n] = h
+    p = p.reshape(rows, j, threads, unit)
+    acc = None
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k in range(j):
+            if vec:   # _f16Vec::sum_squares: pairs z.x*z.x + z.y*z.y (one fma), in order
+                s = None
+                for i in range(0, vec, 2):
+                    zx, zy = p[:, k, :, i], p[:, k, :, i + 1]
+                    q = fma32(zx, zx, zy * zy)
+                    s = q if s is None else s + q
+                acc = s if acc is None else acc + s
+            else:
+                v = p[:, k, :, 0]
+                acc = v * v if acc is None else fma32(v, v, acc)
+        s = cub_sum(acc, threads)
+        y = f32(to_dt(h * rsqrt32(s / F32(n) + EPS32), dt))
+        return to_dt(y * f32(w), dt)
+
+
+@pytest.mark.parametrize("n", [*HIDDEN[:-1], pytest.param(HIDDEN[-1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_vllm_rms_norm_and_fused_add(dt, n):
+    xs, ws, rs, x, w, r = rms_inputs(n, dt, 50 + n)
+    lib = cl.library("vllm")
+    assert same(as_np(lib.rms_norm(xs, ws)), vllm_ref(x, w, dt, min(n, 1024), 0))
+    y, z = lib.fused_add_rms_norm(xs, rs, ws)
+    zz = to_dt(f32(x) + f32(r), dt) if dt != "float32" else f32(x) + f32(r)
+    assert same(as_np(z), zz)
+    assert same(as_np(y), vllm_ref(zz, w, dt, min(n, 1024), 8 if n % 8 == 0 else 0))
+
+
+@pytest.mark.parametrize("n", HIDDEN)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_te_and_apex_rms_norm(dt, n):
+    """TE: fp32 mean-square from LayerNorm's stats (rn*m2 + mu*mu), one rounding; Apex:
+    HF's cast placement. Both sums in castlab's pairwise order (NumPy's), standing in for
+    the kernels' own (not modelled)."""
+    xs, ws, _, x, w, _ = rms_inputs(n, dt, 60 + n)
+    h, rn = f32(x), F32(1) / F32(n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mu = f32(np.sum(h, -1, keepdims=True) * rn)
+        d = h - mu
+        m2 = np.sum(d * d, -1, keepdims=True)
+        rs_ = rsqrt32(fma32(m2, rn, mu * mu) + EPS32)
+        for zc, op in ((False, "rms_norm"), (True, "rms_norm_gemma")):
+            g = f32(w) + F32(1) if zc else f32(w)
+            want = to_dt(g * (rs_ * h), dt)
+            assert same(as_np(cl.library("transformer_engine")[op](xs, ws)), want), op
+        s = np.sum(h * h, -1, keepdims=True) / F32(n)
+        y = f32(to_dt(h * rsqrt32(s + EPS32), dt))
+        assert same(as_np(cl.library("apex").rms_norm(xs, ws)), to_dt(f32(w) * y, dt))
+
+
+def test_rms_norm_presets_differ_where_their_libraries_round_differently():
+    xs, ws, _, _, _, _ = rms_inputs(4096, "bfloat16", 70)
+    eager = as_np(cl.library("torch_eager").rms_norm(xs, ws))
+    assert not same(as_np(cl.library("transformer_engine").rms_norm(xs, ws)), eager)
+    assert not same(as_np(cl.library("liger_casting_gemma").rms_norm(xs, ws)), eager)
+    for name in cl.presets.coverage()["rms_norm"]:
+        lib = cl.library(name)
+        assert lib["rms_norm"].inputs == ("x", "weight")
+        assert lib.status("rms_norm", "bfloat16") in (presets.NOT_RUN, presets.BASELINE)

@@ -295,3 +295,97 @@ def test_apex_rope(dt):
     F = cl_(emb)
     check("rope forward", "apex", dt, t_(lib.rope(cl_(q), F)), out)
     check("rope backward", "apex", dt, t_(lib.rope_backward(cl_(dq), F)), back)
+
+
+# ---------------------------------------------------------------- Liger-Kernel RMSNorm
+
+HIDDEN_GPU = (896, 1000, 2048, 3584, 4096, 8192)   # Qwen2-0.5B .. Llama-3-70B, and odd
+NORM_ROWS = 512
+# (library, op, casting_mode, offset): what apply_liger_kernel_to_llama/qwen2 (LigerRMSNorm)
+# and apply_liger_kernel_to_gemma (LigerRMSNormForGemma) use, and casting "gemma" at 0
+LIGER_NORMS = [("liger", "rms_norm", "llama", 0.0), ("liger", "rms_norm_gemma", "gemma", 1.0),
+               ("liger_casting_gemma", "rms_norm", "gemma", 0.0)]
+
+
+def bit_mismatches(a, b) -> int:
+    """mismatches() for any float width (fp32 too)."""
+    a, b = a.contiguous(), b.contiguous()
+    iv = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    return int(((a.view(iv) != b.view(iv)) & ~both_nan).sum())
+
+
+def norm_inputs(n: int, dt: str, gemma: bool, seed: int = 20):
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dt]
+    g = torch.Generator(device="cuda").manual_seed(seed + n)
+    x = torch.randn(NORM_ROWS, n, generator=g, device="cuda").to(tdt)
+    x[1] = 0                                   # a row of zeros
+    x[2] *= 256                                # large values
+    x[3, n // 3] = float("inf")
+    x[4, n // 2] = float("nan")
+    x[5] *= 1e-3                               # small values: eps matters
+    w = 0.1 * torch.randn(n, generator=g, device="cuda")
+    return x, (w if gemma else w + 1.0).to(tdt)
+
+
+def _liger_rms_function():
+    mod = pytest.importorskip("liger_kernel.ops.rms_norm")
+    if os.environ.get("LIGER_KERNEL_IMPL"):
+        pytest.skip("LIGER_KERNEL_IMPL selects another implementation than the Triton one")
+    return mod.LigerRMSNormFunction
+
+
+@pytest.mark.parametrize("n", HIDDEN_GPU)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("lib, op, casting, offset", LIGER_NORMS)
+def test_liger_rms_norm(lib, op, casting, offset, dt, n):
+    """liger_kernel.ops.rms_norm.LigerRMSNormFunction (0.8.5: forward(X, W, eps, offset,
+    casting_mode, in_place, row_mode); the row kernel at these widths) against castlab's
+    preset, bit for bit; the count against Hugging Face eager is reported for context."""
+    fn = _liger_rms_function()
+    x, w = norm_inputs(n, dt, offset == 1.0)
+    with torch.no_grad():
+        want = fn.apply(x, w, 1e-6, offset, casting, True, None)
+        eager = t_(cl.library("torch_eager")[op](cl_(x), cl_(w)))
+    got = t_(cl.library(lib)[op](cl_(x), cl_(w)))
+    n_bad = bit_mismatches(got, want)
+    report(case=f"{op} casting={casting} offset={offset} hidden={n}", library=lib, dtype=dt,
+           elements=want.numel(), castlab_vs_library=n_bad,
+           library_vs_hf_eager=bit_mismatches(want, eager))
+    assert n_bad == 0, f"{lib} {op} {dt} hidden {n}: {n_bad} of {want.numel()} differ"
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_liger_rms_norm_modules_as_the_patches_install_them(dt):
+    """The modules apply_liger_kernel_to_llama/qwen2 (LigerRMSNorm) and _gemma
+    (LigerRMSNormForGemma) put in place, through liger_kernel.ops' dispatch, at Llama-3-8B's
+    width: the same bits as the presets."""
+    mods = pytest.importorskip("liger_kernel.transformers.rms_norm")
+    _liger_rms_function()
+    n = 4096
+    for cls, op, gemma in ((mods.LigerRMSNorm, "rms_norm", False),
+                           (mods.LigerRMSNormForGemma, "rms_norm_gemma", True)):
+        x, w = norm_inputs(n, dt, gemma, seed=30)
+        m = cls(n, eps=1e-6).to(device="cuda", dtype=x.dtype)
+        with torch.no_grad():
+            m.weight.copy_(w)
+            want = m(x)
+        got = t_(cl.library("liger")[op](cl_(x), cl_(w)))
+        check(f"{op} module {cls.__name__}", "liger", dt, got, want)
+
+
+def test_liger_rms_norm_order_alternatives_for_diagnosis():
+    """Not a contract: where test_liger_rms_norm fails, how far Liger's kernel is from
+    castlab's other RMSNorm orders (Hugging Face eager's torch_cuda sum, vLLM's cub block
+    and the same formula with castlab's pairwise sum), to say what the kernel really does."""
+    fn = _liger_rms_function()
+    counts = {}
+    for n in (896, 4096):
+        x, w = norm_inputs(n, "float32", False)
+        with torch.no_grad():
+            want = fn.apply(x, w, 1e-6, 0.0, "llama", True, None)
+        X, W = cl_(x), cl_(w)
+        for name in ("liger", "torch_eager", "vllm", "apex"):
+            counts[f"{name} {n}"] = bit_mismatches(t_(cl.library(name).rms_norm(X, W)), want)
+    report(case="rms_norm fp32: liger vs each castlab preset", library="liger",
+           dtype="float32", mismatches=counts)

@@ -28,8 +28,8 @@
 #                                         backward graphs
 #   5  _listing -> _jit                       the trace listing (from the lowering's record);
 #                                         tracing and fused execution
-#   6  numerics -> presets -> torch, sweep -> _study_chains -> _study_inputs -> _study_cells
-#      -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
+#   6  numerics -> _presets_norm -> presets -> torch, sweep -> _study_chains -> _study_inputs
+#      -> _study_cells -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
 #      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> cli
 #                                         analysis, kernel-library presets, PyTorch
 #                                         model capture (castlab.torch: imported on its

@@ -191,6 +191,11 @@ def _bounds_subjects(chains: list, libs: list) -> list:
     as itself."""
     out = []
     for ch in chains:
+        if ch in presets.ROW_OPS:
+            raise CLIError(f"{ch}: castlab bounds enumerates the inputs of elementwise ops, "
+                           "one element at a time; RMSNorm reduces whole rows, so it has no "
+                           "such input space (compare its presets with castlab study "
+                           "--libraries all --chains rms_norm)")
         if ch in presets.OPS:
             have = [lib for lib in libs if ch in presets.library(lib).presets]
             if not have:
@@ -202,7 +207,7 @@ def _bounds_subjects(chains: list, libs: list) -> list:
             out.append((ch, ch))
         else:
             raise CLIError(f"unknown chain {ch!r}; valid: " + ", ".join(
-                list(presets.OPS) + testing.unary_ops()))
+                [o for o in presets.OPS if o not in presets.ROW_OPS] + testing.unary_ops()))
     return out
 
 

@@ -35,12 +35,14 @@ _QWEN2_DIM, _QWEN2_THETA, _ROW, _SEQ = 128, 1e6, 1024, 1024
 def library_inputs(size: int, dtype: Any, seed: int = 0, device: str = "cpu") -> dict:
     """The Qwen2-shaped inputs of :func:`libraries`, by op family and argument name (the
     names in ``OpPreset.inputs``): ``"swiglu"``: gate ``a`` (normal, times 3), up ``b``,
-    cotangent ``dc``, each [size/1024, 1024]; ``"rope"`` and ``"rope_interleaved"``: ``x``
+    cotangent ``dc``, each [size/1024, 1024]; ``"rms_norm"`` (and ``"fused_add_rms_norm"``,
+    ``"rms_norm_gemma"``): ``x`` and ``residual`` [size/1024, 1024] and a ``weight`` [1024]
+    of 1 + 0.1 * normal (Gemma's: 0.1 * normal); ``"rope"`` and ``"rope_interleaved"``: ``x``
     and ``dy`` [1, H, 1024, 128] (normal; fewer positions when `size` < 128K), the cos/sin
     cache ``c``/``s`` [S, 128] in `dtype` (Hugging Face's ``cat(freqs, freqs)`` of the
     fp32 angles, theta 1e6; fp64 cos/sin rounded to fp32, then to `dtype`) and the fp32
     angles ``freqs`` (``cat(f, f)``, or ``repeat_interleave(f, 2)`` for the interleaved
-    layout). Seeds `seed` + 1 ... + 5.
+    layout). Seeds `seed` + 1 ... + 8.
 
     >>> ins = cl.study.library_inputs(4096, "bfloat16")
     >>> ins["rope"]["x"].shape, ins["rope_interleaved"]["freqs"].shape
@@ -68,7 +70,12 @@ def library_inputs(size: int, dtype: Any, seed: int = 0, device: str = "cpu") ->
 
     x, dy = normal(xs, 4), normal(xs, 5)
     c, s = cache(np.cos), cache(np.sin)
+    # RMSNorm: rows of 1024 (hidden), a weight near 1 (Gemma's: near 0, the offset from 1)
+    w = normal((_ROW,), 7, 0.1)
+    norm = {"x": normal(rows, 6), "residual": normal(rows, 8),
+            "weight": (w.astype(float64) + 1.0).astype(dt)}
     return {
+        "rms_norm": norm, "fused_add_rms_norm": norm, "rms_norm_gemma": {**norm, "weight": w},
         "swiglu": {"a": normal(rows, 1, 3.0), "b": normal(rows, 2), "dc": normal(rows, 3)},
         "rope": {"x": x, "dy": dy, "c": c, "s": s,
                  "freqs": tensor(emb).astype(float32).to(device)},

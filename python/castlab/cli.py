@@ -48,6 +48,7 @@ LIBRARY_CHAINS = {
     "swiglu": ["swiglu", "swiglu_backward"],
     "rope": ["rope", "rope_backward", "rope_interleaved", "rope_interleaved_backward"],
     "rope_interleaved": ["rope_interleaved", "rope_interleaved_backward"],
+    "rms_norm": ["rms_norm", "rms_norm_gemma", "fused_add_rms_norm"],
 }
 # study settings that have no meaning for fixed library formulas: refused, not ignored
 _NOT_WITH_LIBRARIES = ("policies", "math", "extra_presets", "rounding", "shape", "input",

@@ -10,7 +10,7 @@ them for every op it covers:
 >>> import castlab as cl
 >>> lib = cl.library("liger")
 >>> lib.ops
-('swiglu', 'swiglu_backward', 'rope', 'rope_backward')
+('swiglu', 'swiglu_backward', 'rope', 'rope_backward', 'rms_norm', 'rms_norm_gemma')
 >>> a, b = cl.randn(4, 8, seed=0, dtype=cl.bfloat16), cl.randn(4, 8, seed=1, dtype=cl.bfloat16)
 >>> y = lib.swiglu(a, b)                                  # runs castlab's reproduction
 >>> lib["swiglu"].policy.round_after
@@ -29,6 +29,14 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
 - ``rope_backward(dy, cos, sin)`` (or ``(dy, freqs)``) -> ``dx``.
 - ``rope_interleaved`` / ``rope_interleaved_backward``: the GPT-J layout (pairs
   ``x[2i], x[2i+1]`` rotate together; cos/sin [S, R] read at column i for pair i).
+- ``rms_norm(x, weight)``: RMSNorm over the last dim of ``x`` [..., H], ``weight`` [H] in
+  x's dtype, eps 1e-6 (``castlab._presets_norm.EPS``; fixed, so the preset stays a
+  function of tensors): Llama's ``norm(x) * weight``.
+- ``rms_norm_gemma(x, weight)``: Gemma's ``norm(x) * (1 + weight)`` (the stored weight is
+  the offset from 1).
+- ``fused_add_rms_norm(x, residual, weight)`` -> ``(y, z)``: ``z = x + residual`` in the
+  storage dtype (the decoder layer's residual add; vLLM's kernel stores it as the new
+  residual) and ``y = rms_norm(z, weight)``.
 
 Every preset is written from the library's source (cited in its ``source``) and marked
 by ``verified``: whether it has been run against the library itself
@@ -44,17 +52,22 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 
+from . import _presets_norm as _norm
 from ._dtype import float32
 from ._jit import JitFunction, jit
 from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
 from .policy import Math, Policy, as_math, as_policy
 
-__all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "VERIFIED",
-           "NOT_RUN", "BASELINE"]
+__all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "ROW_OPS",
+           "VERIFIED", "NOT_RUN", "BASELINE"]
 
 #: The ops a library preset can cover, in display order.
 OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
-       "rope_interleaved_backward")
+       "rope_interleaved_backward", "rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
+
+#: The ops over whole rows (RMSNorm): castlab.testing's bounds enumerate the inputs of
+#: elementwise ops one element at a time, so they leave these out.
+ROW_OPS = ("rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
 
 #: ``Library.verified`` of a library whose kernels tests/test_presets_cuda.py ran on the
 #: H200 with 0 mismatches against castlab's presets, and of one written from source only.
@@ -88,6 +101,9 @@ class OpPreset:
     #: gradients by castlab's autodiff instead of a formula of the library's own:
     #: (forward function, argnums); the op is called as (cotangent, *other primals)
     grad_of: tuple | None = None
+    #: this op's own VERIFIED / NOT_RUN where it differs from its library's (an op added
+    #: after the library's others were run against it); None: the library's
+    verified: str | None = None
 
     def jit(self) -> JitFunction:
         """The op as a ``cl.jit`` function under the preset's policy and math (cached).
@@ -192,13 +208,18 @@ class Library:
 
         >>> cl.library("flash_attn").status("rope", "bfloat16")
         'verified against the library on the H200'
+        >>> cl.library("liger").status("rms_norm", "bfloat16")
+        'from source, not run'
         """
-        return self.verified
+        p = self.presets.get(op)
+        return p.verified if p is not None and p.verified is not None else self.verified
 
     def describe(self) -> str:
         """One line per op: where it rounds, which formula, the source."""
         lines = [f"{self.name}: {self.summary} ({self.url}) [{self.verified}]"]
-        lines += [f"  {p.op}: {p.summary} [{p.source}]" for p in self.presets.values()]
+        lines += [f"  {p.op}: {p.summary} [{p.source}]"
+                  + (f" [{p.verified}]" if p.verified is not None else "")
+                  for p in self.presets.values()]
         return "\n".join(lines)
 
 
@@ -381,7 +402,10 @@ _FUSED = Policy("fused")
 
 
 def _lib(name: str, summary: str, url: str, math: Math, ops: list,
-         verified: str = NOT_RUN) -> Library:
+         verified: str = NOT_RUN, extra: tuple = ()) -> Library:
+    """A Library of `ops` (op, fn, policy, summary, source[, grad_of]) under `math`, and
+    `extra` ops (op, fn, policy, summary, source, math, verified) that carry their own
+    math and status (RMSNorm's, which add rsqrtf to the library's math)."""
     presets = {}
     for op, fn, policy, summ, source, *grad in ops:
         grad_of = grad[0] if grad else None
@@ -392,13 +416,95 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list,
             args = ("dy",) + args[1:]       # rope_backward(dy, cos, sin): dy in x's place
         presets[op] = OpPreset(name, op, fn, policy, math, summ, source, inputs=args,
                                grad_of=grad_of)
+    for op, fn, policy, summ, source, mth, ver in extra:
+        presets[op] = OpPreset(name, op, fn, policy, mth, summ, source,
+                               inputs=tuple(inspect.signature(fn).parameters), verified=ver)
     return Library(name, summary, url, math, presets, verified)
+
+# ---------------------------------------------------------------- RMSNorm
+
+_LIGER_WHEEL = _LIGER + "rms_norm.py"
+_VLLM_LN = (_VLLM + "0112cf233e0c60674c2844a09695ddeb2b901dc0/csrc/layernorm_kernels.cu")
+_APEX_LN = _GH + ("NVIDIA/apex/blob/6424da3b4faa6c8f062da4a48c424fff3f02d42d/csrc/"
+                  "layer_norm_cuda_kernel.cu")
+_HF_MODELS = _GH + "huggingface/transformers/blob/main/src/transformers/models/"
+# the eager-per-op rounding of the residual add (a fused-policy add is an output only)
+_ROUND_ADDS = Policy("custom", round_after=("add",))
+
+
+def _rms_norm_presets() -> dict:
+    """RMSNorm's presets by library: (op, fn, policy, summary, source, math, verified).
+    The CUDA kernels' maths add ``cuda_kernels`` to the library's: their ``rsqrtf`` (and
+    Triton's libdevice rsqrt) is the GPU's approximate rsqrt.approx.f32."""
+    eager = Math.preset("torch_eager")
+    liger = Math("liger", impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
+                 division="approx", fma_rounding="storage", cuda_kernels=True)
+    cuda = {n: Math(n, impl="cuda", fma=True, cuda_kernels=True) for n in ("vllm", "apex")}
+    te = dataclasses.replace(Math.preset("transformer_engine"), cuda_kernels=True)
+    lrms = _norm.liger_rms_norm
+    liger_src = "x in fp32; rstd = rsqrt(tl.sum(x*x)/n + eps) (Triton block order, fmas); "
+    return {
+        "torch_eager": [
+            ("rms_norm", _norm.hf_rms_norm, _EAGER,
+             "h = x.float(); weight * (h * rsqrt(mean(h**2) + eps)).to(dtype), per op",
+             _HF_MODELS + "llama/modeling_llama.py#L53-L67", eager, BASELINE),
+            ("rms_norm_gemma", _norm.hf_rms_norm_gemma, _EAGER,
+             "h = x.float(); (h * rsqrt(mean(h**2) + eps) * (1 + w.float())).type_as(x)",
+             _HF_MODELS + "gemma/modeling_gemma.py#L64-L78", eager, BASELINE),
+            ("fused_add_rms_norm", _norm.hf_fused_add_rms_norm, _EAGER,
+             "z = residual + x rounded (the decoder layer's add), then LlamaRMSNorm(z)",
+             _HF_MODELS + "llama/modeling_llama.py#L53-L67", eager, BASELINE),
+        ],
+        "liger": [
+            ("rms_norm", lrms("llama", 0.0), _FUSED,
+             liger_src + "casting_mode llama: (x*rstd).to(dtype) * (0.0 + w) in fp32, "
+             "rounded (LigerRMSNorm, apply_liger_kernel_to_llama/qwen2)",
+             _LIGER_WHEEL + "#L67-L150", liger, NOT_RUN),
+            ("rms_norm_gemma", lrms("gemma", 1.0), _FUSED,
+             liger_src + "casting_mode gemma, offset 1: x*rstd*(1.0 + w.float()), one "
+             "rounding (LigerRMSNormForGemma, apply_liger_kernel_to_gemma)",
+             _LIGER_WHEEL + "#L106-L150", liger, NOT_RUN),
+        ],
+        "liger_casting_gemma": [
+            ("rms_norm", lrms("gemma", 0.0), _FUSED,
+             liger_src + "casting_mode gemma, offset 0: x*rstd*w.float(), one rounding",
+             _LIGER_WHEEL + "#L106-L150", liger, NOT_RUN),
+        ],
+        "vllm": [
+            ("rms_norm", _norm.vllm_rms_norm, _FUSED,
+             "fp32 x*x fmas per thread (stride min(H, 1024)), cub BlockReduce; "
+             "(T)(x * rsqrtf(var/H + eps)) * w in T", _VLLM_LN + "#L19-L48", cuda["vllm"],
+             NOT_RUN),
+            ("fused_add_rms_norm", _norm.vllm_fused_add_rms_norm, _ROUND_ADDS,
+             "z = input + residual in T, stored as the new residual; RMSNorm of z (width-8 "
+             "vectors' sum_squares when H % 8 == 0)", _VLLM_LN + "#L50-L216", cuda["vllm"],
+             NOT_RUN),
+        ],
+        "apex": [
+            ("rms_norm", _norm.apex_rms_norm, _FUSED,
+             "sigma2 = sum(x*x)/n in float; gamma * (V)(rsqrtf(sigma2 + eps) * x) "
+             "(FusedRMSNorm; castlab's sum order stands in for Apex's)",
+             _APEX_LN + "#L42-L150", cuda["apex"], NOT_RUN),
+        ],
+        "transformer_engine": [
+            ("rms_norm", _norm.te_rms_norm(False), _FUSED,
+             "fp32: rs = rsqrtf(rn*m2 + mu*mu + eps) from LayerNorm stats; (w * (rs*x)), "
+             "one rounding (tuned kernel; castlab's sum order stands in for TE's)",
+             _TE + "common/normalization/rmsnorm/rmsnorm_fwd_kernels.cuh#L72-L136", te,
+             NOT_RUN),
+            ("rms_norm_gemma", _norm.te_rms_norm(True), _FUSED,
+             "zero_centered_gamma: (w + 1) * (rs*x) in fp32, one rounding",
+             _TE + "common/normalization/rmsnorm/rmsnorm_fwd_kernels.cuh#L114-L119", te,
+             NOT_RUN),
+        ],
+    }
 
 
 def _triton_libs() -> list:
     """PyTorch eager (the baseline) and the Triton libraries: Liger, Unsloth."""
     triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
                       division="approx", fma_rounding="storage")
+    rms = _rms_norm_presets()
     return [
         _lib("torch_eager",
              "Hugging Face modeling code (interleaved RoPE: flash-attn's PyTorch "
@@ -425,7 +531,7 @@ def _triton_libs() -> list:
                  ("rope_interleaved_backward", None, _EAGER,
                   "autograd of the above (castlab's autodiff)",
                   "tools/autograd/derivatives.yaml", (_rope_interleaved_torch, 0)),
-             ], BASELINE),
+             ], BASELINE, extra=rms["torch_eager"]),
         _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
              Math("liger", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
@@ -441,7 +547,12 @@ def _triton_libs() -> list:
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
                   "x1*c + x2*s, x2*c - x1*s; fused products x2*s, x2*c",
                   _LIGER + "rope.py#L105-L116"),
-             ], VERIFIED),
+             ], VERIFIED, extra=rms["liger"]),
+        _lib("liger_casting_gemma",
+             "Liger-Kernel 0.8.5's LigerRMSNorm with casting_mode='gemma' and offset 0 "
+             "(fp32 throughout: Gemma3n/4-style norms)", _GH + "linkedin/Liger-Kernel",
+             Math("liger", impl="cuda", fma=True, division="approx"), [],
+             NOT_RUN, extra=rms["liger_casting_gemma"]),
         _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
              Math("unsloth", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
@@ -462,6 +573,7 @@ def _triton_libs() -> list:
 
 def _cuda_libs() -> list:
     """The CUDA and fused-kernel libraries: flash-attn, vLLM, Apex, TransformerEngine."""
+    rms = _rms_norm_presets()
     return [
         _lib("flash_attn", "flash-attn's Triton rotary kernel (apply_rotary_emb)",
              _GH + "Dao-AILab/flash-attention", Math("flash_attn", impl="cuda", fma=True), [
@@ -486,7 +598,7 @@ def _cuda_libs() -> list:
                  ("rope_interleaved", _pairs_fp32(False, True, False), _FUSED,
                   "GPT-J layout, same formula",
                   _VLLM + "0f5257e245116449bfbe78a87c22aeef632eba8f/csrc/pos_encoding_kernels.cu#L20-L32"),
-             ]),
+            ], extra=rms["vllm"]),
         _lib("apex", "Apex's Megatron fused RoPE (fused_apply_rotary_pos_emb)",
              _GH + "NVIDIA/apex", Math("apex", impl="cuda", fma=True), [
                  ("rope", _from_freqs(True, False), _EAGER,
@@ -495,7 +607,7 @@ def _cuda_libs() -> list:
                  ("rope_backward", _from_freqs(True, True), _EAGER,
                   "cosf/sinf cast to scalar_t, sin negated on the rotated half, per op",
                   _APEX + "fused_rotary_positional_embedding.h#L62-L81"),
-             ]),
+            ], extra=rms["apex"]),
         _lib("transformer_engine",
              "TransformerEngine: fused RoPE and its SwiGLU (fp32, one rounding)",
              _GH + "NVIDIA/TransformerEngine", Math.preset("transformer_engine"), [
@@ -513,7 +625,7 @@ def _cuda_libs() -> list:
                   _TE + "common/fused_rope/fused_rope.cu#L64-L75"),
                  ("rope_interleaved_backward", _from_freqs(False, True, True), _FUSED,
                   "interleaved, sin negated", _TE + "common/fused_rope/fused_rope.cu#L126-L135"),
-             ]),
+            ], extra=rms["transformer_engine"]),
         _lib("transformer_engine_unfused",
              "TransformerEngine's unfused RoPE (apply_rotary_pos_emb, fused=False)",
              _GH + "NVIDIA/TransformerEngine", Math.preset("torch_eager"), [
@@ -547,7 +659,7 @@ def library(name: str) -> Library:
     """A kernel library's presets by name (see :func:`libraries`).
 
     >>> cl.library("vllm").ops
-    ('swiglu', 'rope', 'rope_interleaved')
+    ('swiglu', 'rope', 'rope_interleaved', 'rms_norm', 'fused_add_rms_norm')
     """
     if not isinstance(name, str):
         raise TypeError(f"library: name must be a str, not {type(name).__name__}")
