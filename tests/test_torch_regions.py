@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import castlab as cl  # noqa: E402
 import castlab.torch as ct  # noqa: E402
+from castlab._presets_norm import hf_rms_norm  # noqa: E402
 from castlab.presets import OpPreset  # noqa: E402
 
 F = torch.nn.functional
@@ -56,21 +57,11 @@ def _logits(m, ids):
 
 
 # ---------------------------------------------------------------- an rms_norm preset
-# castlab has no RMSNorm presets yet (they are being added); these two plug in as any
-# rms_norm preset does: fn(x, weight, eps=, offset=)
-
-def _hf_rms_norm(x, weight, eps, offset=0.0):
-    """Hugging Face's RMSNorm: Llama's ``weight * norm(x).to(dtype)``, or Gemma's
-    ``(norm(x) * (1 + weight.float())).to(dtype)`` when offset is 1."""
-    xf = x.astype(cl.float32)
-    h = xf * cl.rsqrt(cl.mean(xf ** 2, -1, keepdim=True) + eps)
-    if offset:
-        return (h * (weight.astype(cl.float32) + offset)).astype(x.dtype)
-    return weight * h.astype(x.dtype)
-
+# Hugging Face's Llama RMSNorm (castlab's preset formula) under a policy of the test's
+# choosing: a kernel that rounds once (fused) or after every op (eager)
 
 def _rms_preset(policy: str) -> OpPreset:
-    return OpPreset("test_hf", "rms_norm", _hf_rms_norm, cl.Policy(policy),
+    return OpPreset("test_hf", "rms_norm", hf_rms_norm, cl.Policy(policy),
                     cl.Math.preset("torch_eager"), "HF RMSNorm", "test", ("x", "weight"))
 
 
@@ -160,7 +151,7 @@ def test_torch_eager_kernels_are_the_eager_run(name, dtype):
     m, ids, cm = _model(name, dtype)
     ref = _logits(m, ids)
     plain = cm.run(ids, kwargs=KW, policy="eager").logits
-    kernels = {"rope": "torch_eager", "rms_norm": _rms_preset("eager")}
+    kernels = {"rope": "torch_eager", "rms_norm": "torch_eager"}  # Gemma's: rms_norm_gemma
     if name != "gemma":
         kernels["swiglu"] = "torch_eager"
     got = cm.run(ids, kwargs=KW, policy="eager", kernels=kernels).logits
@@ -178,7 +169,7 @@ def test_runs_without_kernels_are_unchanged():
     before = [cm.run(ids, kwargs=KW, policy=p).logits for p in ("eager", "fused")]
     segs = list(cm.segments)
     cm.run(ids, kwargs=KW, policy="fused", kernels={"swiglu": "liger", "rope": "liger",
-                                                     "rms_norm": _rms_preset("fused")})
+                                                     "rms_norm": "liger"})
     for p, b in zip(("eager", "fused"), before):
         assert torch.equal(cm.run(ids, kwargs=KW, policy=p).logits, b)
         assert torch.equal(cm.run(ids, kwargs=KW, policy=p, kernels={}).logits, b)
@@ -217,11 +208,10 @@ def _patched(name: str, kernels: dict):
         put(mod, "apply_rotary_pos_emb", apply)
     if "rms_norm" in kernels:
         p = kernels["rms_norm"]
-        offset = 1.0 if name == "gemma" else 0.0
-        norm = cl.jit(lambda x, w: p.fn(x, w, eps=1e-6, offset=offset), policy=p.policy,
-                      math=p.math)
 
         def rms(self, x):
+            eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+            norm = cl.jit(lambda x, w: p.fn(x, w, eps=eps), policy=p.policy, math=p.math)
             return torch.from_dlpack(norm(*_as_cl(x, self.weight.detach())))
         put(getattr(mod, prefix + "RMSNorm"), "forward", rms)
     try:
@@ -238,7 +228,8 @@ def test_liger_kernels_equal_the_patched_model(name):
     from the eager model where the presets round otherwise."""
     m, ids, cm = _model(name)
     lib = cl.library("liger")
-    kernels = {"rope": lib["rope"], "rms_norm": _rms_preset("fused")}
+    kernels = {"rope": lib["rope"],
+               "rms_norm": lib["rms_norm_gemma" if name == "gemma" else "rms_norm"]}
     if name != "gemma":
         kernels["swiglu"] = lib["swiglu"]
     got = cm.run(ids, kwargs=KW, policy="eager", kernels=kernels).logits
@@ -272,7 +263,7 @@ def test_a_residual_add_in_the_norms_region_is_split_off():
     for pol in ("eager", "fused"):
         got = cm.run(x, r, policy="eager", kernels={"rms_norm": _rms_preset(pol)})
         h = x + r
-        y = torch.from_dlpack(cl.jit(lambda a, w: _hf_rms_norm(a, w, 1e-6), policy=pol)(
+        y = torch.from_dlpack(cl.jit(lambda a, w: hf_rms_norm(a, w, eps=1e-6), policy=pol)(
             *_as_cl(h, norm.weight.detach())))
         assert torch.equal(got[0], y * 2) and torch.equal(got[1], h)
     with torch.no_grad():
@@ -306,10 +297,13 @@ def test_bad_kernel_choices_are_clear_errors():
         _model("llama")[2].run(ids, kwargs=KW, kernels={"swiglu": "flash_attn"})
     with pytest.raises(ValueError, match="takes \\('x', 'freqs'\\)"):
         run({"rope": "transformer_engine"})
-    llama_only = OpPreset("test", "rms_norm", lambda x, weight, eps: weight * x,
-                          cl.Policy("eager"), cl.Math.preset("torch_eager"), "", "")
-    with pytest.raises(ValueError, match=r"no 'offset' argument.*\(1 \+ weight\) \(Gemma\)"):
-        run({"rms_norm": llama_only})
+    with pytest.raises(ValueError, match="liger's rms_norm preset; rms_norm regions take a "
+                       "rms_norm_gemma preset"):   # Gemma's 1 + w
+        run({"rms_norm": cl.library("liger")["rms_norm"]})
+    no_eps = OpPreset("test", "rms_norm_gemma", lambda x, weight: weight * x,
+                      cl.Policy("eager"), cl.Math.preset("torch_eager"), "", "")
+    with pytest.raises(ValueError, match=r"no 'eps' argument.*eps=1e-06"):
+        run({"rms_norm": no_eps})
     with pytest.raises(TypeError, match="must be an OpPreset"):
         run({"rope": 3})
     with pytest.raises(TypeError, match="kernels must be a dict"):

@@ -3,9 +3,9 @@ eager, Liger-Kernel, vLLM, TransformerEngine and Apex, as castlab functions.
 
 Each is ``f(x, weight)`` (``rms_norm``: ``y = norm(x) * weight``; ``rms_norm_gemma``: ``y =
 norm(x) * (1 + weight)``) or ``f(x, residual, weight) -> (y, x + residual)``
-(``fused_add_rms_norm``), over the last dim, with eps fixed at :data:`EPS` (1e-6, the
-default of Llama, Qwen2 and Gemma), so that each stays an ordinary castlab function of
-tensors that ``cl.jit`` traces.
+(``fused_add_rms_norm``), over the last dim, with a keyword-only ``eps`` (default
+:data:`EPS`, 1e-6: Qwen2's and Gemma's; Llama-3 uses 1e-5): an ordinary castlab function
+of tensors that ``cl.jit`` traces (a captured model's stack passes the model's eps).
 
 A kernel's sum of squares is written out in the order the kernel accumulates, as
 castlab ops: each thread's partial sum (``acc + x*x``, which the library's compiler
@@ -56,24 +56,24 @@ def _divide(s, n: int):
 
 # ---------------------------------------------------------------- Hugging Face eager
 
-def hf_rms_norm(x, weight):
+def hf_rms_norm(x, weight, *, eps: float = EPS):
     """LlamaRMSNorm / Qwen2RMSNorm: ``weight * (h * rsqrt(mean(h**2) + eps)).to(dtype)``
     with ``h = x.float()``: PyTorch's ops one by one (castlab.rms_norm, cast="hf")."""
-    return _rms_norm(x, x.shape[-1], weight, EPS, cast="hf")
+    return _rms_norm(x, x.shape[-1], weight, eps, cast="hf")
 
 
-def hf_rms_norm_gemma(x, weight):
+def hf_rms_norm_gemma(x, weight, *, eps: float = EPS):
     """GemmaRMSNorm: ``(h * rsqrt(mean(h**2) + eps) * (1.0 + weight.float())).type_as(x)``
     with ``h = x.float()``: fp32 throughout, one rounding at the end."""
-    h = _rms_norm(_f32(x), x.shape[-1], None, EPS)
+    h = _rms_norm(_f32(x), x.shape[-1], None, eps)
     return (h * (1.0 + _f32(weight))).astype(x.dtype)
 
 
-def hf_fused_add_rms_norm(x, residual, weight):
+def hf_fused_add_rms_norm(x, residual, weight, *, eps: float = EPS):
     """A decoder layer's ``residual + hidden`` (rounded to the storage dtype), which is
     both the next residual and the input of LlamaRMSNorm."""
     r = residual + x
-    return hf_rms_norm(r, weight), r
+    return hf_rms_norm(r, weight, eps=eps), r
 
 
 # ---------------------------------------------------------------- Liger (Triton)
@@ -133,11 +133,11 @@ def liger_rms_norm(casting: str, offset: float):
     if casting not in ("llama", "gemma"):
         raise ValueError(f"liger rms_norm: casting must be 'llama' or 'gemma', not {casting!r}")
 
-    def liger_rms_norm(x, weight):
+    def liger_rms_norm(x, weight, *, eps: float = EPS):
         dt = x.dtype
         h = _f32(x)
         ms = _divide(_triton_sum_sq(h, dt.bits // 8), x.shape[-1])
-        y = h * rsqrt(ms + EPS)
+        y = h * rsqrt(ms + eps)
         if casting == "llama":
             y = _f32(y.astype(dt))
         return (y * (_f32(weight) + offset)).astype(dt)
@@ -196,21 +196,21 @@ def _vllm_sum_sq(h, threads: int, vec: int):
     return _cub_block_sum(acc, threads)
 
 
-def _vllm_normalize(r, weight, threads: int, vec: int):
+def _vllm_normalize(r, weight, threads: int, vec: int, eps: float):
     """``((scalar_t)(x * rsqrtf(variance / hidden + eps))) * weight``."""
     dt = r.dtype
     h = _f32(r)
     s = _divide(_vllm_sum_sq(h, threads, vec), r.shape[-1])
-    y = _f32((h * rsqrt(s + EPS)).astype(dt))
+    y = _f32((h * rsqrt(s + eps)).astype(dt))
     return (y * _f32(weight)).astype(dt)
 
 
-def vllm_rms_norm(x, weight):
+def vllm_rms_norm(x, weight, *, eps: float = EPS):
     """vLLM's rms_norm_kernel: a block of min(hidden, 1024) threads per token."""
-    return _vllm_normalize(x, weight, min(x.shape[-1], 1024), 0)
+    return _vllm_normalize(x, weight, min(x.shape[-1], 1024), 0, eps)
 
 
-def vllm_fused_add_rms_norm(x, residual, weight):
+def vllm_fused_add_rms_norm(x, residual, weight, *, eps: float = EPS):
     """vLLM's fused_add_rms_norm: ``z = input + residual`` in the storage dtype, stored as
     the new residual, then RMSNorm of z. Blocks of min(hidden, 1024) threads below 256
     tokens, else min(hidden, 256); a hidden size (and row stride) divisible by 8 takes the
@@ -219,7 +219,7 @@ def vllm_fused_add_rms_norm(x, residual, weight):
     tokens = int(np.prod(x.shape[:-1]))
     threads = min(n, 1024 if tokens < 256 else 256)
     z = x + residual
-    return _vllm_normalize(z, weight, threads, 8 if n % 8 == 0 else 0), z
+    return _vllm_normalize(z, weight, threads, 8 if n % 8 == 0 else 0, eps), z
 
 
 # ---------------------------------------------------------------- TransformerEngine, Apex
@@ -241,14 +241,14 @@ def te_rms_norm(zero_centered: bool):
     zero-centered gamma, ``w + 1``, rounded once. castlab takes mu and m2 in two passes
     of its own order, not TE's Welford/Chan merges."""
 
-    def te_rms_norm(x, weight):
+    def te_rms_norm(x, weight, *, eps: float = EPS):
         h = _f32(x)
         n = x.shape[-1]
         rn = _recip(n)
         mu = _sum(h, -1, keepdim=True) * rn
         d = h - mu
         m2 = _sum(d * d, -1, keepdim=True)
-        rs = rsqrt(m2 * rn + mu * mu + EPS)
+        rs = rsqrt(m2 * rn + mu * mu + eps)
         g = _f32(weight) + 1.0 if zero_centered else _f32(weight)
         return (g * (rs * h)).astype(x.dtype)
 
@@ -256,12 +256,12 @@ def te_rms_norm(zero_centered: bool):
     return te_rms_norm
 
 
-def apex_rms_norm(x, weight):
+def apex_rms_norm(x, weight, *, eps: float = EPS):
     """Apex's cuApplyRMSNorm (FusedRMSNorm): ``sigma2 = sum(x*x) / n`` in float,
     ``gamma * (V)(rsqrtf(sigma2 + eps) * x)``: Hugging Face's cast placement. castlab's
     sum stands in for Apex's order (strided per-thread sums, warp shuffles, a
     shared-memory tree over threadIdx.y)."""
     h = _f32(x)
     s = _divide(_sum(h * h, -1, keepdim=True), x.shape[-1])
-    y = _f32((h * rsqrt(s + EPS)).astype(x.dtype))
+    y = _f32((h * rsqrt(s + eps)).astype(x.dtype))
     return (_f32(weight) * y).astype(x.dtype)

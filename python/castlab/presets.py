@@ -29,9 +29,9 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
 - ``rope_backward(dy, cos, sin)`` (or ``(dy, freqs)``) -> ``dx``.
 - ``rope_interleaved`` / ``rope_interleaved_backward``: the GPT-J layout (pairs
   ``x[2i], x[2i+1]`` rotate together; cos/sin [S, R] read at column i for pair i).
-- ``rms_norm(x, weight)``: RMSNorm over the last dim of ``x`` [..., H], ``weight`` [H] in
-  x's dtype, eps 1e-6 (``castlab._presets_norm.EPS``; fixed, so the preset stays a
-  function of tensors): Llama's ``norm(x) * weight``.
+- ``rms_norm(x, weight, *, eps=1e-6)``: RMSNorm over the last dim of ``x`` [..., H],
+  ``weight`` [H] in x's dtype (eps keyword-only, default ``castlab._presets_norm.EPS``;
+  a captured model's kernels pass the model's): Llama's ``norm(x) * weight``.
 - ``rms_norm_gemma(x, weight)``: Gemma's ``norm(x) * (1 + weight)`` (the stored weight is
   the offset from 1).
 - ``fused_add_rms_norm(x, residual, weight)`` -> ``(y, z)``: ``z = x + residual`` in the
@@ -401,6 +401,13 @@ _EAGER = Policy("eager")
 _FUSED = Policy("fused")
 
 
+def _positional(fn: Callable) -> tuple:
+    """The names of `fn`'s positional parameters (the tensors a preset reads; RMSNorm's
+    keyword-only ``eps`` is not one)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds)
+
+
 def _lib(name: str, summary: str, url: str, math: Math, ops: list,
          verified: str = NOT_RUN, extra: tuple = ()) -> Library:
     """A Library of `ops` (op, fn, policy, summary, source[, grad_of]) under `math`, and
@@ -418,7 +425,7 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list,
                                grad_of=grad_of)
     for op, fn, policy, summ, source, mth, ver in extra:
         presets[op] = OpPreset(name, op, fn, policy, mth, summ, source,
-                               inputs=tuple(inspect.signature(fn).parameters), verified=ver)
+                               inputs=_positional(fn), verified=ver)
     return Library(name, summary, url, math, presets, verified)
 
 # ---------------------------------------------------------------- RMSNorm

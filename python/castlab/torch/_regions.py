@@ -16,7 +16,8 @@ Qwen2, Gemma and the models copied from them), as ``torch.export`` emits them:
 * ``rms_norm``: ``xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps)`` with ``xf`` = ``x`` or
   ``x.to(float32)``, then casts and one multiply by the weight (``w``, or Gemma's
   ``1 + w.float()``), in the order the model writes. Kernel inputs ``(x, weight)``; the
-  model's ``eps`` and ``offset`` (1.0 for Gemma's ``1 + w``, else 0) are parameters.
+  model's ``eps`` and ``offset`` (1.0 for Gemma's ``1 + w``, else 0) are parameters: the
+  kernel gets ``eps=`` by keyword, and Gemma's form takes ``rms_norm_gemma`` presets.
 * ``attention``: every ``scaled_dot_product_attention`` call; ``matmul``: every
   ``linear``/``matmul``/``mm``/``bmm``/``addmm``/``baddbmm`` (both run by PyTorch).
 
@@ -53,8 +54,8 @@ __all__ = ["KINDS", "PRESET_OPS", "Call", "Region", "Regions", "find", "kernel_s
 KINDS = ("swiglu", "geglu", "rope", "rms_norm", "attention", "matmul")
 #: The kinds a kernel-library preset can replace, and the preset op each takes.
 PRESET_OPS = {"swiglu": "swiglu", "geglu": "geglu", "rope": "rope", "rms_norm": "rms_norm"}
-#: The positional inputs each replaceable kind hands its preset (rms_norm's eps and
-#: offset go by keyword).
+#: The positional inputs each replaceable kind hands its preset (rms_norm's eps goes by
+#: keyword; Gemma's ``1 + w`` form takes the ``rms_norm_gemma`` op instead).
 KERNEL_INPUTS = {"swiglu": ("gate", "up"), "geglu": ("gate", "up"),
                  "rope": ("x", "cos", "sin"), "rms_norm": ("x", "weight")}
 
@@ -442,6 +443,23 @@ def _known() -> str:
     return ", ".join(f"{k} ({PRESET_OPS[k]} presets)" for k in PRESET_OPS)
 
 
+def _preset_op(kind: str, regions: Regions, name: str) -> str:
+    """The preset op a kind's instances take: rms_norm's Gemma form (``1 + w``, offset 1)
+    takes ``rms_norm_gemma`` presets."""
+    op = PRESET_OPS[kind]
+    if kind != "rms_norm":
+        return op
+    offsets = sorted({r.params["offset"] for r in regions.of("rms_norm")})
+    if len(offsets) > 1:
+        raise ValueError(f"{name}: its RMSNorms multiply by weight + offset with offsets "
+                         f"{offsets}; one rms_norm choice cannot cover both forms")
+    off = offsets[0] if offsets else 0.0
+    if off not in (0.0, 1.0):
+        raise ValueError(f"{name}: its RMSNorm multiplies by (weight + {off:g}); presets "
+                         "cover weight (rms_norm) and 1 + weight (rms_norm_gemma)")
+    return "rms_norm_gemma" if off == 1.0 else op
+
+
 def resolve(kernels: dict, regions: Regions, name: str) -> dict:
     """{kind: OpPreset} from a ``kernels`` choice, checked: every kind known and present
     in the model, every preset of the kind's op. A None value leaves that kind as
@@ -458,7 +476,7 @@ def resolve(kernels: dict, regions: Regions, name: str) -> dict:
                              f"take a kernel-library preset: {_known()}")
         if p is None:
             continue
-        op = PRESET_OPS[kind]
+        op = _preset_op(kind, regions, name)
         if isinstance(p, str):
             p = library(p)[op]  # an unknown library or op lists the known ones
         if not isinstance(p, OpPreset):
@@ -501,19 +519,13 @@ def run_segments(captured: Any, kernels: dict | None, policy: Any) -> list | Non
 
 def _kernel(p: OpPreset, kind: str, params: dict) -> JitFunction:
     """The preset's function as a jit under its own policy and math, returning a tuple;
-    rms_norm gets the model's eps (and offset, when not 0) by keyword."""
+    rms_norm gets the model's eps by keyword."""
     kw: dict = {}
-    if kind == "rms_norm":
-        sig = inspect.signature(p.fn).parameters
-        for k in ("eps", "offset"):
-            if k == "offset" and not params[k]:
-                continue
-            if k not in sig:
-                form = ("multiplies by (1 + weight) (Gemma)" if k == "offset"
-                        else f"uses eps={params[k]}")
-                raise ValueError(f"{p.library}'s rms_norm preset takes no {k!r} argument, "
-                                 f"but the model's RMSNorm {form}")
-            kw[k] = params[k]
+    if kind == "rms_norm":   # (the Gemma form is its own op, rms_norm_gemma)
+        if "eps" not in inspect.signature(p.fn).parameters:
+            raise ValueError(f"{p.library}'s {p.op} preset takes no 'eps' argument, but the "
+                             f"model's RMSNorm uses eps={params['eps']}")
+        kw["eps"] = params["eps"]
     fn = p.fn
 
     def kernel(*xs):
