@@ -43,7 +43,7 @@ from .. import numerics as _nm
 from .._dlpack import from_torch_region, to_torch_region
 from .._jit import JitFunction
 from ..policy import Math, Policy, as_math, as_policy
-from . import _attention, _regions
+from . import _attention, _regions, _stacks
 from ._partition import (
     _SKIP,
     CaptureError,
@@ -305,8 +305,8 @@ class CapturedModel:
         out = pytree.tree_unflatten(flat, self._out_spec) if self._out_spec is not None else flat
         return out
 
-    def run(self, *inputs: Any, policy: Any = None, math: Any = None,
-            kwargs: dict | None = None, kernels: dict | None = None) -> Any:
+    def run(self, *inputs: Any, policy: Any = None, math: Any = None, kwargs: dict | None = None,
+            kernels: dict | None = None, stack: Any = None) -> Any:
         """Run the captured forward on `inputs` (torch tensors of the captured shapes)
         under `policy` and `math` (default: the capture's own); returns PyTorch tensors
         in the forward's output structure. Under ``"fp64"`` floating outputs are float64.
@@ -314,12 +314,15 @@ class CapturedModel:
         (``cl.library("liger")["swiglu"]``, or a library name) in place of every instance
         of that kind, run under the preset's own policy and math on the storage-dtype
         tensors that reach it; not under ``"fp64"`` (the reference: kernels are ignored).
+        `stack`: a :class:`~castlab.torch.Stack` or built-in name, all choices in one call.
 
         >>> import torch, castlab.torch as ct
         >>> f = ct.capture(lambda x: torch.sigmoid(x) * x, torch.ones(2, dtype=torch.bfloat16))
         >>> f.run(torch.ones(2, dtype=torch.bfloat16), policy="fp64").dtype
         torch.float64
         """
+        if stack is not None:  # (its policy, math and kernels are the stack's)
+            return _stacks.run_with(self, stack, inputs, kwargs, policy, math, kernels)
         pol = self.policy if policy is None else as_policy(policy)
         mth = self.math if math is None else as_math(math)
         flat = self._flat_inputs(inputs, kwargs)

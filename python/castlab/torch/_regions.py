@@ -547,6 +547,8 @@ def kernel_segments(nodes: list, regions: Regions, chosen: dict) -> list:
         p = chosen.get(r.kind)
         if p is None:
             continue
+        if hasattr(p, "for_region"):  # a preset that picks its kernel per instance
+            p = p.for_region(r, by_name)  # (castlab.torch._stacks.SitePreset)
         key = (r.kind, id(p), tuple(sorted(r.params.items())))
         if key not in jits:
             jits[key] = _kernel(p, r.kind, r.params)
