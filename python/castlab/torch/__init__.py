@@ -56,12 +56,16 @@ except ImportError as e:  # pragma: no cover - CI installs torch
     raise ImportError("castlab.torch captures PyTorch models and needs PyTorch: "
                       "pip install 'castlab[torch]' (or torch)") from e
 
+from ._align import Alignment
 from ._backend import CastlabBackend, backend
+from ._compare_stacks import StackComparison, compare_stacks
 from ._drift import ModelDrift, drift
 from ._program import CapturedModel, CaptureError, Segment, capture
 from ._regions import Region, Regions
+from ._stacks import Matmul, Stack, stacks
 from ._versus import CompiledComparison, versus_compiled
 
 __all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
            "backend", "CastlabBackend", "versus_compiled", "CompiledComparison", "Region",
-           "Regions"]
+           "Regions", "Stack", "Matmul", "stacks", "compare_stacks", "StackComparison",
+           "Alignment"]
