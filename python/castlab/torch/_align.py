@@ -186,8 +186,8 @@ def align(scorer: Any, a: Any, b: Any, out_a: Any, out_b: Any, prune: bool = Tru
     cm = scorer.captured
     runs0 = scorer.runs
     ea, eb = out_a.plan.effective(), out_b.plan.effective()
-    inert = [(f, why) for f, why in out_a.plan.inert + out_b.plan.inert
-             if _stacks._key(getattr(a, f)) != _stacks._key(getattr(b, f))]
+    inert = list({f: (f, why) for f, why in out_b.plan.inert + out_a.plan.inert
+                  if _stacks._key(getattr(a, f)) != _stacks._key(getattr(b, f))}.values())
     fields = [f for f in _stacks.FIELDS if ea[f] != eb[f]]
     kl0 = float(scorer.kl(out_a, out_b).mean()) if out_a.lp.numel() else 0.0
     err_b, err_a = scorer.error(out_b), scorer.error(out_a)
