@@ -17,6 +17,17 @@ boundary). ``policy="fp64"`` ignores kernels (it is the reference); a kind the m
 lacks is an error naming it (``regions().inert(kernels)`` lists those); ``vjp`` refuses
 kernels.
 
+Stacks (:mod:`castlab.torch._stacks`, docs/stacks.md): ``Stack`` is a named, immutable
+set of choices over a captured model (the regions' policy and math, a kernel-library
+preset per region kind, the SDPA backend, PyTorch's matmul flags); ``stacks()`` lists the
+built-in ones (``hf_eager``, ``torch_compile``, ``liger``, ``unsloth``, ``vllm``,
+``transformer_engine``); ``captured.run(..., stack="liger")`` runs one in one call.
+``compare_stacks(model, inputs, a=, b=, labels=, align=)`` runs two stacks and fp64 and
+returns a ``StackComparison``: per token the log-probability difference, KL(A||B) and
+top-1 flips; per node and layer where the two first differ; which is closer to fp64; and
+with ``align=True`` the ``Alignment``: the smallest set of B's choices whose switch to
+A's makes the logits bit-identical (:mod:`castlab.torch._align`).
+
 Capture: ``torch.export`` (non-strict), not Dynamo. export gives one whole-graph ATen
 program or an error that names the line (Dynamo would split the model at graph breaks
 and fall back to Python silently), records each node's module path and source line,
