@@ -53,6 +53,7 @@ def first_touch(captured: Any) -> dict:
     >>> import torch, castlab.torch as ct
     >>> g = torch.ones(2, 4, dtype=torch.bfloat16)
     >>> m = ct.capture(lambda g, u: torch.nn.functional.silu(g @ g.T) * u[:, :2], g, g)
+    >>> from castlab.torch._align import first_touch
     >>> t = first_touch(m)
     >>> t["matmul"] < t["swiglu"], t["rope"]
     (True, inf)
@@ -65,8 +66,11 @@ def first_touch(captured: Any) -> dict:
     out["policy"] = out["math"] = min((span[k] for k in regions), default=math.inf)
     for r in captured.regions():
         if r.kind in _stacks.KERNEL_KINDS:
-            names = [m for m in (*r.nodes, *r.inputs) if m in pos
-                     and captured.nodes[pos[m]].op == "call_function"]
+            # its nodes, and the values it reads where a castlab region computes them
+            # (a PyTorch node's value does not change when a kernel splits a region)
+            names = [m for m in r.nodes if m in pos] + [
+                m for m in r.inputs if m in seg_of
+                and captured.segments[seg_of[m]].kind == "region"]
             first = min([pos[m] for m in names]
                         + [span[seg_of[m]] for m in names if m in seg_of], default=math.inf)
             out[r.kind] = min(out[r.kind], first)

@@ -21,7 +21,7 @@ its source (the library's file and lines) and whether it was run against the lib
 >>> ct.stacks()
 ['hf_eager', 'torch_compile', 'liger', 'unsloth', 'vllm', 'transformer_engine']
 >>> s = ct.Stack(base="hf_eager", rope="vllm", attention="flash")
->>> s.name, s.rope.library, s.attention
+>>> s.name, s.rope, s.attention
 ('hf_eager+rope=vllm+attention=flash', 'vllm', 'flash')
 """
 
@@ -61,7 +61,8 @@ class Matmul:
     16 bits) and ``allow_tf32`` (fp32 matmuls in TF32). They are CUDA flags: on the CPU
     PyTorch's matmuls do not read them.
 
-    >>> Matmul(allow_bf16_reduced_precision_reduction=False).describe()
+    >>> import castlab.torch as ct
+    >>> ct.Matmul(allow_bf16_reduced_precision_reduction=False).describe()
     'allow_bf16_reduced_precision_reduction=False'
     """
 
@@ -212,10 +213,11 @@ class Stack:
     (a library name or ``cl.library(...)[op]`` per kernel kind; None: as captured).
     ``replace(**choices)`` gives a changed copy; ``describe()`` lists every choice.
 
-    >>> s = Stack("liger")
+    >>> import castlab.torch as ct
+    >>> s = ct.Stack("liger")
     >>> s.policy.name, s.swiglu, s.rms_norm
     ('eager', 'liger', 'liger')
-    >>> Stack(base=s, rope=None).rope is None
+    >>> ct.Stack(base=s, rope=None).rope is None
     True
     """
 
@@ -257,7 +259,8 @@ class Stack:
     def replace(self, name: str | None = None, **choices: Any) -> Stack:
         """A copy with `choices` changed (field=value, as the constructor takes them).
 
-        >>> Stack("hf_eager").replace(attention="math").attention
+        >>> import castlab.torch as ct
+        >>> ct.Stack("hf_eager").replace(attention="math").attention
         'math'
         """
         bad = [k for k in choices if k not in FIELDS]
@@ -286,7 +289,8 @@ class Stack:
         file and lines) and its status (verified against the library, or "from source,
         not run"); then the stack's notes.
 
-        >>> print(Stack("hf_eager").describe())  # doctest: +ELLIPSIS
+        >>> import castlab.torch as ct
+        >>> print(ct.Stack("hf_eager").describe())  # doctest: +ELLIPSIS
         stack hf_eager
           policy     eager ...
         """
@@ -304,7 +308,7 @@ class Stack:
         >>> import torch, castlab.torch as ct
         >>> g = torch.ones(2, 4, dtype=torch.bfloat16)
         >>> m = ct.capture(lambda g, u: torch.nn.functional.silu(g) * u, g, g)
-        >>> Stack(swiglu="liger").run(m, g, g).dtype
+        >>> ct.Stack(swiglu="liger").run(m, g, g).dtype
         torch.bfloat16
         """
         flat = captured._flat_inputs(inputs, kwargs)
@@ -408,7 +412,8 @@ _BUILTIN = _builtins()
 def stacks() -> list[str]:
     """The names of the built-in stacks.
 
-    >>> "liger" in stacks()
+    >>> import castlab.torch as ct
+    >>> "liger" in ct.stacks()
     True
     """
     return list(_BUILTIN)
@@ -417,6 +422,7 @@ def stacks() -> list[str]:
 def stack(s: Any) -> Stack:
     """A Stack from a built-in name or a Stack (returned as is).
 
+    >>> from castlab.torch._stacks import stack
     >>> stack("vllm").attention
     'flash'
     """
@@ -465,6 +471,7 @@ def plan(s: Any, captured: Any) -> Plan:
     >>> import torch, castlab.torch as ct
     >>> g = torch.ones(2, 4, dtype=torch.bfloat16)
     >>> m = ct.capture(lambda g, u: torch.nn.functional.silu(g) * u, g, g)
+    >>> from castlab.torch._stacks import plan
     >>> plan("liger", m).inert
     [('rope', 'the model has no rope instance'), ('rms_norm', 'the model has no rms_norm instance')]
     """
