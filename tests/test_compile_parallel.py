@@ -163,3 +163,18 @@ def test_precompile_method_runs_each_combination():
     assert isinstance(f, JitFunction)
     with pytest.raises(ValueError):
         f.precompile(x, policies="no such policy")
+
+
+def test_builtin_kernel_groups_partition_the_builtins():
+    """cuda.builtin_kernels(*groups): each builtin kernel in exactly one group (the C++
+    file it comes from); the library study precompiles "compare" (and "reduce" only for
+    row ops), since the generic reduction's NVRTC compile dominates a cold run."""
+    every = clcuda.builtin_kernels()
+    groups = ("compare", "reduce", "loss", "index")
+    parts = [clcuda.builtin_kernels(g) for g in groups]
+    assert sorted(n for p in parts for n, _ in p) == sorted(n for n, _ in every)
+    assert {n for n, _ in parts[0]} == {"cl_compare_leaves", "cl_compare_tree", "cl_near_ties",
+                                        "cl_tie_split", "cl_ulp_error", "cl_ulp_diff"}
+    assert {n for n, _ in parts[1]} == {"cl_reduce_f32", "cl_reduce_f64"}
+    with pytest.raises(ValueError, match="unknown kernel group 'nope'; groups: compare"):
+        clcuda.builtin_kernels("nope")

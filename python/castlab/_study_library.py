@@ -112,7 +112,10 @@ def _warm_libraries(inputs: dict, ops: list, libs: list, device: str) -> None:
     left for the matrix to report). With CASTLAB_COMPILE_THREADS=1, nothing is done."""
     threads = cuda.compile_threads()
     if threads > 1:
-        cuda.precompile_kernels(device=device, threads=threads)  # numerics.compare's kernels
+        # numerics.compare's kernels, and the generic reduction only where a row op (RMSNorm)
+        # may use it: its NVRTC compile alone is longer than all the rest together
+        groups = ("compare", "reduce") if set(ops) & set(_presets.ROW_OPS) else ("compare",)
+        cuda.precompile_kernels(cuda.builtin_kernels(*groups), device=device, threads=threads)
         warm(_warm_runs_of(inputs, ops, libs), threads)
 
 

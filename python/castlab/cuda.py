@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from typing import Any
 
 from . import _C
@@ -21,7 +22,7 @@ from ._device import as_device
 __all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
            "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
            "kernel_cache_stats", "unavailable_reason", "wait_on_stream", "compile_threads",
-           "precompile_kernels", "MAX_COMPILE_THREADS"]
+           "precompile_kernels", "builtin_kernels", "MAX_COMPILE_THREADS"]
 
 
 def _nvrtc_candidates() -> list[str]:
@@ -151,16 +152,38 @@ def compile_threads(threads: int | None = None) -> int:
     return threads
 
 
+def builtin_kernels(*groups: str) -> list:
+    """castlab's kernels of fixed source as (name, source) pairs: every one, or those of
+    `groups` (the C++ file each comes from): ``"compare"`` (castlab.numerics.compare's),
+    ``"reduce"`` (the generic reduction: slow to compile, about 70 s of NVRTC on a 2-core
+    machine per dtype), ``"loss"``, ``"index"``.
+
+    >>> sorted({n.split("_")[1] for n, _ in cl.cuda.builtin_kernels("compare")})
+    ['compare', 'near', 'tie', 'ulp']
+    """
+    ks = [(str(n), str(s)) for n, s in _C._cuda_builtin_kernels()]
+    if not groups:
+        return ks
+    of = {n: re.search(r"\(ops/cuda/(\w+)\.cpp\)", s.split("\n", 1)[0]) for n, s in ks}
+    of = {n: (m.group(1) if m else "") for n, m in of.items()}
+    for g in groups:
+        if g not in set(of.values()):
+            raise ValueError(f"unknown kernel group {g!r}; groups: "
+                             + ", ".join(sorted(set(of.values()) - {""})))
+    return [(n, s) for n, s in ks if of[n] in groups]
+
+
 def precompile_kernels(kernels: Any = None, device: int | str = 0,
                        threads: int | None = None) -> None:
     """Compile kernels for `device` now, `threads` at a time (:func:`compile_threads`),
     into the kernel cache (memory and disk), as their first use would: `kernels` is a
-    list of (name, source) pairs, by default castlab's kernels of fixed source (the
-    comparison's, the reductions', the index and loss kernels). The first failure is
-    raised once every kernel has been tried. RuntimeError without a usable GPU."""
+    list of (name, source) pairs (:func:`builtin_kernels` gives castlab's by group), by
+    default every kernel of fixed source (the comparison's, the reductions', the index and
+    loss kernels). The first failure is raised once every kernel has been tried.
+    RuntimeError without a usable GPU."""
     idx = _index(device)
     _require_cuda("precompile_kernels")
-    ks = _C._cuda_builtin_kernels() if kernels is None else [(str(n), str(s)) for n, s in kernels]
+    ks = builtin_kernels() if kernels is None else [(str(n), str(s)) for n, s in kernels]
     _C._cuda_precompile(idx, ks, compile_threads(threads))
 
 
