@@ -27,7 +27,7 @@ LAYERS = {
     "numerics": 6, "torch": 6, "_presets_norm": 6, "presets": 6, "sweep": 6,
     "_study_chains": 6, "_study_inputs": 6, "_study_cells": 6, "_study_rows": 6, "_study_library": 6, "study": 6, "_plot_draw": 6,
     "_plot_labels": 6, "plot": 6, "testing": 6, "_cli_parser": 6, "_cli_config": 6,
-    "_cli_files": 6, "_cli_exhaustive": 6, "cli": 6,
+    "_cli_files": 6, "_cli_exhaustive": 6, "_cli_stacks": 6, "cli": 6,
     "__init__": 7, "__main__": 7,
 }
 # The order inside a layer (a module may import those listed before it).
@@ -43,7 +43,7 @@ SAME_LAYER = {
     6: ["numerics", "_presets_norm", "presets", "torch", "sweep", "_study_chains", "_study_inputs",
         "_study_cells",
         "_study_rows", "_study_library", "study", "_plot_draw", "_plot_labels", "plot", "testing",
-        "_cli_parser", "_cli_config", "_cli_files", "_cli_exhaustive", "cli"],
+        "_cli_parser", "_cli_config", "_cli_files", "_cli_exhaustive", "_cli_stacks", "cli"],
 }
 
 

@@ -17,7 +17,7 @@ How the README is written (and what this file checks):
   machines or runs (timings, a version suffix, PyTorch's matmul kernels), or to leave out
   a long table.
 * Markers: HTML comments on the lines right before a block.
-  ``<!-- file: PATH -->``: the block (python, toml, ...) is also written to PATH in the
+  ``<!-- file: PATH -->``: the block (python, toml, json, ...) is also written to PATH in the
   folder of every block before it runs (so a shell block can use ``study.toml``); a python
   block with a file marker runs from that file, so its traces name it.
   ``<!-- needs torch -->`` / ``<!-- needs transformers -->``: skipped when that module
@@ -57,7 +57,7 @@ PKG = os.path.dirname(os.path.dirname(os.path.abspath(cl.__file__)))
 TIMEOUT = 300
 
 RUN_LANGS = {"python", "sh"}
-LITERAL_LANGS = {"", "text", "toml"}
+LITERAL_LANGS = {"", "text", "toml", "json"}
 
 
 @dataclass
@@ -225,7 +225,7 @@ def test_every_block_is_accounted_for():
     # a file block whose name a shell block uses exists
     for b in RUN:
         if b.lang == "sh":
-            for name in re.findall(r"[\w/.-]+\.(?:toml|py)\b", b.code):
+            for name in re.findall(r"[\w/.-]+\.(?:toml|py|json)\b", b.code):
                 if not name.startswith("-"):
                     assert name in FILES, (b.id, name)
 

@@ -30,7 +30,8 @@
 #                                         tracing and fused execution
 #   6  numerics -> _presets_norm -> presets -> torch, sweep -> _study_chains -> _study_inputs
 #      -> _study_cells -> _study_rows -> _study_library -> study -> _plot_draw -> _plot_labels -> plot
-#      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> cli
+#      -> testing -> _cli_parser -> _cli_config -> _cli_files -> _cli_exhaustive -> _cli_stacks
+#      -> cli
 #                                         analysis, kernel-library presets, PyTorch
 #                                         model capture (castlab.torch: imported on its
 #                                         own, it needs torch; its kernels= reads
@@ -39,7 +40,8 @@
 #                                         matrix; study.run), plots (drawing, labels;
 #                                         castlab.plot), proven bounds and kernel checks
 #                                         (castlab.testing), the CLI (parser, --config,
-#                                         --out files, exhaustive and bounds; castlab.cli)
+#                                         --out files, exhaustive and bounds, stacks
+#                                         (castlab.torch, loaded when it runs); castlab.cli)
 #   7  castlab (this file), __main__
 # Tensor methods are written in _tensor (TensorMethods, ConcreteTensorMethods; _C.pyi
 # declares them on _C.Tensor for static tools); modules below it may call them on tensors

@@ -1,4 +1,4 @@
-"""The ``castlab`` command line's parser (study, exhaustive, bounds, info, ops): its help
+"""The ``castlab`` command line's parser (study, exhaustive, bounds, stacks, info, ops): its help
 texts, argument types and the list options (space- or comma-separated values)."""
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ commands:
   bounds  the proven worst case of each kernel library's SwiGLU / RoPE (or an op) against
           fp64, PyTorch eager and torch.compile over every input of a dtype (or a stated
           sample); print a table, write bounds.json, bounds.csv and run.json
+  stacks  one Hugging Face causal LM (a config.json with random weights, or a local model
+          folder with safetensors) under two stacks (liger, vllm, hf_eager, ...) and fp64:
+          per-token log-probability differences, KL, where the runs first differ, and
+          with --align the smallest set of choices that makes them bit-identical; writes
+          results.csv, summary.json, run.json and plots (needs torch and transformers)
   info    print versions and the devices found
   ops     list the elementwise ops (the op table: each op's formula and variants)
 
@@ -311,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="castlab", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"castlab {_C.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,bounds,info,ops}")
+    sub = p.add_subparsers(dest="command", metavar="{study,exhaustive,bounds,stacks,info,ops}")
     s = sub.add_parser("study", help="run an A/B precision study",
                        description="Run the same chains under several policies and math presets "
                        "and compare each result with the fp64 reference. Every list option "
@@ -392,6 +397,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     _exhaustive_parser(sub)
     _bounds_parser(sub)
+    _stacks_parser(sub)
     sub.add_parser("info", help="print versions and devices")
     sub.add_parser("ops", help="list the elementwise ops (the op table, ops/op_table.h)")
     return p
@@ -491,6 +497,62 @@ def _bounds_parser(sub) -> None:
                    "--overwrite")
     b.add_argument("--overwrite", action="store_true",
                    help="replace the results in an existing --out folder")
+
+
+#: The built-in stacks of castlab.torch (named here, for the help text, without importing
+#: torch; tests/test_cli_stacks.py checks that they equal castlab.torch.stacks()).
+STACK_NAMES = ("hf_eager", "torch_compile", "liger", "unsloth", "vllm", "transformer_engine")
+
+
+def _stacks_dtype(v: str) -> str:
+    """--dtype of castlab stacks: bfloat16, float16 or float32 (or bf16, fp16, fp32)."""
+    d = _dtype_name(v)
+    if d not in ("bfloat16", "float16", "float32"):
+        raise argparse.ArgumentTypeError(f"expected bfloat16, float16 or float32 (or bf16, "
+                                         f"fp16, fp32), got {v!r}")
+    return d
+
+
+def _stacks_parser(sub) -> None:
+    s = sub.add_parser(
+        "stacks", help="one model under two stacks, token by token (castlab.torch)",
+        description="Build a Hugging Face causal LM from a config.json (random weights, "
+        "seeded by --seed) or a local model folder with safetensors weights, capture it "
+        "with castlab.torch, and run it on --batch x --tokens random token ids (seeded) "
+        "under stacks --a and --b and the fp64 reference (castlab.torch.compare_stacks). "
+        "Prints the comparison (per-token log-probability differences, KL, top-1 flips, "
+        "which stack is closer to fp64, per-layer drift) and, with --align, the smallest "
+        "set of B's choices whose switch to A's makes the logits bit-identical. Writes "
+        "results.csv (one row per scored token), summary.json, run.json, layers.png and "
+        "logprob_hist.png to --out. Needs torch and transformers.")
+    s.add_argument("--config", required=True, metavar="PATH",
+                   help="a config.json (random weights) or a local model folder (with "
+                   "*.safetensors: its weights, loaded with local_files_only)")
+    s.add_argument("--a", default="liger", metavar="STACK",
+                   help="stack A (built-in: " + ", ".join(STACK_NAMES) + "; default liger)")
+    s.add_argument("--b", default="vllm", metavar="STACK", help="stack B (default vllm)")
+    s.add_argument("--tokens", type=_int_arg(2, 1 << 20), default=512, metavar="N",
+                   help="tokens per row (default 512)")
+    s.add_argument("--batch", type=_int_arg(1, 1 << 16), default=4, metavar="N",
+                   help="rows of tokens (default 4)")
+    s.add_argument("--labels", action="store_true",
+                   help="score random labels (seeded) instead of the next input ids")
+    s.add_argument("--align", action="store_true",
+                   help="also find the smallest set of B's choices that makes B's logits "
+                   "equal A's bit for bit, and each choice's share of the KL")
+    s.add_argument("--seed", type=_int_arg(0, 2**63 - 1), default=0,
+                   help="seed of the random weights, token ids and labels (default 0)")
+    s.add_argument("--dtype", type=_stacks_dtype, default="bfloat16",
+                   help="the model's dtype: bfloat16, float16, float32 (or bf16, fp16, "
+                   "fp32; default bfloat16)")
+    s.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device (default: cuda when PyTorch sees a GPU, else cpu)")
+    s.add_argument("--out", default="castlab-stacks",
+                   help="folder for the results (default %(default)s); one that already "
+                   "holds results is refused unless --overwrite")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace the results in an existing --out folder")
+    s.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def _presets_ops() -> list:

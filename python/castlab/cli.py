@@ -1,5 +1,7 @@
 """The ``castlab`` command: ``castlab study`` (the A/B precision study), ``castlab exhaustive``
-(every input of a chain, :func:`castlab.numerics.exhaustive`) and ``castlab info``."""
+(every input of a chain, :func:`castlab.numerics.exhaustive`), ``castlab bounds``,
+``castlab stacks`` (one model under two stacks, :mod:`castlab._cli_stacks`) and
+``castlab info``."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ from ._cli_parser import (
 from ._cli_parser import _int_arg as _int_arg
 from ._cli_parser import _scale_arg as _scale_arg
 from ._cli_parser import _seconds_arg as _seconds_arg
+from ._cli_stacks import STACKS_FILES as STACKS_FILES
+from ._cli_stacks import cmd_stacks
 from ._optable import BITS, IMPL_MASK, OPS
 from .presets import libraries
 from .study import LIBRARY_DTYPES
@@ -596,6 +600,8 @@ def _main(argv: list[str] | None = None) -> int:
             return cmd_exhaustive(args)
         if args.command == "bounds":
             return cmd_bounds(args)
+        if args.command == "stacks":
+            return cmd_stacks(args)
         if args.libraries is not None:
             return cmd_libraries(args)
         return cmd_study(args)
