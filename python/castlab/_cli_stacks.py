@@ -29,7 +29,9 @@ STACKS_DTYPES = ("bfloat16", "float16", "float32")
 
 def _torch_api() -> tuple:
     """(torch, castlab.torch, transformers), imported now: the command needs them, the
-    rest of the CLI does not (castlab never imports torch for its other commands)."""
+    rest of the CLI does not (castlab never imports torch for its other commands). The
+    one castlab module loaded inside a function, declared in tests/test_layering.py's
+    OPTIONAL_IMPORTS."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
