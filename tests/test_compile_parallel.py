@@ -167,8 +167,8 @@ def test_precompile_method_runs_each_combination():
 
 def test_builtin_kernel_groups_partition_the_builtins():
     """cuda.builtin_kernels(*groups): each builtin kernel in exactly one group (the C++
-    file it comes from); the library study precompiles "compare" (and "reduce" only for
-    row ops), since the generic reduction's NVRTC compile dominates a cold run."""
+    file it comes from); a study's warm-up compiles "compare" and, only where a plan
+    reduces, "reduce", since the generic reduction's NVRTC compile dominates a cold run."""
     every = clcuda.builtin_kernels()
     groups = ("compare", "reduce", "loss", "index")
     parts = [clcuda.builtin_kernels(g) for g in groups]
@@ -178,3 +178,25 @@ def test_builtin_kernel_groups_partition_the_builtins():
     assert {n for n, _ in parts[1]} == {"cl_reduce_f32", "cl_reduce_f64"}
     with pytest.raises(ValueError, match="unknown kernel group 'nope'; groups: compare"):
         clcuda.builtin_kernels("nope")
+
+
+@pytest.mark.parametrize("reduces", [False, True])
+def test_warm_up_compiles_the_fixed_source_kernels_its_plans_use(reduces, monkeypatch):
+    """warm(..., device="cuda"): numerics.compare's kernels always, the generic reduction
+    only when a plan has a reduce step, each its own task ahead of the runs, the
+    reduction (the slowest NVRTC compile) first. Recorded here without a GPU."""
+    tasks, compiled = [], []
+    monkeypatch.setattr(clcuda, "_concurrently", lambda calls, threads=None, errors="raise":
+                        tasks.extend(calls))
+    monkeypatch.setattr(clcuda, "precompile_kernels", lambda ks, device=0, threads=None:
+                        compiled.extend(n for n, _ in ks))
+    x = cl.randn(4, 64, seed=0)
+    fn = cl.jit((lambda v: cl.sum(v * v, -1)) if reduces else (lambda v: cl.silu(v) * v))
+    warm([(fn, (x,), cl.Policy("eager"), cl.Math.preset("torch_eager"))], 4, device="cuda:0")
+    for t in tasks[:-1]:
+        t()                      # the kernel tasks (the last task is the run itself)
+    want = {n for n, _ in clcuda.builtin_kernels("compare")}
+    if reduces:
+        want |= {"cl_reduce_f32", "cl_reduce_f64"}
+        assert compiled[0].startswith("cl_reduce")
+    assert set(compiled) == want and len(tasks) == len(want) + 1

@@ -111,12 +111,10 @@ def _warm_libraries(inputs: dict, ops: list, libs: list, device: str) -> None:
     it runs them one by one (castlab._jit.warm: nothing it computes is kept; a failure is
     left for the matrix to report). With CASTLAB_COMPILE_THREADS=1, nothing is done."""
     threads = cuda.compile_threads()
-    if threads > 1:
-        # numerics.compare's kernels, and the generic reduction only where a row op (RMSNorm)
-        # may use it: its NVRTC compile alone is longer than all the rest together
-        groups = ("compare", "reduce") if set(ops) & set(_presets.ROW_OPS) else ("compare",)
-        cuda.precompile_kernels(cuda.builtin_kernels(*groups), device=device, threads=threads)
-        warm(_warm_runs_of(inputs, ops, libs), threads)
+    if threads > 1:   # (with numerics.compare's kernels, and the fixed-source kernels the
+        # plans use: the generic reduction only where one reduces, since its NVRTC compile
+        # alone is longer than all the rest together)
+        warm(_warm_runs_of(inputs, ops, libs), threads, device=device)
 
 
 def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = None,

@@ -479,9 +479,8 @@ def _warm_cells(st: _Study, cells: list) -> None:
         return
     threads = cuda.compile_threads()
     runs = [r for _, spec in cells for r in _cell_warm_runs(spec)]
-    if threads > 1 and runs:
-        cuda.precompile_kernels(device=st.device, threads=threads)  # numerics.compare's
-        warm(runs, threads)
+    if threads > 1 and runs:   # (with numerics.compare's and the plans' fixed-source kernels)
+        warm(runs, threads, device=st.device)
 
 
 def _run_here(cells: list, collect: _Collector) -> None:
