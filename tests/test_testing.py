@@ -187,6 +187,16 @@ def test_bounds_cache(tmp_path, monkeypatch):
     assert cache_dir() is None and not bounds("exp", "bfloat16", ["fp64"]).cached
 
 
+@pytest.mark.parametrize("subj", ["rms_norm", "liger:rms_norm_gemma", "vllm:fused_add_rms_norm"])
+def test_row_ops_are_refused_with_the_reason(subj):
+    sub = cl.library(subj.partition(":")[0])[subj.partition(":")[2]] if ":" in subj else subj
+    for call in (lambda: bounds(sub, cache=False),
+                 lambda: assert_kernel_matches(lambda x, w: x, sub, mode="sample",
+                                               device="cpu")):
+        with pytest.raises(ValueError, match="reduces whole rows"):
+            call()
+
+
 def test_bounds_bad_input():
     with pytest.raises(ValueError, match="unknown chain or preset"):
         bounds("swiglo")

@@ -115,7 +115,20 @@ def subject(x: Any, policy: Any = None, math: Any = None) -> Target:
     """The thing bounded or checked: a library preset (``cl.library("liger")["swiglu"]``
     or ``"liger:swiglu"``), a preset op name (``"swiglu"``: Hugging Face eager, the
     ``torch_eager`` library), or a castlab function (under `policy`/`math`, default the
-    ``cl.jit`` defaults: eager policy, torch_eager math)."""
+    ``cl.jit`` defaults: eager policy, torch_eager math). A row op's preset (RMSNorm:
+    ``castlab.presets.ROW_OPS``) is refused: its output element depends on a whole row,
+    so there is no per-element input space to enumerate."""
+    op = None
+    if isinstance(x, OpPreset):
+        op = x.op
+    elif isinstance(x, str):
+        op = x.partition(":")[2] or x     # "library:op" or "op"
+    if op in _presets.ROW_OPS:
+        raise ValueError(f"{op}: castlab.testing enumerates the inputs of elementwise ops, one "
+                         "element at a time; a row op (RMSNorm) reduces whole rows, so it has "
+                         "no such input space (compare its presets with "
+                         "castlab.study.libraries(ops=[...]) or castlab study --libraries all "
+                         f"--chains {op})")
     if isinstance(x, OpPreset):
         if policy is not None or math is not None:
             return _preset_target(x, f"{x.library}:{x.op} {as_policy(policy or x.policy).name}/"
