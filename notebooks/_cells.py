@@ -1276,6 +1276,226 @@ assert torch.equal(out, torch_eager)
 """),
 ]
 
+NB09 = [
+    ("md", """
+# 09 · Two stacks, one model: the RL log-probability gap, and the switches that close it
+
+RL post-training of a language model usually runs two stacks over the same weights. An
+inference engine (vLLM, SGLang) samples the rollouts and reports each sampled token's
+log-probability; a training stack (Hugging Face Transformers with Liger or Unsloth
+kernels, under FSDP) recomputes the log-probabilities of the same tokens and takes the
+policy gradient. In exact arithmetic the two numbers are equal. In bf16 they are not:
+each stack rounds in other places, and the importance ratio `exp(lp_train - lp_rollout)`
+that should be 1 on-policy is not, which biases the gradient.
+
+Teams find the differences by hand, one kernel at a time. Some public threads:
+
+- [prime-rl #1167](https://github.com/PrimeIntellect-ai/prime-rl/pull/1167) changes the
+  trainer to sit closer to vLLM: the two RoPE implementations matched, residual sums in
+  fp32, and Liger's RMSNorm kernel dropped; vLLM's fused residual-add + RMSNorm is listed
+  as the next thing to check.
+- [lmdeploy #4133](https://github.com/InternLM/lmdeploy/pull/4133) fixes two kernels that
+  disagreed with Transformers: its RMSNorm multiplied the weight in fp32 where
+  Transformers multiplies in bf16, and Triton contracted RoPE's `q*cos - q'*sin` into
+  fused multiply-adds. Its authors note the fused version is the more precise one, yet
+  they changed it to match.
+- [vLLM #1334](https://github.com/vllm-project/vllm/issues/1334) is an early report of
+  vLLM and HF outputs for the same model that do not line up.
+- verl corrects for the gap instead of removing it: truncated importance sampling on the
+  rollout log-probabilities
+  ([verl #2953](https://github.com/verl-project/verl/pull/2953); see also
+  [verl #2656](https://github.com/verl-project/verl/issues/2656)).
+
+castlab's stacks (`castlab.torch`, [docs/stacks.md](../docs/stacks.md)) make that list of
+changes a computation: name each stack's choices, run one captured model under both and
+under fp64, report the per-token log-probability gap, and search for the smallest set of
+switches that makes the two stacks' logits equal bit for bit, each with fp64's verdict.
+Everything below runs on the CPU, on a small Llama-shaped model with random weights.
+"""),
+    ("code", """
+%matplotlib inline
+import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # (tqdm, via transformers)
+"""),
+    ("code", """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging
+
+import castlab.torch as ct
+
+logging.set_verbosity_error()
+torch.manual_seed(0)
+cfg = LlamaConfig(hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
+                  num_attention_heads=14, num_key_value_heads=2, vocab_size=4096,
+                  max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+cfg._attn_implementation = "sdpa"
+model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()   # Qwen2.5-0.5B's widths, 2 layers
+ids = torch.randint(0, cfg.vocab_size, (2, 32))            # 2 sequences of 32 tokens
+KW = {"use_cache": False}
+
+m = ct.capture(model, ids, kwargs=KW)
+with torch.no_grad():
+    hf = model(ids, **KW).logits
+same = torch.equal(m.run(ids, kwargs=KW, stack="hf_eager").logits, hf)
+print("hf_eager stack == the Hugging Face model, bit for bit:", same)
+assert same
+m
+"""),
+    ("md", """
+## 1 · The built-in stacks
+
+A stack is a named set of choices over the captured model: the rounding policy and math
+of castlab's regions, a kernel-library preset per region kind (SwiGLU, RoPE, RMSNorm),
+the SDPA backend, and the CUDA matmul flags. `describe()` lists each choice with the
+library file and lines it follows and its status: *verified against the library on the
+H200*, or *from source, not run*.
+"""),
+    ("code", """
+print(ct.stacks())
+for name in ("liger", "vllm"):
+    print()
+    print(ct.Stack(name).describe())
+"""),
+    ("code", """
+def status(name):
+    lines = ct.Stack(name).describe().splitlines()
+    return {ln.split()[0]: ("verified on the H200" if "verified against the library" in ln
+                            else "from source, not run" if "from source, not run" in ln
+                            else "-")
+            for ln in lines[1:] if ln.startswith("  ") and ln.split()[0] in
+            ("swiglu", "rope", "rms_norm")}
+
+
+for name in ("liger", "vllm"):
+    print(f"{name:6s}", status(name))
+assert status("liger")["rope"] == "verified on the H200"
+assert set(status("vllm").values()) == {"from source, not run"}
+"""),
+    ("md", """
+Liger's SwiGLU and RoPE presets were checked bit for bit against liger-kernel 0.8.5 on an
+H200; its RMSNorm preset, and every vLLM preset, are read from the libraries' source and
+not yet run against them. The `vllm` stack's attention is PyTorch's flash SDPA backend
+standing in for vLLM's flash-attn kernel.
+
+## 2 · Trainer (liger) against rollout engine (vllm)
+
+`compare_stacks` runs both stacks and the fp64 reference and scores the next input id at
+every position, with `log_softmax` in fp64 of each stack's logits. With `align=True` it
+also runs the alignment search of section 3; the comparison comes first.
+"""),
+    ("code", """
+r = ct.compare_stacks(m, ids, a="liger", b="vllm", kwargs=KW, align=True)
+print(str(r).split("\\nalignment of")[0])     # the comparison; the alignment in section 3
+s = r.summary
+assert s["logits_differ"] > 0 and s["mean_kl"] > 0
+assert r.first["kind"] == "rms_norm" and r.first["module"].endswith("input_layernorm")
+"""),
+    ("code", """
+tok = r.to_frame()
+print(f"|lp_liger - lp_vllm| per token: median {tok.delta.abs().median():.2e}, "
+      f"max {tok.delta.abs().max():.2e}; tokens where the two differ: "
+      f"{int((tok.delta != 0).sum())} of {len(tok)}")
+print(f"importance ratio exp(lp_liger - lp_vllm): "
+      f"{tok.delta.apply(lambda d: 2.718281828459045 ** d).agg(['min', 'max']).round(5).to_dict()}")
+print(f"top-1 flips: {int(tok.flip.sum())}")
+tok.reindex(tok.delta.abs().sort_values(ascending=False).index).head(6)[
+    ["index", "label", "lp_a", "lp_b", "lp_ref", "delta", "kl", "flip"]]
+"""),
+    ("md", """
+The first value where the two stacks differ is inside layer 0's input RMSNorm, and every
+layer after it differs. Which stack is closer to fp64 depends on the token: the summary
+line above gives the mean `|lp - lp_fp64|` of each stack and the per-token count.
+Two layers show no relative error against fp64 ("-" above, gaps in the plot): both end
+in an RMSNorm that the `vllm` stack runs as its fused add+RMSNorm, and the report has no
+fp64 value there to compare with (the hf_eager/torch_compile table in section 4 has them).
+"""),
+    ("code", """
+r.plot_layers()
+"""),
+    ("code", """
+r.plot_logprob_hist()
+"""),
+    ("md", """
+## 3 · `align=True`: the smallest set of switches, proven
+
+The search switches B's choices to A's, single choices first, then pairs, then triples,
+and keeps the smallest sets after which B's logits equal A's **bit for bit**. Each choice
+also gets its share of the KL (switched alone, and all others switched) and fp64's
+verdict: does switching it alone move B toward or away from the exact answer?
+"""),
+    ("code", """
+al = r.alignment
+print(al)
+assert al.sets, "no set of up to three choices aligns the stacks"
+assert set(al.sets[0]) == {"rope", "rms_norm"}
+"""),
+    ("md", """
+The proof, outside the search: build the switched stack by hand and run it.
+"""),
+    ("code", """
+liger = ct.Stack("liger")
+fixed = ct.Stack("vllm").replace(**{f: getattr(liger, f) for f in al.sets[0]})
+la = m.run(ids, kwargs=KW, stack="liger").logits
+lb = m.run(ids, kwargs=KW, stack="vllm").logits
+lf = m.run(ids, kwargs=KW, stack=fixed).logits
+print(fixed.name)
+print("vllm  == liger:", torch.equal(lb, la), f"({int((lb != la).sum()):,} logits differ)")
+print("fixed == liger:", torch.equal(lf, la))
+for e in al.effects:
+    print(f"  {e.field:9s} alone: KL share {e.share_alone:+.3f}, {e.verdict}")
+assert torch.equal(lf, la) and not torch.equal(lb, la)
+"""),
+    ("md", """
+On this model the list an RL team would write by hand is short: vLLM's RoPE and its
+RMSNorm (fused residual add, then `(x * scale)` rounded before the weight multiply,
+against Liger's Triton reduction) account for every differing logit; SwiGLU and the
+attention backend (flash is already PyTorch's CPU choice here) change nothing. And fp64's
+verdict cuts both ways: aligning the trainer to the engine is a choice of *agreement*,
+not of accuracy; the table says, per switch, which one you give up.
+
+## 4 · Seed 001's question: eager against compiled
+
+The same machinery on `hf_eager` against the `torch_compile` stack (castlab's model of
+Inductor: one rounding per fused region, Triton's division and exp, FMA contraction).
+"""),
+    ("code", """
+rc = ct.compare_stacks(m, ids, a="hf_eager", b="torch_compile", kwargs=KW, align=True)
+print(rc)
+ac = rc.alignment
+fixed_c = ct.Stack("torch_compile").replace(
+    **{f: getattr(ct.Stack("hf_eager"), f) for f in ac.sets[0]})
+equal = torch.equal(m.run(ids, kwargs=KW, stack=fixed_c).logits, hf)
+print(fixed_c.name, "== the Hugging Face model, bit for bit:", equal)
+assert ac.sets and equal
+assert rc.summary["mean_err_b"] < rc.summary["mean_err_a"]   # compiled: closer to fp64
+"""),
+    ("md", """
+The compiled stack's log-probabilities are the closer ones to fp64 here, and undoing its
+single rounding per region (the `policy` choice, alone or with the `math` preset, as the
+table says) gives eager's bits back. **Caveat:** this `torch_compile` stack is a model of Inductor, not
+`torch.compile`'s own bits. Inductor decides which values a kernel stores in bf16 and
+which a later kernel recomputes in fp32 (cos/sin, residual sums); that store/recompute
+placement is not modelled yet, so the stack is not claimed equal to `torch.compile` under
+its default settings.
+
+## 5 · What this does not yet show
+
+- **No GPU verification of the `vllm` and `transformer_engine` stacks.** Their presets
+  follow the libraries' source (files and lines in `describe()`); they were not run
+  against vLLM or TransformerEngine. Liger's RMSNorm preset is also from source.
+- **Attention is PyTorch's.** The `vllm` stack's flash attention is PyTorch's flash SDPA
+  backend, not vLLM's flash-attn. On the CPU, PyTorch's SDPA already picks its flash
+  kernel for these calls, so the attention switch is a no-op here; the `efficient` and
+  `cudnn` backends do not exist on the CPU, and the CUDA matmul flags change nothing.
+- **Inductor's default placement** of stores and recomputes, above.
+- Random weights, 2 layers, 64 tokens: real checkpoints and longer sequences move the
+  numbers, and other CPUs can change the bf16 GEMMs' bits (never the conclusions the
+  cells assert).
+"""),
+]
+
 
 NOTEBOOKS = {
     "01_bf16_rounding.ipynb": NB01,
@@ -1286,4 +1506,5 @@ NOTEBOOKS = {
     "06_attribution.ipynb": NB06,
     "07_exhaustive.ipynb": NB07,
     "08_qwen2_drift.ipynb": NB08,
+    "09_stacks.ipynb": NB09,
 }
