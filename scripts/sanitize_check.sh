@@ -83,7 +83,9 @@ fi
 # suite's CPU kernels again in subprocesses per ISA; grad_norms' per-capability gradients),
 # the portable math library over every input, the README's blocks (subprocesses running the
 # same calls), the command line's argument parsing and plots (test_cli_vocabulary,
-# test_plot: Python), and the CLI runs of a study in subprocesses or Dask workers.
+# test_plot: Python), the CLI runs of a study in subprocesses or Dask workers, and the
+# stacks (test_stacks, test_cli_stacks: Python orchestration of captured-model runs whose
+# castlab regions and kernels tests/test_torch_regions.py runs here).
 DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips
           --deselect tests/test_exhaustive.py::test_gpu_kernel_compiles_with_nvrtc
           --deselect tests/test_compare_kernels.py::test_compare_kernels_compile_with_nvrtc
@@ -91,6 +93,7 @@ DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round
           --ignore tests/test_notebooks.py --ignore tests/test_study.py
           --ignore tests/test_cpu_isa.py --ignore tests/test_readme.py
           --ignore tests/test_cli_vocabulary.py --ignore tests/test_plot.py
+          --ignore tests/test_cli_stacks.py --ignore tests/test_stacks.py
           --deselect tests/test_math_portable.py::test_portable_math_exhaustive
           --deselect tests/test_grad_norms.py::test_grads_bit_exact_under_each_cpu_capability
           --deselect tests/test_bad_inputs_loss.py::test_study_logprobs_cli
