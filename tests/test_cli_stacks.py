@@ -15,26 +15,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from test_cli_vocabulary import _main, _refused  # noqa: E402
+
 import castlab.torch as ct  # noqa: E402
 from castlab import _cli_parser, cli  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny_llama" / "config.json"
 FAST = ["--tokens", "8", "--batch", "2", "--device", "cpu"]
-
-
-def _main(argv, capsys):
-    rc = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def _refused(argv, pattern, capsys):
-    rc, out, err = _main(argv, capsys)
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert rc == 2 and len(lines) == 1 and lines[0].startswith("castlab: error: "), err
-    assert re.search(pattern, lines[0]), (pattern, lines[0])
-    return lines[0]
 
 
 def test_stacks_end_to_end_writes_its_files(capsys, tmp_path):

@@ -14,41 +14,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _tiny_models import KW, logits, tiny_model  # noqa: E402
+
 import castlab as cl  # noqa: E402
 import castlab.torch as ct  # noqa: E402
 from castlab.torch import _stacks  # noqa: E402
 from castlab.torch._align import _switched  # noqa: E402
 
 F = torch.nn.functional
-KW = {"use_cache": False}
-MODELS = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
-}
-_CACHE: dict = {}
-
-
-def _model(name: str, dtype=torch.bfloat16):
-    """(model, ids, captured) of a tiny random-weight model: 2 layers, hidden 64, 4 heads,
-    2 KV heads, vocabulary 128 (as tests/test_torch_regions.py builds them)."""
-    key = (name, dtype)
-    if key not in _CACHE:
-        cfg_cls, model_cls = MODELS[name]
-        torch.manual_seed(0)
-        cfg = cfg_cls(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, vocab_size=128, num_hidden_layers=2,
-                      max_position_embeddings=64, head_dim=16)
-        cfg._attn_implementation = "sdpa"
-        m = model_cls(cfg).to(dtype).eval()
-        ids = torch.randint(0, 128, (2, 16))
-        _CACHE[key] = (m, ids, ct.capture(m, ids, kwargs=KW))
-    return _CACHE[key]
-
-
-def _logits(m, ids):
-    with torch.no_grad():
-        return m(ids, **KW).logits
+_model, _logits = tiny_model, logits
 
 
 def _mlp():
