@@ -38,12 +38,7 @@ def warm(runs: list, threads: int | None = None, errors: str = "ignore",
     if device is not None and str(device).startswith("cuda"):
         order = ("reduce", "compare", "loss", "index")   # longest NVRTC compiles first
         ks = cuda.builtin_kernels(*sorted(groups, key=order.index))
-        ks.sort(key=lambda k: order.index(_group_of(k[1])))
+        ks.sort(key=lambda k: order.index(cuda.kernel_group(k[1])))
         ready = [functools.partial(cuda.precompile_kernels, [k], device, 1) for k in ks] + ready
     cuda._concurrently(ready, threads, errors=errors)
 
-
-def _group_of(source: str) -> str:
-    """The group (cuda.builtin_kernels) of a fixed-source kernel, from its first line."""
-    head = source.split("\n", 1)[0]
-    return next(g for g in ("reduce", "compare", "loss", "index") if f"/{g}.cpp" in head)

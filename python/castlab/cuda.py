@@ -152,6 +152,13 @@ def compile_threads(threads: int | None = None) -> int:
     return threads
 
 
+def kernel_group(source: str) -> str:
+    """The group (:func:`builtin_kernels`) of a fixed-source kernel: the C++ file its
+    first line names ("compare", "reduce", "loss", "index"); "" for another source."""
+    m = re.search(r"\(ops/cuda/(\w+)\.cpp\)", source.split("\n", 1)[0])
+    return m.group(1) if m else ""
+
+
 def builtin_kernels(*groups: str) -> list:
     """castlab's kernels of fixed source as (name, source) pairs: every one, or those of
     `groups` (the C++ file each comes from): ``"compare"`` (castlab.numerics.compare's),
@@ -164,8 +171,7 @@ def builtin_kernels(*groups: str) -> list:
     ks = [(str(n), str(s)) for n, s in _C._cuda_builtin_kernels()]
     if not groups:
         return ks
-    of = {n: re.search(r"\(ops/cuda/(\w+)\.cpp\)", s.split("\n", 1)[0]) for n, s in ks}
-    of = {n: (m.group(1) if m else "") for n, m in of.items()}
+    of = {n: kernel_group(s) for n, s in ks}
     for g in groups:
         if g not in set(of.values()):
             raise ValueError(f"unknown kernel group {g!r}; groups: "
