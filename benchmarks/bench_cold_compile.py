@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="compile threads of the parallel run (default: castlab's default)")
     ap.add_argument("--no-serial", action="store_true", help="skip the serial cold run")
+    ap.add_argument("--no-warm", action="store_true", help="skip the warm run")
     ap.add_argument("--math-all", action="store_true",
                     help="the `--math all` form instead of `--libraries all`")
     a = ap.parse_args()
@@ -63,7 +64,8 @@ def main() -> None:
                  "default_threads": clcuda.compile_threads(), "form": " ".join(extra)}
     with tempfile.TemporaryDirectory() as tmp:
         runs = [] if a.no_serial else [("cold_serial", 1, "serial")]
-        runs += [("cold_parallel", a.threads, "parallel"), ("warm", a.threads, "parallel")]
+        runs += [("cold_parallel", a.threads, "parallel")]
+        runs += [] if a.no_warm else [("warm", a.threads, "parallel")]
         for key, threads, cache in runs:
             res[key] = run_matrix(os.path.join(tmp, cache), os.path.join(tmp, f"out_{key}"),
                                   threads, extra)
@@ -76,6 +78,13 @@ def main() -> None:
                       f"({w['compile_seconds']:.1f} s summed over threads); after it "
                       f"{e['compiles'] - w['compiles']} more compiles "
                       f"({e['compile_seconds'] - w['compile_seconds']:.1f} s)", flush=True)
+                prof = tm.get("warm_compiles") or {}
+                if prof.get("runs"):
+                    print(f"{'':14s} NVRTC runs of the warm-up: {prof['runs']} over "
+                          f"{prof['wall_s']} s, {prof['overlap']} at a time on average; "
+                          "longest: " + ", ".join(f"{r['name']} {r['seconds']} s "
+                                                  f"({r['source_chars']} chars)"
+                                                  for r in prof["longest"][:5]), flush=True)
     csvs = {k: res[k].pop("csv") for k in ("cold_serial", "cold_parallel", "warm") if k in res}
     res["identical"] = len(set(csvs.values())) == 1
     cold = res["cold_parallel"]["wall_s"]

@@ -54,6 +54,12 @@ def test_eight_threads_distinct_sources_compile_each_once():
     before = clcuda.kernel_cache_stats()
     clcuda.precompile_kernels(ks * 2, threads=8)
     assert _moved(before)["compiles"] == 8
+    log = [r for r in clcuda.compile_log() if r["name"].startswith(f"castlab_par_{tag}_")]
+    assert sorted(r["name"] for r in log) == sorted(n for n, _ in ks)   # one run each
+    assert all(r["ok"] and r["end"] >= r["start"] and r["source_chars"] == len(dict(ks)[r["name"]])
+               for r in log), log
+    prof = clcuda._compile_profile(log)
+    assert prof["runs"] == 8 and prof["failed"] == 0 and prof["summed_s"] >= prof["longest"][0]["seconds"]
 
 
 def test_failing_compile_reaches_every_waiter_and_is_retried():
@@ -77,6 +83,8 @@ def test_failing_compile_reaches_every_waiter_and_is_retried():
     with pytest.raises(RuntimeError, match="nope"):
         clcuda.precompile_kernels([bad], threads=1)
     assert _moved(before)["compiles"] == 1  # not cached: compiled (and failed) again
+    runs = [r for r in clcuda.compile_log() if r["name"] == bad[0]]
+    assert len(runs) >= 2 and not any(r["ok"] for r in runs)   # the log keeps failures too
 
 
 def test_jit_first_runs_from_eight_threads_compile_what_one_thread_does():

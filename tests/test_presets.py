@@ -615,3 +615,19 @@ def test_rms_norm_presets_differ_where_their_libraries_round_differently():
         lib = cl.library(name)
         assert lib["rms_norm"].inputs == ("x", "weight")
         assert lib.status("rms_norm", "bfloat16") in (presets.NOT_RUN, presets.BASELINE)
+
+
+@pytest.mark.parametrize("lib", ["liger", "liger_casting_gemma", "vllm"])
+@pytest.mark.parametrize("n", [896, 4096, 8192])
+def test_block_sum_presets_compute_each_row_sum_once(lib, n):
+    """Liger's and vLLM's RMSNorm write their block sums as trees of slices. The lowering
+    computes such a tree once into a temporary when it is seen through two views or
+    broadcast over the row (same values: the register type), instead of once per element
+    of every view: one program of 8,459 instructions per output element at hidden 4,096
+    (9 s a call on a CPU, and a GPU kernel NVRTC did not compile in minutes)."""
+    p = cl.library(lib)["rms_norm"]
+    x = cl.randn(4, n, seed=n, dtype=cl.bfloat16)
+    w = cl.randn(n, seed=n + 1, dtype=cl.bfloat16)
+    plan = p.jit()._lowered((x, w), p.policy, p.math)
+    sizes = [len(st.program.code) for st in plan.steps if hasattr(st, "program")]
+    assert max(sizes) <= 200 and sum(sizes) <= 1000, sizes

@@ -76,6 +76,13 @@ std::unordered_map<std::string, CompiledKernel> g_mem;  // key -> function (per 
 std::unordered_map<std::string, std::shared_future<CUmodule>> g_modules;
 std::unordered_set<std::string> g_printed;
 CacheStats g_stats;
+std::vector<CompileRecord> g_log;  // a ring of kCompileLogSize records, g_log_next next
+size_t g_log_next = 0;
+const std::chrono::steady_clock::time_point g_epoch = std::chrono::steady_clock::now();
+
+double since_epoch(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t - g_epoch).count();
+}
 
 }  // namespace
 
@@ -343,21 +350,33 @@ CUmodule build_module(int dev, const std::string& name, const std::string& sourc
   } else {
     // Counted when the compile ends, failed or not: `compiles` is NVRTC's runs.
     struct Counted {
-      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      const std::string& name;
+      size_t chars;
+      std::chrono::steady_clock::time_point t0;
       bool rejected;
+      bool ok = false;
       ~Counted() {
+        const auto t1 = std::chrono::steady_clock::now();
         std::lock_guard<std::mutex> lk(g_mu);
         if (rejected) g_stats.disk_rejects++;  // present but refused
-        g_stats.compile_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        g_stats.compile_seconds += std::chrono::duration<double>(t1 - t0).count();
         g_stats.compiles++;
+        CompileRecord r{name, chars, since_epoch(t0), since_epoch(t1), ok};
+        if (g_log.size() < kCompileLogSize) {
+          g_log.push_back(std::move(r));
+        } else {
+          g_log[g_log_next] = std::move(r);
+        }
+        g_log_next = (g_log_next + 1) % kCompileLogSize;
       }
     };
     {
-      const Counted counted{std::chrono::steady_clock::now(), got != "missing" && got != "off"};
+      Counted counted{name, source.size(), std::chrono::steady_clock::now(),
+                      got != "missing" && got != "off"};
       if (linked) set_device(dev);  // the driver links for the current context's device
       image = linked ? compile_linked(name, source, opts, &kind)
                      : compile(name, source, opts, ptx_only, &kind);
+      counted.ok = true;
     }
     if (dfd >= 0) disk::store(dfd, file_key, kind, image);
   }
@@ -458,6 +477,15 @@ void precompile(int dev, const std::vector<std::pair<std::string, std::string>>&
 CacheStats cache_stats() {
   std::lock_guard<std::mutex> lk(g_mu);
   return g_stats;
+}
+
+std::vector<CompileRecord> compile_log() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_log.size() < kCompileLogSize) return g_log;
+  std::vector<CompileRecord> out(g_log.begin() + static_cast<std::ptrdiff_t>(g_log_next),
+                                 g_log.end());
+  out.insert(out.end(), g_log.begin(), g_log.begin() + static_cast<std::ptrdiff_t>(g_log_next));
+  return out;
 }
 
 }  // namespace cuda

@@ -69,6 +69,17 @@ struct CacheStats {
   double compile_seconds = 0;
 };
 CacheStats cache_stats();
+// One NVRTC run: the kernel's name, its source's length, when it started and ended
+// (seconds since the process's first compile) and whether it succeeded. The log keeps
+// the most recent kCompileLogSize runs.
+struct CompileRecord {
+  std::string name;
+  size_t source_chars = 0;
+  double start = 0, end = 0;
+  bool ok = false;
+};
+constexpr size_t kCompileLogSize = 4096;
+std::vector<CompileRecord> compile_log();
 
 }  // namespace cuda
 }  // namespace cl

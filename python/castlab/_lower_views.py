@@ -143,6 +143,42 @@ def _dtype_code(t) -> int:
     return as_dtype(t._dtype_name).code
 
 
+#: A broadcast recomputes its expression for every element it makes, and each view pushed
+#: through an expression copies it. Past this many elementwise nodes, an expression that
+#: a broadcast multiplies at least BROADCAST_GROWTH times, or that is seen through two
+#: different views, is computed once into a temporary (in its register type: the same
+#: values) and the views read that. A reduction
+#: written out as a tree of slices (the Liger and vLLM RMSNorm presets' block sums) has
+#: thousands of nodes per row; recomputed for each element of the row, a 4,096-wide
+#: RMSNorm took 9 s on a CPU and its GPU kernel did not compile in minutes.
+BROADCAST_RECOMPUTE_NODES = 32
+BROADCAST_GROWTH = 16
+
+
+def _broadcast_costly(e: Elem, shape: tuple) -> bool:
+    n_in, n_out = 1, 1
+    for d in e.shape:
+        n_in *= d
+    for d in shape:
+        n_out *= d
+    return n_out >= BROADCAST_GROWTH * max(n_in, 1) and _large(e)
+
+
+def _large(e: Elem) -> bool:
+    """More than BROADCAST_RECOMPUTE_NODES elementwise nodes."""
+    seen: set = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, Elem) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if len(seen) > BROADCAST_RECOMPUTE_NODES:
+            return True
+        stack.extend(x.args)
+    return False
+
+
 class ViewLowering:
     """The lowering's view push-down, indexing and concatenation hoisting (a part of
     castlab._lower.Lowering: it uses its ``expr``, ``materialize``, ``_temp_from``,
@@ -160,10 +196,31 @@ class ViewLowering:
         r = self._view_memo.get(key)
         if r is not None:
             return r
+        if isinstance(e, Elem) and self._recomputed(e, vop):
+            m = self._view_memo.get((id(e), "materialized"))
+            if m is None:
+                m = self.materialize(e)
+                self._view_memo[(id(e), "materialized")] = m
+            r = self.view(m, vop)
+            self._view_memo[key] = r
+            return r
         r = self._view(e, vop)
         self._view_memo[key] = r
         self._view_memo[(id(r), "keep")] = e  # keep e alive so its id is not reused
         return r
+
+    def _recomputed(self, e: Elem, vop) -> bool:
+        """Whether pushing `vop` through `e` would make the program recompute a large
+        expression many times: a broadcast of it (every element it makes computes it
+        again), or a second, different view of it (each view is a copy of the whole
+        expression; a tree of slices of slices doubles at every level)."""
+        if vop[0] == "expand":
+            return _broadcast_costly(e, vop[1])
+        if vop[0] == "gather":
+            return False
+        views = self._view_memo.setdefault((id(e), "views"), set())
+        views.add(vop)
+        return len(views) > 1 and _large(e)
 
     # -- indexing by tensors (castlab._index) --------------------------------------------
     def _index_leaf(self, node: Node) -> Leaf:

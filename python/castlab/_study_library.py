@@ -169,9 +169,11 @@ def libraries(names: Sequence[str] | None = None, ops: Sequence[str] | None = No
     timing: dict = {}
     if device.startswith("cuda"):
         t0 = time.perf_counter()
+        n_log = len(cuda.compile_log())
         _warm_libraries(inputs, ops, [eager] + [b for b in libs if b is not eager], device)
         timing = {"warm_s": round(time.perf_counter() - t0, 3),
-                  "kernel_cache_after_warm": cuda.kernel_cache_stats()}
+                  "kernel_cache_after_warm": cuda.kernel_cache_stats(),
+                  "warm_compiles": cuda._compile_profile(cuda.compile_log()[n_log:])}
     for d in dtypes:
         ins = inputs[d]
         for op in ops:

@@ -21,7 +21,7 @@ from ._device import as_device
 
 __all__ = ["is_available", "device_count", "synchronize", "memory_stats", "empty_cache", "info",
            "to_device", "current_stream_ptr", "producer_sync", "consumer_stream",
-           "kernel_cache_stats", "unavailable_reason", "wait_on_stream", "compile_threads",
+           "kernel_cache_stats", "compile_log", "unavailable_reason", "wait_on_stream", "compile_threads",
            "precompile_kernels", "builtin_kernels", "MAX_COMPILE_THREADS"]
 
 
@@ -115,6 +115,35 @@ def kernel_cache_stats() -> dict:
     which then waited for it), ``disk_hits``, ``compiles`` (NVRTC runs, failed ones included), ``disk_rejects`` and
     ``compile_seconds`` (summed over the threads that compiled, not wall time)."""
     return dict(_C._cuda_kernel_cache_stats())
+
+
+def compile_log() -> list[dict]:
+    """This process's NVRTC runs, oldest first (the most recent 4,096): each kernel's
+    ``name``, ``source_chars``, ``start`` and ``end`` (seconds since the process's first
+    compile) and ``ok``. What made a cold start slow: the longest runs, and how many
+    overlapped.
+
+    >>> import castlab.cuda as cc
+    >>> log = cc.compile_log()          # [] until a kernel is compiled
+    >>> sorted(log, key=lambda r: r["start"] - r["end"])[:3]  # doctest: +SKIP
+    """
+    return [dict(r) for r in _C._cuda_compile_log()]
+
+
+def _compile_profile(log: list[dict], top: int = 8) -> dict:
+    """A summary of compile-log records: how many, the wall span from the first start to
+    the last end, the seconds summed over them, their mean overlap (summed / span) and the
+    `top` longest (name, seconds, source characters)."""
+    if not log:
+        return {"runs": 0}
+    span = max(r["end"] for r in log) - min(r["start"] for r in log)
+    summed = sum(r["end"] - r["start"] for r in log)
+    slow = sorted(log, key=lambda r: r["start"] - r["end"])[:top]
+    return {"runs": len(log), "wall_s": round(span, 3), "summed_s": round(summed, 3),
+            "overlap": round(summed / span, 2) if span > 0 else None,
+            "failed": sum(not r["ok"] for r in log),
+            "longest": [{"name": r["name"], "seconds": round(r["end"] - r["start"], 3),
+                         "source_chars": r["source_chars"]} for r in slow]}
 
 
 #: The most threads :func:`compile_threads` gives by default (NVRTC compiles of one

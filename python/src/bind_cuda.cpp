@@ -182,6 +182,19 @@ void bind_cuda(py::module_& m) {
     d["compile_seconds"] = s.compile_seconds;
     return d;
   });
+  m.def("_cuda_compile_log", [] {
+    py::list out;
+    for (const cu::CompileRecord& r : cu::compile_log()) {
+      py::dict d;
+      d["name"] = r.name;
+      d["source_chars"] = r.source_chars;
+      d["start"] = r.start;
+      d["end"] = r.end;
+      d["ok"] = r.ok;
+      out.append(d);
+    }
+    return out;
+  });
   // The source the code generator writes for a program on given operands (debugging and
   // tests; needs no GPU).
   // unroll, shape, strides and evict_first_reads are optional (KernelLayout's fields of the

@@ -387,22 +387,25 @@ def _compare_chunk(torch: Any, t: Target, args: tuple, kflat: Any, rflat: Any, b
     NaN), their ulps, and, where they differ, which side is closer to the exact value;
     keep the first differing."""
     m = kflat.numel()
-    kb, rb = _bits(torch, kflat), _bits(torch, rflat)
-    kn, rn = torch.isnan(kflat), torch.isnan(rflat)
-    diff = (kb != rb) & ~(kn & rn)
+    # Only the elements whose bits differ are looked at further (NaNs with other payloads
+    # among them): one pass over the chunk and a list of positions, then small tensors.
+    pos = torch.nonzero(_bits(torch, kflat) != _bits(torch, rflat)).reshape(-1)
+    k, r = kflat[pos], rflat[pos]
+    kn, rn = torch.isnan(k), torch.isnan(r)
+    keep = ~(kn & rn)
     # both counts in one transfer: one wait for the device per chunk
-    nan_bad, nd = torch.stack([(kn & ~rn).sum(), diff.sum()]).tolist()
+    nan_bad, nd = torch.stack([(kn & ~rn).sum(), keep.sum()]).tolist()
     rep.nan_where_reference_is_not += nan_bad
     if not nd:
         return
     rep.differ += nd
-    rep.signed_zeros += int((diff & (kflat == rflat)).sum())
-    ud = torch.from_dlpack(ulp_diff(from_dlpack(rflat), from_dlpack(kflat)))
+    where, k, r = pos[keep], k[keep], r[keep]
+    rep.signed_zeros += int((k == r).sum())
+    ud = torch.from_dlpack(ulp_diff(from_dlpack(r), from_dlpack(k)))
     rep.max_ulp = max(rep.max_ulp, float(ud.max()))
-    where = torch.nonzero(diff).reshape(-1)
     exact = torch.from_dlpack(flat(t.fp64(args)))[where]
-    ek = (kflat[where].double() - exact).abs()
-    er = (rflat[where].double() - exact).abs()
+    ek = (k.double() - exact).abs()
+    er = (r.double() - exact).abs()
     rep.closer_to_fp64 += int((ek < er).sum())
     rep.farther_from_fp64 += int((ek > er).sum())
     rep.as_close += int((ek == er).sum()) + int((torch.isnan(ek) | torch.isnan(er)).sum())

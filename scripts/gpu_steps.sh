@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Named GPU checks inside one device call, each cut at the time the call has left, every
+# log packed into one file ($OUT/all.tgz: a device call returns a handful of files).
+# scripts/gpu_check.sh is the whole check (build, every CUDA test, every benchmark); this is
+# for a session that must spend a short device budget on a few named pieces.
+#
+# Usage: DEADLINE_S=560 bash scripts/gpu_steps.sh STEP...
+#   testing      benchmarks/bench_testing_cuda.py (issue 54: kernel / castlab split)
+#   cold         benchmarks/bench_cold_compile.py --no-serial (issue 53: 20 s goal)
+#   bounds16     castlab bounds rope --dtype fp16 for unsloth, flash_attn, vllm, apex
+#   vocab        benchmarks/bench_vocab.py and --fuse (issue 49)
+#   reduce       benchmarks/bench_reduce.py
+#   bench        benchmarks/bench_cuda.py
+#   stacks       benchmarks/bench_stacks.py --device cuda
+#   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
+#   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
+#                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
+# CASTLAB_PREBUILT=1 uses a carried _C (see gpu_check.sh); otherwise the build runs first.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_steps_out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+START=$(date +%s)
+DEADLINE=$((START + ${DEADLINE_S:-560}))
+export PYTHONUNBUFFERED=1
+export CASTLAB_CACHE_DIR="${CASTLAB_CACHE_DIR:-/tmp/castlab_kernel_cache}"
+export CASTLAB_GPU_REPORT="$OUT/report.jsonl"
+left() { echo $((DEADLINE - $(date +%s))); }
+pack() { tar -czf "$OUT/all.tgz" -C "$OUT" --exclude all.tgz . 2>/dev/null; }
+trap pack EXIT
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  $PY -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1
+if [ "${CASTLAB_PREBUILT:-0}" = 1 ] && PYTHONPATH="$PWD/python" $PY -c 'import castlab._C' 2>"$OUT/prebuilt.log"; then
+  echo "build: skipped (carried _C)"
+else
+  t0=$(date +%s)
+  cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DCASTLAB_INPLACE=ON \
+    -DPython_EXECUTABLE="$(command -v $PY)" > "$OUT/build.log" 2>&1 &&
+    cmake --build build/gpu -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { echo BUILD FAILED; tail -30 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+if ls wheels/liger_kernel-*.whl > /dev/null 2>&1; then
+  $PY -m pip install --no-deps --no-index wheels/liger_kernel-*.whl > "$OUT/pip_wheels.log" 2>&1 || tail -3 "$OUT/pip_wheels.log"
+fi
+
+step() {  # step NAME COMMAND...: run with the time left, log to $OUT/NAME.log
+  local name=$1; shift
+  local t=$(( $(left) - 10 )) t0 rc
+  if [ "$t" -lt 15 ]; then echo "== $name: no time left, skipped"; return; fi
+  t0=$(date +%s)
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1; rc=$?
+  echo "== $name: rc $rc, $(( $(date +%s) - t0 )) s"
+  tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+for s in "$@"; do
+  case "$s" in
+    testing) step testing $PY benchmarks/bench_testing_cuda.py --json "$OUT/bench_testing.json" ;;
+    cold) step cold $PY benchmarks/bench_cold_compile.py --no-serial --json "$OUT/bench_cold.json" ;;
+    bounds16) step bounds16 $PY -m castlab bounds rope --dtype fp16 --device cuda \
+                --libraries unsloth flash_attn vllm apex --out "$OUT/bounds16" ;;
+    vocab) step vocab $PY benchmarks/bench_vocab.py --json "$OUT/vocab.json"
+           step vocab_fuse $PY benchmarks/bench_vocab.py --fuse --json "$OUT/vocab_fuse.json" ;;
+    reduce) step reduce $PY benchmarks/bench_reduce.py --json "$OUT/bench_reduce.json" ;;
+    bench) step bench $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" ;;
+    cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
+    stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
+    t:*)
+      spec=${s#t:}; files=${spec%%:*}; mark="cuda and not slow"
+      [ "$spec" != "$files" ] && mark=${spec#*:}
+      # shellcheck disable=SC2086
+      TAIL=40 step "tests_$(echo "$files" | tr ',/' '__' | cut -c1-60)" $PY -m pytest -m "$mark" ${files//,/ } \
+        -v -rfEx -p no:cacheprovider -n "${CASTLAB_TEST_JOBS:-8}" --durations=10 ${PYTEST_EXTRA:-} ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+echo "total: $(( $(date +%s) - START )) s"
