@@ -577,6 +577,30 @@ def test_double_device_pow_is_linked_from_a_fmad_build():
     assert ok, log
 
 
+def test_payne_hanek_reduction_is_called_not_inlined():
+    """castlab's Payne-Hanek reduction (rem_pio2_big, |x| >= 2**31) is an out-of-line
+    device function: a kernel computing fp64 cos and sin of loaded angles in several lanes
+    calls one copy of it. Inlined into every use, the four fp64 RoPE reference kernels of
+    the cold library study took 17-24 s each to compile on an H100 (14.8 s here), then
+    0.4 s. (Kernels compile with --fmad=false, so a call changes no value.)"""
+    _nvrtc_or_skip()
+    pb = PB(f64=True)
+    f64 = DTYPES["float64"]
+    a = pb.load(f64)
+    pb.out(pb.ins("add", pb.ins("cos", a), pb.ins("sin", a)), f64)
+    name, src = _C._cuda_generate(
+        pb.program(), **gen_args(pb, dict(kind="contig", vec=2, unroll=2, idx32=True)))
+    ptx = _C._nvrtc_compile_image(src, PTX_ARCH, name).decode("utf-8", "replace")
+    lines = ptx.splitlines()
+    defs = [i for i, ln in enumerate(lines) if ".func" in ln and "rem_pio2_big" in ln
+            and ln.rstrip().endswith("(")]
+    assert len(defs) == 1, defs              # one body (a declaration may come first)
+    calls = [ln for ln in lines if "call" in ln and "rem_pio2_big" in ln]
+    calls += [lines[i + 1] for i, ln in enumerate(lines[:-1])
+              if ln.strip().startswith("call") and "rem_pio2_big" in lines[i + 1]]
+    assert len(calls) >= 2, calls            # cos and sin (each lane) call it
+
+
 def test_nvrtc_compile_check_reports_errors():
     _nvrtc_or_skip()
     ok, log = _C._nvrtc_compile_check("__global__ void k() { undefined_name; }", ARCH)

@@ -212,7 +212,7 @@ CL_HD uint32_t two_over_pi_word(int32_t k) {
 // The fraction f (|f| <= 1/2, |f| > 2^-63 for every double: worst case 6381956970095103 *
 // 2^797) is read from the top nonzero 128 bits, as a double-double (relative error
 // < 2^-70), and multiplied by pi/2 in double-double.
-CL_HD double rem_pio2_big(double x, double& rl, int32_t& q) {
+CL_HD_COLD double rem_pio2_big(double x, double& rl, int32_t& q) {
   uint64_t ix = cl::f64_bits(x);
   uint64_t mant = (ix & 0x000fffffffffffffull) | 0x0010000000000000ull;
   int32_t j = (int32_t)((ix >> 52) & 0x7ffu) - 1075 - 2 + 64;  // window start (+64)

@@ -501,7 +501,10 @@ class TorchKernelQuirks:
             quirk = self._onednn_gelu_backward(e, gelu_x, f64, d)
         else:
             quirk = self._pow_scalar_root(e, f64)
-        if quirk is None and low.cuda and low.math.cuda_kernels:
+        if quirk is None and low.cuda and low.math.cuda_kernels and low.math.impl == "torch":
+            # (PyTorch's own kernels only: a library's math sets cuda_kernels for CUDA's
+            # rsqrtf, and its kernel divides by n as it is written, e.g. Liger's Triton
+            # `/ n_cols` as div.full.f32, not as PyTorch's x * (1/n))
             quirk = self._torch_cuda_kernel(e, f64)
         elif quirk is None and not kern and low.math.impl_on(low.cuda) == "torch_cpu":
             # PyTorch's CPU pow_tensor_scalar_optimized_kernel runs for bf16 with

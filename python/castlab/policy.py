@@ -184,7 +184,9 @@ class Math:
             by the weight in fp32, then cast once).
         cuda_kernels: on the GPU, also reproduce the implementation details of PyTorch's
             eager CUDA kernels: ``rsqrt`` is CUDA's approximate ``rsqrtf``, a division by a
-            Python number multiplies by its reciprocal, ``a*b+c`` inside an op's formula
+            Python number multiplies by its reciprocal (with ``impl="torch"``: a kernel
+            library's math sets cuda_kernels for ``rsqrtf`` and divides as its kernel
+            does), ``a*b+c`` inside an op's formula
             contracts to an fma (gelu's tanh form; PyTorch is built with nvcc
             ``--fmad=true``), and bf16/fp16 ``x**3`` / ``x**-2`` round the inner product to
             the storage dtype (the kernels compute in ``scalar_t``). Also, on either
