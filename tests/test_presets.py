@@ -381,7 +381,7 @@ def test_presets_differ_from_eager_where_the_library_rounds_less():
 # ---------------------------------------------------------------- RMSNorm
 
 RMS_OPS = ("rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
-HIDDEN = (896, 1000, 2048, 4096)
+HIDDEN = (896, 1000, 2048, 3584, 4096, 8192)
 F32 = np.float32
 EPS32 = F32(1e-6)
 
@@ -572,7 +572,7 @@ def vllm_ref(x, w, dt: str, threads: int, vec: int):
         return to_dt(y * f32(w), dt)
 
 
-@pytest.mark.parametrize("n", [*HIDDEN[:-1], pytest.param(HIDDEN[-1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", HIDDEN)
 @pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
 def test_vllm_rms_norm_and_fused_add(dt, n):
     xs, ws, rs, x, w, r = rms_inputs(n, dt, 50 + n)
@@ -618,7 +618,7 @@ def test_rms_norm_presets_differ_where_their_libraries_round_differently():
 
 
 @pytest.mark.parametrize("lib", ["liger", "liger_casting_gemma", "vllm"])
-@pytest.mark.parametrize("n", [896, 4096, 8192])
+@pytest.mark.parametrize("n", [896, 4096, 8192, 131072])
 def test_block_sum_presets_compute_each_row_sum_once(lib, n):
     """Liger's and vLLM's RMSNorm write their block sums as trees of slices. The lowering
     computes such a tree once into a temporary when it is seen through two views or
@@ -630,4 +630,8 @@ def test_block_sum_presets_compute_each_row_sum_once(lib, n):
     w = cl.randn(n, seed=n + 1, dtype=cl.bfloat16)
     plan = p.jit()._lowered((x, w), p.policy, p.math)
     sizes = [len(st.program.code) for st in plan.steps if hasattr(st, "program")]
-    assert max(sizes) <= 200 and sum(sizes) <= 1000, sizes
+    # (a thread's own fold is as long as its share of the block: 128 loads at 131,072)
+    big = n > 8192
+    assert max(sizes) <= (400 if big else 200) and sum(sizes) <= (4000 if big else 1000), sizes
+    got = p(x, w)   # (at 131,072 vLLM's preset raised RecursionError and Liger's took 82 s)
+    assert got.shape == (4, n) and got.dtype == cl.bfloat16

@@ -18,7 +18,10 @@ The passes, one module each, this one driving them:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
 
 from . import _C
 from ._device import as_device
@@ -452,6 +455,41 @@ class Plan:
         self.run = self._c.run  # run(inputs, outputs=[]) -> outputs
 
 
+_depth_lock = threading.Lock()
+_depth_users = 0
+_depth_saved = 0
+
+
+@contextlib.contextmanager
+def _recursion_for(outputs: list[Node]):
+    """The lowering walks expressions recursively (a few frames per node of the longest
+    chain). A graph of thousands of nodes in one chain (a block sum written out, e.g. vLLM's
+    RMSNorm at hidden 131,072) needs more than Python's default 1,000 frames: raise the
+    limit for as long as any thread lowers such a graph, then put it back."""
+    global _depth_users, _depth_saved
+    seen: set = set()
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.inputs)
+    want = 1000 + 8 * len(seen)
+    with _depth_lock:
+        if _depth_users == 0:
+            _depth_saved = sys.getrecursionlimit()
+        _depth_users += 1
+        if want > sys.getrecursionlimit():
+            sys.setrecursionlimit(want)
+    try:
+        yield
+    finally:
+        with _depth_lock:
+            _depth_users -= 1
+            if _depth_users == 0:
+                sys.setrecursionlimit(_depth_saved)
+
+
 def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
           out_dtypes: list | None = None, out_tensors: list | None = None) -> tuple[Plan, list]:
     """Lower a graph whose 'input' nodes are bound to `inputs`; returns (plan, outputs).
@@ -460,6 +498,12 @@ def lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
     their register precision, without an extra rounding). `out_tensors` gives the output
     tensors to plan for (any strides: copy_ writes into a view); the plan then writes
     through their own strides, and runs only with outputs of that layout."""
+    with _recursion_for(outputs):
+        return _lower(outputs, inputs, policy, math, out_dtypes, out_tensors)
+
+
+def _lower(outputs: list[Node], inputs: list, policy: Policy, math: Math,
+           out_dtypes: list | None, out_tensors: list | None) -> tuple[Plan, list]:
     device = str(outputs[0].device) if outputs else "cpu"
     low = Lowering(policy, math, device, inputs)
     low.rounding.place(outputs)  # the rounding placement of the whole graph, first
