@@ -9,10 +9,11 @@
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #define CL_HD __host__ __device__ __forceinline__
 #define CL_HD_METHOD __host__ __device__ __forceinline__
-// CL_HD_COLD: a large function on a rare path (the Payne-Hanek reductions), compiled once
-// per kernel and called, not inlined at every use: inlined into each lane of a
-// vectorised fp64 sin/cos kernel it took NVRTC 15-20 s. Kernels compile with
-// --fmad=false, so a call changes no value (nothing contracts across it).
+// CL_HD_COLD: a large function compiled once per kernel and called, not inlined at every
+// use: a rare path (the Payne-Hanek reductions; inlined into each lane of a vectorised fp64
+// sin/cos kernel they took NVRTC 15-20 s) or one arm of a run-time dispatch (the generic
+// reduce kernel's orders: 72 s for sm_90 as one function, 27 s as calls). Kernels compile
+// with --fmad=false, so a call changes no value (nothing contracts across it).
 #define CL_HD_COLD __host__ __device__ __noinline__
 #define CL_DEVICE_CODE 1
 #else

@@ -930,6 +930,24 @@ CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
 }
 
 template <typename T, int ORDER, typename A>
+CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t);
+template <typename T, int ORDER>
+CL_HD T red_combine_plain(const RedPlan& P, T* parts);
+
+// The generic reduce kernel (ops/cuda/reduce.cpp) dispatches on P.order and P.kind at run
+// time: each order's code is its own device function there, called once per thread (the
+// row kernels, which know their order, inline it). One function holding every order took
+// NVRTC and ptxas 72 s for sm_90 on 2 cores; as calls, 27 s.
+template <typename T, int ORDER, typename A>
+CL_HD_COLD T red_part_called(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
+  return red_part_plain<T, ORDER>(P, v, n, row, t);
+}
+template <typename T, int ORDER>
+CL_HD_COLD T red_combine_called(const RedPlan& P, T* parts) {
+  return red_combine_plain<T, ORDER>(P, parts);
+}
+
+template <typename T, int ORDER, typename A>
 CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if (P.kind == kRedDot) return red_dot<T>(P, v, n);
   if (P.chunk > 0) {
@@ -939,14 +957,14 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
   }
   if constexpr (ORDER < 0) {
     switch (P.order) {
-      case kOrdTorchCuda: return red_part_plain<T, kOrdTorchCuda>(P, v, n, row, t);
+      case kOrdTorchCuda: return red_part_called<T, kOrdTorchCuda>(P, v, n, row, t);
       case kOrdSoftmaxWarp:
       case kOrdSoftmaxSpatial:
-      case kOrdSoftmaxBlock: return red_part_plain<T, kOrdSoftmaxBlock>(P, v, n, row, t);
-      case kOrdPairwise: return red_part_plain<T, kOrdPairwise>(P, v, n, row, t);
-      case kOrdTorchCpu: return red_part_plain<T, kOrdTorchCpu>(P, v, n, row, t);
-      case kOrdTriton: return red_part_plain<T, kOrdTriton>(P, v, n, row, t);
-      default: return red_part_plain<T, kOrdSequential>(P, v, n, row, t);
+      case kOrdSoftmaxBlock: return red_part_called<T, kOrdSoftmaxBlock>(P, v, n, row, t);
+      case kOrdPairwise: return red_part_called<T, kOrdPairwise>(P, v, n, row, t);
+      case kOrdTorchCpu: return red_part_called<T, kOrdTorchCpu>(P, v, n, row, t);
+      case kOrdTriton: return red_part_called<T, kOrdTriton>(P, v, n, row, t);
+      default: return red_part_called<T, kOrdSequential>(P, v, n, row, t);
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
     return red_cuda_part<T>(P, v, n, row, t);
@@ -980,12 +998,12 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
   if (P.chunk > 0) return red_sequential<T>(P.kind, static_cast<const T*>(parts), P.nparts);
   if constexpr (ORDER < 0) {
     switch (P.order) {
-      case kOrdTorchCuda: return red_combine_plain<T, kOrdTorchCuda>(P, parts);
+      case kOrdTorchCuda: return red_combine_called<T, kOrdTorchCuda>(P, parts);
       case kOrdSoftmaxWarp:
       case kOrdSoftmaxSpatial:
-      case kOrdSoftmaxBlock: return red_combine_plain<T, kOrdSoftmaxBlock>(P, parts);
-      case kOrdPairwise: return red_combine_plain<T, kOrdPairwise>(P, parts);
-      case kOrdTriton: return red_combine_plain<T, kOrdTriton>(P, parts);
+      case kOrdSoftmaxBlock: return red_combine_called<T, kOrdSoftmaxBlock>(P, parts);
+      case kOrdPairwise: return red_combine_called<T, kOrdPairwise>(P, parts);
+      case kOrdTriton: return red_combine_called<T, kOrdTriton>(P, parts);
       default: return parts[0];
     }
   } else if constexpr (ORDER == kOrdTorchCuda) {
