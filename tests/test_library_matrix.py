@@ -63,7 +63,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown kernel library 'ligr'.*liger"):
         study.libraries(["ligr"], size=SIZE, device="cpu")
     with pytest.raises(ValueError, match="unknown op"):
-        study.libraries(ops=["geglu"], size=SIZE, device="cpu")
+        study.libraries(ops=["reglu"], size=SIZE, device="cpu")
     with pytest.raises(ValueError, match="size"):
         study.libraries(size=100, device="cpu")
 

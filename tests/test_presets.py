@@ -635,3 +635,51 @@ def test_block_sum_presets_compute_each_row_sum_once(lib, n):
     assert max(sizes) <= (400 if big else 200) and sum(sizes) <= (4000 if big else 1000), sizes
     got = p(x, w)   # (at 131,072 vLLM's preset raised RecursionError and Liger's took 82 s)
     assert got.shape == (4, n) and got.dtype == cl.bfloat16
+
+
+# ---------------------------------------------------------------- GeGLU (Gemma's MLP)
+
+def _device_tanhf(v):
+    """tanh in float32 as the Liger preset's math computes it on this device (CUDA's
+    libdevice tanhf on a GPU; on the CPU the function castlab runs for it): the formula
+    around it is what the test checks."""
+    p = cl.library("liger")["geglu"]
+    f = cl.jit(lambda x: cl.tanh(x), policy=p.policy, math=p.math)
+    return as_np(f(cl.tensor(np.asarray(v, np.float32))))
+
+
+def liger_geglu_ref(a, b, dt: str):
+    """liger_kernel/ops/geglu.py's _geglu_tanh_forward_kernel in float32 with Triton's one
+    contraction (``a_row + 0.044715 * a_cubed`` into an fma), then ``.cast(b.dtype) * b``."""
+    h = f32(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a3 = f32(f32(h * h) * h)
+        inner = f32(F32(0.7978845608028654) * fma32(F32(0.044715), a3, h))
+        g = f32(f32(F32(0.5) * h) * f32(F32(1) + f32(_device_tanhf(inner))))
+        return to_dt(to_dt(g, dt) * f32(b), dt)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_liger_geglu_is_its_kernels_formula(dt):
+    a = as_np(data((64, 96), dt, 81, 3.0))
+    a[0, :6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30]
+    a[1, :4] = [10.0, -10.0, 60000.0 if dt == "float16" else 1e30, -4.0]
+    b = as_np(data((64, 96), dt, 82))
+    got = as_np(cl.library("liger").geglu(cl.tensor(a).astype(CL[dt]),
+                                          cl.tensor(b).astype(CL[dt])))
+    assert same(got, liger_geglu_ref(to_dt(a, dt), to_dt(b, dt), dt))
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_torch_eager_geglu_is_pytorch_on_every_gate_value(dt):
+    """Gemma's MLP under PyTorch eager on the CPU: gelu(a, 'tanh') * b, every 16-bit gate
+    pattern (NaN, inf, subnormals) against a random up value, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from castlab.testing import assert_kernel_matches
+
+    r = assert_kernel_matches(
+        lambda a, b: torch.nn.functional.gelu(a, approximate="tanh") * b, "geglu",
+        dtype=dt, mode="sample", sample=1 << 17, device="cpu")
+    assert r.passed and r.differ == 0 and r.inputs >= 1 << 16
+    assert cl.library("liger").status("geglu", dt) == presets.NOT_RUN
+    assert cl.library("torch_eager").status("geglu", dt) == presets.BASELINE

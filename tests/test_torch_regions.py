@@ -163,13 +163,14 @@ def _patched(name: str, kernels: dict):
         saved.append((owner, attr, getattr(owner, attr)))
         setattr(owner, attr, value)
 
-    if "swiglu" in kernels:
-        swiglu = kernels["swiglu"].jit()
+    for glu in ("swiglu", "geglu"):
+        if glu in kernels:
+            act = kernels[glu].jit()
 
-        def mlp(self, x):
-            y = swiglu(*_as_cl(self.gate_proj(x), self.up_proj(x)))
-            return self.down_proj(torch.from_dlpack(y))
-        put(getattr(mod, prefix + "MLP"), "forward", mlp)
+            def mlp(self, x, act=act):
+                y = act(*_as_cl(self.gate_proj(x), self.up_proj(x)))
+                return self.down_proj(torch.from_dlpack(y))
+            put(getattr(mod, prefix + "MLP"), "forward", mlp)
     if "rope" in kernels:
         rope = kernels["rope"].jit()
 
@@ -194,15 +195,14 @@ def _patched(name: str, kernels: dict):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_liger_kernels_equal_the_patched_model(name):
-    """Liger's SwiGLU and RoPE (and a fused RMSNorm): the captured run with kernels
+    """Liger's SwiGLU (Gemma: GeGLU) and RoPE (and a fused RMSNorm): the captured run with kernels
     equals PyTorch running the HF model patched to call the same presets, and differs
     from the eager model where the presets round otherwise."""
     m, ids, cm = _model(name)
     lib = cl.library("liger")
     kernels = {"rope": lib["rope"],
                "rms_norm": lib["rms_norm_gemma" if name == "gemma" else "rms_norm"]}
-    if name != "gemma":
-        kernels["swiglu"] = lib["swiglu"]
+    kernels["geglu" if name == "gemma" else "swiglu"] = lib["geglu" if name == "gemma" else "swiglu"]
     got = cm.run(ids, kwargs=KW, policy="eager", kernels=kernels).logits
     with _patched(name, kernels):
         want = _logits(m, ids)

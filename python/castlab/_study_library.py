@@ -74,9 +74,10 @@ def library_inputs(size: int, dtype: Any, seed: int = 0, device: str = "cpu") ->
     w = normal((_ROW,), 7, 0.1)
     norm = {"x": normal(rows, 6), "residual": normal(rows, 8),
             "weight": (w.astype(float64) + 1.0).astype(dt)}
+    glu = {"a": normal(rows, 1, 3.0), "b": normal(rows, 2), "dc": normal(rows, 3)}
     return {
         "rms_norm": norm, "fused_add_rms_norm": norm, "rms_norm_gemma": {**norm, "weight": w},
-        "swiglu": {"a": normal(rows, 1, 3.0), "b": normal(rows, 2), "dc": normal(rows, 3)},
+        "swiglu": glu, "geglu": glu,
         "rope": {"x": x, "dy": dy, "c": c, "s": s,
                  "freqs": tensor(emb).astype(float32).to(device)},
         "rope_interleaved": {"x": x, "dy": dy, "c": c, "s": s,

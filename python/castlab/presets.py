@@ -10,7 +10,7 @@ them for every op it covers:
 >>> import castlab as cl
 >>> lib = cl.library("liger")
 >>> lib.ops
-('swiglu', 'swiglu_backward', 'rope', 'rope_backward', 'rms_norm', 'rms_norm_gemma')
+('swiglu', 'swiglu_backward', 'geglu', 'rope', 'rope_backward', 'rms_norm', 'rms_norm_gemma')
 >>> a, b = cl.randn(4, 8, seed=0, dtype=cl.bfloat16), cl.randn(4, 8, seed=1, dtype=cl.bfloat16)
 >>> y = lib.swiglu(a, b)                                  # runs castlab's reproduction
 >>> lib["swiglu"].policy.round_after
@@ -21,6 +21,7 @@ Inputs, per op (the tensors each library's kernel reads; shapes as in Hugging Fa
 
 - ``swiglu(a, b)``: gate ``a`` and up ``b``, same shape and dtype.
 - ``swiglu_backward(dc, a, b)`` -> ``(da, db)``.
+- ``geglu(a, b)``: Gemma's ``gelu(a, approximate="tanh") * b`` (PyTorch eager and Liger).
 - ``rope(x, cos, sin)``: ``x`` [..., S, D]; ``cos``/``sin`` [S, R] as Hugging Face builds
   them (``cat(freqs, freqs)``, R = rotary dims <= D, the rest of ``x`` passes through), in
   the dtype of the cache the library reads. Libraries that compute cos/sin in the kernel
@@ -55,14 +56,14 @@ from collections.abc import Callable
 from . import _presets_norm as _norm
 from ._dtype import float32
 from ._jit import JitFunction, jit
-from .ops import cat, cos, reshape, sigmoid, silu, sin, stack
+from .ops import cat, cos, gelu, reshape, sigmoid, silu, sin, stack, tanh
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "ROW_OPS",
            "VERIFIED", "NOT_RUN", "BASELINE"]
 
 #: The ops a library preset can cover, in display order.
-OPS = ("swiglu", "swiglu_backward", "rope", "rope_backward", "rope_interleaved",
+OPS = ("swiglu", "swiglu_backward", "geglu", "rope", "rope_backward", "rope_interleaved",
        "rope_interleaved_backward", "rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
 
 #: The ops over whole rows (RMSNorm): castlab.testing's bounds enumerate the inputs of
@@ -275,6 +276,21 @@ def _rope_interleaved_torch(x, c, s):
 
 def _hf_swiglu(a, b):
     return silu(a) * b
+
+
+def _hf_geglu(a, b):
+    """Gemma's MLP: ``gelu(gate, approximate="tanh") * up``, each op rounded (eager)."""
+    return gelu(a, approximate="tanh") * b
+
+
+def _liger_geglu(a, b):
+    """Liger's ``_geglu_tanh_forward_kernel``: a in fp32, ``0.5 * a * (1 + tanh(
+    sqrt(2/pi) * (a + 0.044715 * a**3)))`` (Triton contracts ``a + 0.044715 * a3`` into
+    an fma; libdevice tanhf), rounded to b's dtype, times b in that dtype."""
+    h = a.astype(float32)
+    inner = 0.7978845608028654 * (h + 0.044715 * (h * h * h))
+    g = 0.5 * h * (1.0 + tanh(inner))
+    return g.astype(b.dtype) * b
 
 
 def _from_freqs(round_to_input: bool, conj: bool, interleaved: bool = False):
@@ -512,6 +528,7 @@ def _triton_libs() -> list:
     triton_sig = dict(impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
                       division="approx", fma_rounding="storage")
     rms = _rms_norm_presets()
+    liger = Math("liger", **triton_sig)
     return [
         _lib("torch_eager",
              "Hugging Face modeling code (interleaved RoPE: flash-attn's PyTorch "
@@ -525,6 +542,9 @@ def _triton_libs() -> list:
                   "autograd: dsilu = dc*b rounded; silu_backward dy*s*(1+x*(1-s)) rounded; "
                   "db = dc*silu(a) rounded (castlab's autodiff)",
                   "tools/autograd/derivatives.yaml", (_hf_swiglu, (0, 1))),
+                 ("geglu", _hf_geglu, _EAGER,
+                  "gelu(a, approximate='tanh') rounded, * b rounded (Gemma's MLP)",
+                  "aten/src/ATen/native/cuda/ActivationGeluKernel.cu"),
                  ("rope", _rope_hf, _EAGER,
                   "x*cos + rotate_half(x)*sin, cos/sin cast to x.dtype, every op rounded",
                   "transformers models/qwen2/modeling_qwen2.py apply_rotary_pos_emb"),
@@ -540,7 +560,7 @@ def _triton_libs() -> list:
                   "tools/autograd/derivatives.yaml", (_rope_interleaved_torch, 0)),
              ], BASELINE, extra=rms["torch_eager"]),
         _lib("liger", "Liger-Kernel 0.8.5 Triton kernels", _GH + "linkedin/Liger-Kernel",
-             Math("liger", **triton_sig), [
+             liger, [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
                   "silu = a*tl.sigmoid(a) in fp32, rounded to b's dtype, * b rounded",
                   _LIGER + "swiglu.py#L44-L75"),
@@ -554,7 +574,11 @@ def _triton_libs() -> list:
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True),
                   "x1*c + x2*s, x2*c - x1*s; fused products x2*s, x2*c",
                   _LIGER + "rope.py#L105-L116"),
-             ], VERIFIED, extra=rms["liger"]),
+             ], VERIFIED, extra=rms["liger"] + [
+                 ("geglu", _liger_geglu, _FUSED,
+                  "LigerGELUMulFunction: 0.5*a*(1+tanh(sqrt(2/pi)*fma(0.044715, a^3, a))) in "
+                  "fp32 (libdevice tanhf), rounded to b's dtype, * b rounded",
+                  _LIGER + "geglu.py#L24-L45", liger, NOT_RUN)]),
         _lib("liger_casting_gemma",
              "Liger-Kernel 0.8.5's LigerRMSNorm with casting_mode='gemma' and offset 0 "
              "(fp32 throughout: Gemma3n/4-style norms)", _GH + "linkedin/Liger-Kernel",

@@ -388,9 +388,9 @@ def _builtins() -> dict:
         notes=("Hugging Face's model run by PyTorch eager: castlab's eager policy reproduces "
                "it (tests/test_stacks.py: logits bit-identical on tiny Llama and Qwen2)",))
     add("torch_compile", policy="fused", math="inductor", notes=(_INDUCTOR_NOTE,))
-    add("liger", swiglu="liger", rope="liger", rms_norm="liger",
-        notes=("apply_liger_kernel_to_llama/qwen2/gemma(rope=True, swiglu=True, rms_norm=True)"
-               "; Gemma's GeGLU kernel (geglu=True) has no castlab preset yet: as captured",))
+    add("liger", swiglu="liger", geglu="liger", rope="liger", rms_norm="liger",
+        notes=("apply_liger_kernel_to_llama/qwen2 (rope, swiglu, rms_norm) and "
+               "apply_liger_kernel_to_gemma (rope, geglu, rms_norm: its 1 + w form)",))
     add("unsloth", swiglu="unsloth", rope="unsloth",
         notes=("Unsloth's RMSNorm kernel has no castlab preset yet: rms_norm as captured",))
     add("vllm", swiglu="vllm", rope="vllm", rms_norm=VLLM_RMS_NORM, attention="flash",
@@ -473,7 +473,7 @@ def plan(s: Any, captured: Any) -> Plan:
     >>> m = ct.capture(lambda g, u: torch.nn.functional.silu(g) * u, g, g)
     >>> from castlab.torch._stacks import plan
     >>> plan("liger", m).inert
-    [('rope', 'the model has no rope instance'), ('rms_norm', 'the model has no rms_norm instance')]
+    [('geglu', 'the model has no geglu instance'), ('rope', 'the model has no rope instance'), ('rms_norm', 'the model has no rms_norm instance')]
     """
     s = stack(s)
     regions = captured.regions()
