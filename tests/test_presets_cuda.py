@@ -57,7 +57,8 @@ def t_(x):
 def mismatches(a, b) -> int:
     """Elements whose bits differ (NaNs of any payload count as equal)."""
     a, b = a.contiguous(), b.contiguous()
-    ia, ib = a.view(torch.int16), b.view(torch.int16)
+    iv = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    ia, ib = a.view(iv), b.view(iv)
     both_nan = torch.isnan(a) & torch.isnan(b)
     return int(((ia != ib) & ~both_nan).sum())
 
@@ -108,6 +109,20 @@ def test_liger_swiglu(dt):
     da, db = lib.swiglu_backward(cl_(dc), cl_(a), cl_(b))
     check("swiglu backward da", "liger", dt, t_(da), la.grad, ea.grad)
     check("swiglu backward db", "liger", dt, t_(db), lb.grad, eb.grad)
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_liger_geglu(dt):
+    """liger-kernel's LigerGELUMulFunction (apply_liger_kernel_to_gemma's GeGLU), forward,
+    against castlab's preset from its source; the count against PyTorch eager's
+    gelu(a, 'tanh') * b is reported for context."""
+    geglu_mod = pytest.importorskip("liger_kernel.ops.geglu")
+    lib = cl.library("liger")
+    a, b = (randn(TOKENS, FFN, dt=dt, seed=s) for s in (11, 12))
+    with torch.no_grad():
+        want = geglu_mod.LigerGELUMulFunction.apply(a.clone(), b.clone())
+        eager = torch.nn.functional.gelu(a, approximate="tanh") * b
+    check("geglu forward", "liger", dt, t_(lib.geglu(cl_(a), cl_(b))), want, eager)
 
 
 @pytest.mark.parametrize("dt", ["bfloat16", "float16"])
