@@ -11,6 +11,8 @@ elementwise DAG (RoPE's ``cat(-x2, x1)`` becomes two regions that read the two h
 
 from __future__ import annotations
 
+import math
+
 from . import _C
 from ._dtype import _BY_CODE, as_dtype, float32, int64
 from ._graph import Node
@@ -156,12 +158,7 @@ BROADCAST_GROWTH = 16
 
 
 def _broadcast_costly(e: Elem, shape: tuple) -> bool:
-    n_in, n_out = 1, 1
-    for d in e.shape:
-        n_in *= d
-    for d in shape:
-        n_out *= d
-    return n_out >= BROADCAST_GROWTH * max(n_in, 1) and _large(e)
+    return math.prod(shape) >= BROADCAST_GROWTH * max(math.prod(e.shape), 1) and _large(e)
 
 
 def _large(e: Elem) -> bool:
@@ -214,6 +211,8 @@ class ViewLowering:
         expression many times: a broadcast of it (every element it makes computes it
         again), or a second, different view of it (each view is a copy of the whole
         expression; a tree of slices of slices doubles at every level)."""
+        # (e kept alive for the lowering: the entries below are keyed by its id)
+        self._view_memo.setdefault((id(e), "alive"), e)
         if vop[0] == "expand":
             return _broadcast_costly(e, vop[1])
         if vop[0] == "gather":
