@@ -124,7 +124,10 @@ constexpr const char* kCastlabOnly = nullptr;
   X(Fma, "fma", kCastlabOnly, 3, kCatTernary, 0, 1, 1, op_fma, 1, "a*b+c, one rounding",           \
     "da = g * b; db = g * a; dc = g")                                                              \
   X(Where, "where", "aten.where", 3, kCatSelect, 0, 1, 1, op_where, 1, "a if cond else b",         \
-    "db = where(a, g, 0); dc = where(a, 0, g)")
+    "db = where(a, g, 0); dc = where(a, 0, g)")                                                    \
+  X(DivAdd, "div_add", kCastlabOnly, 3, kCatTernary, kFDiv, 9, 4, op_div_add, 0,                   \
+    "a/b+c, the lowering's contraction of Triton's division into an add",                          \
+    "da = g / b; db = -g * ((a / b) / b); dc = g")
 
 // Instructions only the lowering emits; each executor implements them itself (they
 // touch memory, formats or the random stream rather than computing a formula).

@@ -445,8 +445,10 @@ def same(got, want) -> bool:
 def triton_sum_sq(h, isz: int):
     """Triton's tl.sum(h*h) over one block as Liger's kernel launches it, from its layout:
     BLOCK = next_power_of_2(n) on 4/8/16 warps; each thread holds up to 16 bytes of
-    contiguous loaded elements, folds them (product, then fmas) in register order; lanes,
-    then warps, combine by xor butterflies."""
+    contiguous loaded elements (the weight's loads, aligned, set that width even where
+    n, a run-time argument, is not a multiple of 16 and the rows' loads are scalar),
+    folds them (product, then fmas) in register order; lanes, then warps, combine by xor
+    butterflies."""
     rows, n = h.shape
     block = 1 << (n - 1).bit_length()
     warps = 16 if block >= 8192 else 8 if block >= 2048 else 4

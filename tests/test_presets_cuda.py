@@ -33,7 +33,7 @@ if not torch.cuda.is_available():
     pytest.skip("torch has no CUDA", allow_module_level=True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TDT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+TDT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Qwen2.5-7B: intermediate 18944, 28 query heads / 4 KV heads of 128, rope_theta 1e6
 TOKENS, FFN, BATCH, HEADS, KV_HEADS, SEQ, DIM, THETA = 2048, 18944, 2, 28, 4, 2048, 128, 1e6
 

@@ -112,6 +112,28 @@ CL_HD float div_f(float a, float b, int var) {
 }
 CL_HD double div_f(double a, double b, int var) { return a / b; }
 
+// a/b + c where the quotient is used only by the add. With approximate division, ptxas
+// expands div.full.f32 into the product of a by b's reciprocal and contracts that product
+// into the add: one rounding (Triton's `s / n_cols + eps`; measured on an H100: every
+// value equals fma(a, rcp(b), c), none the two-rounding form). IEEE: two roundings.
+CL_HD float div_add_f(float a, float b, float c, int var) {
+#if defined(__CUDA_ARCH__)
+  if (var & kVarApproxDiv) {
+    const float m = fabsf(b);
+    const float s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
+    return fma_f(a * s, r, c);
+  }
+#endif
+  const float q = a / b;
+  return q + c;
+}
+CL_HD double div_add_f(double a, double b, double c, int var) {
+  const double q = a / b;
+  return q + c;
+}
+
 // exp(-x) for sigmoid: Triton's math.exp on fp32 is ex2.approx.f32(x * log2(e)).
 CL_HD float exp_neg_for_sigmoid(float x, int var) {
 #if defined(__CUDA_ARCH__)
@@ -384,6 +406,10 @@ CL_HD T op_ge(T a, T b, int) {
 template <typename T>
 CL_HD T op_fma(T a, T b, T c, int) {
   return fma_t(a, b, c);
+}
+template <typename T>
+CL_HD T op_div_add(T a, T b, T c, int var) {
+  return div_add_f(a, b, c, var);
 }
 template <typename T>
 CL_HD T op_where(T cond, T a, T b, int) {

@@ -303,7 +303,9 @@ class _Listing:
         if d.fma_with is not None:
             note.append(f"fma-contracted with {self.names[id(d.fma_with)]}")
         if d.fma_into is not None:
-            note.append(f"product kept exact for the fma of t{d.fma_into.index}")
+            what = ("quotient as a*rcp(b) (div.full.f32, as ptxas expands it)"
+                    if n.op == "div" else "product")
+            note.append(f"{what} kept exact for the fma of t{d.fma_into.index}")
         if d.quirk:
             note.append(d.quirk)
         k = n.attrs.get("kernel")

@@ -207,6 +207,17 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
             return self.round_target(mul) is None
         return not self.record.rounding.of(mul).rounds and self.round_target(mul) is None
 
+    def contracts_division(self, div: Node, f64: bool, uses: int) -> bool:
+        """Does this approximate division contract into the add/sub that uses it? ptxas
+        expands Triton's ``/`` (div.full.f32) into a product by the divisor's reciprocal
+        and contracts that product as any other (Liger's ``sum / n_cols + eps``: measured
+        on an H100, every row equals fma(s, rcp(n), eps)). Same conditions as a product:
+        contraction on, one use, neither rounded nor a kernel boundary."""
+        if (div.op != "div" or uses != 1 or not self.cuda or f64 or self.vt64(div)
+                or self.math.division != "approx" or not self.math.fma):
+            return False
+        return not self.record.rounding.of(div).rounds and self.round_target(div) is None
+
     # -- expression building -----------------------------------------------------
     def expr(self, node: Node):
         key = id(node)

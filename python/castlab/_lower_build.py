@@ -282,6 +282,37 @@ class ProgramBuilder(TorchKernelQuirks):
             reg = r
         return (reg, rt)
 
+    def _try_div_add(self, e: Elem, f64: bool):
+        """a/b + c -> div_add(a, b, c): an approximate division contracted into the add
+        that uses its quotient once (Lowering.contracts_division). a/b - c adds -c;
+        c - a/b divides -a (negation is exact)."""
+        low = self.low
+
+        def is_div(a):
+            return (isinstance(a, Elem) and id(a) not in self._memo
+                    and low.contracts_division(a.node, f64, self._uses.get(id(a), 0)))
+
+        x, y = e.args
+        if is_div(x):
+            div, other, negate = x, y, "c"
+        elif is_div(y):
+            div, other, negate = y, x, "a"
+        else:
+            return None
+        ea, eb = div.args
+        a, b, c = (self.operand(v, f64) for v in (ea, eb, other))
+        if e.node.op == "sub":
+            n = self.new()
+            self.ins("neg", f64, n, a=c if negate == "c" else a)
+            if negate == "c":
+                c = n
+            else:
+                a = n
+        out = self.new()
+        var = low.math.variant_bits("div_add", f64 == F64, low.cuda, None, False)
+        self.ins("div_add", f64, out, a, b, c, var=var)
+        return out, div.node
+
     def _try_fma(self, e: Elem, f64: bool):
         """a*b + c -> fma(a, b, c) when the product is not rounded and used once."""
         low = self.low
@@ -300,7 +331,7 @@ class ProgramBuilder(TorchKernelQuirks):
         elif is_mul(y):
             mul, (ea, eb), ec, negate = y, y.args, x, "a"
         else:
-            return None
+            return self._try_div_add(e, f64)
         if (both and k is not None and op == "add" and not low.cuda
                 and k.fused_product(False, e.node.dtype, tail=True)
                 != k.fused_product(False, e.node.dtype)):

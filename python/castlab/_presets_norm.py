@@ -86,17 +86,29 @@ def liger_warps(n: int) -> tuple:
     return block, warps
 
 
-def _triton_sum_sq(h, isz: int):
+def _liger_vec(n: int, isz: int, w_isz: int | None) -> int:
+    """Elements per thread of Liger's RMSNorm layout. Triton's coalescing pass takes the
+    largest vector any memory access of the kernel allows: X's and Y's rows start at
+    ``row * stride``, aligned to 16 elements only where the run-time ``stride`` (= n) is
+    a multiple of 16 (Triton's integer specialization), else 1 element; the weight's
+    loads start at its 16-byte aligned base: 16 bytes of its dtype."""
+    vec = 16 // isz if n % 16 == 0 else 1
+    return max(vec, 16 // w_isz) if w_isz else vec
+
+
+def _triton_sum_sq(h, isz: int, w_isz: int | None = None):
     """``tl.sum(h * h, axis=0)`` over one block of next_power_of_2(n) positions (Liger's
     row kernel), in the order Triton accumulates it: the blocked layout puts
     ``per`` contiguous positions on each of ``lanes * warps`` threads (up to 16 bytes of
     the loaded element, castlab._schedule.triton_tile); each thread folds its positions
     in register order, the first as a product and the others as fmas (LLVM contracts
     the fmul into the reduction's fadd); the lanes then combine by an xor butterfly
-    (offsets 16 .. 1) and the warps by another. Positions past the row hold 0."""
+    (offsets 16 .. 1) and the warps by another. Positions past the row hold 0.
+    The elements per thread follow all of the kernel's memory accesses (_liger_vec;
+    `w_isz`: the weight's element size, None without a weight)."""
     n = h.shape[-1]
     block, warps = liger_warps(n)
-    _, per, lanes, wr = triton_tile(block, 1, warps, isz)
+    _, per, lanes, wr = triton_tile(block, 1, warps, isz, vec=_liger_vec(n, isz, w_isz))
     threads = lanes * wr
     reps = block // (per * threads)
     lead = h.shape[:-1]
@@ -136,7 +148,7 @@ def liger_rms_norm(casting: str, offset: float):
     def liger_rms_norm(x, weight, *, eps: float = EPS):
         dt = x.dtype
         h = _f32(x)
-        ms = _divide(_triton_sum_sq(h, dt.bits // 8), x.shape[-1])
+        ms = _divide(_triton_sum_sq(h, dt.bits // 8, weight.dtype.bits // 8), x.shape[-1])
         y = h * rsqrt(ms + eps)
         if casting == "llama":
             y = _f32(y.astype(dt))

@@ -61,12 +61,14 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     return triton_tile(r, xblock, warps, isz)
 
 
-def triton_tile(r: int, xblock: int, warps: int, isz: int) -> tuple:
+def triton_tile(r: int, xblock: int, warps: int, isz: int, vec: int | None = None) -> tuple:
     """(R0_BLOCK, contiguous elements per thread, lanes, warps) along the row of Triton's
     blocked layout for a tile of R0_BLOCK `r` by XBLOCK `xblock` on `warps` warps, for
     `isz`-byte elements: a tile Inductor chose (its ``.best_config``) in castlab's terms,
-    for ``TRITON_CONFIGS``."""
-    per16 = max(1, 16 // isz)
+    for ``TRITON_CONFIGS``. `vec`: the elements per thread Triton's coalescing pass picks
+    before the tile caps it (default: 16 bytes of `isz`-byte elements; see
+    castlab._presets_norm for a kernel whose memory accesses disagree)."""
+    per16 = max(1, vec if vec is not None else 16 // isz)
     per = max(1, min(per16, r, r * xblock // (32 * warps)))
     lanes = max(1, min(32, r // per))
     wr = max(1, min(warps, r // (per * lanes)))
