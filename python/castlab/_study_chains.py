@@ -43,21 +43,35 @@ def _rope_interleaved(x, cos, sin):
 
 
 def _rope_angles(seq: int, dim: int, base: float = 10000.0):
-    """The angles [seq, dim/2] as Hugging Face builds them: fp32 inverse frequencies,
-    fp32 outer product with the positions."""
+    """The angles [seq, dim/2] as Hugging Face builds them: fp32 inverse frequencies
+    ``1 / base**(i/dim)``, fp32 outer product with the positions. The power is taken in
+    double (Python's, glibc's) and rounded to fp32, so the angles are the same on every
+    machine: NumPy's fp32 ``power`` is Intel SVML's where the CPU has AVX512 and libm's
+    elsewhere, and their last bits differ."""
+    import math
+
     import numpy as np
 
-    inv = (1.0 / (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))).astype(np.float32)
+    e = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    pw = np.array([math.pow(base, float(v)) for v in e], dtype=np.float64).astype(np.float32)
+    inv = (np.float32(1.0) / pw).astype(np.float32)
     t = np.arange(seq, dtype=np.float32)
     return np.outer(t, inv).astype(np.float32)
 
 
 def _rope_tables(seq: int, dim: int, base: float = 10000.0):
-    """cos/sin as Hugging Face builds them: fp32 inverse frequencies, fp32 angles."""
+    """cos/sin of Hugging Face's fp32 angles (_rope_angles), each the fp64 value rounded
+    to fp32 (Python's libm, element by element): the same tables on every machine, where
+    NumPy's vectorised cos/sin depend on the CPU's SIMD extensions."""
+    import math
+
     import numpy as np
 
     freqs = _rope_angles(seq, dim, base)
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    flat = freqs.astype(np.float64).ravel().tolist()
+    c = np.array([math.cos(v) for v in flat], dtype=np.float64).astype(np.float32)
+    s = np.array([math.sin(v) for v in flat], dtype=np.float64).astype(np.float32)
+    return c.reshape(freqs.shape), s.reshape(freqs.shape)
 
 
 def _gen(kind: str, shape, seed: int, scale: float, dt, device):
