@@ -209,7 +209,7 @@ class Library:
 
         >>> cl.library("flash_attn").status("rope", "bfloat16")
         'verified against the library on the H200'
-        >>> cl.library("liger").status("rms_norm", "bfloat16")
+        >>> cl.library("vllm").status("rms_norm", "bfloat16")
         'from source, not run'
         """
         p = self.presets.get(op)
@@ -482,16 +482,16 @@ def _rms_norm_presets() -> dict:
             ("rms_norm", lrms("llama", 0.0), _FUSED,
              liger_src + "casting_mode llama: (x*rstd).to(dtype) * (0.0 + w) in fp32, "
              "rounded (LigerRMSNorm, apply_liger_kernel_to_llama/qwen2)",
-             _LIGER_WHEEL + "#L67-L150", liger, NOT_RUN),
+             _LIGER_WHEEL + "#L67-L150", liger, VERIFIED),
             ("rms_norm_gemma", lrms("gemma", 1.0), _FUSED,
              liger_src + "casting_mode gemma, offset 1: x*rstd*(1.0 + w.float()), one "
              "rounding (LigerRMSNormForGemma, apply_liger_kernel_to_gemma)",
-             _LIGER_WHEEL + "#L106-L150", liger, NOT_RUN),
+             _LIGER_WHEEL + "#L106-L150", liger, VERIFIED),
         ],
         "liger_casting_gemma": [
             ("rms_norm", lrms("gemma", 0.0), _FUSED,
              liger_src + "casting_mode gemma, offset 0: x*rstd*w.float(), one rounding",
-             _LIGER_WHEEL + "#L106-L150", liger, NOT_RUN),
+             _LIGER_WHEEL + "#L106-L150", liger, VERIFIED),
         ],
         "vllm": [
             ("rms_norm", _norm.vllm_rms_norm, _FUSED,
@@ -578,12 +578,12 @@ def _triton_libs() -> list:
                  ("geglu", _liger_geglu, _FUSED,
                   "LigerGELUMulFunction: 0.5*a*(1+tanh(sqrt(2/pi)*fma(0.044715, a^3, a))) in "
                   "fp32 (libdevice tanhf), rounded to b's dtype, * b rounded",
-                  _LIGER + "geglu.py#L24-L45", liger, NOT_RUN)]),
+                  _LIGER + "geglu.py#L24-L45", liger, VERIFIED)]),
         _lib("liger_casting_gemma",
              "Liger-Kernel 0.8.5's LigerRMSNorm with casting_mode='gemma' and offset 0 "
              "(fp32 throughout: Gemma3n/4-style norms)", _GH + "linkedin/Liger-Kernel",
              Math("liger", impl="cuda", fma=True, division="approx"), [],
-             NOT_RUN, extra=rms["liger_casting_gemma"]),
+             VERIFIED, extra=rms["liger_casting_gemma"]),
         _lib("unsloth", "Unsloth Triton kernels", _GH + "unslothai/unsloth",
              Math("unsloth", **triton_sig), [
                  ("swiglu", _hf_swiglu, _ROUND_SILU,
