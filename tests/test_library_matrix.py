@@ -148,7 +148,10 @@ def test_rms_norm_presets_in_the_matrix_and_not_in_bounds(tmp_path, capsys):
                          device="cpu")
     assert set(df.op) == set(presets.ROW_OPS)
     assert df[df.library == "torch_eager"].identical_to_eager.all()
-    assert (df[df.library != "torch_eager"].status == presets.NOT_RUN).all()
+    # Liger's ran against liger-kernel on an H200; vLLM's and TE's are from source
+    assert (df[df.library == "liger"].status == presets.VERIFIED).all()
+    assert (df[df.library.isin(["vllm", "transformer_engine"])].status
+            == presets.NOT_RUN).all()
     # TE multiplies by the weight in fp32 and rounds once: not HF's two roundings
     te = df[(df.library == "transformer_engine") & (df.op == "rms_norm")]
     assert not te.identical_to_eager.all()

@@ -496,6 +496,38 @@ def test_liger_rms_norm(lib, op, casting, offset, dt, n):
     assert same(got, liger_ref(x, w, dt, casting, offset))
 
 
+@pytest.mark.parametrize("n", HIDDEN)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_gemma"])
+def test_unsloth_rms_norm(op, dt, n):
+    """Unsloth's fast_rms_layernorm: Liger's sum, division and rsqrt; the Llama form
+    rounds x*rstd to the weight's dtype and multiplies in it, the Gemma form is fp32 with
+    one rounding. With the weight in x's dtype that is Liger's llama / gemma-offset-1."""
+    gemma = op == "rms_norm_gemma"
+    xs, ws, _, x, w, _ = rms_inputs(n, dt, 40 + n, gemma=gemma)
+    got = as_np(cl.library("unsloth")[op](xs, ws))
+    want = liger_ref(x, w, dt, "gemma" if gemma else "llama", 1.0 if gemma else 0.0)
+    assert same(got, want)
+
+
+@pytest.mark.parametrize("n", [1000, 4096])
+def test_unsloth_rms_norm_with_an_fp32_weight_keeps_fp32(n):
+    """bf16 x, fp32 weight: Unsloth's ``normed.to(W.dtype)`` keeps x*rstd in fp32 (Liger
+    rounds it to x's dtype), the product rounds once, to bf16, on the store."""
+    xs, _, _, x, _, _ = rms_inputs(n, "bfloat16", 50 + n)
+    w = as_np(data((n,), "float32", 51 + n, 0.1)) + 1.0
+    ws = cl.tensor(w).astype(cl.float32)
+    got = as_np(cl.library("unsloth").rms_norm(xs, ws))
+    h = f32(x)
+    s = triton_sum_sq(h, 2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = h * rsqrt32(s / F32(n) + EPS32)
+        want = to_dt(f32(y) * f32(w), "bfloat16")
+    assert same(got, want)
+    liger = as_np(cl.library("liger").rms_norm(xs, ws))
+    assert not same(liger, want)  # the check can fail: the two castings differ
+
+
 def _hf_module(kind: str, n: int, w, dt: str):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -389,6 +389,24 @@ def test_liger_rms_norm_modules_as_the_patches_install_them(dt):
         check(f"{op} module {cls.__name__}", "liger", dt, got, want)
 
 
+@pytest.mark.parametrize("n", HIDDEN_GPU)
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_gemma"])
+def test_unsloth_rms_norm(op, dt, n):
+    """Unsloth's Fast_RMS_Layernorm (wheels/unsloth_rms_layernorm.py, the file of commit
+    0050c73e) against castlab's unsloth presets, bit for bit."""
+    fn = _unsloth("rms_layernorm")["Fast_RMS_Layernorm"]
+    gemma = op == "rms_norm_gemma"
+    x, w = norm_inputs(n, dt, gemma, seed=40)
+    with torch.no_grad():
+        want = fn.apply(x, w, 1e-6, gemma)
+    got = t_(cl.library("unsloth")[op](cl_(x), cl_(w)))
+    n_bad = bit_mismatches(got, want)
+    report(case=f"{op} hidden={n}", library="unsloth", dtype=dt, elements=want.numel(),
+           castlab_vs_library=n_bad)
+    assert n_bad == 0, f"unsloth {op} {dt} hidden {n}: {n_bad} of {want.numel()} differ"
+
+
 def test_liger_rms_norm_order_alternatives_for_diagnosis():
     """Not a contract: where test_liger_rms_norm fails, how far Liger's kernel is from
     castlab's other RMSNorm orders (Hugging Face eager's torch_cuda sum, vLLM's cub block

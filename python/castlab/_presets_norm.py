@@ -1,5 +1,5 @@
 """The RMSNorm formulas of the kernel-library presets (castlab.presets): Hugging Face
-eager, Liger-Kernel, vLLM, TransformerEngine and Apex, as castlab functions.
+eager, Liger-Kernel, Unsloth, vLLM, TransformerEngine and Apex, as castlab functions.
 
 Each is ``f(x, weight)`` (``rms_norm``: ``y = norm(x) * weight``; ``rms_norm_gemma``: ``y =
 norm(x) * (1 + weight)``) or ``f(x, residual, weight) -> (y, x + residual)``
@@ -27,7 +27,7 @@ from ._schedule import triton_tile
 from .ops import cat, reshape, rsqrt
 
 __all__ = ["EPS", "hf_rms_norm", "hf_rms_norm_gemma", "hf_fused_add_rms_norm",
-           "liger_rms_norm", "liger_warps", "vllm_rms_norm", "vllm_fused_add_rms_norm",
+           "liger_rms_norm", "liger_warps", "unsloth_rms_norm", "vllm_rms_norm", "vllm_fused_add_rms_norm",
            "te_rms_norm", "apex_rms_norm"]
 
 #: The epsilon of every RMSNorm preset (Llama's, Qwen2's and Gemma's default).
@@ -86,17 +86,20 @@ def liger_warps(n: int) -> tuple:
     return block, warps
 
 
-def _liger_vec(n: int, isz: int, w_isz: int | None) -> int:
+def _liger_vec(n: int, isz: int, w_isz: int | None, constexpr: bool = False) -> int:
     """Elements per thread of Liger's RMSNorm layout. Triton's coalescing pass takes the
     largest vector any memory access of the kernel allows: X's and Y's rows start at
     ``row * stride``, aligned to 16 elements only where the run-time ``stride`` (= n) is
     a multiple of 16 (Triton's integer specialization), else 1 element; the weight's
-    loads start at its 16-byte aligned base: 16 bytes of its dtype."""
-    vec = 16 // isz if n % 16 == 0 else 1
+    loads start at its 16-byte aligned base: 16 bytes of its dtype. `constexpr`: the
+    stride is a compile-time constant (Unsloth), aligned to its largest power-of-two
+    divisor."""
+    align = (n & -n) if constexpr else (16 if n % 16 == 0 else 1)
+    vec = max(1, min(16 // isz, align))
     return max(vec, 16 // w_isz) if w_isz else vec
 
 
-def _triton_sum_sq(h, isz: int, w_isz: int | None = None):
+def _triton_sum_sq(h, isz: int, w_isz: int | None = None, constexpr: bool = False):
     """``tl.sum(h * h, axis=0)`` over one block of next_power_of_2(n) positions (Liger's
     row kernel), in the order Triton accumulates it: the blocked layout puts
     ``per`` contiguous positions on each of ``lanes * warps`` threads (up to 16 bytes of
@@ -105,10 +108,12 @@ def _triton_sum_sq(h, isz: int, w_isz: int | None = None):
     the fmul into the reduction's fadd); the lanes then combine by an xor butterfly
     (offsets 16 .. 1) and the warps by another. Positions past the row hold 0.
     The elements per thread follow all of the kernel's memory accesses (_liger_vec;
-    `w_isz`: the weight's element size, None without a weight)."""
+    `w_isz`: the weight's element size, None without a weight; `constexpr`: the kernel
+    takes the stride as a compile-time constant)."""
     n = h.shape[-1]
     block, warps = liger_warps(n)
-    _, per, lanes, wr = triton_tile(block, 1, warps, isz, vec=_liger_vec(n, isz, w_isz))
+    vec = _liger_vec(n, isz, w_isz, constexpr)
+    _, per, lanes, wr = triton_tile(block, 1, warps, isz, vec=vec)
     threads = lanes * wr
     reps = block // (per * threads)
     lead = h.shape[:-1]
@@ -156,6 +161,30 @@ def liger_rms_norm(casting: str, offset: float):
 
     liger_rms_norm.__qualname__ = f"liger_rms_norm_{casting}_{offset:g}"
     return liger_rms_norm
+
+
+# ---------------------------------------------------------------- Unsloth (Triton)
+
+def unsloth_rms_norm(gemma: bool):
+    """Unsloth's ``_rms_layernorm_forward`` (``gemma`` False: Llama, Qwen2, Mistral) or
+    ``_gemma_rms_layernorm_forward`` (True), as a function of (x, weight).
+
+    Both: x in fp32, ``rstd = tl.math.rsqrt(tl.sum(x*x) / n_cols + eps)`` in Liger's
+    order and contraction (the same launch settings; ``n_cols``, the strides and eps are
+    ``tl.constexpr``, so the rows' alignment is the stride's largest power-of-two
+    divisor). Llama: ``(x * rstd).to(w.dtype) * w`` in the weight's dtype, stored in x's.
+    Gemma: ``x * rstd * (w.float() + 1.0)`` in fp32, one rounding."""
+
+    def unsloth_rms_norm(x, weight, *, eps: float = EPS):
+        h = _f32(x)
+        s = _triton_sum_sq(h, x.dtype.bits // 8, weight.dtype.bits // 8, constexpr=True)
+        y = h * rsqrt(_divide(s, x.shape[-1]) + eps)
+        if gemma:
+            return (y * (_f32(weight) + 1.0)).astype(x.dtype)
+        return (y.astype(weight.dtype) * weight).astype(x.dtype)
+
+    unsloth_rms_norm.__qualname__ = "unsloth_rms_norm_gemma" if gemma else "unsloth_rms_norm"
+    return unsloth_rms_norm
 
 
 # ---------------------------------------------------------------- vLLM (CUDA, cub)

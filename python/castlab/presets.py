@@ -447,6 +447,9 @@ def _lib(name: str, summary: str, url: str, math: Math, ops: list,
 # ---------------------------------------------------------------- RMSNorm
 
 _LIGER_WHEEL = _LIGER + "rms_norm.py"
+# Unsloth's RMSNorm kernels as read (a later commit than its SwiGLU/RoPE files above)
+_UNSLOTH_RMS = (_GH + "unslothai/unsloth/blob/0050c73e05ca9bb74e42d0649be410f177160c08/"
+                "unsloth/kernels/rms_layernorm.py")
 _VLLM_LN = (_VLLM + "0112cf233e0c60674c2844a09695ddeb2b901dc0/csrc/layernorm_kernels.cu")
 _APEX_LN = _GH + ("NVIDIA/apex/blob/6424da3b4faa6c8f062da4a48c424fff3f02d42d/csrc/"
                   "layer_norm_cuda_kernel.cu")
@@ -462,6 +465,7 @@ def _rms_norm_presets() -> dict:
     eager = Math.preset("torch_eager")
     liger = Math("liger", impl="cuda", fma=True, silu="mul_sigmoid", sigmoid="ex2_approx",
                  division="approx", fma_rounding="storage", cuda_kernels=True)
+    unsloth = dataclasses.replace(liger, name="unsloth")
     cuda = {n: Math(n, impl="cuda", fma=True, cuda_kernels=True) for n in ("vllm", "apex")}
     te = dataclasses.replace(Math.preset("transformer_engine"), cuda_kernels=True)
     lrms = _norm.liger_rms_norm
@@ -492,6 +496,15 @@ def _rms_norm_presets() -> dict:
             ("rms_norm", lrms("gemma", 0.0), _FUSED,
              liger_src + "casting_mode gemma, offset 0: x*rstd*w.float(), one rounding",
              _LIGER_WHEEL + "#L106-L150", liger, VERIFIED),
+        ],
+        "unsloth": [
+            ("rms_norm", _norm.unsloth_rms_norm(False), _FUSED,
+             "x in fp32; rstd = tl.math.rsqrt(tl.sum(x*x)/n + eps) (Liger's order; n, strides "
+             "and eps constexpr); (x*rstd).to(w.dtype) * w, stored in x's dtype "
+             "(fast_rms_layernorm)", _UNSLOTH_RMS + "#L21-L59", unsloth, NOT_RUN),
+            ("rms_norm_gemma", _norm.unsloth_rms_norm(True), _FUSED,
+             "x and w in fp32: x*rstd*(w + 1.0), one rounding (fast_rms_layernorm, gemma=True)",
+             _UNSLOTH_RMS + "#L122-L158", unsloth, NOT_RUN),
         ],
         "vllm": [
             ("rms_norm", _norm.vllm_rms_norm, _FUSED,
@@ -598,7 +611,7 @@ def _triton_libs() -> list:
                   _UNSLOTH + "rope_embedding.py#L129-L158"),
                  ("rope_backward", _liger_rope(True), _liger_rope_policy(True, "unsloth"),
                   "as rope with sin negated", _UNSLOTH + "rope_embedding.py#L140-L142"),
-             ], VERIFIED),
+             ], VERIFIED, extra=rms["unsloth"]),
     ]
 
 

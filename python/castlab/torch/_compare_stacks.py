@@ -17,7 +17,7 @@ no integer input of the logits' leading shape, the fp64 run's argmax.
 >>> r = ct.compare_stacks(lambda g, u: torch.nn.functional.silu(g) * u, (g, g),
 ...                       a="hf_eager", b="unsloth")
 >>> r.inert["b"]
-[('rope', 'the model has no rope instance')]
+[('rope', 'the model has no rope instance'), ('rms_norm', 'the model has no rms_norm instance')]
 """
 
 from __future__ import annotations

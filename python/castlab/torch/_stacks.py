@@ -391,8 +391,9 @@ def _builtins() -> dict:
     add("liger", swiglu="liger", geglu="liger", rope="liger", rms_norm="liger",
         notes=("apply_liger_kernel_to_llama/qwen2 (rope, swiglu, rms_norm) and "
                "apply_liger_kernel_to_gemma (rope, geglu, rms_norm: its 1 + w form)",))
-    add("unsloth", swiglu="unsloth", rope="unsloth",
-        notes=("Unsloth's RMSNorm kernel has no castlab preset yet: rms_norm as captured",))
+    add("unsloth", swiglu="unsloth", rope="unsloth", rms_norm="unsloth",
+        notes=("Unsloth's fast_rms_layernorm (Llama form; Gemma: its 1 + w kernel): from "
+               "source, not run on a GPU; SwiGLU and RoPE verified",))
     add("vllm", swiglu="vllm", rope="vllm", rms_norm=VLLM_RMS_NORM, attention="flash",
         notes=("vLLM's silu_and_mul, rotary_embedding (cos/sin cache in the model's dtype), "
                "rms_norm for the first input norm and fused_add_rms_norm after each residual "

@@ -1,0 +1,99 @@
+"""The liger stack against liger-kernel itself on a GPU (issue 52): a captured Hugging Face
+model run with ``stack="liger"`` gives the logits and the loss of the same model patched by
+liger-kernel's own ``apply_liger_kernel_to_llama``/``_qwen2`` (rope, swiglu, rms_norm; the
+loss left to Hugging Face), bit for bit.
+
+The reference is liger-kernel 0.8.5's Triton kernels run by PyTorch (carry its wheel in
+``wheels/``; scripts/gpu_check.sh installs it). Qwen2.5-0.5B's shape (hidden 896, 14 heads,
+2 KV heads, MLP 4864) with 2 layers and random weights, bf16, 2 x 64 tokens."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+import castlab.cuda as clcuda
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not clcuda.is_available(), reason="no CUDA GPU for castlab")]
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("torch has no CUDA", allow_module_level=True)
+
+import castlab.torch as ct  # noqa: E402
+
+MODELS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              transformers.models.llama.modeling_llama, "apply_liger_kernel_to_llama"),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              transformers.models.qwen2.modeling_qwen2, "apply_liger_kernel_to_qwen2"),
+}
+
+
+def report(**kw):
+    path = os.environ.get("CASTLAB_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(kw) + "\n")
+
+
+def _model(name: str):
+    cfg_cls, model_cls, _, _ = MODELS[name]
+    torch.manual_seed(0)
+    cfg = cfg_cls(hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
+                  intermediate_size=4864, vocab_size=4096, num_hidden_layers=2,
+                  max_position_embeddings=256, rms_norm_eps=1e-6)
+    cfg._attn_implementation = "sdpa"
+    m = model_cls(cfg).to(torch.bfloat16).cuda().eval()
+    ids = torch.randint(0, 4096, (2, 64), device="cuda")
+    return m, ids
+
+
+def _liger_patched(name: str, m):
+    """A copy of `m` patched by liger-kernel as its users patch it, and an undo for the
+    module-level names the patch replaces (apply_rotary_pos_emb, the RMSNorm and MLP
+    classes), so that other tests in this process see Hugging Face's own."""
+    liger = pytest.importorskip("liger_kernel.transformers")
+    mod = MODELS[name][2]
+    saved = dict(vars(mod))
+    ref = copy.deepcopy(m)
+    getattr(liger, MODELS[name][3])(rope=True, swiglu=True, rms_norm=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=ref)
+
+    def undo():
+        for k in list(vars(mod)):
+            if k not in saved:
+                delattr(mod, k)
+        for k, v in saved.items():
+            setattr(mod, k, v)
+
+    return ref, undo
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_liger_stack_equals_apply_liger_kernel(name):
+    m, ids = _model(name)
+    kw = {"use_cache": False, "labels": ids}
+    ref, undo = _liger_patched(name, m)
+    try:
+        with torch.no_grad():
+            want = ref(ids, **kw)
+            hf = m(ids, **kw)
+    finally:
+        undo()
+    cm = ct.capture(m, ids, kwargs=kw)
+    got = cm.run(ids, kwargs=kw, stack="liger")
+    n = int((got.logits != want.logits).sum())
+    report(test="stacks", case=f"liger stack vs apply_liger_kernel ({name}, 2 layers, hidden "
+           "896, bf16, 2x64 tokens)", logits=want.logits.numel(), logits_differ=n,
+           loss_castlab=float(got.loss), loss_liger=float(want.loss),
+           liger_vs_hf_logits_differ=int((want.logits != hf.logits).sum()))
+    assert n == 0, f"{n} of {want.logits.numel()} logits differ"
+    assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
+    # the check can fail: the patched model is not the unpatched one
+    assert not torch.equal(want.logits, hf.logits)
