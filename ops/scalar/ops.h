@@ -93,19 +93,29 @@ enum VariantBits : uint32_t {
 
 // ---- GPU-only approximate instructions (Triton's lowering of `/` and tl.exp) ----
 // On the CPU these variants are cleared by the lowering (and the trace says so).
+#if defined(__CUDA_ARCH__)
+// div.full.f32 as ptxas expands it (the same SASS for sm_80 to sm_120): a and b scaled by
+// `s` (1/4 where |b| > 2^126, 2^24 where |b| < 2^-126, else 1), then a*s times `r`, the
+// hardware's reciprocal of b*s. Written out, the scale and the reciprocal of a divisor
+// shared by many quotients (softmax's row sum) are computed once; tests/test_cuda.py
+// checks the bits against the instruction over special and random operands.
+struct FullDivisor {
+  float s, r;
+};
+CL_HD FullDivisor full_divisor(float b) {
+  const float m = fabsf(b);
+  FullDivisor d;
+  d.s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(d.r) : "f"(b * d.s));
+  return d;
+}
+#endif
+
 CL_HD float div_f(float a, float b, int var) {
 #if defined(__CUDA_ARCH__)
   if (var & kVarApproxDiv) {
-    // div.full.f32 as ptxas expands it (the same SASS for sm_80 to sm_120): a and b scaled
-    // by 1/4 where |b| > 2^126, by 2^24 where |b| < 2^-126, then a times the hardware's
-    // reciprocal of b. Written out, the scale and the reciprocal of a divisor shared by
-    // many quotients (softmax's row sum) are computed once; tests/test_cuda.py checks
-    // the bits against the instruction over special and random operands.
-    const float m = fabsf(b);
-    const float s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
-    return (a * s) * r;
+    const FullDivisor d = full_divisor(b);
+    return (a * d.s) * d.r;
   }
 #endif
   return a / b;
@@ -113,17 +123,14 @@ CL_HD float div_f(float a, float b, int var) {
 CL_HD double div_f(double a, double b, int var) { return a / b; }
 
 // a/b + c where the quotient is used only by the add. With approximate division, ptxas
-// expands div.full.f32 into the product of a by b's reciprocal and contracts that product
-// into the add: one rounding (Triton's `s / n_cols + eps`; measured on an H100: every
-// value equals fma(a, rcp(b), c), none the two-rounding form). IEEE: two roundings.
+// contracts the product of div.full.f32's expansion into the add: one rounding (Triton's
+// `s / n_cols + eps`; measured on an H100: every value equals fma(a, rcp(b), c), none the
+// two-rounding form). IEEE: two roundings.
 CL_HD float div_add_f(float a, float b, float c, int var) {
 #if defined(__CUDA_ARCH__)
   if (var & kVarApproxDiv) {
-    const float m = fabsf(b);
-    const float s = m > 0x1p126f ? 0.25f : (m < 0x1p-126f ? 0x1p24f : 1.0f);
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
-    return fma_f(a * s, r, c);
+    const FullDivisor d = full_divisor(b);
+    return fma_f(a * d.s, d.r, c);
   }
 #endif
   const float q = a / b;
