@@ -282,6 +282,13 @@ class ProgramBuilder(TorchKernelQuirks):
             reg = r
         return (reg, rt)
 
+    def _negate_one(self, rt: int, a: int, c: int, negate: str) -> tuple[int, int]:
+        """A contracted subtraction as an addition: x - c negates the addend c
+        (`negate` "c"), c - x negates x's first factor a ("a"). Negation is exact."""
+        n = self.new()
+        self.ins("neg", rt, n, a=c if negate == "c" else a)
+        return (a, n) if negate == "c" else (n, c)
+
     def _try_div_add(self, e: Elem, f64: bool):
         """a/b + c -> div_add(a, b, c): an approximate division contracted into the add
         that uses its quotient once (Lowering.contracts_division). a/b - c adds -c;
@@ -302,12 +309,7 @@ class ProgramBuilder(TorchKernelQuirks):
         ea, eb = div.args
         a, b, c = (self.operand(v, f64) for v in (ea, eb, other))
         if e.node.op == "sub":
-            n = self.new()
-            self.ins("neg", f64, n, a=c if negate == "c" else a)
-            if negate == "c":
-                c = n
-            else:
-                a = n
+            a, c = self._negate_one(f64, a, c, negate)
         out = self.new()
         var = low.math.variant_bits("div_add", f64 == F64, low.cuda, None, False)
         self.ins("div_add", f64, out, a, b, c, var=var)
@@ -357,12 +359,7 @@ class ProgramBuilder(TorchKernelQuirks):
         rt = F64 if native else f64
         ma, mb, c = (self.operand(a, rt) for a in (ea, eb, ec))
         if op == "sub":
-            n = self.new()
-            self.ins("neg", rt, n, a=c if negate == "c" else ma)
-            if negate == "c":
-                c = n
-            else:
-                ma = n
+            ma, c = self._negate_one(rt, ma, c, negate)
         out = self.new()
         if not native:
             self.ins("fma", f64, out, ma, mb, c)

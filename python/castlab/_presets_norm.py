@@ -27,8 +27,8 @@ from ._schedule import triton_tile
 from .ops import cat, reshape, rsqrt
 
 __all__ = ["EPS", "hf_rms_norm", "hf_rms_norm_gemma", "hf_fused_add_rms_norm",
-           "liger_rms_norm", "liger_warps", "unsloth_rms_norm", "vllm_rms_norm", "vllm_fused_add_rms_norm",
-           "te_rms_norm", "apex_rms_norm"]
+           "liger_rms_norm", "liger_warps", "unsloth_rms_norm", "vllm_rms_norm",
+           "vllm_fused_add_rms_norm", "te_rms_norm", "apex_rms_norm"]
 
 #: The epsilon of every RMSNorm preset (Llama's, Qwen2's and Gemma's default).
 EPS = 1e-6
@@ -86,14 +86,14 @@ def liger_warps(n: int) -> tuple:
     return block, warps
 
 
-def _liger_vec(n: int, isz: int, w_isz: int | None, constexpr: bool = False) -> int:
-    """Elements per thread of Liger's RMSNorm layout. Triton's coalescing pass takes the
-    largest vector any memory access of the kernel allows: X's and Y's rows start at
-    ``row * stride``, aligned to 16 elements only where the run-time ``stride`` (= n) is
-    a multiple of 16 (Triton's integer specialization), else 1 element; the weight's
-    loads start at its 16-byte aligned base: 16 bytes of its dtype. `constexpr`: the
-    stride is a compile-time constant (Unsloth), aligned to its largest power-of-two
-    divisor."""
+def _triton_vec(n: int, isz: int, w_isz: int | None, constexpr: bool = False) -> int:
+    """Elements per thread of Liger's (and Unsloth's) RMSNorm layout. Triton's
+    coalescing pass takes the largest vector any memory access of the kernel allows: X's
+    and Y's rows start at ``row * stride``, aligned to 16 elements only where the
+    run-time ``stride`` (= n) is a multiple of 16 (Triton's integer specialization), else
+    1 element; the weight's loads start at its 16-byte aligned base: 16 bytes of its
+    dtype. `constexpr`: the stride is a compile-time constant (Unsloth), aligned to its
+    largest power-of-two divisor."""
     align = (n & -n) if constexpr else (16 if n % 16 == 0 else 1)
     vec = max(1, min(16 // isz, align))
     return max(vec, 16 // w_isz) if w_isz else vec
@@ -107,12 +107,12 @@ def _triton_sum_sq(h, isz: int, w_isz: int | None = None, constexpr: bool = Fals
     in register order, the first as a product and the others as fmas (LLVM contracts
     the fmul into the reduction's fadd); the lanes then combine by an xor butterfly
     (offsets 16 .. 1) and the warps by another. Positions past the row hold 0.
-    The elements per thread follow all of the kernel's memory accesses (_liger_vec;
+    The elements per thread follow all of the kernel's memory accesses (_triton_vec;
     `w_isz`: the weight's element size, None without a weight; `constexpr`: the kernel
     takes the stride as a compile-time constant)."""
     n = h.shape[-1]
     block, warps = liger_warps(n)
-    vec = _liger_vec(n, isz, w_isz, constexpr)
+    vec = _triton_vec(n, isz, w_isz, constexpr)
     _, per, lanes, wr = triton_tile(block, 1, warps, isz, vec=vec)
     threads = lanes * wr
     reps = block // (per * threads)
@@ -124,6 +124,14 @@ def _triton_sum_sq(h, isz: int, w_isz: int | None = None, constexpr: bool = Fals
             v = p[..., rep, :, k]
             acc = v * v if acc is None else acc + v * v
     return _butterfly(reshape(acc, *lead, wr, lanes), lanes, wr)
+
+
+def _triton_normed(x, weight, eps: float, constexpr: bool = False):
+    """x * rstd in fp32 with rstd = rsqrt(tl.sum(x*x) / n + eps), as Liger's and Unsloth's
+    row kernels compute it (Triton's ``/``, contracted into the add on a GPU)."""
+    h = _f32(x)
+    s = _triton_sum_sq(h, x.dtype.bits // 8, weight.dtype.bits // 8, constexpr)
+    return h * rsqrt(_divide(s, x.shape[-1]) + eps)
 
 
 def _butterfly(a, lanes: int, warps: int):
@@ -152,9 +160,7 @@ def liger_rms_norm(casting: str, offset: float):
 
     def liger_rms_norm(x, weight, *, eps: float = EPS):
         dt = x.dtype
-        h = _f32(x)
-        ms = _divide(_triton_sum_sq(h, dt.bits // 8, weight.dtype.bits // 8), x.shape[-1])
-        y = h * rsqrt(ms + eps)
+        y = _triton_normed(x, weight, eps)
         if casting == "llama":
             y = _f32(y.astype(dt))
         return (y * (_f32(weight) + offset)).astype(dt)
@@ -176,9 +182,7 @@ def unsloth_rms_norm(gemma: bool):
     Gemma: ``x * rstd * (w.float() + 1.0)`` in fp32, one rounding."""
 
     def unsloth_rms_norm(x, weight, *, eps: float = EPS):
-        h = _f32(x)
-        s = _triton_sum_sq(h, x.dtype.bits // 8, weight.dtype.bits // 8, constexpr=True)
-        y = h * rsqrt(_divide(s, x.shape[-1]) + eps)
+        y = _triton_normed(x, weight, eps, constexpr=True)
         if gemma:
             return (y * (_f32(weight) + 1.0)).astype(x.dtype)
         return (y.astype(weight.dtype) * weight).astype(x.dtype)
