@@ -56,6 +56,7 @@ def test_stacks_end_to_end_writes_its_files(capsys, tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.inductor  # the torch_compile stack compiles the model (its stores)
 def test_stacks_labels_seed_and_out_rule(capsys, tmp_path):
     out = tmp_path / "o"
     argv = ["stacks", "--config", TINY.parent, *FAST, "--labels", "--a", "hf_eager",

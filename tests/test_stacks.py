@@ -52,8 +52,9 @@ def test_builtin_stacks_describe_every_choice_with_its_source():
     for name in ("vllm", "transformer_engine"):
         assert "from source, not run" in ct.Stack(name).describe()
     tc = ct.Stack("torch_compile")
-    assert (tc.policy.name, tc.math.name) == ("fused", "inductor")
-    assert "not modelled yet" in tc.describe()
+    assert (tc.policy.name, tc.math.name, tc.stores) == ("fused", "inductor", "inductor")
+    assert tc.policy.round_casts is False and ct.Stack("hf_eager").stores is None
+    assert "Not modelled: a value one loop of a kernel stores" in tc.describe()
     lg = ct.Stack("liger")
     assert (lg.swiglu, lg.rope, lg.rms_norm, lg.attention) == ("liger", "liger", "liger", None)
     v = ct.Stack("vllm")
@@ -122,8 +123,9 @@ def test_stack_kernels_are_the_kernels_run():
     want = cm.run(ids, kwargs=KW, policy="eager",
                   kernels={"swiglu": "liger", "rope": "liger", "rms_norm": "liger"}).logits
     assert torch.equal(got, want)
-    got = cm.run(ids, kwargs=KW, stack=ct.Stack(base="torch_compile", rope="unsloth")).logits
-    want = cm.run(ids, kwargs=KW, policy="fused", math="inductor",
+    s = ct.Stack(base="torch_compile", rope="unsloth", stores=None)
+    got = cm.run(ids, kwargs=KW, stack=s).logits
+    want = cm.run(ids, kwargs=KW, policy=s.policy, math="inductor",
                   kernels={"rope": "unsloth"}).logits
     assert torch.equal(got, want)
 
@@ -229,8 +231,9 @@ def test_liger_vs_hf_eager_alignment(name):
                              prune=False).alignment.sets == al.sets
 
 
+@pytest.mark.inductor  # the torch_compile stack compiles the model (its stores)
 def test_alignment_without_a_small_set_ranks_the_choices():
-    """torch_compile against liger: five choices differ; the pruned search agrees with
+    """torch_compile against liger: six choices differ; the pruned search agrees with
     the full one, and every choice gets its KL shares and fp64 verdict."""
     _, ids, cm = _model("llama")
     r = ct.compare_stacks(cm, ids, a="torch_compile", b="liger", align=True)
@@ -238,7 +241,7 @@ def test_alignment_without_a_small_set_ranks_the_choices():
     al = r.alignment
     assert al.sets == full.alignment.sets
     assert al.pruned > 0 and full.alignment.pruned == 0
-    assert len(al.effects) == len(al.fields) == 5
+    assert len(al.effects) == len(al.fields) == 6
     if not al.sets:
         assert al.all_equal is True and "KL shares" in al.summary()
     _check_sets(cm, ids, r)
@@ -255,6 +258,7 @@ def test_a_stack_against_itself_is_zero_everywhere():
     assert "the runs never differ" in str(r)
 
 
+@pytest.mark.inductor  # the torch_compile stack compiles the model (its stores)
 def test_labels_plots_and_reprs():
     m, ids, cm = _model("llama")
     labels = torch.randint(0, 128, (2, 16))

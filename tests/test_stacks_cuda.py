@@ -97,3 +97,28 @@ def test_liger_stack_equals_apply_liger_kernel(name):
     assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
     # the check can fail: the patched model is not the unpatched one
     assert not torch.equal(want.logits, hf.logits)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_torch_compile_stack_equals_torch_compile(name):
+    """The torch_compile stack (castlab.torch._inductor: roundings where Inductor's kernels
+    store, read from the compiled program) against torch.compile of the model under
+    Inductor's default settings: logits and loss bit for bit. The model is captured as
+    torch.compile traces it (attention="traced"). The counts for the regions' own
+    placement (stores=None) go to the report too."""
+    m, ids = _model(name)
+    kw = {"use_cache": False, "labels": ids}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = torch.compile(m, dynamic=False)(ids, **kw)
+    torch._dynamo.reset()
+    cm = ct.capture(m, ids, kwargs=kw, attention="traced")
+    got = cm.run(ids, kwargs=kw, stack="torch_compile")
+    plain = cm.run(ids, kwargs=kw, stack=ct.Stack("torch_compile", stores=None))
+    n = int((got.logits != want.logits).sum())
+    report(test="stacks", case=f"torch_compile stack vs torch.compile ({name}, 2 layers, "
+           "hidden 896, bf16, 2x64 tokens)", logits=want.logits.numel(), logits_differ=n,
+           logits_differ_without_placement=int((plain.logits != want.logits).sum()),
+           loss_castlab=float(got.loss), loss_compile=float(want.loss))
+    assert n == 0, f"{n} of {want.logits.numel()} logits differ"
+    assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))

@@ -284,7 +284,8 @@ class _Listing:
         self.names[id(n)] = t
         tgt = d.round_to if d is not None else None
         if tgt is not None:
-            self.emit(t, f"convert({src}, {tgt.short})", f"astype: {self.round_note(d)}", where)
+            what = "store" if n.attrs.get("store") else "astype"
+            self.emit(t, f"convert({src}, {tgt.short})", f"{what}: {self.round_note(d)}", where)
             self.rep[id(n)] = ("st", tgt)
         else:
             self.emit(t, f"astype({src}, {n.dtype.short})",

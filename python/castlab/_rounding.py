@@ -126,6 +126,9 @@ def _target(node: Node, policy: Policy, rounds: bool, inner: bool, kernel) -> tu
     """(dtype the policy asks this node rounded to, or None; why)."""
     op, p = node.op, policy
     if op == "astype":
+        if node.attrs.get("store") and p.name != "fp64":
+            return node.dtype, (f"a store to a {node.dtype.short} buffer (a compiled "
+                                "program's kernel writes it; the reader loads it)")
         if p.name == "fp64" or not p.round_casts:
             return None, f"a cast: policy {p.describe()} does not round casts"
         return node.dtype, f"astype to {node.dtype.short}"

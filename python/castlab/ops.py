@@ -244,6 +244,13 @@ def astype(x: TensorLike, dt: Any) -> TensorLike:
     return _apply("astype", [x], {"dtype": dt})
 
 
+def _store(x: TensorLike, dt: Any) -> TensorLike:
+    """`x` rounded to `dt` as a kernel's store to a `dt` buffer rounds it: under every
+    policy but fp64, whether or not the policy rounds casts (castlab.torch's Inductor
+    placement: a value one kernel stores and another loads)."""
+    return _apply("astype", [x], {"dtype": as_dtype(dt), "store": True})
+
+
 # ---------------------------------------------------------------- shape ops
 
 def _fake(shape: Sequence[int]):

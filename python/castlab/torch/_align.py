@@ -63,7 +63,7 @@ def first_touch(captured: Any) -> dict:
     span = [min((pos[n.name] for n in s.nodes), default=math.inf) for s in captured.segments]
     out = {f: math.inf for f in _stacks.FIELDS}
     regions = [k for k, s in enumerate(captured.segments) if s.kind == "region"]
-    out["policy"] = out["math"] = min((span[k] for k in regions), default=math.inf)
+    out["policy"] = out["math"] = out["stores"] = min((span[k] for k in regions), default=math.inf)
     for r in captured.regions():
         if r.kind in _stacks.KERNEL_KINDS:
             # its nodes, and the values it reads where a castlab region computes them

@@ -3,6 +3,9 @@
 A :class:`Stack` says how each part of a captured model runs:
 
 * ``policy`` and ``math``: castlab's regions (everything castlab computes itself);
+* ``stores``: where values are rounded between kernels: None (castlab's regions round what
+  they hand on) or "inductor" (where torch.compile's Inductor kernels store, read from the
+  compiled program of the model: castlab.torch._inductor);
 * ``swiglu``, ``geglu``, ``rope``, ``rms_norm``: a kernel-library preset per region kind
   (a library name, an :class:`~castlab.presets.OpPreset`, or None: as captured), put in
   place of every instance of the kind (``CapturedModel.run(..., kernels=)``);
@@ -37,20 +40,22 @@ import torch
 from .._presets_norm import EPS, _vllm_normalize
 from ..policy import Math, Policy, as_math, as_policy
 from ..presets import OpPreset, libraries, library
-from . import _regions
+from . import _inductor, _regions
 
 __all__ = ["Stack", "Matmul", "stacks", "stack", "FIELDS", "KERNEL_KINDS", "BACKENDS"]
 
 #: The region kinds a stack picks a kernel-library preset for.
 KERNEL_KINDS = ("swiglu", "geglu", "rope", "rms_norm")
 #: Every choice a stack makes, in display order (alignment switches these one by one).
-FIELDS = ("policy", "math", "swiglu", "geglu", "rope", "rms_norm", "attention", "matmul")
+FIELDS = ("policy", "math", "stores", "swiglu", "geglu", "rope", "rms_norm", "attention", "matmul")
 #: The SDPA backends a stack can force, by name.
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
 _PRESET_OPS = {"swiglu": ("swiglu",), "geglu": ("geglu",), "rope": ("rope",),
                "rms_norm": ("rms_norm", "rms_norm_gemma")}
 _UNSET = object()
+#: The values of a stack's ``stores`` choice.
+STORES = (None, "inductor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,22 +226,22 @@ class Stack:
     True
     """
 
-    __slots__ = ("name", "policy", "math", "swiglu", "geglu", "rope", "rms_norm", "attention",
+    __slots__ = ("name", "policy", "math", "stores", "swiglu", "geglu", "rope", "rms_norm", "attention",
                  "matmul", "notes")
 
     def __init__(self, base: Any = None, *, name: str | None = None, policy: Any = _UNSET,
-                 math: Any = _UNSET, swiglu: Any = _UNSET, geglu: Any = _UNSET,
+                 math: Any = _UNSET, stores: Any = _UNSET, swiglu: Any = _UNSET, geglu: Any = _UNSET,
                  rope: Any = _UNSET, rms_norm: Any = _UNSET, attention: Any = _UNSET,
                  matmul: Any = _UNSET, notes: tuple = ()):
         if base is None:
-            start = {"policy": "eager", "math": "torch_eager", "notes": ()}
+            start = {"policy": "eager", "math": "torch_eager", "stores": None, "notes": ()}
             base_name = "custom"
         else:
             b = stack(base)
             start = {f: getattr(b, f) for f in FIELDS}
             start["notes"] = b.notes
             base_name = b.name
-        given = {"policy": policy, "math": math, "swiglu": swiglu, "geglu": geglu,
+        given = {"policy": policy, "math": math, "stores": stores, "swiglu": swiglu, "geglu": geglu,
                  "rope": rope, "rms_norm": rms_norm, "attention": attention, "matmul": matmul}
         changed = {k: v for k, v in given.items() if v is not _UNSET}
         where = f"Stack({name or base_name!r})"
@@ -244,6 +249,10 @@ class Stack:
         set_ = object.__setattr__
         set_(self, "policy", as_policy(vals["policy"]))
         set_(self, "math", as_math(vals["math"]))
+        if vals.get("stores") not in STORES:
+            raise ValueError(f"{where}: stores must be None or 'inductor', not "
+                             f"{vals.get('stores')!r}")
+        set_(self, "stores", vals.get("stores"))
         for kind in KERNEL_KINDS:
             set_(self, kind, _check_preset(kind, vals.get(kind), where))
         set_(self, "attention", _check_attention(vals.get("attention"), where))
@@ -351,6 +360,12 @@ def _describe_choice(f: str, v: Any) -> str:
         return f"{v.describe():14} castlab's regions' rounding (castlab.Policy)"
     if f == "math":
         return f"{v.name:14} castlab's regions' math preset (castlab.Math)"
+    if f == "stores":
+        if v is None:
+            return f"{'regions':14} each castlab region rounds the values it hands on"
+        return (f"{v:14} rounded where torch.compile's Inductor kernels store them, read "
+                "from this model's compiled program (values a kernel recomputes stay fp32; "
+                "castlab.torch._inductor) [torch.compile run by PyTorch itself]")
     if f == "attention":
         return (f"{v or 'default':14} " + ("PyTorch's own choice of SDPA backend" if v is None
                                            else f"SDPA forced to SDPBackend.{BACKENDS[v]}")
@@ -371,11 +386,14 @@ def _describe_choice(f: str, v: Any) -> str:
 
 VLLM_RMS_NORM = _vllm_rms_norm()
 
-_INDUCTOR_NOTE = ("castlab models Inductor as the fused policy with the inductor math preset "
-                  "(one rounding per region, Triton's division and exp, FMA contraction); "
-                  "Inductor's default placement of which values a kernel stores in bf16 and "
-                  "which a later kernel recomputes in fp32 is not modelled yet, so this stack "
-                  "is not claimed to equal torch.compile bit for bit")
+_INDUCTOR_NOTE = ("torch.compile under Inductor's default settings: castlab's regions compute in "
+                  "fp32 with the inductor math preset (Triton's division and exp, FMA "
+                  "contraction), drop explicit casts inside a kernel (round_casts=False, as "
+                  "emulate_precision_casts=False does) and round where Inductor's kernels "
+                  "store, read from this model's compiled program (stores='inductor'). Not "
+                  "modelled: a value one loop of a kernel stores and a later loop of the same "
+                  "kernel loads back (Triton's looped reductions over wide rows, the CPU's "
+                  "outer-loop fusion), which Inductor reads rounded there and fp32 elsewhere")
 
 
 def _builtins() -> dict:
@@ -387,7 +405,8 @@ def _builtins() -> dict:
     add("hf_eager", policy="eager", math="torch_eager",
         notes=("Hugging Face's model run by PyTorch eager: castlab's eager policy reproduces "
                "it (tests/test_stacks.py: logits bit-identical on tiny Llama and Qwen2)",))
-    add("torch_compile", policy="fused", math="inductor", notes=(_INDUCTOR_NOTE,))
+    add("torch_compile", policy=Policy("fused", round_casts=False), math="inductor",
+        stores="inductor", notes=(_INDUCTOR_NOTE,))
     add("liger", swiglu="liger", geglu="liger", rope="liger", rms_norm="liger",
         notes=("apply_liger_kernel_to_llama/qwen2 (rope, swiglu, rms_norm) and "
                "apply_liger_kernel_to_gemma (rope, geglu, rms_norm: its 1 + w form)",))
@@ -454,7 +473,8 @@ class Plan:
     def effective(self) -> dict:
         """{field: what runs}: the value each choice has on this model (an inert choice
         is None, as captured), comparable between two plans of one model."""
-        out: dict = {"policy": repr(self.stack.policy), "math": repr(self.stack.math)}
+        out: dict = {"policy": repr(self.stack.policy), "math": repr(self.stack.math),
+                     "stores": self.stack.stores}
         for k in KERNEL_KINDS:
             p = self.kernels.get(k)
             out[k] = None if p is None else id(p)
@@ -522,6 +542,8 @@ def execute(captured: Any, p: Plan, flat: list) -> Any:
     backend PyTorch refuses for the model's SDPA calls is a RuntimeError naming it."""
     pol, mth = p.stack.policy, p.stack.math
     segs = _regions.run_segments(captured, p.kernels or None, pol)
+    if p.stack.stores == "inductor" and pol.name != "fp64":
+        segs = _inductor.segments_for(captured, segs, flat)
     try:
         with torch.no_grad(), matmul_flags(p.matmul), sdpa_context(p.attention):
             return captured.execute(flat, pol, mth, segments=segs)
