@@ -1481,9 +1481,8 @@ The compiled stack's log-probabilities are the closer ones to fp64 here, and the
 alignment names the switches that give eager's bits back. The `stores` choice is where
 Inductor keeps values: cos/sin and the residual sums are recomputed in fp32 inside the
 kernels that read them, never rounded to bf16 (`castlab.torch._inductor`). On the CPU the
-`torch_compile` stack's logits equal `torch.compile`'s for a one-layer Qwen2 (castlab's
-tests); a value one loop of a kernel stores and a later loop loads back (Triton's looped
-reductions over wide rows, the CPU's outer-loop fusion) is not modelled yet.
+`torch_compile` stack's logits equal `torch.compile`'s for a two-layer Qwen2 (castlab's
+tests); the GPU has not run it yet.
 
 ## 5 · What this does not yet show
 

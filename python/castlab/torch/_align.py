@@ -173,6 +173,8 @@ def _toward(before: float, after: float) -> str:
 def _value(s: Any, f: str) -> str:
     v = getattr(s, f)
     if v is None:
+        if f == "stores":
+            return "regions"
         return "as captured" if f in _stacks.KERNEL_KINDS else "PyTorch's default"
     return _stacks._short(v)
 

@@ -11,14 +11,17 @@ computes bf16/fp16 values in fp32 and rounds only what it writes to memory:
 * an explicit down-cast inside a kernel is dropped (``to_dtype`` emits the compute type);
 * a value stored in a bf16/fp16 buffer is rounded for every other kernel that loads it.
 
-So which value is rounded for which reader is not a rule castlab can guess from the
-model: :func:`read_placement` compiles the captured graph with Inductor, records each FX
-node's lowered value and the scheduler's fused kernels (which buffers each writes, which
-it loads from memory), and maps them back to the captured graph's nodes (the post-grad
-nodes' ``from_node`` provenance). :func:`placed_segments` then runs castlab's regions so:
-a region edge whose reader loads the value from a stored buffer rounds it (an ``astype``
-marked as a store), and a region output that a later region's kernel recomputes reaches
-that region in fp32 (an fp32 twin of the output, not rounded on the way).
+Which value is rounded for which reader is therefore not a rule castlab can guess from
+the model: :func:`read_placement` compiles the captured graph with Inductor and records
+each FX node's lowered value, the buffers each lowering made, the scheduler's fused
+kernels and their parts, and every load the generated code makes (from memory, or from the
+kernel's own store of the buffer: a looped reduction's second loop loads back, rounded,
+what its first loop stored and summed in fp32), mapped back to the captured graph's nodes
+(the post-grad nodes' ``from_node`` provenance). :func:`placed_segments` then computes each
+castlab value as the part that stores or reads it does (:class:`_Evaluator`): a value the
+part loads from a bf16/fp16 buffer is rounded there (``ops._store``), one it recomputes or
+keeps from its kernel's store stays fp32, and a region output that a later region's part
+recomputes reaches that region as an fp32 twin (``name@f32``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import dataclasses
 import operator
 import threading
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,13 +52,15 @@ TWIN = "@f32"  # suffix of a region output's fp32 twin in a run's values
 class Kernel:
     """One kernel of the compiled program, in launch order: ``kind`` ("generated",
     "extern" or "nop"), the captured nodes whose values it computes (``computes``), the
-    buffers it writes and the buffers it loads from memory."""
+    buffers it writes and the buffers it loads from memory (its parts: ``parts``, the
+    scheduler nodes fused into it)."""
 
     index: int
     kind: str
     computes: tuple
     writes: tuple
     loads: tuple
+    parts: tuple
 
 
 @dataclasses.dataclass
@@ -64,21 +68,29 @@ class InductorPlacement:
     """What torch.compile's Inductor stores for one captured model, inputs and device.
 
     ``stored``: captured node name -> (buffer, dtype name, index of the kernel writing
-    it) for the values a buffer holds; ``kernels``: the compiled program's kernels;
-    ``rounded``: the (value, reader) pairs of captured nodes where the reader's kernel
-    loads the value from a bf16/fp16 buffer (rounded); every other pair of the castlab
-    regions reads it in fp32. ``torch``: the PyTorch version that compiled it."""
+    it) for the values a buffer holds; ``kernels``: the compiled program's kernels.
+    Per part of a kernel (a scheduler node, ``opN``): ``mem[part]``, the buffers its code
+    loads from memory (rounded to the buffer's dtype), and ``cached[part]``, those it
+    takes from its kernel's own store of them (fp32, as computed). ``buffer``: captured
+    name -> buffer holding its value; ``home``: captured name -> the part writing it;
+    ``computing``: captured name -> the generated parts whose code computes it (inlined);
+    ``partial``: captured name -> buffers holding a part of its computation (a mean's
+    sum), whose reader continues it from there. ``torch``: the PyTorch version that compiled it."""
 
     device: str
     torch: str
     stored: dict
     kernels: list
-    rounded: frozenset
-    recomputed: dict  # captured name -> indices of the generated kernels computing it
-
-    def reads_rounded(self, value: str, reader: str) -> bool:
-        """Whether `reader`'s kernel loads `value` from a rounded (bf16/fp16) buffer."""
-        return (value, reader) in self.rounded
+    buffer: dict
+    home: dict
+    computing: dict
+    mem: dict
+    cached: dict
+    low: frozenset  # the buffers of a bf16/fp16 dtype
+    dtypes: dict    # buffer -> its torch dtype
+    loads_seen: bool  # whether the loads came from the generated code (else the scheduler)
+    partial: dict     # captured name -> buffers holding a part of it (a mean's sum)
+    writer: dict      # buffer -> the part writing it
 
     def describe(self, name: str) -> str:
         """Where Inductor keeps captured node `name`: its buffer, or the kernels that
@@ -86,16 +98,29 @@ class InductorPlacement:
         s = self.stored.get(name)
         if s is not None:
             return f"stored in {s[0]} ({s[1]}) by kernel {s[2]}"
-        ks = self.recomputed.get(name)
+        ks = sorted({self._kernel_of[p] for p in self.computing.get(name, ())})
         if ks:
             return "not stored: recomputed in fp32 by kernel(s) " + ", ".join(map(str, ks))
         return "not in the compiled program (a view, or folded away)"
+
+    @property
+    def _kernel_of(self) -> dict:
+        return {p: k.index for k in self.kernels for p in k.parts}
+
+    def rounded_reads(self) -> list:
+        """(captured value, part) pairs where the part's code loads the value from a
+        bf16/fp16 buffer: where the compiled program rounds what it hands on."""
+        holders: dict = {}
+        for name, b in self.buffer.items():
+            holders.setdefault(b, []).append(name)
+        return sorted((n, p) for p, bs in self.mem.items() for b in bs if b in self.low
+                      for n in holders.get(b, ()))
 
     def __str__(self) -> str:
         n_gen = sum(k.kind == "generated" for k in self.kernels)
         return (f"Inductor placement ({self.device}, torch {self.torch}): "
                 f"{len(self.kernels)} kernels ({n_gen} generated), {len(self.stored)} "
-                f"values stored, {len(self.rounded)} region reads of a rounded buffer")
+                f"values stored, {len(self.rounded_reads())} loads of a rounded value")
 
 
 def _root(fx: torch.fx.Node) -> list:
@@ -135,15 +160,29 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     from torch._inductor import config as iconfig
     from torch._inductor import graph as igraph
     from torch._inductor import scheduler as isched
+    from torch._inductor.codegen import common as icommon
     from torch._inductor.virtualized import V
 
     values: dict = {}
+    created: dict = {}  # FX node -> the buffers its lowering made
     sched: list = []
+    loads: list = []
     run_node, codegen = igraph.GraphLowering.run_node, isched.Scheduler.codegen
+    proxy = getattr(icommon, "CSEProxy", None)
+    load = getattr(proxy, "load", None)
+
+    def rec_load(self, name, index):
+        node = getattr(getattr(self, "kernel", None), "current_node", None)
+        cache = getattr(getattr(self.kernel, "cse", None), "store_cache", {})
+        if node is not None:
+            loads.append((node.get_name(), name, name in cache))
+        return load(self, name, index)
 
     def rec_run_node(self, n):
+        before = len(self.buffers)
         out = run_node(self, n)
         values[n] = out
+        created[n] = [b.get_name() for b in self.buffers[before:]]
         return out
 
     def rec_codegen(self):
@@ -154,6 +193,8 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     with _lock:
         igraph.GraphLowering.run_node = rec_run_node
         isched.Scheduler.codegen = rec_codegen
+        if load is not None:
+            proxy.load = rec_load
         try:
             torch._dynamo.reset()
             with iconfig.patch(force_disable_caches=True), torch.no_grad(), \
@@ -165,80 +206,88 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         finally:
             igraph.GraphLowering.run_node = run_node
             isched.Scheduler.codegen = codegen
+            if load is not None:
+                proxy.load = load
             torch._dynamo.reset()
     if len(sched) != 1:
         raise RuntimeError(f"castlab.torch: torch.compile made {len(sched)} Inductor graphs of "
                            "the captured graph (expected one); its placement cannot be read")
-    return values, sched[0][0], sched[0][1]
+    return values, sched[0][0], sched[0][1], loads, created
 
 
 def read_placement(cm: Any, flat: list) -> InductorPlacement:
     """Compile captured model `cm` with torch.compile (Inductor, default settings) on the
-    flat inputs `flat` and read where it stores and recomputes each captured value."""
+    flat inputs `flat` and read where it stores, loads and recomputes each captured value."""
     from torch._inductor import scheduler as isched
 
     places = [cm._consts[n.name] if n.name in cm._consts else v
               for n, v in zip([n for n in cm.nodes if n.op == "placeholder"],
                               _placeholder_values(cm, flat))]
-    values, nodes, removed = _compile_and_record(cm.exported.graph_module, places)
-    # the lowered value of each captured node: that of its last post-grad node
+    values, nodes, removed, loads, created = _compile_and_record(cm.exported.graph_module,
+                                                                 places)
+    # the lowered value of each captured node: that of its last post-grad node; buffers
+    # its lowering made that hold no node's value hold a part of it (a mean's sum)
     last: dict = {}
+    made: dict = {}
     for fx, v in values.items():
-        if fx.op != "call_function":
-            continue
-        for r in _root(fx):
-            last[r] = v
-    buf_of: dict = {}
+        if fx.op == "call_function":
+            for r in _root(fx):
+                last[r] = v
+                made.setdefault(r, []).extend(created.get(fx, ()))
+    buffer, dtypes = {}, {}
     for name, v in last.items():
         b = _buffer(v)
         if b is not None:
-            buf_of[name] = b
-    kernels, writer, loads_of = [], {}, {}
+            buffer[name] = b.get_name()
+            dtypes[b.get_name()] = _dtype(b)
+    holders = set(buffer.values())
+    partial = {name: [b for b in bs if b not in holders] for name, bs in made.items()}
+    kernels, writer, part_writer, computing = [], {}, {}, {}
+    mem: dict = {}
+    cached: dict = {}
     for k, sn in enumerate(nodes):
         kind = ("extern" if sn.is_extern() else
                 "nop" if isinstance(sn, isched.NopKernelSchedulerNode) else "generated")
         writes = tuple(sorted(sn.get_buffer_names()))
-        loads = tuple(sorted({d.name for d in sn.read_writes.reads} - set(writes)))
+        own = set(writes)
         computes: set = set()
+        parts = []
         for s in sn.get_nodes():
+            pn = s.get_name()
+            parts.append(pn)
+            for b in s.get_outputs():
+                part_writer[b.get_name()] = pn
+            roots: set = set()
             for o in (getattr(s.node, "origins", None) or ()):
-                computes.update(_root(o))
+                roots.update(_root(o))
+            computes |= roots
+            if kind == "generated":
+                for r in roots:
+                    computing.setdefault(r, []).append(pn)
+            reads = {d.name for d in s.read_writes.reads}  # (without the generated code)
+            mem[pn] = reads - own
+            cached[pn] = reads & own
         for b in writes:
             writer[b] = k
-        kernels.append(Kernel(k, kind, tuple(sorted(computes)), writes, loads))
-        loads_of[k] = set(loads)
-    stored, recomputed = {}, {}
-    for name, b in buf_of.items():
-        bn = b.get_name()
+        loads_k = tuple(sorted({d.name for d in sn.read_writes.reads} - own))
+        kernels.append(Kernel(k, kind, tuple(sorted(computes)), writes, loads_k, tuple(parts)))
+    seen = {p for p, _, _ in loads}
+    for p in seen:  # the generated code's own loads, where recorded
+        mem[p] = {b for q, b, c in loads if q == p and not c}
+        cached[p] = {b for q, b, c in loads if q == p and c}
+    stored, home = {}, {}
+    for name, bn in buffer.items():
         if bn in removed or bn not in writer:
             continue
-        dt = _dtype(b)
+        dt = dtypes.get(bn)
         stored[name] = (bn, str(dt).replace("torch.", "") if dt else "?", writer[bn])
-    for kern in kernels:
-        if kern.kind == "generated":
-            for c in kern.computes:
-                if c not in stored or stored[c][2] != kern.index:
-                    recomputed.setdefault(c, []).append(kern.index)
-    # the pairs whose reader's kernel loads the value's rounded buffer
-    by_name = {n.name: n for n in cm.nodes}
-    rounded = set()
-    for c in cm.nodes:
-        if c.op != "call_function":
-            continue
-        ks = [k for k in kernels if k.kind == "generated" and c.name in k.computes]
-        for d in _arg_nodes(c):
-            b = base(d)
-            s = stored.get(b.name)
-            if s is None or b.name not in by_name:
-                continue
-            dt = _dtype(buf_of[b.name])
-            if dt not in _LOW:
-                continue
-            if not ks or any(s[0] in loads_of[k.index] for k in ks):
-                rounded.add((d.name, c.name))
+        if bn in part_writer:
+            home[name] = part_writer[bn]
+    low = frozenset(b for b, dt in dtypes.items() if dt in _LOW)
     dev = sorted({str(t.device) for t in flat if isinstance(t, torch.Tensor)}) or ["cpu"]
-    return InductorPlacement(",".join(dev), torch.__version__, stored, kernels,
-                             frozenset(rounded), recomputed)
+    return InductorPlacement(",".join(dev), torch.__version__, stored, kernels, buffer, home,
+                             computing, mem, cached, low, dtypes, bool(seen),
+                             {n: bs for n, bs in partial.items() if bs}, part_writer)
 
 
 def _placeholder_values(cm: Any, flat: list) -> list:
@@ -299,51 +348,37 @@ def segments_for(cm: Any, segments: list | None, flat: list) -> list:
 # ---------------------------------------------------------------- castlab's regions, placed
 
 def placed_segments(segments: list, placement: InductorPlacement) -> list:
-    """A copy of a captured program's `segments` whose regions round where Inductor's
-    kernels store: a read marked rounded in `placement` rounds (a store), a region output
-    a later region reads unrounded also leaves its region as an fp32 twin (``name@f32``),
-    which that region reads instead (its views replayed on it)."""
+    """A copy of a captured program's `segments` whose regions compute each value as the
+    compiled program's kernel part that stores or reads it does (:class:`_Evaluator`):
+    values a part loads from a bf16/fp16 buffer are rounded there, values it recomputes
+    or takes from its kernel's own store stay fp32. A region output that a later region's
+    part recomputes also leaves its region as an fp32 twin (``name@f32``)."""
     producer: dict = {}
     for k, s in enumerate(segments):
         if s.kind == "region":
             for n in s.nodes:
                 producer[n.name] = k
-    out: list = []
-    twins_wanted: dict = {}  # segment index -> output names needing an fp32 twin
-    plans: list = []
-    for k, s in enumerate(segments):
+    twins: dict = {}      # region index -> names of its outputs wanted as fp32 twins
+    twin_in: dict = {}    # region index -> names of the twins it reads
+    for k in range(len(segments) - 1, -1, -1):  # requests go to earlier regions only
+        s = segments[k]
         if s.kind != "region":
-            plans.append(None)
             continue
-        mine = {n.name for n in s.nodes}
-        exact_in: dict = {}    # input name -> (base name, views to replay)
-        round_edge: set = set()
-        for c in s.nodes:
-            for d in _arg_nodes(c):
-                rounded = placement.reads_rounded(d.name, c.name)
-                if d.name in mine:
-                    if rounded:
-                        round_edge.add((d.name, c.name))
-                    continue
-                b = base(d)
-                pk = producer.get(b.name)
-                if rounded or pk is None or pk == k or b.name in mine:
-                    continue
-                if b.name not in {o.name for o in segments[pk].outputs}:
-                    continue
-                exact_in[(d.name, c.name)] = (b.name, _view_chain(d))
-                twins_wanted.setdefault(pk, set()).add(b.name)
-        plans.append((exact_in, round_edge))
+        ev = _Evaluator(s, placement, producer, k, None)
+        for o in s.outputs:
+            ev.out(o)
+        for name in sorted(twins.get(k, ())):
+            ev.twin(name)
+        twin_in[k] = set(ev.wanted)
+        for b in ev.wanted:
+            twins.setdefault(producer[b], set()).add(b)
+    out = []
     for k, s in enumerate(segments):
         if s.kind != "region":
             out.append(s)
             continue
-        exact_in, round_edge = plans[k]
-        twins = sorted(twins_wanted.get(k, ()))
-        if not exact_in and not round_edge and not twins:
-            out.append(s)
-            continue
-        out.append(_placed_region(s, exact_in, round_edge, twins))
+        out.append(_placed_region(s, placement, producer, k, sorted(twin_in.get(k, ())),
+                                  sorted(twins.get(k, ()))))
     return out
 
 
@@ -357,17 +392,123 @@ class _Twin:
         self.node = node
 
 
-def _placed_region(s: Segment, exact_in: dict, round_edge: set, twins: list) -> Segment:
+class _Evaluator:
+    """A region's values as the compiled program's parts compute them. ``get(d, X)``:
+    node d's value inside part X (None: no part, e.g. a value no kernel keeps): loaded
+    rounded when X loads d's bf16/fp16 buffer from memory, as its storing part computed
+    it when X takes it from its kernel's store, else recomputed inside X from what X
+    reads. ``out(o)``: a region output as its storing part computes it; ``twin(o)``: o
+    in fp32 for a later region (computed as the first part computing it does).
+    `ops` (None: only find the twins this region reads, in ``wanted``): the castlab
+    functions (build, store, nominal) and the values of the region's inputs."""
+
+    def __init__(self, seg: Segment, pl: InductorPlacement, producer: dict, k: int,
+                 ops: Any):
+        self.seg, self.pl, self.producer, self.k, self.ops = seg, pl, producer, k, ops
+        self.mine = {n.name: n for n in seg.nodes}
+        self.inputs = {n.name for n in seg.inputs}
+        self.memo: dict = {}
+        self.wanted: set = set()
+
+    def _build(self, n, vals: dict):
+        if self.ops is None:
+            return n.name
+        args, kwargs = _subst(list(n.args), vals), _subst(dict(n.kwargs), vals)
+        if n.target is operator.getitem:
+            return args[0][args[1]]
+        _graph._state.where = _where(n)
+        try:
+            return _aten.build(n, args, kwargs)
+        finally:
+            _graph._state.where = None
+
+    def _ctx(self, name: str):
+        return self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]
+
+    def out(self, o):
+        return self.get(o, self._ctx(o.name))
+
+    def twin(self, name: str):
+        v = self.get(self.mine[name], self._ctx(name))
+        return v if self.ops is None else self.ops["astype"](v, "float32")
+
+    def _input(self, d, x):
+        """Region input d in part x: as handed over (rounded), or from its producer
+        region's fp32 twin where x recomputes it (its views replayed on it)."""
+        b = base(d)
+        buf = self.pl.buffer.get(b.name)
+        pk = self.producer.get(b.name)
+        exact = (x is not None and pk is not None and pk != self.k
+                 and buf not in self.pl.mem.get(x, ()))
+        if not exact:
+            return d.name if self.ops is None else self.ops["env"][d.name]
+        self.wanted.add(b.name)
+        if self.ops is None:
+            return d.name
+        key = ("twin", d.name)
+        if key not in self.memo:
+            dt = _aten.castlab_dtype(b.meta["val"].dtype)
+            v = self.ops["astype"](self.ops["env"][b.name + TWIN], dt)  # round_casts off
+            for vn in _view_chain(d):
+                v = self._build(vn, {vn.args[0].name: v})
+            self.memo[key] = v
+        return self.memo[key]
+
+    def get(self, d, x):
+        if d.name not in self.mine:
+            return self._input(d, x)
+        key = (d.name, x)
+        if key in self.memo:
+            return self.memo[key]
+        pl, buf = self.pl, self.pl.buffer.get(d.name)
+        h = pl.home.get(d.name)
+        if x is not None and h is not None and h != x and buf in pl.mem.get(x, ()):
+            v = self.get(d, h)
+            if buf in pl.low and self.ops is not None:
+                v = self.ops["store"](v, _aten.castlab_dtype(pl.dtypes[buf]))
+        elif x is not None and h is not None and h != x and buf in pl.cached.get(x, ()):
+            v = self.get(d, h)
+        else:
+            src = next((pl.writer[b] for b in pl.partial.get(d.name, ())
+                        if x is not None and pl.writer.get(b, x) != x
+                        and (b in pl.mem.get(x, ()) or b in pl.cached.get(x, ()))), None)
+            if src is not None:  # x continues it from a part another part wrote
+                v = self.get(d, src)
+            else:
+                vals = {a.name: self.get(a, x) for a in _arg_nodes(d)}
+                v = self._build(d, vals)
+        self.memo[key] = v
+        return v
+
+
+def _placed_region(s: Segment, pl: InductorPlacement, producer: dict, k: int,
+                   twin_in: list, twins: list) -> Segment:
     seg = Segment("region", s.nodes)
-    seg.inputs = list(s.inputs)
-    twin_in = sorted({b for b, _ in exact_in.values()})
     by_name = {n.name: n for n in _all_args(s)}
-    for b in twin_in:
-        seg.inputs.append(_Twin(by_name[b]))
+    seg.inputs = list(s.inputs) + [_Twin(by_name[b]) for b in twin_in]
     seg.outputs = list(s.outputs) + [_Twin(o) for o in s.outputs if o.name in twins]
-    seg.placed = (exact_in, round_edge, twins)
-    seg.jit = JitFunction(_placed_function(seg, s, exact_in, round_edge, twins),
-                          policy="fused", math="torch_eager")
+    seg.placed = (twin_in, twins)
+    input_names = [n.name for n in seg.inputs]
+    outs, twin_names = list(s.outputs), [o.name for o in s.outputs if o.name in twins]
+
+    def region(*xs):
+        ops = {"env": dict(zip(input_names, xs)), "astype": clops.astype,
+               "store": clops._store}
+        ev = _Evaluator(s, pl, producer, k, ops)
+        vals = [ev.out(o) for o in outs] + [ev.twin(name) for name in twin_names]
+        if xs:
+            mapping: dict = {}
+            for (name, x), v in ev.memo.items():  # each value as its storing part has it
+                if name in ev.mine and isinstance(v, _graph.Proxy) and (
+                        name not in mapping or x == pl.home.get(name)):
+                    mapping[name] = v.node
+            seg.maps[id(xs[0].node)] = mapping
+        return tuple(vals)
+
+    region.__name__ = region.__qualname__ = f"region_{s.nodes[0].name}_placed"
+    region._castlab_arg_names = lambda n: input_names[:n]
+    region._castlab_unguarded = True
+    seg.jit = JitFunction(region, policy="fused", math="torch_eager")
     return seg
 
 
@@ -381,67 +522,3 @@ def _all_args(s: Segment) -> list:
             b = base(d)
             out[b.name] = b
     return list(out.values())
-
-
-def _placed_function(seg: Segment, orig: Segment, exact_in: dict, round_edge: set,
-                     twins: list) -> Callable:
-    nodes = orig.nodes
-    input_names = [n.name for n in seg.inputs]
-    n_outs = len(orig.outputs)
-
-    def region(*xs):
-        env = dict(zip(input_names, xs))
-        stores: dict = {}
-        replayed: dict = {}
-        mapping: dict = {}
-        st = _graph._state
-
-        def nominal(b: str, chain: list):
-            key = (b, tuple(v.name for v in chain))
-            if key not in replayed:
-                node = next(i for i in seg.inputs if i.name == b + TWIN).node
-                dt = _aten.castlab_dtype(node.meta["val"].dtype)
-                v = clops.astype(env[b + TWIN], dt)  # not rounded: round_casts is off
-                for vn in chain:
-                    args, kwargs = _subst(list(vn.args), {**env, vn.args[0].name: v}), \
-                        _subst(dict(vn.kwargs), env)
-                    v = _aten.build(vn, args, kwargs)
-                replayed[key] = v
-            return replayed[key]
-
-        try:
-            for n in nodes:
-                st.where = _where(n)
-                local = {}
-                for d in _arg_nodes(n):
-                    if (d.name, n.name) in round_edge:
-                        if d.name not in stores:
-                            v = env[d.name]
-                            stores[d.name] = clops._store(v, v.dtype)
-                        local[d.name] = stores[d.name]
-                    elif (d.name, n.name) in exact_in:
-                        b, chain = exact_in[(d.name, n.name)]
-                        local[d.name] = nominal(b, chain)
-                e = {**env, **local} if local else env
-                args, kwargs = _subst(list(n.args), e), _subst(dict(n.kwargs), e)
-                if n.target is operator.getitem:
-                    v = args[0][args[1]]
-                else:
-                    v = _aten.build(n, args, kwargs)
-                env[n.name] = v
-                if isinstance(v, _graph.Proxy):
-                    mapping[n.name] = v.node
-        finally:
-            st.where = None
-        if xs:
-            seg.maps[id(xs[0].node)] = mapping
-        outs = [env[o.name] for o in orig.outputs]
-        outs += [clops.astype(env[o.name[:-len(TWIN)]], "float32")
-                 for o in seg.outputs[n_outs:]]
-        return tuple(outs)
-
-    region.__name__ = region.__qualname__ = f"region_{nodes[0].name}_placed"
-    region._castlab_arg_names = lambda k: input_names[:k]
-    region._castlab_unguarded = True
-    return region
-
