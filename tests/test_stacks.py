@@ -36,7 +36,7 @@ def _mlp():
 # ---------------------------------------------------------------- the stacks themselves
 
 def test_builtin_stacks_describe_every_choice_with_its_source():
-    assert ct.stacks() == ["hf_eager", "torch_compile", "liger", "unsloth", "vllm",
+    assert ct.stacks() == ["hf_eager", "torch_compile", "torch_compile_emulate", "liger", "unsloth", "vllm",
                            "transformer_engine"]
     for name in ct.stacks():
         s = ct.Stack(name)
@@ -79,7 +79,7 @@ def test_a_custom_stack():
 
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown stack 'ligr'; built-in stacks: hf_eager, "
-                       "torch_compile, liger"):
+                       "torch_compile, torch_compile_emulate, liger"):
         ct.Stack("ligr")
     with pytest.raises(ValueError, match="unknown kernel library 'ligr'; valid: torch_eager"):
         ct.Stack(rope="ligr")

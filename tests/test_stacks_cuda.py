@@ -122,3 +122,24 @@ def test_torch_compile_stack_equals_torch_compile(name):
            loss_castlab=float(got.loss), loss_compile=float(want.loss))
     assert n == 0, f"{n} of {want.logits.numel()} logits differ"
     assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_torch_compile_emulate_stack_equals_torch_compile_keeping_casts(name):
+    """torch_compile_emulate (castlab's eager policy) against torch.compile with Inductor's
+    emulate_precision_casts=True: logits bit for bit."""
+    m, ids = _model(name)
+    kw = {"use_cache": False}
+    from torch._inductor import config as iconfig
+
+    torch._dynamo.reset()
+    with torch.no_grad(), iconfig.patch(emulate_precision_casts=True):
+        want = torch.compile(m, dynamic=False)(ids, **kw)
+    torch._dynamo.reset()
+    cm = ct.capture(m, ids, kwargs=kw, attention="traced")
+    got = cm.run(ids, kwargs=kw, stack="torch_compile_emulate")
+    n = int((got.logits != want.logits).sum())
+    report(test="stacks", case=f"torch_compile_emulate stack vs torch.compile with "
+           f"emulate_precision_casts ({name}, 2 layers, hidden 896, bf16, 2x64 tokens)",
+           logits=want.logits.numel(), logits_differ=n)
+    assert n == 0, f"{n} of {want.logits.numel()} logits differ"

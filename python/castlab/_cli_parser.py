@@ -501,7 +501,8 @@ def _bounds_parser(sub) -> None:
 
 #: The built-in stacks of castlab.torch (named here, for the help text, without importing
 #: torch; tests/test_cli_stacks.py checks that they equal castlab.torch.stacks()).
-STACK_NAMES = ("hf_eager", "torch_compile", "liger", "unsloth", "vllm", "transformer_engine")
+STACK_NAMES = ("hf_eager", "torch_compile", "torch_compile_emulate", "liger", "unsloth", "vllm",
+               "transformer_engine")
 
 
 def _stacks_dtype(v: str) -> str:

@@ -22,7 +22,7 @@ its source (the library's file and lines) and whether it was run against the lib
 
 >>> import castlab.torch as ct
 >>> ct.stacks()
-['hf_eager', 'torch_compile', 'liger', 'unsloth', 'vllm', 'transformer_engine']
+['hf_eager', 'torch_compile', 'torch_compile_emulate', 'liger', 'unsloth', 'vllm', 'transformer_engine']
 >>> s = ct.Stack(base="hf_eager", rope="vllm", attention="flash")
 >>> s.name, s.rope, s.attention
 ('hf_eager+rope=vllm+attention=flash', 'vllm', 'flash')
@@ -409,6 +409,11 @@ def _builtins() -> dict:
                "it (tests/test_stacks.py: logits bit-identical on tiny Llama and Qwen2)",))
     add("torch_compile", policy=Policy("fused", round_casts=False), math="inductor",
         stores="inductor", notes=(_INDUCTOR_NOTE,))
+    add("torch_compile_emulate", policy="eager", math="torch_eager",
+        notes=("torch.compile with Inductor's emulate_precision_casts=True: each bf16/fp16 "
+               "value rounded as eager rounds it, PyTorch's own libdevice functions; castlab's "
+               "eager policy with torch_eager math gives its values (tests/test_torch_capture.py "
+               "on the CPU; on an H200, 0 of 13 compared values of a 2-layer Llama differed)",))
     add("liger", swiglu="liger", geglu="liger", rope="liger", rms_norm="liger",
         notes=("apply_liger_kernel_to_llama/qwen2 (rope, swiglu, rms_norm) and "
                "apply_liger_kernel_to_gemma (rope, geglu, rms_norm: its 1 + w form)",))
