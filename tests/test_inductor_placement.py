@@ -52,11 +52,14 @@ def test_torch_compile_stack_equals_torch_compile_on_the_cpu():
     assert not torch.equal(plain, want)
     flat = cm._flat_inputs((ids,), KW)
     pl = _inductor.placement_for(cm, flat)
-    assert pl is _inductor.placement_for(cm, flat)  # read once per model and inputs
+    assert pl is ct.inductor_stores(cm, ids, kwargs=KW)  # read once per model and inputs
+    rows = {r["node"]: r for r in pl.rows(cm)}
+    assert list(pl.to_frame(cm)["node"]) == list(rows)
     by = {n.name: n for n in cm.nodes}
     cos = [n for n in cm.nodes if str(n.target) == "aten.cos.default"]
     assert cos and all(n.name not in pl.stored for n in cos)
     assert all("recomputed in fp32" in pl.describe(n.name) for n in cos)
+    assert all(rows[n.name]["buffer"] is None and rows[n.name]["recomputed_by"] for n in cos)
     # the residual sum after attention: an add reading the embedding, never stored
     emb = next(n for n in cm.nodes if str(n.target) == "aten.embedding.default")
     res = [n for n in emb.users if str(n.target) == "aten.add.Tensor"]
@@ -80,6 +83,12 @@ def test_torch_compile_stack_equals_torch_compile_on_the_cpu():
     assert {k_of[p] for p in loaders} & {k_of[p] for p in keepers}
     # a mean's sum is a part of the mean its reader continues
     assert any(str(by[n].target) == "aten.mean.dim" for n in pl.partial if n in by)
+
+
+def test_inductor_stores_refuses_what_is_not_captured():
+    x = torch.ones(4, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="capture it first"):
+        ct.inductor_stores(lambda x: x * 2, x)
 
 
 def test_stores_choice_of_a_stack():

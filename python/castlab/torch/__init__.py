@@ -5,7 +5,8 @@
 configurations against the fp64 run; ``torch.compile(model, backend=backend(policy=,
 math=))`` runs a model through castlab from inside PyTorch; ``versus_compiled(captured,
 *inputs)`` counts, at every value castlab hands to PyTorch, the bits that differ from
-``torch.compile``'s.
+``torch.compile``'s; ``inductor_stores(captured, *inputs)`` says where torch.compile's
+Inductor stores, loads and recomputes each value (read from its compiled program).
 
 Regions and kernels (the ground of stacks): ``captured.regions()`` lists the model's
 SwiGLU/GeGLU, RoPE, RMSNorm, attention and matmul instances, recognised by the dataflow
@@ -20,8 +21,8 @@ kernels.
 Stacks (:mod:`castlab.torch._stacks`, docs/stacks.md): ``Stack`` is a named, immutable
 set of choices over a captured model (the regions' policy and math, a kernel-library
 preset per region kind, the SDPA backend, PyTorch's matmul flags); ``stacks()`` lists the
-built-in ones (``hf_eager``, ``torch_compile``, ``liger``, ``unsloth``, ``vllm``,
-``transformer_engine``); ``captured.run(..., stack="liger")`` runs one in one call.
+built-in ones (``hf_eager``, ``torch_compile``, ``torch_compile_emulate``, ``liger``,
+``unsloth``, ``vllm``, ``transformer_engine``); ``captured.run(..., stack="liger")`` runs one in one call.
 ``compare_stacks(model, inputs, a=, b=, labels=, align=)`` runs two stacks and fp64 and
 returns a ``StackComparison``: per token the log-probability difference, KL(A||B) and
 top-1 flips; per node and layer where the two first differ; which is closer to fp64; and
@@ -71,6 +72,7 @@ from ._align import Alignment
 from ._backend import CastlabBackend, backend
 from ._compare_stacks import StackComparison, compare_stacks
 from ._drift import ModelDrift, drift
+from ._inductor import InductorPlacement, inductor_stores
 from ._program import CapturedModel, CaptureError, Segment, capture
 from ._regions import Region, Regions
 from ._stacks import Matmul, Stack, stacks
@@ -79,4 +81,4 @@ from ._versus import CompiledComparison, versus_compiled
 __all__ = ["capture", "CapturedModel", "CaptureError", "Segment", "drift", "ModelDrift",
            "backend", "CastlabBackend", "versus_compiled", "CompiledComparison", "Region",
            "Regions", "Stack", "Matmul", "stacks", "compare_stacks", "StackComparison",
-           "Alignment"]
+           "Alignment", "inductor_stores", "InductorPlacement"]

@@ -38,10 +38,10 @@ from .. import _graph
 from .. import ops as clops
 from .._jit import JitFunction
 from . import _aten
-from ._partition import Segment, _arg_nodes, _subst, _where
+from ._partition import Segment, _arg_nodes, _subst, _where, module_path
 
-__all__ = ["InductorPlacement", "read_placement", "placed_segments", "placement_for",
-           "segments_for"]
+__all__ = ["InductorPlacement", "inductor_stores", "read_placement", "placed_segments",
+           "placement_for", "segments_for"]
 
 _LOW = (torch.bfloat16, torch.float16)
 _lock = threading.Lock()
@@ -115,6 +115,34 @@ class InductorPlacement:
             holders.setdefault(b, []).append(name)
         return sorted((n, p) for p, bs in self.mem.items() for b in bs if b in self.low
                       for n in holders.get(b, ()))
+
+    def rows(self, cm: Any) -> list:
+        """One dict per value castlab computes in `cm`'s regions (captured node name, op,
+        module path): whether Inductor stores it (buffer, dtype, kernel), the kernels
+        that load it rounded from that buffer, and the kernels that recompute it."""
+        k_of = self._kernel_of
+        regional = [n for s in cm.segments if s.kind == "region" for n in s.nodes
+                    if not _is_view(n)]
+        out = []
+        for n in regional:
+            st = self.stored.get(n.name)
+            buf = self.buffer.get(n.name)
+            loads = sorted({k_of[p] for p, bs in self.mem.items()
+                            if buf is not None and buf in bs and p in k_of})
+            recomputes = sorted({k_of[p] for p in self.computing.get(n.name, ())
+                                 if p in k_of and (st is None or k_of[p] != st[2])})
+            out.append({"node": n.name, "op": str(n.target), "module": module_path(n),
+                        "buffer": st[0] if st else None, "dtype": st[1] if st else None,
+                        "stored_by": st[2] if st else None,
+                        "loaded_rounded_by": loads if buf in self.low else [],
+                        "recomputed_by": recomputes})
+        return out
+
+    def to_frame(self, cm: Any):
+        """:meth:`rows` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(cm))
 
     def __str__(self) -> str:
         n_gen = sum(k.kind == "generated" for k in self.kernels)
@@ -319,6 +347,27 @@ def _view_chain(d: torch.fx.Node) -> list:
         chain.append(d)
         d = _arg_nodes(d)[0]
     return chain[::-1]
+
+
+def inductor_stores(cm: Any, *inputs: Any, kwargs: dict | None = None) -> InductorPlacement:
+    """Where torch.compile's Inductor (default settings) stores, loads and recomputes each
+    value of captured model `cm` on these inputs, read from its compiled program: the
+    placement the ``torch_compile`` stack runs (``stores="inductor"``). ``rows(cm)`` /
+    ``to_frame(cm)`` list every value castlab's regions compute; ``describe(name)`` one.
+    Capture with ``attention="traced"`` to get the program ``torch.compile(model)`` runs.
+
+    >>> import torch, castlab.torch as ct
+    >>> x = torch.randn(8, 64).to(torch.bfloat16)
+    >>> w = torch.randn(64, 64).to(torch.bfloat16)
+    >>> cm = ct.capture(lambda x: torch.exp(x * 2) @ w + x * 2, x)
+    >>> pl = ct.inductor_stores(cm, x)                      # doctest: +SKIP
+    >>> pl.describe("mul")                                  # doctest: +SKIP
+    'not stored: recomputed in fp32 by kernel(s) 0'
+    """
+    if not (hasattr(cm, "_flat_inputs") and hasattr(cm, "exported")):
+        raise TypeError(f"inductor_stores: expected a model captured by "
+                        f"castlab.torch.capture, not {type(cm).__name__} (capture it first)")
+    return placement_for(cm, cm._flat_inputs(inputs, kwargs))
 
 
 def placement_for(cm: Any, flat: list) -> InductorPlacement:
