@@ -500,6 +500,9 @@ class TorchKernelQuirks:
         if gelu_x is not None:
             quirk = self._onednn_gelu_backward(e, gelu_x, f64, d)
         else:
+            quirk = self._pow_inductor(e, f64) if low.math.pow == "inductor" else None
+            if quirk is not None:
+                return quirk
             quirk = self._pow_scalar_root(e, f64)
         if quirk is None and low.cuda and low.math.cuda_kernels and low.math.impl == "torch":
             # (PyTorch's own kernels only: a library's math sets cuda_kernels for CUDA's
@@ -544,6 +547,41 @@ class TorchKernelQuirks:
         self.ins("div", f64, inv, one, b)
         self.ins("mul", f64, out, a, inv)
         d.quirk = "expanded as x * (1 / sum) (SoftMaxKernel.cpp)"
+        return out
+
+    def _pow_inductor(self, e: Elem, f64: bool):
+        """x ** n for an integer-valued Python number 0 <= n < 32 as Inductor lowers it
+        (lowering.py pow_recursive): repeated squaring in op-math, x**3 = (x*x)*x,
+        x**0 = 1 (NaN included), x**1 = x. None for any other pow."""
+        node = e.node
+        args = e.args
+        if not (node.op == "pow" and isinstance(args[1], Scalar)
+                and not isinstance(args[0], Scalar) and not isinstance(args[1].value, bool)):
+            return None
+        y = float(args[1].value)
+        if not (y.is_integer() and 0 <= y < 32):
+            return None
+        x = self.operand(args[0], f64)
+
+        def rec(n: int) -> int:
+            if n == 0:
+                r = self.new()
+                self.ins("const", f64, r, imm=1.0)
+                return r
+            if n == 1:
+                return x
+            h = rec(n // 2)
+            r = self.new()
+            self.ins("mul", f64, r, h, h)
+            if n % 2:
+                r2 = self.new()
+                self.ins("mul", f64, r2, r, x)
+                r = r2
+            return r
+
+        out = rec(int(y))
+        self.low.record.decide(node, f64).quirk = (
+            f"expanded as repeated squaring, x**{int(y)} (Inductor's pow_recursive)")
         return out
 
     def _pow_scalar_root(self, e: Elem, f64: bool):

@@ -182,6 +182,10 @@ class Math:
             (Hugging Face's Qwen2RMSNorm/LlamaRMSNorm: normalise in fp32, cast, then
             multiply by the weight in the input dtype) or "te" (TransformerEngine: multiply
             by the weight in fp32, then cast once).
+        pow: how ``x ** n`` with a Python-number exponent is computed: "torch" (PyTorch's
+            pow kernels, with their shortcuts) or "inductor" (Inductor's lowering: an
+            integer-valued exponent 0 <= n < 32 as repeated squaring in op-math,
+            ``x**3 = (x*x)*x``; lowering.py ``pow_recursive``; other exponents as "torch").
         cuda_kernels: on the GPU, also reproduce the implementation details of PyTorch's
             eager CUDA kernels: ``rsqrt`` is CUDA's approximate ``rsqrtf``, a division by a
             Python number multiplies by its reciprocal (with ``impl="torch"``: a kernel
@@ -209,6 +213,7 @@ class Math:
     reduction: str = "pairwise"
     rms_norm: str = "hf"
     cpu_isa: str = "auto"
+    pow: str = "torch"
 
     def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
         return _cached_hash(self)
@@ -226,6 +231,7 @@ class Math:
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
         _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))
         _check_choice("Math", "cpu_isa", self.cpu_isa, ("auto", "avx512", "avx2", "default"))
+        _check_choice("Math", "pow", self.pow, ("torch", "inductor"))
 
     @staticmethod
     def presets() -> list[str]:
@@ -539,7 +545,7 @@ _PRESETS = {
     # down-cast followed by an up-cast inside a kernel (config.emulate_precision_casts is
     # off by default): compare it with Policy("fused", round_casts=False).
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
-                     division="approx", reduction="triton"),
+                     division="approx", reduction="triton", pow="inductor"),
     # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
     "nvfuser": Math("nvfuser", impl="cuda", fma=True, silu="mul_sigmoid"),
     # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.
