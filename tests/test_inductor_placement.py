@@ -128,3 +128,37 @@ def test_a_store_rounds_where_a_cast_does_not():
     assert "# store" not in cast.trace(x, policy=pol)
     f64 = np.asarray(store.run(x, policy="fp64"))
     assert f64.dtype == np.float64
+
+
+def test_inductor_pow_is_repeated_squaring():
+    """Math.pow="inductor" (the inductor preset): x ** n for an integer-valued Python
+    number 0 <= n < 32 is Inductor's pow_recursive, in fp32: x**3 = (x*x)*x, x**0 = 1,
+    2.0 like 2; every bf16 pattern against NumPy. Other exponents keep PyTorch's pow."""
+    bits = np.arange(65536, dtype=np.uint16)
+    xb = bits.view(ml_dtypes.bfloat16)
+    x32 = xb.astype(np.float32)
+    x = cl.tensor(x32).astype(cl.bfloat16)
+    nan = np.isnan(x32)
+    assert cl.Math.preset("inductor").pow == "inductor" and cl.Math().pow == "torch"
+
+    def rec(k):
+        if k == 0:
+            return np.ones_like(x32)
+        if k == 1:
+            return x32
+        h = rec(k // 2)
+        return h * h * x32 if k % 2 else h * h
+
+    for n in (0, 1, 2, 3, 5, 2.0, 31):
+        f = cl.jit(lambda x, n=n: x ** n)
+        got = np.asarray(f.run(x, policy="fused", math="inductor")).view(np.uint16)
+        with np.errstate(all="ignore"):
+            want = rec(int(n)).astype(ml_dtypes.bfloat16).view(np.uint16)
+        assert np.array_equal(got[~nan], want[~nan]), n
+    f = cl.jit(lambda x: x ** 3)
+    assert "Inductor's pow_recursive" in f.trace(x, policy="fused", math="inductor")
+    assert "pow_recursive" not in f.trace(x, policy="fused", math="torch_eager")
+    g = cl.jit(lambda x: x ** 2.5)
+    assert "pow_recursive" not in g.trace(x, policy="fused", math="inductor")
+    with pytest.raises(ValueError, match="pow"):
+        cl.Math(pow="triton")
