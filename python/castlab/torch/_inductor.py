@@ -248,9 +248,9 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     flat inputs `flat` and read where it stores, loads and recomputes each captured value."""
     from torch._inductor import scheduler as isched
 
-    places = [cm._consts[n.name] if n.name in cm._consts else v
-              for n, v in zip([n for n in cm.nodes if n.op == "placeholder"],
-                              _placeholder_values(cm, flat))]
+    it = iter(flat)  # the graph's inputs: parameters and buffers, the user's in order
+    places = [cm._consts[n.name] if n.name in cm._consts else next(it)
+              for n in cm.nodes if n.op == "placeholder"]
     values, nodes, removed, loads, created = _compile_and_record(cm.exported.graph_module,
                                                                  places)
     # the lowered value of each captured node: that of its last post-grad node; buffers
@@ -318,12 +318,6 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
                              {n: bs for n, bs in partial.items() if bs}, part_writer)
 
 
-def _placeholder_values(cm: Any, flat: list) -> list:
-    it = iter(flat)
-    return [None if n.name in cm._consts else next(it)
-            for n in cm.nodes if n.op == "placeholder"]
-
-
 def _is_view(n: Any) -> bool:
     if not isinstance(n, torch.fx.Node) or n.op != "call_function":
         return False
@@ -336,7 +330,7 @@ def _is_view(n: Any) -> bool:
 def base(d: torch.fx.Node) -> torch.fx.Node:
     """The node whose value view node `d` shows (d itself when it is not a view)."""
     while _is_view(d):
-        (d,) = [a for a in _arg_nodes(d)][:1]
+        d = _arg_nodes(d)[0]
     return d
 
 
@@ -536,7 +530,6 @@ def _placed_region(s: Segment, pl: InductorPlacement, producer: dict, k: int,
     by_name = {n.name: n for n in _all_args(s)}
     seg.inputs = list(s.inputs) + [_Twin(by_name[b]) for b in twin_in]
     seg.outputs = list(s.outputs) + [_Twin(o) for o in s.outputs if o.name in twins]
-    seg.placed = (twin_in, twins)
     input_names = [n.name for n in seg.inputs]
     outs, twin_names = list(s.outputs), [o.name for o in s.outputs if o.name in twins]
 
