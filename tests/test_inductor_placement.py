@@ -85,6 +85,30 @@ def test_torch_compile_stack_equals_torch_compile_on_the_cpu():
     assert any(str(by[n].target) == "aten.mean.dim" for n in pl.partial if n in by)
 
 
+@pytest.mark.inductor
+def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compiling(
+        monkeypatch):
+    """The placement depends on the graph, the devices, shapes, strides and dtypes, not on
+    the weights: a fresh capture of the same function reuses it; another shape or a
+    transposed input compiles again."""
+    calls = []
+    read = _inductor.read_placement
+    monkeypatch.setattr(_inductor, "read_placement",
+                        lambda cm, flat: calls.append(1) or read(cm, flat))
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+
+    def f(x):
+        return (x * 3).float().sin().to(x.dtype) + x
+
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    pl = ct.inductor_stores(ct.capture(f, x), x)
+    assert ct.inductor_stores(ct.capture(f, x + 1), x + 1) is pl and len(calls) == 1
+    y = torch.randn(8, 4).to(torch.bfloat16)
+    assert ct.inductor_stores(ct.capture(f, y), y) is not pl and len(calls) == 2
+    t = y.t()  # the shape of x, other strides
+    assert ct.inductor_stores(ct.capture(f, t), t) is not pl and len(calls) == 3
+
+
 def test_inductor_stores_refuses_what_is_not_captured():
     x = torch.ones(4, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="capture it first"):

@@ -50,6 +50,10 @@ def _model(name: str):
                   max_position_embeddings=256, rms_norm_eps=1e-6)
     cfg._attn_implementation = "sdpa"
     m = model_cls(cfg).to(torch.bfloat16).cuda().eval()
+    with torch.no_grad():  # RMSNorm weights that are not all ones (a trained model's)
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
     ids = torch.randint(0, 4096, (2, 64), device="cuda")
     return m, ids
 
@@ -79,11 +83,12 @@ def _liger_patched(name: str, m):
 def test_liger_stack_equals_apply_liger_kernel(name):
     m, ids = _model(name)
     kw = {"use_cache": False, "labels": ids}
+    with torch.no_grad():  # before the patch: liger patches rope module-wide
+        hf = m(ids, **kw)
     ref, undo = _liger_patched(name, m)
     try:
         with torch.no_grad():
             want = ref(ids, **kw)
-            hf = m(ids, **kw)
     finally:
         undo()
     cm = ct.capture(m, ids, kwargs=kw)

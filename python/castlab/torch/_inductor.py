@@ -243,14 +243,19 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     return values, sched[0][0], sched[0][1], loads, created
 
 
+def _places(cm: Any, flat: list) -> list:
+    """The captured graph's inputs: its parameters and buffers, the user's in order."""
+    it = iter(flat)
+    return [cm._consts[n.name] if n.name in cm._consts else next(it)
+            for n in cm.nodes if n.op == "placeholder"]
+
+
 def read_placement(cm: Any, flat: list) -> InductorPlacement:
     """Compile captured model `cm` with torch.compile (Inductor, default settings) on the
     flat inputs `flat` and read where it stores, loads and recomputes each captured value."""
     from torch._inductor import scheduler as isched
 
-    it = iter(flat)  # the graph's inputs: parameters and buffers, the user's in order
-    places = [cm._consts[n.name] if n.name in cm._consts else next(it)
-              for n in cm.nodes if n.op == "placeholder"]
+    places = _places(cm, flat)
     values, nodes, removed, loads, created = _compile_and_record(cm.exported.graph_module,
                                                                  places)
     # the lowered value of each captured node: that of its last post-grad node; buffers
@@ -364,15 +369,33 @@ def inductor_stores(cm: Any, *inputs: Any, kwargs: dict | None = None) -> Induct
     return placement_for(cm, cm._flat_inputs(inputs, kwargs))
 
 
+# Placements by captured graph and input signature, shared by captures of the same model
+# (the same graph code, devices, shapes, strides and dtypes compile to the same program;
+# weights' values play no part): a second capture in a process reads it without compiling.
+_SHARED: dict = {}
+_SHARED_MAX = 16
+
+
 def placement_for(cm: Any, flat: list) -> InductorPlacement:
     """`cm`'s Inductor placement for inputs like `flat` (same devices, shapes and dtypes),
     read once (a torch.compile of the captured graph) and kept with the model."""
-    key = (torch.__version__,) + tuple(
-        (str(t.device), tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else
-        repr(t) for t in flat)
+    from torch._inductor import config as iconfig
+
+    sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
+                if isinstance(t, torch.Tensor) else repr(t) for t in _places(cm, flat))
+    key = (torch.__version__, bool(getattr(iconfig, "emulate_precision_casts", False)),
+           cm.exported.graph_module.code, sig)
     cache = cm.__dict__.setdefault("_inductor_placements", {})
     if key not in cache:
-        cache[key] = read_placement(cm, flat)
+        with _lock:
+            pl = _SHARED.get(key)
+        if pl is None:
+            pl = read_placement(cm, flat)
+            with _lock:
+                while len(_SHARED) >= _SHARED_MAX:
+                    _SHARED.pop(next(iter(_SHARED)))
+                _SHARED[key] = pl
+        cache[key] = pl
     return cache[key]
 
 
