@@ -111,6 +111,7 @@ for name, (f, args) in pieces.items():
         print(f"{name}: (stack, stores=None, emulate-vs-default, n) per output {counts} "
               f"[{time.time() - t0:.1f} s]", flush=True)
         pl = ct.inductor_stores(cm, *args)
+        print(f"{name}: reduction tiles read {sorted(set(pl.tiles.values()))}", flush=True)
         pl.to_frame(cm).to_csv(f"{out}/{name}_placement.csv", index=False)
         if bad:
             with open(f"{out}/{name}_code.py", "w") as fh:

@@ -109,6 +109,95 @@ def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compilin
     assert ct.inductor_stores(ct.capture(f, t), t) is not pl and len(calls) == 3
 
 
+def _emulated_triton_sum_of_squares(z, tile, fused: bool):
+    """A row's sum of squares as Inductor's persistent Triton kernel with `tile`
+    (R0_BLOCK, per thread, lanes, warps) computes it, from its PTX (H100, torch 2.11):
+    each thread's contiguous elements fold into fma(e0, e0, e1*e1), then fma(ek, ek, acc)
+    (`fused`; else rounded products added in order), the lanes' and then the warps' xor
+    butterflies. Exact fmas by rationals."""
+    from fractions import Fraction
+
+    r, per, lanes, warps = tile
+    z = np.concatenate([z, np.zeros(r - len(z), np.float32)])
+    parts = []
+    for t in range(lanes * warps):
+        e = z[per * t:per * t + per]
+        if fused:
+            acc = np.float32(float(Fraction(float(e[0])) ** 2
+                                   + Fraction(float(np.float32(e[1] * e[1])))))
+            for k in range(2, per):
+                acc = np.float32(float(Fraction(float(e[k])) ** 2 + Fraction(float(acc))))
+        else:
+            acc = np.float32(e[0] * e[0])
+            for k in range(1, per):
+                acc = np.float32(acc + np.float32(e[k] * e[k]))
+        parts.append(acc)
+    q = np.array(parts, np.float32).reshape(warps, lanes)
+    off = lanes // 2
+    while off:
+        q[:, :off] = q[:, :off] + q[:, off:2 * off]
+        off //= 2
+    w, off = q[:, 0].copy(), warps // 2
+    while off:
+        w[:off] = w[:off] + w[off:2 * off]
+        off //= 2
+    return w[0]
+
+
+@pytest.mark.inductor
+def test_a_triton_tile_orders_a_sum_of_squares_with_the_threads_fmas(monkeypatch):
+    """On a GPU the placement carries each reduction kernel's tile as its autotuner
+    launched it (here injected into a CPU placement: the CPU's program has no Triton
+    kernels). A row sum of (x + r).float() ** 2 then follows that tile, each thread's
+    squares contracted into fmas as ptxas does, equal to an independent emulation where
+    castlab's default tile and the order without fmas are not."""
+    import dataclasses
+
+    def f(x, r):
+        return (x + r).float().pow(2).sum(-1)
+
+    g = torch.Generator().manual_seed(0)
+    x, r = ((torch.randn(64, 896, generator=g) * 3).to(torch.bfloat16) for _ in range(2))
+    cm = ct.capture(f, x, r)
+    plain = cm.run(x, r, stack="torch_compile").numpy()
+    pl = ct.inductor_stores(cm, x, r)
+    assert pl.tiles == {}  # the CPU's C++ kernels
+    tile = (1024, 4, 32, 8)
+    injected = dataclasses.replace(pl, tiles={p: tile for p in pl.mem})
+    monkeypatch.setattr(_inductor, "placement_for", lambda cm_, flat: injected)
+    cm.__dict__.pop("_placed_segments", None)
+    got = cm.run(x, r, stack="torch_compile").numpy()
+    z = (x.float() + r.float()).numpy()
+    want = np.array([_emulated_triton_sum_of_squares(row, tile, True) for row in z])
+    unfused = np.array([_emulated_triton_sum_of_squares(row, tile, False) for row in z])
+    assert (got == want).all(), int((got != want).sum())
+    assert (plain != want).any() and (unfused != want).any()
+
+
+def test_the_tile_of_an_autotuned_reduction_kernel():
+    """_inductor._tile: (R0_BLOCK, per thread, lanes, warps) from the launched config, the
+    size hints and the kernel's pointer dtypes; None for a pointwise kernel or one not
+    autotuned to one config."""
+    from types import SimpleNamespace as NS
+
+    def tuner(kw, warps, hints, sig, n=1):
+        return NS(launchers=[NS(config=NS(kwargs=kw, num_warps=warps))] * n,
+                  size_hints=hints, triton_meta={"signature": sig})
+
+    bf = {"in_ptr0": "*bf16", "in_ptr1": "*bf16", "out_ptr0": "*fp32", "xnumel": "i32"}
+    # the H100's RMSNorm kernel of hidden 896 (its ttgir: sizePerThread [1, 4],
+    # threadsPerWarp [1, 32], warpsPerCTA [1, 8])
+    assert _inductor._tile(tuner({"XBLOCK": 1}, 8, {"x": 128, "r0_": 1024}, bf)) == (
+        1024, 4, 32, 8)
+    assert _inductor._tile(tuner({"XBLOCK": 1, "R0_BLOCK": 2048}, 16,
+                                 {"x": 128, "r0_": 4096}, bf)) == (2048, 4, 32, 16)
+    assert _inductor._tile(tuner({"XBLOCK": 1}, 4, {"x": 128, "r0_": 1024},
+                                 {"in_ptr0": "*fp32"})) == (1024, 4, 32, 4)
+    assert _inductor._tile(tuner({"XBLOCK": 256}, 4, {"x": 1024}, bf)) is None
+    assert _inductor._tile(tuner({"XBLOCK": 1}, 8, {"x": 128, "r0_": 1024}, bf, n=2)) is None
+    assert _inductor._tile(None) is None
+
+
 def test_inductor_stores_refuses_what_is_not_captured():
     x = torch.ones(4, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="capture it first"):

@@ -322,8 +322,11 @@ class TorchKernelLowering:
                     ovs //= 2
             return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs, *geom)
         if order == "triton":
-            isz = node.attrs.get("elem_bytes", src.bits // 8)
-            return (kind, ORDER_CODE[order], *triton_config(node.attrs.get("algo"), n, isz))
+            tile = node.attrs.get("triton_tile")  # read from a compiled program
+            if tile is None:
+                isz = node.attrs.get("elem_bytes", src.bits // 8)
+                tile = triton_config(node.attrs.get("algo"), n, isz)
+            return (kind, ORDER_CODE[order], *tile)
         if order == "sequential" and node.attrs.get("algo") == "var":
             _torch_vml.unavailable()  # (torch's thread count: see above)
             return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .. import _graph
+from .. import _graph, _reduce
 from .. import ops as clops
 from .._jit import JitFunction
 from . import _aten
@@ -75,7 +75,10 @@ class InductorPlacement:
     name -> buffer holding its value; ``home``: captured name -> the part writing it;
     ``computing``: captured name -> the generated parts whose code computes it (inlined);
     ``partial``: captured name -> buffers holding a part of its computation (a mean's
-    sum), whose reader continues it from there. ``torch``: the PyTorch version that compiled it."""
+    sum), whose reader continues it from there. ``tiles``: part -> (R0_BLOCK, elements per
+    thread, lanes, warps) along the row of the Triton kernel computing it, as its
+    autotuner chose it (GPU only): the order of its reductions. ``torch``: the PyTorch
+    version that compiled it."""
 
     device: str
     torch: str
@@ -91,6 +94,7 @@ class InductorPlacement:
     loads_seen: bool  # whether the loads came from the generated code (else the scheduler)
     partial: dict     # captured name -> buffers holding a part of it (a mean's sum)
     writer: dict      # buffer -> the part writing it
+    tiles: dict = dataclasses.field(default_factory=dict)  # part -> its Triton kernel's tile
 
     def describe(self, name: str) -> str:
         """Where Inductor keeps captured node `name`: its buffer, or the kernels that
@@ -198,6 +202,21 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     run_node, codegen = igraph.GraphLowering.run_node, isched.Scheduler.codegen
     proxy = getattr(icommon, "CSEProxy", None)
     load = getattr(proxy, "load", None)
+    kernel_parts: dict = {}  # Triton kernel name -> the parts it computes
+    tuners: dict = {}        # Triton kernel name -> its autotuner, once it ran
+    tsched, tuner_cls = _triton_classes()
+    define = getattr(tsched, "define_kernel", None)
+    tuner_run = getattr(tuner_cls, "run", None)
+
+    def rec_define(self, src_code, node_schedule, kernel):
+        name = define(self, src_code, node_schedule, kernel)
+        kernel_parts[name] = [n.get_name() for n in node_schedule
+                              if isinstance(n, isched.BaseSchedulerNode)]
+        return name
+
+    def rec_tuner_run(self, *args, **kwargs):
+        tuners[getattr(self.fn, "__name__", "")] = self
+        return tuner_run(self, *args, **kwargs)
 
     def rec_load(self, name, index):
         node = getattr(getattr(self, "kernel", None), "current_node", None)
@@ -223,6 +242,8 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         isched.Scheduler.codegen = rec_codegen
         if load is not None:
             proxy.load = rec_load
+        if define is not None and tuner_run is not None:
+            tsched.define_kernel, tuner_cls.run = rec_define, rec_tuner_run
         try:
             torch._dynamo.reset()
             with iconfig.patch(force_disable_caches=True), torch.no_grad(), \
@@ -236,11 +257,58 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
             isched.Scheduler.codegen = codegen
             if load is not None:
                 proxy.load = load
+            if define is not None and tuner_run is not None:
+                tsched.define_kernel, tuner_cls.run = define, tuner_run
             torch._dynamo.reset()
     if len(sched) != 1:
         raise RuntimeError(f"castlab.torch: torch.compile made {len(sched)} Inductor graphs of "
                            "the captured graph (expected one); its placement cannot be read")
-    return values, sched[0][0], sched[0][1], loads, created
+    tiles = {}
+    for name, parts in kernel_parts.items():
+        tile = _tile(tuners.get(name))
+        if tile is not None:
+            tiles.update((p, tile) for p in parts)
+    return values, sched[0][0], sched[0][1], loads, created, tiles
+
+
+def _triton_classes() -> tuple:
+    """Inductor's Triton scheduling and autotuner classes (None where this PyTorch build
+    has no Triton backend)."""
+    try:
+        from torch._inductor.codegen.triton import TritonScheduling
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except Exception:  # noqa: BLE001 (no Triton: the CPU's C++ kernels only)
+        return None, None
+    return TritonScheduling, CachingAutotuner
+
+
+_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+
+
+def _tile(tuner: Any) -> tuple | None:
+    """(R0_BLOCK, elements per thread, lanes, warps) along the row of a reduction kernel
+    as its autotuner launches it: the configuration it chose (XBLOCK, R0_BLOCK, warps) and
+    Triton's blocked layout for it (castlab._schedule.triton_tile: each thread holds up to
+    16 bytes of the narrowest dtype the kernel loads). None: not a reduction, not run."""
+    from .._schedule import triton_tile
+
+    launchers = getattr(tuner, "launchers", None)
+    if not launchers or len(launchers) != 1:
+        return None
+    cfg = getattr(launchers[0], "config", None)
+    hints = getattr(tuner, "size_hints", None) or {}
+    kw = dict(getattr(cfg, "kwargs", None) or {})
+    r = kw.get("R0_BLOCK") or hints.get("r0_")
+    if cfg is None or not r or "r1_" in hints:
+        return None
+    sig = (getattr(tuner, "triton_meta", None) or {}).get("signature") or {}
+    sizes = [_BYTES[t[1:]] for a, t in sig.items()
+             if isinstance(t, str) and t.startswith("*") and t[1:] in _BYTES
+             and a.startswith("in_ptr")]
+    if "R0_BLOCK" not in kw:  # a persistent kernel: one tile of the row's next power of two
+        r = 1 << max(int(r) - 1, 0).bit_length()
+    return triton_tile(int(r), int(kw.get("XBLOCK", 1)), int(cfg.num_warps),
+                       min(sizes) if sizes else 4)
 
 
 def _places(cm: Any, flat: list) -> list:
@@ -256,7 +324,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     from torch._inductor import scheduler as isched
 
     places = _places(cm, flat)
-    values, nodes, removed, loads, created = _compile_and_record(cm.exported.graph_module,
+    values, nodes, removed, loads, created, tiles = _compile_and_record(cm.exported.graph_module,
                                                                  places)
     # the lowered value of each captured node: that of its last post-grad node; buffers
     # its lowering made that hold no node's value hold a part of it (a mean's sum)
@@ -320,7 +388,8 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     dev = sorted({str(t.device) for t in flat if isinstance(t, torch.Tensor)}) or ["cpu"]
     return InductorPlacement(",".join(dev), torch.__version__, stored, kernels, buffer, home,
                              computing, mem, cached, low, dtypes, bool(seen),
-                             {n: bs for n, bs in partial.items() if bs}, part_writer)
+                             {n: bs for n, bs in partial.items() if bs}, part_writer,
+                             tiles)
 
 
 def _is_view(n: Any) -> bool:
@@ -476,17 +545,21 @@ class _Evaluator:
         self.memo: dict = {}
         self.wanted: set = set()
 
-    def _build(self, n, vals: dict):
+    def _build(self, n, vals: dict, x: Any = None):
         if self.ops is None:
             return n.name
         args, kwargs = _subst(list(n.args), vals), _subst(dict(n.kwargs), vals)
         if n.target is operator.getitem:
             return args[0][args[1]]
-        _graph._state.where = _where(n)
+        st = _graph._state
+        st.where, annot = _where(n), st.annot
+        tile = self.pl.tiles.get(x) if x is not None else None
+        if tile is not None:  # the reductions of part x: its Triton kernel's order
+            st.annot = {**(annot or {}), "triton_tile": tile}
         try:
             return _aten.build(n, args, kwargs)
         finally:
-            _graph._state.where = None
+            st.where, st.annot = None, annot
 
     def _ctx(self, name: str):
         return self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]
@@ -541,10 +614,59 @@ class _Evaluator:
             if src is not None:  # x continues it from a part another part wrote
                 v = self.get(d, src)
             else:
-                vals = {a.name: self.get(a, x) for a in _arg_nodes(d)}
-                v = self._build(d, vals)
+                v = self._sum_of_squares(d, x)
+                if v is None:
+                    vals = {a.name: self.get(a, x) for a in _arg_nodes(d)}
+                    v = self._build(d, vals, x)
         self.memo[key] = v
         return v
+
+
+    def _sum_of_squares(self, d, x):
+        """A row sum or mean of ``y * y`` (``y ** 2``: RMSNorm's variance) in part x,
+        whose Triton kernel holds several contiguous elements per thread: ptxas contracts
+        each thread's sum into fmas, ``fma(e0, e0, e1 * e1)`` then ``fma(ek, ek, acc)``
+        (its PTX: measured on an H100, torch 2.11), before the threads' butterfly. A
+        product of fp32 values is inexact, so the contraction shows (a sum of squares of
+        bf16 values is exact either way). None: not such a reduction, or another layout
+        (a looped kernel, a row the threads do not tile evenly): the plain order."""
+        tile = self.pl.tiles.get(x) if x is not None else None
+        if tile is None or self.ops is None or str(d.target) not in _SUMS:
+            return None
+        sq, dims = d.args[0], d.args[1] if len(d.args) > 1 else None
+        keep = d.args[2] if len(d.args) > 2 else d.kwargs.get("keepdim", False)
+        if not isinstance(sq, torch.fx.Node) or sq.name not in self.mine:
+            return None
+        t = str(sq.target)
+        if t == "aten.pow.Tensor_Scalar" and sq.args[1] == 2:
+            y = sq.args[0]
+        elif t == "aten.mul.Tensor" and sq.args[0] is sq.args[1]:
+            y = sq.args[0]
+        else:
+            return None
+        val = sq.meta.get("val")
+        r, per, lanes, warps = tile
+        if (val is None or val.dtype != torch.float32 or val.dim() == 0 or dims is None
+                or [int(a) % val.dim() for a in dims] != [val.dim() - 1] or per < 2
+                or val.shape[-1] > r or val.shape[-1] % per or d.kwargs.get("dtype")):
+            return None
+        n = int(val.shape[-1])
+        yv = self.get(y, x)
+        e = [yv[..., k::per] for k in range(per)]
+        acc = clops.fma(e[0], e[0], e[1] * e[1])
+        for k in range(2, per):
+            acc = clops.fma(e[k], e[k], acc)
+        st = _graph._state
+        annot = st.annot  # each thread's sum, then the lanes and the warps
+        st.annot = {**(annot or {}), "triton_tile": (r // per, 1, lanes, warps)}
+        try:
+            out = _reduce.sum(acc, -1, keepdim=bool(keep))
+        finally:
+            st.annot = annot
+        return out / float(n) if str(d.target) == "aten.mean.dim" else out
+
+
+_SUMS = ("aten.mean.dim", "aten.sum.dim_IntList")
 
 
 def _placed_region(s: Segment, pl: InductorPlacement, producer: dict, k: int,
