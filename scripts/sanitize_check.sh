@@ -28,7 +28,10 @@ while [ $# -gt 0 ]; do
 done
 
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCASTLAB_SANITIZE=ON \
+# -O1 with line tables only (-g1): the reports name file and line; full debug info cost
+# a third of the build's time on 2 cores (214 s -> 153 s)
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCASTLAB_SANITIZE=ON \
       -DCASTLAB_INPLACE=ON -DCASTLAB_SANITIZE_OUT="$PKG/castlab" \
       -DPython_EXECUTABLE="$(command -v "$PY")" > "$BUILD.configure.log" 2>&1 \
   || { cat "$BUILD.configure.log"; exit 1; }
