@@ -60,7 +60,7 @@ from .ops import cat, cos, gelu, reshape, sigmoid, silu, sin, stack, tanh
 from .policy import Math, Policy, as_math, as_policy
 
 __all__ = ["Library", "OpPreset", "library", "libraries", "coverage", "OPS", "ROW_OPS",
-           "VERIFIED", "NOT_RUN", "BASELINE"]
+           "VERIFIED", "VERIFIED_H100", "NOT_RUN", "BASELINE"]
 
 #: The ops a library preset can cover, in display order.
 OPS = ("swiglu", "swiglu_backward", "geglu", "rope", "rope_backward", "rope_interleaved",
@@ -73,6 +73,7 @@ ROW_OPS = ("rms_norm", "rms_norm_gemma", "fused_add_rms_norm")
 #: ``Library.verified`` of a library whose kernels tests/test_presets_cuda.py ran on the
 #: H200 with 0 mismatches against castlab's presets, and of one written from source only.
 VERIFIED = "verified against the library on the H200"
+VERIFIED_H100 = "verified against the library on an H100"
 NOT_RUN = "from source, not run"
 #: ``torch_eager``'s: the eager code the others are measured against
 BASELINE = "the baseline: PyTorch eager"
@@ -501,10 +502,10 @@ def _rms_norm_presets() -> dict:
             ("rms_norm", _norm.unsloth_rms_norm(False), _FUSED,
              "x in fp32; rstd = tl.math.rsqrt(tl.sum(x*x)/n + eps) (Liger's order; n, strides "
              "and eps constexpr); (x*rstd).to(w.dtype) * w, stored in x's dtype "
-             "(fast_rms_layernorm)", _UNSLOTH_RMS + "#L21-L59", unsloth, NOT_RUN),
+             "(fast_rms_layernorm)", _UNSLOTH_RMS + "#L21-L59", unsloth, VERIFIED_H100),
             ("rms_norm_gemma", _norm.unsloth_rms_norm(True), _FUSED,
              "x and w in fp32: x*rstd*(w + 1.0), one rounding (fast_rms_layernorm, gemma=True)",
-             _UNSLOTH_RMS + "#L122-L158", unsloth, NOT_RUN),
+             _UNSLOTH_RMS + "#L122-L158", unsloth, VERIFIED_H100),
         ],
         "vllm": [
             ("rms_norm", _norm.vllm_rms_norm, _FUSED,
