@@ -37,6 +37,7 @@ import torch
 from .. import _graph, _reduce
 from .. import ops as clops
 from .._jit import JitFunction
+from .._schedule import triton_tile
 from . import _aten
 from ._partition import Segment, _arg_nodes, _subst, _where, module_path
 
@@ -290,8 +291,6 @@ def _tile(tuner: Any) -> tuple | None:
     as its autotuner launches it: the configuration it chose (XBLOCK, R0_BLOCK, warps) and
     Triton's blocked layout for it (castlab._schedule.triton_tile: each thread holds up to
     16 bytes of the narrowest dtype the kernel loads). None: not a reduction, not run."""
-    from .._schedule import triton_tile
-
     launchers = getattr(tuner, "launchers", None)
     if not launchers or len(launchers) != 1:
         return None
