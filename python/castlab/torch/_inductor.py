@@ -26,6 +26,7 @@ recomputes reaches that region as an fp32 twin (``name@f32``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import threading
@@ -550,15 +551,12 @@ class _Evaluator:
         args, kwargs = _subst(list(n.args), vals), _subst(dict(n.kwargs), vals)
         if n.target is operator.getitem:
             return args[0][args[1]]
-        st = _graph._state
-        st.where, annot = _where(n), st.annot
-        tile = self.pl.tiles.get(x) if x is not None else None
-        if tile is not None:  # the reductions of part x: its Triton kernel's order
-            st.annot = {**(annot or {}), "triton_tile": tile}
-        try:
-            return _aten.build(n, args, kwargs)
+        _graph._state.where = _where(n)
+        try:  # the reductions of part x in its Triton kernel's order
+            with _tiled(self.pl.tiles.get(x)):
+                return _aten.build(n, args, kwargs)
         finally:
-            st.where, st.annot = None, annot
+            _graph._state.where = None
 
     def _ctx(self, name: str):
         return self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]
@@ -629,7 +627,7 @@ class _Evaluator:
         product of fp32 values is inexact, so the contraction shows (a sum of squares of
         bf16 values is exact either way). None: not such a reduction, or another layout
         (a looped kernel, a row the threads do not tile evenly): the plain order."""
-        tile = self.pl.tiles.get(x) if x is not None else None
+        tile = self.pl.tiles.get(x)
         if tile is None or self.ops is None or str(d.target) not in _SUMS:
             return None
         sq, dims = d.args[0], d.args[1] if len(d.args) > 1 else None
@@ -655,17 +653,27 @@ class _Evaluator:
         acc = clops.fma(e[0], e[0], e[1] * e[1])
         for k in range(2, per):
             acc = clops.fma(e[k], e[k], acc)
-        st = _graph._state
-        annot = st.annot  # each thread's sum, then the lanes and the warps
-        st.annot = {**(annot or {}), "triton_tile": (r // per, 1, lanes, warps)}
-        try:
+        with _tiled((r // per, 1, lanes, warps)):  # the threads' sums: lanes, then warps
             out = _reduce.sum(acc, -1, keepdim=bool(keep))
-        finally:
-            st.annot = annot
+        # (a mean's division by the row's n, not by the threads' count: as _reduce.mean)
         return out / float(n) if str(d.target) == "aten.mean.dim" else out
 
 
 _SUMS = ("aten.mean.dim", "aten.sum.dim_IntList")
+
+
+@contextlib.contextmanager
+def _tiled(tile: tuple | None):
+    """Every castlab node recorded inside carries `tile` (the Triton kernel's, for
+    reduce_spec); None: nothing changes."""
+    st = _graph._state
+    annot = st.annot
+    if tile is not None:
+        st.annot = {**(annot or {}), "triton_tile": tile}
+    try:
+        yield
+    finally:
+        st.annot = annot
 
 
 def _placed_region(s: Segment, pl: InductorPlacement, producer: dict, k: int,
