@@ -283,11 +283,19 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
         throw std::invalid_argument(
             "triton order: (R0_BLOCK, per thread, lanes, warps) must be powers of two with "
             "lanes <= 32, lanes * warps <= 1024 and per thread * lanes * warps <= R0_BLOCK");
+      // (p4, p5): Inductor's C++ kernels (the inductor_cpp order): the cascade sum's chunk
+      // of vector iterations (0: none), and 1 where every lane accumulates from zero
+      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || (s.p5 != 0 && s.p5 != 1) ||
+          (s.p4 > 0 && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)))
+        throw std::invalid_argument(
+            "triton order: the cascade chunk (p4) must be in [0, 2^30], with one lane a "
+            "position (per thread 1, lanes = R0_BLOCK, 1 warp); p5 0 or 1");
       P.a = s.p0;
       P.b = s.p1;
       P.c = s.p2;
       P.d = s.p3;
-      P.e = (n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024 elements
+      P.e = (s.p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
+      P.f = s.p4;
       P.nparts = s.p2 * s.p3;
       break;
     }
@@ -382,6 +390,9 @@ std::string describe_red_plan(const RedPlan& p) {
       return r + " torch_cuda spatial softmax (cunn_SpatialSoftMaxForward, " + num(p.a) +
              (p.a == 1 ? " thread a column: sequential)" : " threads a column, then a tree)");
     case kOrdTriton:
+      if (p.b == 1 && p.c == p.a && p.d == 1 && (p.f > 0 || p.e))
+        return r + " " + num(p.a) + " vector lanes, each from zero, then a butterfly" +
+               (p.f > 0 ? ", each lane's full vectors a cascade sum in chunks of " + num(p.f) : "");
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)";
   }

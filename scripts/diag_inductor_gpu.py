@@ -3,7 +3,12 @@ does, on this device: each piece (HF's own modules, hidden 896) captured and run
 stack="torch_compile" against torch.compile of the same piece, element counts that differ,
 the placement read (CSV) and Inductor's generated code for the pieces that differ.
 
-    python scripts/diag_inductor_gpu.py OUT_DIR [cuda|cpu]
+    [DIAG_H=4096] [DIAG_ONLY=rms_norm,mlp] python scripts/diag_inductor_gpu.py OUT_DIR [cuda|cpu]
+
+DIAG_H: the hidden size (default 896, Qwen2.5-0.5B's; 64-wide heads, 7 query heads per KV
+head where that divides (else Llama-3's 8 KV heads), MLP 5.43 x hidden as Qwen2.5-0.5B's
+4864 / 896): rows over 1,024 elements take
+Inductor's looped reduction kernels.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ out = sys.argv[1] if len(sys.argv) > 1 else "diag_out"
 dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(0)
-H, T = 896, 64
-cfg = transformers.LlamaConfig(hidden_size=H, num_attention_heads=14, num_key_value_heads=2,
-                               intermediate_size=4864, vocab_size=4096, num_hidden_layers=1,
+H, T = int(os.environ.get("DIAG_H", "896")), 64
+NH = H // 64
+NKV = 2 if NH % 7 == 0 else 8 if NH % 8 == 0 else 1  # Qwen2.5-0.5B's 14/2, Llama-3's 32/8
+cfg = transformers.LlamaConfig(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV,
+                               intermediate_size=H * 4864 // 896 // 64 * 64, vocab_size=4096, num_hidden_layers=1,
                                max_position_embeddings=256, rms_norm_eps=1e-6)
 cfg._attn_implementation = "sdpa"
 L = transformers.models.llama.modeling_llama
@@ -48,8 +55,8 @@ mlp = mk(L.LlamaMLP(cfg))
 rot = L.LlamaRotaryEmbedding(cfg).to(dev)
 attn = mk(L.LlamaAttention(cfg, 0))
 layer = mk(L.LlamaDecoderLayer(cfg, 0))
-q = torch.randn(2, 14, T, 64, device=dev).to(bf)
-k = torch.randn(2, 2, T, 64, device=dev).to(bf)
+q = torch.randn(2, NH, T, 64, device=dev).to(bf)
+k = torch.randn(2, NKV, T, 64, device=dev).to(bf)
 
 
 def rope(q, k, pos):

@@ -545,7 +545,8 @@ def test_jit_defaults_and_repr():
         ref = swiglu(x)
     assert_bitwise(f(x).numpy(), ref.numpy())
     assert "policy=eager" in repr(f) and "portable" in repr(f)
-    assert set(PRESETS) == {"torch_eager", "inductor", "nvfuser", "transformer_engine", "portable"}
+    assert set(PRESETS) == {"torch_eager", "inductor", "inductor_cpu", "nvfuser", "transformer_engine",
+                            "portable"}
 
 
 DEBUG_SCRIPT = """

@@ -205,7 +205,8 @@ std::pair<int64_t, int64_t> triton_layout(const RowStep& s) {
     if (p.spec.order != kOrdTriton || p.spec.kind > kRedMin) return {0, 0};
     const RedPlan P = make_red_plan(p.spec, s.n, s.rows);
     if (k == 0) first = P;
-    if (P.a != first.a || P.b != first.b || P.c != first.c || P.d != first.d || P.e != first.e)
+    if (P.a != first.a || P.b != first.b || P.c != first.c || P.d != first.d || P.e != first.e ||
+        P.f != 0)  // (Inductor's C++ cascade sum: the general kernel)
       return {0, 0};
   }
   // warps combine by an xor butterfly over W lanes (a power of two, as Triton's warps)
@@ -871,7 +872,7 @@ struct CallRowChunk {
   template <int ILP>
   __device__ void chunk(long long i, ACC* out) const { g(i, out); }
 };
-extern "C" __global__ void __launch_bounds__(${threads}) KERNEL_NAME(const RowParams P) {
+extern "C" __global__ void __launch_bounds__(${threads}, ${blocks}) KERNEL_NAME(const RowParams P) {
 ${lanes}
   __shared__ ACC parts[32];
   const long long row = blockIdx.x;
@@ -979,6 +980,9 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   std::string src = row_preamble(s, ops, "SoftMax.cu's threads") + row_params_struct(s, nops);
   src += codegen::fill(kSoftmaxKernel,
                        {{"threads", num(NT)},
+                        // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
+                        // runs in 32 registers; 48 halved the occupancy: measured, H100)
+                        {"blocks", num(std::max<int64_t>(1, 2048 / NT))},
                         {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
                         {"unroll", num(kUnroll)},
                         {"phases", phases},

@@ -802,6 +802,39 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
 // the warps' results by another (d/2 .. 1). Addition is commutative, so lane 0's value is
 // the one every lane holds. In the looped form each position first accumulates its
 // values of every tile from the identity (Inductor's `_acc = _acc + y` from zeros).
+// Inductor's C++ kernels (the inductor_cpp order: one lane per position, P.f > 0): a float
+// sum of over 4096 elements accumulates each lane's values of the full vectors through
+// CascadeSumHelper (cpp_prefix.h): chunks of P.f values, combined by a binary counter
+// (chunk c adds the stack's levels below its lowest set bit upward), the levels then added
+// from the bottom; the tail vector's value (masked_acc_vec) is added after.
+template <typename T, typename A>
+CL_HD T red_cascade_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
+  const int64_t R = P.a, C = P.f, full = n / R * R, K = n / R;
+  const int64_t m = (K + C - 1) / C;
+  int64_t depth = 0;
+  while ((int64_t(1) << depth) < m) ++depth;
+  T stk[64];
+  for (int64_t j = 0; j < 64; ++j) stk[j] = T(0);
+  int64_t index = 0, chunks = 0;
+  for (int64_t i = pos; i < full; i += R) {
+    stk[0] = stk[0] + T(v[i]);
+    if (depth > 0 && ++index == C) {
+      ++chunks;
+      index = 0;
+      int64_t mask = chunks, j = 1;
+      for (; j < depth && (mask & 1) == 0; ++j) {
+        stk[j] = stk[j] + stk[j - 1];
+        stk[j - 1] = T(0);
+        mask >>= 1;
+      }
+    }
+  }
+  T r = stk[0];
+  for (int64_t j = 1; j < depth; ++j) r = r + stk[j];
+  if (full + pos < n) r = r + (T(0) + T(v[full + pos]));
+  return r;
+}
+
 template <typename T, typename A>
 CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   const int64_t R = P.a, per = P.b, tile = P.b * P.c * P.d;
@@ -811,7 +844,9 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
     for (int64_t k = 0; k < per; ++k) {
       const int64_t pos = rep * tile + t * per + k;
       T acc = red_identity<T>(P.kind);
-      if (P.e) {
+      if (P.f > 0 && P.kind == kRedSum) {
+        acc = red_cascade_lane<T>(P, v, n, pos);
+      } else if (P.e) {
         for (int64_t i = pos; i < n; i += R) acc = red_op(P.kind, acc, T(v[i]));
       } else if (pos < n) {
         acc = v[pos];

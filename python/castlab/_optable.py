@@ -171,7 +171,8 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
 #: only where the lowering expands var and layer_norm under a torch order.
 REDUCE_OPS: dict[str, int] = {"sum": 0, "amax": 1, "amin": 2, "moments_mean": 3, "moments_m2": 4}
 #: Orders of accumulation Math.reduction names ("torch": the device's own PyTorch order).
-REDUCTION_ORDERS = ("torch", "torch_cpu", "torch_cuda", "triton", "pairwise", "sequential")
+REDUCTION_ORDERS = ("torch", "torch_cpu", "torch_cuda", "triton", "inductor_cpp", "pairwise",
+                    "sequential")
 #: ReduceOrder codes (ops/scalar/reduce.h).
 ORDER_CODE: dict[str, int] = {"sequential": 0, "pairwise": 1, "torch_cpu": 2, "torch_cuda": 3,
                               "softmax_warp": 4, "softmax_block": 5, "cpu_moments": 6,

@@ -329,7 +329,7 @@ def _softmax_common(fn: str, x: TensorLike, dim: int, dtype: Any, log: bool):
         if geom:
             ez.node.attrs = {**ez.node.attrs, "softmax_geom": geom, "softmax_last": last,
                              "storage_dtype": out_dt.name}
-        s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs=a)
+        s = _reduce("sum", ez, (d if len(p.shape) else 0,), True, attrs={**a, "softmax_log": log})
         if log:
             ls = ops.log(s)
             if out_dt.bits == 16 and last:

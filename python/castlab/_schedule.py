@@ -97,14 +97,24 @@ def program_groups(regs: list, stochastic: bool) -> list:
 
 
 # -- row steps: reductions fused with their prologues and epilogue ----------------
-# SoftMax.cu's orders can run fused as that kernel's own threads (ops/cuda/row_kernel.cpp
-# torch_row_source: the row read from memory, any length) with FUSE_ROWS = True; not by
-# default until that kernel has run against PyTorch on a GPU (it compiles with NVRTC).
+# SoftMax.cu's orders run fused as that kernel's own threads (ops/cuda/row_kernel.cpp
+# torch_row_source: the row read from memory, any length). By default ("auto") the block
+# kernel's forward (rows over 2048 elements: the vocabulary): on an H100 every length of
+# tests/test_reduce_sweep_cuda.py fused equals torch eager (softmax and log_softmax, bf16,
+# fp16 and fp32, last and inner dim), at 2.2-3.2x the speed of the separate steps
+# (benchmarks/RESULTS.md). The warp kernel and the backward kernels stay separate steps
+# unless FUSE_ROWS is True (not yet run fused against PyTorch).
 _FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")}
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
 _FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
              REDUCE_OPS["amax"]: _FAST_ROW_MAX,
              REDUCE_OPS["amin"]: _FAST_ROW_MAX}
+
+
+def _softmax_forward(spec: tuple) -> bool:
+    """Is this reduce spec SoftMax.cu's block kernel forward (its sum or max)?"""
+    return (spec[1] == ORDER_CODE["softmax_block"] and spec[0] <= REDUCE_OPS["amax"]
+            and not spec[5])
 
 
 def _rows_strides(t, rows: int, n: int) -> tuple | None:
@@ -243,7 +253,8 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
     spec = tuple(head)  # the 8 fields ops/row_step.h reads
     acc64 = _dtype_code(phases[0].dst.t) == float64.code
     if mode == "auto" and not (low.cuda and all(
-            ph.red.spec[1] in _FAST_ROW.get(ph.red.spec[0], ()) for ph in phases)):
+            ph.red.spec[1] in _FAST_ROW.get(ph.red.spec[0], ()) or _softmax_forward(ph.red.spec)
+            for ph in phases)):
         return None
     if low.cuda and not _C.row_kernel_fits(spec, acc64, low.device.index or 0):
         return None

@@ -28,7 +28,7 @@ from ._optable import (
     REDUCE_OPS,
     ROUND_MODES,
 )
-from ._schedule import num_sms, triton_config
+from ._schedule import TRITON_CONFIGS, num_sms, triton_config
 
 RSQRT_SCALAR16 = BITS["rsqrt_scalar16"]
 TORCH_TAIL = BITS["torch_tail"]
@@ -180,6 +180,29 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
     return (False, st[fastest] == 1, cols)
 
 
+#: Inductor's config.unroll_reductions_threshold: shorter reductions become pointwise ops.
+UNROLL_BELOW = 8
+
+
+def _loads_16bit_float(node: Node) -> bool:
+    """Does the kernel computing this reduction hold a bf16/fp16 value (a 16-bit input it
+    loads, or a cast to one): the elementwise nodes feeding it, up to the graph's inputs
+    or another reduction? (Inductor's C++ tiles such a kernel by the 16-bit dtype:
+    get_loop_body_lowp_fp.)"""
+    seen: set = set()
+    todo = list(node.inputs)
+    while todo and len(seen) < 256:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.dtype in (bfloat16, float16):
+            return True
+        if x.op not in REDUCE_OPS:
+            todo.extend(x.inputs)
+    return False
+
+
 def _scalar_as(v, dt: dtype) -> float:
     """A Python number as c10 converts it to a 16-bit scalar_t: to float, then rounded to
     the format."""
@@ -196,7 +219,7 @@ class TorchKernelLowering:
         CPU kernel computes it (the torch_cpu order and implementation on the CPU)?"""
         return (not self.cuda and node.attrs.get("kernel") in _TORCH_CPU_SOFTMAX_KERNELS
                 and self.math.reduction_order(False) == "torch_cpu"
-                and self.math.impl_on(False) == "torch_cpu")
+                and self.math.aten_cpu(False))
 
     def softmax_columns(self, e: Elem) -> tuple | None:
         """(vector step, D << 32 | I, chunk) of SoftMaxKernel.cpp's kernel over a dim that
@@ -321,16 +344,48 @@ class TorchKernelLowering:
                 while cols % ovs:
                     ovs //= 2
             return (kind, ORDER_CODE[order], ivs, vt0, self._num_sms(), ovs, *geom)
+        if order == "inductor_cpp":
+            return self._inductor_cpp_spec(node, kind, acc, n)
         if order == "triton":
             tile = node.attrs.get("triton_tile")  # read from a compiled program
+            isz = node.attrs.get("elem_bytes", src.bits // 8)
+            if tile is None and n < UNROLL_BELOW and (node.attrs.get("algo"), n, isz) \
+                    not in TRITON_CONFIGS:
+                # ir.Reduction.create: a row shorter than unroll_reductions_threshold is
+                # unrolled into pointwise ops, ((x0 + x1) + x2) ..., on a GPU
+                return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
             if tile is None:
-                isz = node.attrs.get("elem_bytes", src.bits // 8)
                 tile = triton_config(node.attrs.get("algo"), n, isz)
             return (kind, ORDER_CODE[order], *tile)
         if order == "sequential" and node.attrs.get("algo") == "var":
             _torch_vml.unavailable()  # (torch's thread count: see above)
             return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
+
+    def _inductor_cpp_spec(self, node: Node, kind: int, acc: dtype, n: int) -> tuple:
+        """Inductor's C++ reduction (codegen/cpp.py, cpp_prefix.h): one accumulator lane per
+        position of the vector the kernel tiles the row with, each from zero (the tail vector
+        masked), then ``vec_reduce_all``'s butterfly and ``0 + ...``. The vector holds
+        ``pick_vec_isa().nelements(dtype)`` elements of the kernel's 16-bit float where it
+        loads one (half of that for a row shorter than it), else of float: 32 bytes under
+        AVX2, 64 under AVX512 (Inductor follows ATEN_CPU_CAPABILITY as torch does; "default"
+        gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
+        full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4)."""
+        rows = _prod(node.shape)
+        if n < UNROLL_BELOW and rows != 1:
+            # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
+            # CPU only where the reduction has more than one output)
+            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
+        bits = {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
+        # a softmax's sum reads its exponentials from the float buffer the division reads
+        # too (outer-loop fusion's local buffer), not the 16-bit input
+        lowp = _loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
+        lanes = bits // (16 if lowp else 32)
+        if lowp and n < lanes:
+            lanes //= 2
+        lanes = max(1, lanes)
+        cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, 1)
 
     def _dot_spec(self, node: Node, acc: dtype, order: str) -> tuple:
         """The spec of a sum of products PyTorch's kernel accumulates with its products
@@ -482,7 +537,7 @@ class TorchKernelQuirks:
         args = e.args
         if (op in ("add", "sub") and not low.cuda and not kern
                 and node.dtype in (bfloat16, float16)
-                and low.math.impl_on(False) == "torch_cpu"
+                and low.math.aten_cpu(False)
                 and any(isinstance(a, Scalar) for a in args)):
             # ATen's CPU add/sub (ufunc kernels) read a Python number as the tensor's
             # scalar_t (double -> float -> bf16/fp16), where mul and div keep it in
@@ -512,7 +567,7 @@ class TorchKernelQuirks:
             # rsqrtf, and its kernel divides by n as it is written, e.g. Liger's Triton
             # `/ n_cols` as div.full.f32, not as PyTorch's x * (1/n))
             quirk = self._torch_cuda_kernel(e, f64)
-        elif quirk is None and not kern and low.math.impl_on(low.cuda) == "torch_cpu":
+        elif quirk is None and not kern and low.math.aten_cpu(low.cuda):
             # PyTorch's CPU pow_tensor_scalar_optimized_kernel runs for bf16 with
             # scalar_t = BFloat16 (PowKernel.cpp): x*x*x and 1/(x*x) round x*x to bf16,
             # in the vector body and the scalar lambda alike. fp16 takes its
@@ -598,7 +653,7 @@ class TorchKernelQuirks:
                 and float(args[1].value) in (0.5, -0.5)):
             return None
         low = self.low
-        torch_cpu = not low.cuda and low.math.impl_on(False) == "torch_cpu"
+        torch_cpu = not low.cuda and low.math.aten_cpu(False)
         kern = node.attrs.get("kernel") is not None
         dt = node.dtype.name if node.dtype is not None else None
         if torch_cpu and dt == "float16" and not kern:

@@ -41,7 +41,7 @@ from ._policy import (  # Policy and as_policy are castlab.policy's names too
     as_policy,
 )
 
-_IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu")
+_IMPLS = ("portable", "libm", "cuda", "cuda_fast", "fast", "torch", "torch_cpu", "inductor_cpp")
 
 # Under the torch_cpu implementation: the op/dtype pairs whose PyTorch CPU kernel is code
 # castlab cannot rebuild from a published algorithm (docs/torch_cpu_kernels.md), where
@@ -142,7 +142,11 @@ class Math:
             calls oneDNN (gelu), castlab's re-implementation of oneDNN's JIT kernel;
             without torch, the portable functions stand in for MKL; on the GPU it
             means "portable"), "torch" (PyTorch's own kernels for the device: "cuda" on a
-            GPU, "torch_cpu" on the CPU), or "cuda_fast" (``__expf`` and friends, GPU only).
+            GPU, "torch_cpu" on the CPU), "inductor_cpp" (Inductor's generated C++ on the
+            CPU: ATen's ``Vectorized`` functions, SLEEF's and ATen's erf, on every element,
+            masked tails included; never MKL VML or oneDNN, no contraction; glibc's in the
+            scalar kernels of the DEFAULT build; on the GPU it means "portable"), or
+            "cuda_fast" (``__expf`` and friends, GPU only).
         fma: contract ``a*b + c`` into one fused multiply-add where no rounding sits
             between them (as nvcc and Triton do by default).
         silu: "div" for ``x / (1 + exp(-x))`` (PyTorch eager, Inductor) or "mul_sigmoid"
@@ -161,7 +165,10 @@ class Math:
             kernels: Reduce.cuh's launch configuration for the shape, SoftMax.cu's warp
             and block sums), "torch_cpu" (ATen's vectorised cascade sum), "triton"
             (Inductor's Triton reductions, ``tl.sum`` over the tile torch 2.11 picked on an
-            H200: _lower.triton_config; the inductor preset's order), "pairwise" (NumPy's
+            H200: _lower.triton_config; the inductor preset's order), "inductor_cpp"
+            (Inductor's C++ reductions on the CPU: a lane per position of the kernel's
+            vector, each from zero, then vec_reduce_all's butterfly, cascade sums over
+            4096 elements; the inductor_cpu preset's order), "pairwise" (NumPy's
             pairwise summation) or "sequential". Every order runs on both devices
             with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
             fp64 inputs or under a compute=float64 policy.
@@ -240,7 +247,8 @@ class Math:
 
     @staticmethod
     def preset(name: str) -> Math:
-        """A named preset: torch_eager, inductor, nvfuser, transformer_engine, portable."""
+        """A named preset: torch_eager, inductor, inductor_cpu, nvfuser, transformer_engine,
+        portable."""
         try:
             return _PRESETS[name]
         except KeyError:
@@ -258,11 +266,22 @@ class Math:
             name = "cuda" if cuda else "torch_cpu"
         if name == "cuda":  # precise CUDA functions; portable ones on the CPU
             name = "libm" if cuda else "portable"
+        if name == "inductor_cpp":  # the torch_cpu functions, as steps of a fused kernel
+            name = "torch_cpu"
         if name == "torch_cpu" and cuda:
             name = "portable"
         if name in ("fast", "cuda_fast"):
             name = "fast" if cuda else "libm"
         return name
+
+    def aten_cpu(self, cuda: bool) -> bool:
+        """Does the device run ATen's own CPU kernels, with their quirks (the torch_cpu
+        implementation on the CPU, not Inductor's generated C++)?
+
+        >>> cl.Math.preset("torch_eager").aten_cpu(False), cl.Math.preset("inductor_cpu").aten_cpu(False)
+        (True, False)
+        """
+        return self.impl_on(cuda) == "torch_cpu" and self.impl != "inductor_cpp"
 
     def _torch_cpu_opaque(self, op: str, dtype: str | None, cuda: bool,
                           kernel: bool = False) -> str | None:
@@ -272,6 +291,7 @@ class Math:
         kernel), which never calls MKL VML's function for it: castlab does not either."""
         if cuda or self.impl_on(cuda) != "torch_cpu":
             return None
+        kernel = kernel or self.impl == "inductor_cpp"
         if (op == "gelu" and not kernel and _onednn.gelu_calls_onednn(dtype)
                 and not self._onednn_gelu_bits(op, dtype, cuda, kernel)):
             return "oneDNN"
@@ -291,6 +311,7 @@ class Math:
         calls it ("avx512" minimax or "avx2" Abramowitz & Stegun; "" where it does not, or
         where castlab does not model its path: _onednn.gelu_path)."""
         if (op != "gelu" or cuda or kernel or self.impl_on(cuda) != "torch_cpu"
+                or self.impl == "inductor_cpp"
                 or not _onednn.gelu_calls_onednn(dtype)):
             return ""
         form = _onednn.gelu_path().form
@@ -320,6 +341,7 @@ class Math:
     def _torch_vml(self, op: str, dtype: str | None, cuda: bool, kernel: bool = False) -> bool:
         """Does this op call MKL VML from libtorch_cpu.so (as PyTorch's CPU kernel does)?"""
         return (not cuda and not kernel and self.impl_on(cuda) == "torch_cpu"
+                and self.impl != "inductor_cpp"
                 and _TORCH_CPU_OPAQUE.get((op, dtype)) == "MKL VML"
                 and _torch_vml.unavailable() is None)
 
@@ -349,6 +371,8 @@ class Math:
         True
         """
         f = OPS[op].factors if op in OPS else 0
+        if self.impl == "inductor_cpp":
+            return 0  # Inductor's loops end in masked vectors, never a scalar lambda
         if cuda or self.impl_on(cuda) != "torch_cpu" or not (kernel or f & BITS["torch_tail"]):
             return 0  # (the tail of another kernel's loop: a fact of that kernel's, not op's)
         size = _ITEMSIZE.get(dtype or "")
@@ -381,7 +405,8 @@ class Math:
     def _torch_cpu_bits(self) -> int:
         """_TORCH_CPU_BITS under the build cpu_isa names: the DEFAULT build is compiled
         without -mfma, so GCC contracts nothing there."""
-        if self._cpu_isa() == "default":
+        if self._cpu_isa() == "default" or self.impl == "inductor_cpp":
+            # (Inductor compiles with -ffp-contract=off)
             return _TORCH_CPU_BITS & ~BITS["fma_in_op"]
         return _TORCH_CPU_BITS
 
@@ -395,6 +420,7 @@ class Math:
         (no MKL VML call, no 16-bit rsqrt details of that kernel; the scalar tail of the
         kernel's own loop where it has one: torch_cpu_tail)."""
         f = OPS[op].factors
+        kernel = kernel or self.impl == "inductor_cpp"  # every op a step of a fused kernel
         bits = self._impl_code(cuda, op, dtype, kernel) if f & IMPL_MASK else 0
         if f & SILU_MUL_SIGMOID and self.silu == "mul_sigmoid":
             bits |= SILU_MUL_SIGMOID
@@ -546,6 +572,12 @@ _PRESETS = {
     # off by default): compare it with Policy("fused", round_casts=False).
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
                      division="approx", reduction="triton", pow="inductor"),
+    # torch.compile / Inductor on the CPU (its C++ kernels, codegen/cpp.py): Vectorized's
+    # functions (SLEEF's u10 exp/log, 1 / sqrt for rsqrt), silu = x / (1 + exp(-x)), IEEE
+    # division, no contraction (Inductor compiles with -ffp-contract=off); its reductions:
+    # vector lanes from zero, then vec_reduce_all's butterfly (the inductor_cpp order).
+    "inductor_cpu": Math("inductor_cpu", impl="inductor_cpp", fma=False, silu="div",
+                         reduction="inductor_cpp", pow="inductor"),
     # nvFuser (Thunder): silu = x * (1 / (1 + expf(-x))), NVRTC with --fmad=true.
     "nvfuser": Math("nvfuser", impl="cuda", fma=True, silu="mul_sigmoid"),
     # TransformerEngine: sigmoid = 1/(1+expf(-x)), silu = x * sigmoid(x); nvcc --fmad=true.

@@ -359,7 +359,9 @@ def _describe_choice(f: str, v: Any) -> str:
     if f == "policy":
         return f"{v.describe():14} castlab's regions' rounding (castlab.Policy)"
     if f == "math":
-        return f"{v.name:14} castlab's regions' math preset (castlab.Math)"
+        cpu = CPU_MATH.get(v.name)
+        return (f"{v.name:14} castlab's regions' math preset (castlab.Math)"
+                + (f"; on CPU inputs {cpu} (the same compiler's C++ kernels)" if cpu else ""))
     if f == "stores":
         if v is None:
             return f"{'regions':14} each castlab region rounds the values it hands on"
@@ -386,16 +388,33 @@ def _describe_choice(f: str, v: Any) -> str:
 
 VLLM_RMS_NORM = _vllm_rms_norm()
 
+#: A math preset that names a GPU compiler, and the preset of the same compiler's CPU
+#: kernels: a stack with that math runs the latter on CPU inputs (torch.compile's Inductor
+#: writes Triton for the GPU and C++ for the CPU: other functions, no contraction, other
+#: reduction orders).
+CPU_MATH = {"inductor": "inductor_cpu"}
+
+
+def device_math(m: Math, flat: list) -> Math:
+    """The stack's math for these inputs: its CPU counterpart (CPU_MATH) where every tensor
+    input is on the CPU."""
+    cpu = CPU_MATH.get(m.name)
+    if cpu is None or m != Math.preset(m.name):
+        return m
+    devs = {t.device.type for t in flat if isinstance(t, torch.Tensor)}
+    return Math.preset(cpu) if devs <= {"cpu"} else m
+
+
 _INDUCTOR_NOTE = ("torch.compile under Inductor's default settings: castlab's regions compute in "
-                  "fp32 with the inductor math preset (Triton's division and exp, FMA "
-                  "contraction), drop explicit casts inside a kernel (round_casts=False, as "
+                  "fp32 with the inductor math preset on a GPU (Triton's division and exp, FMA "
+                  "contraction) and inductor_cpu on the CPU (its C++ kernels: SLEEF's functions, "
+                  "no contraction, vector-lane reductions), drop explicit casts inside a kernel "
+                  "(round_casts=False, as "
                   "emulate_precision_casts=False does) and compute each value as the compiled "
                   "program's kernel that stores or reads it does (stores='inductor': read from "
                   "this model's compiled program, every load of the generated code recorded): "
                   "rounded where a kernel loads it from a bf16 buffer, fp32 where a kernel "
-                  "recomputes it or keeps it from its own store. On the CPU (Inductor's C++, "
-                  "with ATen's SLEEF functions and no FMA in place of the inductor preset) the "
-                  "logits of a 2-layer Qwen2 equal torch.compile's; not yet run on a GPU")
+                  "recomputes it or keeps it from its own store")
 
 
 def _builtins() -> dict:
@@ -547,7 +566,7 @@ def plan(s: Any, captured: Any) -> Plan:
 def execute(captured: Any, p: Plan, flat: list) -> Any:
     """Run `captured` on flat inputs under plan `p`; returns the Run (every value). A
     backend PyTorch refuses for the model's SDPA calls is a RuntimeError naming it."""
-    pol, mth = p.stack.policy, p.stack.math
+    pol, mth = p.stack.policy, device_math(p.stack.math, flat)
     segs = _regions.run_segments(captured, p.kernels or None, pol)
     if p.stack.stores == "inductor" and pol.name != "fp64":
         segs = _inductor.segments_for(captured, segs, flat)
