@@ -982,7 +982,7 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
                        {{"threads", num(NT)},
                         // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
                         // runs in 32 registers; 48 halved the occupancy: measured, H100)
-                        {"blocks", num(std::max<int64_t>(1, 2048 / NT))},
+                        {"blocks", num(triton_blocks_per_sm(NT))},
                         {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
                         {"unroll", num(kUnroll)},
                         {"phases", phases},
