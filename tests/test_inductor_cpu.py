@@ -134,6 +134,7 @@ def test_inductor_cpu_preset_and_stack_math():
     assert _stacks.device_math(ind, [torch.zeros(1, device="meta")]) == ind
     custom = cl.Math("inductor", impl="cuda", fma=False)  # not the preset: kept
     assert _stacks.device_math(custom, [torch.zeros(1)]) == custom
+    assert "inductor_cpu" not in _stacks._describe_choice("math", custom)
     assert "inductor_cpu" in _stacks._describe_choice("math", ind)
     x = cl.randn(4, 4100, seed=0, dtype=cl.bfloat16)
     tr = cl.jit(lambda x: cl.sum(x.astype("float32"), -1)).trace(x, policy="fused",

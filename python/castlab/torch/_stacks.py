@@ -359,7 +359,7 @@ def _describe_choice(f: str, v: Any) -> str:
     if f == "policy":
         return f"{v.describe():14} castlab's regions' rounding (castlab.Policy)"
     if f == "math":
-        cpu = CPU_MATH.get(v.name)
+        cpu = _cpu_counterpart(v)
         return (f"{v.name:14} castlab's regions' math preset (castlab.Math)"
                 + (f"; on CPU inputs {cpu} (the same compiler's C++ kernels)" if cpu else ""))
     if f == "stores":
@@ -395,11 +395,17 @@ VLLM_RMS_NORM = _vllm_rms_norm()
 CPU_MATH = {"inductor": "inductor_cpu"}
 
 
+def _cpu_counterpart(m: Math) -> str | None:
+    """The preset CPU_MATH names for `m`, where `m` is that GPU preset unchanged."""
+    cpu = CPU_MATH.get(m.name)
+    return cpu if cpu is not None and m == Math.preset(m.name) else None
+
+
 def device_math(m: Math, flat: list) -> Math:
     """The stack's math for these inputs: its CPU counterpart (CPU_MATH) where every tensor
     input is on the CPU."""
-    cpu = CPU_MATH.get(m.name)
-    if cpu is None or m != Math.preset(m.name):
+    cpu = _cpu_counterpart(m)
+    if cpu is None:
         return m
     devs = {t.device.type for t in flat if isinstance(t, torch.Tensor)}
     return Math.preset(cpu) if devs <= {"cpu"} else m
