@@ -237,7 +237,8 @@ def exhaustive_kernels(c: Corpus):
 def fixed_kernels(c: Corpus):
     c.add("compare", _C._compare_cuda_source())
     for f64 in (False, True):
-        c.add(f"reduce f64={f64}", _C._reduce_kernel_source(f64))
+        for order in range(11):  # ReduceOrder (one kernel per order since 2026-12-06)
+            c.add(f"reduce f64={f64} order={order}", _C._reduce_kernel_source(f64, order))
         c.add(f"nll f64={f64}", _C._nll_kernel_source(f64))
     c.add("index", _C._index_kernel_source())
 

@@ -175,7 +175,9 @@ def test_builtin_kernel_groups_partition_the_builtins():
     assert sorted(n for p in parts for n, _ in p) == sorted(n for n, _ in every)
     assert {n for n, _ in parts[0]} == {"cl_compare_leaves", "cl_compare_tree", "cl_near_ties",
                                         "cl_tie_split", "cl_ulp_error", "cl_ulp_diff"}
-    assert {n for n, _ in parts[1]} == {"cl_reduce_f32", "cl_reduce_f64"}
+    # the generic reduction: one kernel per order (the softmax orders share one) and dtype
+    assert {n for n, _ in parts[1]} == {f"cl_reduce_f{b}_o{o}" for b in (32, 64)
+                                        for o in (0, 1, 2, 3, 5, 6, 7, 8, 9)}
     with pytest.raises(ValueError, match="unknown kernel group 'nope'; groups: compare"):
         clcuda.builtin_kernels("nope")
 
@@ -196,7 +198,10 @@ def test_warm_up_compiles_the_fixed_source_kernels_its_plans_use(reduces, monkey
     for t in tasks[:-1]:
         t()                      # the kernel tasks (the last task is the run itself)
     want = {n for n, _ in clcuda.builtin_kernels("compare")}
-    if reduces:
-        want |= {"cl_reduce_f32", "cl_reduce_f64"}
+    if reduces:   # the kernels of the order the plan reduces in, not every order's
+        (o,) = {st.spec[1] for st in fn._lowered((x,), cl.Policy("eager"),
+                                                  cl.Math.preset("torch_eager")).steps
+                if type(st).__name__ == "ReduceStep"}
+        want |= {f"cl_reduce_f32_o{o}", f"cl_reduce_f64_o{o}"}
         assert compiled[0].startswith("cl_reduce")
     assert set(compiled) == want and len(tasks) == len(want) + 1

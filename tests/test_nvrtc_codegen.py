@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from castlab import _C
+from castlab import cuda as clcuda
 from castlab._optable import OPCODE, OPS, TABLE
 from castlab.policy import Math
 
@@ -611,25 +613,42 @@ def test_nvrtc_compile_check_reports_errors():
     assert f"--gpu-architecture={ARCH}" in opts and "--fmad=false" in opts
 
 
-@pytest.mark.slow  # ~1 min on 2 cores (NVRTC, to PTX)
-def test_nvrtc_compiles_the_reduce_kernel():
-    """The reduce kernel (ops/cuda/reduce.cpp) for float and double rows, with every order
-    in ops/scalar/reduce.h, compiles without a warning."""
+@pytest.mark.slow  # ~2 min on 2 cores (NVRTC, to PTX)
+def test_nvrtc_compiles_the_reduce_kernels():
+    """The reduce kernels (ops/cuda/reduce.cpp), one per order in ops/scalar/reduce.h, for
+    float and double rows, compile without a warning; the softmax orders share one."""
     _nvrtc_or_skip()
-    for f64 in (False, True):
-        src = _C._reduce_kernel_source(f64)
-        assert "red_part" in src and "red_combine" in src
-        name = "cl_reduce_f64" if f64 else "cl_reduce_f32"
+    assert _C._reduce_kernel_name(False, 4) == _C._reduce_kernel_name(False, 10) == \
+        _C._reduce_kernel_name(False, 5) == "cl_reduce_f32_o5"
+    with pytest.raises(ValueError, match="no reduction order 11"):
+        _C._reduce_kernel_source(True, 11)
+    ks = clcuda.builtin_kernels("reduce")
+    assert len(ks) == 18
+    for name, src in ks:
+        order = int(name.rsplit("_o", 1)[1])
+        assert f"red_part<T, {order}>" in src and f"red_combine<T, {order}>" in src
         ok, log = _C._nvrtc_compile_check(src, PTX_ARCH, name)
         assert ok, log
         assert "warning" not in log, log
-    # each order of the run-time dispatch is a called function (one function holding every
-    # order took 72 s to compile for sm_90, as calls 27 s); PTX of the f32 kernel
-    ptx = _C._nvrtc_compile_image(_C._reduce_kernel_source(False), PTX_ARCH,
-                                  "cl_reduce_f32").decode("utf-8", "replace")
-    bodies = {ln.split("(")[-2].split()[-1] for ln in ptx.splitlines()
-              if ln.startswith(".func") and "red_part_called" in ln}
-    assert len(bodies) >= 6, bodies
+
+
+def _local_depot(src: str, name: str) -> int:
+    """The bytes of local memory (the stack's arrays) a kernel's PTX declares."""
+    ptx = _C._nvrtc_compile_image(src, PTX_ARCH, name).decode("utf-8", "replace")
+    return sum(int(m) for m in re.findall(r"__local_depot\d+\[(\d+)\]", ptx))
+
+
+def test_the_gpu_orders_reduce_kernels_keep_a_small_stack():
+    """The driver reserves a kernel's stack for every thread the GPU can hold (2,048 per
+    multiprocessor: 270 MB per KB on an H100). One kernel dispatching on the order at run
+    time carried the CPU moments' 11 KB cascade: 3.1 GB for any reduction, out of memory on
+    a busy GPU. Each order's kernel now holds only its own arrays: torch's CUDA order (the
+    default math) and Triton's under 1 KB, the CPU moments' 9 KB its own."""
+    _nvrtc_or_skip()
+    for order in (3, 9):  # kOrdTorchCuda, kOrdTriton
+        assert _local_depot(_C._reduce_kernel_source(True, order),
+                            _C._reduce_kernel_name(True, order)) <= 1024
+    assert _local_depot(_C._reduce_kernel_source(True, 6), _C._reduce_kernel_name(True, 6)) > 4096
 
 
 def test_nvrtc_compiles_the_index_and_nll_kernels():

@@ -405,3 +405,33 @@ def test_inductor_hf_rmsnorm_equals_torch_compile_with_precision_casts(h):
     f = cl.jit(lambda x, w: cl.rms_norm(x, h, w, 1e-6, cast="hf"))
     got = f.run(cl.from_dlpack(t), cl.from_dlpack(w), policy="fused", math="inductor")
     assert _bits_bad(got, _compiled(hf, (t, w), True)) == 0
+
+
+_MEMORY_PROBE = """
+import torch, castlab as cl
+torch.cuda.init()
+free0 = torch.cuda.mem_get_info()[0]
+x = cl.from_dlpack(torch.randn(6, 1000, dtype=torch.float64, device="cuda"))
+f = cl.jit(lambda v: cl.softmax(v, -1))
+for policy in ("eager", "fp64", "fused"):
+    f.run(x, policy=policy)
+torch.cuda.synchronize()
+print((free0 - torch.cuda.mem_get_info()[0]) // 2**20)
+"""
+
+
+def test_a_small_fp64_reduction_takes_little_device_memory(tmp_path):
+    """A 6 x 1,000 fp64 softmax under eager, fp64 and fused (the generic reduce kernel) in
+    a fresh process takes under 256 MiB of the device. One kernel for every order kept
+    the CPU moments' 11 KB a thread on its stack, which the driver reserves for every
+    thread the GPU can hold: 3.1 GB on an H100 (out of memory on a busy GPU); per-order
+    kernels took 6 MiB there (2026-12-06)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CASTLAB_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    taken = int(r.stdout.split()[-1])
+    assert taken < 256, f"{taken} MiB of device memory for a 6 x 1000 softmax"

@@ -18,9 +18,13 @@
 namespace cl {
 namespace cuda {
 
-// The CUDA source of the reduce kernel for float (f64 false) or double rows (tests
-// compile it with NVRTC without a GPU).
-std::string reduce_kernel_source(bool f64);
+// The CUDA source of the reduce kernel of one order (ReduceOrder) for float (f64 false) or
+// double rows, and its name, cl_reduce_f32_o<order> (tests compile it with NVRTC without a
+// GPU). reduce_kernel_order: the order whose kernel computes `order` (the softmax orders
+// share one); std::invalid_argument for a number that is no order.
+int reduce_kernel_order(int order);
+const std::string& reduce_kernel_name(bool f64, int order);
+std::string reduce_kernel_source(bool f64, int order);
 void launch_reduce_cuda(const RedPlan& p, const Tensor& src, const Tensor& dst, int64_t rows);
 
 std::string index_kernel_source();

@@ -243,16 +243,26 @@ CL_HD T mom_pick(int kind, Moments<T> s) {
   return kind == kRedMean ? s.mean : s.m2;
 }
 
-template <typename T, typename A>
+// ORDER (mom_part, mom_combine): the ReduceOrder where the kernel is generated for one (the
+// GPU's kernels: only that order's code compiles, and the stack holds only its arrays; the
+// CPU order's 64-level cascade is 11 KB a thread, which the driver reserves for every
+// thread the GPU can hold), or -1: P.order, at run time.
+template <int ORDER>
+CL_HD int mom_order(const RedPlan& P) {
+  return ORDER < 0 ? P.order : ORDER;
+}
+
+template <typename T, int ORDER = -1, typename A>
 CL_HD T mom_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
-  if (P.order == kOrdTorchCpu) return mom_pick(P.kind, mom_welford_row<T>(v, n));
-  if (P.order == kOrdCpuMoments)
+  const int order = mom_order<ORDER>(P);
+  if (order == kOrdTorchCpu) return mom_pick(P.kind, mom_welford_row<T>(v, n));
+  if (order == kOrdCpuMoments)
     return mom_pick(P.kind, mom_rowwise<T>(v, n, P.a, P.b, P.c != 0, P.d != 0));
   const int64_t k = t / 3;
   Moments<T> s;
-  if (P.order == kOrdCudaLnVec)
+  if (order == kOrdCudaLnVec)
     s = mom_ln_vec_thread<T>(v, n, k);
-  else if (P.order == kOrdCudaLnBlock)
+  else if (order == kOrdCudaLnBlock)
     s = mom_ln_block_thread<T>(v, n, k);
   else
     s = mom_cuda_thread<T>(P, v, n, row, k);
@@ -304,11 +314,12 @@ CL_HD Moments<T> mom_warp_tree(T* p, int64_t first) {
   return mom_load(p, first);
 }
 
-template <typename T>
+template <typename T, int ORDER = -1>
 CL_HD T mom_combine(const RedPlan& P, T* p) {
-  if (mom_is_serial(P.order)) return p[0];
+  const int order = mom_order<ORDER>(P);
+  if (mom_is_serial(order)) return p[0];
   Moments<T> s;
-  if (P.order == kOrdCudaLnVec) {
+  if (order == kOrdCudaLnVec) {
     // each warp's shfl_down tree, then warps y + 2 into y (y < 2) and warp 1 into 0
     Moments<T> w[4];
     for (int y = 0; y < 4; ++y) {
@@ -321,7 +332,7 @@ CL_HD T mom_combine(const RedPlan& P, T* p) {
     w[0] = mom_ln_combine(w[0], w[2]);
     w[1] = mom_ln_combine(w[1], w[3]);
     s = mom_ln_combine(w[0], w[1]);
-  } else if (P.order == kOrdCudaLnBlock) {
+  } else if (order == kOrdCudaLnBlock) {
     Moments<T> w[16];
     for (int k = 0; k < 16; ++k) w[k] = mom_warp_tree(p, 32 * k);
     for (int k = 0; k < 32; ++k) mom_store(p, k, k < 16 ? w[k] : Moments<T>{T(0), T(0), T(0)});

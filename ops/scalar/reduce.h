@@ -930,11 +930,12 @@ CL_HD T red_dot_halves(A v, int64_t m, int64_t W, bool generic, bool fused, bool
   return generic ? red_lane_sequential(a0, W) : red_lane_butterfly(a0, W);
 }
 
-template <typename T, typename A>
+// ORDER: as red_part's (known: only that order's code compiles)
+template <typename T, int ORDER = -1, typename A>
 CL_HD T red_dot(const RedPlan& P, A v, int64_t n2) {
   const int64_t m = n2 / 2;
   if (m <= 0) return T(0);
-  if (P.order != kOrdTorchCpu) {
+  if ((ORDER < 0 ? P.order : ORDER) != kOrdTorchCpu) {
     // P.h: a 16-bit accumulator (kBFloat16, kFloat16) that rounds after every step, as
     // layer_norm's backward buffer for dweight/dbias of 16-bit input does
     T s = T(0);
@@ -984,7 +985,7 @@ CL_HD_COLD T red_combine_called(const RedPlan& P, T* parts) {
 
 template <typename T, int ORDER, typename A>
 CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
-  if (P.kind == kRedDot) return red_dot<T>(P, v, n);
+  if (P.kind == kRedDot) return red_dot<T, ORDER>(P, v, n);
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -1062,10 +1063,10 @@ CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
 template <typename T, int ORDER = -1, int KIND = -1, typename A>
 CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if constexpr (red_is_moment(KIND)) {
-    return mom_part<T>(P, v, n, row, t);
+    return mom_part<T, ORDER>(P, v, n, row, t);
   } else {
     if constexpr (KIND < 0)
-      if (red_is_moment(P.kind)) return mom_part<T>(P, v, n, row, t);
+      if (red_is_moment(P.kind)) return mom_part<T, ORDER>(P, v, n, row, t);
     return red_part_plain<T, ORDER>(P, v, n, row, t);
   }
 }
@@ -1073,10 +1074,10 @@ CL_HD T red_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
 template <typename T, int ORDER = -1, int KIND = -1>
 CL_HD T red_combine(const RedPlan& P, T* parts) {
   if constexpr (red_is_moment(KIND)) {
-    return mom_combine<T>(P, parts);
+    return mom_combine<T, ORDER>(P, parts);
   } else {
     if constexpr (KIND < 0)
-      if (red_is_moment(P.kind)) return mom_combine<T>(P, parts);
+      if (red_is_moment(P.kind)) return mom_combine<T, ORDER>(P, parts);
     return red_combine_plain<T, ORDER>(P, parts);
   }
 }

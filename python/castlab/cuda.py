@@ -191,8 +191,8 @@ def kernel_group(source: str) -> str:
 def builtin_kernels(*groups: str) -> list:
     """castlab's kernels of fixed source as (name, source) pairs: every one, or those of
     `groups` (the C++ file each comes from): ``"compare"`` (castlab.numerics.compare's),
-    ``"reduce"`` (the generic reduction: slow to compile, about 70 s of NVRTC on a 2-core
-    machine per dtype), ``"loss"``, ``"index"``.
+    ``"reduce"`` (the generic reduction, one kernel per order and dtype, named
+    ``cl_reduce_f32_o<order>``), ``"loss"``, ``"index"``.
 
     >>> sorted({n.split("_")[1] for n, _ in cl.cuda.builtin_kernels("compare")})
     ['compare', 'near', 'tie', 'ulp']

@@ -45,8 +45,14 @@ void bind_cuda(py::module_& m) {
       "_cuda_device_count", [] { return cu::device_count(); },
       py::call_guard<py::gil_scoped_release>());
   m.def(
-      "_reduce_kernel_source", [](bool f64) { return cl::cuda::reduce_kernel_source(f64); },
-      "the CUDA source of the reduce kernel (float or double rows)");
+      "_reduce_kernel_source",
+      [](bool f64, int order) { return cl::cuda::reduce_kernel_source(f64, order); },
+      py::arg("f64"), py::arg("order"),
+      "the CUDA source of the reduce kernel of one ReduceOrder (float or double rows)");
+  m.def(
+      "_reduce_kernel_name",
+      [](bool f64, int order) { return cl::cuda::reduce_kernel_name(f64, order); }, py::arg("f64"),
+      py::arg("order"), "the name of that kernel (cl_reduce_f32_o<order>)");
   m.def(
       "_index_kernel_source", [] { return cl::cuda::index_kernel_source(); },
       "the CUDA source of the index steps (gather, scatter_add, check)");
@@ -155,7 +161,9 @@ void bind_cuda(py::module_& m) {
                           "cl_ulp_error", "cl_ulp_diff"})
       k.emplace_back(n, cu::kCompareSource);
     for (bool f64 : {false, true}) {
-      k.emplace_back(f64 ? "cl_reduce_f64" : "cl_reduce_f32", cu::reduce_kernel_source(f64));
+      for (int o = 0; o < cl::kOrdCount; ++o)
+        if (cu::reduce_kernel_order(o) == o)
+          k.emplace_back(cu::reduce_kernel_name(f64, o), cu::reduce_kernel_source(f64, o));
       k.emplace_back(f64 ? "cl_nll_f64" : "cl_nll_f32", cu::nll_kernel_source(f64));
     }
     for (const char* n : {"cl_gather", "cl_index_check", "cl_scatter_add", "cl_zero"})
