@@ -40,7 +40,7 @@ Number = Union[int, float, bool]
 _EAGER_POLICY = Policy.eager()
 _eager_cache: dict = {}
 _EAGER_CACHE_SIZE = 4096
-# Guards insertion and eviction of _eager_cache (lookups are single dict.get calls,
+# Guards insertion and eviction of _eager_cache and _reduce's composite cache (lookups are single dict.get calls,
 # atomic under the GIL). Without it, two threads evicting at once pop the same key
 # (KeyError) or iterate the dict while another thread resizes it (RuntimeError).
 _eager_cache_lock = threading.Lock()
@@ -133,11 +133,16 @@ def _apply(op: str, args: Sequence[Any], attrs: dict | None = None):
     plan.run(tensors, result)
     for nd in nodes:  # the cached plan keeps no tensors (its record keeps the nodes)
         nd.tensor = None
-    with _eager_cache_lock:
-        _eager_cache[key] = plan
-        while len(_eager_cache) > _EAGER_CACHE_SIZE:
-            _eager_cache.pop(next(iter(_eager_cache)), None)
+    _cache_put(_eager_cache, key, plan)
     return result[0]
+
+
+def _cache_put(cache: dict, key: Any, value: Any) -> None:
+    """Insert into an eager plan cache, oldest entries out past _EAGER_CACHE_SIZE."""
+    with _eager_cache_lock:
+        cache[key] = value
+        while len(cache) > _EAGER_CACHE_SIZE:
+            cache.pop(next(iter(cache)), None)
 
 
 def _dense_permuted_order(tensors: list):
