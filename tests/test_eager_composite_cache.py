@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import castlab as cl
-from castlab import _reduce
+from castlab import _composite as _reduce
 
 torch = pytest.importorskip("torch")
 

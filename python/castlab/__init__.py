@@ -21,8 +21,9 @@
 #                                         placement, view push-down, schedule (tiles, row
 #                                         fusion), PyTorch-kernel reproduction, reductions,
 #                                         the program builder, the driver
-#   3  _dlpack -> _creation -> ops -> _reduce -> _index -> _loss  interchange, creation, the
-#                                         op functions, reductions and norms, gather, losses
+#   3  _dlpack -> _creation -> ops -> _composite -> _reduce -> _index -> _loss  interchange,
+#                                         creation, the op functions, eager composites (their
+#                                         plan cache), reductions and norms, gather, losses
 #   4  _tensor, _autodiff                     Tensor/Proxy methods (one class body each, copied
 #                                         onto _C.Tensor and Proxy); derivative rules,
 #                                         backward graphs
