@@ -88,7 +88,13 @@ fi
 # same calls), the command line's argument parsing and plots (test_cli_vocabulary,
 # test_plot: Python), the CLI runs of a study in subprocesses or Dask workers, and the
 # stacks (test_stacks, test_cli_stacks: Python orchestration of captured-model runs whose
-# castlab regions and kernels tests/test_torch_regions.py runs here).
+# castlab regions and kernels tests/test_torch_regions.py runs here). Likewise (2026-12-06,
+# 200 of the run's 717 worker-seconds): the math functions against torch's SLEEF and oneDNN
+# builds over many inputs (test_torch_cpu_math: register arithmetic in loops test_ops runs
+# here), the HF model captures (test_torch_capture: PyTorch and Python around the regions
+# test_torch_regions runs), the analyses and reports over studies (test_attribute,
+# test_numerics_drift, test_library_matrix, test_display, test_testing, the doctests), and
+# the source checks (test_style, test_layering: no castlab code runs).
 DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round_trips
           --deselect tests/test_exhaustive.py::test_gpu_kernel_compiles_with_nvrtc
           --deselect tests/test_compare_kernels.py::test_compare_kernels_compile_with_nvrtc
@@ -97,6 +103,11 @@ DESELECT=(--deselect tests/test_dlpack.py::test_no_memory_growth_over_many_round
           --ignore tests/test_cpu_isa.py --ignore tests/test_readme.py
           --ignore tests/test_cli_vocabulary.py --ignore tests/test_plot.py
           --ignore tests/test_cli_stacks.py --ignore tests/test_stacks.py
+          --ignore tests/test_torch_cpu_math.py --ignore tests/test_torch_capture.py
+          --ignore tests/test_attribute.py --ignore tests/test_numerics_drift.py
+          --ignore tests/test_library_matrix.py --ignore tests/test_display.py
+          --ignore tests/test_testing.py --ignore tests/test_doctests.py
+          --ignore tests/test_style.py --ignore tests/test_layering.py
           --deselect tests/test_math_portable.py::test_portable_math_exhaustive
           --deselect tests/test_grad_norms.py::test_grads_bit_exact_under_each_cpu_capability
           --deselect tests/test_bad_inputs_loss.py::test_study_logprobs_cli

@@ -785,3 +785,25 @@ def test_rope_on_cpu_equals_torch_one_op_at_a_time(dt):
     got = torch.from_dlpack(got)
     same = (got == want) | (got.isnan() & want.isnan())
     assert bool(same.all()), int((~same).sum())
+
+
+@pytest.mark.parametrize("case", ["broadcast", "slice", "transpose"])
+def test_gelu_under_a_view_calls_onednn_as_pytorch_does(case):
+    """PyTorch's CPU gelu calls oneDNN for a contiguous fp32 input of 2 or more elements;
+    gelu(y) is computed on y as it is, then broadcast, sliced or transposed. A view pushed
+    through the gelu into the fused program made the executor see a broadcast or strided
+    operand and run Gelu.h's loop instead: 35 of 60 elements differed (found by
+    test_hyp_random_graphs_eager_policy_bitwise)."""
+    torch = pytest.importorskip("torch")
+    x, y, y1 = rnd((5, 12), cl.bfloat16, 3), rnd((5, 12), cl.float32, 4), rnd((12,), cl.float32, 4)
+    tx, ty, ty1 = (torch.from_dlpack(t) for t in (x, y, y1))
+    G = torch.nn.functional.gelu
+    f, args, want = {
+        "broadcast": (lambda x, y: x + cl.gelu(y), (x, y1), tx + G(ty1)),
+        "slice": (lambda y: cl.gelu(y)[:, :3] * 2.0, (y,), G(ty)[:, :3] * 2.0),
+        "transpose": (lambda y: cl.gelu(y).transpose(0, 1) + 1.0, (y,), G(ty).t() + 1.0),
+    }[case]
+    for policy in ("eager", "fused"):
+        got = cl.jit(f).run(*args, policy=policy, math="torch_eager")
+        assert_bitwise(got.numpy(), want.numpy(), f"{case} {policy}")
+    assert_bitwise(f(*args).numpy(), want.numpy(), f"{case} op by op")

@@ -213,6 +213,8 @@ class ViewLowering:
         expression; a tree of slices of slices doubles at every level)."""
         # (e kept alive for the lowering: the entries below are keyed by its id)
         self._view_memo.setdefault((id(e), "alive"), e)
+        if self._onednn_gelu_here(e):
+            return True
         if vop[0] == "expand":
             return _broadcast_costly(e, vop[1])
         if vop[0] == "gather":
@@ -220,6 +222,16 @@ class ViewLowering:
         views = self._view_memo.setdefault((id(e), "views"), set())
         views.add(vop)
         return len(views) > 1 and _large(e)
+
+    def _onednn_gelu_here(self, e: Elem) -> bool:
+        """A gelu PyTorch's CPU kernel hands to oneDNN only for a contiguous input of 2 or
+        more elements (castlab._onednn): the executor decides by the layout it runs the
+        instruction over, so a view pushed through it (gelu(y) broadcast into x + gelu(y),
+        a slice of gelu(y)) would change that choice. The gelu is computed on its own
+        input first, as PyTorch computes it, and the view reads the result."""
+        n = e.node
+        return (n.op == "gelu" and not n.attrs.get("kernel_inner")
+                and bool(self.math._onednn_gelu("gelu", n.dtype.name, self.cuda)))
 
     # -- indexing by tensors (castlab._index) --------------------------------------------
     def _index_leaf(self, node: Node) -> Leaf:
