@@ -21,7 +21,7 @@ import re
 import threading
 from typing import Any
 
-from . import _C, _index, _reduce, ops
+from . import _C, _composite, _index, _reduce, ops
 from ._creation import zeros
 from ._dtype import dtype as _dtype
 from ._dtype import float64
@@ -424,7 +424,7 @@ def _layer_norm_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> 
     x = n.inputs[0]
     ins = [g.node, x] + ([n.inputs[1]] if a["weight"] else [])
     whats = ["dx"] + (["dgamma"] if a["weight"] else []) + (["dbeta"] if a["bias"] else [])
-    kid = next(_reduce._kernel_ids)
+    kid = next(_composite._kernel_ids)
     outs = []
     for i, what in enumerate(whats):
         if not want[i]:

@@ -5,7 +5,6 @@ graph of its own under the eager policy, its plan cached."""
 from __future__ import annotations
 
 import itertools
-import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +34,9 @@ _BODY_DEPTH = 4
 def _closed_key(v: Any, depth: int):
     """A key for a value a composite's body closes over: numbers by type and exact value,
     strings, dtypes, tuples of these and the bodies of nested functions; _UNCACHED for
-    anything else (a tensor, an object): that call traces anew."""
+    anything else (a tensor, an object): that call traces anew. (Stricter than jit's
+    guards, castlab._jit._guard_value, which leave strings and castlab's own functions
+    unguarded: here a string is a parameter such as reduction="sum".)"""
     t = type(v)
     if v is None or t is str:
         return v
@@ -92,7 +93,7 @@ def _call(body: Callable, args: Sequence[Any], kernel: str | None = None):
     key = _body_key(body)
     if key is not _UNCACHED:
         key = (key, kernel, tuple(a is None for a in args), _C.signature(tensors), math,
-               "torch" in sys.modules, _onednn.state(), _C.torch_num_threads())
+               _onednn.torch_env(), _C.torch_num_threads())
         hit = _composite_cache.get(key)
         if hit is not None:
             plan, captured = hit

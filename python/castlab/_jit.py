@@ -63,7 +63,7 @@ class Traced:
         self.captured_src: list = []            # per captured tensor: guard slot or constant
         self.plans: dict = {}
         self.default_plan = None  # the plan under the jit's own policy and math
-        self.default_env = None   # ... lowered in this _torch_env()
+        self.default_env = None   # ... lowered in this _onednn.torch_env()
 
     def bind_captured(self, objs: list) -> list:
         """The captured tensors for one call: guarded ones from the function's current
@@ -75,13 +75,6 @@ class Traced:
         tr = copy.copy(self)
         tr.captured = captured
         return tr
-
-
-def _torch_env() -> tuple:
-    """What of the loaded PyTorch a plan's bits depend on: whether torch is imported (the
-    torch_cpu math then follows its CPU capability, MKL VML and thread geometry) and
-    oneDNN's switch (gelu). A plan lowered before ``import torch`` is not reused after it."""
-    return ("torch" in sys.modules, _onednn.state()[0])
 
 
 def _signature(tensors: list) -> bytes:
@@ -395,7 +388,7 @@ class JitFunction:
     def _plan(self, tr: Traced, all_inputs: list, pol: Policy, mth: Math):
         """The plan of `tr` under `pol` and `mth`, lowered on first use: (plan, fresh
         outputs to run it into, or None when the plan was cached)."""
-        env = _torch_env()
+        env = _onednn.torch_env()
         key = (pol, mth, env)
         plan = tr.plans.get(key)
         if plan is not None:
@@ -445,7 +438,7 @@ class JitFunction:
             tensors = list(args)
             guard, objs = _guards(self.fn, self._code_memo)
             tr = self._lookup((_C.signature(tensors), guard))
-            if tr is not None and tr.default_plan is not None and tr.default_env == _torch_env():
+            if tr is not None and tr.default_plan is not None and tr.default_env == _onednn.torch_env():
                 if tr.captured_src:
                     tensors += tr.bind_captured(objs)
                 outs = tr.default_plan.run(tensors)

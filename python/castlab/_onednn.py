@@ -111,6 +111,18 @@ def input_not_contiguous():
         _local.strided = prev
 
 
+def torch_env() -> tuple:
+    """What of the loaded PyTorch a lowered plan's bits depend on, for the plan caches
+    (jit's, the eager composites'): whether torch is imported (the torch_cpu math then
+    follows its CPU capability, MKL VML and thread geometry) and oneDNN's switch (gelu).
+    A plan lowered before ``import torch`` is not reused after it.
+
+    >>> cl._onednn.torch_env()[0] in (True, False)
+    True
+    """
+    return ("torch" in sys.modules, state()[0])
+
+
 def state() -> tuple:
     """What of PyTorch's gelu path can change while castlab runs (its oneDNN flag,
     ``torch.backends.mkldnn.enabled``, None without torch; and whether the input is a

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _C, _torch_vml, ops
-from ._composite import _call, _kernel_ids  # noqa: F401  (_kernel_ids: _autodiff's)
+from ._composite import _call
 from ._creation import asarray
 from ._dtype import as_dtype, bfloat16, float16, float32, float64, promote_types
 from ._graph import EXPANSIONS, Node, Proxy, record, reduce_dims, reduce_node

@@ -23,8 +23,8 @@ def warm(runs: list, threads: int | None = None, errors: str = "ignore",
     computes exactly what it would have. `errors="ignore"` leaves a run that fails for
     its real run to report; "raise" raises the first failure. With a CUDA `device`,
     castlab's fixed-source kernels that the plans' steps use (the generic reduction of each
-    order they reduce in, the index and loss kernels) and numerics.compare's compile alongside, each its own task,
-    the slowest first."""
+    order they reduce in, the index and loss kernels) and numerics.compare's compile
+    alongside, each its own task, the slowest first."""
     ready, groups, orders = [], {"compare"}, set()
     for fn, args, pol, mth in runs:
         try:

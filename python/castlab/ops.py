@@ -40,8 +40,8 @@ Number = Union[int, float, bool]
 _EAGER_POLICY = Policy.eager()
 _eager_cache: dict = {}
 _EAGER_CACHE_SIZE = 4096
-# Guards insertion and eviction of _eager_cache and _reduce's composite cache (lookups are single dict.get calls,
-# atomic under the GIL). Without it, two threads evicting at once pop the same key
+# Guards insertion and eviction of _eager_cache and _composite's cache (lookups are single
+# dict.get calls, atomic under the GIL). Without it, two threads evicting at once pop the same key
 # (KeyError) or iterate the dict while another thread resizes it (RuntimeError).
 _eager_cache_lock = threading.Lock()
 
