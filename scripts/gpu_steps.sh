@@ -11,6 +11,7 @@
 #   vocab        benchmarks/bench_vocab.py and --fuse (issue 49)
 #   reduce       benchmarks/bench_reduce.py
 #   bench        benchmarks/bench_cuda.py
+#   backward     benchmarks/bench_backward.py
 #   stacks       benchmarks/bench_stacks.py --device cuda
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
@@ -66,6 +67,7 @@ for s in "$@"; do
            step vocab_fuse $PY benchmarks/bench_vocab.py --fuse --json "$OUT/vocab_fuse.json" ;;
     reduce) step reduce $PY benchmarks/bench_reduce.py --json "$OUT/bench_reduce.json" ;;
     bench) step bench $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" ;;
+    backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
     t:*)
