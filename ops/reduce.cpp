@@ -33,6 +33,16 @@ void two_pass_config(RedPlan* P, int64_t n, int64_t rows, int64_t code) {
   P->h = code;
 }
 
+// Inductor's C++ reduction kernel, compiled for torch's thread count (read from the loaded
+// torch at run time; none when torch is not loaded). codegen/cpp.py: where the rows' loop
+// has fewer than 1/300 of the row's vector iterations (max_parallel_depth), the parallel
+// loop is the row's own (decide_parallel_depth: more than one thread, and 512 elements a
+// thread), each thread taking its share by `#pragma omp for` (libgomp's static schedule).
+void inductor_omp_config(RedPlan* P, int64_t n, int64_t rows) {
+  const int64_t threads = torch_num_threads();
+  if (threads > 1 && rows * 300 < n / P->a && rows * n / threads >= 512) P->g = threads;
+}
+
 // setReduceConfig of aten/src/ATen/native/cuda/Reduce.cuh. Innermost (reduce_on_fastest,
 // one reduced dimension): lanes split each row. Outer (s.p3 = output vector size): each
 // thread owns an output and walks the reduced elements, split across the block's rows
@@ -284,12 +294,14 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
             "triton order: (R0_BLOCK, per thread, lanes, warps) must be powers of two with "
             "lanes <= 32, lanes * warps <= 1024 and per thread * lanes * warps <= R0_BLOCK");
       // (p4, p5): Inductor's C++ kernels (the inductor_cpp order): the cascade sum's chunk
-      // of vector iterations (0: none), and 1 where every lane accumulates from zero
-      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || (s.p5 != 0 && s.p5 != 1) ||
-          (s.p4 > 0 && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)))
+      // of vector iterations (0: none), and 1 where every lane accumulates from zero, 2
+      // where besides a sum's loop over the row may be split over torch's threads
+      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || s.p5 < 0 || s.p5 > 2 ||
+          ((s.p4 > 0 || s.p5 == 2) && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)))
         throw std::invalid_argument(
-            "triton order: the cascade chunk (p4) must be in [0, 2^30], with one lane a "
-            "position (per thread 1, lanes = R0_BLOCK, 1 warp); p5 0 or 1");
+            "triton order: the cascade chunk (p4) must be in [0, 2^30]; p5 0, 1 or 2; a "
+            "cascade or a split over threads takes one lane a position (per thread 1, "
+            "lanes = R0_BLOCK, 1 warp)");
       P.a = s.p0;
       P.b = s.p1;
       P.c = s.p2;
@@ -297,6 +309,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.e = (s.p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
       P.f = s.p4;
       P.nparts = s.p2 * s.p3;
+      if (s.p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
       break;
     }
     default: break;
@@ -392,7 +405,9 @@ std::string describe_red_plan(const RedPlan& p) {
     case kOrdTriton:
       if (p.b == 1 && p.c == p.a && p.d == 1 && (p.f > 0 || p.e))
         return r + " " + num(p.a) + " vector lanes, each from zero, then a butterfly" +
-               (p.f > 0 ? ", each lane's full vectors a cascade sum in chunks of " + num(p.f) : "");
+               (p.f > 0 ? ", each lane's full vectors a cascade sum in chunks of " + num(p.f)
+                        : "") +
+               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)";
   }

@@ -4,9 +4,10 @@ product, fused with one rounding and casts dropped as Inductor's default does, f
 the widths users run (56 to Qwen2's vocabulary), bf16 and fp32, under the ISA torch
 runs here (Inductor follows ATEN_CPU_CAPABILITY as torch does).
 
-torch's thread count is pinned to 1: with few rows and several threads Inductor splits a
-row's reduction over threads (per-thread partial lanes added in thread order), which
-castlab does not model yet.
+Most tests pin torch's thread count to 1. With few rows and several threads Inductor splits
+a row's sum over its threads (each thread's lanes from zero over its share of the row,
+added in thread order): `test_few_rows_split_over_threads_equal_torch_compile` checks
+castlab's model of that against torch.compile at 2 and 3 threads.
 """
 
 from __future__ import annotations
@@ -65,13 +66,53 @@ def test_fused_inductor_cpu_equals_torch_compile(dt, n, one_thread):
     assert not any(bad.values()), bad
 
 
-def test_inductor_cpp_order_lanes_and_cascade_against_numpy():
+@pytest.fixture
+def threads():
+    n = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(n)
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("nt", [2, 3])
+@pytest.mark.parametrize("dt,rows,n", [("float32", 16, 151936), ("bfloat16", 3, 50257),
+                                       ("float32", 63, 151936), ("float32", 64, 151936),
+                                       ("bfloat16", 31, 151936), ("float32", 1, 4100)])
+def test_few_rows_split_over_threads_equal_torch_compile(dt, rows, n, nt, threads):
+    """Inductor's C++ kernel splits a row's sum over torch's threads where the rows are
+    under 1/300 of the row's vector iterations (cpp.py: max_parallel_depth), by libgomp's
+    static schedule, each thread's lanes through their own CascadeSumHelper, the threads'
+    lanes added in thread order. 63 and 64 rows of 151,936 fp32 (18,992 vectors of 8) and
+    31 bf16 rows (RMSNorm's 16-lane loads: 9,496) sit at the boundary; 50,257 has a
+    masked tail vector, which the last thread takes. The vocabulary rows a short prompt's
+    log-probabilities reduce over (few tokens, many classes) are exactly this case."""
+    threads(nt)
+    g = torch.Generator().manual_seed(n + rows)
+    td = getattr(torch, dt)
+    x = (torch.randn(rows, n, generator=g) * 3).to(td)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(td)
+    torch._dynamo.reset()
+    want = torch.compile(_torch_f, dynamic=False)(x, w)
+    torch._dynamo.reset()
+    f = cl.jit(_castlab_f)
+    got = f.run(cl.from_dlpack(x), cl.from_dlpack(w), policy=POL, math="inductor_cpu")
+    names = ("rms_norm", "softmax", "log_softmax", "sum", "silu_mul", "amax")
+    bad = {k: int((torch.from_dlpack(a) != b).sum()) for k, a, b in zip(names, got, want)}
+    assert not any(bad.values()), bad
+    listing = str(f.trace(cl.from_dlpack(x), cl.from_dlpack(w), policy=POL,
+                          math="inductor_cpu"))
+    split = rows * 300 < n // 8
+    assert (f"the row split over {nt} OpenMP threads" in listing) == split, listing
+
+
+def test_inductor_cpp_order_lanes_and_cascade_against_numpy(one_thread):
     """The inductor_cpp order as a NumPy emulation of the generated C++ computes it: L
     lanes from zero over the full vectors (each lane's values in chunks of 4096 vectors
     paired by CascadeSumHelper's binary counter), plus the masked tail vector, then
     vec_reduce_all's butterfly (offsets L/2 .. 1) and 0 + the result. 40,000 elements in
     fp32 under AVX2 (L = 8: 5000 vectors, two chunks) and 140,003 (17,500 vectors: five
-    chunks, three levels, and a 3-element tail), 2 rows."""
+    chunks, three levels, and a 3-element tail), 2 rows, torch on one thread (on more,
+    Inductor splits so few rows over its threads: the test below)."""
     m = cl.Math("c", impl="portable", reduction="inductor_cpp", cpu_isa="avx2")
     for n in (40000, 140003):
         x = cl.randn(2, n, seed=n, dtype=cl.float32)
@@ -81,18 +122,32 @@ def test_inductor_cpp_order_lanes_and_cascade_against_numpy():
         assert np.array_equal(got.view(np.int32), want.view(np.int32)), (n, got, want)
 
 
-def _emulate(row, lanes: int, chunk: int) -> np.float32:
+def test_inductor_cpp_split_over_threads_against_numpy(threads):
+    """The split over threads as a NumPy emulation of the generated C++ and libgomp's
+    static schedule: 2 rows of 140,003 fp32 (17,501 iterations of 8, the last a 3-element
+    tail) on 2, 3 and 5 threads; each thread's helper made for ceil(17,500 / threads)
+    vectors (two chunks at 2 threads: a cascade level; one at 5)."""
+    m = cl.Math("c", impl="portable", reduction="inductor_cpp", cpu_isa="avx2")
+    x = cl.randn(2, 140003, seed=7, dtype=cl.float32)
+    xn = np.asarray(x.numpy(), np.float32)
+    for nt in (2, 3, 5):
+        threads(nt)
+        got = cl.jit(lambda x: cl.sum(x, -1)).run(x, policy="fused", math=m).numpy()
+        want = np.array([_emulate(row, 8, 4096, nt) for row in xn], np.float32)
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), (nt, got, want)
+
+
+def _cascade(vecs, lanes: int, chunk: int, size: int) -> np.ndarray:
+    """CascadeSumHelper made for `size` vectors, fed `vecs` ([k, lanes]) from zero."""
     f = np.float32
-    n = row.size
-    k = n // lanes
-    m = -(-k // chunk)
+    m = -(-size // chunk)
     depth = 0
     while (1 << depth) < m:
         depth += 1
     stk = np.zeros((max(depth, 1), lanes), f)
     index = chunks = 0
-    for i in range(k):
-        stk[0] = (stk[0] + row[i * lanes:(i + 1) * lanes]).astype(f)
+    for vec in vecs:
+        stk[0] = (stk[0] + vec).astype(f)
         if depth > 0:
             index += 1
             if index == chunk:
@@ -107,9 +162,30 @@ def _emulate(row, lanes: int, chunk: int) -> np.float32:
     acc = stk[0].copy()
     for j in range(1, depth):
         acc = (acc + stk[j]).astype(f)
+    return acc
+
+
+def _emulate(row, lanes: int, chunk: int, nt: int = 1) -> np.float32:
+    f = np.float32
+    n = row.size
+    k = n // lanes
+    vecs = row[:k * lanes].reshape(k, lanes)
     tail = np.zeros(lanes, f)
     tail[:n - k * lanes] = row[k * lanes:]
-    acc = (acc + tail).astype(f)
+    if nt == 1:
+        acc = (_cascade(vecs, lanes, chunk, k) + tail).astype(f)
+    else:  # `#pragma omp for` over ceil(n / lanes) iterations, libgomp's static schedule
+        its = -(-n // lanes)
+        q, rem = divmod(its, nt)
+        acc = np.zeros(lanes, f)
+        masked = np.zeros(lanes, f)
+        for t in range(nt):
+            s = (q + 1) * t if t < rem else q * t + rem
+            e = s + q + (t < rem)
+            acc = (acc + _cascade(vecs[s:min(e, k)], lanes, chunk, -(-k // nt))).astype(f)
+            if s <= k < e and k < its:
+                masked = (masked + tail).astype(f)
+        acc = (acc + masked).astype(f)
     off = lanes // 2
     while off:
         acc = (acc[:off] + acc[off:2 * off]).astype(f)

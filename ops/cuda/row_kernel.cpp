@@ -206,7 +206,7 @@ std::pair<int64_t, int64_t> triton_layout(const RowStep& s) {
     const RedPlan P = make_red_plan(p.spec, s.n, s.rows);
     if (k == 0) first = P;
     if (P.a != first.a || P.b != first.b || P.c != first.c || P.d != first.d || P.e != first.e ||
-        P.f != 0)  // (Inductor's C++ cascade sum: the general kernel)
+        P.f != 0 || P.g != 0)  // (Inductor's C++ cascade or split sum: the general kernel)
       return {0, 0};
   }
   // warps combine by an xor butterfly over W lanes (a power of two, as Triton's warps)

@@ -807,17 +807,18 @@ CL_HD T red_softmax_combine(const RedPlan& P, T* p) {
 // CascadeSumHelper (cpp_prefix.h): chunks of P.f values, combined by a binary counter
 // (chunk c adds the stack's levels below its lowest set bit upward), the levels then added
 // from the bottom; the tail vector's value (masked_acc_vec) is added after.
+// One lane's values v[i * R + pos] of the vectors i0 <= i < i1 through a CascadeSumHelper
+// made for N vectors (C: the chunk; 0, or N <= C: a plain sum from zero).
 template <typename T, typename A>
-CL_HD T red_cascade_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
-  const int64_t R = P.a, C = P.f, full = n / R * R, K = n / R;
-  const int64_t m = (K + C - 1) / C;
+CL_HD T red_cascade_run(A v, int64_t R, int64_t C, int64_t pos, int64_t i0, int64_t i1, int64_t N) {
+  const int64_t m = C > 0 ? (N + C - 1) / C : 1;
   int64_t depth = 0;
   while ((int64_t(1) << depth) < m) ++depth;
   T stk[64];
   for (int64_t j = 0; j < 64; ++j) stk[j] = T(0);
   int64_t index = 0, chunks = 0;
-  for (int64_t i = pos; i < full; i += R) {
-    stk[0] = stk[0] + T(v[i]);
+  for (int64_t i = i0; i < i1; ++i) {
+    stk[0] = stk[0] + T(v[i * R + pos]);
     if (depth > 0 && ++index == C) {
       ++chunks;
       index = 0;
@@ -831,8 +832,36 @@ CL_HD T red_cascade_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
   }
   T r = stk[0];
   for (int64_t j = 1; j < depth; ++j) r = r + stk[j];
+  return r;
+}
+
+template <typename T, typename A>
+CL_HD T red_cascade_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
+  const int64_t R = P.a, K = n / R, full = K * R;
+  T r = red_cascade_run<T>(v, R, P.f, pos, 0, K, K);
   if (full + pos < n) r = r + (T(0) + T(v[full + pos]));
   return r;
+}
+
+// The row's sum split over P.g OpenMP threads (Inductor's parallel reduction, cpp.py):
+// the row's vector iterations (the tail vector the last) dealt by libgomp's static
+// schedule (thread t: q + 1 of them from (q + 1) t where t < I % threads, else q from
+// q t + I % threads); each thread sums its full vectors from zero through a
+// CascadeSumHelper made for ceil(K / threads) vectors (P.f > 0) and its masked tail from
+// zero; the threads' lanes are added to a zero vector in thread order, the masked ones
+// likewise, then the two.
+template <typename T, typename A>
+CL_HD T red_omp_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
+  const int64_t R = P.a, nt = P.g, K = n / R, I = (n + R - 1) / R;
+  const int64_t q = I / nt, rem = I % nt, per = (K + nt - 1) / nt;
+  T acc = T(0), masked = T(0);
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t s = t < rem ? (q + 1) * t : q * t + rem, e = s + q + (t < rem ? 1 : 0);
+    acc = acc + red_cascade_run<T>(v, R, P.f, pos, s, e < K ? e : K, per);
+    const bool tail = e > K && s <= K && K < I && K * R + pos < n;
+    masked = masked + (tail ? T(0) + T(v[K * R + pos]) : T(0));
+  }
+  return acc + masked;
 }
 
 template <typename T, typename A>
@@ -844,7 +873,9 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
     for (int64_t k = 0; k < per; ++k) {
       const int64_t pos = rep * tile + t * per + k;
       T acc = red_identity<T>(P.kind);
-      if (P.f > 0 && P.kind == kRedSum) {
+      if (P.g > 1 && P.kind == kRedSum) {
+        acc = red_omp_lane<T>(P, v, n, pos);
+      } else if (P.f > 0 && P.kind == kRedSum) {
         acc = red_cascade_lane<T>(P, v, n, pos);
       } else if (P.e) {
         for (int64_t i = pos; i < n; i += R) acc = red_op(P.kind, acc, T(v[i]));

@@ -370,7 +370,11 @@ class TorchKernelLowering:
         loads one (half of that for a row shorter than it), else of float: 32 bytes under
         AVX2, 64 under AVX512 (Inductor follows ATEN_CPU_CAPABILITY as torch does; "default"
         gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
-        full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4)."""
+        full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4).
+        A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
+        iterations) and torch runs more than one thread, Inductor's kernel splits the row
+        over its threads (decided when the reduction is planned, from torch's thread count
+        then)."""
         rows = _prod(node.shape)
         if n < UNROLL_BELOW and rows != 1:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
@@ -385,7 +389,10 @@ class TorchKernelLowering:
             lanes //= 2
         lanes = max(1, lanes)
         cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, 1)
+        split = 2 if kind == REDUCE_OPS["sum"] else 1
+        if split == 2:
+            _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split)
 
     def _dot_spec(self, node: Node, acc: dtype, order: str) -> tuple:
         """The spec of a sum of products PyTorch's kernel accumulates with its products
