@@ -32,18 +32,8 @@ py::dict memory_stats_dict(int device) {
   return d;
 }
 
-}  // namespace
-
-void bind_cuda(py::module_& m) {
-  cu::register_cuda_allocator();
-  cu::register_cuda_runner();
-
-  m.def(
-      "_cuda_is_available", [] { return cu::is_available(); },
-      py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "_cuda_device_count", [] { return cu::device_count(); },
-      py::call_guard<py::gil_scoped_release>());
+// The fixed kernels' sources and names, and the SM count (no driver call but the last).
+void bind_kernel_sources(py::module_& m) {
   m.def(
       "_reduce_kernel_source",
       [](bool f64, int order) { return cl::cuda::reduce_kernel_source(f64, order); },
@@ -62,6 +52,10 @@ void bind_cuda(py::module_& m) {
   m.def(
       "cuda_sm_count", [](int index) { return cu::multiprocessor_count(index); },
       "streaming multiprocessors of CUDA device `index`", py::call_guard<py::gil_scoped_release>());
+}
+
+// The driver: initialisation, device info, synchronisation, memory, streams, copies.
+void bind_device(py::module_& m) {
   m.def(
       "_cuda_init",
       [](const std::vector<std::string>& nvrtc_candidates) {
@@ -153,6 +147,11 @@ void bind_cuda(py::module_& m) {
         cu::stream_wait_for(producer, device);
       },
       py::arg("producer_stream"), py::arg("device") = 0);
+}
+
+// Kernel compiles: the built-in kernels, precompiles, the cache's counters and log, generated
+// sources, NVRTC checks.
+void bind_compile(py::module_& m) {
   // The kernels whose sources are fixed (the comparison's, the reductions', the index and
   // loss kernels): (name, source) pairs for _cuda_precompile, in no particular order.
   m.def("_cuda_builtin_kernels", [] {
@@ -280,6 +279,10 @@ void bind_cuda(py::module_& m) {
       },
       py::arg("source"), py::arg("arch"), py::arg("name") = "castlab_check");
   m.def("_nvrtc_options", &cu::nvrtc_options_for_arch, py::arg("arch"));
+}
+
+// The disk kernel cache's file handling.
+void bind_disk_cache(py::module_& m) {
   // The disk kernel cache's file handling, for tests (no GPU needed). Each call opens
   // (creating 0700) `dir` as the cache would; a refused folder raises RuntimeError with why.
   struct CacheDir {
@@ -333,4 +336,21 @@ void bind_cuda(py::module_& m) {
         return cu::disk::clean_temps(d.fd, max_age_s);
       },
       py::arg("dir"), py::arg("max_age_s") = cu::disk::kStaleTempSeconds);
+}
+}  // namespace
+
+void bind_cuda(py::module_& m) {
+  cu::register_cuda_allocator();
+  cu::register_cuda_runner();
+
+  m.def(
+      "_cuda_is_available", [] { return cu::is_available(); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_cuda_device_count", [] { return cu::device_count(); },
+      py::call_guard<py::gil_scoped_release>());
+  bind_kernel_sources(m);
+  bind_device(m);
+  bind_compile(m);
+  bind_disk_cache(m);
 }
