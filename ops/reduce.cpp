@@ -102,6 +102,17 @@ void cuda_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
 void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
   switch (s.order) {
     case kOrdTorchCpu: P->nparts = 1; break;
+    case kOrdTriton:  // Inductor's C++ Welford: (lanes, 1, lanes, 1, floats a vector, split)
+      if (s.p0 < 1 || s.p0 > 64 || s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1 ||
+          !(s.p4 == s.p0 || 2 * s.p4 == s.p0) || s.p5 < 1 || s.p5 > 2)
+        throw std::invalid_argument(
+            "triton order: a mean or M2 is Inductor's C++ Welford, (lanes <= 64, 1, lanes, 1, "
+            "lanes or half of them, 1 or 2)");
+      P->a = s.p0;
+      P->b = s.p4;
+      P->nparts = 1;
+      if (s.p5 == 2) inductor_omp_config(P, n, rows);
+      break;
     case kOrdCpuMoments:
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4)))
         throw std::invalid_argument("cpu_moments order: vector (8, 8), (16, 8) or (4, 4)");
@@ -347,6 +358,11 @@ std::string describe_red_plan(const RedPlan& p) {
   if (red_is_moment(p.kind)) {
     switch (p.order) {
       case kOrdTorchCpu: return r + " torch_cpu Welford (WelfordOps, one pass)";
+      case kOrdTriton:
+        return r + " inductor_cpp Welford (" + num(p.a) + " vector lanes" +
+               (p.a == 2 * p.b ? " as two halves" : "") +
+               ", reciprocal updates, chunks of 4096 in a stack, then welford_vec_reduce_all" +
+               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static))" : ")");
       case kOrdCpuMoments:
         return r + " torch_cpu RowwiseMoments (" + num(p.a) + "-element loads, " + num(p.b) +
                " lanes, " + (p.c ? "fused multiply-adds" : "no fma") +

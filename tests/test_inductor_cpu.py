@@ -105,6 +105,61 @@ def test_few_rows_split_over_threads_equal_torch_compile(dt, rows, n, nt, thread
     assert (f"the row split over {nt} OpenMP threads" in listing) == split, listing
 
 
+@pytest.mark.inductor
+@pytest.mark.parametrize("dt,nt", [("float32", 1), ("float32", 3), ("bfloat16", 3),
+                                   ("float16", 1)])
+def test_welford_var_and_layer_norm_equal_torch_compile(dt, nt, threads):
+    """torch.compile's C++ computes a variance over more than 1,024 elements (or of one
+    row) by Welford (lowering.py use_two_step_variance): per-lane updates multiplying by
+    WelfordHelper's reciprocals, chunks of 4,096 in a stack, welford_vec_reduce_all with
+    AVX's lane shuffles (lane 0 takes lane 3 at offset 1), the tail's state first. castlab's
+    inductor_cpu models it: layer_norm, var and var(correction=0, keepdim) at the two-pass
+    boundary (1,024 / 1,025), one row of 100, a masked tail (4,103), 262,144 elements (a
+    stack of 3 levels, split over threads at 3), with inf and NaN rows. Before: 34,653 of
+    65,536 layer_norm elements of [16, 4096] fp32 differed."""
+    threads(nt)
+    shapes = ((1, 100), (8, 1024), (8, 1025), (5, 4103), (3, 262144))
+    for rows, n in shapes if dt == "float32" else shapes[2::2]:
+        td = getattr(torch, dt)
+        g = torch.Generator().manual_seed(n + rows)
+        x = (torch.randn(rows, n, generator=g) * 3 + 1).to(td)
+        w = (1 + 0.1 * torch.randn(n, generator=g)).to(td)
+        b = (0.1 * torch.randn(n, generator=g)).to(td)
+        if rows > 2:
+            x[1, 5] = float("inf")
+            x[2, 7] = float("nan")
+
+        def tf(x, w, b, n=n):
+            return (torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5), x.var(-1),
+                    torch.var(x, -1, correction=0, keepdim=True))
+
+        def cf(x, w, b, n=n):
+            return (cl.layer_norm(x, n, w, b, 1e-5), cl.var(x, -1),
+                    cl.var(x, -1, correction=0, keepdim=True))
+        torch._dynamo.reset()
+        want = torch.compile(tf, dynamic=False)(x, w, b)
+        torch._dynamo.reset()
+        got = cl.jit(cf).run(cl.from_dlpack(x), cl.from_dlpack(w), cl.from_dlpack(b),
+                             policy=POL, math="inductor_cpu")
+        for name, a, ref in zip(("layer_norm", "var", "var0"), got, want):
+            t = torch.from_dlpack(a)
+            bad = int(((t != ref) & ~(t.isnan() & ref.isnan())).sum())
+            assert bad == 0, (rows, n, name, bad)
+
+
+def test_welford_order_in_the_trace():
+    """The trace names the Welford order where the two-pass rule does not hold, and not
+    where it does (rows of 512: two passes, as Inductor)."""
+    x = cl.randn(4, 2048, seed=0)
+    f = cl.jit(lambda x: cl.var(x, -1))
+    listing = str(f.trace(x, policy=POL, math="inductor_cpu"))
+    assert "inductor_cpp Welford (8 vector lanes" in listing or \
+        "inductor_cpp Welford (16 vector lanes" in listing, listing
+    small = str(cl.jit(lambda x: cl.var(x, -1)).trace(cl.randn(4, 512, seed=0), policy=POL,
+                                                       math="inductor_cpu"))
+    assert "Welford" not in small, small
+
+
 def test_inductor_cpp_order_lanes_and_cascade_against_numpy(one_thread):
     """The inductor_cpp order as a NumPy emulation of the generated C++ computes it: L
     lanes from zero over the full vectors (each lane's values in chunks of 4096 vectors

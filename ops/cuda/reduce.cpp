@@ -76,6 +76,10 @@ std::string reduce_kernel_source(bool f64, int order) {
 void launch_reduce_cuda(const RedPlan& P, const Tensor& src, const Tensor& dst, int64_t rows) {
   const Device dev = src.device();
   const bool f64 = src.dtype() == kFloat64;
+  if (red_is_moment(P.kind) && P.order == kOrdTriton)
+    throw std::invalid_argument(
+        "CUDA reduce: the inductor_cpp order's Welford (Inductor's C++ kernels) runs on the "
+        "CPU only");
   const std::string& name = reduce_kernel_name(f64, P.order);
   const CompiledKernel k = get_kernel(dev.index, name, reduce_kernel_source(f64, P.order));
   if (rows > int64_t(0x7FFFFFFF))

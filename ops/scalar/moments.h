@@ -236,7 +236,137 @@ CL_HD void mom_store(T* p, int64_t k, Moments<T> s) {
   p[3 * k + 2] = s.nf;
 }
 
-CL_HD bool mom_is_serial(int order) { return order == kOrdTorchCpu || order == kOrdCpuMoments; }
+CL_HD bool mom_is_serial(int order) {
+  return order == kOrdTorchCpu || order == kOrdCpuMoments || order == kOrdTriton;
+}
+
+// ---- Inductor's C++ Welford (the inductor_cpp order's mean and M2; cpp_prefix.h) ----
+// Welford<T>: mean, m2, weight, and index (how many updates or combined states: one count
+// for every lane of a vector state). CPU only: the GPU's reduce launch refuses it, and the
+// device compile gets NaN (mom_inductor_cpp below).
+#if !defined(__CUDA_ARCH__)
+template <typename T>
+struct IndWelford {
+  T mean = T(0), m2 = T(0), weight = T(0);
+  int64_t index = 0;
+};
+
+// welford_combine(a, b): the vector form (`vec`: blendv guards, delta 0 where the means are
+// equal, 0 where the new weight is 0) or the scalar one (delta 0 for equal infinite means).
+template <typename T>
+CL_HD IndWelford<T> ind_combine(const IndWelford<T>& a, const IndWelford<T>& b, bool vec) {
+  if (a.index == 0) return b;
+  if (b.index == 0) return a;
+  T delta = b.mean - a.mean;
+  if (vec ? a.mean == b.mean : (std::isinf(a.mean) && a.mean == b.mean)) delta = T(0);
+  const T w = a.weight + b.weight;
+  T wb = b.weight / w;
+  if (vec && w == T(0)) wb = T(0);
+  IndWelford<T> r;
+  r.mean = a.mean + delta * wb;
+  r.m2 = a.m2 + b.m2 + delta * delta * a.weight * wb;
+  r.weight = w;
+  r.index = a.index + b.index;
+  return r;
+}
+
+// One lane's state over its values v[i * R + pos], i0 <= i < i1, through a WelfordHelper
+// made for N vectors: chunks of 4096 updates merged in a binary-counter stack, each update
+// dividing by multiplying with the helper's reciprocal 1 / (index + 1) (in the lane's
+// scalar type, from a double division); then the stack merged into the state.
+template <typename T, typename A>
+CL_HD IndWelford<T> ind_welford_run(A v, int64_t R, int64_t pos, int64_t i0, int64_t i1,
+                                    int64_t N) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t m = (N + kChunk - 1) / kChunk;
+  int64_t depth = 0;
+  while ((int64_t(1) << depth) < m) ++depth;
+  IndWelford<T> stk[40];
+  IndWelford<T> acc;
+  int64_t chunks = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    if (depth > 0 && acc.index == kChunk) {
+      stk[0] = ind_combine(stk[0], acc, true);
+      ++chunks;
+      acc = IndWelford<T>();
+      int64_t mask = chunks;
+      for (int64_t j = 1; j < depth && (mask & 1) == 0; ++j) {
+        stk[j] = ind_combine(stk[j], stk[j - 1], true);
+        stk[j - 1] = IndWelford<T>();
+        mask >>= 1;
+      }
+    }
+    const T x = T(v[i * R + pos]);
+    const T delta = x - acc.mean;
+    const T mean = acc.mean + delta * T(1.0 / static_cast<double>(acc.index + 1));
+    acc.m2 = acc.m2 + delta * (x - mean);
+    acc.mean = mean;
+    acc.weight = acc.weight + T(1);
+    acc.index += 1;
+  }
+  for (int64_t j = 0; j < depth; ++j) acc = ind_combine(acc, stk[j], true);
+  return acc;
+}
+#endif
+
+// A row's state as the generated kernel has it: P.a lanes (vectors of P.b floats: two
+// halves where P.a = 2 P.b, Inductor's VectorizedN<float, 2>), each lane over the full
+// vectors of its thread's share (P.g > 1: the row split over OpenMP threads as
+// red_omp_lane splits it, the threads' states combined in thread order), the masked tail
+// vector's lanes from an empty state; each vector state reduced by welford_vec_reduce_all
+// (the two halves combined, then shuffle-down offsets 1, 2, 4 ...), and the scalar state
+// combined with the tail's and then the full vectors'.
+template <typename T, typename A>
+CL_HD Moments<T> mom_inductor_cpp(const RedPlan& P, A v, int64_t n) {
+#if defined(__CUDA_ARCH__)
+  (void)P;
+  (void)v;
+  (void)n;
+  const T nan = static_cast<T>(f64_from_bits(0x7FF8000000000000ull));
+  return Moments<T>{nan, nan, nan};
+#else
+  const int64_t R = P.a, H = P.b, K = n / R, I = (n + R - 1) / R;
+  const int64_t nt = P.g > 1 ? P.g : 1, q = I / nt, rem = I % nt, per = (K + nt - 1) / nt;
+  IndWelford<T> full[64], tail[64];
+  for (int64_t pos = 0; pos < R; ++pos) {
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t s = t < rem ? (q + 1) * t : q * t + rem, e = s + q + (t < rem ? 1 : 0);
+      const IndWelford<T> f = ind_welford_run<T>(v, R, pos, s, e < K ? e : K, nt > 1 ? per : K);
+      IndWelford<T> m;
+      if (e > K && s <= K && K < I) {  // the masked tail vector: one update, every lane
+        m.index = 1;
+        if (K * R + pos < n) {
+          m.mean = T(v[K * R + pos]);
+          m.weight = T(1);
+        }
+      }
+      // (one thread: the states themselves; several: combined into the empty state in turn)
+      full[pos] = t == 0 ? f : ind_combine(full[pos], f, true);
+      tail[pos] = t == 0 ? m : ind_combine(tail[pos], m, true);
+    }
+  }
+  auto reduce_all = [&](IndWelford<T>* w) {
+    if (w[0].index == 0) return IndWelford<T>();
+    if (R == 2 * H)
+      for (int64_t l = 0; l < H; ++l) w[l] = ind_combine(w[l], w[l + H], true);
+    // vec_shuffle_down(x, off): lane l takes lane l + off, but for float vectors under
+    // AVX2/AVX512 (_mm256/_mm512_permute_ps with SHUFFLE_MASK(1, 1, 3, 3) and (2, 2, 2, 2),
+    // read by imm order: measured against cpp_prefix.h built by GCC) lane 4k takes 4k + 3
+    // and 4k + 2 takes 4k + 1 at offset 1. Only the lanes lane 0 depends on are combined.
+    for (int64_t off = 1; off < H; off *= 2)
+      for (int64_t l = 0; l + off < H; l += 2 * off) {
+        const int64_t from = sizeof(T) == 4 && off == 1 ? (l % 4 == 0 ? l + 3 : l - 1) : l + off;
+        w[l] = ind_combine(w[l], w[from], true);
+      }
+    IndWelford<T> r = w[0];
+    r.index = static_cast<int64_t>(r.weight);
+    return r;
+  };
+  IndWelford<T> acc = ind_combine(IndWelford<T>(), reduce_all(tail), false);
+  acc = ind_combine(acc, reduce_all(full), false);
+  return Moments<T>{acc.mean, acc.m2, acc.weight};
+#endif
+}
 
 template <typename T>
 CL_HD T mom_pick(int kind, Moments<T> s) {
@@ -256,6 +386,7 @@ template <typename T, int ORDER = -1, typename A>
 CL_HD T mom_part(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   const int order = mom_order<ORDER>(P);
   if (order == kOrdTorchCpu) return mom_pick(P.kind, mom_welford_row<T>(v, n));
+  if (order == kOrdTriton) return mom_pick(P.kind, mom_inductor_cpp<T>(P, v, n));
   if (order == kOrdCpuMoments)
     return mom_pick(P.kind, mom_rowwise<T>(v, n, P.a, P.b, P.c != 0, P.d != 0));
   const int64_t k = t / 3;

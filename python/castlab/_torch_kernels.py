@@ -295,6 +295,8 @@ class TorchKernelLowering:
         if dot:  # SoftMaxKernel.cpp's softmax backward (red_dot)
             return self._dot_spec(node, acc, order)
         if kind >= REDUCE_OPS["moments_mean"]:
+            if order == "inductor_cpp":
+                return self._inductor_welford_spec(node, kind)
             return self._moments_spec(node, kind, order, layout, geom)
         if (order == "torch_cpu" and node.attrs.get("algo") == "softmax"
                 and not node.attrs.get("softmax_last", True)):
@@ -393,6 +395,17 @@ class TorchKernelLowering:
         if split == 2:
             _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split)
+
+    def _inductor_welford_spec(self, node: Node, kind: int) -> tuple:
+        """Inductor's C++ Welford (cpp_prefix.h welford_combine with a WelfordHelper): the
+        lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
+        them (a 16-bit input: VectorizedN<float, 2>, two halves), and the split over torch's
+        threads where the rows are few (p5 = 2)."""
+        bits = {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
+        floats = max(1, bits // 32)
+        lanes = 2 * floats if _loads_16bit_float(node) else floats
+        _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
 
     def _dot_spec(self, node: Node, acc: dtype, order: str) -> tuple:
         """The spec of a sum of products PyTorch's kernel accumulates with its products
