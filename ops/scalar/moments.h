@@ -332,13 +332,10 @@ CL_HD Moments<T> mom_inductor_cpp(const RedPlan& P, A v, int64_t n) {
     for (int64_t t = 0; t < nt; ++t) {
       const int64_t s = t < rem ? (q + 1) * t : q * t + rem, e = s + q + (t < rem ? 1 : 0);
       const IndWelford<T> f = ind_welford_run<T>(v, R, pos, s, e < K ? e : K, nt > 1 ? per : K);
-      IndWelford<T> m;
-      if (e > K && s <= K && K < I) {  // the masked tail vector: one update, every lane
+      IndWelford<T> m;  // the masked tail vector: one update of every lane's count, of the
+      if (e > K && s <= K && K < I) {  // state only where the tail has an element
+        if (K * R + pos < n) m = ind_welford_run<T>(v, R, pos, K, K + 1, 1);
         m.index = 1;
-        if (K * R + pos < n) {
-          m.mean = T(v[K * R + pos]);
-          m.weight = T(1);
-        }
       }
       // (one thread: the states themselves; several: combined into the empty state in turn)
       full[pos] = t == 0 ? f : ind_combine(full[pos], f, true);
