@@ -124,7 +124,9 @@ def test_welford_var_and_layer_norm_equal_torch_compile(dt, nt, threads):
     65,536 layer_norm elements of [16, 4096] fp32 differed."""
     threads(nt)
     shapes = ((1, 100), (8, 1024), (8, 1025), (5, 4103), (3, 262144))
-    for rows, n in shapes if dt == "float32" else shapes[2::2]:
+    # (on 3 threads only 3 x 262,144 splits; the other dtypes take a boundary and the split)
+    for rows, n in shapes if (dt, nt) == ("float32", 1) else shapes[2::2] if nt == 1 \
+            else shapes[3:]:
         td = getattr(torch, dt)
         g = torch.Generator().manual_seed(n + rows)
         x = (torch.randn(rows, n, generator=g) * 3 + 1).to(td)
