@@ -168,10 +168,14 @@ class Math:
             H200: _lower.triton_config; the inductor preset's order), "inductor_cpp"
             (Inductor's C++ reductions on the CPU: a lane per position of the kernel's
             vector, each from zero, then vec_reduce_all's butterfly, cascade sums over
-            4096 elements; the inductor_cpu preset's order), "pairwise" (NumPy's
-            pairwise summation) or "sequential". Every order runs on both devices
-            with the same bits; accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for
-            fp64 inputs or under a compute=float64 policy.
+            4096 elements, a row split over torch's threads where the rows are few, and
+            Inductor's Welford for var and layer_norm over more than 1024 elements; the
+            inductor_cpu preset's order), "pairwise" (NumPy's pairwise summation) or
+            "sequential". Every order runs on both devices with the same bits, but for
+            inductor_cpp's Welford, which exists on the CPU only (Inductor's C++ kernels):
+            on a GPU input var and layer_norm take two passes under that order;
+            accumulation is in fp32 for 16-bit and fp32 inputs, fp64 for fp64 inputs or
+            under a compute=float64 policy.
         cpu_isa: the build of PyTorch's CPU kernels (``ATEN_CPU_CAPABILITY``) that the
             "torch_cpu" implementation and order follow: "avx512" (the kernels PyTorch also
             builds for AVX512 run 64-byte vectors: softmax and its backward, sigmoid, silu,
