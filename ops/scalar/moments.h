@@ -326,11 +326,12 @@ CL_HD Moments<T> mom_inductor_cpp(const RedPlan& P, A v, int64_t n) {
   return Moments<T>{nan, nan, nan};
 #else
   const int64_t R = P.a, H = P.b, K = n / R, I = (n + R - 1) / R;
-  const int64_t nt = P.g > 1 ? P.g : 1, q = I / nt, rem = I % nt, per = (K + nt - 1) / nt;
+  const int64_t nt = P.g > 1 ? P.g : 1, per = (K + nt - 1) / nt;
   IndWelford<T> full[64], tail[64];
   for (int64_t pos = 0; pos < R; ++pos) {
     for (int64_t t = 0; t < nt; ++t) {
-      const int64_t s = t < rem ? (q + 1) * t : q * t + rem, e = s + q + (t < rem ? 1 : 0);
+      int64_t s = 0, e = 0;
+      omp_static_range(I, nt, t, &s, &e);
       const IndWelford<T> f = ind_welford_run<T>(v, R, pos, s, e < K ? e : K, nt > 1 ? per : K);
       IndWelford<T> m;  // the masked tail vector: one update of every lane's count, of the
       if (e > K && s <= K && K < I) {  // state only where the tail has an element

@@ -845,18 +845,25 @@ CL_HD T red_cascade_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
 
 // The row's sum split over P.g OpenMP threads (Inductor's parallel reduction, cpp.py):
 // the row's vector iterations (the tail vector the last) dealt by libgomp's static
-// schedule (thread t: q + 1 of them from (q + 1) t where t < I % threads, else q from
-// q t + I % threads); each thread sums its full vectors from zero through a
+// schedule (omp_static_range); each thread sums its full vectors from zero through a
 // CascadeSumHelper made for ceil(K / threads) vectors (P.f > 0) and its masked tail from
 // zero; the threads' lanes are added to a zero vector in thread order, the masked ones
 // likewise, then the two.
+// libgomp's static schedule without a chunk: thread t of nt takes iterations [*s, *e) of I
+// (q + 1 of them from (q + 1) t where t < I % nt, else q from q t + I % nt).
+CL_HD void omp_static_range(int64_t I, int64_t nt, int64_t t, int64_t* s, int64_t* e) {
+  const int64_t q = I / nt, rem = I % nt;
+  *s = t < rem ? (q + 1) * t : q * t + rem;
+  *e = *s + q + (t < rem ? 1 : 0);
+}
+
 template <typename T, typename A>
 CL_HD T red_omp_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
-  const int64_t R = P.a, nt = P.g, K = n / R, I = (n + R - 1) / R;
-  const int64_t q = I / nt, rem = I % nt, per = (K + nt - 1) / nt;
+  const int64_t R = P.a, nt = P.g, K = n / R, I = (n + R - 1) / R, per = (K + nt - 1) / nt;
   T acc = T(0), masked = T(0);
   for (int64_t t = 0; t < nt; ++t) {
-    const int64_t s = t < rem ? (q + 1) * t : q * t + rem, e = s + q + (t < rem ? 1 : 0);
+    int64_t s = 0, e = 0;
+    omp_static_range(I, nt, t, &s, &e);
     acc = acc + red_cascade_run<T>(v, R, P.f, pos, s, e < K ? e : K, per);
     const bool tail = e > K && s <= K && K < I && K * R + pos < n;
     masked = masked + (tail ? T(0) + T(v[K * R + pos]) : T(0));

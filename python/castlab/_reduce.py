@@ -185,12 +185,16 @@ def var(x: TensorLike, dim: int | Sequence[int] | None = None, *, correction: fl
     return _call(body, [x], kernel="var")
 
 
-def _inductor_welford(ctx, rows: int, n: int) -> bool:
-    """Does torch.compile's C++ compute this variance by Welford (lowering.py
+def _inductor_welford(ctx, shape: tuple, dims: tuple) -> bool:
+    """Does torch.compile's C++ compute the variance over `dims` by Welford (lowering.py
     use_two_step_variance: on the CPU, two passes for rows of at most
     cpp.use_two_step_variance_threshold (1024) elements when there is more than one row)?
     The inductor_cpp order on a CPU input only: its GPU math is Triton's."""
-    return ctx.order == "inductor_cpp" and not ctx.cuda and (n > 1024 or rows == 1)
+    if ctx.order != "inductor_cpp" or ctx.cuda:
+        return False
+    n = _numel(shape, dims)
+    rows = _numel(shape, tuple(d for d in range(len(shape)) if d not in dims))
+    return n > 0 and (n > 1024 or rows == 1)
 
 
 def _expand_var(ctx, node: Node, p: Proxy) -> Proxy:
@@ -200,7 +204,7 @@ def _expand_var(ctx, node: Node, p: Proxy) -> Proxy:
     denom = max(0.0, n - corr)
     out_dt = p.dtype
     rows = _numel(_shape(p), tuple(d for d in range(len(p.shape)) if d not in dims))
-    if n > 0 and _inductor_welford(ctx, rows, n):  # Inductor's C++ Welford, then / in fp32
+    if _inductor_welford(ctx, _shape(p), dims):  # Inductor's C++ Welford, then / in fp32
         v = _reduce("moments_m2", p, dims, keepdim, float32 if out_dt is not float64
                     else float64, {"algo": "var"}) / denom
         return ops.astype(v, out_dt) if v.dtype is not out_dt else v
@@ -514,8 +518,7 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
     def param(q):
         return None if q is None else (q if q.dtype is acc else ops.astype(q, acc))
     g, b = param(pw), param(pb)
-    rows = _numel(_shape(p), tuple(d for d in range(len(p.shape)) if d not in dims))
-    if n > 0 and _inductor_welford(ctx, rows, n):
+    if _inductor_welford(ctx, _shape(p), dims):
         # Inductor's C++: Welford's mean and M2, var = M2 / n, 1 / sqrt(var + eps) in
         # float, then ((x - mean) * rstd) * w + b
         a = {"algo": "layer_norm", "elem_bytes": in_dt.bits // 8}

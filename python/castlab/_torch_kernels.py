@@ -382,7 +382,7 @@ class TorchKernelLowering:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
             # CPU only where the reduction has more than one output)
             return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-        bits = {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
+        bits = self._inductor_vector_bits()
         # a softmax's sum reads its exponentials from the float buffer the division reads
         # too (outer-loop fusion's local buffer), not the 16-bit input
         lowp = _loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
@@ -396,13 +396,17 @@ class TorchKernelLowering:
             _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split)
 
+    def _inductor_vector_bits(self) -> int:
+        """The width of Inductor's C++ vectors: 256 bits under AVX2, 512 under AVX512, 0
+        (scalar loops) under torch's DEFAULT build."""
+        return {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
+
     def _inductor_welford_spec(self, node: Node, kind: int) -> tuple:
         """Inductor's C++ Welford (cpp_prefix.h welford_combine with a WelfordHelper): the
         lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
         them (a 16-bit input: VectorizedN<float, 2>, two halves), and the split over torch's
         threads where the rows are few (p5 = 2)."""
-        bits = {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
-        floats = max(1, bits // 32)
+        floats = max(1, self._inductor_vector_bits() // 32)
         lanes = 2 * floats if _loads_16bit_float(node) else floats
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
