@@ -897,26 +897,47 @@ ${chunk}
     const ${call};
 ${reduce}
     __syncthreads();
-    if (threadIdx.x == 0) ((ACC*)P.ptr[${q}])[row] = cl::red_softmax_combine(${pl}, parts);
-    __syncthreads();
   }
 )";
 
-// The block order: each thread's value (red_softmax_thread), then each warp's 32 values
-// in the order's tree into the parts.
+// Thread 0 combines the parts in the order's tree (the warp kernel's butterfly, or
+// blockReduce's warps in order).
+constexpr const char* kSoftmaxCombine = R"(
+    __syncthreads();
+    if (threadIdx.x == 0) ((ACC*)P.ptr[${q}])[row] = cl::red_softmax_combine(${pl}, parts);
+)";
+
+// The forward block order as cuda_utils::BlockReduce runs it (block_reduce.cuh): each
+// warp's 32 values by shuffles down, offsets 16 to 1 (red_warp_down's tree: lane l takes
+// its own value op lane l + off's), lane 0's into parts[warp]; then warp 0 the same over
+// the warps' values (the identity past the last warp), and lane 0 writes the row's value.
+// No thread walks a tree alone, and no array of values lives in local memory.
+constexpr const char* kSoftmaxBlockShfl = R"(
+    const int t = threadIdx.x;
+    ACC r = t < ${pl}.a ? cl::red_softmax_thread<${targs}>(${pl}, v, n, row, t) : cl::red_identity<ACC>(${kind});
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) r = cl::red_op(${kind}, r, __shfl_down_sync(0xffffffffu, r, off));
+    if ((t & 31) == 0) parts[t >> 5] = r;
+    __syncthreads();
+    if (t < 32) {
+      ACC w = t < ${pl}.nparts ? parts[t] : cl::red_identity<ACC>(${kind});
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) w = cl::red_op(${kind}, w, __shfl_down_sync(0xffffffffu, w, off));
+      if (t == 0) ((ACC*)P.ptr[${q}])[row] = w;
+    }
+)";
+
+// The backward block order (cunn_SoftMaxBackward's blockReduce): each thread's value
+// (red_softmax_thread), then each warp's 32 values in order from the identity into the
+// parts; thread 0 adds the parts in order (kSoftmaxCombine).
 constexpr const char* kSoftmaxBlock = R"(
     const int t = threadIdx.x;
     lanes[t] = t < ${pl}.a ? cl::red_softmax_thread<${targs}>(${pl}, v, n, row, t) : cl::red_identity<ACC>(${kind});
     __syncthreads();
     if (t < ${pl}.nparts) {
       ACC* L = lanes + 32 * t;
-      ACC r;
-      if (${pl}.f) {
-        r = cl::red_identity<ACC>(${kind});
-        for (int l = 0; l < 32; ++l) r = cl::red_op(${kind}, r, L[l]);
-      } else {
-        r = cl::red_warp_down(${kind}, L);
-      }
+      ACC r = cl::red_identity<ACC>(${kind});
+      for (int l = 0; l < 32; ++l) r = cl::red_op(${kind}, r, L[l]);
       parts[t] = r;
     }
 )";
@@ -953,10 +974,14 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) 
   const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
   const bool chunked = ilp > 0 && ilp <= 16;
   const std::string targs = chunked ? "ACC, " + num(ilp) + ", " + kind : "ACC";
+  const std::string combine = codegen::fill(kSoftmaxCombine, {{"q", num(p.q)}, {"pl", PL}});
   const std::string reduce =
-      p.spec.order == kOrdSoftmaxBlock
-          ? codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}})
-          : codegen::fill(kSoftmaxWarp, {{"pl", PL}});
+      p.spec.order != kOrdSoftmaxBlock
+          ? codegen::fill(kSoftmaxWarp, {{"pl", PL}}) + combine
+      : plan.f == 0 ? codegen::fill(kSoftmaxBlockShfl,
+                                    {{"pl", PL}, {"targs", targs}, {"kind", kind}, {"q", num(p.q)}})
+                    : codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}}) +
+                          combine;
   return codegen::fill(
       kSoftmaxPhase,
       {{"invariants", row_invariant_loads(s, ops, p.ins)},
@@ -965,16 +990,19 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) 
        {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp) : ""},
        {"call", chunked ? "CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk}"
                         : "CallRow<decltype(value)> v{value}"},
-       {"reduce", reduce},
-       {"q", num(p.q)},
-       {"pl", PL}});
+       {"reduce", reduce}});
+}
+
+// Whether phase p keeps each thread's value in shared memory (the backward blockReduce).
+bool softmax_lanes(const RowStep& s, const RowPhase& p) {
+  return p.spec.order == kOrdSoftmaxBlock && make_red_plan(p.spec, s.n, s.rows).f != 0;
 }
 
 std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
   const int64_t NT = torch_threads(s);
   if (NT == 0) return "";
-  bool block = false;  // (the warp kernel's lanes are its parts)
-  for (const RowPhase& p : s.phases) block = block || p.spec.order == kOrdSoftmaxBlock;
+  bool block = false;  // (the warp kernel's lanes are its parts; BlockReduce shuffles)
+  for (const RowPhase& p : s.phases) block = block || softmax_lanes(s, p);
   std::string phases;
   for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k);
   std::string src = row_preamble(s, ops, "SoftMax.cu's threads") + row_params_struct(s, nops);
