@@ -3,7 +3,7 @@ does, on this device: each piece (HF's own modules, hidden 896) captured and run
 stack="torch_compile" against torch.compile of the same piece, element counts that differ,
 the placement read (CSV) and Inductor's generated code for the pieces that differ.
 
-    [DIAG_H=4096] [DIAG_ONLY=rms_norm,mlp] python scripts/diag_inductor_gpu.py OUT_DIR [cuda|cpu]
+    [DIAG_H=4096] [DIAG_MODEL=qwen2] [DIAG_ONLY=rms_norm,mlp] python scripts/diag_inductor_gpu.py OUT_DIR [cuda|cpu]
 
 DIAG_H: the hidden size (default 896, Qwen2.5-0.5B's; 64-wide heads, 7 query heads per KV
 head where that divides (else Llama-3's 8 KV heads), MLP 5.43 x hidden as Qwen2.5-0.5B's
@@ -30,11 +30,14 @@ torch.manual_seed(0)
 H, T = int(os.environ.get("DIAG_H", "896")), 64
 NH = H // 64
 NKV = 2 if NH % 7 == 0 else 8 if NH % 8 == 0 else 1  # Qwen2.5-0.5B's 14/2, Llama-3's 32/8
-cfg = transformers.LlamaConfig(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV,
-                               intermediate_size=H * 4864 // 896 // 64 * 64, vocab_size=4096, num_hidden_layers=1,
-                               max_position_embeddings=256, rms_norm_eps=1e-6)
+MODEL = os.environ.get("DIAG_MODEL", "llama")  # qwen2: biased q/k/v projections
+Config = transformers.Qwen2Config if MODEL == "qwen2" else transformers.LlamaConfig
+cfg = Config(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV,
+             intermediate_size=H * 4864 // 896 // 64 * 64, vocab_size=4096, num_hidden_layers=1,
+             max_position_embeddings=256, rms_norm_eps=1e-6)
 cfg._attn_implementation = "sdpa"
-L = transformers.models.llama.modeling_llama
+M = transformers.models.qwen2.modeling_qwen2 if MODEL == "qwen2" else transformers.models.llama.modeling_llama
+P = "Qwen2" if MODEL == "qwen2" else "Llama"
 bf = torch.bfloat16
 
 
@@ -50,18 +53,18 @@ def mk(m):
 x = torch.randn(2, T, H, device=dev).to(bf)
 r = torch.randn(2, T, H, device=dev).to(bf)
 pos = torch.arange(T, device=dev)[None].expand(2, T)
-norm = mk(L.LlamaRMSNorm(H, 1e-6))
-mlp = mk(L.LlamaMLP(cfg))
-rot = L.LlamaRotaryEmbedding(cfg).to(dev)
-attn = mk(L.LlamaAttention(cfg, 0))
-layer = mk(L.LlamaDecoderLayer(cfg, 0))
+norm = mk(getattr(M, P + "RMSNorm")(H, 1e-6))
+mlp = mk(getattr(M, P + "MLP")(cfg))
+rot = getattr(M, P + "RotaryEmbedding")(cfg).to(dev)
+attn = mk(getattr(M, P + "Attention")(cfg, 0))
+layer = mk(getattr(M, P + "DecoderLayer")(cfg, 0))
 q = torch.randn(2, NH, T, 64, device=dev).to(bf)
 k = torch.randn(2, NKV, T, 64, device=dev).to(bf)
 
 
 def rope(q, k, pos):
     cos, sin = rot(q, pos)
-    return L.apply_rotary_pos_emb(q, k, cos, sin)
+    return M.apply_rotary_pos_emb(q, k, cos, sin)
 
 
 def add_norm(x, r):
@@ -121,6 +124,13 @@ for name, (f, args) in pieces.items():
         print(f"{name}: reduction tiles read {sorted(set(pl.tiles.values()))}", flush=True)
         pl.to_frame(cm).to_csv(f"{out}/{name}_placement.csv", index=False)
         if bad:
+            with open(f"{out}/{name}_diffs.txt", "w") as fh:  # where and by how much
+                for j, (g, w, e) in enumerate(zip(gs, ws, es)):
+                    idx = (g != w).nonzero()[:40].tolist()
+                    for i in idx:
+                        t = tuple(i)
+                        fh.write(f"out{j} {t} want {w[t].item()!r} got {g[t].item()!r} "
+                                 f"emulate {e[t].item()!r}\n")
             with open(f"{out}/{name}_code.py", "w") as fh:
                 fh.write("\n\n#####\n\n".join(code))
             with open(f"{out}/{name}_graph.txt", "w") as fh:

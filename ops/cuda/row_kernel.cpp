@@ -976,12 +976,11 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) 
   const std::string targs = chunked ? "ACC, " + num(ilp) + ", " + kind : "ACC";
   const std::string combine = codegen::fill(kSoftmaxCombine, {{"q", num(p.q)}, {"pl", PL}});
   const std::string reduce =
-      p.spec.order != kOrdSoftmaxBlock
-          ? codegen::fill(kSoftmaxWarp, {{"pl", PL}}) + combine
-      : plan.f == 0 ? codegen::fill(kSoftmaxBlockShfl,
-                                    {{"pl", PL}, {"targs", targs}, {"kind", kind}, {"q", num(p.q)}})
-                    : codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}}) +
-                          combine;
+      p.spec.order != kOrdSoftmaxBlock ? codegen::fill(kSoftmaxWarp, {{"pl", PL}}) + combine
+      : plan.f == 0
+          ? codegen::fill(kSoftmaxBlockShfl,
+                          {{"pl", PL}, {"targs", targs}, {"kind", kind}, {"q", num(p.q)}})
+          : codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}}) + combine;
   return codegen::fill(
       kSoftmaxPhase,
       {{"invariants", row_invariant_loads(s, ops, p.ins)},

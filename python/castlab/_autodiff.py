@@ -421,6 +421,10 @@ def _layer_norm_backward(n: Node, g: Proxy, proxies: dict, want: list[bool]) -> 
     by the lowering for its order and policy (castlab._reduce._expand_layer_norm_backward:
     PyTorch's CPU kernel under eager, the decomposition torch.compile uses otherwise)."""
     a = n.attrs
+    if a.get("moments_of"):
+        raise NotImplementedError("layer_norm: the gradient of a layer_norm whose moments are "
+                                  "of another value (a compiled program's placement) is not "
+                                  "defined; run it without gradients")
     x = n.inputs[0]
     ins = [g.node, x] + ([n.inputs[1]] if a["weight"] else [])
     whats = ["dx"] + (["dgamma"] if a["weight"] else []) + (["dbeta"] if a["bias"] else [])

@@ -385,7 +385,7 @@ def expand(node: Node, ctx: Any) -> tuple:
     st = _state
     saved = (st.graph, st.annot, st.where)
     st.graph, st.where = [], node.where
-    keep = {k: node.attrs[k] for k in ("phase", "triton_tile") if k in node.attrs}
+    keep = {k: node.attrs[k] for k in ("phase", "triton_tile", "cpp_lanes") if k in node.attrs}
     st.annot = keep or None
     try:
         out = EXPANSIONS[node.op](ctx, node, *[Proxy(a) for a in node.inputs]).node

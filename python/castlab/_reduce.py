@@ -486,6 +486,17 @@ def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
     >>> [round(v, 4) for v in y.tolist()[0]]
     [-1.0, 1.0]
     """
+    return _layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
+                weight: TensorLike | None = None, bias: TensorLike | None = None,
+                eps: float = 1e-5, moments_of: TensorLike | None = None) -> TensorLike:
+    """layer_norm; `moments_of` (the same shape and dtype as x): the value whose mean (and
+    Welford's M2; two passes: the second sums the squared deviations of x) normalizes x,
+    where a compiled program's kernel sums one version of its input (fp32, as computed)
+    and normalizes another (loaded back rounded): torch.compile's kernels, as
+    castlab.torch's placement reads them. Forward only."""
     e = _eps("layer_norm", eps)
     x = _arg(x)
     _check_float("layer_norm", x)
@@ -494,14 +505,19 @@ def layer_norm(x: TensorLike, normalized_shape: int | Sequence[int],
     ns, dims = _norm_dims("layer_norm", x, normalized_shape)
     _check_param("layer_norm", "weight", w, ns, x)
     _check_param("layer_norm", "bias", b, ns, x)
+    xm = None if moments_of is None else _arg(moments_of)
+    if xm is not None and (tuple(xm.shape) != tuple(x.shape) or xm.dtype is not x.dtype):
+        raise ValueError("layer_norm: moments_of must have the input's shape and dtype")
     attrs = {"dims": dims, "eps": e, "weight": w is not None, "bias": b is not None}
+    if xm is not None:
+        attrs["moments_of"] = True
 
     def body(*ps):
         p = ps[0]
         node = Node("layer_norm", tuple(q.node for q in ps), p.shape, p.dtype, p.node.device,
                     attrs)
         return Proxy(record(node))
-    return _call(body, [a for a in (x, w, b) if a is not None], kernel="layer_norm")
+    return _call(body, [a for a in (x, w, b, xm) if a is not None], kernel="layer_norm")
 
 
 def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
@@ -510,9 +526,11 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
     it = iter(params)
     pw = next(it) if node.attrs["weight"] else None
     pb = next(it) if node.attrs["bias"] else None
+    pm = next(it) if node.attrs.get("moments_of") else p  # the value the moments are of
     n = _numel(_shape(p), dims)
     in_dt = p.dtype
     xf = p if in_dt is float64 else ops.astype(p, float32)
+    mf = xf if pm is p else (pm if in_dt is float64 else ops.astype(pm, float32))
     acc = xf.dtype
 
     def param(q):
@@ -522,8 +540,8 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
         # Inductor's C++: Welford's mean and M2, var = M2 / n, 1 / sqrt(var + eps) in
         # float, then ((x - mean) * rstd) * w + b
         a = {"algo": "layer_norm", "elem_bytes": in_dt.bits // 8}
-        m = _reduce("moments_mean", p, dims, True, acc, a)
-        v = _reduce("moments_m2", p, dims, True, acc, a) / float(n)
+        m = _reduce("moments_mean", pm, dims, True, acc, a)
+        v = _reduce("moments_m2", pm, dims, True, acc, a) / float(n)
         y = (xf - m) * (1.0 / ops.sqrt(v + e))
         if g is not None:
             y = y * g
@@ -531,7 +549,9 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
             y = y + b
         return ops.astype(y, in_dt) if y.dtype is not in_dt else y
     if n == 0 or ctx.order not in ("torch_cpu", "torch_cuda"):
-        m = _reduce("sum", xf, dims, True) / float(n)
+        # (moments_of: the mean's sum is of it, the variance's pass of x: Inductor's two
+        # passes load back x rounded after its first loop summed it in fp32)
+        m = _reduce("sum", mf, dims, True) / float(n)
         d = xf - m
         v = _reduce("sum", d * d, dims, True) / float(n)
         y = d * ops.rsqrt(v + e)
@@ -544,8 +564,8 @@ def _expand_layer_norm(ctx, node: Node, p: Proxy, *params: Proxy) -> Proxy:
     if ctx.order == "torch_cuda":
         a["vectorized"] = (in_dt is not float64 and n % 4 == 0 and n <= 1 << 24
                            and ctx.aligned(in_dt.bits // 8 * 4))
-    m = _reduce("moments_mean", p, dims, True, acc, a)
-    v = _reduce("moments_m2", p, dims, True, acc, a) / float(n)
+    m = _reduce("moments_mean", pm, dims, True, acc, a)
+    v = _reduce("moments_m2", pm, dims, True, acc, a) / float(n)
     d = xf - m
     if ctx.order == "torch_cpu":  # layer_norm_kernel.cpp, as GCC builds it (measured)
         if not ctx.math.torch_cpu_fma():

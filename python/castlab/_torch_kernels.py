@@ -382,14 +382,16 @@ class TorchKernelLowering:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
             # CPU only where the reduction has more than one output)
             return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-        bits = self._inductor_vector_bits()
-        # a softmax's sum reads its exponentials from the float buffer the division reads
-        # too (outer-loop fusion's local buffer), not the 16-bit input
-        lowp = _loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
-        lanes = bits // (16 if lowp else 32)
-        if lowp and n < lanes:
-            lanes //= 2
-        lanes = max(1, lanes)
+        lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
+        if lanes is None:
+            bits = self._inductor_vector_bits()
+            # a softmax's sum reads its exponentials from the float buffer the division
+            # reads too (outer-loop fusion's local buffer), not the 16-bit input
+            lowp = _loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
+            lanes = bits // (16 if lowp else 32)
+            if lowp and n < lanes:
+                lanes //= 2
+            lanes = max(1, lanes)
         cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
         split = 2 if kind == REDUCE_OPS["sum"] else 1
         if split == 2:
@@ -407,7 +409,10 @@ class TorchKernelLowering:
         them (a 16-bit input: VectorizedN<float, 2>, two halves), and the split over torch's
         threads where the rows are few (p5 = 2)."""
         floats = max(1, self._inductor_vector_bits() // 32)
-        lanes = 2 * floats if _loads_16bit_float(node) else floats
+        lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
+        if lanes is None:
+            lanes = 2 * floats if _loads_16bit_float(node) else floats
+        floats = min(floats, lanes)
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
 

@@ -491,22 +491,29 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat expects a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, (Tensor, Proxy)):
+            raise TypeError(f"cat: expected a sequence of castlab Tensors, but element {i} "
+                            f"is {type(t).__name__}")
+    dt: dtype = None
+    for t in tensors:  # every tensor takes part in the promotion, skipped ones as well
+        tdt = t.dtype if isinstance(t, Proxy) else as_dtype(t._dtype_name)
+        dt = tdt if dt is None else promote_types(dt, tdt)
+    # PyTorch's legacy rule: a 1-d empty tensor (shape [0]) is skipped whatever the others'
+    # shapes (an empty KV cache concatenated with the first keys)
+    kept = [t for t in tensors if list(t.shape) != [0]]
+    if kept and len(kept) < len(tensors):
+        tensors = kept
     nd = len(tensors[0].shape)
     if nd == 0:
         raise ValueError("cat: zero-dimensional tensors cannot be concatenated")
     d = _dim(tensors[0], dim)
     base = list(tensors[0].shape)
-    dt: dtype = None
     for i, t in enumerate(tensors):
-        if not isinstance(t, (Tensor, Proxy)):
-            raise TypeError(f"cat: expected a sequence of castlab Tensors, but element {i} "
-                            f"is {type(t).__name__}")
         s = list(t.shape)
         if len(s) != nd or any(s[k] != base[k] for k in range(nd) if k != d):
             raise ValueError(f"cat: tensor {i} has shape {s}, which does not match "
                              f"{base} outside dimension {d}")
-        tdt = t.dtype if isinstance(t, Proxy) else as_dtype(t._dtype_name)
-        dt = tdt if dt is None else promote_types(dt, tdt)
     shape = list(base)
     shape[d] = sum(t.shape[d] for t in tensors)
     if tracing() or any(isinstance(t, Proxy) for t in tensors):

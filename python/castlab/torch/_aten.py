@@ -203,6 +203,22 @@ def _log_softmax_internal(a, kw):
     return _reduce.log_softmax(a[0], a[1])
 
 
+def _layer_norm(a, kw):  # layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+    return _reduce.layer_norm(a[0], list(a[1]), _arg(a, kw, 2, "weight", None),
+                              _arg(a, kw, 3, "bias", None), _arg(a, kw, 4, "eps", 1e-5))
+
+
+def _var(a, kw):  # var.correction(self, dim=None, *, correction=None, keepdim=False)
+    c = kw.get("correction")
+    return _reduce.var(a[0], _dims(a, 1), correction=1 if c is None else c,
+                       keepdim=kw.get("keepdim", False))
+
+
+def _var_dim(a, kw):  # var.dim(self, dim, unbiased=True, keepdim=False)
+    return _reduce.var(a[0], _dims(a, 1), correction=1 if _arg(a, kw, 2, "unbiased", True) else 0,
+                       keepdim=_arg(a, kw, 3, "keepdim", False))
+
+
 def _cl(dt):
     return None if dt is None else castlab_dtype(dt)
 
@@ -338,6 +354,9 @@ ATEN.update({
     "aten.log_softmax.int": ("compute", _log_softmax_int),
     "aten._log_softmax.default": ("compute", _log_softmax_internal),
     "aten.cat.default": ("compute", _cat),
+    "aten.layer_norm.default": ("compute", _layer_norm),
+    "aten.var.correction": ("compute", _var),
+    "aten.var.dim": ("compute", _var_dim),
     "aten.cross_entropy_loss.default": ("compute", _cross_entropy),
     "aten.nll_loss.default": ("compute", _nll_loss),
     "aten.nll_loss_nd.default": ("compute", _nll_loss),
@@ -348,6 +367,7 @@ ATEN.update({
     "aten.clone.default": ("view", _identity),
     "aten.contiguous.default": ("view", _identity),
     "aten.detach.default": ("view", _identity),
+    "aten.dropout.default": ("view", _identity),  # (train=False only: see can_map)
     "aten.lift_fresh_copy.default": ("view", _identity),
     "aten.view.default": ("view", _view),
     "aten.reshape.default": ("view", _view),
@@ -466,12 +486,14 @@ def can_map(node, kinds: tuple = ("compute", "view")) -> bool:
         return False  # PyTorch's CPU kernels fuse a + alpha*b into one fma
     if name in ("aten.div.Tensor", "aten.div.Scalar") and kw.get("rounding_mode") is not None:
         return False
+    if name == "aten.dropout.default" and _arg(node.args, node.kwargs, 2, "train", True):
+        return False  # a training dropout draws PyTorch's random mask: PyTorch runs it
     if name == "aten.pow.Tensor_Scalar" and not isinstance(node.args[1], (int, float)):
         return False
     if name in ("aten._softmax.default", "aten._log_softmax.default") and node.args[2]:
         return False  # half_to_float: a dtype change castlab's softmax spells differently
-    if name == "aten.cat.default" and len({v.dtype for v in vals}) != 1:
-        return False
+    if name in ("aten.cat.default", "aten.layer_norm.default") and len({v.dtype for v in vals}) != 1:
+        return False  # (layer_norm: PyTorch's mixed-dtype kernel is not castlab's)
     return True
 
 

@@ -38,8 +38,8 @@ import torch
 from .. import _graph, _reduce
 from .. import ops as clops
 from .._jit import JitFunction
-from .._schedule import triton_tile
 from . import _aten
+from . import _inductor_tiles as _tiles
 from ._partition import Segment, _arg_nodes, _subst, _where, module_path
 
 __all__ = ["InductorPlacement", "inductor_stores", "read_placement", "placed_segments",
@@ -79,8 +79,12 @@ class InductorPlacement:
     ``partial``: captured name -> buffers holding a part of its computation (a mean's
     sum), whose reader continues it from there. ``tiles``: part -> (R0_BLOCK, elements per
     thread, lanes, warps) along the row of the Triton kernel computing it, as its
-    autotuner chose it (GPU only): the order of its reductions. ``torch``: the PyTorch
-    version that compiled it."""
+    autotuner chose it (GPU only): the order of its reductions. ``lanes``: part -> the
+    vector width (elements) of the C++ loop nest computing it (CPU only; 1: scalar loops),
+    as Inductor's TilingSelect chose it: the accumulator lanes of its reductions (the
+    width follows the loop nest's 16-bit loads, and a reduction reading a value its
+    kernel keeps in a float local buffer tiles by float). ``torch``: the PyTorch version
+    that compiled it."""
 
     device: str
     torch: str
@@ -97,6 +101,7 @@ class InductorPlacement:
     partial: dict     # captured name -> buffers holding a part of it (a mean's sum)
     writer: dict      # buffer -> the part writing it
     tiles: dict = dataclasses.field(default_factory=dict)  # part -> its Triton kernel's tile
+    lanes: dict = dataclasses.field(default_factory=dict)  # part -> its C++ vector width
 
     def describe(self, name: str) -> str:
         """Where Inductor keeps captured node `name`: its buffer, or the kernels that
@@ -157,7 +162,7 @@ class InductorPlacement:
                 f"values stored, {len(self.rounded_reads())} loads of a rounded value")
 
 
-def _root(fx: torch.fx.Node) -> list:
+def _root_names(fx: torch.fx.Node) -> list:
     """The captured graph's node names a post-grad node comes from (``from_node``)."""
     out = []
     for ns in fx.meta.get("from_node") or ():
@@ -206,7 +211,23 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     load = getattr(proxy, "load", None)
     kernel_parts: dict = {}  # Triton kernel name -> the parts it computes
     tuners: dict = {}        # Triton kernel name -> its autotuner, once it ran
-    tsched, tuner_cls = _triton_classes()
+    tsched, tuner_cls = _tiles.triton_classes()
+    lanes: dict = {}  # part -> the vector width of the C++ loop nest computing it
+    proxy_cls = _tiles.cpp_proxy_class()
+    cpp_nodes = getattr(proxy_cls, "codegen_nodes", None)
+
+    def rec_cpp_nodes(self, nodes):
+        out = cpp_nodes(self, nodes)
+        vec = next((k for k in getattr(self, "kernels", ())
+                    if getattr(k, "tiling_factor", None)), None)
+        w = 1  # scalar loops, or a vector across the kept dim: each output's sum in order
+        if vec is not None:
+            loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
+            i = vec.tiling_idx
+            if not loops or not -len(loops) <= i < len(loops) or loops[i].is_reduction:
+                w = int(vec.tiling_factor)
+        lanes.update((n.get_name(), w) for n in nodes if n.is_reduction())
+        return out
     define = getattr(tsched, "define_kernel", None)
     tuner_run = getattr(tuner_cls, "run", None)
 
@@ -246,6 +267,8 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
             proxy.load = rec_load
         if define is not None and tuner_run is not None:
             tsched.define_kernel, tuner_cls.run = rec_define, rec_tuner_run
+        if cpp_nodes is not None:
+            proxy_cls.codegen_nodes = rec_cpp_nodes
         try:
             torch._dynamo.reset()
             with iconfig.patch(force_disable_caches=True), torch.no_grad(), \
@@ -261,54 +284,32 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
                 proxy.load = load
             if define is not None and tuner_run is not None:
                 tsched.define_kernel, tuner_cls.run = define, tuner_run
+            if cpp_nodes is not None:
+                proxy_cls.codegen_nodes = cpp_nodes
             torch._dynamo.reset()
     if len(sched) != 1:
         raise RuntimeError(f"castlab.torch: torch.compile made {len(sched)} Inductor graphs of "
                            "the captured graph (expected one); its placement cannot be read")
     tiles = {}
     for name, parts in kernel_parts.items():
-        tile = _tile(tuners.get(name))
+        tile = _tiles.tile(tuners.get(name))
         if tile is not None:
             tiles.update((p, tile) for p in parts)
-    return values, sched[0][0], sched[0][1], loads, created, tiles
+    names = _captured_names(gm)
+    return values, sched[0][0], sched[0][1], loads, created, tiles, lanes, names
 
 
-def _triton_classes() -> tuple:
-    """Inductor's Triton scheduling and autotuner classes (None where this PyTorch build
-    has no Triton backend)."""
-    try:
-        from torch._inductor.codegen.triton import TritonScheduling
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except Exception:  # noqa: BLE001 (no Triton: the CPU's C++ kernels only)
-        return None, None
-    return TritonScheduling, CachingAutotuner
-
-
-_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
-
-
-def _tile(tuner: Any) -> tuple | None:
-    """(R0_BLOCK, elements per thread, lanes, warps) along the row of a reduction kernel
-    as its autotuner launches it: the configuration it chose (XBLOCK, R0_BLOCK, warps) and
-    Triton's blocked layout for it (castlab._schedule.triton_tile: each thread holds up to
-    16 bytes of the narrowest dtype the kernel loads). None: not a reduction, not run."""
-    launchers = getattr(tuner, "launchers", None)
-    if not launchers or len(launchers) != 1:
-        return None
-    cfg = getattr(launchers[0], "config", None)
-    hints = getattr(tuner, "size_hints", None) or {}
-    kw = dict(getattr(cfg, "kwargs", None) or {})
-    r = kw.get("R0_BLOCK") or hints.get("r0_")
-    if cfg is None or not r or "r1_" in hints:
-        return None
-    sig = (getattr(tuner, "triton_meta", None) or {}).get("signature") or {}
-    sizes = [_BYTES[t[1:]] for a, t in sig.items()
-             if isinstance(t, str) and t.startswith("*") and t[1:] in _BYTES
-             and a.startswith("in_ptr")]
-    if "R0_BLOCK" not in kw:  # a persistent kernel: one tile of the row's next power of two
-        r = 1 << max(int(r) - 1, 0).bit_length()
-    return triton_tile(int(r), int(kw.get("XBLOCK", 1)), int(cfg.num_warps),
-                       min(sizes) if sizes else 4)
+def _captured_names(gm: torch.fx.GraphModule) -> dict:
+    """Root name -> the captured graph's node name. A post-grad node's provenance
+    (``from_node``) leads back past the captured graph to the graph it was made from (the
+    exported program's module, whose nodes export named before castlab's capture renamed
+    them); the captured nodes' own provenance gives the way back."""
+    out: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.meta.get("from_node"):
+            for r in _root_names(n):
+                out.setdefault(r, n.name)
+    return out
 
 
 def _places(cm: Any, flat: list) -> list:
@@ -324,8 +325,11 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     from torch._inductor import scheduler as isched
 
     places = _places(cm, flat)
-    values, nodes, removed, loads, created, tiles = _compile_and_record(cm.exported.graph_module,
-                                                                 places)
+    values, nodes, removed, loads, created, tiles, lanes, names = _compile_and_record(
+        cm.exported.graph_module, places)
+
+    def _root(fx):
+        return [names.get(r, r) for r in _root_names(fx)]
     # the lowered value of each captured node: that of its last post-grad node; buffers
     # its lowering made that hold no node's value hold a part of it (a mean's sum)
     last: dict = {}
@@ -389,7 +393,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     return InductorPlacement(",".join(dev), torch.__version__, stored, kernels, buffer, home,
                              computing, mem, cached, low, dtypes, bool(seen),
                              {n: bs for n, bs in partial.items() if bs}, part_writer,
-                             tiles)
+                             tiles, lanes)
 
 
 def _is_view(n: Any) -> bool:
@@ -553,16 +557,54 @@ class _Evaluator:
             return args[0][args[1]]
         _graph._state.where = _where(n)
         try:  # the reductions of part x in its Triton kernel's order
-            with _tiled(self.pl.tiles.get(x)):
+            with _tiled(self.pl.tiles.get(x), self._lanes(n, x)):
                 return _aten.build(n, args, kwargs)
         finally:
             _graph._state.where = None
 
     def _ctx(self, name: str):
-        return self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]
+        x = self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]
+        if x is None and name in self.mine:  # a view the program never names: its base's
+            b = base(self.mine[name])
+            if b.name != name:
+                return self._ctx(b.name)
+        return x
 
     def out(self, o):
         return self.get(o, self._ctx(o.name))
+
+    def _continued(self, d, x, src):
+        """d in part x, which finishes what part src began (a mean's sum, a layer_norm's
+        moments): as src computes it, except a layer_norm whose moments src sums from one
+        version of its input (fp32, as computed) and x normalizes another (loaded back
+        rounded from the kernel's store)."""
+        if str(d.target) != "aten.layer_norm.default":
+            return self.get(d, src)
+        a0 = d.args[0]
+        first = self.pl.writer.get(self.pl.partial[d.name][0], src)  # the mean's sum's part
+        xn, xm = self.get(a0, x), self.get(a0, first)
+        if self.ops is None or xn is xm:
+            return self.get(d, src)
+        vals = {a.name: self.get(a, x) for a in _arg_nodes(d)}
+        args, kwargs = _subst(list(d.args), vals), _subst(dict(d.kwargs), vals)
+        _graph._state.where = _where(d)
+        try:
+            with _tiled(self.pl.tiles.get(first), self._lanes(d, first)):
+                return _reduce._layer_norm(
+                    args[0], list(args[1]), _aten._arg(args, kwargs, 2, "weight", None),
+                    _aten._arg(args, kwargs, 3, "bias", None),
+                    _aten._arg(args, kwargs, 4, "eps", 1e-5), moments_of=xm)
+        finally:
+            _graph._state.where = None
+
+    def _lanes(self, n, x):
+        """The C++ vector width of the reduction computing n in part x: x's, or where x
+        only finishes it (a layer_norm's normalization), that of the reduction part that
+        computes its moments."""
+        lanes = self.pl.lanes
+        if x in lanes:
+            return lanes[x]
+        return next((lanes[p] for p in self.pl.computing.get(n.name, ()) if p in lanes), None)
 
     def twin(self, name: str):
         v = self.get(self.mine[name], self._ctx(name))
@@ -609,7 +651,7 @@ class _Evaluator:
                         if x is not None and pl.writer.get(b, x) != x
                         and (b in pl.mem.get(x, ()) or b in pl.cached.get(x, ()))), None)
             if src is not None:  # x continues it from a part another part wrote
-                v = self.get(d, src)
+                v = self._continued(d, x, src)
             else:
                 v = self._sum_of_squares(d, x)
                 if v is None:
@@ -663,13 +705,15 @@ _SUMS = ("aten.mean.dim", "aten.sum.dim_IntList")
 
 
 @contextlib.contextmanager
-def _tiled(tile: tuple | None):
+def _tiled(tile: tuple | None, lanes: int | None = None):
     """Every castlab node recorded inside carries `tile` (the Triton kernel's, for
-    reduce_spec); None: nothing changes."""
+    reduce_spec) and `lanes` (the C++ loop nest's vector width: ``cpp_lanes``); None:
+    nothing changes."""
     st = _graph._state
     annot = st.annot
-    if tile is not None:
-        st.annot = {**(annot or {}), "triton_tile": tile}
+    extra = {k: v for k, v in (("triton_tile", tile), ("cpp_lanes", lanes)) if v is not None}
+    if extra:
+        st.annot = {**(annot or {}), **extra}
     try:
         yield
     finally:
@@ -681,9 +725,11 @@ def _placed_region(s: Segment, pl: InductorPlacement, producer: dict, k: int,
     seg = Segment("region", s.nodes)
     by_name = {n.name: n for n in _all_args(s)}
     seg.inputs = list(s.inputs) + [_Twin(by_name[b]) for b in twin_in]
-    seg.outputs = list(s.outputs) + [_Twin(o) for o in s.outputs if o.name in twins]
+    # a twin is wanted by a node's name: an output, or the node an output views or clones
+    mine = {n.name: n for n in s.nodes}
+    seg.outputs = list(s.outputs) + [_Twin(mine[b]) for b in twins]
     input_names = [n.name for n in seg.inputs]
-    outs, twin_names = list(s.outputs), [o.name for o in s.outputs if o.name in twins]
+    outs, twin_names = list(s.outputs), list(twins)
 
     def region(*xs):
         ops = {"env": dict(zip(input_names, xs)), "astype": clops.astype,
