@@ -163,7 +163,9 @@ class InductorPlacement:
 
 
 def _root_names(fx: torch.fx.Node) -> list:
-    """The captured graph's node names a post-grad node comes from (``from_node``)."""
+    """The names of the nodes a post-grad node comes from (``from_node``), at the end of
+    its provenance: export's module (``_captured_names`` maps them to the captured
+    graph's)."""
     out = []
     for ns in fx.meta.get("from_node") or ():
         while ns.from_node:
