@@ -143,6 +143,8 @@ def test_cat_skips_pytorchs_legacy_empty_tensor():
     assert tuple(cl.cat([cl.zeros(0), cl.zeros(0)]).shape) == (0,)
     with pytest.raises(ValueError, match="does not match"):
         cl.cat([cl.ones((2, 3)), cl.ones((2, 4))], 0)
+    with pytest.raises(ValueError, match="tensor 2 has shape"):  # the caller's position
+        cl.cat([cl.zeros(0), cl.ones((2, 3)), cl.ones((2, 4))], 0)
 
 
 @pytest.mark.inductor

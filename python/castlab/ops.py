@@ -501,15 +501,16 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> TensorLike:
         dt = tdt if dt is None else promote_types(dt, tdt)
     # PyTorch's legacy rule: a 1-d empty tensor (shape [0]) is skipped whatever the others'
     # shapes (an empty KV cache concatenated with the first keys)
-    kept = [t for t in tensors if list(t.shape) != [0]]
-    if kept and len(kept) < len(tensors):
-        tensors = kept
+    kept = [(i, t) for i, t in enumerate(tensors) if list(t.shape) != [0]]
+    if not kept or len(kept) == len(tensors):
+        kept = list(enumerate(tensors))
+    tensors = [t for _, t in kept]
     nd = len(tensors[0].shape)
     if nd == 0:
         raise ValueError("cat: zero-dimensional tensors cannot be concatenated")
     d = _dim(tensors[0], dim)
     base = list(tensors[0].shape)
-    for i, t in enumerate(tensors):
+    for i, t in kept:  # (i: the position the caller gave it)
         s = list(t.shape)
         if len(s) != nd or any(s[k] != base[k] for k in range(nd) if k != d):
             raise ValueError(f"cat: tensor {i} has shape {s}, which does not match "

@@ -203,9 +203,12 @@ def _log_softmax_internal(a, kw):
     return _reduce.log_softmax(a[0], a[1])
 
 
-def _layer_norm(a, kw):  # layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
-    return _reduce.layer_norm(a[0], list(a[1]), _arg(a, kw, 2, "weight", None),
-                              _arg(a, kw, 3, "bias", None), _arg(a, kw, 4, "eps", 1e-5))
+def _layer_norm(a, kw, moments_of=None):
+    # layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable); `moments_of`:
+    # see castlab._reduce._layer_norm (castlab.torch._inductor's placement)
+    return _reduce._layer_norm(a[0], list(a[1]), _arg(a, kw, 2, "weight", None),
+                               _arg(a, kw, 3, "bias", None), _arg(a, kw, 4, "eps", 1e-5),
+                               moments_of)
 
 
 def _var(a, kw):  # var.correction(self, dim=None, *, correction=None, keepdim=False)

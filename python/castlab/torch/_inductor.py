@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import operator
 import threading
 import warnings
@@ -551,7 +552,9 @@ class _Evaluator:
         self.memo: dict = {}
         self.wanted: set = set()
 
-    def _build(self, n, vals: dict, x: Any = None):
+    def _build(self, n, vals: dict, x: Any = None, builder: Any = None):
+        """n built on `vals` with the reduction order of part x (its Triton tile, its C++
+        lanes); `builder(args, kwargs)`: another builder than n's ATen entry."""
         if self.ops is None:
             return n.name
         args, kwargs = _subst(list(n.args), vals), _subst(dict(n.kwargs), vals)
@@ -560,7 +563,7 @@ class _Evaluator:
         _graph._state.where = _where(n)
         try:  # the reductions of part x in its Triton kernel's order
             with _tiled(self.pl.tiles.get(x), self._lanes(n, x)):
-                return _aten.build(n, args, kwargs)
+                return (builder or functools.partial(_aten.build, n))(args, kwargs)
         finally:
             _graph._state.where = None
 
@@ -588,16 +591,8 @@ class _Evaluator:
         if self.ops is None or xn is xm:
             return self.get(d, src)
         vals = {a.name: self.get(a, x) for a in _arg_nodes(d)}
-        args, kwargs = _subst(list(d.args), vals), _subst(dict(d.kwargs), vals)
-        _graph._state.where = _where(d)
-        try:
-            with _tiled(self.pl.tiles.get(first), self._lanes(d, first)):
-                return _reduce._layer_norm(
-                    args[0], list(args[1]), _aten._arg(args, kwargs, 2, "weight", None),
-                    _aten._arg(args, kwargs, 3, "bias", None),
-                    _aten._arg(args, kwargs, 4, "eps", 1e-5), moments_of=xm)
-        finally:
-            _graph._state.where = None
+        return self._build(d, vals, first,
+                           lambda a, kw: _aten._layer_norm(a, kw, moments_of=xm))
 
     def _lanes(self, n, x):
         """The C++ vector width of the reduction computing n in part x: x's, or where x
