@@ -35,12 +35,15 @@ void two_pass_config(RedPlan* P, int64_t n, int64_t rows, int64_t code) {
 
 // Inductor's C++ reduction kernel, compiled for torch's thread count (read from the loaded
 // torch at run time; none when torch is not loaded). codegen/cpp.py: where the rows' loop
-// has fewer than 1/300 of the row's vector iterations (max_parallel_depth), the parallel
-// loop is the row's own (decide_parallel_depth: more than one thread, and 512 elements a
-// thread), each thread taking its share by `#pragma omp for` (libgomp's static schedule).
+// has fewer than 1/300 of the row's vector iterations (max_parallel_depth), or there is no
+// rows' loop (one row: the row's loop is the kernel's outermost), the parallel loop is the
+// row's own (decide_parallel_depth: more than one thread, and 512 elements a thread), each
+// thread taking its share by `#pragma omp for` (libgomp's static schedule). (One row of
+// 4,100 floats splits under AVX512 too: 256 vectors of 16, under the 300 rule's bound.)
 void inductor_omp_config(RedPlan* P, int64_t n, int64_t rows) {
   const int64_t threads = torch_num_threads();
-  if (threads > 1 && rows * 300 < n / P->a && rows * n / threads >= 512) P->g = threads;
+  if (threads > 1 && (rows == 1 || rows * 300 < n / P->a) && rows * n / threads >= 512)
+    P->g = threads;
 }
 
 // setReduceConfig of aten/src/ATen/native/cuda/Reduce.cuh. Innermost (reduce_on_fastest,

@@ -374,7 +374,7 @@ class TorchKernelLowering:
         gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
         full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4).
         A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
-        iterations) and torch runs more than one thread, Inductor's kernel splits the row
+        iterations, or one row) and torch runs more than one thread, Inductor's kernel splits the row
         over its threads (decided when the reduction is planned, from torch's thread count
         then)."""
         rows = _prod(node.shape)
