@@ -408,10 +408,12 @@ class TorchKernelLowering:
         lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
         them (a 16-bit input: VectorizedN<float, 2>, two halves), and the split over torch's
         threads where the rows are few (p5 = 2)."""
-        floats = max(1, self._inductor_vector_bits() // 32)
+        bits = self._inductor_vector_bits()
+        floats = max(1, bits // 32)
         lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
         if lanes is None:
-            lanes = 2 * floats if _loads_16bit_float(node) else floats
+            # (torch's DEFAULT build: scalar loops, one Welford state whatever the dtype)
+            lanes = 2 * floats if bits and _loads_16bit_float(node) else floats
         floats = min(floats, lanes)
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
