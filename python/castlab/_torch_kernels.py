@@ -374,9 +374,9 @@ class TorchKernelLowering:
         gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
         full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4).
         A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
-        iterations, or one row) and torch runs more than one thread, Inductor's kernel splits the row
-        over its threads (decided when the reduction is planned, from torch's thread count
-        then)."""
+        iterations, or one row) and torch runs more than one thread, Inductor's kernel
+        splits the row over its threads (decided when the reduction is planned, from
+        torch's thread count then)."""
         rows = _prod(node.shape)
         if n < UNROLL_BELOW and rows != 1:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
@@ -411,9 +411,8 @@ class TorchKernelLowering:
         bits = self._inductor_vector_bits()
         floats = max(1, bits // 32)
         lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
-        if lanes is None:
-            # (torch's DEFAULT build: scalar loops, one Welford state whatever the dtype)
-            lanes = 2 * floats if bits and _loads_16bit_float(node) else floats
+        if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
+            lanes = max(1, bits // (16 if _loads_16bit_float(node) else 32))
         floats = min(floats, lanes)
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
