@@ -115,8 +115,8 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
 // element j (its operands in a<i>[u]).
 template <typename Body>
 std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                     Body body) {
-  std::string s = "  {\n" + row_invariant_loads(st, ops, ins);
+                     Body body, const std::string& row_part = "") {
+  std::string s = "  {\n" + row_invariant_loads(st, ops, ins) + row_part;
   s += "    if (P.vec) {\n#pragma unroll 2\n";
   s += "    for (int c = threadIdx.x; c < (n >> 3); c += blockDim.x) {\n";
   s += vector_loads(st, ops, ins);
@@ -732,12 +732,35 @@ std::string row_params_struct(const RowStep& s, size_t nops) {
          num(static_cast<int64_t>(s.phases.size())) + "];\n};\n";
 }
 
+// Per epilogue input, whether it is the same for every element of the row (a row result,
+// a per-row scale: column stride 0).
+std::vector<bool> epilogue_invariants(const RowStep& s) {
+  std::vector<bool> inv;
+  for (int k : s.epi_ins) inv.push_back(s.cs[k] == 0);
+  return inv;
+}
+
 // The epilogue over the row's elements (row_loop: the vector path and the general one),
-// writing the outputs; empty without an epilogue.
-std::string epilogue_source(const RowStep& s, const Tensor* const* ops) {
+// writing the outputs; empty without an epilogue. Its row-invariant part (`split`, from
+// row_preamble with epilogue_invariants: log_softmax's log of the row sum with its
+// special cases, RMSNorm's mean, + eps, rsqrt) runs once per thread before the loop
+// (cl_epi_row), and each element only what reads the row's elements (cl_epi).
+std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
+                            const SplitFunction& split) {
   std::string src;
   if (s.epilogue) {
-    src += row_loop(s, ops, s.epi_ins, [&](bool vec, const char* where) -> std::string {
+    std::string row_part, handed;
+    for (size_t j = 0; j < split.handed.size(); ++j) {
+      const std::string h = "eh" + num(split.handed[j]);
+      row_part += "    " + split.types[j] + " " + h + ";\n";
+      handed += ", " + h;
+    }
+    std::string row_args;
+    for (int k : s.epi_ins)
+      if (s.cs[k] == 0) row_args += (row_args.empty() ? "h" : ", h") + num(k);
+    row_args += row_args.empty() && !handed.empty() ? handed.substr(2) : handed;
+    row_part += "    cl_epi_row(" + row_args + ");\n";
+    const auto body = [&](bool vec, const char* where) -> std::string {
       const std::string w(where);
       std::string b;
       if (w == "pre") {  // the outputs of the 8 elements, stored as words after
@@ -766,6 +789,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops) {
       b += "        cl_epi(0ull, 0ull";
       for (size_t a = 0; a < s.epi_ins.size(); ++a)
         b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
+      b += handed;
       for (size_t o = 0; o < s.epi_outs.size(); ++o) b += ", y" + num(static_cast<int64_t>(o));
       b += ");\n";
       for (size_t o = 0; o < s.epi_outs.size(); ++o) {
@@ -780,7 +804,8 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops) {
         }
       }
       return b;
-    });
+    };
+    src += row_loop(s, ops, s.epi_ins, body, row_part);
   }
   return src;
 }
@@ -1004,7 +1029,10 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   for (const RowPhase& p : s.phases) block = block || softmax_lanes(s, p);
   std::string phases;
   for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k);
-  std::string src = row_preamble(s, ops, "SoftMax.cu's threads") + row_params_struct(s, nops);
+  const std::vector<bool> inv = epilogue_invariants(s);
+  SplitFunction split;
+  std::string src =
+      row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split) + row_params_struct(s, nops);
   src += codegen::fill(kSoftmaxKernel,
                        {{"threads", num(NT)},
                         // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
@@ -1013,7 +1041,7 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
                         {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
                         {"unroll", num(kUnroll)},
                         {"phases", phases},
-                        {"epilogue", epilogue_source(s, ops)}});
+                        {"epilogue", epilogue_source(s, ops, split)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
@@ -1221,11 +1249,13 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
   if (!tor.empty()) return tor;
   std::string phases;
   for (size_t k = 0; k < s.phases.size(); ++k) phases += smem_phase(s, ops, k);
-  std::string src = row_preamble(s, ops, "") + row_params_struct(s, nops);
+  const std::vector<bool> inv = epilogue_invariants(s);
+  SplitFunction split;
+  std::string src = row_preamble(s, ops, "", &inv, &split) + row_params_struct(s, nops);
   src += codegen::fill(kSmemKernel, {{"threads", num(kRowThreads)},
                                      {"unroll", num(kUnroll)},
                                      {"phases", phases},
-                                     {"epilogue", epilogue_source(s, ops)}});
+                                     {"epilogue", epilogue_source(s, ops, split)}});
   const std::string name = "castlab_row" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;

@@ -132,6 +132,27 @@ CL_HD T red_op(int kind, T acc, T x) {
   return ieee_max_min(acc, x, kind == kRedMax);
 }
 
+// red_op, or (FAST, a GPU's float maximum/minimum) the hardware's NaN-propagating
+// max.NaN/min.NaN (one instruction). Over a set without NaN it gives red_op's value in any
+// order up to the sign of a zero, so a fold through it is kept only where its result is
+// neither a zero nor a NaN (red_softmax_thread).
+template <bool FAST, typename T>
+CL_HD T red_op_fast(int kind, T acc, T x) {
+  return red_op(kind, acc, x);
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <>
+CL_HD float red_op_fast<true, float>(int kind, float acc, float x) {
+  if (kind == kRedSum) return acc + x;
+  float r;
+  if (kind == kRedMax)
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(acc), "f"(x));
+  else
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(acc), "f"(x));
+  return r;
+}
+#endif
+
 template <typename T, typename A>
 CL_HD T red_sequential(int kind, A v, int64_t n) {
   if (n == 0) return red_identity<T>(kind);
@@ -699,31 +720,31 @@ CL_HD void red_chunk(const A& v, int64_t i, T* out, long) {
 
 // s folded with the ilp values from element i in order: read as one chunk where ILP (the
 // same ilp) is known when the caller compiles, else one at a time.
-template <typename T, int ILP, typename A>
+template <typename T, int ILP, bool FAST = false, typename A>
 CL_HD T red_fold_ilp(int kind, T s, const A& v, int64_t i, int64_t ilp) {
   if (ILP > 0) {
     T buf[ILP > 0 ? ILP : 1];
     red_chunk<T, (ILP > 0 ? ILP : 1)>(v, i, buf, 0);
-    for (int k = 0; k < ILP; ++k) s = red_op(kind, s, buf[k]);
+    for (int k = 0; k < ILP; ++k) s = red_op_fast<FAST>(kind, s, buf[k]);
   } else {
-    for (int64_t k = 0; k < ilp; ++k) s = red_op(kind, s, v[i + k]);
+    for (int64_t k = 0; k < ilp; ++k) s = red_op_fast<FAST>(kind, s, v[i + k]);
   }
   return s;
 }
 
-// ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
-// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan.
-template <typename T, int ILP = 0, int KIND = -1, typename A>
-CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
+// One thread's value of the SoftMax.cu kernels' phase (below), its ops red_op_fast<FAST>.
+template <typename T, int ILP, int KIND, bool FAST, typename A>
+CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
   const int kind = KIND >= 0 ? KIND : P.kind;
   T s = red_identity<T>(kind);
   const int64_t bs = P.a, ilp = ILP > 0 ? ILP : P.b;
   if (P.c == 0) {  // cunn_SoftMaxForwardReg
-    for (int64_t i = th; i < n; i += bs) s = red_op(kind, s, v[i]);
+    for (int64_t i = th; i < n; i += bs) s = red_op_fast<FAST>(kind, s, v[i]);
     return s;
   }
   if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
-    for (int64_t q = th; q * ilp < n; q += bs) s = red_fold_ilp<T, ILP>(kind, s, v, q * ilp, ilp);
+    for (int64_t q = th; q * ilp < n; q += bs)
+      s = red_fold_ilp<T, ILP, FAST>(kind, s, v, q * ilp, ilp);
     return s;
   }
   // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
@@ -732,15 +753,32 @@ CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_
   int64_t size = n, base = 0;  // v[base + k]: element k of the data pointer as it moves
   if (shift > 0) {
     size += shift;
-    if (th >= shift && th < size) s = red_op(kind, s, v[th - shift]);
+    if (th >= shift && th < size) s = red_op_fast<FAST>(kind, s, v[th - shift]);
     size -= bs > size ? size : bs;
     base = bs - shift;
   }
   const int64_t last = size % (ilp * bs);
   for (int64_t q = th; q * ilp < size - last; q += bs)
-    s = red_fold_ilp<T, ILP>(kind, s, v, base + q * ilp, ilp);
-  for (int64_t q = size - last + th; q < size; q += bs) s = red_op(kind, s, v[base + q]);
+    s = red_fold_ilp<T, ILP, FAST>(kind, s, v, base + q * ilp, ilp);
+  for (int64_t q = size - last + th; q < size; q += bs) s = red_op_fast<FAST>(kind, s, v[base + q]);
   return s;
+}
+
+// ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
+// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan. A float
+// maximum or minimum known when the kernel compiles folds by the hardware's max.NaN /
+// min.NaN on the GPU (one instruction where ieee_max_min takes ten), and again by red_op
+// in the same order only where that gave a zero or a NaN (a zero's sign and a NaN's
+// payload depend on the order): the same value either way.
+template <typename T, int ILP = 0, int KIND = -1, typename A>
+CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (sizeof(T) == 4 && (KIND == kRedMax || KIND == kRedMin)) {
+    const T s = red_softmax_thread_fold<T, ILP, KIND, true>(P, v, n, row, th);
+    if (s == s && s != T(0)) return s;
+  }
+#endif
+  return red_softmax_thread_fold<T, ILP, KIND, false>(P, v, n, row, th);
 }
 
 template <typename T, typename A>
