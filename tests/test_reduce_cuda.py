@@ -55,6 +55,49 @@ def test_softmax_log_softmax_equal_torch_cuda(dt, n):
         assert mismatches(f.run(x, **EAGER), getattr(torch, op)(t, -1)) == 0, op
 
 
+def _bits_differ(got, want) -> int:
+    """Elements whose bits differ (a zero's sign counts; NaN vs NaN counts as equal)."""
+    g = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
+    ints = {2: torch.int16, 4: torch.int32}[want.dtype.itemsize]
+    diff = g.contiguous().view(ints) != want.contiguous().view(ints)
+    return int((diff & ~(g.isnan() & want.isnan())).sum())
+
+
+@pytest.mark.parametrize("dt", list(DT))
+@pytest.mark.parametrize("n", [12000, 32000, 50257, 151936])
+def test_softmax_rows_whose_maximum_is_a_zero_or_a_nan(dt, n):
+    """SoftMax.cu's block kernels fold a float maximum by the hardware's max.NaN and fold
+    a thread's values again exactly where that gave a zero or a NaN (a zero's sign and a
+    NaN's payload depend on the order): rows whose maximum is +0 or -0, zeros of both signs
+    (at the row's start, in its middle, in the tail a thread reads alone), a NaN, -inf
+    everywhere or in places, equal torch eager bit for bit, softmax and log_softmax, on the
+    jit's eager path and the eager call."""
+    td = DT[dt][1]
+    t = -_x((14, n), td, n, scale=3.0).abs() - 0.5  # every element below zero
+    t[0] = 0.0
+    t[1] = -0.0
+    t[2, ::2], t[2, 1::2] = -0.0, 0.0
+    t[3, 5] = 0.0
+    t[4, n // 2] = -0.0
+    t[5, 7] = float("nan")
+    t[6] = float("-inf")
+    t[7, ::3] = float("-inf")
+    t[7, 1] = 0.0
+    t[8, :] = -0.0
+    t[8, n - 1] = 0.0
+    t[9, 0] = 0.0
+    t[10, 3::7] = -0.0
+    t[11, n - 3] = float("nan")
+    t[11, 2] = float("-nan")
+    t[12] = t[12].abs()  # a positive maximum: the hardware's fold kept
+    x = cl.from_dlpack(t)
+    for op in ("softmax", "log_softmax"):
+        want = getattr(torch, op)(t, -1)
+        f = cl.jit(lambda x, op=op: getattr(cl, op)(x, -1))
+        assert _bits_differ(f.run(x, **EAGER), want) == 0, op
+        assert _bits_differ(getattr(cl, op)(x, -1), want) == 0, op
+
+
 @pytest.mark.parametrize("dt", list(DT))
 @pytest.mark.parametrize("h", [896, 3584])
 def test_hf_rmsnorm_equals_torch_cuda(dt, h):
