@@ -741,25 +741,27 @@ std::vector<bool> epilogue_invariants(const RowStep& s) {
 }
 
 // The epilogue over the row's elements (row_loop: the vector path and the general one),
-// writing the outputs; empty without an epilogue. Its row-invariant part (`split`, from
-// row_preamble with epilogue_invariants: log_softmax's log of the row sum with its
-// special cases, RMSNorm's mean, + eps, rsqrt) runs once per thread before the loop
-// (cl_epi_row), and each element only what reads the row's elements (cl_epi).
+// writing the outputs; empty without an epilogue. With `split` (from row_preamble with
+// epilogue_invariants) its row-invariant part (log_softmax's log of the row sum with its
+// special cases) runs once per thread before the loop (cl_epi_row), and each element only
+// what reads the row's elements (cl_epi).
 std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
-                            const SplitFunction& split) {
+                            const SplitFunction* split = nullptr) {
   std::string src;
   if (s.epilogue) {
     std::string row_part, handed;
-    for (size_t j = 0; j < split.handed.size(); ++j) {
-      const std::string h = "eh" + num(split.handed[j]);
-      row_part += "    " + split.types[j] + " " + h + ";\n";
-      handed += ", " + h;
+    if (split) {
+      for (size_t j = 0; j < split->handed.size(); ++j) {
+        const std::string h = "eh" + num(split->handed[j]);
+        row_part += "    " + split->types[j] + " " + h + ";\n";
+        handed += ", " + h;
+      }
+      std::string row_args;
+      for (int k : s.epi_ins)
+        if (s.cs[k] == 0) row_args += (row_args.empty() ? "h" : ", h") + num(k);
+      row_args += row_args.empty() && !handed.empty() ? handed.substr(2) : handed;
+      row_part += "    cl_epi_row(" + row_args + ");\n";
     }
-    std::string row_args;
-    for (int k : s.epi_ins)
-      if (s.cs[k] == 0) row_args += (row_args.empty() ? "h" : ", h") + num(k);
-    row_args += row_args.empty() && !handed.empty() ? handed.substr(2) : handed;
-    row_part += "    cl_epi_row(" + row_args + ");\n";
     const auto body = [&](bool vec, const char* where) -> std::string {
       const std::string w(where);
       std::string b;
@@ -1041,7 +1043,7 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
                         {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
                         {"unroll", num(kUnroll)},
                         {"phases", phases},
-                        {"epilogue", epilogue_source(s, ops, split)}});
+                        {"epilogue", epilogue_source(s, ops, &split)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
@@ -1249,13 +1251,11 @@ std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t
   if (!tor.empty()) return tor;
   std::string phases;
   for (size_t k = 0; k < s.phases.size(); ++k) phases += smem_phase(s, ops, k);
-  const std::vector<bool> inv = epilogue_invariants(s);
-  SplitFunction split;
-  std::string src = row_preamble(s, ops, "", &inv, &split) + row_params_struct(s, nops);
+  std::string src = row_preamble(s, ops, "") + row_params_struct(s, nops);
   src += codegen::fill(kSmemKernel, {{"threads", num(kRowThreads)},
                                      {"unroll", num(kUnroll)},
                                      {"phases", phases},
-                                     {"epilogue", epilogue_source(s, ops, split)}});
+                                     {"epilogue", epilogue_source(s, ops)}});
   const std::string name = "castlab_row" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
