@@ -739,6 +739,48 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         assert "warning" not in log, log[:3000]
 
 
+@pytest.mark.parametrize("dt,n,cached", [("bfloat16", 32000, True), ("bfloat16", 50257, True),
+                                         ("float16", 32064, True), ("float32", 24000, True),
+                                         ("float32", 32000, False), ("bfloat16", 151936, False)])
+def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, cached):
+    """SoftMax.cu's row kernel (the eager vocabulary softmax): the first phase keeps the
+    row it reads in shared memory where it fits two blocks an SM (up to 115,200 bytes on
+    an H100/H200), and the second phase and the epilogue read it there instead of from
+    global memory; a longer row (fp32 32,000: 128 KB) is read from memory each time. The
+    float maximum folds by max.NaN, the log of the row sum is taken once per thread
+    (cl_epi_row). (No NVRTC needed: the source is inspected; the bits are tested on the
+    GPU, test_reduce_cuda.py and test_reduce_sweep_cuda.py.)"""
+    import dataclasses
+
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
+    x = cl.randn(4, n, seed=0, dtype=dt)
+    f = cl.jit(lambda x: cl.log_softmax(x, -1))
+    f.run(x, policy="eager", math=m)
+    tr, _ = f._traced(f._bind((x,)))
+    (plan,) = tr.plans.values()
+    (spec, dts), = plan.row_steps
+    src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+    assert "castlab_srow" in src
+    kernel = src[src.index('extern "C"'):]
+    phases = kernel.split("cl::red_softmax_thread<")
+    assert len(phases) == 3  # the max, the sum of exponentials
+    epilogue = kernel[kernel.index("cl_epi_row("):]
+    assert "cl_epi_row(h1, h2," in epilogue and "op_log" not in epilogue
+    assert "cl::op_log" in src[src.index("void cl_epi_row("):src.index("void cl_epi(")]
+    if cached:
+        assert "extern __shared__ __align__(16) unsigned char cl_rowcache[];" in kernel
+        assert "cl_rc[csh + i] = a0;" in phases[0]  # kept as read
+        assert "P.ptr[0]" not in phases[1] and "cl_rc" in phases[1]
+        assert "P.ptr[0]" not in epilogue and "cl_rc" in epilogue
+    else:
+        assert "cl_rc" not in kernel
+        assert "P.ptr[0]" in phases[1] and "P.ptr[0]" in epilogue
+
+
 def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):
     """The register row kernel (Triton's order) of HF RMSNorm computes the epilogue's
     row-invariant part (mean, + eps, rsqrt) once per thread in cl_epi_row, and per

@@ -61,7 +61,7 @@ std::string row_invariant_loads(const RowStep& st, const Tensor* const* ops,
 }
 
 std::string unrolled_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                           const std::string& j0) {
+                           const std::string& j0, int cached = -1) {
   std::string s;
   for (size_t a = 0; a < ins.size(); ++a) {
     const int k = ins[a];
@@ -74,8 +74,10 @@ std::string unrolled_loads(const RowStep& st, const Tensor* const* ops, const st
       continue;
     }
     const std::string idx = st.cs[k] == 1 ? "j" : "(long long)j * " + num(st.cs[k]) + "LL";
-    s += "      {\n        const " + t + "* p = (const " + t + "*)P.ptr[" + K + "] + row * " +
-         num(st.rs[k]) + "LL;\n";
+    s += "      {\n        const " + t + "* p = " +
+         (k == cached ? "cl_rc + csh"
+                      : "(const " + t + "*)P.ptr[" + K + "] + row * " + num(st.rs[k]) + "LL") +
+         ";\n";
     s += "#pragma unroll\n        for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
     s += "          const int j = " + j0 + " + u * (int)blockDim.x;\n";
     s += "          " + A + "[u] = j < n ? p[" + idx + "] : (" + t + ")0;\n        }\n      }\n";
@@ -89,7 +91,8 @@ std::string unrolled_loads(const RowStep& st, const Tensor* const* ops, const st
 std::string vector_word(size_t esize) { return esize == 1 ? "uint2" : "uint4"; }
 int64_t vector_words(size_t esize) { return esize == 1 ? 1 : static_cast<int64_t>(esize / 2); }
 
-std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins) {
+std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
+                         int cached = -1) {
   std::string s;
   for (size_t a = 0; a < ins.size(); ++a) {
     const int k = ins[a];
@@ -102,8 +105,10 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
     }
     const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
     const std::string w = vector_word(es);
-    s += "      {\n        const " + w + "* p = (const " + w + "*)((const " + t + "*)P.ptr[" + K +
-         "] + row * " + num(st.rs[k]) + "LL + 8 * c);\n";
+    s += "      {\n        const " + w + "* p = (const " + w + "*)(" +
+         (k == cached ? "cl_rc"
+                      : "(const " + t + "*)P.ptr[" + K + "] + row * " + num(st.rs[k]) + "LL") +
+         " + 8 * c);\n";
     s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) ((" + w +
          "*)" + A + ")[v] = p[v];\n      }\n";
   }
@@ -115,11 +120,11 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
 // element j (its operands in a<i>[u]).
 template <typename Body>
 std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                     Body body, const std::string& row_part = "") {
+                     Body body, const std::string& row_part = "", int cached = -1) {
   std::string s = "  {\n" + row_invariant_loads(st, ops, ins) + row_part;
   s += "    if (P.vec) {\n#pragma unroll 2\n";
   s += "    for (int c = threadIdx.x; c < (n >> 3); c += blockDim.x) {\n";
-  s += vector_loads(st, ops, ins);
+  s += vector_loads(st, ops, ins, cached);
   s += body(true, "pre");
   s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n        const int j = 8 * c + u;\n"
        "        (void)j;\n";
@@ -128,7 +133,7 @@ std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vec
   s += body(true, "post");
   s += "    }\n    } else {\n";
   s += "    for (int j0 = threadIdx.x; j0 < n; j0 += step) {\n";
-  s += unrolled_loads(st, ops, ins, "j0");
+  s += unrolled_loads(st, ops, ins, "j0", cached);
   s += "#pragma unroll\n      for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
   s += "        const int j = j0 + u * (int)blockDim.x;\n        if (j >= n) break;\n";
   s += body(false, "each");
@@ -746,7 +751,7 @@ std::vector<bool> epilogue_invariants(const RowStep& s) {
 // special cases) runs once per thread before the loop (cl_epi_row), and each element only
 // what reads the row's elements (cl_epi).
 std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
-                            const SplitFunction* split = nullptr) {
+                            const SplitFunction* split = nullptr, int cached = -1) {
   std::string src;
   if (s.epilogue) {
     std::string row_part, handed;
@@ -807,7 +812,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
       }
       return b;
     };
-    src += row_loop(s, ops, s.epi_ins, body, row_part);
+    src += row_loop(s, ops, s.epi_ins, body, row_part, cached);
   }
   return src;
 }
@@ -824,7 +829,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
 // runs along the row read as 16-byte words where its address allows (else one element at
 // a time), then the phase's Program on each element, as `value` computes it.
 std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPhase& p,
-                         const std::string& K, int64_t ilp) {
+                         const std::string& K, int64_t ilp, int cached, bool first) {
   const std::string L = num(ilp);
   std::string src = "    auto chunk = [&](long long i, ACC* out) {\n";
   for (size_t a = 0; a < p.ins.size(); ++a) {
@@ -836,15 +841,24 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
       continue;
     }
     src += "      __align__(16) " + t + " " + A + "[" + L + "];\n";
+    const bool from_cache = q == cached && !first, to_cache = q == cached && first;
     const std::string base =
-        "((const " + t + "*)P.ptr[" + num(q) + "] + row * " + num(s.rs[q]) + "LL)";
+        from_cache ? "((const " + t + "*)(cl_rc + csh))"
+                   : "((const " + t + "*)P.ptr[" + num(q) + "] + row * " + num(s.rs[q]) + "LL)";
     if (s.cs[q] == 1 && bytes % 16 == 0) {
       src += "      {\n        const " + t + "* p = " + base + " + i;\n";
       src += "        if (((unsigned long long)p & 15ull) == 0ull) {\n#pragma unroll\n";
       src += "          for (int w = 0; w < " + num(bytes / 16) + "; ++w) ((uint4*)" + A +
              ")[w] = ((const uint4*)p)[w];\n";
+      if (to_cache)  // the cache's element csh + i is on a 16-byte boundary where p is
+        src += "#pragma unroll\n          for (int w = 0; w < " + num(bytes / 16) +
+               "; ++w) ((uint4*)(cl_rc + csh + i))[w] = ((const uint4*)" + A + ")[w];\n";
       src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " +
-             A + "[k] = p[k];\n        }\n      }\n";
+             A + "[k] = p[k];\n";
+      if (to_cache)
+        src += "#pragma unroll\n          for (int k = 0; k < " + L +
+               "; ++k) cl_rc[csh + i + k] = " + A + "[k];\n";
+      src += "        }\n      }\n";
     } else {
       const std::string idx = s.cs[q] == 1 ? "(i + k)" : "(i + k) * " + num(s.cs[q]) + "LL";
       src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) " + A + "[k] = " + base +
@@ -906,6 +920,7 @@ ${lanes}
   const int n = (int)P.n;
   const int step = (int)blockDim.x * ${unroll};
   (void)step;
+${cache}
 ${phases}
 ${epilogue}
 }
@@ -972,8 +987,48 @@ constexpr const char* kSoftmaxWarp = R"(
     if ((long long)threadIdx.x < ${pl}.nparts) parts[threadIdx.x] = cl::red_softmax_part<ACC>(${pl}, v, n, row, threadIdx.x);
 )";
 
+// The SoftMax.cu kernel's row cache: where every phase is the forward block order reading
+// whole vectors (ilpReduce, the Smem kernel's loop) and one unit-stride operand is the only
+// one varying along the row in every phase and the epilogue (softmax's and log_softmax's
+// logits), the first phase keeps the row in shared memory as it reads it, and the later
+// phases and the epilogue read it there: the same values in the same order, read from
+// global memory once where PyTorch's kernel reads the row three times. The cache's
+// element csh + i is the row's element i, csh the row's elements before its 16-byte
+// boundary, so a 16-byte word of the row is one of the cache. Rows of up to `limit` bytes.
+struct RowCache {
+  int q = -1;         // the operand kept, -1: none
+  int64_t bytes = 0;  // dynamic shared memory
+};
+RowCache srow_cache(const RowStep& s, const Tensor* const* ops, int64_t limit) {
+  RowCache c;
+  int q = -1;
+  const auto only_q = [&](const std::vector<int>& ins) {
+    for (int k : ins) {
+      if (s.cs[k] == 0) continue;
+      if (q < 0) q = k;
+      if (k != q) return false;
+    }
+    return true;
+  };
+  for (const RowPhase& p : s.phases) {
+    const RedPlan plan = make_red_plan(p.spec, s.n, s.rows);
+    if (p.spec.order != kOrdSoftmaxBlock || plan.c == 0 || plan.f != 0 || plan.b > 16 ||
+        !only_q(p.ins))
+      return c;
+  }
+  if (q < 0 || s.cs[q] != 1 || (s.epilogue && !only_q(s.epi_ins)) ||
+      std::find(s.phases[0].ins.begin(), s.phases[0].ins.end(), q) == s.phases[0].ins.end())
+    return c;
+  const int64_t es = itemsize(ops[q]->dtype());
+  const int64_t bytes = ((s.n + 16 / es) * es + 15) / 16 * 16;
+  if (bytes > limit) return c;
+  c.q = q;
+  c.bytes = bytes;
+  return c;
+}
+
 // Phase k of the SoftMax.cu kernel.
-std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) {
+std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k, int cached) {
   const RowPhase& p = s.phases[k];
   const std::string K = num(static_cast<int64_t>(k)), PL = "P.plan[" + K + "]";
   std::string operands, value;
@@ -982,10 +1037,13 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) 
     const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
     if (s.cs[q] == 0) {
       operands += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+    } else if (q == cached && k > 0) {
+      operands += "      const " + t + " " + A + " = cl_rc[csh + i];\n";
     } else {
       const std::string idx = s.cs[q] == 1 ? "i" : "i * " + num(s.cs[q]) + "LL";
       operands += "      const " + t + " " + A + " = ((const " + t + "*)P.ptr[" + num(q) +
                   "])[row * " + num(s.rs[q]) + "LL + " + idx + "];\n";
+      if (q == cached) operands += "      cl_rc[csh + i] = " + A + ";\n";
     }
   }
   if (p.prog) {
@@ -1013,7 +1071,7 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k) 
       {{"invariants", row_invariant_loads(s, ops, p.ins)},
        {"operands", operands},
        {"value", value},
-       {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp) : ""},
+       {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp, cached, k == 0) : ""},
        {"call", chunked ? "CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk}"
                         : "CallRow<decltype(value)> v{value}"},
        {"reduce", reduce}});
@@ -1024,13 +1082,24 @@ bool softmax_lanes(const RowStep& s, const RowPhase& p) {
   return p.spec.order == kOrdSoftmaxBlock && make_red_plan(p.spec, s.n, s.rows).f != 0;
 }
 
-std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
+std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t nops,
+                             int64_t cache_limit) {
   const int64_t NT = torch_threads(s);
   if (NT == 0) return "";
+  const RowCache rc = srow_cache(s, ops, cache_limit);
+  std::string cache;
+  if (rc.q >= 0) {
+    const std::string t = storage_type(ops[rc.q]->dtype());
+    cache = "  extern __shared__ __align__(16) unsigned char cl_rowcache[];\n  " + t +
+            "* const cl_rc = (" + t +
+            "*)cl_rowcache;\n  const int csh = (int)(((unsigned long long)((const " + t +
+            "*)P.ptr[" + num(rc.q) + "] + row * " + num(s.rs[rc.q]) + "LL) & 15ull) / " +
+            num(itemsize(ops[rc.q]->dtype())) + "ull);\n";
+  }
   bool block = false;  // (the warp kernel's lanes are its parts; BlockReduce shuffles)
   for (const RowPhase& p : s.phases) block = block || softmax_lanes(s, p);
   std::string phases;
-  for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k);
+  for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k, rc.q);
   const std::vector<bool> inv = epilogue_invariants(s);
   SplitFunction split;
   std::string src =
@@ -1042,8 +1111,9 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
                         {"blocks", num(triton_blocks_per_sm(NT))},
                         {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
                         {"unroll", num(kUnroll)},
+                        {"cache", cache},
                         {"phases", phases},
-                        {"epilogue", epilogue_source(s, ops, &split)}});
+                        {"epilogue", epilogue_source(s, ops, &split, rc.q)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;
@@ -1243,11 +1313,17 @@ bool row_kernel_fits(const RowStep& s, bool f64, int dev) {
   return row_kernel_smem(s, f64) <= max_shared_per_block(dev);
 }
 
-std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops) {
+int64_t srow_cache_limit(int dev) {
+  // two blocks an SM, each with its 1 KiB the driver reserves and its static parts
+  return std::max<int64_t>(0, (int64_t(max_shared_per_block(dev)) - 2048) / 2);
+}
+
+std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops,
+                              int64_t cache_limit) {
   check_row_step(s, ops, nops);
   const std::string tri = triton_row_source(s, ops, nops);
   if (!tri.empty()) return tri;
-  const std::string tor = torch_row_source(s, ops, nops);
+  const std::string tor = torch_row_source(s, ops, nops, cache_limit);
   if (!tor.empty()) return tor;
   std::string phases;
   for (size_t k = 0; k < s.phases.size(); ++k) phases += smem_phase(s, ops, k);
@@ -1329,6 +1405,7 @@ struct RowKernel {
   CompiledKernel k;
   std::vector<Tensor> tabs;           // the pairwise tables (owners of tab_ptrs)
   std::vector<const void*> tab_ptrs;  // per phase (null: none)
+  int64_t cache_bytes = 0;            // the SoftMax.cu kernel's row cache (srow_cache)
 };
 std::mutex g_mu;
 // leaked on purpose: device tables must not be freed during static destruction
@@ -1344,7 +1421,8 @@ const RowKernel& kernel_for(const RowStep& s, const Tensor* const* ops, size_t n
     auto it = g_kernels.find(key);
     if (it != g_kernels.end()) return it->second;
   }
-  const std::string src = row_kernel_source(s, ops, nops);
+  const int64_t cache_limit = srow_cache_limit(dev);
+  const std::string src = row_kernel_source(s, ops, nops, cache_limit);
   size_t a = src.find("castlab_row");
   if (a == std::string::npos) a = src.find("castlab_trow");
   if (a == std::string::npos) a = src.find("castlab_srow");
@@ -1355,6 +1433,13 @@ const RowKernel& kernel_for(const RowStep& s, const Tensor* const* ops, size_t n
     check(driver().cuFuncSetAttribute(rk.k.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                       max_shared_per_block(dev)),
           "cuFuncSetAttribute");
+  if (torch_threads(s)) {
+    rk.cache_bytes = srow_cache(s, ops, cache_limit).bytes;
+    if (rk.cache_bytes > 0)
+      check(driver().cuFuncSetAttribute(rk.k.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        static_cast<int>(rk.cache_bytes)),
+            "cuFuncSetAttribute");
+  }
   for (const RowPhase& p : s.phases) {
     if (p.spec.order != kOrdPairwise || p.spec.kind != kRedSum) {
       rk.tab_ptrs.push_back(nullptr);
@@ -1450,7 +1535,7 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
     }
     for (const void* p : rk.tab_ptrs) put(&p, 8);
   }
-  const unsigned smem = static_cast<unsigned>(row_kernel_smem(s, f64));
+  const unsigned smem = static_cast<unsigned>(row_kernel_smem(s, f64) + rk.cache_bytes);
   const int64_t sm_threads = torch_threads(s);
   const unsigned threads = static_cast<unsigned>(
       tri_threads  ? tri_threads

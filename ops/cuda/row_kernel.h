@@ -20,8 +20,14 @@ namespace cuda {
 
 // Shared memory the kernel needs for a row of n accumulators and the phases' parts (bytes).
 int64_t row_kernel_smem(const RowStep& s, bool f64);
-// The generated source (without a device: tests compile it with NVRTC).
-std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops);
+// The generated source (without a device: tests compile it with NVRTC). cache_limit: the
+// largest row (bytes) the SoftMax.cu kernel keeps in shared memory between its phases
+// (srow_cache_limit of the device; the default is an H100's or H200's).
+constexpr int64_t kSrowCacheLimitSm90 = (232448 - 2048) / 2;
+std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops,
+                              int64_t cache_limit = kSrowCacheLimitSm90);
+// That largest row on device dev: two blocks of 1024 threads an SM.
+int64_t srow_cache_limit(int dev);
 // Whether `s` fits device `dev` (its shared memory per block).
 bool row_kernel_fits(const RowStep& s, bool f64, int dev);
 void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops);
