@@ -822,8 +822,9 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
 // (block: one thread per SoftMax.cu thread, up to 1024) computes each thread's value
 // (red_softmax_thread / red_softmax_part) straight from the operands in global memory,
 // evaluating the phase's Program element by element as it reads them, as PyTorch's
-// kernel does (no row in shared memory: vocabulary-sized rows fit), then the warps'
-// values and the block's in the order's trees; the epilogue as the general kernel's.
+// kernel does (any row length fits; a short enough row kept in shared memory after the
+// first phase: srow_cache), then the warps' values and the block's in the order's trees;
+// the epilogue as the general kernel's.
 // Returns the block's thread count, 0 where the phases take other orders.
 // The phase's values at elements i .. i + ilp - 1 of the row into out[]: each operand that
 // runs along the row read as 16-byte words where its address allows (else one element at

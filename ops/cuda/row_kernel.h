@@ -7,7 +7,8 @@
 // runs as many blocks as the device holds at once, each looping over rows (reading its
 // next row while it reduces this one). Where every phase takes SoftMax.cu's warp or block
 // order, a block of that order's threads reads the operands from global memory as
-// PyTorch's kernel does (no row in shared memory: any row length fits).
+// PyTorch's kernel does (any row length fits); a row that fits (srow_cache_limit) is kept
+// in shared memory by the first phase for the later ones.
 #pragma once
 #include <cstdint>
 #include <string>
