@@ -6,12 +6,13 @@
 #
 #   bash scripts/gpu_ab.sh python _ab/rowshift _ab/no_int     # folders holding castlab/
 #   BENCH="benchmarks/bench_reduce.py --quick" bash scripts/gpu_ab.sh python _ab/x
+#   TESTS="tests/test_reduce_cuda.py -k softmax" bash scripts/gpu_ab.sh _ab/x   # + pytest -n 14
 #
 # Build each variant on the CPU machine for the device's Python (3.12):
 #   git worktree add /tmp/v1 BRANCH && cmake -S /tmp/v1 -B /tmp/v1/build -DCASTLAB_INPLACE=ON \
 #     -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=python3.12 && cmake --build /tmp/v1/build
 #   mkdir -p _ab/v1 && cp -r /tmp/v1/python/castlab _ab/v1/
-# and carry each _C (run's `carry`: _ab/v1/castlab/_C.cpython-312-x86_64-linux-gnu.so).
+# and carry each folder (run's `carry`: _ab/v1; _ab/ is git-ignored, so it travels only so).
 # Output: one block per build; logs under $OUT (default ./gpu_ab_out).
 set -u
 cd "$(dirname "$0")/.."
@@ -33,5 +34,10 @@ for dir in "$@"; do
   # shellcheck disable=SC2086  # BENCH may carry arguments
   PYTHONPATH="$path" $PY $BENCH > "$OUT/bench_$name.txt" 2>&1 || rc=1
   grep -vE "^\s*$" "$OUT/bench_$name.txt" | grep -E "^#|castlab|rror" | head -40
+  if [ -n "${TESTS:-}" ]; then  # the same build's bits: pytest over TESTS
+    # shellcheck disable=SC2086
+    PYTHONPATH="$path" $PY -m pytest -q -n 14 -p no:cacheprovider $TESTS > "$OUT/tests_$name.txt" 2>&1 || rc=1
+    tail -3 "$OUT/tests_$name.txt"
+  fi
 done
 exit $rc
