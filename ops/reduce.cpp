@@ -309,21 +309,27 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
             "lanes <= 32, lanes * warps <= 1024 and per thread * lanes * warps <= R0_BLOCK");
       // (p4, p5): Inductor's C++ kernels (the inductor_cpp order): the cascade sum's chunk
       // of vector iterations (0: none), and 1 where every lane accumulates from zero, 2
-      // where besides a sum's loop over the row may be split over torch's threads
-      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || s.p5 < 0 || s.p5 > 2 ||
-          ((s.p4 > 0 || s.p5 == 2) && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)))
+      // where besides a sum's loop over the row may be split over torch's threads; + 4
+      // where the lanes combine as ATen's generic vec_reduce_all does (a double row: the two
+      // vectors of VectorizedN<double, 2> added, then their lanes in order, P.h = 1)
+      const int64_t p5 = s.p5 & 3;
+      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || s.p5 < 0 || s.p5 > 6 || p5 > 2 ||
+          ((s.p4 > 0 || p5 == 2 || s.p5 > 3) && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)) ||
+          (s.p5 > 3 && (p5 == 0 || s.p0 < 2)))
         throw std::invalid_argument(
-            "triton order: the cascade chunk (p4) must be in [0, 2^30]; p5 0, 1 or 2; a "
-            "cascade or a split over threads takes one lane a position (per thread 1, "
+            "triton order: the cascade chunk (p4) must be in [0, 2^30]; p5 0, 1 or 2, + 4 "
+            "for lanes combined in order (with p5 1 or 2 and at least 2 lanes); a cascade, a "
+            "split over threads or lanes in order take one lane a position (per thread 1, "
             "lanes = R0_BLOCK, 1 warp)");
       P.a = s.p0;
       P.b = s.p1;
       P.c = s.p2;
       P.d = s.p3;
-      P.e = (s.p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
+      P.e = (p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
       P.f = s.p4;
+      P.h = s.p5 > 3 ? 1 : 0;
       P.nparts = s.p2 * s.p3;
-      if (s.p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
+      if (p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
       break;
     }
     default: break;
@@ -423,7 +429,10 @@ std::string describe_red_plan(const RedPlan& p) {
              (p.a == 1 ? " thread a column: sequential)" : " threads a column, then a tree)");
     case kOrdTriton:
       if (p.b == 1 && p.c == p.a && p.d == 1 && (p.f > 0 || p.e))
-        return r + " " + num(p.a) + " vector lanes, each from zero, then a butterfly" +
+        return r + " " + num(p.a) + " vector lanes, each from zero, then " +
+               (p.h == 1 ? "the two vectors' lanes added and the " + num(p.a / 2) +
+                               " sums in order (ATen's generic vec_reduce_all)"
+                         : std::string("a butterfly")) +
                (p.f > 0 ? ", each lane's full vectors a cascade sum in chunks of " + num(p.f)
                         : "") +
                (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");

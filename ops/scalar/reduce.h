@@ -936,6 +936,14 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
 template <typename T>
 CL_HD T red_triton_combine(const RedPlan& P, T* p) {
   const int64_t lanes = P.c, warps = P.d;
+  if (P.h == 1) {  // ATen's generic vec_reduce_all (a double row under Inductor's C++): the
+    // two vectors of VectorizedN<double, 2> lane by lane, then the lanes in order
+    const int64_t half = lanes / 2;
+    for (int64_t l = 0; l < half; ++l) p[l] = red_op(P.kind, p[l], p[l + half]);
+    T s = p[0];
+    for (int64_t l = 1; l < half; ++l) s = red_op(P.kind, s, p[l]);
+    return s;
+  }
   for (int64_t w = 0; w < warps; ++w) {
     T* q = p + w * lanes;
     for (int64_t off = lanes / 2; off > 0; off >>= 1)
