@@ -376,9 +376,8 @@ class TorchKernelLowering:
         A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
         iterations, or one row) and torch runs more than one thread, Inductor's kernel
         splits the row over its threads (decided when the reduction is planned, from
-        torch's thread count then). A double row (VectorizedN<double, 2>) combines its
-        lanes as ATen's generic ``vec_reduce_all``: the two vectors lane by lane, then the
-        lanes in order (p5 + 4)."""
+        torch's thread count then). A double row (VectorizedN<double, 2>) combines as
+        ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4)."""
         rows = _prod(node.shape)
         if n < UNROLL_BELOW and rows != 1:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
@@ -398,9 +397,7 @@ class TorchKernelLowering:
         split = 2 if kind == REDUCE_OPS["sum"] else 1
         if split == 2:
             _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
-        # a double row: VectorizedN<double, 2>, whose vec_reduce_all is ATen's generic one
-        # (the two vectors added, then their lanes in order; float has a SIMD butterfly)
-        in_order = 4 if acc is float64 and lanes > 1 else 0
+        in_order = 4 if acc is float64 and lanes > 1 else 0  # (float: a SIMD butterfly)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order)
 
     def _inductor_vector_bits(self) -> int:
@@ -411,10 +408,9 @@ class TorchKernelLowering:
     def _inductor_welford_spec(self, node: Node, kind: int, acc: dtype) -> tuple:
         """Inductor's C++ Welford (cpp_prefix.h welford_combine with a WelfordHelper): the
         lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
-        them (a 16-bit input: VectorizedN<float, 2>, two halves), and the split over torch's
-        threads where the rows are few (p5 = 2)."""
+        them (a 16-bit input or a double row: VectorizedN<., 2>, two halves), and the split
+        over torch's threads where the rows are few (p5 = 2)."""
         bits = self._inductor_vector_bits()
-        # (a double row: VectorizedN<double, 2>, two vectors of half the lanes each)
         floats = max(1, bits // (64 if acc is float64 else 32))
         lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
         if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
