@@ -98,6 +98,23 @@ CL_HD T ieee_max_min(T a, T b, bool max) {
   if (a != a) r = a;
   return r;
 }
+// The larger (MAX) or smaller of two floats, a NaN where either is one: PTX max.NaN and
+// min.NaN on sm_80 and later (one instruction), else ieee_max_min. Over a set without NaN
+// it gives the value of any order's fold, up to the sign of a zero (the fast maximum of
+// the register and SoftMax.cu row kernels, which fold again exactly where that matters).
+template <bool MAX>
+CL_HD float cl_max_min_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  if (MAX)
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  else
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return ieee_max_min(a, b, MAX);  // a NaN where either is one, as well
+#endif
+}
 
 // IEEE fused multiply-add, used only where a math variant asks for it explicitly.
 CL_HD float fma_f(float a, float b, float c) {

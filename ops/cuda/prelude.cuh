@@ -145,22 +145,6 @@ __device__ __forceinline__ void cl_vload_first(T (&dst)[N], const T* src) {
 #endif
   cl_copy_words<B>(dst, src);
 }
-// The larger (MAX) or smaller of two floats, a NaN where either is one (PTX max.NaN and
-// min.NaN on sm_80 and later: one instruction). Over a set without NaN it gives the value
-// of any order's fold, up to the sign of a zero (the register row kernel's fast maximum).
-template <bool MAX>
-__device__ __forceinline__ float cl_max_min_nan(float a, float b) {
-#if __CUDA_ARCH__ >= 800
-  float r;
-  if (MAX)
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  else
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return cl::ieee_max_min(a, b, MAX);  // a NaN where either is one, as well
-#endif
-}
 // N fp16 values widened to float, exactly. The hardware conversion (one instruction each,
 // subnormals kept) unless one of them is a NaN: castlab keeps NaN sign and payload bit for
 // bit (as NumPy), which cl::f16_to_f32 does and the hardware need not (see

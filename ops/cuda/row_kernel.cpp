@@ -609,7 +609,7 @@ std::string TritonRow::phase(size_t ph) {
   std::string reduce = fold(p, K);
   if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
     const std::string op =
-        std::string("cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
+        std::string("cl::cl_max_min_nan<") + (p.spec.kind == kRedMax ? "true" : "false") + ">(";
     reduce = codegen::fill(
         kTritonMaxMin,
         {{"m0", full ? std::string("y[0]") : "cl::red_identity<ACC>(" + num(p.spec.kind) + ")"},
@@ -762,8 +762,9 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
         handed += ", " + h;
       }
       std::string row_args;
-      for (int k : s.epi_ins)
-        if (s.cs[k] == 0) row_args += (row_args.empty() ? "h" : ", h") + num(k);
+      const std::vector<bool> inv = epilogue_invariants(s);
+      for (size_t j = 0; j < s.epi_ins.size(); ++j)
+        if (inv[j]) row_args += (row_args.empty() ? "h" : ", h") + num(s.epi_ins[j]);
       row_args += row_args.empty() && !handed.empty() ? handed.substr(2) : handed;
       row_part += "    cl_epi_row(" + row_args + ");\n";
     }
@@ -1314,10 +1315,7 @@ bool row_kernel_fits(const RowStep& s, bool f64, int dev) {
   return row_kernel_smem(s, f64) <= max_shared_per_block(dev);
 }
 
-int64_t srow_cache_limit(int dev) {
-  // two blocks an SM, each with its 1 KiB the driver reserves and its static parts
-  return std::max<int64_t>(0, (int64_t(max_shared_per_block(dev)) - 2048) / 2);
-}
+int64_t srow_cache_limit(int dev) { return srow_cache_limit_of(max_shared_per_block(dev)); }
 
 std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops,
                               int64_t cache_limit) {

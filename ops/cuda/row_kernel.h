@@ -21,14 +21,17 @@ namespace cuda {
 
 // Shared memory the kernel needs for a row of n accumulators and the phases' parts (bytes).
 int64_t row_kernel_smem(const RowStep& s, bool f64);
-// The generated source (without a device: tests compile it with NVRTC). cache_limit: the
-// largest row (bytes) the SoftMax.cu kernel keeps in shared memory between its phases
-// (srow_cache_limit of the device; the default is an H100's or H200's).
-constexpr int64_t kSrowCacheLimitSm90 = (232448 - 2048) / 2;
-std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops,
-                              int64_t cache_limit = kSrowCacheLimitSm90);
-// That largest row on device dev: two blocks of 1024 threads an SM.
+// The largest row (bytes) the SoftMax.cu kernel keeps in shared memory between its phases
+// on a device of smem_optin bytes a block: two blocks of 1024 threads an SM, each with the
+// 1 KiB the driver reserves and its static parts. srow_cache_limit: that of device dev.
+constexpr int64_t srow_cache_limit_of(int64_t smem_optin) {
+  return smem_optin > 2048 ? (smem_optin - 2048) / 2 : 0;
+}
 int64_t srow_cache_limit(int dev);
+// The generated source (without a device: tests compile it with NVRTC); cache_limit: as
+// above, by default an H100's or H200's (232,448 bytes a block).
+std::string row_kernel_source(const RowStep& s, const Tensor* const* ops, size_t nops,
+                              int64_t cache_limit = srow_cache_limit_of(232448));
 // Whether `s` fits device `dev` (its shared memory per block).
 bool row_kernel_fits(const RowStep& s, bool f64, int dev);
 void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops);

@@ -132,10 +132,9 @@ CL_HD T red_op(int kind, T acc, T x) {
   return ieee_max_min(acc, x, kind == kRedMax);
 }
 
-// red_op, or (FAST, a GPU's float maximum/minimum) the hardware's NaN-propagating
-// max.NaN/min.NaN (one instruction). Over a set without NaN it gives red_op's value in any
-// order up to the sign of a zero, so a fold through it is kept only where its result is
-// neither a zero nor a NaN (red_softmax_thread).
+// red_op, or (FAST, a GPU's float maximum/minimum) cl_max_min_nan, the hardware's one
+// instruction: a fold through it is kept only where its result is neither a zero nor a NaN
+// (red_softmax_thread).
 template <bool FAST, typename T>
 CL_HD T red_op_fast(int kind, T acc, T x) {
   return red_op(kind, acc, x);
@@ -144,12 +143,7 @@ CL_HD T red_op_fast(int kind, T acc, T x) {
 template <>
 CL_HD float red_op_fast<true, float>(int kind, float acc, float x) {
   if (kind == kRedSum) return acc + x;
-  float r;
-  if (kind == kRedMax)
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(acc), "f"(x));
-  else
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(acc), "f"(x));
-  return r;
+  return kind == kRedMax ? cl_max_min_nan<true>(acc, x) : cl_max_min_nan<false>(acc, x);
 }
 #endif
 
