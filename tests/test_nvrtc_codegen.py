@@ -748,7 +748,7 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
     an H100/H200), and the second phase and the epilogue read it there instead of from
     global memory; a longer row (fp32 32,000: 128 KB) is read from memory each time. The
     float maximum folds by max.NaN, the log of the row sum is taken once per thread
-    (cl_epi_row). (No NVRTC needed: the source is inspected; the bits are tested on the
+    (cl_epi_row), and 16-bit outputs are rounded two at a time. (No NVRTC needed: the source is inspected; the bits are tested on the
     GPU, test_reduce_cuda.py and test_reduce_sweep_cuda.py.)"""
     import dataclasses
 
@@ -771,6 +771,12 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
     epilogue = kernel[kernel.index("cl_epi_row("):]
     assert "cl_epi_row(h1, h2," in epilogue and "op_log" not in epilogue
     assert "cl::op_log" in src[src.index("void cl_epi_row("):src.index("void cl_epi(")]
+    pair = {"bfloat16": "cl::f32x2_to_bf16x2_rne(yf0[j], yf0[j + 1])",
+            "float16": "cl::f32x2_to_f16x2_rne(yf0[j], yf0[j + 1])"}.get(dt)
+    if pair:  # the vector path rounds two outputs at a time (one paired conversion)
+        assert pair in epilogue and "float& y0" in src
+    else:
+        assert "f32x2_to" not in epilogue and "float& y0" in src
     if cached:
         assert "extern __shared__ __align__(16) unsigned char cl_rowcache[];" in kernel
         assert "cl_rc[csh + i] = a0;" in phases[0]  # kept as read

@@ -749,7 +749,9 @@ std::vector<bool> epilogue_invariants(const RowStep& s) {
 // writing the outputs; empty without an epilogue. With `split` (from row_preamble with
 // epilogue_invariants) its row-invariant part (log_softmax's log of the row sum with its
 // special cases) runs once per thread before the loop (cl_epi_row), and each element only
-// what reads the row's elements (cl_epi).
+// what reads the row's elements (cl_epi); a bf16/fp16 output the split leaves in float
+// (`paired`) is rounded two elements at a time on the vector path (one paired conversion,
+// the same bits as two single ones).
 std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
                             const SplitFunction* split = nullptr, int cached = -1) {
   std::string src;
@@ -768,19 +770,28 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
       row_args += row_args.empty() && !handed.empty() ? handed.substr(2) : handed;
       row_part += "    cl_epi_row(" + row_args + ");\n";
     }
+    const auto paired = [&](size_t o) {
+      return split && o < split->paired.size() && split->paired[o];
+    };
     const auto body = [&](bool vec, const char* where) -> std::string {
       const std::string w(where);
       std::string b;
       if (w == "pre") {  // the outputs of the 8 elements, stored as words after
-        for (size_t o = 0; o < s.epi_outs.size(); ++o)
+        for (size_t o = 0; o < s.epi_outs.size(); ++o) {
           b += "      __align__(16) " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) +
                " yv" + num(static_cast<int64_t>(o)) + "[8];\n";
+          if (paired(o)) b += "      float yf" + num(static_cast<int64_t>(o)) + "[8];\n";
+        }
         return b;
       }
       if (w == "post") {
         for (size_t o = 0; o < s.epi_outs.size(); ++o) {
           const int k = s.epi_outs[o];
           const std::string t = storage_type(ops[k]->dtype());
+          if (paired(o))
+            b += "#pragma unroll\n      " +
+                 paired_rounding(ops[k]->dtype(), "yv" + num(static_cast<int64_t>(o)),
+                                 "yf" + num(static_cast<int64_t>(o)), "8", true);
           const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
           const std::string vw = vector_word(es);
           b += "      {\n        " + vw + "* q = (" + vw + "*)((" + t + "*)P.ptr[" + num(k) +
@@ -792,7 +803,8 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
         return b;
       }
       for (size_t o = 0; o < s.epi_outs.size(); ++o)
-        b += "        " + std::string(storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
+        b += "        " +
+             std::string(paired(o) ? "float" : storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
              num(static_cast<int64_t>(o)) + ";\n";
       b += "        cl_epi(0ull, 0ull";
       for (size_t a = 0; a < s.epi_ins.size(); ++a)
@@ -804,11 +816,16 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
         const int k = s.epi_outs[o];
         const std::string Y = num(static_cast<int64_t>(o));
         if (vec) {
-          b += "        yv" + Y + "[u] = y" + Y + ";\n";
+          b += "        y" + std::string(paired(o) ? "f" : "v") + Y + "[u] = y" + Y + ";\n";
         } else {
           const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
+          const std::string y =
+              !paired(o) ? "y" + Y
+                         : std::string(ops[k]->dtype() == kBFloat16 ? "cl::f32_to_bf16_rne(y"
+                                                                    : "cl::f32_to_f16_rne(y") +
+                               Y + ")";
           b += "        ((" + std::string(storage_type(ops[k]->dtype())) + "*)P.ptr[" + num(k) +
-               "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = y" + Y + ";\n";
+               "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = " + y + ";\n";
         }
       }
       return b;
@@ -1105,7 +1122,7 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   const std::vector<bool> inv = epilogue_invariants(s);
   SplitFunction split;
   std::string src =
-      row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split) + row_params_struct(s, nops);
+      row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split, true) + row_params_struct(s, nops);
   src += codegen::fill(kSoftmaxKernel,
                        {{"threads", num(NT)},
                         // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
