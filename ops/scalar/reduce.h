@@ -727,52 +727,56 @@ CL_HD T red_fold_ilp(int kind, T s, const A& v, int64_t i, int64_t ilp) {
 }
 
 // One thread's value of the SoftMax.cu kernels' phase (below), its ops red_op_fast<FAST>.
-template <typename T, int ILP, int KIND, bool FAST, typename A>
-CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
+// I: the element index's type, int where the caller knows the row fits (a generated kernel:
+// SoftMax.cu's own index_t; no 64-bit division or remainder), else int64_t.
+template <typename T, int ILP, int KIND, bool FAST, typename I, typename A>
+CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n64, int64_t row, int64_t th64) {
   const int kind = KIND >= 0 ? KIND : P.kind;
   T s = red_identity<T>(kind);
-  const int64_t bs = P.a, ilp = ILP > 0 ? ILP : P.b;
+  const I n = static_cast<I>(n64), th = static_cast<I>(th64), bs = static_cast<I>(P.a);
+  const I ilp = ILP > 0 ? ILP : static_cast<I>(P.b);
   if (P.c == 0) {  // cunn_SoftMaxForwardReg
-    for (int64_t i = th; i < n; i += bs) s = red_op_fast<FAST>(kind, s, v[i]);
+    for (I i = th; i < n; i += bs) s = red_op_fast<FAST>(kind, s, v[i]);
     return s;
   }
   if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
-    for (int64_t q = th; q * ilp < n; q += bs)
-      s = red_fold_ilp<T, ILP, FAST>(kind, s, v, q * ilp, ilp);
+    for (I q = th; q * ilp < n; q += bs) s = red_fold_ilp<T, ILP, FAST>(kind, s, v, q * ilp, ilp);
     return s;
   }
   // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
+  // (the element size is 1, 2, 4 or 8 bytes: a shift, not a division)
   const int64_t esz = P.e > 0 ? P.e : 4;
-  const int64_t shift = ((P.d + row * n * esz) % 16) / esz;
-  int64_t size = n, base = 0;  // v[base + k]: element k of the data pointer as it moves
+  const int lg = esz == 1 ? 0 : esz == 2 ? 1 : esz == 4 ? 2 : 3;
+  const I shift = static_cast<I>(((P.d + row * n64 * esz) & 15) >> lg);
+  I size = n, base = 0;  // v[base + k]: element k of the data pointer as it moves
   if (shift > 0) {
     size += shift;
     if (th >= shift && th < size) s = red_op_fast<FAST>(kind, s, v[th - shift]);
     size -= bs > size ? size : bs;
     base = bs - shift;
   }
-  const int64_t last = size % (ilp * bs);
-  for (int64_t q = th; q * ilp < size - last; q += bs)
+  const I last = size % (ilp * bs);
+  for (I q = th; q * ilp < size - last; q += bs)
     s = red_fold_ilp<T, ILP, FAST>(kind, s, v, base + q * ilp, ilp);
-  for (int64_t q = size - last + th; q < size; q += bs) s = red_op_fast<FAST>(kind, s, v[base + q]);
+  for (I q = size - last + th; q < size; q += bs) s = red_op_fast<FAST>(kind, s, v[base + q]);
   return s;
 }
 
 // ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
-// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan. A float
-// maximum or minimum known when the kernel compiles folds by the hardware's max.NaN /
-// min.NaN on the GPU (one instruction where ieee_max_min takes ten), and again by red_op
-// in the same order only where that gave a zero or a NaN (a zero's sign and a NaN's
-// payload depend on the order): the same value either way.
-template <typename T, int ILP = 0, int KIND = -1, typename A>
+// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan; I as above.
+// A float maximum or minimum known when the kernel compiles folds by the hardware's
+// max.NaN / min.NaN on the GPU (one instruction where ieee_max_min takes ten), and again
+// by red_op in the same order only where that gave a zero or a NaN (a zero's sign and a
+// NaN's payload depend on the order): the same value either way.
+template <typename T, int ILP = 0, int KIND = -1, typename I = int64_t, typename A>
 CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (sizeof(T) == 4 && (KIND == kRedMax || KIND == kRedMin)) {
-    const T s = red_softmax_thread_fold<T, ILP, KIND, true>(P, v, n, row, th);
+    const T s = red_softmax_thread_fold<T, ILP, KIND, true, I>(P, v, n, row, th);
     if (s == s && s != T(0)) return s;
   }
 #endif
-  return red_softmax_thread_fold<T, ILP, KIND, false>(P, v, n, row, th);
+  return red_softmax_thread_fold<T, ILP, KIND, false, I>(P, v, n, row, th);
 }
 
 template <typename T, typename A>
