@@ -1078,7 +1078,8 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k, 
   const int64_t ilp = p.spec.order == kOrdSoftmaxBlock && plan.c != 0 ? plan.b : 0;
   const bool chunked = ilp > 0 && ilp <= 16;
   // (int indices: the kernel runs rows of at most 2^30 elements, torch_threads)
-  const std::string targs = chunked ? "ACC, " + num(ilp) + ", " + kind + ", int" : "ACC";
+  const std::string targs =
+      chunked ? "ACC, " + num(ilp) + ", " + kind + ", int, " + num(plan.c) : "ACC";
   const std::string combine = codegen::fill(kSoftmaxCombine, {{"q", num(p.q)}, {"pl", PL}});
   const std::string reduce =
       p.spec.order != kOrdSoftmaxBlock ? codegen::fill(kSoftmaxWarp, {{"pl", PL}}) + combine

@@ -729,17 +729,18 @@ CL_HD T red_fold_ilp(int kind, T s, const A& v, int64_t i, int64_t ilp) {
 // One thread's value of the SoftMax.cu kernels' phase (below), its ops red_op_fast<FAST>.
 // I: the element index's type, int where the caller knows the row fits (a generated kernel:
 // SoftMax.cu's own index_t; no 64-bit division or remainder), else int64_t.
-template <typename T, int ILP, int KIND, bool FAST, typename I, typename A>
+template <typename T, int ILP, int KIND, bool FAST, typename I, int C, typename A>
 CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n64, int64_t row, int64_t th64) {
   const int kind = KIND >= 0 ? KIND : P.kind;
   T s = red_identity<T>(kind);
   const I n = static_cast<I>(n64), th = static_cast<I>(th64), bs = static_cast<I>(P.a);
   const I ilp = ILP > 0 ? ILP : static_cast<I>(P.b);
-  if (P.c == 0) {  // cunn_SoftMaxForwardReg
+  const int64_t c = C >= 0 ? C : P.c;
+  if (c == 0) {  // cunn_SoftMaxForwardReg
     for (I i = th; i < n; i += bs) s = red_op_fast<FAST>(kind, s, v[i]);
     return s;
   }
-  if (P.c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
+  if (c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
     for (I q = th; q * ilp < n; q += bs) s = red_fold_ilp<T, ILP, FAST>(kind, s, v, q * ilp, ilp);
     return s;
   }
@@ -763,20 +764,22 @@ CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n64, int64_t row,
 }
 
 // ILP, KIND: the plan's b and kind where the caller knows them when it compiles (a
-// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan; I as above.
+// generated kernel: unrolled, vector loads), 0 / -1 to read them from the plan; I as above;
+// C: the plan's kernel (c: Reg, Smem, ilpReduce) where the caller knows it, so that only
+// that loop is compiled (-1: read from the plan).
 // A float maximum or minimum known when the kernel compiles folds by the hardware's
 // max.NaN / min.NaN on the GPU (one instruction where ieee_max_min takes ten), and again
 // by red_op in the same order only where that gave a zero or a NaN (a zero's sign and a
 // NaN's payload depend on the order): the same value either way.
-template <typename T, int ILP = 0, int KIND = -1, typename I = int64_t, typename A>
+template <typename T, int ILP = 0, int KIND = -1, typename I = int64_t, int C = -1, typename A>
 CL_HD T red_softmax_thread(const RedPlan& P, A v, int64_t n, int64_t row, int64_t th) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (sizeof(T) == 4 && (KIND == kRedMax || KIND == kRedMin)) {
-    const T s = red_softmax_thread_fold<T, ILP, KIND, true, I>(P, v, n, row, th);
+    const T s = red_softmax_thread_fold<T, ILP, KIND, true, I, C>(P, v, n, row, th);
     if (s == s && s != T(0)) return s;
   }
 #endif
-  return red_softmax_thread_fold<T, ILP, KIND, false, I>(P, v, n, row, th);
+  return red_softmax_thread_fold<T, ILP, KIND, false, I, C>(P, v, n, row, th);
 }
 
 template <typename T, typename A>
