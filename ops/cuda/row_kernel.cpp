@@ -850,7 +850,11 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
 std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPhase& p,
                          const std::string& K, int64_t ilp, int cached, bool first) {
   const std::string L = num(ilp);
-  std::string src = "    auto chunk = [&](long long i, ACC* out) {\n";
+  // al: cl::RedBool<true> where the caller tested `aligned` once for the loop (every
+  // chunk it reads is then on a 16-byte boundary), RedBool<false> to test each chunk
+  std::string src = "    auto chunk = [&](long long i, ACC* out, auto al) {\n";
+  std::string aligned;  // the vector operands' addresses at i, or'ed
+
   for (size_t a = 0; a < p.ins.size(); ++a) {
     const int q = p.ins[a];
     const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
@@ -866,7 +870,11 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
                    : "((const " + t + "*)P.ptr[" + num(q) + "] + row * " + num(s.rs[q]) + "LL)";
     if (s.cs[q] == 1 && bytes % 16 == 0) {
       src += "      {\n        const " + t + "* p = " + base + " + i;\n";
-      src += "        if (((unsigned long long)p & 15ull) == 0ull) {\n#pragma unroll\n";
+      src +=
+          "        if (decltype(al)::value || ((unsigned long long)p & 15ull) == 0ull) {\n"
+          "#pragma unroll\n";
+      aligned +=
+          std::string(aligned.empty() ? "" : " | ") + "(unsigned long long)(" + base + " + i)";
       src += "          for (int w = 0; w < " + num(bytes / 16) + "; ++w) ((uint4*)" + A +
              ")[w] = ((const uint4*)p)[w];\n";
       if (to_cache)  // the cache's element csh + i is on a 16-byte boundary where p is
@@ -896,6 +904,9 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
     src += "        out[k] = (ACC)a0" + std::string(s.cs[p.ins[0]] == 0 ? "" : "[k]") + ";\n";
   }
   src += "      }\n    };\n";
+  src += "    auto aligned = [&](long long i) -> bool {\n      (void)i;\n      return " +
+         (aligned.empty() ? std::string("true") : "((" + aligned + ") & 15ull) == 0ull") +
+         ";\n    };\n";
   return src;
 }
 
@@ -915,7 +926,8 @@ int64_t torch_threads(const RowStep& s) {
 }
 
 // The SoftMax.cu kernel: a row accessor over the phase's values (CallRow; CallRowChunk
-// with G: ILP consecutive values at once, cl::red_chunk, the operands read as vectors),
+// with G: ILP consecutive values at once, cl::red_chunk, the operands read as vectors;
+// H: whether those vectors are aligned at an element, cl::red_chunks_aligned),
 // then each phase (kSoftmaxPhase) and the epilogue. `lanes`: the block order's per-thread
 // values (the warp kernel's lanes are its parts).
 constexpr const char* kSoftmaxKernel = R"(
@@ -924,13 +936,15 @@ struct CallRow {
   F f;
   __device__ ACC operator[](long long i) const { return f(i); }
 };
-template <typename F, typename G>
+template <typename F, typename G, typename H>
 struct CallRowChunk {
   F f;
   G g;
+  H h;
   __device__ ACC operator[](long long i) const { return f(i); }
-  template <int ILP>
-  __device__ void chunk(long long i, ACC* out) const { g(i, out); }
+  template <int ILP, bool AL>
+  __device__ void chunk(long long i, ACC* out) const { g(i, out, cl::RedBool<AL>{}); }
+  __device__ bool aligned(long long i) const { return h(i); }
 };
 extern "C" __global__ void __launch_bounds__(${threads}, ${blocks}) KERNEL_NAME(const RowParams P) {
 ${lanes}
@@ -1093,8 +1107,10 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k, 
        {"operands", operands},
        {"value", value},
        {"chunk", chunked ? chunk_lambda(s, ops, p, K, ilp, cached, k == 0) : ""},
-       {"call", chunked ? "CallRowChunk<decltype(value), decltype(chunk)> v{value, chunk}"
-                        : "CallRow<decltype(value)> v{value}"},
+       {"call", chunked
+                    ? "CallRowChunk<decltype(value), decltype(chunk), decltype(aligned)> v{value, "
+                      "chunk, aligned}"
+                    : "CallRow<decltype(value)> v{value}"},
        {"reduce", reduce}});
 }
 

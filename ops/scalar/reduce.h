@@ -702,27 +702,56 @@ CL_HD T red_warp_down(int kind, T* lane) {
 // value of its 32 threads' own (red_softmax_thread). spatial softmax: part x = thread x.
 // ILP consecutive values from element i: the accessor's own chunk (a generated row
 // kernel's vector loads) where it has one, else one v[i + k] at a time. Same values.
-template <typename T, int ILP, typename A>
+// AL: the caller knows every operand the chunk reads as vectors is on a 16-byte boundary
+// at i (red_chunks_aligned), so the chunk skips its per-call address test.
+template <bool B>
+struct RedBool {
+  static constexpr bool value = B;
+};
+template <typename T, int ILP, bool AL, typename A>
 CL_HD auto red_chunk(const A& v, int64_t i, T* out, int)
-    -> decltype(v.template chunk<ILP>(i, out), void()) {
-  v.template chunk<ILP>(i, out);
+    -> decltype(v.template chunk<ILP, AL>(i, out), void()) {
+  v.template chunk<ILP, AL>(i, out);
 }
-template <typename T, int ILP, typename A>
+template <typename T, int ILP, bool AL, typename A>
 CL_HD void red_chunk(const A& v, int64_t i, T* out, long) {
   for (int k = 0; k < ILP; ++k) out[k] = v[i + k];
+}
+// Whether the accessor's vector operands are all on a 16-byte boundary at element i (a
+// generated row kernel's `aligned`); false where it has none.
+template <typename A>
+CL_HD auto red_chunks_aligned(const A& v, int64_t i, int) -> decltype(v.aligned(i)) {
+  return v.aligned(i);
+}
+template <typename A>
+CL_HD bool red_chunks_aligned(const A&, int64_t, long) {
+  return false;
 }
 
 // s folded with the ilp values from element i in order: read as one chunk where ILP (the
 // same ilp) is known when the caller compiles, else one at a time.
-template <typename T, int ILP, bool FAST = false, typename A>
+template <typename T, int ILP, bool FAST = false, bool AL = false, typename A>
 CL_HD T red_fold_ilp(int kind, T s, const A& v, int64_t i, int64_t ilp) {
   if (ILP > 0) {
     T buf[ILP > 0 ? ILP : 1];
-    red_chunk<T, (ILP > 0 ? ILP : 1)>(v, i, buf, 0);
+    red_chunk<T, (ILP > 0 ? ILP : 1), AL>(v, i, buf, 0);
     for (int k = 0; k < ILP; ++k) s = red_op_fast<FAST>(kind, s, buf[k]);
   } else {
     for (int64_t k = 0; k < ilp; ++k) s = red_op_fast<FAST>(kind, s, v[i + k]);
   }
+  return s;
+}
+
+// The whole vectors of a thread's phase: chunks at i0 + q * step for i0 + q * step < end
+// (step and every chunk's bytes multiples of 16 where the chunks are vectors, so a chunk
+// is aligned where the first is: one test, then the loop without one).
+template <typename T, int ILP, bool FAST, typename I, typename A>
+CL_HD T red_fold_chunks(int kind, T s, const A& v, I i0, I end, I step, I ilp) {
+  if (ILP > 0 && i0 < end && red_chunks_aligned(v, i0, 0)) {
+    for (I i = i0; i < end; i += step) s = red_fold_ilp<T, ILP, FAST, true>(kind, s, v, i, ilp);
+    return s;
+  }
+  for (I i = i0; i < end; i += step) s = red_fold_ilp<T, ILP, FAST>(kind, s, v, i, ilp);
   return s;
 }
 
@@ -741,8 +770,7 @@ CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n64, int64_t row,
     return s;
   }
   if (c == 1) {  // cunn_SoftMaxForwardSmem: whole vectors (n % ilp == 0)
-    for (I q = th; q * ilp < n; q += bs) s = red_fold_ilp<T, ILP, FAST>(kind, s, v, q * ilp, ilp);
-    return s;
+    return red_fold_chunks<T, ILP, FAST, I>(kind, s, v, th * ilp, n, bs * ilp, ilp);
   }
   // ilpReduce (SoftMax.cu): `shift` elements before the row's start to a 16-byte boundary
   // (the element size is 1, 2, 4 or 8 bytes: a shift, not a division)
@@ -757,8 +785,8 @@ CL_HD T red_softmax_thread_fold(const RedPlan& P, A v, int64_t n64, int64_t row,
     base = bs - shift;
   }
   const I last = size % (ilp * bs);
-  for (I q = th; q * ilp < size - last; q += bs)
-    s = red_fold_ilp<T, ILP, FAST>(kind, s, v, base + q * ilp, ilp);
+  s = red_fold_chunks<T, ILP, FAST, I>(kind, s, v, base + th * ilp, base + size - last, bs * ilp,
+                                       ilp);
   for (I q = size - last + th; q < size; q += bs) s = red_op_fast<FAST>(kind, s, v[base + q]);
   return s;
 }
