@@ -92,7 +92,7 @@ std::string vector_word(size_t esize) { return esize == 1 ? "uint2" : "uint4"; }
 int64_t vector_words(size_t esize) { return esize == 1 ? 1 : static_cast<int64_t>(esize / 2); }
 
 std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                         int cached = -1) {
+                         int cached = -1, const std::string& at = "8 * c") {
   std::string s;
   for (size_t a = 0; a < ins.size(); ++a) {
     const int k = ins[a];
@@ -106,32 +106,103 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
     const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
     const std::string w = vector_word(es);
     s += "      {\n        const " + w + "* p = (const " + w + "*)(" +
-         (k == cached ? "cl_rc"
+         (k == cached ? "cl_rc + csh"
                       : "(const " + t + "*)P.ptr[" + K + "] + row * " + num(st.rs[k]) + "LL") +
-         " + 8 * c);\n";
+         " + " + at + ");\n";
     s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) ((" + w +
          "*)" + A + ")[v] = p[v];\n      }\n";
   }
   return s;
 }
 
+// Operands `ins` at element j (one element: a<i>[0], u = 0), for a row's ends around the
+// vector path.
+std::string single_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
+                         int cached) {
+  std::string s = "      const int u = 0;\n      (void)u;\n";
+  for (size_t a = 0; a < ins.size(); ++a) {
+    const int k = ins[a];
+    const std::string t = storage_type(ops[k]->dtype()), A = "a" + num(static_cast<int64_t>(a));
+    s += "      " + t + " " + A + "[1];\n      " + A + "[0] = ";
+    if (st.cs[k] == 0)
+      s += "h" + num(k) + ";\n";
+    else if (k == cached)
+      s += "cl_rc[csh + j];\n";
+    else
+      s += "((const " + t + "*)P.ptr[" + num(k) + "])[row * " + num(st.rs[k]) + "LL + j];\n";
+  }
+  return s;
+}
+
+// The first element of the row from which every operand varying along it (`ins` and the
+// stored `outs`, all of unit stride) sits on a vector boundary, in cl_hd; -1 where their
+// offsets disagree (SoftMax.cu's WriteFpropResults: the same shift for input and output).
+// Empty where some varying operand is strided: no vector path but P.vec's.
+std::string row_head(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
+                     const std::vector<int>& outs, int cached) {
+  std::vector<int> vary;
+  for (const std::vector<int>* v : {&ins, &outs})
+    for (int k : *v) {
+      if (st.cs[k] == 0) continue;
+      if (st.cs[k] != 1) return "";
+      if (std::find(vary.begin(), vary.end(), k) == vary.end()) vary.push_back(k);
+    }
+  if (vary.empty()) return "";
+  std::string s = "    if (!P.vec) {\n";
+  for (size_t i = 0; i < vary.size(); ++i) {
+    const int k = vary[i];
+    const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
+    const std::string t = storage_type(ops[k]->dtype()), I = num(static_cast<int64_t>(i));
+    const std::string a =
+        k == cached ? "(cl_rc + csh)"
+                    : "((" + t + "*)P.ptr[" + num(k) + "] + row * " + num(st.rs[k]) + "LL)";
+    // vector words of 16 bytes (8 for 1-byte types): the boundary every word sits on
+    const std::string m = num(es == 1 ? 7 : 15), E = num(static_cast<int64_t>(es));
+    s += "      const unsigned cl_a" + I + " = (unsigned)((unsigned long long)" + a + " & " + m +
+         "u);\n";
+    if (i == 0) {
+      s += "      cl_hd = cl_a0 % " + E + "u ? -1 : (int)(((" + m + "u + 1u - cl_a0) & " + m +
+           "u) / " + E + "u);\n";
+    } else {
+      s += "      if (cl_hd >= 0 && ((cl_a" + I + " + (unsigned)cl_hd * " + E + "u) & " + m +
+           "u) != 0u) cl_hd = -1;\n";
+    }
+  }
+  return s + "      if (cl_hd > n) cl_hd = -1;\n    }\n";
+}
+
 // A loop over the row, twice: the vector path and the general one (kUnroll elements
 // blockDim apart per thread, all loaded before any is used). `body(vec)` is the code for
-// element j (its operands in a<i>[u]).
+// element j (its operands in a<i>[u]). The vector path runs where P.vec says every row is
+// whole vectors, and else where a row's operands (`ins`, the stored `outs`) reach vector
+// boundaries at the same element cl_hd (row_head): elements before it and after the last
+// whole vector one at a time, as SoftMax.cu writes rows that start inside a word.
 template <typename Body>
 std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                     Body body, const std::string& row_part = "", int cached = -1) {
+                     Body body, const std::string& row_part = "", int cached = -1,
+                     const std::vector<int>& outs = {}) {
   std::string s = "  {\n" + row_invariant_loads(st, ops, ins) + row_part;
-  s += "    if (P.vec) {\n#pragma unroll 2\n";
-  s += "    for (int c = threadIdx.x; c < (n >> 3); c += blockDim.x) {\n";
-  s += vector_loads(st, ops, ins, cached);
+  const std::string head = row_head(st, ops, ins, outs, cached);
+  s += "    int cl_hd = P.vec ? 0 : -1;\n" + head;
+  s += "    if (cl_hd >= 0) {\n";
+  const std::string ends = single_loads(st, ops, ins, cached) + body(false, "each");
+  if (!head.empty())
+    s += "    for (int j = threadIdx.x; j < cl_hd; j += blockDim.x) {\n" + ends + "    }\n";
+  s += "    const int cl_nv = (n - cl_hd) >> 3;\n#pragma unroll 2\n";
+  s += "    for (int c = threadIdx.x; c < cl_nv; c += blockDim.x) {\n";
+  s += "      const int cb = cl_hd + 8 * c;\n";
+  s += vector_loads(st, ops, ins, cached, "cb");
   s += body(true, "pre");
-  s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n        const int j = 8 * c + u;\n"
+  s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n        const int j = cb + u;\n"
        "        (void)j;\n";
   s += body(true, "each");
   s += "      }\n";
   s += body(true, "post");
-  s += "    }\n    } else {\n";
+  s += "    }\n";
+  if (!head.empty())
+    s += "    for (int j = cl_hd + 8 * cl_nv + (int)threadIdx.x; j < n; j += blockDim.x) {\n" +
+         ends + "    }\n";
+  s += "    } else {\n";
   s += "    for (int j0 = threadIdx.x; j0 < n; j0 += step) {\n";
   s += unrolled_loads(st, ops, ins, "j0", cached);
   s += "#pragma unroll\n      for (int u = 0; u < " + num(kUnroll) + "; ++u) {\n";
@@ -795,7 +866,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
           const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
           const std::string vw = vector_word(es);
           b += "      {\n        " + vw + "* q = (" + vw + "*)((" + t + "*)P.ptr[" + num(k) +
-               "] + row * " + num(s.rs[k]) + "LL + 8 * c);\n";
+               "] + row * " + num(s.rs[k]) + "LL + cb);\n";
           b += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) +
                "; ++v) q[v] = ((const " + vw + "*)yv" + num(static_cast<int64_t>(o)) +
                ")[v];\n      }\n";
@@ -830,7 +901,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
       }
       return b;
     };
-    src += row_loop(s, ops, s.epi_ins, body, row_part, cached);
+    src += row_loop(s, ops, s.epi_ins, body, row_part, cached, s.epi_outs);
   }
   return src;
 }
