@@ -750,7 +750,8 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
     float maximum folds by max.NaN, the log of the row sum is taken once per thread
     (cl_epi_row), 16-bit outputs are rounded two at a time, and the phases index with
     int (SoftMax.cu's index_t: no 64-bit division per thread) with only the plan's loop
-    compiled. (No NVRTC needed: the source is inspected; the bits are tested on the
+    compiled; a thread tests its chunks' alignment once, and a row starting inside a
+    16-byte word writes whole words after a head of single elements. (No NVRTC needed: the source is inspected; the bits are tested on the
     GPU, test_reduce_cuda.py and test_reduce_sweep_cuda.py.)"""
     import dataclasses
 
@@ -782,6 +783,13 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
         assert pair in epilogue and "float& y0" in src
     else:
         assert "f32x2_to" not in epilogue and "float& y0" in src
+    # a chunk's 16-byte test is made once per thread and loop (red_fold_chunks), not per
+    # chunk: the chunk lambda takes the caller's answer
+    assert kernel.count("auto aligned = [&](long long i) -> bool") == 2
+    assert kernel.count("if (decltype(al)::value || ") >= 2
+    # rows that start inside a word (an odd n) still write whole vectors after a head
+    assert "const int cb = cl_hd + 8 * c;" in epilogue
+    assert "cl_hd = cl_a0 % " in epilogue and "j < cl_hd;" in epilogue
     if cached:
         assert "extern __shared__ __align__(16) unsigned char cl_rowcache[];" in kernel
         assert "cl_rc[csh + i] = a0;" in phases[0]  # kept as read
