@@ -82,8 +82,8 @@ constexpr const char* kCastlabOnly = nullptr;
   X(Sqrt, "sqrt", "aten.sqrt", 1, kCatUnaryFloat, kVarTorchVml, 6, 6, op_sqrt, 1,                  \
     "IEEE square root", "dx = g / (2 * y)")                                                        \
   X(Rsqrt, "rsqrt", "aten.rsqrt", 1, kCatUnaryFloat,                                               \
-    kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail | kVarTorchScalarLoop, 4, 4, op_rsqrt, 1,    \
-    "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                                      \
+    kVarRsqrtFast | kVarRsqrtScalar16 | kVarTorchTail | kVarTorchScalarLoop | kVarRsqrtApproxFtz,  \
+    4, 4, op_rsqrt, 1, "1/sqrt(x)", "dx = -0.5 * g * pow(y, 3)")                                   \
   X(Reciprocal, "reciprocal", "aten.reciprocal", 1, kCatUnaryFloat, kFDiv, 8, 3, op_reciprocal, 1, \
     "1/x", "dx = -g * (y * y)")                                                                    \
   X(Square, "square", "aten.square", 1, kCatUnarySigned, 0, 1, 1, op_square, 1, "x*x",             \

@@ -853,3 +853,32 @@ def test_programmatic_launch_after_torch_work_and_other_streams():
         y = c * 0.5 + 1.0
         back = torch.from_dlpack(y)
         assert torch.equal(back, torch.full((n,), 4.0, device="cuda"))
+
+
+def test_inductor_rsqrt_equals_torch_compile():
+    """torch.compile's rsqrt is Triton's libdevice.rsqrt: rsqrt.approx.ftz.f32 for fp32
+    (an approximation that flushes a subnormal input to zero), the device's rsqrt for
+    fp64. Math("inductor") computes it so (rsqrt="approx_ftz"): its bits equal
+    torch.compile's for every bf16 pattern widened to fp32, random fp32 bits, every
+    subnormal class, zeros, infinities and NaN; and for random fp64. (1 / sqrt(x), which the
+    preset computed before, differed from torch.compile in about a third of RMSNorm's row
+    scales: H100, 2026-12-07.)"""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    u = np.concatenate([np.arange(65536, dtype=np.uint32) << 16,
+                        rng.integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(np.uint32),
+                        np.array([0, 1, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000,
+                                  0x7FC00000, 0x3F800000], dtype=np.uint32)])
+    u = np.concatenate([u, u | 0x80000000])
+    f = cl.jit(lambda x: cl.rsqrt(x), policy="fused", math="inductor")
+    tc = torch.compile(torch.rsqrt, dynamic=False)
+    for arr in (u.view(np.float32), rng.standard_normal(1 << 16) * 10.0 ** rng.integers(
+            -300, 300, 1 << 16)):
+        t = torch.from_numpy(np.ascontiguousarray(arr)).cuda()
+        want = tc(t).cpu().numpy()
+        got = f(cl.from_numpy(np.ascontiguousarray(arr)).cuda())
+        w = want.view(np.uint32 if arr.dtype == np.float32 else np.uint64)
+        g = bits_np(got)
+        bad = np.flatnonzero(g != w)
+        assert bad.size == 0, (arr.dtype, bad.size, [(arr[i], got[i:i + 1], want[i])
+                                                     for i in bad[:5]])

@@ -174,7 +174,7 @@ def test_variant_bits_come_from_one_table():
     from castlab import _optable
 
     table = _optable.VARIANT_BITS
-    assert len(table) == 17 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
+    assert len(table) == 18 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
     assert _optable.BITS == dict(_C.VARIANT_BITS)
     seen = 0
     for b in table:
@@ -189,6 +189,7 @@ def test_variant_bits_come_from_one_table():
                                         | _optable.BITS["pow_device"])
     assert _optable.APPROX_DIV == 0x8 and _optable.SIGMOID_EX2 == 0x10
     assert _optable.SILU_MUL_SIGMOID == 0x4 and _optable.IMPL_MASK == 0x3
+    assert _optable.RSQRT_APPROX_FTZ == _optable.BITS["rsqrt_approx_ftz"] == 0x40000
     # the trace has a note for each bit Math.cuda_kernels sets, from the table's column
     for b in table:
         assert bool(b.trace) == (b.math_field == "cuda_kernels"), b
@@ -259,3 +260,25 @@ def test_test_maps_cover_every_aten_op():
 
     unary = {o.name for o in OPS.values() if o.aten and o.arity == 1}
     assert set(torch_pairs("unary_float", "unary_signed")) == unary
+
+
+def test_inductor_rsqrt_is_tritons_approximation_on_the_gpu_only():
+    """Math.rsqrt: Inductor's rsqrt is Triton's libdevice.rsqrt (rsqrt.approx.ftz.f32 in its
+    RMSNorm kernel's PTX), so the inductor preset sets "approx_ftz"; the bit reaches the
+    rsqrt op on the GPU only (the CPU's Inductor is inductor_cpu: 1 / sqrt), the trace says
+    which, and an unknown choice is refused."""
+    from castlab import _optable
+
+    m = cl.Math.preset("inductor")
+    assert m.rsqrt == "approx_ftz" and cl.Math().rsqrt == "ieee"
+    bit = _optable.BITS["rsqrt_approx_ftz"]
+    assert m.variant_bits("rsqrt", False, True) & bit
+    assert m.variant_bits("rsqrt", True, True) & bit  # fp64: the device's rsqrt
+    assert not m.variant_bits("rsqrt", False, False) & bit
+    assert not m.variant_bits("sqrt", False, True) & bit
+    for name in ("torch_eager", "inductor_cpu", "nvfuser", "portable"):
+        assert not cl.Math.preset(name).variant_bits("rsqrt", False, True) & bit, name
+    assert m.describe_op("rsqrt", True) == "rsqrt=approx.ftz"
+    assert m.describe_op("rsqrt", False) == "rsqrt=ieee (approx is GPU-only)"
+    with pytest.raises(ValueError, match="rsqrt"):
+        cl.Math(rsqrt="fast")

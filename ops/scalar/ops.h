@@ -83,6 +83,10 @@ namespace cl {
     "through oneDNN's JIT eltwise_gelu_erf backward: register b (the cotangent) times "         \
     "gelu'(a) by Abramowitz & Stegun (every ISA), stored as the kernel stores "                 \
     "(onednn_bf16_ftz); the scalar op_gelu returns gelu'(a) only",                              \
+    "")                                                                                         \
+  X(RsqrtApproxFtz, "rsqrt_approx_ftz", 0x40000, "rsqrt",                                       \
+    "rsqrt as Triton's libdevice.rsqrt: fp32 rsqrt.approx.ftz.f32 (a subnormal input is "       \
+    "flushed to a zero first), fp64 the device's rsqrt (GPU only)",                             \
     "")
 
 enum VariantBits : uint32_t {
@@ -231,9 +235,20 @@ template <typename T>
 CL_HD T op_sqrt(T x, int) {
   return sqrt_t(x);
 }
+#if defined(__CUDA_ARCH__)
+// Triton's libdevice.rsqrt (Inductor's rsqrt): __nv_rsqrtf is rsqrt.approx.ftz.f32 in
+// Triton's libdevice build; __nv_rsqrt for double, as CUDA's rsqrt.
+__device__ inline float rsqrt_approx_ftz(float x) {
+  float r;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ inline double rsqrt_approx_ftz(double x) { return rsqrt(x); }
+#endif
 template <typename T>
 CL_HD T op_rsqrt(T x, int var) {
 #if defined(__CUDA_ARCH__)
+  if (var & kVarRsqrtApproxFtz) return rsqrt_approx_ftz(x);
   if (var & kVarRsqrtFast) return rsqrt(x);
 #endif
   return T(1) / sqrt_t(x);

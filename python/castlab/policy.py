@@ -24,6 +24,7 @@ from ._optable import (
     MATH_IMPLS,
     OPS,
     REDUCTION_ORDERS,
+    RSQRT_APPROX_FTZ,
     SIGMOID_EX2,
     SILU_MUL_SIGMOID,
     TORCH_CUDA_BITS,
@@ -154,6 +155,10 @@ class Math:
         sigmoid: "ieee" for ``1 / (1 + exp(-x))`` or "ex2_approx" for Triton's tl.sigmoid
             (``ex2.approx.f32``; GPU only).
         division: "ieee" or "approx" (Triton's ``/``: ``div.full.f32``; GPU only).
+        rsqrt: "ieee" (``1 / sqrt(x)``) or "approx_ftz" (Triton's ``libdevice.rsqrt``,
+            Inductor's rsqrt: ``rsqrt.approx.ftz.f32``, a subnormal input read as a zero;
+            GPU only). PyTorch's eager CUDA rsqrt (``rsqrtf``, no flush) comes with
+            ``cuda_kernels``.
         fma_rounding: where a contracted fma (``fma=True``) whose add/sub rounds to its own
             16-bit dtype rounds: "fp32" (the fma runs in fp32 and the rounding to
             bf16/fp16 follows: two roundings, as Inductor's and nvcc's fp32 op-math) or
@@ -219,6 +224,7 @@ class Math:
     silu: str = "div"
     sigmoid: str = "ieee"
     division: str = "ieee"
+    rsqrt: str = "ieee"
     fma_rounding: str = "fp32"
     cuda_kernels: bool = False
     reduction: str = "pairwise"
@@ -237,6 +243,7 @@ class Math:
         _check_choice("Math", "silu", self.silu, ("div", "mul_sigmoid"))
         _check_choice("Math", "sigmoid", self.sigmoid, ("ieee", "ex2_approx"))
         _check_choice("Math", "division", self.division, ("ieee", "approx"))
+        _check_choice("Math", "rsqrt", self.rsqrt, ("ieee", "approx_ftz"))
         _check_choice("Math", "fma_rounding", self.fma_rounding, ("fp32", "storage"))
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
@@ -449,6 +456,8 @@ class Math:
                 bits |= f & APPROX_DIV
             if self.sigmoid == "ex2_approx" and self._computes_sigmoid(f):
                 bits |= f & SIGMOID_EX2
+        if cuda and self.rsqrt == "approx_ftz":
+            bits |= f & RSQRT_APPROX_FTZ
         return bits
 
     def reduction_order(self, cuda: bool) -> str:
@@ -555,6 +564,8 @@ class Math:
             notes.append("fma inside the formula (GCC contracts it in PyTorch's CPU build)")
         if f & APPROX_DIV and self.division == "approx":
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
+        if f & RSQRT_APPROX_FTZ and self.rsqrt == "approx_ftz":
+            notes.append("rsqrt=approx.ftz" if cuda else "rsqrt=ieee (approx is GPU-only)")
         if cuda and self.cuda_kernels:
             for b in VARIANT_BITS:  # each bit the field sets has its note in the table
                 if b.math_field == "cuda_kernels" and f & b.bit:
@@ -574,8 +585,10 @@ _PRESETS = {
     # Its reductions: the Triton kernels' tl.sum order. torch.compile also drops a
     # down-cast followed by an up-cast inside a kernel (config.emulate_precision_casts is
     # off by default): compare it with Policy("fused", round_casts=False).
+    # Its rsqrt: libdevice.rsqrt, rsqrt.approx.ftz.f32 (the PTX of its RMSNorm kernel).
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
-                     division="approx", reduction="triton", pow="inductor"),
+                     division="approx", rsqrt="approx_ftz", reduction="triton",
+                     pow="inductor"),
     # torch.compile / Inductor on the CPU (its C++ kernels, codegen/cpp.py): Vectorized's
     # functions (SLEEF's u10 exp/log, 1 / sqrt for rsqrt), silu = x / (1 + exp(-x)), IEEE
     # division, no contraction (Inductor compiles with -ffp-contract=off); its reductions:
