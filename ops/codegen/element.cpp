@@ -227,6 +227,11 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
   return f;
 }
 
+std::string rne_16(int dtype, const std::string& src) {
+  return std::string(dtype == kBFloat16 ? "cl::f32_to_bf16_rne(" : "cl::f32_to_f16_rne(") + src +
+         ")";
+}
+
 std::string paired_rounding(int dtype, const std::string& dst, const std::string& src,
                             const std::string& count, bool even) {
   const bool bf = dtype == kBFloat16;
@@ -234,8 +239,8 @@ std::string paired_rounding(int dtype, const std::string& dst, const std::string
     return "for (int j = 0; j < " + count + "; j += 2) reinterpret_cast<unsigned int*>(" + dst +
            ")[j / 2] = cl::" + (bf ? "f32x2_to_bf16x2_rne" : "f32x2_to_f16x2_rne") + "(" + src +
            "[j], " + src + "[j + 1]);\n";
-  return "for (int j = 0; j < " + count + "; ++j) " + dst +
-         "[j] = cl::" + (bf ? "f32_to_bf16_rne" : "f32_to_f16_rne") + "(" + src + "[j]);\n";
+  return "for (int j = 0; j < " + count + "; ++j) " + dst + "[j] = " + rne_16(dtype, src + "[j]") +
+         ";\n";
 }
 
 }  // namespace codegen

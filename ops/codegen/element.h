@@ -83,6 +83,10 @@ std::string emit_body(const ElementKernel& K, const std::string& name = "cl_body
 std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                   int n_out, const std::string& name);
 
+// One float expression `src` rounded to bf16 (`dtype` kBFloat16) or fp16, nearest even:
+// the unsigned short bits (cl::f32_to_bf16_rne / cl::f32_to_f16_rne).
+std::string rne_16(int dtype, const std::string& src);
+
 // The loop that rounds `count` floats of array `src` to bf16 (`dtype` kBFloat16) or fp16
 // into the unsigned short array `dst`, nearest even: two per conversion where `even`
 // (cl::f32x2_to_bf16x2_rne, aligned `dst`), else one by one. A statement ending in "\n".

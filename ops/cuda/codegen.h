@@ -82,6 +82,7 @@ bool needs_linked_pow(const Program& prog);
 using codegen::emit_element_function;
 using codegen::emit_split_element_function;
 using codegen::paired_rounding;
+using codegen::rne_16;
 using codegen::SplitFunction;
 using codegen::storage_type;
 

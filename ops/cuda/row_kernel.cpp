@@ -890,11 +890,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
           b += "        y" + std::string(paired(o) ? "f" : "v") + Y + "[u] = y" + Y + ";\n";
         } else {
           const std::string idx = s.cs[k] == 1 ? "j" : "(long long)j * " + num(s.cs[k]) + "LL";
-          const std::string y =
-              !paired(o) ? "y" + Y
-                         : std::string(ops[k]->dtype() == kBFloat16 ? "cl::f32_to_bf16_rne(y"
-                                                                    : "cl::f32_to_f16_rne(y") +
-                               Y + ")";
+          const std::string y = paired(o) ? rne_16(ops[k]->dtype(), "y" + Y) : "y" + Y;
           b += "        ((" + std::string(storage_type(ops[k]->dtype())) + "*)P.ptr[" + num(k) +
                "])[row * " + num(s.rs[k]) + "LL + " + idx + "] = " + y + ";\n";
         }
@@ -925,7 +921,6 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
   // chunk it reads is then on a 16-byte boundary), RedBool<false> to test each chunk
   std::string src = "    auto chunk = [&](long long i, ACC* out, auto al) {\n";
   std::string aligned;  // the vector operands' addresses at i, or'ed
-
   for (size_t a = 0; a < p.ins.size(); ++a) {
     const int q = p.ins[a];
     const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));

@@ -703,7 +703,8 @@ CL_HD T red_warp_down(int kind, T* lane) {
 // ILP consecutive values from element i: the accessor's own chunk (a generated row
 // kernel's vector loads) where it has one, else one v[i + k] at a time. Same values.
 // AL: the caller knows every operand the chunk reads as vectors is on a 16-byte boundary
-// at i (red_chunks_aligned), so the chunk skips its per-call address test.
+// at i (red_chunks_aligned), so the chunk skips its per-call address test (a generated
+// chunk takes it as RedBool<AL>, a bool known when it compiles).
 template <bool B>
 struct RedBool {
   static constexpr bool value = B;
