@@ -29,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--fuse", action="store_true", help="castlab._lower.FUSE_ROWS = True")
     args = ap.parse_args()
     _require_gpu()
@@ -44,12 +45,12 @@ def main():
     now = datetime.datetime.now(datetime.timezone.utc)
     name = torch.cuda.get_device_name()
     print(f"# castlab vocabulary benchmark  {now:%Y-%m-%d %H:%M} UTC  {name}  torch "
-          f"{torch.__version__}  rows {args.rows}")
+          f"{torch.__version__}  rows {args.rows}  {args.dtype}")
     ts, cs = torch.cuda.current_stream(), stream_of_castlab()
     results = {"device": name, "date": f"{now:%Y-%m-%d}", "cases": {}}
     print(f"{'case':28s} {'impl':22s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s} {'torch/cl':>8s}")
     for v in (32000, 50257, 151936):
-        x = (torch.randn(args.rows, v, device="cuda") * 3).to(torch.bfloat16)
+        x = (torch.randn(args.rows, v, device="cuda") * 3).to(getattr(torch, args.dtype))
         t = torch.randint(0, v, (args.rows,), device="cuda")
         for op, (impls, nbytes) in _cases(torch, cl, x, t, ts, cs).items():
             r = {k: device_ms(f, s, iters=10, reps=5) for k, (f, s) in impls.items()}
@@ -70,13 +71,13 @@ def _cases(torch, cl, x, t, ts, cs) -> dict:
     soft, logsoft = cl.jit(lambda a: cl.softmax(a, -1)), cl.jit(lambda a: cl.log_softmax(a, -1))
     ce = cl.jit(lambda a, b: cl.cross_entropy(a, b))
     out = {}
-    for op, tf, cf, jf, jargs, bpe in (
-            ("softmax", lambda: torch.softmax(x, -1), lambda: cl.softmax(X, -1), soft, (X,), 4),
+    for op, tf, cf, jf, jargs, moves in (
+            ("softmax", lambda: torch.softmax(x, -1), lambda: cl.softmax(X, -1), soft, (X,), 2),
             ("log_softmax", lambda: torch.log_softmax(x, -1), lambda: cl.log_softmax(X, -1),
-             logsoft, (X,), 4),
+             logsoft, (X,), 2),
             ("cross_entropy", lambda: torch.nn.functional.cross_entropy(x, t),
-             lambda: cl.cross_entropy(X, T), ce, (X, T), 2)):
-        nbytes = x.numel() * bpe  # bf16 read (+ bf16 written)
+             lambda: cl.cross_entropy(X, T), ce, (X, T), 1)):
+        nbytes = x.numel() * x.element_size() * moves  # the logits read (and as many written)
         src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda")
         dst = torch.empty_like(src)
         out[op] = ({"torch eager": (tf, ts), "castlab eager call": (cf, cs),

@@ -870,3 +870,97 @@ def test_register_row_kernel_max_by_the_hardware_with_the_exact_fold_kept(monkey
         assert "P.vec" not in body and "if (VEC)" in body
         kernel = src[src.index('extern "C"'):]
         assert "cl_trow<true>(P" in kernel and "cl_trow<false>(P" in kernel
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16", "float32"])
+def test_softmax_row_kernel_divides_by_the_rows_reciprocal(monkeypatch, dt):
+    """The vocabulary softmax's epilogue, exp(x - max) / sum with a bf16 or fp16 output:
+    the row part (cl_epi_row) takes the sum's reciprocal once (cl_rcp_div16), and each
+    element multiplies by it, dividing only near a 16-bit rounding boundary
+    (cl_div_rn_16, whose rule test_div_rn_16_rounds_as_the_division checks). An fp32
+    output keeps the division. 16-bit inputs are unpacked from their words (cl_unpack16),
+    the row cache written from the word itself."""
+    import dataclasses
+
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
+    x = cl.randn(4, 32000, seed=0, dtype=dt)
+    f = cl.jit(lambda x: cl.softmax(x, -1))
+    f.run(x, policy="eager", math=m)
+    tr, _ = f._traced(f._bind((x,)))
+    (plan,) = tr.plans.values()
+    (spec, dts), = plan.row_steps
+    src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+    row = src[src.index("void cl_epi_row("):src.index("void cl_epi(")]
+    body = src[src.index("void cl_epi("):src.index("struct RowParams")]
+    if dt == "float32":
+        assert "cl_rcp_div16" not in src and "cl::op_div(" in body
+        return
+    assert "= cl_rcp_div16(" in row and "cl::op_div(" not in body
+    assert f"cl_div_rn_16<{'true' if dt == 'bfloat16' else 'false'}>(" in body
+    kernel = src[src.index('extern "C"'):]
+    assert kernel.count("cl_unpack16(a0 + 8 * w, cw);") == 2  # the max and the sum
+    assert "((uint4*)(cl_rc + csh + i))[w] = cw;" in kernel
+    assert "cl_unpack16(a0 + 8 * v, p[v]);" in kernel  # the epilogue's words
+
+
+@pytest.mark.parametrize("bf", [True, False])
+def test_div_rn_16_rounds_as_the_division(bf):
+    """cl_div_rn_16's rule (ops/cuda/prelude.cuh), run in NumPy's IEEE float32: q =
+    fl(a * fl(1 / b)) kept where it is normal in the 16-bit format and 9 or more fp32 bit
+    patterns from a 16-bit midpoint, else fl(a / b). Rounded to bf16/fp16 (ml_dtypes,
+    nearest even), it must give fl(a / b)'s 16-bit value for every a and b: random bit
+    patterns (specials included), the softmax's range, and quotients placed within 12
+    patterns of a midpoint, where the product alone would round the other way."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    u32 = np.uint32
+    half = ml_dtypes.bfloat16 if bf else np.float16
+
+    def rule(a, b):
+        with np.errstate(all="ignore"):
+            ub = b.view(u32) & u32(0x7FFFFFFF)
+            r = np.where(ub - u32(1) < u32(0x7E800000), np.float32(1) / b, np.float32(np.nan))
+            q = (a * r).astype(np.float32)
+            mag, u = np.abs(q), q.view(u32)
+            if bf:
+                low = (u + u32(0x8008)) & u32(0xFFFF)
+                ok = (mag >= np.float32(2.0**-126)) & (mag < np.float32(2.0**127))
+            else:
+                low = (u + u32(0x1008)) & u32(0x1FFF)
+                ok = (mag >= np.float32(2.0**-14)) & (mag < np.float32(65504.0))
+            return np.where(ok & (low > 16), q, a / b), ok & (low > 16)
+
+    def bits16(v):
+        return v.astype(half).view(np.uint16)
+
+    n = 1 << 20
+    cases = [  # random bit patterns; exp(x - max) over a row sum (softmax's own range)
+        (rng.integers(0, 2**32, n, dtype=np.uint64).astype(u32).view(np.float32),
+         rng.integers(0, 2**32, n, dtype=np.uint64).astype(u32).view(np.float32)),
+        (np.exp(-rng.uniform(0, 90, n)).astype(np.float32),
+         rng.uniform(1, 2e5, n).astype(np.float32))]
+    # quotients within 12 fp32 patterns of a 16-bit midpoint
+    b = rng.uniform(1, 2e5, n).astype(np.float32)
+    mid = (rng.integers(0x3000, 0x3F80, n) if bf else rng.integers(0x0400, 0x7BFF, n))
+    mid_f32 = ((mid.astype(u32) << 16) | u32(0x8000) if bf else
+               mid.astype(np.uint16).view(np.float16).astype(np.float32).view(u32) + u32(0x1000))
+    q = (mid_f32.astype(np.int64) + rng.integers(-12, 13, n)).astype(u32).view(np.float32)
+    cases.append(((q.astype(np.float64) * b).astype(np.float32), b))
+    near = 0
+    for a, b in cases:
+        got, sure = rule(a, b)
+        with np.errstate(all="ignore"):
+            want = (a / b).astype(np.float32)
+            prod = (a * (np.float32(1) / b)).astype(np.float32)
+        g, w = bits16(got), bits16(want)
+        nan = np.isnan(want)
+        assert np.array_equal(g[~nan], w[~nan]), int((g[~nan] != w[~nan]).sum())
+        assert np.isnan(got[nan]).all()
+        near += int((bits16(prod) != w)[~nan].sum())
+    assert near > 0  # the product alone differs somewhere: the rule's division is needed

@@ -96,7 +96,8 @@ ElementKernel::ElementKernel(const Program& program, const std::vector<uint8_t>&
 // computed once per row; the body takes their values (those it reads) as parameters
 // named as their registers, after the inputs.
 std::string emit_body(const ElementKernel& K, const std::string& name,
-                      const std::vector<bool>* hoisted, const std::vector<int>* handed) {
+                      const std::vector<bool>* hoisted, const std::vector<int>* handed,
+                      const std::vector<std::string>* exprs) {
   const Program& prog = K.prog;
   Out b;
   b << "__device__ __forceinline__ void " << name
@@ -111,8 +112,9 @@ std::string emit_body(const ElementKernel& K, const std::string& name,
   b << "  (void)seed; (void)e;\n";
   // Registers written more than once (or never) are declared up front; the others are
   // const at their one assignment.
-  std::vector<bool> declared(prog.n_regs, false);
-  std::vector<bool> read(prog.n_regs, false);
+  const int nregs = static_cast<int>(K.rtype.size());  // (and the split's reciprocals)
+  std::vector<bool> declared(nregs, false);
+  std::vector<bool> read(nregs, false);
   for (const Instr& in : prog.code)
     for (int a : {in.a, in.b, in.c})
       if (a >= 0 && a < prog.n_regs) read[a] = true;
@@ -129,7 +131,8 @@ std::string emit_body(const ElementKernel& K, const std::string& name,
   for (size_t i = 0; i < prog.code.size(); ++i) {
     const Instr& in = prog.code[i];
     if (hoisted && (*hoisted)[i]) continue;
-    const std::string ex = instr_expr(in, K.wide, K.nin);
+    const std::string ex =
+        exprs && !(*exprs)[i].empty() ? (*exprs)[i] : instr_expr(in, K.wide, K.nin);
     b << "  ";
     if (!declared[in.dst]) {
       b << "const " << reg_type_cxx(in.rtype) << " ";
@@ -187,6 +190,41 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
     hoisted[i] = h;
     row_reg[in.dst] = h;
   }
+  // A division by a row value whose quotient is only rounded to bf16 or fp16 outputs (the
+  // softmax epilogue's exp(x - max) / sum): the body multiplies by the divisor's
+  // reciprocal, computed once per row, and divides only where that product lies too near a
+  // 16-bit rounding boundary to be sure of its rounding (cl_div_rn_16, prelude.cuh). The
+  // reciprocal is a register past the program's, handed like the row's values.
+  std::vector<int> reads(prog.n_regs, 0);
+  for (const Instr& in : prog.code)
+    for (int a : {in.a, in.b, in.c})
+      if (a >= 0) reads[a]++;
+  std::vector<std::string> exprs(n);
+  std::vector<int> recip(prog.n_regs, -1), recip_of;  // divisor -> its reciprocal's register
+  for (size_t i = 0; i < n; ++i) {
+    const Instr& in = prog.code[i];
+    if (hoisted[i] || in.op != kOpDiv || in.rtype != kRegF32 || (in.var & kVarApproxDiv) ||
+        in.a < 0 || in.b < 0 || !row_reg[in.b] || K.writes[in.dst] != 1 || reads[in.dst] != 0)
+      continue;
+    int dt = -1;
+    bool only16 = true;
+    for (int k = 0; k < K.nout; ++k) {
+      const OutputSpec& os = prog.outputs[k];
+      if (os.reg != in.dst) continue;
+      only16 = only16 && (K.dtypes[k] == kBFloat16 || K.dtypes[k] == kFloat16) &&
+               os.mode == kNearestEven && (dt < 0 || dt == K.dtypes[k]);
+      dt = K.dtypes[k];
+    }
+    if (!only16 || dt < 0) continue;
+    if (recip[in.b] < 0) {
+      recip[in.b] = static_cast<int>(K.rtype.size());
+      K.rtype.push_back(kRegF32);
+      K.writes.push_back(1);
+      recip_of.push_back(in.b);
+    }
+    exprs[i] = std::string("cl_div_rn_16<") + (dt == kBFloat16 ? "true" : "false") + ">(" +
+               reg_name(in.a) + ", " + reg_name(in.b) + ", " + reg_name(recip[in.b]) + ")";
+  }
   // what the element part reads of the row part
   std::vector<bool> needed(prog.n_regs, false);
   for (size_t i = 0; i < n; ++i) {
@@ -201,6 +239,7 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
   f.paired = K.paired;
   for (int r = 0; r < prog.n_regs; ++r)
     if (needed[r]) f.handed.push_back(r);
+  for (int b : recip_of) f.handed.push_back(recip[b]);
   Out b;
   b << "__device__ __forceinline__ void " << name << "_row(";
   bool first = true;
@@ -220,9 +259,12 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
     b << "  const " << reg_type_cxx(in.rtype) << " " << reg_name(in.dst) << " = "
       << instr_expr(in, K.wide, K.nin) << ";  // " << op_name(in.op) << "\n";
   }
+  for (int d : recip_of)
+    b << "  const float " << reg_name(recip[d]) << " = cl_rcp_div16(" << reg_name(d)
+      << ");  // for cl_div_rn_16\n";
   for (int r : f.handed) b << "  h" << r << " = " << reg_name(r) << ";\n";
   b << "}\n";
-  f.src = b.str() + emit_body(K, name, &hoisted, &f.handed);
+  f.src = b.str() + emit_body(K, name, &hoisted, &f.handed, &exprs);
   for (int r : f.handed) f.types.push_back(reg_type_cxx(K.rtype[r]));
   return f;
 }

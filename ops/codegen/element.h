@@ -70,10 +70,12 @@ struct ElementKernel {
 // The per-element __device__ function `name`(seed, e, x..., y&...) of K. `hoisted` (the
 // row kernel's split, emit_split_element_function): the instructions computed once per
 // row; the body takes their values (those it reads, `handed`) as parameters named as
-// their registers, after the inputs.
+// their registers, after the inputs. `exprs`: per instruction, an expression written in
+// place of its own where not empty (the split's divisions, cl_div_rn_16).
 std::string emit_body(const ElementKernel& K, const std::string& name = "cl_body",
                       const std::vector<bool>* hoisted = nullptr,
-                      const std::vector<int>* handed = nullptr);
+                      const std::vector<int>* handed = nullptr,
+                      const std::vector<std::string>* exprs = nullptr);
 
 // The per-element device function of `prog` alone, named `name`:
 //   void name(seed, e, x0, x1, ..., y0&, ...)

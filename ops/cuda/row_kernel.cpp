@@ -109,8 +109,9 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
          (k == cached ? "cl_rc + csh"
                       : "(const " + t + "*)P.ptr[" + K + "] + row * " + num(st.rs[k]) + "LL") +
          " + " + at + ");\n";
-    s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) ((" + w +
-         "*)" + A + ")[v] = p[v];\n      }\n";
+    s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) " +
+         (es == 2 ? "cl_unpack16(" + A + " + 8 * v, p[v]);\n      }\n"
+                  : "((" + w + "*)" + A + ")[v] = p[v];\n      }\n");
   }
   return s;
 }
@@ -941,11 +942,16 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
           "#pragma unroll\n";
       aligned +=
           std::string(aligned.empty() ? "" : " | ") + "(unsigned long long)(" + base + " + i)";
-      src += "          for (int w = 0; w < " + num(bytes / 16) + "; ++w) ((uint4*)" + A +
-             ")[w] = ((const uint4*)p)[w];\n";
-      if (to_cache)  // the cache's element csh + i is on a 16-byte boundary where p is
-        src += "#pragma unroll\n          for (int w = 0; w < " + num(bytes / 16) +
-               "; ++w) ((uint4*)(cl_rc + csh + i))[w] = ((const uint4*)" + A + ")[w];\n";
+      // 16-bit values by masks and shifts of the word's halves (cl_unpack16: one
+      // instruction to widen each, where a copy through the array took two), and the row
+      // cache's copy from the word itself (the cache's element csh + i is on a 16-byte
+      // boundary where p is)
+      const bool half = itemsize(ops[q]->dtype()) == 2;
+      src += "          for (int w = 0; w < " + num(bytes / 16) +
+             "; ++w) {\n            const uint4 cw = ((const uint4*)p)[w];\n            " +
+             (half ? "cl_unpack16(" + A + " + 8 * w, cw);\n" : "((uint4*)" + A + ")[w] = cw;\n") +
+             (to_cache ? "            ((uint4*)(cl_rc + csh + i))[w] = cw;\n" : "") +
+             "          }\n";
       src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " +
              A + "[k] = p[k];\n";
       if (to_cache)
