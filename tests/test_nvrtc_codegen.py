@@ -739,6 +739,25 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         assert "warning" not in log, log[:3000]
 
 
+def _softmax_row_source(monkeypatch, op: str, dt: str, n: int) -> str:
+    """The CUDA source of the SoftMax.cu row kernel that `cl.<op>(x, -1)` runs eagerly
+    on [4, n] rows of dtype dt (the kernel's own source, no GPU needed)."""
+    import dataclasses
+
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
+    x = cl.randn(4, n, seed=0, dtype=dt)
+    f = cl.jit(lambda x: getattr(cl, op)(x, -1))
+    f.run(x, policy="eager", math=m)
+    tr, _ = f._traced(f._bind((x,)))
+    (plan,) = tr.plans.values()
+    (spec, dts), = plan.row_steps
+    return _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+
+
 @pytest.mark.parametrize("dt,n,cached", [("bfloat16", 32000, True), ("bfloat16", 50257, True),
                                          ("float16", 32064, True), ("float32", 24000, True),
                                          ("float32", 32000, False), ("bfloat16", 151936, False)])
@@ -753,20 +772,7 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
     compiled; a thread tests its chunks' alignment once, and a row starting inside a
     16-byte word writes whole words after a head of single elements. (No NVRTC needed: the source is inspected; the bits are tested on the
     GPU, test_reduce_cuda.py and test_reduce_sweep_cuda.py.)"""
-    import dataclasses
-
-    import castlab as cl
-    from castlab import _lower
-
-    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
-    m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
-    x = cl.randn(4, n, seed=0, dtype=dt)
-    f = cl.jit(lambda x: cl.log_softmax(x, -1))
-    f.run(x, policy="eager", math=m)
-    tr, _ = f._traced(f._bind((x,)))
-    (plan,) = tr.plans.values()
-    (spec, dts), = plan.row_steps
-    src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+    src = _softmax_row_source(monkeypatch, "log_softmax", dt, n)
     assert "castlab_srow" in src
     kernel = src[src.index('extern "C"'):]
     phases = kernel.split("cl::red_softmax_thread<")
@@ -880,20 +886,7 @@ def test_softmax_row_kernel_divides_by_the_rows_reciprocal(monkeypatch, dt):
     (cl_div_rn_16, whose rule test_div_rn_16_rounds_as_the_division checks). An fp32
     output keeps the division. 16-bit inputs are unpacked from their words (cl_unpack16),
     the row cache written from the word itself."""
-    import dataclasses
-
-    import castlab as cl
-    from castlab import _lower
-
-    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
-    m = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
-    x = cl.randn(4, 32000, seed=0, dtype=dt)
-    f = cl.jit(lambda x: cl.softmax(x, -1))
-    f.run(x, policy="eager", math=m)
-    tr, _ = f._traced(f._bind((x,)))
-    (plan,) = tr.plans.values()
-    (spec, dts), = plan.row_steps
-    src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+    src = _softmax_row_source(monkeypatch, "softmax", dt, 32000)
     row = src[src.index("void cl_epi_row("):src.index("void cl_epi(")]
     body = src[src.index("void cl_epi("):src.index("struct RowParams")]
     if dt == "float32":
