@@ -160,19 +160,18 @@ CL_HD uint16_t f32_to_bf16_rne(float x) {
 }
 
 CL_HD float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t m = h & 0x3FFu;
+  const uint32_t inf_nan = sign | 0x7F800000u | (m << 13);  // an Inf, or a NaN's payload kept
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530
   // The hardware conversion (exact, subnormals kept) for every value but a NaN, which
   // keeps its payload as on the host (selected, not branched: one instruction more).
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  const uint32_t nan =
-      ((uint32_t)(h & 0x8000u) << 16) | 0x7F800000u | ((uint32_t)(h & 0x3FFu) << 13);
-  return (h & 0x7FFFu) > 0x7C00u ? f32_from_bits(nan) : f;
+  return (h & 0x7FFFu) > 0x7C00u ? f32_from_bits(inf_nan) : f;
 #else
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1Fu;
-  const uint32_t m = h & 0x3FFu;
-  if (e == 0x1F) return f32_from_bits(sign | 0x7F800000u | (m << 13));
+  if (e == 0x1F) return f32_from_bits(inf_nan);
   if (e == 0) {
     // m * 2^-24: exact in float (a float subnormal or normal)
     const float v = (float)m * f32_from_bits(0x33800000u);

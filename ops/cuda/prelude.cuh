@@ -57,15 +57,16 @@ __device__ __forceinline__ void cl_unpack16(unsigned short* o, const uint4 w) {
 // a / b in fp32 (IEEE division) where the quotient is only rounded on to bf16 (BF) or
 // fp16, nearest even, and b is a row's value: q = fl(a * r) with r = fl(1 / b) from
 // cl_rcp_div16, once per row (the row kernel's split, ops/codegen/element.cpp), and the
-// division itself only where q lies within 8 fp32 ulps of a 16-bit rounding boundary or
-// outside the 16-bit format's normal range. Both roundings of a * r are relative errors of
-// at most 2^-24 while r and q are normal, so q is within 2^-22.9 |a / b| of a / b, and
-// fl(a / b) within 2^-24: the two are at most 6 apart as fp32 bit patterns (3 ulps of the
-// quotient's binade, 6 where q falls into the binade below). The 16-bit value changes
-// only where the pattern crosses a midpoint (low 16 bits 0x8000 for bf16, low 13 bits
-// 0x1000 for a normal fp16); a q 9 or more patterns from every midpoint therefore rounds
-// as fl(a / b) does. Where r is not normal (|b| > 2^126, b zero, inf or NaN) it is a NaN,
-// and every element divides. (PyTorch's softmax epilogue: exp(x - max) / sum.)
+// division itself only where q lies within 8 fp32 bit patterns of a 16-bit rounding
+// boundary or outside the 16-bit format's normal range. Both roundings of a * r are
+// relative errors of at most 2^-24 while r and q are normal, so q is within 2^-22.9
+// |a / b| of a / b, and fl(a / b) within 2^-24: the two are at most 6 apart as fp32 bit
+// patterns (3 ulps of the quotient's binade, 6 where q falls into the binade below). The
+// 16-bit value changes only where the pattern crosses a midpoint (low 16 bits 0x8000 for
+// bf16, low 13 bits 0x1000 for a normal fp16); a q 9 or more patterns from every midpoint
+// therefore rounds as fl(a / b) does. Where r is not normal (|b| > 2^126, b zero, inf or
+// NaN) it is a NaN, and every element divides. (PyTorch's softmax epilogue:
+// exp(x - max) / sum.)
 __device__ __forceinline__ float cl_rcp_div16(float b) {
   const unsigned ub = __float_as_uint(b) & 0x7fffffffu;
   return ub - 1u < 0x7e800000u ? __frcp_rn(b) : __int_as_float(0x7fffffff);
