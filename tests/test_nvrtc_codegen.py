@@ -714,6 +714,8 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         cases += [(dt, "eager", cuda_order, lambda x, w, n=n: cl.softmax(x, -1))
                   for dt in ("bfloat16", "float32")]
         cases += [("bfloat16", "eager", cuda_order, lambda x, w, n=n: cl.log_softmax(x, -1))]
+    cases += [("float16", "eager", cuda_order, lambda x, w, n=n, op=op: op(x, -1))  # <true>
+              for n, op in ((12000, cl.softmax), (32000, cl.log_softmax))]
     for dt, policy, math, fn in cases:
         n = 64 if "n" not in fn.__code__.co_varnames else fn.__defaults__[0]
         x = cl.randn(8, n, seed=0, dtype=dt)
@@ -898,6 +900,34 @@ def test_softmax_row_kernel_divides_by_the_rows_reciprocal(monkeypatch, dt):
     assert kernel.count("cl_unpack16(a0 + 8 * w, cw);") == 2  # the max and the sum
     assert "((uint4*)(cl_rc + csh + i))[w] = cw;" in kernel
     assert "cl_unpack16(a0 + 8 * v, p[v]);" in kernel  # the epilogue's words
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dt,n", [("float16", 32000), ("float16", 50257), ("bfloat16", 32000)])
+def test_softmax_row_kernel_widens_fp16_by_the_hardware_where_no_nan(monkeypatch, op, dt, n):
+    """SoftMax.cu's row kernel on fp16 rows: the max, the sum and the epilogue fold the
+    magnitudes of the 16-byte words they read (cl_f16_mag, one per word, not per unpacked
+    value), and where none is a NaN run their functions' <true> form, which widens with
+    the hardware conversion alone (cl_h2f<true>); else the form that keeps a NaN's payload.
+    Single elements (a row's head and tail) take the payload-keeping form. bf16 rows have
+    nothing to test. (The source is inspected; the bits are tested on the GPU.)"""
+    src = _softmax_row_source(monkeypatch, op, dt, n)
+    kernel = src[src.index('extern "C"'):]
+    if dt != "float16":
+        assert "cl_f16_mag" not in kernel and "<true>(" not in kernel
+        return
+    for f in ("cl_phase0", "cl_phase1", "cl_epi"):
+        body = src[src.index(f"void {f}("):]
+        body = body[:body.index("\n}\n")]
+        assert f"template <bool HW16 = false>\n__device__ __forceinline__ void {f}(" in src
+        assert "cl_h2f<HW16>(x0)" in body and "f16_to_f32" not in body
+        assert f"{f}<true>(0ull, 0ull, a0[" in kernel
+    assert kernel.count("cl_n = cl_f16_mag(cl_n, cw);") == 2  # the max, the sum: per word
+    assert "cl_n = cl_f16_mag(cl_n, p[v]);" in kernel  # the epilogue's words
+    assert kernel.count("if (cl_f16_no_nan_in(cl_n)) {") == 3
+    # the single-element paths keep the payload-keeping form
+    assert kernel.count("cl_phase0(0ull, 0ull, a0, y);") == 1
+    assert "cl_epi(0ull, 0ull, a0[u]" in kernel
 
 
 @pytest.mark.parametrize("bf", [True, False])

@@ -90,6 +90,27 @@ ElementKernel::ElementKernel(const Program& program, const std::vector<uint8_t>&
   }
 }
 
+// With `hw16`: the body's loads of fp16 inputs (those it does not take widened, and not
+// `hoisted`) written as cl_h2f<HW16>(x), HW16 the function's template parameter (default
+// false: cl::f16_to_f32, NaN payloads kept), for a caller that has checked a vector of
+// inputs holds no NaN (cl_f16_no_nan_in) to call name<true> (the hardware conversion alone,
+// prelude.cuh). Returns the line that opens the template (a template even where the body loads no
+// fp16 input, so that every caller may name both forms).
+static std::string hw16_loads(const ElementKernel& K, const std::vector<bool>* hoisted,
+                              std::vector<std::string>& exprs) {
+  const Program& prog = K.prog;
+  exprs.resize(prog.code.size());
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.op != kOpLoad || in.dtype != kFloat16 || in.rtype == kRegI64 || !exprs[i].empty() ||
+        (hoisted && (*hoisted)[i]) || in.aux < 0 || in.aux >= K.nin || K.wide[in.aux])
+      continue;
+    exprs[i] = std::string("static_cast<") + reg_type_cxx(in.rtype) + ">(cl_h2f<HW16>(x" +
+               std::to_string(in.aux) + "))";
+  }
+  return "template <bool HW16 = false>\n";
+}
+
 // The per-element __device__ function cl_body(seed, e, x..., y&...): one line per
 // instruction, then one rounding store per output. It mirrors run_program_cpu.
 // `hoisted` (the row kernel's split, emit_split_element_function): the instructions
@@ -160,16 +181,20 @@ std::string emit_body(const ElementKernel& K, const std::string& name,
 }
 
 std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                  int n_out, const std::string& name) {
+                                  int n_out, const std::string& name, bool hw16) {
   ElementKernel K(prog, dtypes, n_out);
   K.wide.assign(K.nin, false);     // inputs arrive as stored
   K.paired.assign(K.nout, false);  // outputs leave rounded
-  return emit_body(K, name);
+  if (!hw16) return emit_body(K, name);
+  std::vector<std::string> exprs;
+  const std::string tmpl = hw16_loads(K, nullptr, exprs);
+  return tmpl + emit_body(K, name, nullptr, nullptr, &exprs);
 }
 
 SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                           int n_out, const std::string& name,
-                                          const std::vector<bool>& invariant, bool pair_outputs) {
+                                          const std::vector<bool>& invariant, bool pair_outputs,
+                                          bool hw16) {
   ElementKernel K(prog, dtypes, n_out);
   K.wide.assign(K.nin, false);
   if (!pair_outputs) K.paired.assign(K.nout, false);
@@ -264,7 +289,9 @@ SplitFunction emit_split_element_function(const Program& prog, const std::vector
       << ");  // for cl_div_rn_16\n";
   for (int r : f.handed) b << "  h" << r << " = " << reg_name(r) << ";\n";
   b << "}\n";
-  f.src = b.str() + emit_body(K, name, &hoisted, &f.handed, &exprs);
+  const std::string tmpl = hw16 ? hw16_loads(K, &hoisted, exprs) : std::string();
+  f.hw16 = hw16;
+  f.src = b.str() + tmpl + emit_body(K, name, &hoisted, &f.handed, &exprs);
   for (int r : f.handed) f.types.push_back(reg_type_cxx(K.rtype[r]));
   return f;
 }

@@ -81,9 +81,11 @@ std::string emit_body(const ElementKernel& K, const std::string& name = "cl_body
 //   void name(seed, e, x0, x1, ..., y0&, ...)
 // with inputs and outputs in their storage types (dtypes: outputs first, then inputs), for
 // kernels of other shapes (the row kernel, the CPU's loops) that evaluate a Program
-// element by element.
+// element by element. With `hw16` (CUDA only) the function is a template, name<HW16 =
+// false>: name<true> widens its fp16 inputs with the hardware conversion alone, for a
+// caller that knows they hold no NaN (cl_f16_no_nan_in, ops/cuda/prelude.cuh).
 std::string emit_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
-                                  int n_out, const std::string& name);
+                                  int n_out, const std::string& name, bool hw16 = false);
 
 // One float expression `src` rounded to bf16 (`dtype` kBFloat16) or fp16, nearest even:
 // the unsigned short bits (cl::f32_to_bf16_rne / cl::f32_to_f16_rne).
@@ -102,16 +104,18 @@ std::string paired_rounding(int dtype, const std::string& dst, const std::string
 // registers, `types`: their C++ types) after the inputs.
 // With `pair_outputs`, bf16/fp16 outputs rounded to nearest from a float register are
 // left unrounded (`paired`: written as float), for the caller to convert two at a time.
+// `hw16`: the element part as emit_element_function's, a template.
 struct SplitFunction {
   std::string src;
   std::vector<int> handed;
   std::vector<std::string> types;
   std::vector<bool> paired;  // per output
+  bool hw16 = false;
 };
 SplitFunction emit_split_element_function(const Program& prog, const std::vector<uint8_t>& dtypes,
                                           int n_out, const std::string& name,
                                           const std::vector<bool>& invariant,
-                                          bool pair_outputs = false);
+                                          bool pair_outputs = false, bool hw16 = false);
 
 }  // namespace codegen
 }  // namespace cl

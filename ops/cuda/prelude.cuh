@@ -173,23 +173,56 @@ __device__ __forceinline__ void cl_vload_first(T (&dst)[N], const T* src) {
 #endif
   cl_copy_words<B>(dst, src);
 }
-// N fp16 values widened to float, exactly. The hardware conversion (one instruction each,
-// subnormals kept) unless one of them is a NaN: castlab keeps NaN sign and payload bit for
-// bit (as NumPy), which cl::f16_to_f32 does and the hardware need not (see
-// benchmarks/RESULTS.md, "Design notes from kernel experiments").
+// fp16 NaNs by their magnitudes (the bits less the sign), two 16-bit lanes a 32-bit word:
+// cl_f16_mag folds values (a word, a vector word, an array, one value) into the lanes'
+// largest magnitudes m, and cl_f16_no_nan_in(m) says whether no magnitude was above
+// Inf's. The row kernels fold each vector word as they load it (not its unpacked halves,
+// which the compiler would pack again).
+__device__ __forceinline__ unsigned int cl_f16_mag(const unsigned int m, const unsigned int w) {
+  return __vmaxu2(m, w & 0x7FFF7FFFu);
+}
+__device__ __forceinline__ unsigned int cl_f16_mag(const unsigned int m, const uint4 w) {
+  return cl_f16_mag(cl_f16_mag(cl_f16_mag(cl_f16_mag(m, w.x), w.y), w.z), w.w);
+}
+__device__ __forceinline__ unsigned int cl_f16_mag(const unsigned int m, const unsigned short h) {
+  return cl_f16_mag(m, static_cast<unsigned int>(h));
+}
+template <int N>
+__device__ __forceinline__ unsigned int cl_f16_mag(unsigned int m, const unsigned short (&h)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) m = cl_f16_mag(m, h[j]);
+  return m;
+}
+__device__ __forceinline__ bool cl_f16_no_nan_in(const unsigned int m) {
+  return __vmaxu2(m, 0x7C007C00u) == 0x7C007C00u;
+}
+// One fp16 value widened to float, exactly: with HW the hardware conversion alone (one
+// instruction, subnormals kept), for a value the caller knows is no NaN (cl_f16_no_nan_in);
+// else cl::f16_to_f32, which keeps a NaN's sign and payload bit for bit (as NumPy) where
+// the hardware need not (benchmarks/RESULTS.md, "Design notes from kernel experiments").
+template <bool HW>
+__device__ __forceinline__ float cl_h2f(const unsigned short h) {
+  if constexpr (HW) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  } else {
+    return cl::f16_to_f32(h);
+  }
+}
+// N fp16 values widened to float, exactly: the hardware conversion unless one is a NaN.
 template <int N>
 __device__ __forceinline__ void cl_f16v_to_f32(const unsigned short (&h)[N], float (&f)[N]) {
   if constexpr (N % 2 == 0) {
     unsigned int m = 0;
 #pragma unroll
-    for (int c = 0; c < N / 2; ++c)
-      m = __vmaxu2(m, reinterpret_cast<const unsigned int*>(h)[c] & 0x7FFF7FFFu);
-    if (__vmaxu2(m, 0x7C007C00u) == 0x7C007C00u) {  // no magnitude above Inf: no NaN
+    for (int c = 0; c < N / 2; ++c) m = cl_f16_mag(m, reinterpret_cast<const unsigned int*>(h)[c]);
+    if (cl_f16_no_nan_in(m)) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) asm("cvt.f32.f16 %0, %1;" : "=f"(f[j]) : "h"(h[j]));
+      for (int j = 0; j < N; ++j) f[j] = cl_h2f<true>(h[j]);
       return;
     }
   }
 #pragma unroll
-  for (int j = 0; j < N; ++j) f[j] = cl::f16_to_f32(h[j]);
+  for (int j = 0; j < N; ++j) f[j] = cl_h2f<false>(h[j]);
 }

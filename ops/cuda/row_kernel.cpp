@@ -92,15 +92,17 @@ std::string vector_word(size_t esize) { return esize == 1 ? "uint2" : "uint4"; }
 int64_t vector_words(size_t esize) { return esize == 1 ? 1 : static_cast<int64_t>(esize / 2); }
 
 std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
-                         int cached = -1, const std::string& at = "8 * c") {
-  std::string s;
+                         int cached = -1, const std::string& at = "8 * c", bool f16_mag = false) {
+  std::string s = f16_mag ? "      unsigned int cl_n = 0u;\n" : "";
   for (size_t a = 0; a < ins.size(); ++a) {
     const int k = ins[a];
     const std::string K = num(k), A = "a" + num(static_cast<int64_t>(a));
     const std::string t = storage_type(ops[k]->dtype());
+    const bool mag = f16_mag && ops[k]->dtype() == kFloat16;
     s += "      __align__(16) " + t + " " + A + "[8];\n";
     if (st.cs[k] == 0) {
       s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) " + A + "[u] = h" + K + ";\n";
+      if (mag) s += "      cl_n = cl_f16_mag(cl_n, h" + K + ");\n";
       continue;
     }
     const size_t es = static_cast<size_t>(itemsize(ops[k]->dtype()));
@@ -110,10 +112,19 @@ std::string vector_loads(const RowStep& st, const Tensor* const* ops, const std:
                       : "(const " + t + "*)P.ptr[" + K + "] + row * " + num(st.rs[k]) + "LL") +
          " + " + at + ");\n";
     s += "#pragma unroll\n        for (int v = 0; v < " + num(vector_words(es)) + "; ++v) " +
-         (es == 2 ? "cl_unpack16(" + A + " + 8 * v, p[v]);\n      }\n"
+         (es == 2 ? "{\n          cl_unpack16(" + A + " + 8 * v, p[v]);\n" +
+                        (mag ? "          cl_n = cl_f16_mag(cl_n, p[v]);\n" : "") +
+                        "        }\n      }\n"
                   : "((" + w + "*)" + A + ")[v] = p[v];\n      }\n");
   }
   return s;
+}
+
+// Whether any of operands `ins` is fp16.
+bool any_f16(const Tensor* const* ops, const std::vector<int>& ins) {
+  for (int k : ins)
+    if (ops[k]->dtype() == kFloat16) return true;
+  return false;
 }
 
 // Operands `ins` at element j (one element: a<i>[0], u = 0), for a row's ends around the
@@ -178,10 +189,13 @@ std::string row_head(const RowStep& st, const Tensor* const* ops, const std::vec
 // whole vectors, and else where a row's operands (`ins`, the stored `outs`) reach vector
 // boundaries at the same element cl_hd (row_head): elements before it and after the last
 // whole vector one at a time, as SoftMax.cu writes rows that start inside a word.
+// With `hw16` and fp16 operands, the vector path folds their words' magnitudes as it loads
+// them (vector_loads' cl_n), and where none is a NaN its elements run body(true,
+// "each_hw") instead (row_preamble's hw16: the hardware conversion alone).
 template <typename Body>
 std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vector<int>& ins,
                      Body body, const std::string& row_part = "", int cached = -1,
-                     const std::vector<int>& outs = {}) {
+                     const std::vector<int>& outs = {}, bool hw16 = false) {
   std::string s = "  {\n" + row_invariant_loads(st, ops, ins) + row_part;
   const std::string head = row_head(st, ops, ins, outs, cached);
   s += "    int cl_hd = P.vec ? 0 : -1;\n" + head;
@@ -192,12 +206,17 @@ std::string row_loop(const RowStep& st, const Tensor* const* ops, const std::vec
   s += "    const int cl_nv = (n - cl_hd) >> 3;\n#pragma unroll 2\n";
   s += "    for (int c = threadIdx.x; c < cl_nv; c += blockDim.x) {\n";
   s += "      const int cb = cl_hd + 8 * c;\n";
-  s += vector_loads(st, ops, ins, cached, "cb");
+  const bool hw = hw16 && any_f16(ops, ins);
+  s += vector_loads(st, ops, ins, cached, "cb", hw);
   s += body(true, "pre");
-  s += "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n        const int j = cb + u;\n"
-       "        (void)j;\n";
-  s += body(true, "each");
-  s += "      }\n";
+  const std::string each =
+      "#pragma unroll\n      for (int u = 0; u < 8; ++u) {\n"
+      "        const int j = cb + u;\n        (void)j;\n";
+  if (hw)
+    s += "      if (cl_f16_no_nan_in(cl_n)) {\n" + each + body(true, "each_hw") +
+         "      }\n      } else {\n";
+  s += each + body(true, "each") + "      }\n";
+  if (hw) s += "      }\n";
   s += body(true, "post");
   s += "    }\n";
   if (!head.empty())
@@ -226,9 +245,13 @@ std::vector<uint8_t> dtypes_of(const Tensor* const* ops, const std::vector<int>&
 // `epi_invariant` (the register kernel): per epilogue input, whether it is the same for
 // every element of the row; the epilogue is then split (emit_split_element_function) and
 // `split` receives what its row part hands to its element part.
+// `hw16`: the phases and the split epilogue's element part that load fp16 operands are
+// templates whose <true> form widens them with the hardware conversion alone (the caller
+// has checked them for NaNs: cl_f16_no_nan_in).
 std::string row_preamble(const RowStep& s, const Tensor* const* ops, const std::string& what,
                          const std::vector<bool>* epi_invariant = nullptr,
-                         SplitFunction* split = nullptr, bool pair_outputs = false) {
+                         SplitFunction* split = nullptr, bool pair_outputs = false,
+                         bool hw16 = false) {
   std::string src = "// generated by castlab (ops/cuda/row_kernel.cpp" +
                     (what.empty() ? std::string() : ", " + what) + ")\n";
   bool linked_pow = s.epilogue && needs_linked_pow(*s.epilogue);
@@ -242,12 +265,12 @@ std::string row_preamble(const RowStep& s, const Tensor* const* ops, const std::
     const RowPhase& p = s.phases[k];
     if (p.prog)
       src += emit_element_function(*p.prog, dtypes_of(ops, {p.q}, p.ins), 1,
-                                   "cl_phase" + num(static_cast<int64_t>(k)));
+                                   "cl_phase" + num(static_cast<int64_t>(k)), hw16);
   }
   if (s.epilogue && epi_invariant) {
     *split = emit_split_element_function(*s.epilogue, dtypes_of(ops, s.epi_outs, s.epi_ins),
                                          static_cast<int>(s.epi_outs.size()), "cl_epi",
-                                         *epi_invariant, pair_outputs);
+                                         *epi_invariant, pair_outputs, hw16);
     src += split->src;
   } else if (s.epilogue) {
     src += emit_element_function(*s.epilogue, dtypes_of(ops, s.epi_outs, s.epi_ins),
@@ -878,7 +901,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
         b += "        " +
              std::string(paired(o) ? "float" : storage_type(ops[s.epi_outs[o]]->dtype())) + " y" +
              num(static_cast<int64_t>(o)) + ";\n";
-      b += "        cl_epi(0ull, 0ull";
+      b += std::string("        cl_epi") + (w == "each_hw" ? "<true>" : "") + "(0ull, 0ull";
       for (size_t a = 0; a < s.epi_ins.size(); ++a)
         b += ", a" + num(static_cast<int64_t>(a)) + "[u]";
       b += handed;
@@ -898,7 +921,7 @@ std::string epilogue_source(const RowStep& s, const Tensor* const* ops,
       }
       return b;
     };
-    src += row_loop(s, ops, s.epi_ins, body, row_part, cached, s.epi_outs);
+    src += row_loop(s, ops, s.epi_ins, body, row_part, cached, s.epi_outs, split && split->hw16);
   }
   return src;
 }
@@ -922,12 +945,18 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
   // chunk it reads is then on a 16-byte boundary), RedBool<false> to test each chunk
   std::string src = "    auto chunk = [&](long long i, ACC* out, auto al) {\n";
   std::string aligned;  // the vector operands' addresses at i, or'ed
+  // fp16 operands: their magnitudes folded as they are read (cl_n), for one NaN test
+  const bool hw = p.prog && any_f16(ops, p.ins);
+  if (hw) src += "      unsigned int cl_n = 0u;\n";
   for (size_t a = 0; a < p.ins.size(); ++a) {
     const int q = p.ins[a];
     const std::string t = storage_type(ops[q]->dtype()), A = "a" + num(static_cast<int64_t>(a));
     const int64_t bytes = ilp * itemsize(ops[q]->dtype());
+    const std::string mag =
+        hw && ops[q]->dtype() == kFloat16 ? "cl_n = cl_f16_mag(cl_n, " : std::string();
     if (s.cs[q] == 0) {
       src += "      const " + t + " " + A + " = h" + num(q) + ";\n";
+      if (!mag.empty()) src += "      " + mag + A + ");\n";
       continue;
     }
     src += "      __align__(16) " + t + " " + A + "[" + L + "];\n";
@@ -950,10 +979,12 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
       src += "          for (int w = 0; w < " + num(bytes / 16) +
              "; ++w) {\n            const uint4 cw = ((const uint4*)p)[w];\n            " +
              (half ? "cl_unpack16(" + A + " + 8 * w, cw);\n" : "((uint4*)" + A + ")[w] = cw;\n") +
+             (mag.empty() ? "" : "            " + mag + "cw);\n") +
              (to_cache ? "            ((uint4*)(cl_rc + csh + i))[w] = cw;\n" : "") +
              "          }\n";
       src += "        } else {\n#pragma unroll\n          for (int k = 0; k < " + L + "; ++k) " +
              A + "[k] = p[k];\n";
+      if (!mag.empty()) src += "          " + mag + A + ");\n";
       if (to_cache)
         src += "#pragma unroll\n          for (int k = 0; k < " + L +
                "; ++k) cl_rc[csh + i + k] = " + A + "[k];\n";
@@ -962,20 +993,31 @@ std::string chunk_lambda(const RowStep& s, const Tensor* const* ops, const RowPh
       const std::string idx = s.cs[q] == 1 ? "(i + k)" : "(i + k) * " + num(s.cs[q]) + "LL";
       src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) " + A + "[k] = " + base +
              "[" + idx + "];\n";
+      if (!mag.empty()) src += "      " + mag + A + ");\n";
     }
   }
-  src += "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) {\n";
-  if (p.prog) {
-    src += "        ACC y;\n        cl_phase" + K + "(0ull, 0ull";
-    for (size_t a = 0; a < p.ins.size(); ++a) {
-      const std::string A = "a" + num(static_cast<int64_t>(a));
-      src += ", " + A + (s.cs[p.ins[a]] == 0 ? "" : "[k]");
+  // the phase on each element; where its fp16 operands hold no NaN (one test for the
+  // chunk), its <true> form, which widens them with the hardware conversion alone
+  const auto each = [&](const std::string& tmpl) {
+    std::string e = "#pragma unroll\n      for (int k = 0; k < " + L + "; ++k) {\n";
+    if (p.prog) {
+      e += "        ACC y;\n        cl_phase" + K + tmpl + "(0ull, 0ull";
+      for (size_t a = 0; a < p.ins.size(); ++a) {
+        const std::string A = "a" + num(static_cast<int64_t>(a));
+        e += ", " + A + (s.cs[p.ins[a]] == 0 ? "" : "[k]");
+      }
+      e += ", y);\n        out[k] = y;\n";
+    } else {
+      e += "        out[k] = (ACC)a0" + std::string(s.cs[p.ins[0]] == 0 ? "" : "[k]") + ";\n";
     }
-    src += ", y);\n        out[k] = y;\n";
-  } else {
-    src += "        out[k] = (ACC)a0" + std::string(s.cs[p.ins[0]] == 0 ? "" : "[k]") + ";\n";
-  }
-  src += "      }\n    };\n";
+    return e + "      }\n";
+  };
+  if (hw)
+    src += "      if (cl_f16_no_nan_in(cl_n)) {\n" + each("<true>") + "      } else {\n" +
+           each("") + "      }\n";
+  else
+    src += each("");
+  src += "    };\n";
   src += "    auto aligned = [&](long long i) -> bool {\n      (void)i;\n      return " +
          (aligned.empty() ? std::string("true") : "((" + aligned + ") & 15ull) == 0ull") +
          ";\n    };\n";
@@ -1211,8 +1253,8 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   for (size_t k = 0; k < s.phases.size(); ++k) phases += softmax_phase(s, ops, k, rc.q);
   const std::vector<bool> inv = epilogue_invariants(s);
   SplitFunction split;
-  std::string src =
-      row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split, true) + row_params_struct(s, nops);
+  std::string src = row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split, true, true) +
+                    row_params_struct(s, nops);
   src += codegen::fill(kSoftmaxKernel,
                        {{"threads", num(NT)},
                         // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
