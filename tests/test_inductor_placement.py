@@ -359,3 +359,112 @@ def test_captured_var_is_castlabs_under_every_stack(f):
     want = torch.compile(f, dynamic=False)(x)
     torch._dynamo.reset()
     assert torch.equal(cm.run(x, stack="torch_compile"), want)
+
+
+# Excerpts of the PTX Triton 3.6 wrote on an H100 for Inductor's RoPE kernel of a Qwen2
+# attention (q * cos + rotate_half(q) * sin, cos/sin recomputed in fp32), two of the
+# configurations its autotuner compiled: 16 x 64 (q * cos through shared memory) and
+# 1024 x 1 (no layout conversion).
+_PTX_WHERE = """
+	ld.shared.b32 	%r118, [%r117];
+	ld.shared.b32 	%r873, [%r117];
+	cvt.f32.bf16 	%r886, %rs27;
+	selp.f32 	%r888, %r885, %r887, %p63;
+	selp.f32 	%r889, %r884, %r886, %p63;
+	fma.rn.f32 	%r890, %r889, %r873, %r118;
+	fma.rn.f32 	%r891, %r888, %r875, %r121;
+	cvt.rn.bf16x2.f32 	%r869, %r891, %r890;
+	@%p123 st.global.v4.b32 [ %rd159 + 0 ], { %r869, %r870, %r871, %r872 };
+"""
+_PTX_PLAIN = """
+	fma.rn.ftz.f32 	%r930, %r930, %r304, %r298;
+	cvt.f32.bf16 	%r29, %rs1;
+	selp.f32 	%r600, %r601, %r602, %p7;
+	mul.f32 	%r610, %r600, %r939;
+	fma.rn.f32 	%r620, %r930, %r29, %r610;
+	cvt.rn.bf16.f32 	%rs40, %r620;
+"""
+
+
+def test_which_product_a_triton_kernels_fma_fuses():
+    """_inductor_tiles.ptx_fused_product reads the launched kernel's PTX: the fma whose sum
+    is rounded to the output takes the select's product (rotate_half(q) * sin), or the
+    other (q * cos); None where no fma reaches an output or the fmas disagree."""
+    assert _inductor_tiles.ptx_fused_product(_PTX_WHERE) == "where"
+    assert _inductor_tiles.ptx_fused_product(_PTX_PLAIN) == "plain"
+    assert _inductor_tiles.ptx_fused_product(_PTX_WHERE + _PTX_PLAIN) is None
+    assert _inductor_tiles.ptx_fused_product("\tadd.f32 %r1, %r2, %r3;\n"
+                                             "\tcvt.rn.bf16.f32 %rs1, %r1;\n") is None
+    from types import SimpleNamespace as NS
+    asm = NS(asm={"ptx": _PTX_WHERE.encode()})
+    assert _inductor_tiles.fused_product(NS(launchers=[NS(bin=asm)])) == "where"
+    assert _inductor_tiles.fused_product(NS(launchers=[NS(bin=asm)] * 2)) is None  # not tuned
+    assert _inductor_tiles.fused_product(NS(launchers=[NS()])) is None
+    assert _inductor_tiles.fused_product(None) is None
+
+
+def _rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
+
+
+def test_the_fused_product_of_a_rope_add_follows_the_kernel():
+    """_inductor._fuses_right on HF's RoPE add (q * cos + cat(-q2, q1) * sin): the right
+    product where the kernel's fma takes the select's ("where"), the left where it takes
+    the other ("plain") or nothing was read; an add whose products both have a select, or
+    that is no add of two products, is left alone."""
+    x = torch.randn(1, 2, 8, 16).to(torch.bfloat16)
+    c = torch.randn(8, 16).to(torch.bfloat16)
+    cm = ct.capture(_rope, x, c, c)
+    (add,) = [n for n in cm.nodes if str(n.target) == "aten.add.Tensor"]
+    assert _inductor._fuses_right(add, "where")
+    assert not _inductor._fuses_right(add, "plain")
+    assert not _inductor._fuses_right(add, None)
+    swapped = ct.capture(lambda x, c, s: _rope(x, c, s).flip(-1) + x * c, x, c, c)
+    last = [n for n in swapped.nodes if str(n.target) == "aten.add.Tensor"][-1]
+    assert not _inductor._fuses_right(last, "where")  # (flip(add) * 1 is no product)
+    mul = next(n for n in cm.nodes if str(n.target) == "aten.mul.Tensor")
+    assert not _inductor._fuses_right(mul, "where")
+
+
+def test_an_add_marked_for_its_right_product_contracts_it():
+    """The lowering's fma contraction (castlab._lower_build._try_fma) takes the right
+    product of a + b where the add carries fma_side="right" (what _inductor reads from a
+    Triton kernel), else the left: fp32 RoPE with cos/sin casts dropped, as Inductor's
+    kernel computes it, against NumPy's fma(rot, sin, q*cos) and fma(q, cos, rot*sin)
+    (float64 products are exact; one rounding to fp32, then bf16)."""
+    from castlab import _graph
+
+    rng = np.random.default_rng(3)
+    q = (rng.standard_normal((2, 14, 64, 64)) + 1).astype(ml_dtypes.bfloat16)
+    ang = np.arange(64)[:, None] * (1.0 / 10000 ** (np.arange(0, 64, 2) / 64))[None]
+    emb = np.concatenate([ang, ang], -1)
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+    def f(right):
+        def g(q, c, s):
+            c, s = cl.astype(c, "bfloat16"), cl.astype(s, "bfloat16")  # dropped by the policy
+            a = q * c
+            b = cl.cat([-q[..., 32:], q[..., :32]], dim=-1) * s
+            _graph._state.annot = {"fma_side": "right"} if right else None
+            try:
+                return a + b
+            finally:
+                _graph._state.annot = None
+        return g
+
+    pol = cl.Policy("fused", round_casts=False)
+    args = [cl.from_dlpack(torch.from_numpy(v.view(np.uint16)).view(torch.bfloat16))
+            if v.dtype == ml_dtypes.bfloat16 else cl.from_dlpack(torch.from_numpy(v))
+            for v in (q, cos, sin)]
+    got = {r: np.asarray(torch.from_dlpack(cl.jit(f(r)).run(*args, policy=pol, math="inductor"))
+                         .float()) for r in (False, True)}
+    qd = q.astype(np.float64)
+    rot = np.concatenate([-qd[..., 32:], qd[..., :32]], -1)
+    qc = (q.astype(np.float32) * cos).astype(np.float64)
+    rs = (rot.astype(np.float32) * sin).astype(np.float64)
+    left = (qd * cos + rs).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    right = (rot * sin + qc).astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert int((left != right).sum()) > 0  # the two contractions differ somewhere here
+    assert np.array_equal(got[False], left)
+    assert np.array_equal(got[True], right)

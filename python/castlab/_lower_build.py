@@ -327,7 +327,10 @@ class ProgramBuilder(TorchKernelQuirks):
         op = e.node.op
         k = low._kernel(e.node)
         both = is_mul(x) and is_mul(y)
-        right = both and k is not None and k.fused_product(low.cuda, e.node.dtype) == "right"
+        # which product an add of two takes into its fma: a PyTorch kernel's compiler's
+        # choice, or the one read from a compiled Triton kernel (castlab.torch._inductor)
+        right = both and ((k is not None and k.fused_product(low.cuda, e.node.dtype) == "right")
+                          or e.node.attrs.get("fma_side") == "right")
         if is_mul(x) and not right:
             mul, (ea, eb), ec, negate = x, x.args, y, "c"
         elif is_mul(y):

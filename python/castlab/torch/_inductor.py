@@ -31,7 +31,6 @@ import dataclasses
 import functools
 import operator
 import threading
-import warnings
 from typing import Any
 
 import torch
@@ -85,7 +84,9 @@ class InductorPlacement:
     as Inductor's TilingSelect chose it: the accumulator lanes of its reductions (the
     width follows the loop nest's 16-bit loads, and a reduction reading a value its
     kernel keeps in a float local buffer tiles by float). ``torch``: the PyTorch version
-    that compiled it."""
+    that compiled it. ``products``: part -> which product the last fmas of its launched
+    Triton kernel fuse ("where": one whose factor is a select, such as rotate_half's cat;
+    "plain": the other; _inductor_tiles.fused_product), for the adds of two products."""
 
     device: str
     torch: str
@@ -103,6 +104,7 @@ class InductorPlacement:
     writer: dict      # buffer -> the part writing it
     tiles: dict = dataclasses.field(default_factory=dict)  # part -> its Triton kernel's tile
     lanes: dict = dataclasses.field(default_factory=dict)  # part -> its C++ vector width
+    products: dict = dataclasses.field(default_factory=dict)  # part -> its fma's product
 
     def describe(self, name: str) -> str:
         """Where Inductor keeps captured node `name`: its buffer, or the kernels that
@@ -197,8 +199,9 @@ def _dtype(buf: Any) -> torch.dtype | None:
 
 
 def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
-    """torch.compile `gm` on `places` with Inductor's caches off, recording each FX node's
+    """torch.compile `gm` on `places` with the graph caches off, recording each FX node's
     lowered value and the scheduler's final (fused) nodes and removed buffers."""
+    from torch._functorch import config as fconfig
     from torch._inductor import config as iconfig
     from torch._inductor import graph as igraph
     from torch._inductor import scheduler as isched
@@ -274,11 +277,14 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
             proxy_cls.codegen_nodes = rec_cpp_nodes
         try:
             torch._dynamo.reset()
-            with iconfig.patch(force_disable_caches=True), torch.no_grad(), \
-                    warnings.catch_warnings():
-                # (caches off, so that the scheduler runs: PyTorch says profile-guided
-                # recompilation is off too, which does not apply to a static graph)
-                warnings.filterwarnings("ignore", message=".*force_disable_caches")
+            with iconfig.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \
+                    fconfig.patch(enable_autograd_cache=False), torch.no_grad():
+                # The graph caches off, so that the scheduler runs; the autotuner's cache
+                # on: a kernel whose source another compile of the model made before (the
+                # user's torch.compile) launches the configuration that compile chose, and
+                # the configuration decides the bits (which product an fma fuses, a
+                # reduction's tile). (force_disable_caches would also change every
+                # kernel's source: Inductor writes it into the kernel's metadata.)
                 torch.compile(gm, dynamic=False)(*places)
         finally:
             igraph.GraphLowering.run_node = run_node
@@ -293,13 +299,16 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     if len(sched) != 1:
         raise RuntimeError(f"castlab.torch: torch.compile made {len(sched)} Inductor graphs of "
                            "the captured graph (expected one); its placement cannot be read")
-    tiles = {}
+    tiles, products = {}, {}
     for name, parts in kernel_parts.items():
         tile = _tiles.tile(tuners.get(name))
         if tile is not None:
             tiles.update((p, tile) for p in parts)
+        fused = _tiles.fused_product(tuners.get(name))
+        if fused is not None:
+            products.update((p, fused) for p in parts)
     names = _captured_names(gm)
-    return values, sched[0][0], sched[0][1], loads, created, tiles, lanes, names
+    return values, sched[0][0], sched[0][1], loads, created, (tiles, products), lanes, names
 
 
 def _captured_names(gm: torch.fx.GraphModule) -> dict:
@@ -328,7 +337,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     from torch._inductor import scheduler as isched
 
     places = _places(cm, flat)
-    values, nodes, removed, loads, created, tiles, lanes, names = _compile_and_record(
+    values, nodes, removed, loads, created, (tiles, products), lanes, names = _compile_and_record(
         cm.exported.graph_module, places)
 
     def _root(fx):
@@ -396,7 +405,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     return InductorPlacement(",".join(dev), torch.__version__, stored, kernels, buffer, home,
                              computing, mem, cached, low, dtypes, bool(seen),
                              {n: bs for n, bs in partial.items() if bs}, part_writer,
-                             tiles, lanes)
+                             tiles, lanes, products)
 
 
 def _is_view(n: Any) -> bool:
@@ -534,6 +543,34 @@ class _Twin:
         self.node = node
 
 
+_SELECTS = ("aten.cat.default", "aten.where.self", "aten.where.ScalarOther",
+            "aten.where.ScalarSelf")
+
+
+def _fuses_right(n: Any, fused: str | None) -> bool:
+    """Whether add/sub node n of two products takes its right one into its fma in a
+    Triton kernel whose last fmas fuse `fused` ("where": the product with a select among
+    its factors, as rotate_half's cat; "plain": the other; _inductor_tiles)."""
+    if fused is None or str(n.target) not in ("aten.add.Tensor", "aten.sub.Tensor"):
+        return False
+    ms = [a for a in n.args[:2] if isinstance(a, torch.fx.Node)]
+    if len(ms) != 2 or any(str(m.target) != "aten.mul.Tensor" for m in ms):
+        return False
+
+    def selects(m):  # a factor that is (a view of) a select, through negations
+        for a in m.args[:2]:
+            while isinstance(a, torch.fx.Node) and (
+                    _is_view(a) or str(a.target) == "aten.neg.default"):
+                a = _arg_nodes(a)[0]
+            if isinstance(a, torch.fx.Node) and str(a.target) in _SELECTS:
+                return True
+        return False
+    left, right = selects(ms[0]), selects(ms[1])
+    if left == right:
+        return False
+    return right if fused == "where" else left
+
+
 class _Evaluator:
     """A region's values as the compiled program's parts compute them. ``get(d, X)``:
     node d's value inside part X (None: no part, e.g. a value no kernel keeps): loaded
@@ -561,11 +598,14 @@ class _Evaluator:
         if n.target is operator.getitem:
             return args[0][args[1]]
         _graph._state.where = _where(n)
+        annot = _graph._state.annot
+        if _fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
+            _graph._state.annot = {**(annot or {}), "fma_side": "right"}
         try:  # the reductions of part x in its Triton kernel's order
             with _tiled(self.pl.tiles.get(x), self._lanes(n, x)):
                 return (builder or functools.partial(_aten.build, n))(args, kwargs)
         finally:
-            _graph._state.where = None
+            _graph._state.where, _graph._state.annot = None, annot
 
     def _ctx(self, name: str):
         x = self.pl.home.get(name) or (self.pl.computing.get(name) or [None])[0]

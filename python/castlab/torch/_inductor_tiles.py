@@ -1,15 +1,17 @@
 """The kernel configurations Inductor chose for a compiled program, read while it compiles
-(castlab.torch._inductor records them): a Triton reduction kernel's launched tile, and the
-classes whose methods the reader wraps (the C++ loop nests' tiling, Triton's autotuner).
+(castlab.torch._inductor records them): a Triton reduction kernel's launched tile, which
+product the launched kernel's last fma fuses, and the classes whose methods the reader
+wraps (the C++ loop nests' tiling, Triton's autotuner).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .._schedule import triton_tile
 
-__all__ = ["cpp_proxy_class", "triton_classes", "tile"]
+__all__ = ["cpp_proxy_class", "fused_product", "ptx_fused_product", "triton_classes", "tile"]
 
 
 def cpp_proxy_class() -> Any:
@@ -57,3 +59,58 @@ def tile(tuner: Any) -> tuple | None:
         r = 1 << max(int(r) - 1, 0).bit_length()
     return triton_tile(int(r), int(kw.get("XBLOCK", 1)), int(cfg.num_warps),
                        min(sizes) if sizes else 4)
+
+
+_DEF = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_.]*)\s+(%r\d+),\s*(.*?);")
+_OUT = re.compile(r"^\s*(?:@!?%p\d+\s+)?(cvt\.rn\.(?:bf16|f16)(?:x2)?\.f32\s+%\w+,|"
+                  r"st\.global[.\w]*\s+\[[^]]*\],)\s*(.*?);")
+
+
+def ptx_fused_product(ptx: str) -> str | None:
+    """Which product the final fmas of a Triton kernel's PTX fuse: those whose results it
+    rounds to bf16/fp16 or stores. "where" where a multiplicand of each comes from a select
+    (``selp``: ``tl.where``, which a ``cat`` such as rotate_half's lowers to), "plain"
+    where none does; None where there is no such fma or they disagree.
+
+    The choice is LLVM's and depends on the launched configuration: ``q * cos +
+    rotate_half(q) * sin`` fuses ``rotate_half(q) * sin`` where ``q * cos`` reaches the add
+    through a layout conversion (shared memory), and ``q * cos`` where it does not (an H100,
+    torch 2.11, Triton 3.6: 20 and 2 of the 22 configurations Inductor compiled for a
+    Llama's and a Qwen2's RoPE kernels).
+
+    >>> ptx_fused_product('''
+    ...   selp.f32 %r888, %r885, %r887, %p63;
+    ...   fma.rn.f32 %r890, %r888, %r873, %r118;
+    ...   cvt.rn.bf16x2.f32 %r869, %r890, %r890;''')
+    'where'
+    """
+    defs: dict = {}
+    outs: list = []
+    for line in ptx.splitlines():
+        m = _DEF.match(line)
+        if m:
+            defs[m.group(2)] = (m.group(1), [a.strip() for a in m.group(3).split(",")])
+        o = _OUT.match(line)
+        if o:
+            outs += re.findall(r"%r\d+", o.group(2))
+    kinds = set()
+    for r in outs:
+        op, args = defs.get(r, ("", []))
+        if not op.startswith("fma.") or len(args) != 3:
+            continue
+        kinds.add("where" if any(defs.get(a, ("",))[0].startswith("selp") for a in args[:2])
+                  else "plain")
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def fused_product(tuner: Any) -> str | None:
+    """:func:`ptx_fused_product` of the kernel its autotuner launches (the configuration
+    it chose); None where it has not run or keeps no PTX."""
+    launchers = getattr(tuner, "launchers", None)
+    if not launchers or len(launchers) != 1:
+        return None
+    asm = getattr(getattr(launchers[0], "bin", None), "asm", None)
+    ptx = asm.get("ptx") if isinstance(asm, dict) else None
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode("utf-8", "replace")
+    return ptx_fused_product(ptx) if isinstance(ptx, str) else None
