@@ -543,6 +543,19 @@ class _Twin:
         self.node = node
 
 
+def _triton_neg(n: Any, x: Any, pl: InductorPlacement) -> bool:
+    """Whether floating neg node n, computed inside generated part x of a GPU program,
+    is Triton's unary minus, ``0 - x`` (Inductor writes ``-tmp``): the sign of a zero is
+    not flipped (-(+0) = +0), where PyTorch's neg and Inductor's C++ flip it."""
+    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return (x is not None and "cuda" in pl.device and str(n.target) == "aten.neg.default"
+            and isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+def _zero_minus(args: list, kwargs: dict) -> Any:
+    return 0.0 - args[0]
+
+
 _SELECTS = ("aten.cat.default", "aten.where.self", "aten.where.ScalarOther",
             "aten.where.ScalarSelf")
 
@@ -598,6 +611,8 @@ class _Evaluator:
         if n.target is operator.getitem:
             return args[0][args[1]]
         _graph._state.where = _where(n)
+        if builder is None and _triton_neg(n, x, self.pl):
+            builder = _zero_minus
         annot = _graph._state.annot
         if _fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
             _graph._state.annot = {**(annot or {}), "fma_side": "right"}
