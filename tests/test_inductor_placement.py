@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import castlab.torch as ct  # noqa: E402
-from castlab.torch import _inductor, _inductor_tiles  # noqa: E402
+from castlab.torch import _inductor, _inductor_tiles, _triton_choices  # noqa: E402
 
 KW = {"use_cache": False}
 
@@ -409,7 +409,7 @@ def _rope(x, cos, sin):
 
 
 def test_the_fused_product_of_a_rope_add_follows_the_kernel():
-    """_inductor._fuses_right on HF's RoPE add (q * cos + cat(-q2, q1) * sin): the right
+    """_triton_choices.fuses_right on HF's RoPE add (q * cos + cat(-q2, q1) * sin): the right
     product where the kernel's fma takes the select's ("where"), the left where it takes
     the other ("plain") or nothing was read; an add whose products both have a select, or
     that is no add of two products, is left alone."""
@@ -417,14 +417,14 @@ def test_the_fused_product_of_a_rope_add_follows_the_kernel():
     c = torch.randn(8, 16).to(torch.bfloat16)
     cm = ct.capture(_rope, x, c, c)
     (add,) = [n for n in cm.nodes if str(n.target) == "aten.add.Tensor"]
-    assert _inductor._fuses_right(add, "where")
-    assert not _inductor._fuses_right(add, "plain")
-    assert not _inductor._fuses_right(add, None)
+    assert _triton_choices.fuses_right(add, "where")
+    assert not _triton_choices.fuses_right(add, "plain")
+    assert not _triton_choices.fuses_right(add, None)
     swapped = ct.capture(lambda x, c, s: _rope(x, c, s).flip(-1) + x * c, x, c, c)
     last = [n for n in swapped.nodes if str(n.target) == "aten.add.Tensor"][-1]
-    assert not _inductor._fuses_right(last, "where")  # (flip(add) * 1 is no product)
+    assert not _triton_choices.fuses_right(last, "where")  # (flip(add) * 1 is no product)
     mul = next(n for n in cm.nodes if str(n.target) == "aten.mul.Tensor")
-    assert not _inductor._fuses_right(mul, "where")
+    assert not _triton_choices.fuses_right(mul, "where")
 
 
 def test_an_add_marked_for_its_right_product_contracts_it():
@@ -473,20 +473,18 @@ def test_an_add_marked_for_its_right_product_contracts_it():
 def test_a_triton_kernels_neg_is_zero_minus():
     """Inductor writes neg as Triton's unary minus, which is 0 - x (its PTX: sub.f32 from
     0): -(+0) is +0 in a GPU kernel, where PyTorch's neg and Inductor's C++ give -0. The
-    placed regions compute a floating neg of a generated GPU part so (_triton_neg), and
+    placed regions compute a floating neg of a generated GPU part so (triton_neg), and
     every other neg as PyTorch's."""
-    from types import SimpleNamespace as NS
-
     x = torch.tensor([[0.0, -0.0, 1.5, -2.0]]).to(torch.bfloat16)
     cm = ct.capture(_rope, x, x, x)
     (neg,) = [n for n in cm.nodes if str(n.target) == "aten.neg.default"]
-    assert _inductor._triton_neg(neg, "op0", NS(device="cuda:0"))
-    assert not _inductor._triton_neg(neg, "op0", NS(device="cpu"))
-    assert not _inductor._triton_neg(neg, None, NS(device="cuda:0"))  # no kernel computes it
+    assert _triton_choices.triton_neg(neg, "op0", True)
+    assert not _triton_choices.triton_neg(neg, "op0", False)  # the CPU's C++
+    assert not _triton_choices.triton_neg(neg, None, True)  # no kernel computes it
     ints = ct.capture(lambda t: -t, torch.tensor([1, 2]))
     (ineg,) = [n for n in ints.nodes if str(n.target) == "aten.neg.default"]
-    assert not _inductor._triton_neg(ineg, "op0", NS(device="cuda:0"))
-    y = torch.from_dlpack(cl.jit(lambda a: _inductor._zero_minus([a], {})).run(
+    assert not _triton_choices.triton_neg(ineg, "op0", True)
+    y = torch.from_dlpack(cl.jit(lambda a: _triton_choices.zero_minus([a], {})).run(
         cl.from_dlpack(x), policy=cl.Policy("fused", round_casts=False), math="inductor"))
     assert torch.equal(y.float(), torch.tensor([[0.0, 0.0, -1.5, 2.0]]))
     assert not torch.signbit(y[0, :2]).any()  # both zeros +0

@@ -41,6 +41,7 @@ from .._jit import JitFunction
 from . import _aten
 from . import _inductor_tiles as _tiles
 from ._partition import Segment, _arg_nodes, _subst, _where, module_path
+from ._triton_choices import fuses_right, is_view, triton_neg, zero_minus
 
 __all__ = ["InductorPlacement", "inductor_stores", "read_placement", "placed_segments",
            "placement_for", "segments_for"]
@@ -136,7 +137,7 @@ class InductorPlacement:
         that load it rounded from that buffer, and the kernels that recompute it."""
         k_of = self._kernel_of
         regional = [n for s in cm.segments if s.kind == "region" for n in s.nodes
-                    if not _is_view(n)]
+                    if not is_view(n)]
         out = []
         for n in regional:
             st = self.stored.get(n.name)
@@ -408,18 +409,9 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
                              tiles, lanes, products)
 
 
-def _is_view(n: Any) -> bool:
-    if not isinstance(n, torch.fx.Node) or n.op != "call_function":
-        return False
-    if n.target is operator.getitem:
-        return False
-    entry = _aten.ATEN.get(str(n.target))
-    return entry is not None and entry[0] == "view"
-
-
 def base(d: torch.fx.Node) -> torch.fx.Node:
     """The node whose value view node `d` shows (d itself when it is not a view)."""
-    while _is_view(d):
+    while is_view(d):
         d = _arg_nodes(d)[0]
     return d
 
@@ -427,7 +419,7 @@ def base(d: torch.fx.Node) -> torch.fx.Node:
 def _view_chain(d: torch.fx.Node) -> list:
     """The views from base(d) to d, in order."""
     chain = []
-    while _is_view(d):
+    while is_view(d):
         chain.append(d)
         d = _arg_nodes(d)[0]
     return chain[::-1]
@@ -543,47 +535,6 @@ class _Twin:
         self.node = node
 
 
-def _triton_neg(n: Any, x: Any, pl: InductorPlacement) -> bool:
-    """Whether floating neg node n, computed inside generated part x of a GPU program,
-    is Triton's unary minus, ``0 - x`` (Inductor writes ``-tmp``): the sign of a zero is
-    not flipped (-(+0) = +0), where PyTorch's neg and Inductor's C++ flip it."""
-    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return (x is not None and "cuda" in pl.device and str(n.target) == "aten.neg.default"
-            and isinstance(v, torch.Tensor) and v.is_floating_point())
-
-
-def _zero_minus(args: list, kwargs: dict) -> Any:
-    return 0.0 - args[0]
-
-
-_SELECTS = ("aten.cat.default", "aten.where.self", "aten.where.ScalarOther",
-            "aten.where.ScalarSelf")
-
-
-def _fuses_right(n: Any, fused: str | None) -> bool:
-    """Whether add/sub node n of two products takes its right one into its fma in a
-    Triton kernel whose last fmas fuse `fused` ("where": the product with a select among
-    its factors, as rotate_half's cat; "plain": the other; _inductor_tiles)."""
-    if fused is None or str(n.target) not in ("aten.add.Tensor", "aten.sub.Tensor"):
-        return False
-    ms = [a for a in n.args[:2] if isinstance(a, torch.fx.Node)]
-    if len(ms) != 2 or any(str(m.target) != "aten.mul.Tensor" for m in ms):
-        return False
-
-    def selects(m):  # a factor that is (a view of) a select, through negations
-        for a in m.args[:2]:
-            while isinstance(a, torch.fx.Node) and (
-                    _is_view(a) or str(a.target) == "aten.neg.default"):
-                a = _arg_nodes(a)[0]
-            if isinstance(a, torch.fx.Node) and str(a.target) in _SELECTS:
-                return True
-        return False
-    left, right = selects(ms[0]), selects(ms[1])
-    if left == right:
-        return False
-    return right if fused == "where" else left
-
-
 class _Evaluator:
     """A region's values as the compiled program's parts compute them. ``get(d, X)``:
     node d's value inside part X (None: no part, e.g. a value no kernel keeps): loaded
@@ -611,10 +562,10 @@ class _Evaluator:
         if n.target is operator.getitem:
             return args[0][args[1]]
         _graph._state.where = _where(n)
-        if builder is None and _triton_neg(n, x, self.pl):
-            builder = _zero_minus
+        if builder is None and triton_neg(n, x, "cuda" in self.pl.device):
+            builder = zero_minus
         annot = _graph._state.annot
-        if _fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
+        if fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
             _graph._state.annot = {**(annot or {}), "fma_side": "right"}
         try:  # the reductions of part x in its Triton kernel's order
             with _tiled(self.pl.tiles.get(x), self._lanes(n, x)):

@@ -78,6 +78,7 @@ def ptx_fused_product(ptx: str) -> str | None:
     torch 2.11, Triton 3.6: 20 and 2 of the 22 configurations Inductor compiled for a
     Llama's and a Qwen2's RoPE kernels).
 
+    >>> from castlab.torch._inductor_tiles import ptx_fused_product
     >>> ptx_fused_product('''
     ...   selp.f32 %r888, %r885, %r887, %p63;
     ...   fma.rn.f32 %r890, %r888, %r873, %r118;
