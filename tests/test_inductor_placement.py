@@ -403,6 +403,25 @@ def test_which_product_a_triton_kernels_fma_fuses():
     assert _inductor_tiles.fused_product(None) is None
 
 
+def test_the_launched_ptx_of_a_statically_launched_kernel(tmp_path, monkeypatch):
+    """Inductor's static launcher keeps no compiled kernel, only its key in Triton's cache:
+    _inductor_tiles.launched_ptx reads the PTX file there (TRITON_CACHE_DIR, as Inductor
+    sets it), and gives None for a key with no PTX or an untuned kernel."""
+    from types import SimpleNamespace as NS
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    (tmp_path / "KEY1").mkdir()
+    (tmp_path / "KEY1" / "triton_poi_fused_0.ptx").write_text(_PTX_PLAIN)
+    (tmp_path / "KEY1" / "triton_poi_fused_0.json").write_text("{}")
+    meta = {"device": NS(index=0)}
+    tuned = NS(launchers=[NS(cache_hash="KEY1")], triton_meta=meta)
+    assert _inductor_tiles.launched_ptx(tuned) == _PTX_PLAIN
+    assert _inductor_tiles.fused_product(tuned) == "plain"
+    assert _inductor_tiles.launched_ptx(NS(launchers=[NS(cache_hash="NONE")],
+                                           triton_meta=meta)) is None
+    assert _inductor_tiles.launched_ptx(NS(launchers=[NS(cache_hash="KEY1")] * 3)) is None
+
+
 def _rope(x, cos, sin):
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin

@@ -6,12 +6,15 @@ wraps (the C++ loop nests' tiling, Triton's autotuner).
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 from typing import Any
 
 from .._schedule import triton_tile
 
-__all__ = ["cpp_proxy_class", "fused_product", "ptx_fused_product", "triton_classes", "tile"]
+__all__ = ["cpp_proxy_class", "fused_product", "launched_ptx", "ptx_fused_product",
+           "triton_classes", "tile"]
 
 
 def cpp_proxy_class() -> Any:
@@ -106,12 +109,38 @@ def ptx_fused_product(ptx: str) -> str | None:
 
 def fused_product(tuner: Any) -> str | None:
     """:func:`ptx_fused_product` of the kernel its autotuner launches (the configuration
-    it chose); None where it has not run or keeps no PTX."""
+    it chose); None where it has not run or its PTX is not at hand."""
+    ptx = launched_ptx(tuner)
+    return ptx_fused_product(ptx) if ptx is not None else None
+
+
+def launched_ptx(tuner: Any) -> str | None:
+    """The PTX of the kernel an autotuner launches: the compiled kernel's own (Triton's
+    launcher), or the file in Triton's cache under the launcher's key (Inductor's static
+    launcher keeps no compiled kernel); None where it has not run to one configuration."""
     launchers = getattr(tuner, "launchers", None)
     if not launchers or len(launchers) != 1:
         return None
     asm = getattr(getattr(launchers[0], "bin", None), "asm", None)
     ptx = asm.get("ptx") if isinstance(asm, dict) else None
+    key = getattr(launchers[0], "cache_hash", None)
+    if ptx is None and isinstance(key, str) and key:
+        dev = (getattr(tuner, "triton_meta", None) or {}).get("device")
+        d = os.path.join(_triton_cache_dir(getattr(dev, "index", None) or 0), key)
+        files = glob.glob(os.path.join(glob.escape(d), "*.ptx"))
+        if len(files) == 1:
+            with open(files[0], encoding="utf-8", errors="replace") as f:
+                ptx = f.read()
     if isinstance(ptx, bytes):
         ptx = ptx.decode("utf-8", "replace")
-    return ptx_fused_product(ptx) if isinstance(ptx, str) else None
+    return ptx if isinstance(ptx, str) else None
+
+
+def _triton_cache_dir(device: int) -> str:
+    """Where Inductor's Triton compiles keep their files for `device`."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    except Exception:  # noqa: BLE001 (another PyTorch layout: Triton's own default)
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".triton", "cache")
+    return triton_cache_dir(device)
