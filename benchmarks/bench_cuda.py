@@ -39,6 +39,17 @@ def stream_of_castlab():
     return torch.cuda.ExternalStream(clcuda.current_stream_ptr(0))
 
 
+def run_header(title: str, detail: str) -> tuple:
+    """Print a benchmark run's first line (title, UTC time, GPU, torch, `detail`) and
+    return (torch's stream, castlab's stream, the results dict to fill)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = torch.cuda.get_device_name()
+    print(f"# castlab {title}  {now:%Y-%m-%d %H:%M} UTC  {name}  torch {torch.__version__}  "
+          f"{detail}")
+    results = {"device": name, "date": f"{now:%Y-%m-%d}", "cases": {}}
+    return torch.cuda.current_stream(), stream_of_castlab(), results
+
+
 def device_ms(fn, stream, iters=20, reps=5, sleep_cycles=None):
     """Median per-call device time (ms) of `fn` queued on `stream`, the stream held by a
     sleep kernel so that queued launches run back to back."""

@@ -15,7 +15,6 @@ Usage: python benchmarks/bench_vocab.py [--json PATH] [--rows N] [--fuse]
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -35,19 +34,14 @@ def main():
     _require_gpu()
 
     import torch
-    from bench_cuda import device_ms, gbps, stream_of_castlab
+    from bench_cuda import device_ms, gbps, run_header
 
     import castlab as cl
     from castlab import _lower
 
     if args.fuse:
         _lower.FUSE_ROWS = True
-    now = datetime.datetime.now(datetime.timezone.utc)
-    name = torch.cuda.get_device_name()
-    print(f"# castlab vocabulary benchmark  {now:%Y-%m-%d %H:%M} UTC  {name}  torch "
-          f"{torch.__version__}  rows {args.rows}  {args.dtype}")
-    ts, cs = torch.cuda.current_stream(), stream_of_castlab()
-    results = {"device": name, "date": f"{now:%Y-%m-%d}", "cases": {}}
+    ts, cs, results = run_header("vocabulary benchmark", f"rows {args.rows}  {args.dtype}")
     print(f"{'case':28s} {'impl':22s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s} {'torch/cl':>8s}")
     for v in (32000, 50257, 151936):
         x = (torch.randn(args.rows, v, device="cuda") * 3).to(getattr(torch, args.dtype))

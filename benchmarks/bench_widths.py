@@ -22,7 +22,6 @@ faster than torch.compile).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -47,17 +46,12 @@ def main():
 
     import torch
     import torch.nn.functional as F
-    from bench_cuda import device_ms, stream_of_castlab
+    from bench_cuda import device_ms, run_header
 
     import castlab as cl
     import castlab.cuda as clcuda
 
-    now = datetime.datetime.now(datetime.timezone.utc)
-    name = torch.cuda.get_device_name()
-    print(f"# castlab widths benchmark  {now:%Y-%m-%d %H:%M} UTC  {name}  torch "
-          f"{torch.__version__}  ~{args.elements >> 20}M elements a case")
-    ts, cs = torch.cuda.current_stream(), stream_of_castlab()
-    results = {"device": name, "date": f"{now:%Y-%m-%d}", "cases": {}}
+    ts, cs, results = run_header("widths benchmark", f"~{args.elements >> 20}M elements a case")
     only = set(filter(None, args.only.split(",")))
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"{'case':36s} {'impl':24s} {'ms':>9s} {'of copy':>8s} {'compile/cl':>10s}")
