@@ -51,7 +51,8 @@ constexpr const char* kCastlabOnly = nullptr;
 //              it rounds). castlab/_autodiff.py reads it; the derivation is PyTorch's
 //              (tools/autograd/derivatives.yaml), checked against torch.autograd.
 #define CL_ELEMENTWISE_OPS(X)                                                                      \
-  X(Neg, "neg", "aten.neg", 1, kCatUnarySigned, 0, 1, 1, op_neg, 1, "-x, exact", "dx = -g")        \
+  X(Neg, "neg", "aten.neg", 1, kCatUnarySigned, kVarNegZeroMinus, 1, 1, op_neg, 1, "-x, exact",    \
+    "dx = -g")                                                                                     \
   X(Abs, "abs", "aten.abs", 1, kCatUnarySigned, 0, 1, 1, op_abs, 1, "|x|, exact",                  \
     "dx = g * sgn(x)")                                                                             \
   X(Exp, "exp", "aten.exp", 1, kCatUnaryFloat, kFImpl | kVarTorchVml, 8, 8, op_exp, 1, "e**x",     \

@@ -855,6 +855,32 @@ def test_programmatic_launch_after_torch_work_and_other_streams():
         assert torch.equal(back, torch.full((n,), 4.0, device="cuda"))
 
 
+def test_inductor_neg_equals_torch_compile():
+    """torch.compile's neg is Triton's unary minus, 0 - x: +0 stays +0 where PyTorch's
+    eager neg gives -0. Math("inductor") computes it so (neg="zero_minus"): its bits
+    equal torch.compile's for every bf16 and fp16 pattern, random fp32 bits and fp64
+    specials, in a chain (rotate_half's -x2 times a factor) and alone."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    cases = [np.arange(65536, dtype=np.uint16).view(np.float16),
+             rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(
+                 np.float32),
+             np.array([0.0, -0.0, 1.5, -np.inf, np.inf, 5e-324], dtype=np.float64)]
+    bf = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    for fn, tfn in ((lambda x: -x, lambda x: -x), (lambda x: -x * 2.0, lambda x: -x * 2.0)):
+        f = cl.jit(fn, policy="fused", math="inductor")
+        tc = torch.compile(tfn, dynamic=False)
+        for t in [torch.from_numpy(a).cuda() for a in cases] + [bf.cuda()]:
+            want = tc(t)
+            got = torch.from_dlpack(f(cl.from_dlpack(t)))
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+            same = got.view(bits) == want.view(bits)
+            same |= got.isnan() & want.isnan()
+            assert bool(same.all()), (t.dtype, int((~same).sum()))
+        z = torch.zeros(4, device="cuda")
+        assert not torch.signbit(torch.from_dlpack(f(cl.from_dlpack(z)))).any()
+
+
 def test_inductor_rsqrt_equals_torch_compile():
     """torch.compile's rsqrt is Triton's libdevice.rsqrt: rsqrt.approx.ftz.f32 for fp32
     (an approximation that flushes a subnormal input to zero), the device's rsqrt for

@@ -487,23 +487,3 @@ def test_an_add_marked_for_its_right_product_contracts_it():
     assert int((left != right).sum()) > 0  # the two contractions differ somewhere here
     assert np.array_equal(got[False], left)
     assert np.array_equal(got[True], right)
-
-
-def test_a_triton_kernels_neg_is_zero_minus():
-    """Inductor writes neg as Triton's unary minus, which is 0 - x (its PTX: sub.f32 from
-    0): -(+0) is +0 in a GPU kernel, where PyTorch's neg and Inductor's C++ give -0. The
-    placed regions compute a floating neg of a generated GPU part so (triton_neg), and
-    every other neg as PyTorch's."""
-    x = torch.tensor([[0.0, -0.0, 1.5, -2.0]]).to(torch.bfloat16)
-    cm = ct.capture(_rope, x, x, x)
-    (neg,) = [n for n in cm.nodes if str(n.target) == "aten.neg.default"]
-    assert _triton_choices.triton_neg(neg, "op0", True)
-    assert not _triton_choices.triton_neg(neg, "op0", False)  # the CPU's C++
-    assert not _triton_choices.triton_neg(neg, None, True)  # no kernel computes it
-    ints = ct.capture(lambda t: -t, torch.tensor([1, 2]))
-    (ineg,) = [n for n in ints.nodes if str(n.target) == "aten.neg.default"]
-    assert not _triton_choices.triton_neg(ineg, "op0", True)
-    y = torch.from_dlpack(cl.jit(lambda a: _triton_choices.zero_minus([a], {})).run(
-        cl.from_dlpack(x), policy=cl.Policy("fused", round_casts=False), math="inductor"))
-    assert torch.equal(y.float(), torch.tensor([[0.0, 0.0, -1.5, 2.0]]))
-    assert not torch.signbit(y[0, :2]).any()  # both zeros +0

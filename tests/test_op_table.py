@@ -174,7 +174,7 @@ def test_variant_bits_come_from_one_table():
     from castlab import _optable
 
     table = _optable.VARIANT_BITS
-    assert len(table) == 18 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
+    assert len(table) == 19 and dict(_C.VARIANT_BITS) == {b.name: b.bit for b in table}
     assert _optable.BITS == dict(_C.VARIANT_BITS)
     seen = 0
     for b in table:
@@ -190,6 +190,7 @@ def test_variant_bits_come_from_one_table():
     assert _optable.APPROX_DIV == 0x8 and _optable.SIGMOID_EX2 == 0x10
     assert _optable.SILU_MUL_SIGMOID == 0x4 and _optable.IMPL_MASK == 0x3
     assert _optable.RSQRT_APPROX_FTZ == _optable.BITS["rsqrt_approx_ftz"] == 0x40000
+    assert _optable.NEG_ZERO_MINUS == _optable.BITS["neg_zero_minus"] == 0x80000
     # the trace has a note for each bit Math.cuda_kernels sets, from the table's column
     for b in table:
         assert bool(b.trace) == (b.math_field == "cuda_kernels"), b
@@ -282,3 +283,24 @@ def test_inductor_rsqrt_is_tritons_approximation_on_the_gpu_only():
     assert m.describe_op("rsqrt", False) == "rsqrt=ieee (approx is GPU-only)"
     with pytest.raises(ValueError, match="rsqrt"):
         cl.Math(rsqrt="fast")
+
+
+def test_inductor_neg_is_tritons_unary_minus_on_the_gpu_only():
+    """Math.neg: Inductor writes neg as Triton's unary minus, which is 0 - x (sub.f32 from 0
+    in the PTX of its RoPE kernel), so -(+0) is +0; the inductor preset sets "zero_minus",
+    the bit reaches neg on the GPU only (Inductor's C++ flips the sign), the trace says
+    which, and an unknown choice is refused."""
+    from castlab import _optable
+
+    m = cl.Math.preset("inductor")
+    assert m.neg == "zero_minus" and cl.Math().neg == "ieee"
+    bit = _optable.BITS["neg_zero_minus"]
+    assert m.variant_bits("neg", False, True) & bit
+    assert not m.variant_bits("neg", False, False) & bit
+    assert not m.variant_bits("abs", False, True) & bit
+    for name in ("torch_eager", "inductor_cpu", "nvfuser", "portable"):
+        assert not cl.Math.preset(name).variant_bits("neg", False, True) & bit, name
+    assert m.describe_op("neg", True) == "neg=0-x"
+    assert m.describe_op("neg", False) == "neg=-x (0-x is GPU-only)"
+    with pytest.raises(ValueError, match="neg"):
+        cl.Math(neg="flip")

@@ -87,6 +87,10 @@ namespace cl {
   X(RsqrtApproxFtz, "rsqrt_approx_ftz", 0x40000, "rsqrt",                                       \
     "rsqrt as Triton's libdevice.rsqrt: fp32 rsqrt.approx.ftz.f32 (a subnormal input is "       \
     "flushed to a zero first), fp64 the device's rsqrt (GPU only)",                             \
+    "")                                                                                         \
+  X(NegZeroMinus, "neg_zero_minus", 0x80000, "neg",                                             \
+    "a floating neg as Triton's unary minus, 0 - x (Inductor writes neg as -x): -(+0) is +0 "   \
+    "(GPU only)",                                                                               \
     "")
 
 enum VariantBits : uint32_t {
@@ -173,7 +177,12 @@ CL_HD T sqrt_t(T x) {
 }
 
 template <typename T>
-CL_HD T op_neg(T x, int) {
+CL_HD T op_neg(T x, int var) {
+#if defined(__CUDA_ARCH__)
+  if (var & kVarNegZeroMinus) return T(0) - x;  // (an integer's: the same as -x)
+#else
+  (void)var;
+#endif
   return -x;
 }
 template <typename T>

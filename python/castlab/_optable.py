@@ -63,6 +63,7 @@ SILU_MUL_SIGMOID = bits_set_by("silu")
 APPROX_DIV = bits_set_by("division")
 SIGMOID_EX2 = bits_set_by("sigmoid")
 RSQRT_APPROX_FTZ = bits_set_by("rsqrt")
+NEG_ZERO_MINUS = bits_set_by("neg")
 # Implementation details of PyTorch's eager CUDA kernels (Math.cuda_kernels).
 TORCH_CUDA_BITS = bits_set_by("cuda_kernels")
 # Set by the lowering (not a math factor): pow's exponent is a tensor, not a Python number.

@@ -22,6 +22,7 @@ from ._optable import (
     BITS,
     IMPL_MASK,
     MATH_IMPLS,
+    NEG_ZERO_MINUS,
     OPS,
     REDUCTION_ORDERS,
     RSQRT_APPROX_FTZ,
@@ -159,6 +160,8 @@ class Math:
             Inductor's rsqrt: ``rsqrt.approx.ftz.f32``, a subnormal input read as a zero;
             GPU only). PyTorch's eager CUDA rsqrt (``rsqrtf``, no flush) comes with
             ``cuda_kernels``.
+        neg: "ieee" (a sign flip) or "zero_minus" (Triton's unary minus, ``0 - x``, which
+            Inductor's neg is: ``-(+0)`` is ``+0``; GPU only).
         fma_rounding: where a contracted fma (``fma=True``) whose add/sub rounds to its own
             16-bit dtype rounds: "fp32" (the fma runs in fp32 and the rounding to
             bf16/fp16 follows: two roundings, as Inductor's and nvcc's fp32 op-math) or
@@ -225,6 +228,7 @@ class Math:
     sigmoid: str = "ieee"
     division: str = "ieee"
     rsqrt: str = "ieee"
+    neg: str = "ieee"
     fma_rounding: str = "fp32"
     cuda_kernels: bool = False
     reduction: str = "pairwise"
@@ -244,6 +248,7 @@ class Math:
         _check_choice("Math", "sigmoid", self.sigmoid, ("ieee", "ex2_approx"))
         _check_choice("Math", "division", self.division, ("ieee", "approx"))
         _check_choice("Math", "rsqrt", self.rsqrt, ("ieee", "approx_ftz"))
+        _check_choice("Math", "neg", self.neg, ("ieee", "zero_minus"))
         _check_choice("Math", "fma_rounding", self.fma_rounding, ("fp32", "storage"))
         _check_bool("Math", "cuda_kernels", self.cuda_kernels)
         _check_choice("Math", "reduction", self.reduction, REDUCTION_ORDERS)
@@ -458,6 +463,8 @@ class Math:
                 bits |= f & SIGMOID_EX2
         if cuda and self.rsqrt == "approx_ftz":
             bits |= f & RSQRT_APPROX_FTZ
+        if cuda and self.neg == "zero_minus":
+            bits |= f & NEG_ZERO_MINUS
         return bits
 
     def reduction_order(self, cuda: bool) -> str:
@@ -566,6 +573,8 @@ class Math:
             notes.append("div=approx" if cuda else "div=ieee (approx is GPU-only)")
         if f & RSQRT_APPROX_FTZ and self.rsqrt == "approx_ftz":
             notes.append("rsqrt=approx.ftz" if cuda else "rsqrt=ieee (approx is GPU-only)")
+        if f & NEG_ZERO_MINUS and self.neg == "zero_minus":
+            notes.append("neg=0-x" if cuda else "neg=-x (0-x is GPU-only)")
         if cuda and self.cuda_kernels:
             for b in VARIANT_BITS:  # each bit the field sets has its note in the table
                 if b.math_field == "cuda_kernels" and f & b.bit:
@@ -586,9 +595,10 @@ _PRESETS = {
     # down-cast followed by an up-cast inside a kernel (config.emulate_precision_casts is
     # off by default): compare it with Policy("fused", round_casts=False).
     # Its rsqrt: libdevice.rsqrt, rsqrt.approx.ftz.f32 (the PTX of its RMSNorm kernel).
+    # Its neg: Triton's unary minus, 0 - x (sub.f32 from 0 in its RoPE kernel's PTX).
     "inductor": Math("inductor", impl="cuda", fma=True, silu="div", sigmoid="ex2_approx",
-                     division="approx", rsqrt="approx_ftz", reduction="triton",
-                     pow="inductor"),
+                     division="approx", rsqrt="approx_ftz", neg="zero_minus",
+                     reduction="triton", pow="inductor"),
     # torch.compile / Inductor on the CPU (its C++ kernels, codegen/cpp.py): Vectorized's
     # functions (SLEEF's u10 exp/log, 1 / sqrt for rsqrt), silu = x / (1 + exp(-x)), IEEE
     # division, no contraction (Inductor compiles with -ffp-contract=off); its reductions:

@@ -41,7 +41,7 @@ from .._jit import JitFunction
 from . import _aten
 from . import _inductor_tiles as _tiles
 from ._partition import Segment, _arg_nodes, _subst, _where, module_path
-from ._triton_choices import fuses_right, is_view, triton_neg, zero_minus
+from ._triton_choices import fuses_right, is_view
 
 __all__ = ["InductorPlacement", "inductor_stores", "read_placement", "placed_segments",
            "placement_for", "segments_for"]
@@ -562,8 +562,6 @@ class _Evaluator:
         if n.target is operator.getitem:
             return args[0][args[1]]
         _graph._state.where = _where(n)
-        if builder is None and triton_neg(n, x, "cuda" in self.pl.device):
-            builder = zero_minus
         annot = _graph._state.annot
         if fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
             _graph._state.annot = {**(annot or {}), "fma_side": "right"}

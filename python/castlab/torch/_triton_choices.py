@@ -1,7 +1,7 @@
 """What a kernel Inductor generates for the GPU computes otherwise than the captured graph
 says, where castlab.torch._inductor's placed regions must follow it: which product of an
-add of two its fma takes (read from the launched kernel's PTX: _inductor_tiles), and
-Triton's unary minus. Also the test of a view node, which both use."""
+add of two its fma takes (read from the launched kernel's PTX: _inductor_tiles). (Triton's
+unary minus, 0 - x, is the inductor preset's: Math.neg.) Also the test of a view node."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from . import _aten
 from ._partition import _arg_nodes
 
-__all__ = ["fuses_right", "is_view", "triton_neg", "zero_minus"]
+__all__ = ["fuses_right", "is_view"]
 
 _SELECTS = ("aten.cat.default", "aten.where.self", "aten.where.ScalarOther",
             "aten.where.ScalarSelf")
@@ -27,20 +27,6 @@ def is_view(n: Any) -> bool:
         return False
     entry = _aten.ATEN.get(str(n.target))
     return entry is not None and entry[0] == "view"
-
-
-def triton_neg(n: Any, x: Any, gpu: bool) -> bool:
-    """Whether floating neg node n, computed inside generated part x of a GPU program
-    (`gpu`), is Triton's unary minus, ``0 - x`` (Inductor writes ``-tmp``): the sign of a
-    zero is not flipped (-(+0) = +0), where PyTorch's neg and Inductor's C++ flip it."""
-    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    return (x is not None and gpu and str(n.target) == "aten.neg.default"
-            and isinstance(v, torch.Tensor) and v.is_floating_point())
-
-
-def zero_minus(args: list, kwargs: dict) -> Any:
-    """The builder of :func:`triton_neg`'s nodes: ``0 - x``."""
-    return 0.0 - args[0]
 
 
 def fuses_right(n: Any, fused: str | None) -> bool:
