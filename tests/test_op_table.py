@@ -263,44 +263,42 @@ def test_test_maps_cover_every_aten_op():
     assert set(torch_pairs("unary_float", "unary_signed")) == unary
 
 
-def test_inductor_rsqrt_is_tritons_approximation_on_the_gpu_only():
-    """Math.rsqrt: Inductor's rsqrt is Triton's libdevice.rsqrt (rsqrt.approx.ftz.f32 in its
-    RMSNorm kernel's PTX), so the inductor preset sets "approx_ftz"; the bit reaches the
-    rsqrt op on the GPU only (the CPU's Inductor is inductor_cpu: 1 / sqrt), the trace says
-    which, and an unknown choice is refused."""
+def _gpu_only_choice(field: str, value: str, bit: str, op: str, other: str, notes: tuple,
+                     bad: str) -> None:
+    """The inductor preset sets Math.<field> to `value`, whose variant bit reaches `op` on
+    the GPU only (not `other`, not the other presets), the trace says which (`notes`: GPU,
+    CPU), and an unknown choice (`bad`) is refused."""
     from castlab import _optable
 
     m = cl.Math.preset("inductor")
-    assert m.rsqrt == "approx_ftz" and cl.Math().rsqrt == "ieee"
-    bit = _optable.BITS["rsqrt_approx_ftz"]
-    assert m.variant_bits("rsqrt", False, True) & bit
-    assert m.variant_bits("rsqrt", True, True) & bit  # fp64: the device's rsqrt
-    assert not m.variant_bits("rsqrt", False, False) & bit
-    assert not m.variant_bits("sqrt", False, True) & bit
+    assert getattr(m, field) == value and getattr(cl.Math(), field) == "ieee"
+    b = _optable.BITS[bit]
+    assert m.variant_bits(op, False, True) & b
+    assert not m.variant_bits(op, False, False) & b
+    assert not m.variant_bits(other, False, True) & b
     for name in ("torch_eager", "inductor_cpu", "nvfuser", "portable"):
-        assert not cl.Math.preset(name).variant_bits("rsqrt", False, True) & bit, name
-    assert m.describe_op("rsqrt", True) == "rsqrt=approx.ftz"
-    assert m.describe_op("rsqrt", False) == "rsqrt=ieee (approx is GPU-only)"
-    with pytest.raises(ValueError, match="rsqrt"):
-        cl.Math(rsqrt="fast")
+        assert not cl.Math.preset(name).variant_bits(op, False, True) & b, name
+    assert (m.describe_op(op, True), m.describe_op(op, False)) == notes
+    with pytest.raises(ValueError, match=field):
+        cl.Math(**{field: bad})
+
+
+def test_inductor_rsqrt_is_tritons_approximation_on_the_gpu_only():
+    """Math.rsqrt: Inductor's rsqrt is Triton's libdevice.rsqrt (rsqrt.approx.ftz.f32 in its
+    RMSNorm kernel's PTX), so the inductor preset sets "approx_ftz"; the bit reaches the
+    rsqrt op on the GPU only (the CPU's Inductor is inductor_cpu: 1 / sqrt), fp64 too (the
+    device's rsqrt)."""
+    _gpu_only_choice("rsqrt", "approx_ftz", "rsqrt_approx_ftz", "rsqrt", "sqrt",
+                     ("rsqrt=approx.ftz", "rsqrt=ieee (approx is GPU-only)"), "fast")
+    from castlab import _optable
+
+    bit = _optable.BITS["rsqrt_approx_ftz"]
+    assert cl.Math.preset("inductor").variant_bits("rsqrt", True, True) & bit
 
 
 def test_inductor_neg_is_tritons_unary_minus_on_the_gpu_only():
     """Math.neg: Inductor writes neg as Triton's unary minus, which is 0 - x (sub.f32 from 0
     in the PTX of its RoPE kernel), so -(+0) is +0; the inductor preset sets "zero_minus",
-    the bit reaches neg on the GPU only (Inductor's C++ flips the sign), the trace says
-    which, and an unknown choice is refused."""
-    from castlab import _optable
-
-    m = cl.Math.preset("inductor")
-    assert m.neg == "zero_minus" and cl.Math().neg == "ieee"
-    bit = _optable.BITS["neg_zero_minus"]
-    assert m.variant_bits("neg", False, True) & bit
-    assert not m.variant_bits("neg", False, False) & bit
-    assert not m.variant_bits("abs", False, True) & bit
-    for name in ("torch_eager", "inductor_cpu", "nvfuser", "portable"):
-        assert not cl.Math.preset(name).variant_bits("neg", False, True) & bit, name
-    assert m.describe_op("neg", True) == "neg=0-x"
-    assert m.describe_op("neg", False) == "neg=-x (0-x is GPU-only)"
-    with pytest.raises(ValueError, match="neg"):
-        cl.Math(neg="flip")
+    and the bit reaches neg on the GPU only (Inductor's C++ flips the sign)."""
+    _gpu_only_choice("neg", "zero_minus", "neg_zero_minus", "neg", "abs",
+                     ("neg=0-x", "neg=-x (0-x is GPU-only)"), "flip")
