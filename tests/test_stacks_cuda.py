@@ -104,11 +104,7 @@ def test_liger_stack_equals_apply_liger_kernel(name):
     assert not torch.equal(want.logits, hf.logits)
 
 
-@pytest.mark.parametrize("name", [
-    "llama",
-    pytest.param("qwen2", marks=pytest.mark.xfail(
-        strict=True, reason="issue 52: Qwen2 under Inductor's default settings is not yet "
-        "modelled (2026-12-07, H100: 133,453 of 524,288 logits differ; Llama: 0)"))])
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
 def test_torch_compile_stack_equals_torch_compile(name):
     """The torch_compile stack (castlab.torch._inductor: roundings where Inductor's kernels
     store, read from the compiled program) against torch.compile of the model under

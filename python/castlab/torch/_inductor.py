@@ -240,8 +240,10 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
 
     def rec_define(self, src_code, node_schedule, kernel):
         name = define(self, src_code, node_schedule, kernel)
-        kernel_parts[name] = [n.get_name() for n in node_schedule
-                              if isinstance(n, isched.BaseSchedulerNode)]
+        # (a source defined before, such as the same RoPE kernel in every layer, returns
+        # the kernel already defined: it computes these parts too)
+        kernel_parts.setdefault(name, []).extend(
+            n.get_name() for n in node_schedule if isinstance(n, isched.BaseSchedulerNode))
         return name
 
     def rec_tuner_run(self, *args, **kwargs):
@@ -461,7 +463,7 @@ def placement_for(cm: Any, flat: list) -> InductorPlacement:
     sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
                 if isinstance(t, torch.Tensor) else repr(t) for t in _places(cm, flat))
     key = (torch.__version__, bool(getattr(iconfig, "emulate_precision_casts", False)),
-           cm.exported.graph_module.code, sig)
+           bool(getattr(iconfig, "deterministic", False)), cm.exported.graph_module.code, sig)
     cache = cm.__dict__.setdefault("_inductor_placements", {})
     if key not in cache:
         with _lock:
