@@ -930,6 +930,40 @@ def test_softmax_row_kernel_widens_fp16_by_the_hardware_where_no_nan(monkeypatch
     assert "cl_epi(0ull, 0ull, a0[u]" in kernel
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dt,n,lanes,per", [("bfloat16", 1024, 32, 32), ("float32", 1000, 32, 32),
+                                            ("float16", 40, 32, 2), ("float32", 7, 8, 1)])
+def test_softmax_warp_kernel_combines_by_shuffles(monkeypatch, op, dt, n, lanes, per):
+    """The persistent warp softmax's row kernel (rows up to 2,048): each lane folds its
+    elements lane + it * lanes with the trip count and the row's length written in (so
+    that its loads issue together), and the lanes combine by an xor butterfly of shuffles
+    from offset lanes/2; no thread walks the parts alone, no parts array in shared memory.
+    (The source is inspected; the bits are tested on the GPU, test_reduce_sweep_cuda.)"""
+    src = _softmax_row_source(monkeypatch, op, dt, n)
+    kernel = src[src.index('extern "C"'):]
+    assert "__launch_bounds__(32, 32)" in kernel
+    assert kernel.count(f"for (int i0 = 0; i0 < {per}; i0 += {min(per, 16)})") == 2
+    assert kernel.count(f"x[it] = i < {n} ? v[i]") == 2
+    assert kernel.count(f"for (int off = {lanes} / 2; off > 0; off >>= 1)") == 2
+    assert kernel.count("__shfl_xor_sync(0xffffffffu, r, off)") == 2
+    assert "red_softmax_part" not in kernel and "red_softmax_combine" not in kernel
+    assert "parts[" not in kernel
+
+
+@pytest.mark.parametrize("dt,n,per", [("bfloat16", 4096, 4), ("bfloat16", 5000, 5),
+                                      ("float32", 9000, 9)])
+def test_softmax_register_kernel_reads_its_values_ahead(monkeypatch, dt, n, per):
+    """cunn_SoftMaxForwardReg's order (fewer than 10 elements a thread of a 1,024-thread
+    block): each thread reads its `per` elements t + k * 1024 into registers, then folds
+    them in order, where in range; the generic loop (red_softmax_thread) is not used."""
+    src = _softmax_row_source(monkeypatch, "softmax", dt, n)
+    kernel = src[src.index('extern "C"'):]
+    assert kernel.count(f"ACC x[{per}];") == 2
+    assert kernel.count(f"x[k] = i < {n} ? v[i]") == 2
+    assert kernel.count(f"if (t + k * 1024 < {n}) r = cl::red_op(") == 2
+    assert "red_softmax_thread<" not in kernel
+
+
 @pytest.mark.parametrize("bf", [True, False])
 def test_div_rn_16_rounds_as_the_division(bf):
     """cl_div_rn_16's rule (ops/cuda/prelude.cuh), run in NumPy's IEEE float32: q =

@@ -1062,7 +1062,7 @@ struct CallRowChunk {
 };
 extern "C" __global__ void __launch_bounds__(${threads}, ${blocks}) KERNEL_NAME(const RowParams P) {
 ${lanes}
-  __shared__ ACC parts[32];
+${parts}
   const long long row = blockIdx.x;
   const int n = (int)P.n;
   const int step = (int)blockDim.x * ${unroll};
@@ -1103,7 +1103,7 @@ constexpr const char* kSoftmaxCombine = R"(
 // No thread walks a tree alone, and no array of values lives in local memory.
 constexpr const char* kSoftmaxBlockShfl = R"(
     const int t = threadIdx.x;
-    ACC r = t < ${pl}.a ? cl::red_softmax_thread<${targs}>(${pl}, v, n, row, t) : cl::red_identity<ACC>(${kind});
+${thread}
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) r = cl::red_op(${kind}, r, __shfl_down_sync(0xffffffffu, r, off));
     if ((t & 31) == 0) parts[t >> 5] = r;
@@ -1130,8 +1130,34 @@ constexpr const char* kSoftmaxBlock = R"(
       parts[t] = r;
     }
 )";
+// The warp order (softmax_warp_forward, persistent_softmax.cuh): lane t folds elements
+// t + it * a in order (red_softmax_part's loop, its trip count a constant, so that the
+// lane's loads all issue before its first fold), then the lanes combine by an xor
+// butterfly of shuffles, offsets a/2 to 1 (red_softmax_combine's tree: lane l takes its
+// own value op lane l ^ off's), and lane 0 writes the row's value. The values are read
+// `chunk` at a time before they are folded, and the row's length is a constant, so that
+// only a row's last iterations test it (a predicate each held the loads in flight to the
+// few predicate registers). Where the parts went
+// through shared memory and thread 0 walked the butterfly alone, one load at a time in a
+// loop of unknown length: [65536, 1024] bf16 softmax 548 us on an H100, torch 118 us.
 constexpr const char* kSoftmaxWarp = R"(
-    if ((long long)threadIdx.x < ${pl}.nparts) parts[threadIdx.x] = cl::red_softmax_part<ACC>(${pl}, v, n, row, threadIdx.x);
+    ACC r = cl::red_identity<ACC>(${kind});
+    if (threadIdx.x < ${a}) {
+#pragma unroll
+      for (int i0 = 0; i0 < ${b}; i0 += ${chunk}) {
+        ACC x[${chunk}];
+#pragma unroll
+        for (int it = 0; it < ${chunk}; ++it) {
+          const int i = (int)threadIdx.x + (i0 + it) * ${a};
+          x[it] = i < ${n} ? v[i] : cl::red_identity<ACC>(${kind});
+        }
+#pragma unroll
+        for (int it = 0; it < ${chunk}; ++it) r = cl::red_op(${kind}, r, x[it]);
+      }
+    }
+#pragma unroll
+    for (int off = ${a} / 2; off > 0; off >>= 1) r = cl::red_op(${kind}, r, __shfl_xor_sync(0xffffffffu, r, off));
+    if (threadIdx.x == 0) ((ACC*)P.ptr[${q}])[row] = r;
 )";
 
 // The SoftMax.cu kernel's row cache: where every phase is the forward block order reading
@@ -1174,6 +1200,35 @@ RowCache srow_cache(const RowStep& s, const Tensor* const* ops, int64_t limit) {
   return c;
 }
 
+// A thread's value of the forward block order (kSoftmaxBlockShfl's r). In the register
+// kernel (cunn_SoftMaxForwardReg: fewer than 10 elements a thread, plan c = 0) thread t
+// folds elements t + k * a in order (red_softmax_thread_fold's loop); its trip count and
+// the row's length are constants here, so that the thread's loads all issue before its
+// first fold (in the general loop they went one at a time: [16384, 4096] bf16 softmax
+// 437 us on an H100, torch's kernel 213 us).
+std::string block_thread(const RowStep& s, const RowPhase& p, const RedPlan& plan,
+                         const std::string& PL, const std::string& targs) {
+  const std::string kind = num(p.spec.kind);
+  if (plan.c != 0 || plan.a <= 0)
+    return "    ACC r = t < " + PL + ".a ? cl::red_softmax_thread<" + targs + ">(" + PL +
+           ", v, n, row, t) : cl::red_identity<ACC>(" + kind + ");\n";
+  const std::string A = num(plan.a), N = num(s.n), K = num((s.n + plan.a - 1) / plan.a);
+  return codegen::fill(R"(    ACC r = cl::red_identity<ACC>(${kind});
+    if (t < ${a}) {
+      ACC x[${k}];
+#pragma unroll
+      for (int k = 0; k < ${k}; ++k) {
+        const int i = t + k * ${a};
+        x[k] = i < ${n} ? v[i] : cl::red_identity<ACC>(${kind});
+      }
+#pragma unroll
+      for (int k = 0; k < ${k}; ++k)
+        if (t + k * ${a} < ${n}) r = cl::red_op(${kind}, r, x[k]);
+    }
+)",
+                       {{"kind", kind}, {"a", A}, {"n", N}, {"k", K}});
+}
+
 // Phase k of the SoftMax.cu kernel.
 std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k, int cached) {
   const RowPhase& p = s.phases[k];
@@ -1210,10 +1265,18 @@ std::string softmax_phase(const RowStep& s, const Tensor* const* ops, size_t k, 
       chunked ? "ACC, " + num(ilp) + ", " + kind + ", int, " + num(plan.c) : "ACC";
   const std::string combine = codegen::fill(kSoftmaxCombine, {{"q", num(p.q)}, {"pl", PL}});
   const std::string reduce =
-      p.spec.order != kOrdSoftmaxBlock ? codegen::fill(kSoftmaxWarp, {{"pl", PL}}) + combine
+      p.spec.order == kOrdSoftmaxWarp
+          ? codegen::fill(kSoftmaxWarp, {{"a", num(plan.a)},
+                                         {"b", num(plan.b)},
+                                         {"kind", kind},
+                                         {"q", num(p.q)},
+                                         {"chunk", num(std::min<int64_t>(plan.b, 16))},
+                                         {"n", num(s.n)}})
       : plan.f == 0
-          ? codegen::fill(kSoftmaxBlockShfl,
-                          {{"pl", PL}, {"targs", targs}, {"kind", kind}, {"q", num(p.q)}})
+          ? codegen::fill(kSoftmaxBlockShfl, {{"pl", PL},
+                                              {"thread", block_thread(s, p, plan, PL, targs)},
+                                              {"kind", kind},
+                                              {"q", num(p.q)}})
           : codegen::fill(kSoftmaxBlock, {{"pl", PL}, {"targs", targs}, {"kind", kind}}) + combine;
   return codegen::fill(
       kSoftmaxPhase,
@@ -1255,16 +1318,22 @@ std::string torch_row_source(const RowStep& s, const Tensor* const* ops, size_t 
   SplitFunction split;
   std::string src = row_preamble(s, ops, "SoftMax.cu's threads", &inv, &split, true, true) +
                     row_params_struct(s, nops);
-  src += codegen::fill(kSoftmaxKernel,
-                       {{"threads", num(NT)},
-                        // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
-                        // runs in 32 registers; 48 halved the occupancy: measured, H100)
-                        {"blocks", num(triton_blocks_per_sm(NT))},
-                        {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
-                        {"unroll", num(kUnroll)},
-                        {"cache", cache},
-                        {"phases", phases},
-                        {"epilogue", epilogue_source(s, ops, &split, rc.q)}});
+  src += codegen::fill(
+      kSoftmaxKernel,
+      {{"threads", num(NT)},
+       // as many blocks an SM as its 2048 threads hold (SoftMax.cu's kernel
+       // runs in 32 registers; 48 halved the occupancy: measured, H100)
+       {"blocks", num(triton_blocks_per_sm(NT))},
+       {"lanes", block ? "  __shared__ ACC lanes[" + num(NT) + "];\n" : ""},
+       // (the warp order combines by shuffles alone)
+       {"parts", std::all_of(s.phases.begin(), s.phases.end(),
+                             [](const RowPhase& p) { return p.spec.order == kOrdSoftmaxWarp; })
+                     ? ""
+                     : "  __shared__ ACC parts[32];\n"},
+       {"unroll", num(kUnroll)},
+       {"cache", cache},
+       {"phases", phases},
+       {"epilogue", epilogue_source(s, ops, &split, rc.q)}});
   const std::string name = "castlab_srow" + sha256_hex(src).substr(0, 20);
   src.replace(src.find("KERNEL_NAME"), 11, name);
   return src;

@@ -102,8 +102,10 @@ def program_groups(regs: list, stochastic: bool) -> list:
 # kernel's forward (rows over 2048 elements: the vocabulary): on an H100 every length of
 # tests/test_reduce_sweep_cuda.py fused equals torch eager (softmax and log_softmax, bf16,
 # fp16 and fp32, last and inner dim), at 2.2-3.2x the speed of the separate steps
-# (benchmarks/RESULTS.md). The warp kernel and the backward kernels stay separate steps
-# unless FUSE_ROWS is True (not yet run fused against PyTorch).
+# (benchmarks/RESULTS.md). So does the persistent warp kernel's forward (rows up to 2,048
+# elements; its lanes fold their values and combine by shuffles, kSoftmaxWarp). The
+# backward kernels stay separate steps unless FUSE_ROWS is True (not yet run fused
+# against PyTorch).
 _FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")}
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
 _FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
@@ -115,6 +117,15 @@ def _softmax_forward(spec: tuple) -> bool:
     """Is this reduce spec SoftMax.cu's block kernel forward (its sum or max)?"""
     return (spec[1] == ORDER_CODE["softmax_block"] and spec[0] <= REDUCE_OPS["amax"]
             and not spec[5])
+
+
+def _softmax_warp_forward(phases: list) -> bool:
+    """Are these phases the persistent warp softmax's forward (its max, then its sum)?
+    (The backward's phases are one sum.)"""
+    warp = ORDER_CODE["softmax_warp"]
+    return (len(phases) >= 2 and phases[0].red.spec[0] == REDUCE_OPS["amax"]
+            and all(ph.red.spec[1] == warp and ph.red.spec[0] <= REDUCE_OPS["amax"]
+                    for ph in phases))
 
 
 def _rows_strides(t, rows: int, n: int) -> tuple | None:
@@ -252,9 +263,9 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
     *head, leaves, outs = _row_spec(phases, epi, qsrcs, rows, n)
     spec = tuple(head)  # the 8 fields ops/row_step.h reads
     acc64 = _dtype_code(phases[0].dst.t) == float64.code
-    if mode == "auto" and not (low.cuda and all(
+    if mode == "auto" and not (low.cuda and (_softmax_warp_forward(phases) or all(
             ph.red.spec[1] in _FAST_ROW.get(ph.red.spec[0], ()) or _softmax_forward(ph.red.spec)
-            for ph in phases)):
+            for ph in phases))):
         return None
     if low.cuda and not _C.row_kernel_fits(spec, acc64, low.device.index or 0):
         return None
