@@ -1,6 +1,6 @@
 // nll_loss steps on the GPU: the torch_cuda order as Loss.cu runs it (one block, a thread
-// per partial sum, the tree on thread 0 with ops/scalar/loss.h's expressions, so the bits
-// are the CPU's), the torch_cpu order on one thread.
+// per partial sum, the tree a level at a time with ops/scalar/loss.h's expressions, so the
+// bits are the CPU's), the torch_cpu order on one thread.
 #include <stdexcept>
 #include <string>
 
@@ -29,7 +29,14 @@ std::string nll_source(const char* type, const char* name) {
        "  for (long long k = threadIdx.x; k < P.threads; k += blockDim.x)\n"
        "    cl::nll_cuda_thread<A>(P, x, w, t, k, &sh[k], &aw[k]);\n"
        "  __syncthreads();\n"
-       "  if (threadIdx.x == 0) cl::nll_cuda_combine<A>(P, sh, aw, out);\n"
+       // Loss.cu's tree, a level at a time on as many threads (thread 0 alone walked its
+       // 1,023 additions: 63 us of a [32768, 1024] cross-entropy's 128 on an H100)
+       "  for (long long stride = P.threads / 2; stride > 0; stride >>= 1) {\n"
+       "    for (long long k = threadIdx.x; k < stride; k += blockDim.x)\n"
+       "      cl::nll_cuda_tree_step<A>(sh, aw, k, stride);\n"
+       "    __syncthreads();\n"
+       "  }\n"
+       "  if (threadIdx.x == 0) cl::nll_cuda_finish<A>(P, sh, aw, out);\n"
        "}\n";
   return s;
 }

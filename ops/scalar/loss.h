@@ -134,16 +134,27 @@ CL_HD void nll_cuda_thread(const NllPlan& P, X x, W w, Tg t, int64_t k, A* sh, A
   *aw = a;
 }
 
-// The block's tree over T partials (in place) and the two results.
+// One level of the block's tree: partial k (< stride) adds partial k + stride.
+template <typename A>
+CL_HD void nll_cuda_tree_step(A* sh, A* aw, int64_t k, int64_t stride) {
+  sh[k] = sh[k] + sh[k + stride];
+  aw[k] = aw[k] + aw[k + stride];
+}
+
+// The two results from the tree's root.
+template <typename A>
+CL_HD void nll_cuda_finish(const NllPlan& P, const A* sh, const A* aw, A* out) {
+  out[1] = nll_round(aw[0], P.fmt);
+  out[0] = nll_round(P.reduction == kNllMean ? sh[0] / aw[0] : sh[0], P.fmt);
+}
+
+// The block's tree over T partials (in place) and the two results, on one thread (the
+// GPU kernel runs each level on `stride` threads: the same additions).
 template <typename A>
 CL_HD void nll_cuda_combine(const NllPlan& P, A* sh, A* aw, A* out) {
   for (int64_t stride = P.threads / 2; stride > 0; stride >>= 1)
-    for (int64_t k = 0; k < stride; ++k) {
-      sh[k] = sh[k] + sh[k + stride];
-      aw[k] = aw[k] + aw[k + stride];
-    }
-  out[1] = nll_round(aw[0], P.fmt);
-  out[0] = nll_round(P.reduction == kNllMean ? sh[0] / aw[0] : sh[0], P.fmt);
+    for (int64_t k = 0; k < stride; ++k) nll_cuda_tree_step(sh, aw, k, stride);
+  nll_cuda_finish(P, sh, aw, out);
 }
 
 }  // namespace cl
