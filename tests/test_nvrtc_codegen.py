@@ -663,7 +663,9 @@ def test_nvrtc_compiles_the_index_and_nll_kernels():
         assert "warning" not in log, log
     for f64 in (False, True):
         src = _C._nll_kernel_source(f64)
-        assert "nll_cuda_combine" in src and "nll_cpu" in src
+        # the CPU's tree steps, a level at a time on the block's threads
+        assert "nll_cuda_tree_step<A>(sh, aw, k, stride)" in src and "nll_cpu" in src
+        assert "nll_cuda_combine" not in src
         ok, log = _C._nvrtc_compile_check(src, ARCH, "cl_nll_f64" if f64 else "cl_nll_f32")
         assert ok, log
         assert "warning" not in log, log
