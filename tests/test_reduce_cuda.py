@@ -55,6 +55,25 @@ def test_softmax_log_softmax_equal_torch_cuda(dt, n):
         assert mismatches(f.run(x, **EAGER), getattr(torch, op)(t, -1)) == 0, op
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("n", [100, 1024, 2048, 4096, 32000])
+def test_softmax_forward_runs_as_one_row_kernel_by_default(op, n, monkeypatch):
+    """The default eager softmax / log_softmax (torch_eager math) runs as one fused row
+    kernel at every row length, the persistent warp kernel's (up to 2,048 elements) as
+    well as the block kernels' (castlab._schedule: FUSE_ROWS "auto"), and equals torch."""
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", "auto")  # (the default)
+    t = _x((64, n), torch.bfloat16, n, scale=3.0)
+    x = cl.from_dlpack(t)
+    f = cl.jit(lambda x: getattr(cl, op)(x, -1))
+    assert mismatches(f(x), getattr(torch, op)(t, -1)) == 0
+    tr, _ = f._traced(f._bind((x,)))
+    (plan,) = tr.plans.values()
+    kinds = [type(st).__name__ for st in plan.steps]
+    assert kinds.count("RowStep") == 1 and "ReduceStep" not in kinds, kinds
+
+
 def _bits_differ(got, want) -> int:
     """Elements whose bits differ (a zero's sign counts; NaN vs NaN counts as equal)."""
     g = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
