@@ -161,6 +161,28 @@ def test_attention_backends_run_by_pytorch():
             cm.run(ids, kwargs=KW, stack=s)
 
 
+def test_a_cuda_refusal_of_the_chosen_attention_kernel_names_the_backend(monkeypatch):
+    """Where no CUDA kernel of the chosen backend takes the model's SDPA calls (the
+    memory-efficient kernel with grouped-query heads), PyTorch says only "No available
+    kernel. Aborting execution."; the stack's error names the backend and the model.
+    Another RuntimeError passes through as it is."""
+    _, ids, cm = _model("llama")
+    s = ct.Stack(base="hf_eager", attention="flash")
+
+    def refuse(*a, **k):
+        raise RuntimeError("No available kernel. Aborting execution.")
+    monkeypatch.setattr(cm, "execute", refuse)
+    with pytest.raises(RuntimeError, match=r"refuses attention='flash' \(SDPBackend.FLASH_"
+                       r"ATTENTION\).*No available kernel"):
+        cm.run(ids, kwargs=KW, stack=s)
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(cm, "execute", boom)
+    with pytest.raises(RuntimeError, match="^boom$"):
+        cm.run(ids, kwargs=KW, stack=s)
+
+
 def test_matmul_flags_are_restored_even_on_error():
     mm = torch.backends.cuda.matmul
     before = (mm.allow_bf16_reduced_precision_reduction, mm.allow_tf32)

@@ -148,3 +148,32 @@ def test_torch_compile_emulate_stack_equals_torch_compile_keeping_casts(name):
            f"emulate_precision_casts ({name}, 2 layers, hidden 896, bf16, 2x64 tokens)",
            logits=want.logits.numel(), logits_differ=n)
     assert n == 0, f"{n} of {want.logits.numel()} logits differ"
+
+
+@pytest.mark.parametrize("backend", ["math", "flash", "efficient", "cudnn"])
+def test_attention_backend_equals_the_model_under_sdpa_kernel(backend):
+    """A stack's attention choice on the GPU: the captured Llama run with
+    ``attention=backend`` gives the logits of the model itself run under
+    ``torch.nn.attention.sdpa_kernel([backend])``, bit for bit; where PyTorch refuses the
+    backend for the model's calls on this GPU (grouped-query heads: the memory-efficient
+    kernel), the stack's run is a RuntimeError that names it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+         "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    m, ids = _model("llama")
+    kw = {"use_cache": False}
+    cm = ct.capture(m, ids, kwargs=kw)
+    s = ct.Stack(base="hf_eager", attention=backend)
+    try:
+        with torch.no_grad(), sdpa_kernel([b[backend]]):
+            want = m(ids, **kw).logits
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match=f"refuses attention='{backend}'"):
+            cm.run(ids, kwargs=kw, stack=s)
+        return
+    got = cm.run(ids, kwargs=kw, stack=s).logits
+    n = int((got != want).sum())
+    report(test="stacks", case=f"attention={backend} vs sdpa_kernel (llama, 2 layers, hidden "
+           "896, bf16, 2x64 tokens)", logits=want.numel(), logits_differ=n)
+    assert n == 0, f"{n} of {want.numel()} logits differ"

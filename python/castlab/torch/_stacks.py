@@ -580,7 +580,11 @@ def execute(captured: Any, p: Plan, flat: list) -> Any:
         with torch.no_grad(), matmul_flags(p.matmul), sdpa_context(p.attention):
             return captured.execute(flat, pol, mth, segments=segs)
     except RuntimeError as e:
-        if p.attention is None or "backend" not in str(e).lower():
+        # (PyTorch's refusals: "No viable backend ..." on the CPU, "No available kernel.
+        # Aborting execution." where no chosen CUDA kernel takes the call, such as the
+        # memory-efficient kernel with grouped-query heads)
+        why = str(e).lower()
+        if p.attention is None or ("backend" not in why and "no available kernel" not in why):
             raise
         dev = sorted({str(t.device) for t in flat if isinstance(t, torch.Tensor)}) or ["cpu"]
         raise RuntimeError(
