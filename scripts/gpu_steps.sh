@@ -13,6 +13,10 @@
 #   bench        benchmarks/bench_cuda.py
 #   backward     benchmarks/bench_backward.py
 #   stacks       benchmarks/bench_stacks.py --device cuda
+#   stacks24     the same on issue 52's size (24 layers, hidden 896, vocabulary 151,936,
+#                512 tokens), the pairs liger:vllm, liger:hf_eager and vllm:torch_compile
+#   widths       benchmarks/bench_widths.py (issue 49's table: every width against torch
+#                eager and torch.compile); widths_bwd: the same with --backward
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
 #                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
@@ -70,6 +74,11 @@ for s in "$@"; do
     backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
+    stacks24) step stacks24 $PY benchmarks/bench_stacks.py --device cuda --layers 24 --hidden 896 \
+                --vocab 151936 --tokens 512 --pairs liger:vllm,liger:hf_eager,vllm:torch_compile \
+                --json "$OUT/stacks24.json" ;;
+    widths) step widths $PY benchmarks/bench_widths.py --json "$OUT/widths.json" ;;
+    widths_bwd) step widths_bwd $PY benchmarks/bench_widths.py --backward --json "$OUT/widths_bwd.json" ;;
     t:*)
       spec=${s#t:}; files=${spec%%:*}; mark="cuda and not slow"
       [ "$spec" != "$files" ] && mark=${spec#*:}
