@@ -171,6 +171,34 @@ def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compilin
     assert ct.inductor_stores(ct.capture(f, t), t) is not pl and len(calls) == 3
 
 
+def test_a_placement_is_read_again_under_other_inductor_settings(monkeypatch):
+    """Inductor settings that change its program (deterministic configs,
+    emulate_precision_casts, max-autotune, ...) key the placement too: the same capture
+    under another setting compiles again; back under the first, the first is reused."""
+    from torch._inductor import config as iconfig
+
+    calls = []
+    read = _inductor.read_placement
+    monkeypatch.setattr(_inductor, "read_placement",
+                        lambda cm, flat: calls.append(1) or read(cm, flat))
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+
+    def f(x):
+        return (x * 3).float().sin().to(x.dtype) + x
+
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    cm = ct.capture(f, x)
+    pl = ct.inductor_stores(cm, x)
+    with iconfig.patch(deterministic=True):
+        assert ct.inductor_stores(cm, x) is not pl and len(calls) == 2
+    with iconfig.patch(emulate_precision_casts=True):
+        ct.inductor_stores(cm, x)
+    with iconfig.patch(online_softmax=False, split_reductions=False):
+        ct.inductor_stores(cm, x)
+    assert len(calls) == 4
+    assert ct.inductor_stores(cm, x) is pl and len(calls) == 4
+
+
 def _emulated_triton_sum_of_squares(z, tile, fused: bool):
     """A row's sum of squares as Inductor's persistent Triton kernel with `tile`
     (R0_BLOCK, per thread, lanes, warps) computes it, from its PTX (H100, torch 2.11):

@@ -455,6 +455,27 @@ _SHARED: dict = {}
 _SHARED_MAX = 16
 
 
+# Inductor settings that change what its compiled program stores, fuses or launches: a
+# placement read under one is not another's (the process's settings apply to castlab's
+# compile of the captured graph as to the user's).
+_CONFIG_FLAGS = ("emulate_precision_casts", "deterministic", "max_autotune",
+                 "max_autotune_pointwise", "coordinate_descent_tuning", "online_softmax",
+                 "split_reductions", "use_fast_math", "triton.multi_kernel",
+                 "triton.persistent_reductions", "triton.cooperative_reductions")
+
+
+def _config_key(iconfig: Any) -> tuple:
+    """The values of _CONFIG_FLAGS in `iconfig` (None where this version has no such
+    setting)."""
+    out = []
+    for name in _CONFIG_FLAGS:
+        v: Any = iconfig
+        for part in name.split("."):
+            v = getattr(v, part, None)
+        out.append(v if isinstance(v, (bool, int, float, str, type(None))) else repr(v))
+    return tuple(out)
+
+
 def placement_for(cm: Any, flat: list) -> InductorPlacement:
     """`cm`'s Inductor placement for inputs like `flat` (same devices, shapes and dtypes),
     read once (a torch.compile of the captured graph) and kept with the model."""
@@ -462,8 +483,7 @@ def placement_for(cm: Any, flat: list) -> InductorPlacement:
 
     sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
                 if isinstance(t, torch.Tensor) else repr(t) for t in _places(cm, flat))
-    key = (torch.__version__, bool(getattr(iconfig, "emulate_precision_casts", False)),
-           bool(getattr(iconfig, "deterministic", False)), cm.exported.graph_module.code, sig)
+    key = (torch.__version__, _config_key(iconfig), cm.exported.graph_module.code, sig)
     cache = cm.__dict__.setdefault("_inductor_placements", {})
     if key not in cache:
         with _lock:
