@@ -147,21 +147,29 @@ def test_cat_skips_pytorchs_legacy_empty_tensor():
         cl.cat([cl.zeros(0), cl.ones((2, 3)), cl.ones((2, 4))], 0)
 
 
+def _counted_reads(monkeypatch) -> list:
+    """A list that gains an item each time a placement is read (compiled), with the
+    process-wide placement cache emptied."""
+    calls = []
+    read = _inductor.read_placement
+    monkeypatch.setattr(_inductor, "read_placement",
+                        lambda cm, flat: calls.append(1) or read(cm, flat))
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+    return calls
+
+
+def _sin_add(x):
+    return (x * 3).float().sin().to(x.dtype) + x
+
+
 @pytest.mark.inductor
 def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compiling(
         monkeypatch):
     """The placement depends on the graph, the devices, shapes, strides and dtypes, not on
     the weights: a fresh capture of the same function reuses it; another shape or a
     transposed input compiles again."""
-    calls = []
-    read = _inductor.read_placement
-    monkeypatch.setattr(_inductor, "read_placement",
-                        lambda cm, flat: calls.append(1) or read(cm, flat))
-    monkeypatch.setattr(_inductor, "_SHARED", {})
-
-    def f(x):
-        return (x * 3).float().sin().to(x.dtype) + x
-
+    calls = _counted_reads(monkeypatch)
+    f = _sin_add
     x = torch.randn(4, 8).to(torch.bfloat16)
     pl = ct.inductor_stores(ct.capture(f, x), x)
     assert ct.inductor_stores(ct.capture(f, x + 1), x + 1) is pl and len(calls) == 1
@@ -171,21 +179,15 @@ def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compilin
     assert ct.inductor_stores(ct.capture(f, t), t) is not pl and len(calls) == 3
 
 
+@pytest.mark.inductor
 def test_a_placement_is_read_again_under_other_inductor_settings(monkeypatch):
     """Inductor settings that change its program (deterministic configs,
     emulate_precision_casts, max-autotune, ...) key the placement too: the same capture
     under another setting compiles again; back under the first, the first is reused."""
     from torch._inductor import config as iconfig
 
-    calls = []
-    read = _inductor.read_placement
-    monkeypatch.setattr(_inductor, "read_placement",
-                        lambda cm, flat: calls.append(1) or read(cm, flat))
-    monkeypatch.setattr(_inductor, "_SHARED", {})
-
-    def f(x):
-        return (x * 3).float().sin().to(x.dtype) + x
-
+    calls = _counted_reads(monkeypatch)
+    f = _sin_add
     x = torch.randn(4, 8).to(torch.bfloat16)
     cm = ct.capture(f, x)
     pl = ct.inductor_stores(cm, x)
