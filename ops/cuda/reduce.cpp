@@ -38,8 +38,30 @@ std::string reduce_source(const char* type, const std::string& name, int order) 
        "    parts[t] = cl::red_part<T, ";
   s += std::to_string(order);
   s += ">(P, v, n, row, t);\n"
-       "  __syncthreads();\n"
-       "  if (threadIdx.x == 0) dst[row] = cl::red_combine<T, ";
+       "  __syncthreads();\n";
+  // Reduce.cuh's block tree a level at a time, on as many threads (red_cuda_block's
+  // additions; its serial walk on thread 0 took 511 shared-memory steps a row for blocks
+  // of 32 x 16); the grid reduction (P.f > 1) and the moments keep red_combine.
+  if (order == kOrdTorchCuda)
+    s += "  if (P.f <= 1 && P.chunk == 0 && P.kind <= cl::kRedMin) {\n"
+         "    const long long bw = P.a, bh = P.b, ys = P.e != 0 ? bh : 1;\n"
+         "    for (long long off = bw / 2; off > 0; off >>= 1) {\n"
+         "      for (long long k = threadIdx.x; k < ys * off; k += blockDim.x) {\n"
+         "        T* q = parts + bw * (k / off) + k % off;\n"
+         "        q[0] = cl::red_op(P.kind, q[0], q[off]);\n"
+         "      }\n"
+         "      __syncthreads();\n"
+         "    }\n"
+         "    if (P.e != 0)\n"
+         "      for (long long off = bh / 2; off > 0; off >>= 1) {\n"
+         "        for (long long y = threadIdx.x; y < off; y += blockDim.x)\n"
+         "          parts[bw * y] = cl::red_op(P.kind, parts[bw * y], parts[bw * (y + off)]);\n"
+         "        __syncthreads();\n"
+         "      }\n"
+         "    if (threadIdx.x == 0) dst[row] = parts[0];\n"
+         "    return;\n"
+         "  }\n";
+  s += "  if (threadIdx.x == 0) dst[row] = cl::red_combine<T, ";
   s += std::to_string(order);
   s += ">(P, parts);\n"
        "}\n";
