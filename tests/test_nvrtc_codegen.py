@@ -705,7 +705,7 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         cases += [(dt, "eager", m, fn) for dt in ("bfloat16", "float64") for fn in welford]
     # Inductor's order: the register kernel (rows of 896, 1000 and 4096: persistent and
     # looped tiles, vector words and a tail) and the general one (64: 8 lanes)
-    for n in (64, 896, 1000, 4096):
+    for n in (64, 896, 1000, 4096, 12288, 50257):  # (12288, 50257: a tile at a time)
         cases += [(dt, "fused", "inductor", lambda x, w, n=n: cl.rms_norm(x, n, w, cast="hf"))
                   for dt in ("bfloat16", "float32")]
         cases += [("bfloat16", "fused", "inductor", lambda x, w: cl.softmax(x * w, -1))]
@@ -808,6 +808,40 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
     else:
         assert "cl_rc" not in kernel
         assert "P.ptr[0]" in phases[1] and "P.ptr[0]" in epilogue
+
+
+@pytest.mark.parametrize("n,dt,tiles", [(4096, "bfloat16", 0), (8192, "bfloat16", 2),
+                                        (32000, "bfloat16", 8), (50257, "bfloat16", 13),
+                                        (151936, "float32", 38)])
+def test_register_row_kernel_reads_rows_of_many_tiles_a_tile_at_a_time(monkeypatch, n, dt,
+                                                                       tiles):
+    """Inductor's order on rows of several tiles (more than 8 values a thread per
+    operand): the register kernel's two phases (max, sum of exponentials) and its
+    epilogue each loop over the row's tiles of 4,096 elements, reading the thread's values
+    of a tile from memory into registers, with one accumulator per position (Triton's
+    r0-block accumulator), at two blocks of 512 threads an SM; one tile (4,096) keeps the
+    row in registers, four blocks an SM. (The source is inspected; the bits against the
+    separate steps and the CPU: test_reduce_cuda.py test_row_kernel_equals_separate_steps_
+    and_cpu, rows of 8,200 to 50,257.)"""
+    import castlab as cl
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", True)
+    x = cl.randn(4, n, seed=0, dtype=dt)
+    f = cl.jit(lambda x: cl.softmax(x, -1))
+    f.run(x, policy="fused", math="inductor")
+    tr, _ = f._traced(f._bind((x,)))
+    (plan,) = tr.plans.values()
+    (spec, dts), = plan.row_steps
+    src = _C._row_kernel_source(spec, [_C.empty([1], d, "cpu") for d in dts])
+    assert "castlab_trow" in src
+    loop = f"for (int it = 0; it < {tiles}; ++it)"
+    if tiles:
+        assert src.count(loop) == 3 and "__launch_bounds__(512, 2)" in src
+        assert "ACC acc[8];" in src and " p = (const " + ("float" if dt == "float32" else
+                                                         "unsigned short") in src.split(loop)[1]
+    else:
+        assert "ACC acc[" not in src and "__launch_bounds__(512, 4)" in src
 
 
 def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):

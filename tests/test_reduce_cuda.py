@@ -292,8 +292,10 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
     m = cl.Math("p", impl="portable", reduction=order)
     # NumPy's tree over leaves: one leaf (1, 31, 100), uneven (333, 8200), 2^k equal leaves
     # (896: 8 x 112 on part of a warp; 3584, 4096: 32; 12288: 128, 4 per lane)
+    # (3, 8200) and wider: the triton order's rows of several tiles, read a tile at a time
+    # (the looped register kernel); 50257: rows that end inside a word
     for shape in [(5, 1), (7, 31), (3, 100), (9, 333), (4, 896), (3, 3584), (16, 4096),
-                  (3, 8200), (3, 12288)]:
+                  (3, 8200), (3, 12288), (3, 32000), (3, 50257)]:
         for dt in (cl.bfloat16, cl.float32):
             x = cl.randn(*shape, seed=shape[-1], dtype=cl.float32)
             t = torch.from_dlpack(x)

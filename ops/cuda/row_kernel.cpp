@@ -286,14 +286,21 @@ std::string row_preamble(const RowStep& s, const Tensor* const* ops, const std::
 // Triton does, combines across lanes by xor shuffles and across warps through shared
 // memory, and the epilogue runs on the same registers: x is read once, y written once.
 // The folds are red_triton_part's and red_triton_combine's, so the bits are theirs.
-constexpr int64_t kTritonMaxRegs = 64;  // values per thread per operand, at most
+// Values per thread per operand that the register kernel holds, at most: the whole row's,
+// or a tile's where a row of several tiles holds more than kTritonLoopAbove. Such a row
+// runs looped (triton_looped): each phase and the epilogue read their operands a tile at
+// a time from memory (the row is read once per phase, L2 holds it between them), as
+// Triton's looped kernel does, in the same order of accumulation.
+constexpr int64_t kTritonMaxRegs = 64;
+constexpr int64_t kTritonLoopAbove = 8;
 
 // Blocks of `threads` threads a multiprocessor holds (the kernel's launch bound), and so
 // the register kernel's grid: each block loops over rows. (One block per SM slot and a
 // full SM: measured on the H200, RMSNorm [16384, 4096]: 0.143 ms against 0.166 ms with 1
-// or 2 blocks of 512 threads.)
-int64_t triton_blocks_per_sm(int64_t threads) {
-  return std::min<int64_t>(32, std::max<int64_t>(1, 2048 / threads));
+// or 2 blocks of 512 threads.) The looped form keeps a tile's values and a position's
+// accumulator per phase in registers: half the blocks, 64 registers a thread.
+int64_t triton_blocks_per_sm(int64_t threads, bool looped = false) {
+  return std::min<int64_t>(32, std::max<int64_t>(1, (looped ? 1024 : 2048) / threads));
 }
 
 // (threads, values per thread) of the register kernel for `s`, or (0, 0) where the step
@@ -314,8 +321,15 @@ std::pair<int64_t, int64_t> triton_layout(const RowStep& s) {
   const int64_t tile = first.b * first.c * first.d;
   const int64_t its = (s.n + first.a - 1) / first.a;
   const int64_t per = its * (first.a / tile) * first.b;
-  if (per > kTritonMaxRegs) return {0, 0};
+  if ((first.a / tile) * first.b > kTritonMaxRegs || (its <= 1 && per > kTritonMaxRegs))
+    return {0, 0};
   return {first.c * first.d, per};
+}
+
+// Whether the register kernel for `s` reads its rows a tile at a time (see kTritonMaxRegs).
+bool triton_looped(const RowStep& s) {
+  const RedPlan P = make_red_plan(s.phases.at(0).spec, s.n, s.rows);
+  return s.n > P.a && triton_layout(s).second > kTritonLoopAbove;
 }
 
 // For each operand: the phase whose row result it is (the same memory as that phase's q,
@@ -381,6 +395,7 @@ ${first_next}
 ${first_loads}
   for (int par = 0; row < rows; par ^= 1) {
   const unsigned pre = next < rows ? next : row;
+  (void)pre;  // (the looped form reads no row ahead)
   unsigned tk2 = rows;
   if (t == 0 && tk < rows) tk2 = take();
 ${prefetch}
@@ -441,6 +456,44 @@ ${value}
     }
     ACC v;
 ${reduce}
+${red_keep}
+    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
+  }
+)";
+
+// The looped form of one phase: each tile's operands read from memory (`loads`), the
+// Program's value at each of the thread's positions of the tile, each position's
+// accumulator over the tiles (acc, Triton's r0-block accumulator), then the same fold of
+// the positions, lanes and warps as kTritonFold.
+constexpr const char* kTritonLoopPhase = R"(
+${invariants}
+${hand_next}
+${red_decl}
+  {
+    ACC acc[${el}];
+#pragma unroll
+    for (int e = 0; e < ${el}; ++e) acc[e] = cl::red_identity<ACC>(${kind});
+#pragma unroll ${unroll}
+    for (int it = 0; it < ${its}; ++it) {
+${loads}
+      ACC y[${el}];
+#pragma unroll
+      for (int e = 0; e < ${el}; ++e) {
+${value}
+      }
+#pragma unroll
+      for (int e = 0; e < ${el}; ++e) {
+        const bool in = ${in_row};
+        ${step}
+      }
+    }
+    ACC v = acc[0];
+#pragma unroll
+    for (int r = 1; r < ${el}; ++r) v = cl::red_op(${kind}, v, acc[r]);
+${plus_zero}
+${lanes}
+    v = __shfl_sync(0xffffffffu, v, 0);
+${across_warps}
 ${red_keep}
     if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
   }
@@ -534,7 +587,10 @@ struct TritonRow {
   std::vector<int> alias, qs, varying, inv, per_row, loaded;
   RedPlan P0;
   int64_t R, PER, W, NT, TILE, ITS, REPS, E;
-  bool f64, full;
+  // looped (triton_looped): the thread's values of one tile at a time, EL = REPS * PER of
+  // them; else EL = E, the whole row's
+  int64_t EL;
+  bool f64, full, looped;
   std::vector<bool> epi_inv;  // the epilogue's row-invariant inputs
   SplitFunction epi;
 
@@ -543,6 +599,8 @@ struct TritonRow {
     P0 = make_red_plan(s.phases[0].spec, s.n, s.rows);
     R = P0.a, PER = P0.b, W = P0.d, NT = lay.first, TILE = PER * NT;
     ITS = (s.n + R - 1) / R, REPS = R / TILE, E = lay.second;
+    looped = triton_looped(s);
+    EL = looped ? REPS * PER : E;
     f64 = acc_f64(s, ops);
     for (const RowPhase& p : s.phases) qs.push_back(p.q);
     for (int k : s.epi_ins) epi_inv.push_back(row_result(k) || s.cs[k] == 0);
@@ -566,6 +624,23 @@ struct TritonRow {
     if (std::find(v.begin(), v.end(), k) == v.end()) v.push_back(k);
   }
   std::string guard() const { return full ? "" : "if (j < n) "; }
+  // element `e` of the thread's values in the loop body: of the row, or of tile `it`
+  std::string at(const std::string& e) const {
+    return elem(looped ? "it * " + num(EL) + " + " + e : e);
+  }
+  // The looped form's reads of a tile: each operand of `ins` that runs along the row.
+  std::string tile_loads(const std::vector<int>& ins) const {
+    std::string r;
+    std::vector<int> done;
+    for (int k : ins) {
+      if (std::find(varying.begin(), varying.end(), k) == varying.end() ||
+          std::find(done.begin(), done.end(), k) != done.end())
+        continue;
+      done.push_back(k);
+      r += decl(k, "o" + num(k)) + load_row(k, "row", "o" + num(k));
+    }
+    return r;
+  }
   std::string wdims() const {
     return "[" + num(static_cast<int64_t>(s.phases.size())) + "][" + num(W) + "]";
   }
@@ -610,9 +685,9 @@ struct TritonRow {
     if (!word(k).empty())
       r = codegen::fill(
           kTritonWords,
-          {{"words", num(E / PER)}, {"elem", elem("g * " + num(PER))}, {"body", words}});
+          {{"words", num(EL / PER)}, {"elem", at("g * " + num(PER))}, {"body", words}});
     return r +
-           codegen::fill(kTritonElems, {{"e_count", num(E)}, {"elem", elem("e")}, {"body", elems}});
+           codegen::fill(kTritonElems, {{"e_count", num(EL)}, {"elem", at("e")}, {"body", elems}});
   }
   // Operand k's values of row `r` into the thread's array `o`.
   std::string load_row(int k, const std::string& r, const std::string& o) const {
@@ -632,7 +707,7 @@ struct TritonRow {
   }
   std::string decl(int k, const std::string& o) const {
     return std::string("  __align__(16) ") + storage_type(ops[k]->dtype()) + " " + o + "[" +
-           num(E) + "];\n";
+           num(EL) + "];\n";
   }
   std::string arg(int k) const {
     if (alias[k] >= 0) return "red" + num(alias[k]);
@@ -640,7 +715,7 @@ struct TritonRow {
       if (qs[j] == k) return "red" + num(static_cast<int64_t>(j));
     return (s.cs[k] == 0 ? "h" : "o") + num(k) + (s.cs[k] == 0 ? "" : "[e]");
   }
-  std::string in_row() const { return full ? "true" : elem("e") + " < n"; }
+  std::string in_row() const { return full ? "true" : at("e") + " < n"; }
   static std::string butterfly(const std::string& var, const std::string& op, int64_t from) {
     return codegen::fill(kTritonButterfly, {{"var", var}, {"op", op}, {"from", num(from)}});
   }
@@ -701,6 +776,30 @@ std::string TritonRow::phase(size_t ph) {
   } else {
     value = "      y[e] = " + arg(p.ins[0]) + ";\n";
   }
+  if (looped) {
+    const std::string kind = num(p.spec.kind), red_op = "cl::red_op(" + kind + ", ";
+    const bool from_first = !f64 && p.spec.kind == kRedSum;
+    return codegen::fill(
+        kTritonLoopPhase,
+        {{"invariants", load_invariants(p.ins, ph > 0)},
+         {"hand_next", W > 1 && ph + 1 == s.phases.size() ? "  if (t == 0) nxt[par] = tk;\n" : ""},
+         {"red_decl", used ? "  ACC red" + K + ";\n" : ""},
+         {"el", num(EL)},
+         {"kind", kind},
+         {"unroll", num(EL <= 8 ? 4 : 2)},
+         {"its", num(ITS)},
+         {"loads", tile_loads(p.ins)},
+         {"value", value},
+         {"in_row", in_row()},
+         {"step", from_first ? "if (in) acc[e] = it == 0 ? y[e] : " + red_op + "acc[e], y[e]);"
+                             : "if (in) acc[e] = " + red_op + "acc[e], y[e]);"},
+         {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
+         {"lanes", butterfly("v", red_op, 16)},
+         {"across_warps",
+          W > 1 ? across_warps("v", red_op, K) + "    v = __shfl_sync(0xffffffffu, v, 0);\n" : ""},
+         {"red_keep", used ? "    red" + K + " = v;\n" : ""},
+         {"q", num(p.q)}});
+  }
   std::string reduce = fold(p, K);
   if (!f64 && (p.spec.kind == kRedMax || p.spec.kind == kRedMin)) {
     const std::string op =
@@ -737,15 +836,16 @@ std::string TritonRow::epilogue() {
   for (size_t o = 0; o < s.epi_outs.size(); ++o) {
     const int k = s.epi_outs[o];
     const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
-    out_decls += "  __align__(16) " + t + " yo" + O + "[" + num(E) + "];\n";
-    if (epi.paired[o]) out_decls += "  float yf" + O + "[" + num(E) + "];\n";
+    out_decls += "  __align__(16) " + t + " yo" + O + "[" + num(EL) + "];\n";
+    if (epi.paired[o]) out_decls += "  float yf" + O + "[" + num(EL) + "];\n";
   }
+  std::string handed_decls;
   for (size_t j = 0; j < s.epi_ins.size(); ++j)
     if (epi_inv[j]) row_args += (row_args.empty() ? "" : ", ") + arg(s.epi_ins[j]);
   for (int k : s.epi_ins) args += ", " + arg(k);
   for (size_t j = 0; j < epi.handed.size(); ++j) {
     const std::string h = "eh" + num(epi.handed[j]);
-    out_decls += "  " + epi.types[j] + " " + h + ";\n";
+    handed_decls += "  " + epi.types[j] + " " + h + ";\n";
     row_args += (row_args.empty() ? "" : ", ") + h;
     args += ", " + h;
   }
@@ -756,7 +856,7 @@ std::string TritonRow::epilogue() {
     const std::string t = storage_type(ops[k]->dtype()), O = num(static_cast<int64_t>(o));
     if (epi.paired[o])
       rounding += "#pragma unroll\n  " +
-                  paired_rounding(ops[k]->dtype(), "yo" + O, "yf" + O, num(E), E % 2 == 0);
+                  paired_rounding(ops[k]->dtype(), "yo" + O, "yf" + O, num(EL), EL % 2 == 0);
     const std::string w = word(k);
     stores += "  {\n    " + t + "* p = (" + t + "*)P.ptr[" + num(k) + "] + row * " + num(s.rs[k]) +
               "LL;\n" +
@@ -766,23 +866,38 @@ std::string TritonRow::epilogue() {
                     "        " + guard() + "p[" + idx(k) + "] = yo" + O + "[e];\n") +
               "  }\n";
   }
-  return codegen::fill(kTritonEpilogue, {{"invariants", invariants},
-                                         {"out_decls", out_decls},
-                                         {"row_args", row_args},
-                                         {"e_count", num(E)},
-                                         {"args", args},
-                                         {"rounding", rounding},
-                                         {"stores", stores}});
+  if (!looped)
+    return codegen::fill(kTritonEpilogue, {{"invariants", invariants},
+                                           {"out_decls", handed_decls + out_decls},
+                                           {"row_args", row_args},
+                                           {"e_count", num(EL)},
+                                           {"args", args},
+                                           {"rounding", rounding},
+                                           {"stores", stores}});
+  // looped: the row-invariant part once, then tile by tile (kTritonEpilogue's body)
+  const std::string body = codegen::fill(kTritonEpilogue, {{"invariants", tile_loads(s.epi_ins)},
+                                                           {"out_decls", out_decls},
+                                                           {"row_args", ""},
+                                                           {"e_count", num(EL)},
+                                                           {"args", args},
+                                                           {"rounding", rounding},
+                                                           {"stores", stores}});
+  const std::string row_call = "  cl_epi_row(" + row_args + ");\n";
+  std::string loop_body = body;
+  const size_t at_call = loop_body.find("  cl_epi_row(");
+  loop_body.erase(at_call, loop_body.find('\n', at_call) + 1 - at_call);
+  return invariants + handed_decls + row_call + "#pragma unroll " + num(EL <= 8 ? 4 : 2) +
+         "\n  for (int it = 0; it < " + num(ITS) + "; ++it) {\n" + loop_body + "  }\n";
 }
 
 std::string TritonRow::source(size_t nops) {
   std::string src = row_preamble(s, ops, "triton order", &epi_inv, &epi, true);
   std::string invariant_rows, first_loads, prefetch, phases, rotate;
-  for (int k : varying) {
+  for (int k : looped ? std::vector<int>{} : varying) {
     invariant_rows += decl(k, "o" + num(k));
     if (s.rs[k] == 0) invariant_rows += load_row(k, "0", "o" + num(k));
   }
-  for (int k : per_row) {
+  for (int k : looped ? std::vector<int>{} : per_row) {
     first_loads += load_row(k, "row", "o" + num(k));
     prefetch += decl(k, "p" + num(k)) + load_row(k, "pre", "p" + num(k));
     rotate += "#pragma unroll\n  for (int e = 0; e < " + num(E) + "; ++e) o" + num(k) + "[e] = p" +
@@ -806,7 +921,7 @@ std::string TritonRow::source(size_t nops) {
        {"rotate", rotate},
        {"next_row", W > 1 ? "nxt[par]" : "__shfl_sync(0xffffffffu, tk, 0)"},
        {"threads", num(NT)},
-       {"blocks_per_sm", num(triton_blocks_per_sm(NT))},
+       {"blocks_per_sm", num(triton_blocks_per_sm(NT, looped))},
        {"wpart_decl", W > 1 ? "  __shared__ ACC wpart[2]" + wdims() + ";\n" : ""},
        {"warg", warg}});
   const std::string name = "castlab_trow" + sha256_hex(src).substr(0, 20);
@@ -1766,8 +1881,8 @@ void launch_row_kernel(const RowStep& s, const Tensor* const* ops, size_t nops) 
     // ticket): a block reads its next row while it reduces this one
     const long long rows = s.rows;
     put(&rows, 8);
-    grid = std::min<int64_t>(s.rows,
-                             multiprocessor_count(dev.index) * triton_blocks_per_sm(tri_threads));
+    grid = std::min<int64_t>(s.rows, multiprocessor_count(dev.index) *
+                                         triton_blocks_per_sm(tri_threads, triton_looped(s)));
     tk = &tickets(dev.index);
     lk = std::unique_lock<std::mutex>(tk->mu);
     void* ctr = tk->ctr.data_ptr();
