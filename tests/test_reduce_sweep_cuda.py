@@ -219,3 +219,44 @@ def test_half_to_float():
             f = cl.jit(lambda x, op=op: getattr(cl, op)(x, -1, dtype=cl.float32))
             want = getattr(torch, op)(t, -1, dtype=torch.float32)
             assert _bad(f.run(x, **EAGER), want) == 0, (op, n)
+
+
+# Backward lengths: SoftMax.cu's backward boundaries (the warp kernel up to 1024, then
+# host_softmax_backward's block kernel) and the vocabulary.
+BWD_LENGTHS = sorted({1, 2, 7, 31, 32, 33, 100, 511, 512, 513, 1023, 1024, 1025, 2047, 2048,
+                      2049, 4096, 4097, 10241, 24512, 30000, 65536, 65537} | set(VOCAB[:6]))
+
+
+@pytest.mark.parametrize("fuse", ["auto", True], ids=["default", "fused_rows"])
+@pytest.mark.parametrize("dt", list(DT))
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_backward_every_length(op, dt, fuse, monkeypatch):
+    """The gradient of softmax / log_softmax (eager, torch_eager math: SoftMax.cu's
+    backward kernels) equals torch autograd on the GPU for every backward boundary and
+    vocabulary size, contiguous and inner-dim, with the rows run as separate steps or as
+    one row kernel (FUSE_ROWS True)."""
+    from castlab import _lower
+
+    monkeypatch.setattr(_lower, "FUSE_ROWS", fuse)
+    fb = {d: cl.jit(lambda x, d=d: getattr(cl, op)(x, d)).backward_fn(nargs=1, argnums=0)
+          for d in (-1, 1)}
+    fails, results = [], []
+    for n in BWD_LENGTHS:
+        rows = max(3, min(64, (1 << 19) // n))
+        for variant, shape, d in (("contiguous", (rows, n), -1),
+                                  ("inner", (max(1, rows // 3), n, 3), 1)):
+            if variant == "inner" and n > 65537:
+                continue
+            t = _input(shape, DT[dt], n)
+            dy = _input(shape, DT[dt], n + 7)
+            if n > 2 and variant == "contiguous":
+                t[0, 1] = float("-inf")
+            tt = t.detach().requires_grad_()
+            (want,) = torch.autograd.grad(getattr(torch, op)(tt, d), tt, dy)
+            (got,) = fb[d].run(cl.from_dlpack(t), cl.from_dlpack(dy), **EAGER)
+            bad = _bad(got, want)
+            results.append((n, rows, variant, bad, want.numel()))
+            if bad:
+                fails.append((n, variant, bad))
+    _report(op + "_backward" + ("_fused" if fuse is True else ""), dt, results)
+    assert not fails, f"{op} backward {dt}: (length, view, mismatches) {fails[:20]}"

@@ -103,9 +103,12 @@ def program_groups(regs: list, stochastic: bool) -> list:
 # tests/test_reduce_sweep_cuda.py fused equals torch eager (softmax and log_softmax, bf16,
 # fp16 and fp32, last and inner dim), at 2.2-3.2x the speed of the separate steps
 # (benchmarks/RESULTS.md). So does the persistent warp kernel's forward (rows up to 2,048
-# elements; its lanes fold their values and combine by shuffles, kSoftmaxWarp). The
-# backward kernels stay separate steps unless FUSE_ROWS is True (not yet run fused
-# against PyTorch).
+# elements; its lanes fold their values and combine by shuffles, kSoftmaxWarp), and the
+# backward kernels' sums (the warp kernel up to 1,024 elements, cunn_SoftMaxBackward
+# above): on an H100 the gradients of softmax and log_softmax fused and as separate steps
+# both equal torch autograd at every length of tests/test_reduce_sweep_cuda.py's backward
+# sweep (bf16, fp16, fp32; 2026-12-07), where the separate steps spent 1.8 ms of a
+# [2097, 32000] backward in the generic reduce kernel (one thread a warp's part).
 _FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", "triton")}
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
 _FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
@@ -117,6 +120,14 @@ def _softmax_forward(spec: tuple) -> bool:
     """Is this reduce spec SoftMax.cu's block kernel forward (its sum or max)?"""
     return (spec[1] == ORDER_CODE["softmax_block"] and spec[0] <= REDUCE_OPS["amax"]
             and not spec[5])
+
+
+def _softmax_backward(phases: list) -> bool:
+    """Are these phases SoftMax.cu's backward sums (of dy * y, or of dy for log_softmax)
+    in the warp or block kernel's order?"""
+    orders = (ORDER_CODE["softmax_warp"], ORDER_CODE["softmax_block"])
+    return all(ph.red.spec[0] == REDUCE_OPS["sum"] and ph.red.spec[1] in orders
+               and (ph.red.spec[1] == orders[0] or ph.red.spec[5]) for ph in phases)
 
 
 def _softmax_warp_forward(phases: list) -> bool:
@@ -263,7 +274,8 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
     *head, leaves, outs = _row_spec(phases, epi, qsrcs, rows, n)
     spec = tuple(head)  # the 8 fields ops/row_step.h reads
     acc64 = _dtype_code(phases[0].dst.t) == float64.code
-    if mode == "auto" and not (low.cuda and (_softmax_warp_forward(phases) or all(
+    if mode == "auto" and not (low.cuda and (
+            _softmax_warp_forward(phases) or _softmax_backward(phases) or all(
             ph.red.spec[1] in _FAST_ROW.get(ph.red.spec[0], ()) or _softmax_forward(ph.red.spec)
             for ph in phases))):
         return None
