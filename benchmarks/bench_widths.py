@@ -4,8 +4,9 @@ fused speed goal), in one run on a GPU.
 Cases (bf16): softmax, log_softmax and cross_entropy (random targets) over rows of 1,024,
 4,096, 32,000, 50,257 and 151,936; Hugging Face's RMSNorm (x * rsqrt(mean(x^2) + eps),
 cast back, times the weight) at hidden 896, 2,048, 3,584, 4,096, 5,120 and 8,192; with
---backward, the gradient of each (softmax and log_softmax: of the input given dy;
-cross_entropy: of the logits; RMSNorm: of x and the weight). About 2^26 elements a case
+--backward, the forward and the gradient of each timed together (softmax and log_softmax:
+of the input given dy; cross_entropy: of the logits; RMSNorm: of x and the weight), since
+castlab's ``backward_fn`` recomputes its forward. About 2^26 elements a case
 (--elements), as many rows as that makes.
 
 Implementations: castlab ``cl.jit(f)(x)`` (what a user gets by default), castlab
@@ -80,24 +81,22 @@ def main():
             "torch eager": (lambda: tf(*targs), ts)})
 
     def backward(tf, cf, targs, cargs, dy, wrt, nbytes, case):
-        """Gradients of tf/cf with respect to the arguments `wrt` given dy (one graph each,
-        only the backward timed); castlab's backward_fn takes the inputs, then dy."""
+        """Forward and backward of tf/cf (the gradients with respect to the arguments
+        `wrt` given dy) timed together: castlab's backward_fn takes the inputs, then dy,
+        and recomputes the forward, so torch runs its forward in the timed call too."""
         torch._dynamo.reset()
         comp = torch.compile(tf, dynamic=False)
         ps = [a.detach().requires_grad_() if i in wrt else a for i, a in enumerate(targs)]
-        yc, ye = comp(*ps), tf(*ps)
         leaves = [ps[i] for i in wrt]
-        tdy = dy if dy is not None else torch.ones_like(yc)
+        tdy = dy if dy is not None else torch.ones_like(comp(*ps))
         cdy = cl.from_dlpack(tdy)
         fb = cl.jit(cf).backward_fn(argnums=wrt if len(wrt) > 1 else wrt[0])
-        run(case + " bwd", nbytes, {
+        run(case + " fwd+bwd", nbytes, {
             "castlab cl.jit(f)(x)": (lambda: fb(*cargs, cdy), cs),
             "castlab fused/inductor": (
                 lambda: fb.run(*cargs, cdy, policy="fused", math="inductor"), cs),
-            "torch.compile": (
-                lambda: torch.autograd.grad(yc, leaves, tdy, retain_graph=True), ts),
-            "torch eager": (
-                lambda: torch.autograd.grad(ye, leaves, tdy, retain_graph=True), ts)})
+            "torch.compile": (lambda: torch.autograd.grad(comp(*ps), leaves, tdy), ts),
+            "torch eager": (lambda: torch.autograd.grad(tf(*ps), leaves, tdy), ts)})
 
     for n in WIDTHS:
         rows = max(1, args.elements // n)
@@ -117,9 +116,10 @@ def main():
                 continue
             case = f"{op} bf16 [{rows}, {n}]"
             forward(op, tf, cf, targs, cargs, xb * moves, case)
-            if args.backward:  # y, dy read, dx written (cross_entropy: x read, dx written)
+            if args.backward:  # forward (x read, y written), then y, dy read, dx written
+                # (cross_entropy: x read; then x read, dx written)
                 backward(tf, cf, targs, cargs, None if op == "cross_entropy" else dy, (0,),
-                         xb * (2 if op == "cross_entropy" else 3), case)
+                         xb * (3 if op == "cross_entropy" else 5), case)
         del x, t, X, T, dy
 
     if not only or "rmsnorm" in only:
@@ -134,13 +134,13 @@ def main():
                 z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)
                 return b * z.to(a.dtype)
 
-            def hf_cl(a, b, h=h):
-                return cl.rms_norm(a, h, b, 1e-6, cast="hf")
+            def hf_cl(a, b):
+                return cl.rms_norm(a, a.shape[-1], b, 1e-6, cast="hf")
             case = f"rmsnorm bf16 [{rows}, {h}]"
             forward("rmsnorm", hf, hf_cl, (x, w), (X, W), 2 * x.numel() * 2 + h * 2, case)
-            if args.backward:  # x, dy read, dx written (and dw)
+            if args.backward:  # forward, then x, dy read, dx written (and dw)
                 dy = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
-                backward(hf, hf_cl, (x, w), (X, W), dy, (0, 1), 3 * x.numel() * 2 + 2 * h * 2,
+                backward(hf, hf_cl, (x, w), (X, W), dy, (0, 1), 5 * x.numel() * 2 + 2 * h * 2,
                          case)
                 del dy
             del x, w, X, W
