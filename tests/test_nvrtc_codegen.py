@@ -810,12 +810,13 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
         assert "P.ptr[0]" in phases[1] and "P.ptr[0]" in epilogue
 
 
-@pytest.mark.parametrize("n,dt,tiles", [(4096, "bfloat16", 0), (8192, "bfloat16", 2),
+@pytest.mark.parametrize("n,dt,tiles", [(4096, "bfloat16", 0), (12288, "float32", 3),
+                                        (8192, "bfloat16", 2),
                                         (32000, "bfloat16", 8), (50257, "bfloat16", 13),
                                         (151936, "float32", 38)])
 def test_register_row_kernel_reads_rows_of_many_tiles_a_tile_at_a_time(monkeypatch, n, dt,
                                                                        tiles):
-    """Inductor's order on rows of several tiles (more than 8 values a thread per
+    """Inductor's order on rows of several tiles (more than 12 values a thread per
     operand): the register kernel's two phases (max, sum of exponentials) and its
     epilogue each loop over the row's tiles of 4,096 elements, reading the thread's values
     of a tile from memory into registers, with one accumulator per position (Triton's

@@ -290,9 +290,11 @@ std::string row_preamble(const RowStep& s, const Tensor* const* ops, const std::
 // or a tile's where a row of several tiles holds more than kTritonLoopAbove. Such a row
 // runs looped (triton_looped): each phase and the epilogue read their operands a tile at
 // a time from memory (the row is read once per phase, L2 holds it between them), as
-// Triton's looped kernel does, in the same order of accumulation.
+// Triton's looped kernel does, in the same order of accumulation. (H100, fused HF
+// RMSNorm: 16 values a thread, hidden 8,192, 0.152 ms whole-row against 0.097 ms looped;
+// 12 values, hidden 5,120, 0.101 ms whole-row against 0.120 ms looped.)
 constexpr int64_t kTritonMaxRegs = 64;
-constexpr int64_t kTritonLoopAbove = 8;
+constexpr int64_t kTritonLoopAbove = 12;
 
 // Blocks of `threads` threads a multiprocessor holds (the kernel's launch bound), and so
 // the register kernel's grid: each block loops over rows. (One block per SM slot and a
