@@ -149,8 +149,23 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
 }  // namespace
 
 RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
-  if (s.kind < kRedSum || s.kind > kRedDot)
+  if (s.kind < kRedSum || s.kind > kRedOnline)
     throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
+  if (s.kind == kRedOnline) {  // the triton order's tile, p4 the exponentials' MathImpl
+    if (s.order != kOrdTriton || s.p4 < kPortable || s.p4 > kTorchCpu || s.p5 != 0)
+      throw std::invalid_argument(
+          "reduce: the online softmax sum takes the triton order (R0_BLOCK, per thread, "
+          "lanes, warps) and the MathImpl of its exp (0-3)");
+    ReduceSpec t = s;
+    t.kind = kRedSum;
+    t.p4 = 0;
+    RedPlan P = make_red_plan(t, n, rows);
+    P.kind = kRedOnline;
+    P.impl = s.p4;
+    P.e = 1;
+    P.nparts = 2 * P.a + P.c * P.d;  // (m, s) a position, then a slot a thread
+    return P;
+  }
   if (s.order < 0 || s.order >= kOrdCount)
     throw std::invalid_argument("reduce: unknown order " + std::to_string(s.order));
   if (n < 0 || rows < 0) throw std::invalid_argument("reduce: negative size");
@@ -347,7 +362,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
 }
 
 std::string describe_red_plan(const RedPlan& p) {
-  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2", "dot"};
+  static const char* kKinds[] = {"sum", "max", "min", "mean", "M2", "dot", "online softmax sum"};
   std::string r = kKinds[p.kind];
   auto num = [](int64_t x) { return std::to_string(static_cast<long long>(x)); };
   if (p.kind == kRedDot)
@@ -437,7 +452,11 @@ std::string describe_red_plan(const RedPlan& p) {
                         : "") +
                (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
-             num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)";
+             num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)" +
+             (p.kind == kRedOnline
+                  ? ": a running (max, sum) a tile position, s' = fma(s, exp(m - m'), exp(x - "
+                    "m')), then the positions' sum fma(s, exp(m - M), ...)"
+                  : "");
   }
   return r;
 }

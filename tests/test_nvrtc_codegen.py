@@ -705,10 +705,11 @@ def test_nvrtc_compiles_row_kernels(monkeypatch):
         cases += [(dt, "eager", m, fn) for dt in ("bfloat16", "float64") for fn in welford]
     # Inductor's order: the register kernel (rows of 896, 1000 and 4096: persistent and
     # looped tiles, vector words and a tail) and the general one (64: 8 lanes)
-    for n in (64, 896, 1000, 4096, 12288, 50257):  # (12288, 50257: a tile at a time)
+    for n in (64, 896, 1000, 4096, 5000, 12288, 50257):  # (5000 on: a tile at a time;
+        # softmax at 5000: the online sum)
         cases += [(dt, "fused", "inductor", lambda x, w, n=n: cl.rms_norm(x, n, w, cast="hf"))
                   for dt in ("bfloat16", "float32")]
-        cases += [("bfloat16", "fused", "inductor", lambda x, w: cl.softmax(x * w, -1))]
+        cases += [("bfloat16", "fused", "inductor", lambda x, w, n=n: cl.softmax(x * w, -1))]
     # SoftMax.cu's orders: a block of its threads reading the row from memory (the warp
     # kernel, the register, shared-memory and ilpReduce block kernels)
     cuda_order = dataclasses.replace(cl.Math.preset("torch_eager"), reduction="torch_cuda")
@@ -810,25 +811,23 @@ def test_softmax_row_kernel_keeps_the_row_in_shared_memory(monkeypatch, dt, n, c
         assert "P.ptr[0]" in phases[1] and "P.ptr[0]" in epilogue
 
 
-@pytest.mark.parametrize("n,dt,tiles", [(4096, "bfloat16", 0), (12288, "float32", 3),
-                                        (8192, "bfloat16", 2),
-                                        (32000, "bfloat16", 8), (50257, "bfloat16", 13),
-                                        (151936, "float32", 38)])
+@pytest.mark.parametrize("n,dt,tiles", [(4096, "bfloat16", 0), (12288, "float32", 6),
+                                        (8192, "bfloat16", 4), (32000, "bfloat16", 16),
+                                        (50257, "bfloat16", 25), (151936, "float32", 75)])
 def test_register_row_kernel_reads_rows_of_many_tiles_a_tile_at_a_time(monkeypatch, n, dt,
                                                                        tiles):
-    """Inductor's order on rows of several tiles (more than 12 values a thread per
-    operand): the register kernel's two phases (max, sum of exponentials) and its
-    epilogue each loop over the row's tiles of 4,096 elements, reading the thread's values
-    of a tile from memory into registers, with one accumulator per position (Triton's
-    r0-block accumulator), at two blocks of 512 threads an SM; one tile (4,096) keeps the
-    row in registers, four blocks an SM. (The source is inspected; the bits against the
-    separate steps and the CPU: test_reduce_cuda.py test_row_kernel_equals_separate_steps_
-    and_cpu, rows of 8,200 to 50,257.)"""
+    """Inductor's softmax on rows of several tiles (2,048 elements on 16 warps above
+    4,096): the register kernel's two phases (the maximum, the online softmax sum) and its
+    epilogue each loop over the row's tiles, reading the thread's 4 values of a tile from
+    memory into registers, with a running (max, sum) per position for the online sum
+    (cl::red_online_step, ops/scalar/reduce.h), at two blocks of 512 threads an SM; one
+    tile (4,096) keeps the row in registers, four blocks an SM. (The source is inspected;
+    the bits: tests/test_online_softmax.py on the CPU, test_reduce_cuda.py on a GPU.)"""
     import castlab as cl
     from castlab import _lower
 
     monkeypatch.setattr(_lower, "FUSE_ROWS", True)
-    x = cl.randn(4, n, seed=0, dtype=dt)
+    x = cl.randn(300, n, seed=0, dtype=dt)
     f = cl.jit(lambda x: cl.softmax(x, -1))
     f.run(x, policy="fused", math="inductor")
     tr, _ = f._traced(f._bind((x,)))
@@ -839,10 +838,12 @@ def test_register_row_kernel_reads_rows_of_many_tiles_a_tile_at_a_time(monkeypat
     loop = f"for (int it = 0; it < {tiles}; ++it)"
     if tiles:
         assert src.count(loop) == 3 and "__launch_bounds__(512, 2)" in src
-        assert "ACC acc[8];" in src and " p = (const " + ("float" if dt == "float32" else
-                                                         "unsigned short") in src.split(loop)[1]
+        assert "ACC am[4], as[4];" in src and "cl::red_online_step(am[e], as[e], y[e]," in src
+        assert " p = (const " + ("float" if dt == "float32" else "unsigned short") in \
+            src.split(loop)[1]
     else:
-        assert "ACC acc[" not in src and "__launch_bounds__(512, 4)" in src
+        assert "ACC acc[" not in src and "red_online" not in src
+        assert "__launch_bounds__(512, 4)" in src
 
 
 def test_register_row_kernel_splits_the_row_invariant_epilogue(monkeypatch):

@@ -311,7 +311,8 @@ std::pair<int64_t, int64_t> triton_layout(const RowStep& s) {
   RedPlan first;
   for (size_t k = 0; k < s.phases.size(); ++k) {
     const RowPhase& p = s.phases[k];
-    if (p.spec.order != kOrdTriton || p.spec.kind > kRedMin) return {0, 0};
+    if (p.spec.order != kOrdTriton || (p.spec.kind > kRedMin && p.spec.kind != kRedOnline))
+      return {0, 0};
     const RedPlan P = make_red_plan(p.spec, s.n, s.rows);
     if (k == 0) first = P;
     if (P.a != first.a || P.b != first.b || P.c != first.c || P.d != first.d || P.e != first.e ||
@@ -330,6 +331,8 @@ std::pair<int64_t, int64_t> triton_layout(const RowStep& s) {
 
 // Whether the register kernel for `s` reads its rows a tile at a time (see kTritonMaxRegs).
 bool triton_looped(const RowStep& s) {
+  for (const RowPhase& p : s.phases)
+    if (p.spec.kind == kRedOnline) return true;  // (its step is written for the loop only)
   const RedPlan P = make_red_plan(s.phases.at(0).spec, s.n, s.rows);
   return s.n > P.a && triton_layout(s).second > kTritonLoopAbove;
 }
@@ -496,6 +499,55 @@ ${plus_zero}
 ${lanes}
     v = __shfl_sync(0xffffffffu, v, 0);
 ${across_warps}
+${red_keep}
+    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
+  }
+)";
+
+// The looped form of an online softmax sum (kRedOnline, ops/scalar/reduce.h
+// red_online_part and red_online_combine): a running (max, sum) per position over the
+// tiles, the positions' maximum M by Triton's butterflies, then each thread's sum of
+// s_c exp(m_c - M) (RedOnlineFold) and tl.sum's butterflies.
+constexpr const char* kTritonOnlinePhase = R"(
+${invariants}
+${hand_next}
+${red_decl}
+  {
+    const ACC ninf = cl::red_identity<ACC>(1);
+    ACC am[${el}], as[${el}];
+#pragma unroll
+    for (int e = 0; e < ${el}; ++e) {
+      am[e] = ninf;
+      as[e] = ACC(0);
+    }
+#pragma unroll ${unroll}
+    for (int it = 0; it < ${its}; ++it) {
+${loads}
+      ACC y[${el}];
+#pragma unroll
+      for (int e = 0; e < ${el}; ++e) {
+${value}
+      }
+#pragma unroll
+      for (int e = 0; e < ${el}; ++e) {
+        const bool in = ${in_row};
+        if (in) cl::red_online_step(am[e], as[e], y[e], ${impl});
+      }
+    }
+    ACC v = am[0];
+#pragma unroll
+    for (int r = 1; r < ${el}; ++r) v = cl::red_tri_maximum(v, am[r]);
+${max_lanes}
+    v = __shfl_sync(0xffffffffu, v, 0);
+${max_warps}
+    const ACC M = v;
+    cl::RedOnlineFold<ACC> f;
+#pragma unroll
+    for (int r = 0; r < ${el}; ++r) f.add(as[r], cl::m_exp(M == ninf ? ACC(0) : am[r] - M, ${impl}));
+    v = f.sum();
+${sum_lanes}
+    v = __shfl_sync(0xffffffffu, v, 0);
+${sum_warps}
 ${red_keep}
     if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
   }
@@ -777,6 +829,29 @@ std::string TritonRow::phase(size_t ph) {
     value += ", y[e]);\n";
   } else {
     value = "      y[e] = " + arg(p.ins[0]) + ";\n";
+  }
+  if (p.spec.kind == kRedOnline) {
+    const std::string mx = "cl::red_tri_maximum(", add = "cl::red_op(0, ";
+    const std::string shfl0 = "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    return codegen::fill(
+        kTritonOnlinePhase,
+        {{"invariants", load_invariants(p.ins, ph > 0)},
+         {"hand_next", W > 1 && ph + 1 == s.phases.size() ? "  if (t == 0) nxt[par] = tk;\n" : ""},
+         {"red_decl", used ? "  ACC red" + K + ";\n" : ""},
+         {"el", num(EL)},
+         {"unroll", num(EL <= 8 ? 4 : 2)},
+         {"its", num(ITS)},
+         {"loads", tile_loads(p.ins)},
+         {"value", value},
+         {"in_row", in_row()},
+         {"impl", num(make_red_plan(p.spec, s.n, s.rows).impl)},
+         {"max_lanes", butterfly("v", mx, 16)},
+         {"max_warps", W > 1 ? across_warps("v", mx, K) + shfl0 : ""},
+         {"sum_lanes", butterfly("v", add, 16)},
+         // (the warps' buffer again, once every thread has read the maximum's)
+         {"sum_warps", W > 1 ? "    __syncthreads();\n" + across_warps("v", add, K) + shfl0 : ""},
+         {"red_keep", used ? "    red" + K + " = v;\n" : ""},
+         {"q", num(p.q)}});
   }
   if (looped) {
     const std::string kind = num(p.spec.kind), red_op = "cl::red_op(" + kind + ", ";

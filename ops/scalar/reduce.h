@@ -27,19 +27,23 @@
 #pragma once
 #include "core/cl_defs.h"
 #include "core/convert.h"
+#include "ops/scalar/math.h"
 
 namespace cl {
 
 // kRedDot: the sum of products a[i] * b[i] of a row laid out as a[0..m) then b[0..m) (2m
 // values): SoftMaxKernel.cpp's softmax backward, whose products GCC fuses into some of the
 // accumulations (red_dot; orders torch_cpu and sequential only).
+// kRedOnline: the sum of exp(x - max(x)) of a row of x, as Inductor's looped online
+// softmax computes it (red_online_part; the triton order only).
 enum ReduceKind : int {
   kRedSum = 0,
   kRedMax = 1,
   kRedMin = 2,
   kRedMean = 3,
   kRedM2 = 4,
-  kRedDot = 5
+  kRedDot = 5,
+  kRedOnline = 6
 };
 CL_HD constexpr bool red_is_moment(int kind) { return kind == kRedMean || kind == kRedM2; }
 enum ReduceOrder : int {
@@ -116,6 +120,8 @@ struct RedPlan {
   // torch_cpu max / min (red_cpu_extreme_zero): 1 + the loop ATen runs (0: none, castlab's
   // -0 < +0), and the iterator's row length when the reduced dims do not coalesce (0: n)
   int64_t zmode = 0, zseg = 0;
+  // kRedOnline: the MathImpl of its exponentials
+  int64_t impl = 0;
 };
 
 template <typename T>
@@ -963,6 +969,21 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   return out;
 }
 
+// Triton's combine of its threads' values p[lane + lanes * warp] (in place): an xor
+// butterfly over each warp's lanes, lane 0's value per warp, then a butterfly over the
+// warps; `op(own, other)`.
+template <typename T, typename Op>
+CL_HD T red_triton_tree(int64_t lanes, int64_t warps, T* p, Op op) {
+  for (int64_t w = 0; w < warps; ++w) {
+    T* q = p + w * lanes;
+    for (int64_t off = lanes / 2; off > 0; off >>= 1)
+      for (int64_t l = 0; l < off; ++l) q[l] = op(q[l], q[l + off]);
+  }
+  for (int64_t off = warps / 2; off > 0; off >>= 1)
+    for (int64_t w = 0; w < off; ++w) p[w * lanes] = op(p[w * lanes], p[(w + off) * lanes]);
+  return p[0];
+}
+
 template <typename T>
 CL_HD T red_triton_combine(const RedPlan& P, T* p) {
   const int64_t lanes = P.c, warps = P.d;
@@ -974,15 +995,104 @@ CL_HD T red_triton_combine(const RedPlan& P, T* p) {
     for (int64_t l = 1; l < half; ++l) s = red_op(P.kind, s, p[l]);
     return s;
   }
-  for (int64_t w = 0; w < warps; ++w) {
-    T* q = p + w * lanes;
-    for (int64_t off = lanes / 2; off > 0; off >>= 1)
-      for (int64_t l = 0; l < off; ++l) q[l] = red_op(P.kind, q[l], q[l + off]);
+  const int kind = P.kind;
+  return red_triton_tree(lanes, warps, p, [kind](T a, T b) { return red_op(kind, a, b); });
+}
+
+// ---- Inductor's online softmax (kRedOnline) ----
+// The row's sum of exp(x - max x) as Inductor's looped kernel computes it under
+// config.online_softmax (its post-grad pattern prepare_softmax_online; the arithmetic read
+// from Triton 3.6's PTX, docs/inductor_wide_rows.md 4.5): each tile position c keeps a
+// running maximum m_c and sum s_c over the row's tiles, from (-inf, 0), with
+//   m' = maximum(m, x), a = m' == -inf ? 1 : exp(m - m'), b = m' == -inf ? 1 : exp(x - m'),
+//   s' = fma(s, a, b);
+// then M = the positions' maximum (each thread's in register order, then Triton's
+// butterflies), e_c = exp(M == -inf ? 0 : m_c - M), each thread's sum fma(s_0, e_0,
+// rn(s_1 e_1)), then fma(s_k, e_k, sum), and the threads' sums as tl.sum's. Inductor's
+// `maximum` keeps a NaN in either operand, and the first of two equal values.
+// Parts: (m_c, s_c) for each position c in order, then one slot a thread (the combine's).
+CL_HD float red_fma(float a, float b, float c) { return fma_f(a, b, c); }
+CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
+template <typename T>
+CL_HD T red_tri_maximum(T a, T b) {
+  return (a > b || a != a) ? a : b;
+}
+// a product rounded on its own (never contracted into a later addition)
+CL_HD float red_mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+CL_HD double red_mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+template <typename T>
+CL_HD void red_online_step(T& m, T& s, T x, int impl) {
+  const T ninf = red_identity<T>(kRedMax);
+  const T m2 = red_tri_maximum(m, x);
+  const T a = m2 == ninf ? T(1) : m_exp(m - m2, impl);
+  const T b = m2 == ninf ? T(1) : m_exp(x - m2, impl);
+  s = red_fma(s, a, b);
+  m = m2;
+}
+
+template <typename T, typename A>
+CL_HD T red_online_part(const RedPlan& P, A v, int64_t n, int64_t t) {
+  const int64_t R = P.a;
+  if (t >= 2 * R) return T(0);
+  T m = red_identity<T>(kRedMax), s = T(0);
+  for (int64_t i = t / 2; i < n; i += R) red_online_step(m, s, T(v[i]), static_cast<int>(P.impl));
+  return (t & 1) ? s : m;
+}
+
+// A thread's sum of s_c e_c over its k-th positions, k = 0, 1, ... (see above).
+template <typename T>
+struct RedOnlineFold {
+  T s0 = T(0), e0 = T(0), acc = T(0);
+  int64_t k = 0;
+  CL_HD_METHOD void add(T s, T e) {
+    if (k == 0) {
+      s0 = s;
+      e0 = e;
+    } else {
+      acc = k == 1 ? red_fma(s0, e0, red_mul_rn(s, e)) : red_fma(s, e, acc);
+    }
+    ++k;
   }
-  for (int64_t off = warps / 2; off > 0; off >>= 1)
-    for (int64_t w = 0; w < off; ++w)
-      p[w * lanes] = red_op(P.kind, p[w * lanes], p[(w + off) * lanes]);
-  return p[0];
+  CL_HD_METHOD T sum() const { return k == 1 ? red_mul_rn(s0, e0) : acc; }
+};
+
+template <typename T>
+CL_HD T red_online_combine(const RedPlan& P, T* p) {
+  const int64_t R = P.a, per = P.b, lanes = P.c, warps = P.d, nt = lanes * warps;
+  const int64_t tile = per * nt, reps = R / tile;
+  const int impl = static_cast<int>(P.impl);
+  const T ninf = red_identity<T>(kRedMax);
+  T* th = p + 2 * R;
+  for (int64_t t = 0; t < nt; ++t) {
+    T m = p[2 * (t * per)];
+    for (int64_t rep = 0; rep < reps; ++rep)
+      for (int64_t k = 0; k < per; ++k) m = red_tri_maximum(m, p[2 * (rep * tile + t * per + k)]);
+    th[t] = m;
+  }
+  const T M = red_triton_tree(lanes, warps, th, [](T a, T b) { return red_tri_maximum(a, b); });
+  for (int64_t t = 0; t < nt; ++t) {
+    RedOnlineFold<T> f;
+    for (int64_t rep = 0; rep < reps; ++rep)
+      for (int64_t k = 0; k < per; ++k) {
+        const int64_t c = rep * tile + t * per + k;
+        f.add(p[2 * c + 1], m_exp(M == ninf ? T(0) : p[2 * c] - M, impl));
+      }
+    th[t] = f.sum();
+  }
+  return red_triton_tree(lanes, warps, th, [](T a, T b) { return a + b; });
 }
 
 }  // namespace cl
@@ -997,9 +1107,7 @@ namespace cl {
 // red_cpu_reduce_all's 1, 3, 4 or 6; P.c = 1: the last partial vector's products fused into
 // their lanes, which GCC does in the fp32 kernels): lane l starts at a[l] * b[l] and adds
 // the products of the full vectors, then the lanes combine. A row shorter than W adds its
-// rounded products in order.
-CL_HD float red_fma(float a, float b, float c) { return fma_f(a, b, c); }
-CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
+// rounded products in order (red_fma: above).
 
 // map2_reduce_all over bf16/fp16 (functional_bfloat16.h): each 2W-element vector as two
 // float halves with lanes of their own, added together before the lanes combine (mode 4;
@@ -1100,6 +1208,8 @@ CL_HD_COLD T red_combine_called(const RedPlan& P, T* parts) {
 template <typename T, int ORDER, typename A>
 CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t) {
   if (P.kind == kRedDot) return red_dot<T, ORDER>(P, v, n);
+  if (ORDER < 0 || ORDER == kOrdTriton)
+    if (P.kind == kRedOnline) return red_online_part<T>(P, v, n, t);
   if (P.chunk > 0) {
     const int64_t start = t * P.chunk;
     const int64_t len = n - start < P.chunk ? n - start : P.chunk;
@@ -1146,6 +1256,8 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
 template <typename T, int ORDER>
 CL_HD T red_combine_plain(const RedPlan& P, T* parts) {
   if (P.chunk > 0) return red_sequential<T>(P.kind, static_cast<const T*>(parts), P.nparts);
+  if (ORDER < 0 || ORDER == kOrdTriton)
+    if (P.kind == kRedOnline) return red_online_combine(P, parts);
   if constexpr (ORDER < 0) {
     switch (P.order) {
       case kOrdTorchCuda: return red_combine_called<T, kOrdTorchCuda>(P, parts);

@@ -9,7 +9,7 @@ from ._dtype import float32, float64
 from ._graph import Node
 from ._lower_steps import NllStep, ReduceStep
 from ._lower_views import Cat, Elem, Leaf, Reduced, Scalar, _dtype_code
-from ._optable import F32, F64, ORDER_CODE, REDUCE_OPS
+from ._optable import F32, F64, IMPL_MASK, ORDER_CODE, REDUCE_ONLINE, REDUCE_OPS
 from ._torch_kernels import (
     _prod,
     _reduce_layout,
@@ -75,6 +75,9 @@ class ReductionLowering:
         for d in dims:
             n *= x.shape[d]
         acc = float64 if self.vt(node) == F64 else float32
+        online = self._online_softmax(node, rows, n, acc)
+        if online is not None:
+            return online
         if (x.op == "astype" and x.attrs.get("to_copy") and not self.cuda
                 and self.math.reduction_order(False) == "torch_cpu"):
             ev = self._to_copy(self.expr(x.inputs[0]), tuple(x.shape), x.dtype)
@@ -268,6 +271,38 @@ class ReductionLowering:
                                                            if node.inputs[0].dtype.bits == 16
                                                            else ""))
         return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
+
+    def _online_softmax(self, node: Node, rows: int, n: int, acc) -> Reduced | None:
+        """A softmax's sum of exp(x - amax(x)) over the last dim under the triton order,
+        as Inductor computes it by default (config.online_softmax: the post-grad pattern
+        prepare_softmax_online) for a row of several tiles: from x itself, a running
+        (max, sum) per tile position (ops/scalar/reduce.h red_online_part). torch 2.11
+        splits a row of over 8,192 elements among fewer than 264 rows and then drops the
+        online form (docs/inductor_wide_rows.md 3.1): those keep the plain sum. None
+        where it does not apply."""
+        a = node.attrs
+        if (node.op != "sum" or a.get("algo") != "softmax" or not a.get("softmax_last")
+                or a.get("bwd") or (rows < 264 and n > 8192)
+                or (a.get("order") or self.math.reduction_order(self.cuda)) != "triton"):
+            return None
+        e = node.inputs[0]
+        z = e.inputs[0] if e.op == "exp" else None
+        if (z is None or z.op != "sub" or z.inputs[1].op != "amax"
+                or z.inputs[1].inputs[0] is not z.inputs[0] or len(node.shape) < 1):
+            return None
+        spec = self.reduce_spec(node, acc, (True, True, 0), n)
+        if spec[1] != ORDER_CODE["triton"] or len(spec) != 6 or n <= spec[2]:
+            return None  # (one tile: the online sum is the plain one)
+        xf = z.inputs[0]
+        impl = self.math.variant_bits("exp", acc is float64, self.cuda, None,
+                                      a.get("kernel") or True) & IMPL_MASK
+        spec = (REDUCE_ONLINE, *spec[1:], impl, 0)
+        ev = self.view(self.expr(xf), ("reshape", (rows, n)))
+        out = self._reduce_step(ev, rows, n, acc, spec)
+        d = self.record.decide(node, F64 if acc is float64 else F32)
+        self.reduce_decisions[id(self.steps[-1])] = d
+        d.description = _C.describe_reduce(spec, n, rows)
+        return Reduced(node, Leaf(out.t._view_or_none(list(node.shape)), out.src), node.shape)
 
     def _reduce_step(self, ev, rows: int, n: int, acc, spec: tuple) -> Leaf:
         """One reduce step over `ev` seen as [rows, n], into a fresh [rows] temporary."""

@@ -172,6 +172,9 @@ BACKWARD_KERNELS: dict[str, BackwardKernel] = {
 #: row moments (the mean and M2 of PyTorch's Welford kernels, ops/scalar/moments.h) appear
 #: only where the lowering expands var and layer_norm under a torch order.
 REDUCE_OPS: dict[str, int] = {"sum": 0, "amax": 1, "amin": 2, "moments_mean": 3, "moments_m2": 4}
+#: ReduceKind kRedOnline (ops/scalar/reduce.h): a softmax's sum of exp(x - max x) from x,
+#: as Inductor's online softmax computes it (castlab._lower_reduce: no graph op of its own)
+REDUCE_ONLINE = 6
 #: Orders of accumulation Math.reduction names ("torch": the device's own PyTorch order).
 REDUCTION_ORDERS = ("torch", "torch_cpu", "torch_cuda", "triton", "inductor_cpp", "pairwise",
                     "sequential")

@@ -14,7 +14,7 @@ from . import _C
 from ._dtype import float64
 from ._lower_steps import ProgramStep, ReduceStep, RowStep
 from ._lower_views import _dtype_code
-from ._optable import ORDER_CODE, REDUCE_OPS
+from ._optable import ORDER_CODE, REDUCE_ONLINE, REDUCE_OPS
 
 # -- Inductor's Triton reductions --------------------------------------------------
 #: (algo, row length, loaded element bytes) -> (R0_BLOCK, per thread, lanes, warps): a
@@ -39,20 +39,22 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     with several rows per block up to 128 elements, else 8 warps, 16 from 8 KiB per tile
     (measured: bit for bit equal to torch.compile at 32 to 4096 elements, bf16, fp16 and
     fp32, except where Inductor autotuned to two tiles); longer rows loop over tiles of
-    4096 (not measured). Other sums (RMSNorm's): rows up to 1024 elements are one tile on
-    1 warp (``triton_per_``); longer rows loop over tiles of 4096 (16-bit rows of a
-    multiple of 4096) or 2048 elements on 16 warps (``triton_red_``)."""
+    2048 on 16 warps (Inductor's only configuration above 32,768 elements, and one of the
+    two it times between 4,096 and 32,768: docs/inductor_wide_rows.md 8; the tile its
+    online softmax was read from, 4.5). Other sums (RMSNorm's): rows up to 1024 elements
+    are one tile on 1 warp (``triton_per_``); longer rows loop over tiles of 4096 (16-bit
+    rows of a multiple of 4096) or 2048 elements on 16 warps (``triton_red_``)."""
     key = (algo, n, isz)
     if key in TRITON_CONFIGS:
         return tuple(TRITON_CONFIGS[key])
     if algo == "softmax":
-        r = _pow2_at_least(max(n, 1)) if n <= 4096 else 4096
+        r = _pow2_at_least(max(n, 1)) if n <= 4096 else 2048
         if r <= 64:
             xblock, warps = 128, 2
         elif r <= 128:
             xblock, warps = 8, 2
         else:
-            xblock, warps = 1, 16 if r * isz >= 8192 else 8
+            xblock, warps = 1, 16 if (r * isz >= 8192 or n > 4096) else 8
     elif n <= 1024:
         r, xblock, warps = _pow2_at_least(max(n, 1)), 1, 1
     else:
@@ -113,7 +115,8 @@ _FAST_ROW_MAX = {ORDER_CODE[o] for o in ("sequential", "pairwise", "torch_cpu", 
 # by ReduceKind (the Welford moments: never measured fused, so not fused by default)
 _FAST_ROW = {REDUCE_OPS["sum"]: {ORDER_CODE["pairwise"], ORDER_CODE["triton"]},
              REDUCE_OPS["amax"]: _FAST_ROW_MAX,
-             REDUCE_OPS["amin"]: _FAST_ROW_MAX}
+             REDUCE_OPS["amin"]: _FAST_ROW_MAX,
+             REDUCE_ONLINE: {ORDER_CODE["triton"]}}
 
 
 def _softmax_forward(spec: tuple) -> bool:

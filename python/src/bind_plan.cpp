@@ -176,15 +176,16 @@ void bind_plan(py::module_& m) {
   m.def(
       "reduce_rows",
       [](const Tensor& src, const Tensor& dst, int kind, int order, int64_t p0, int64_t p1,
-         int64_t p2, int64_t p3) {
-        cl::ReduceSpec sp{kind, order, p0, p1, p2, p3};
+         int64_t p2, int64_t p3, int64_t p4, int64_t p5) {
+        cl::ReduceSpec sp{kind, order, p0, p1, p2, p3, p4, p5};
         py::gil_scoped_release nogil;
         cl::run_reduce(sp, src, dst);
       },
       "reduce the rows of a contiguous f32/f64 [rows, n] tensor into dst [rows] in an order "
       "(ops/scalar/reduce.h)",
       py::arg("src"), py::arg("dst"), py::arg("kind"), py::arg("order"), py::arg("p0") = 0,
-      py::arg("p1") = 0, py::arg("p2") = 0, py::arg("p3") = 0);
+      py::arg("p1") = 0, py::arg("p2") = 0, py::arg("p3") = 0, py::arg("p4") = 0,
+      py::arg("p5") = 0);
   m.def(
       "describe_reduce",
       [](const py::tuple& spec, int64_t n, int64_t rows) {
