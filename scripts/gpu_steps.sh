@@ -18,6 +18,9 @@
 #   widths       benchmarks/bench_widths.py (issue 49's table: every width against torch
 #                eager and torch.compile); widths_bwd: the same with --backward
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
+#   online       the online softmax and the looped register kernel against torch.compile and
+#                the CPU (tests/test_reduce_cuda.py), then the backward sweep's default path
+#   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
 #                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
 # CASTLAB_PREBUILT=1 uses a carried _C (see gpu_check.sh); otherwise the build runs first.
@@ -73,6 +76,10 @@ for s in "$@"; do
     bench) step bench $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" ;;
     backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
+    online) TAIL=40 step online $PY -m pytest -q -p no:cacheprovider -n "${CASTLAB_TEST_JOBS:-8}" \
+              -rfEx --tb=short tests/test_reduce_cuda.py tests/test_reduce_sweep_cuda.py \
+              -k "inductor_softmax or vocabulary or row_kernel_equals or many_rows or backward" ;;
+    bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
     stacks24) step stacks24 $PY benchmarks/bench_stacks.py --device cuda --layers 24 --hidden 896 \
                 --vocab 151936 --tokens 512 --pairs liger:vllm,liger:hf_eager,vllm:torch_compile \
