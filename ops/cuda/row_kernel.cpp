@@ -467,17 +467,16 @@ ${red_keep}
 )";
 
 // The looped form of one phase: each tile's operands read from memory (`loads`), the
-// Program's value at each of the thread's positions of the tile, each position's
-// accumulator over the tiles (acc, Triton's r0-block accumulator), then the same fold of
-// the positions, lanes and warps as kTritonFold.
+// Program's value at each of the thread's positions of the tile, and each position's
+// accumulators over the tiles (`init`, `step`: acc, Triton's r0-block accumulator; or an
+// online softmax sum's running max and sum, am and as), then the positions, lanes and
+// warps into v (`finish`: kTritonLoopFold, kTritonOnlineFinish).
 constexpr const char* kTritonLoopPhase = R"(
 ${invariants}
 ${hand_next}
 ${red_decl}
   {
-    ACC acc[${el}];
-#pragma unroll
-    for (int e = 0; e < ${el}; ++e) acc[e] = cl::red_identity<ACC>(${kind});
+${init}
 #pragma unroll ${unroll}
     for (int it = 0; it < ${its}; ++it) {
 ${loads}
@@ -492,6 +491,15 @@ ${value}
         ${step}
       }
     }
+${finish}
+${red_keep}
+    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
+  }
+)";
+
+// The fold of kTritonFold after the loop: the positions in register order, the lanes and
+// the warps.
+constexpr const char* kTritonLoopFold = R"(
     ACC v = acc[0];
 #pragma unroll
     for (int r = 1; r < ${el}; ++r) v = cl::red_op(${kind}, v, acc[r]);
@@ -499,41 +507,12 @@ ${plus_zero}
 ${lanes}
     v = __shfl_sync(0xffffffffu, v, 0);
 ${across_warps}
-${red_keep}
-    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
-  }
 )";
 
-// The looped form of an online softmax sum (kRedOnline, ops/scalar/reduce.h
-// red_online_part and red_online_combine): a running (max, sum) per position over the
-// tiles, the positions' maximum M by Triton's butterflies, then each thread's sum of
-// s_c exp(m_c - M) (RedOnlineFold) and tl.sum's butterflies.
-constexpr const char* kTritonOnlinePhase = R"(
-${invariants}
-${hand_next}
-${red_decl}
-  {
-    const ACC ninf = cl::red_identity<ACC>(1);
-    ACC am[${el}], as[${el}];
-#pragma unroll
-    for (int e = 0; e < ${el}; ++e) {
-      am[e] = ninf;
-      as[e] = ACC(0);
-    }
-#pragma unroll ${unroll}
-    for (int it = 0; it < ${its}; ++it) {
-${loads}
-      ACC y[${el}];
-#pragma unroll
-      for (int e = 0; e < ${el}; ++e) {
-${value}
-      }
-#pragma unroll
-      for (int e = 0; e < ${el}; ++e) {
-        const bool in = ${in_row};
-        if (in) cl::red_online_step(am[e], as[e], y[e], ${impl});
-      }
-    }
+// An online softmax sum (kRedOnline, ops/scalar/reduce.h red_online_part and
+// red_online_combine) after the loop: the positions' maximum M by Triton's butterflies,
+// then each thread's sum of s_c exp(m_c - M) (RedOnlineFold) and tl.sum's butterflies.
+constexpr const char* kTritonOnlineFinish = R"(
     ACC v = am[0];
 #pragma unroll
     for (int r = 1; r < ${el}; ++r) v = cl::red_tri_maximum(v, am[r]);
@@ -548,9 +527,6 @@ ${max_warps}
 ${sum_lanes}
     v = __shfl_sync(0xffffffffu, v, 0);
 ${sum_warps}
-${red_keep}
-    if (t == 0) ((ACC*)P.ptr[${q}])[row] = v;
-  }
 )";
 
 // Triton's fold: per position over the tiles (looped) or the value (persistent; the
@@ -830,50 +806,54 @@ std::string TritonRow::phase(size_t ph) {
   } else {
     value = "      y[e] = " + arg(p.ins[0]) + ";\n";
   }
-  if (p.spec.kind == kRedOnline) {
-    const std::string mx = "cl::red_tri_maximum(", add = "cl::red_op(0, ";
-    const std::string shfl0 = "    v = __shfl_sync(0xffffffffu, v, 0);\n";
-    return codegen::fill(
-        kTritonOnlinePhase,
-        {{"invariants", load_invariants(p.ins, ph > 0)},
-         {"hand_next", W > 1 && ph + 1 == s.phases.size() ? "  if (t == 0) nxt[par] = tk;\n" : ""},
-         {"red_decl", used ? "  ACC red" + K + ";\n" : ""},
-         {"el", num(EL)},
-         {"unroll", num(EL <= 8 ? 4 : 2)},
-         {"its", num(ITS)},
-         {"loads", tile_loads(p.ins)},
-         {"value", value},
-         {"in_row", in_row()},
-         {"impl", num(make_red_plan(p.spec, s.n, s.rows).impl)},
-         {"max_lanes", butterfly("v", mx, 16)},
-         {"max_warps", W > 1 ? across_warps("v", mx, K) + shfl0 : ""},
-         {"sum_lanes", butterfly("v", add, 16)},
-         // (the warps' buffer again, once every thread has read the maximum's)
-         {"sum_warps", W > 1 ? "    __syncthreads();\n" + across_warps("v", add, K) + shfl0 : ""},
-         {"red_keep", used ? "    red" + K + " = v;\n" : ""},
-         {"q", num(p.q)}});
-  }
   if (looped) {
     const std::string kind = num(p.spec.kind), red_op = "cl::red_op(" + kind + ", ";
-    const bool from_first = !f64 && p.spec.kind == kRedSum;
+    const std::string shfl0 = "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    std::string init, step, finish;
+    if (p.spec.kind == kRedOnline) {
+      const std::string mx = "cl::red_tri_maximum(", add = "cl::red_op(0, ";
+      init = "    const ACC ninf = cl::red_identity<ACC>(1);\n    ACC am[" + num(EL) + "], as[" +
+             num(EL) + "];\n#pragma unroll\n    for (int e = 0; e < " + num(EL) +
+             "; ++e) {\n      am[e] = ninf;\n      as[e] = ACC(0);\n    }\n";
+      const std::string impl = num(make_red_plan(p.spec, s.n, s.rows).impl);
+      step = "if (in) cl::red_online_step(am[e], as[e], y[e], " + impl + ");";
+      finish = codegen::fill(
+          kTritonOnlineFinish,
+          {{"el", num(EL)},
+           {"impl", impl},
+           {"max_lanes", butterfly("v", mx, 16)},
+           {"max_warps", W > 1 ? across_warps("v", mx, K) + shfl0 : ""},
+           {"sum_lanes", butterfly("v", add, 16)},
+           // (the warps' buffer again, once every thread has read the maximum's)
+           {"sum_warps",
+            W > 1 ? "    __syncthreads();\n" + across_warps("v", add, K) + shfl0 : ""}});
+    } else {
+      const bool from_first = !f64 && p.spec.kind == kRedSum;
+      init = "    ACC acc[" + num(EL) + "];\n#pragma unroll\n    for (int e = 0; e < " + num(EL) +
+             "; ++e) acc[e] = cl::red_identity<ACC>(" + kind + ");\n";
+      step = from_first ? "if (in) acc[e] = it == 0 ? y[e] : " + red_op + "acc[e], y[e]);"
+                        : "if (in) acc[e] = " + red_op + "acc[e], y[e]);";
+      finish = codegen::fill(kTritonLoopFold,
+                             {{"el", num(EL)},
+                              {"kind", kind},
+                              {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
+                              {"lanes", butterfly("v", red_op, 16)},
+                              {"across_warps", W > 1 ? across_warps("v", red_op, K) + shfl0 : ""}});
+    }
     return codegen::fill(
         kTritonLoopPhase,
         {{"invariants", load_invariants(p.ins, ph > 0)},
          {"hand_next", W > 1 && ph + 1 == s.phases.size() ? "  if (t == 0) nxt[par] = tk;\n" : ""},
          {"red_decl", used ? "  ACC red" + K + ";\n" : ""},
-         {"el", num(EL)},
-         {"kind", kind},
+         {"init", init},
          {"unroll", num(EL <= 8 ? 4 : 2)},
          {"its", num(ITS)},
          {"loads", tile_loads(p.ins)},
+         {"el", num(EL)},
          {"value", value},
          {"in_row", in_row()},
-         {"step", from_first ? "if (in) acc[e] = it == 0 ? y[e] : " + red_op + "acc[e], y[e]);"
-                             : "if (in) acc[e] = " + red_op + "acc[e], y[e]);"},
-         {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
-         {"lanes", butterfly("v", red_op, 16)},
-         {"across_warps",
-          W > 1 ? across_warps("v", red_op, K) + "    v = __shfl_sync(0xffffffffu, v, 0);\n" : ""},
+         {"step", step},
+         {"finish", finish},
          {"red_keep", used ? "    red" + K + " = v;\n" : ""},
          {"q", num(p.q)}});
   }

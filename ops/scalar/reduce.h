@@ -1017,17 +1017,15 @@ template <typename T>
 CL_HD T red_tri_maximum(T a, T b) {
   return (a > b || a != a) ? a : b;
 }
-// a product rounded on its own (never contracted into a later addition)
-CL_HD float red_mul_rn(float a, float b) {
+// a product rounded on its own (never contracted into a later addition; the host build
+// uses -ffp-contract=off)
+template <typename T>
+CL_HD T red_mul_rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-CL_HD double red_mul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
+  if constexpr (sizeof(T) == 4)
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
