@@ -18,7 +18,8 @@
 #   widths       benchmarks/bench_widths.py (issue 49's table: every width against torch
 #                eager and torch.compile); widths_bwd: the same with --backward
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
-#   online       the online softmax and the looped register kernel against torch.compile and
+#   online       the online softmax and the looped register kernel against torch.compile (also
+#                the torch_compile stack's loss over a 32,000 vocabulary) and
 #                the CPU (tests/test_reduce_cuda.py), then the backward sweep's default path
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
@@ -77,7 +78,7 @@ for s in "$@"; do
     backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
     online) TAIL=40 step online $PY -m pytest -q -p no:cacheprovider -n "${CASTLAB_TEST_JOBS:-8}" \
-              -rfEx --tb=short tests/test_reduce_cuda.py tests/test_reduce_sweep_cuda.py \
+              -rfEx --tb=short tests/test_reduce_cuda.py tests/test_reduce_sweep_cuda.py tests/test_stacks_cuda.py \
               -k "inductor_softmax or vocabulary or row_kernel_equals or many_rows or backward" ;;
     bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;

@@ -42,11 +42,11 @@ def report(**kw):
             f.write(json.dumps(kw) + "\n")
 
 
-def _model(name: str):
+def _model(name: str, vocab: int = 4096, tokens: int = 64):
     cfg_cls, model_cls, _, _ = MODELS[name]
     torch.manual_seed(0)
     cfg = cfg_cls(hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=4096, num_hidden_layers=2,
+                  intermediate_size=4864, vocab_size=vocab, num_hidden_layers=2,
                   max_position_embeddings=256, rms_norm_eps=1e-6)
     cfg._attn_implementation = "sdpa"
     m = model_cls(cfg).to(torch.bfloat16).cuda().eval()
@@ -54,7 +54,7 @@ def _model(name: str):
         for name, p in m.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
-    ids = torch.randint(0, 4096, (2, 64), device="cuda")
+    ids = torch.randint(0, vocab, (2, tokens), device="cuda")
     return m, ids
 
 
@@ -124,6 +124,27 @@ def test_torch_compile_stack_equals_torch_compile(name):
     report(test="stacks", case=f"torch_compile stack vs torch.compile ({name}, 2 layers, "
            "hidden 896, bf16, 2x64 tokens)", logits=want.logits.numel(), logits_differ=n,
            logits_differ_without_placement=int((plain.logits != want.logits).sum()),
+           loss_castlab=float(got.loss), loss_compile=float(want.loss))
+    assert n == 0, f"{n} of {want.logits.numel()} logits differ"
+    assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
+
+
+def test_torch_compile_stack_loss_over_a_vocabulary():
+    """The torch_compile stack's loss over Qwen2's 32,000-entry vocabulary (2 x 160 tokens:
+    318 rows, which Inductor does not split) equals torch.compile's: the loss's log-softmax
+    is Inductor's online softmax over tiles of 2,048 (castlab's kRedOnline). (Written
+    2026-12-07, not yet run on a GPU.)"""
+    m, ids = _model("qwen2", vocab=32000, tokens=160)
+    kw = {"use_cache": False, "labels": ids}
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = torch.compile(m, dynamic=False)(ids, **kw)
+    torch._dynamo.reset()
+    cm = ct.capture(m, ids, kwargs=kw, attention="traced")
+    got = cm.run(ids, kwargs=kw, stack="torch_compile")
+    n = int((got.logits != want.logits).sum())
+    report(test="stacks", case="torch_compile stack vs torch.compile (qwen2, vocabulary "
+           "32000, 2x160 tokens)", logits=want.logits.numel(), logits_differ=n,
            loss_castlab=float(got.loss), loss_compile=float(want.loss))
     assert n == 0, f"{n} of {want.logits.numel()} logits differ"
     assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
