@@ -497,41 +497,34 @@ ${red_keep}
   }
 )";
 
-// The fold of kTritonFold after the loop: the positions in register order, the lanes and
-// the warps.
+// The fold of kTritonFold after the loop: the positions' accumulators `arr` in register
+// order by `op`, then the threads (TritonRow::threads).
 constexpr const char* kTritonLoopFold = R"(
-    ACC v = acc[0];
+    ACC v = ${arr}[0];
 #pragma unroll
-    for (int r = 1; r < ${el}; ++r) v = cl::red_op(${kind}, v, acc[r]);
+    for (int r = 1; r < ${el}; ++r) v = ${op}v, ${arr}[r]);
 ${plus_zero}
-${lanes}
-    v = __shfl_sync(0xffffffffu, v, 0);
-${across_warps}
+${threads}
 )";
 
 // An online softmax sum (kRedOnline, ops/scalar/reduce.h red_online_part and
-// red_online_combine) after the loop: the positions' maximum M by Triton's butterflies,
-// then each thread's sum of s_c exp(m_c - M) (RedOnlineFold) and tl.sum's butterflies.
+// red_online_combine) after the loop: the positions' maximum M (`max`: kTritonLoopFold
+// over am), then each thread's sum of s_c exp(m_c - M) (RedOnlineFold) and tl.sum's
+// butterflies (`sum`), the warps' buffer again once every thread has read the maximum's.
 constexpr const char* kTritonOnlineFinish = R"(
-    ACC v = am[0];
-#pragma unroll
-    for (int r = 1; r < ${el}; ++r) v = cl::red_tri_maximum(v, am[r]);
-${max_lanes}
-    v = __shfl_sync(0xffffffffu, v, 0);
-${max_warps}
+${max}
     const ACC M = v;
     cl::RedOnlineFold<ACC> f;
 #pragma unroll
-    for (int r = 0; r < ${el}; ++r) f.add(as[r], cl::m_exp(M == ninf ? ACC(0) : am[r] - M, ${impl}));
+    for (int r = 0; r < ${el}; ++r) f.add(as[r], cl::red_online_scale(am[r], M, ${impl}));
     v = f.sum();
-${sum_lanes}
-    v = __shfl_sync(0xffffffffu, v, 0);
-${sum_warps}
+${sync}
+${sum}
 )";
 
 // Triton's fold: per position over the tiles (looped) or the value (persistent; the
-// identity past the row), then the positions in register order, the lanes by an xor
-// butterfly and the warps (`across_warps`).
+// identity past the row), then the positions in register order, then the threads (the
+// lanes by an xor butterfly and the warps: TritonRow::threads).
 constexpr const char* kTritonFold = R"(
     v = ACC(0);
 #pragma unroll
@@ -546,9 +539,7 @@ constexpr const char* kTritonFold = R"(
       v = r == 0 ? a : cl::red_op(${kind}, v, a);
     }
 ${plus_zero}
-${lanes}
-    v = __shfl_sync(0xffffffffu, v, 0);
-${across_warps}
+${threads}
 )";
 
 // `var` = op(var, the value `off` lanes away) for off = from, from / 2, .., 1.
@@ -755,6 +746,12 @@ struct TritonRow {
         kTritonAcrossWarps,
         {{"var", var}, {"k", K}, {"w1", num(W - 1)}, {"butterfly", butterfly(var, op, W / 2)}});
   }
+  // The threads' values of v combined as Triton does, by `op`: the lanes' xor butterfly,
+  // lane 0's value, then the warps' (every thread ends with the row's value).
+  std::string threads(const std::string& op, const std::string& K) const {
+    const std::string lane0 = "    v = __shfl_sync(0xffffffffu, v, 0);\n";
+    return butterfly("v", op, 16) + lane0 + (W > 1 ? across_warps("v", op, K) + lane0 : "");
+  }
   std::string fold(const RowPhase& p, const std::string& K) const;
   std::string phase(size_t ph);
   std::string epilogue();
@@ -775,17 +772,13 @@ std::string TritonRow::fold(const RowPhase& p, const std::string& K) const {
                            : P0.e ? "if (in) a = cl::red_op(" + kind + ", a, y[e]);"
                                   : std::string("if (in) a = y[e];");
   const std::string red_op = "cl::red_op(" + kind + ", ";
-  return codegen::fill(
-      kTritonFold,
-      {{"rp", num(REPS * PER)},
-       {"kind", kind},
-       {"its", num(ITS)},
-       {"in_row", in_row()},
-       {"step", step},
-       {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
-       {"lanes", butterfly("v", red_op, 16)},
-       {"across_warps",
-        W > 1 ? across_warps("v", red_op, K) + "    v = __shfl_sync(0xffffffffu, v, 0);\n" : ""}});
+  return codegen::fill(kTritonFold, {{"rp", num(REPS * PER)},
+                                     {"kind", kind},
+                                     {"its", num(ITS)},
+                                     {"in_row", in_row()},
+                                     {"step", step},
+                                     {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
+                                     {"threads", threads(red_op, K)}});
 }
 
 std::string TritonRow::phase(size_t ph) {
@@ -808,7 +801,6 @@ std::string TritonRow::phase(size_t ph) {
   }
   if (looped) {
     const std::string kind = num(p.spec.kind), red_op = "cl::red_op(" + kind + ", ";
-    const std::string shfl0 = "    v = __shfl_sync(0xffffffffu, v, 0);\n";
     std::string init, step, finish;
     if (p.spec.kind == kRedOnline) {
       const std::string mx = "cl::red_tri_maximum(", add = "cl::red_op(0, ";
@@ -817,28 +809,29 @@ std::string TritonRow::phase(size_t ph) {
              "; ++e) {\n      am[e] = ninf;\n      as[e] = ACC(0);\n    }\n";
       const std::string impl = num(make_red_plan(p.spec, s.n, s.rows).impl);
       step = "if (in) cl::red_online_step(am[e], as[e], y[e], " + impl + ");";
-      finish = codegen::fill(
-          kTritonOnlineFinish,
-          {{"el", num(EL)},
-           {"impl", impl},
-           {"max_lanes", butterfly("v", mx, 16)},
-           {"max_warps", W > 1 ? across_warps("v", mx, K) + shfl0 : ""},
-           {"sum_lanes", butterfly("v", add, 16)},
-           // (the warps' buffer again, once every thread has read the maximum's)
-           {"sum_warps",
-            W > 1 ? "    __syncthreads();\n" + across_warps("v", add, K) + shfl0 : ""}});
+      finish =
+          codegen::fill(kTritonOnlineFinish,
+                        {{"max", codegen::fill(kTritonLoopFold, {{"arr", "am"},
+                                                                 {"el", num(EL)},
+                                                                 {"op", mx},
+                                                                 {"plus_zero", ""},
+                                                                 {"threads", threads(mx, K)}})},
+                         {"el", num(EL)},
+                         {"impl", impl},
+                         {"sync", W > 1 ? "    __syncthreads();\n" : ""},
+                         {"sum", threads(add, K)}});
     } else {
       const bool from_first = !f64 && p.spec.kind == kRedSum;
       init = "    ACC acc[" + num(EL) + "];\n#pragma unroll\n    for (int e = 0; e < " + num(EL) +
              "; ++e) acc[e] = cl::red_identity<ACC>(" + kind + ");\n";
       step = from_first ? "if (in) acc[e] = it == 0 ? y[e] : " + red_op + "acc[e], y[e]);"
                         : "if (in) acc[e] = " + red_op + "acc[e], y[e]);";
-      finish = codegen::fill(kTritonLoopFold,
-                             {{"el", num(EL)},
-                              {"kind", kind},
-                              {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
-                              {"lanes", butterfly("v", red_op, 16)},
-                              {"across_warps", W > 1 ? across_warps("v", red_op, K) + shfl0 : ""}});
+      finish =
+          codegen::fill(kTritonLoopFold, {{"arr", "acc"},
+                                          {"el", num(EL)},
+                                          {"op", red_op},
+                                          {"plus_zero", from_first ? "    v = v + 0.0f;\n" : ""},
+                                          {"threads", threads(red_op, K)}});
     }
     return codegen::fill(
         kTritonLoopPhase,

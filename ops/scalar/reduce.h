@@ -1050,6 +1050,12 @@ CL_HD T red_online_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   return (t & 1) ? s : m;
 }
 
+// e_c = exp(m_c - M): exp(0) where M is -inf (a row of -inf).
+template <typename T>
+CL_HD T red_online_scale(T m, T M, int impl) {
+  return m_exp(M == red_identity<T>(kRedMax) ? T(0) : m - M, impl);
+}
+
 // A thread's sum of s_c e_c over its k-th positions, k = 0, 1, ... (see above).
 template <typename T>
 struct RedOnlineFold {
@@ -1072,12 +1078,11 @@ CL_HD T red_online_combine(const RedPlan& P, T* p) {
   const int64_t R = P.a, per = P.b, lanes = P.c, warps = P.d, nt = lanes * warps;
   const int64_t tile = per * nt, reps = R / tile;
   const int impl = static_cast<int>(P.impl);
-  const T ninf = red_identity<T>(kRedMax);
   T* th = p + 2 * R;
-  for (int64_t t = 0; t < nt; ++t) {
+  for (int64_t t = 0; t < nt; ++t) {  // each thread's maxima in register order, from m_0
     T m = p[2 * (t * per)];
-    for (int64_t rep = 0; rep < reps; ++rep)
-      for (int64_t k = 0; k < per; ++k) m = red_tri_maximum(m, p[2 * (rep * tile + t * per + k)]);
+    for (int64_t i = 1; i < reps * per; ++i)
+      m = red_tri_maximum(m, p[2 * ((i / per) * tile + t * per + i % per)]);
     th[t] = m;
   }
   const T M = red_triton_tree(lanes, warps, th, [](T a, T b) { return red_tri_maximum(a, b); });
@@ -1086,7 +1091,7 @@ CL_HD T red_online_combine(const RedPlan& P, T* p) {
     for (int64_t rep = 0; rep < reps; ++rep)
       for (int64_t k = 0; k < per; ++k) {
         const int64_t c = rep * tile + t * per + k;
-        f.add(p[2 * c + 1], m_exp(M == ninf ? T(0) : p[2 * c] - M, impl));
+        f.add(p[2 * c + 1], red_online_scale(p[2 * c], M, impl));
       }
     th[t] = f.sum();
   }

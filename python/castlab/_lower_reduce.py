@@ -10,6 +10,7 @@ from ._graph import Node
 from ._lower_steps import NllStep, ReduceStep
 from ._lower_views import Cat, Elem, Leaf, Reduced, Scalar, _dtype_code
 from ._optable import F32, F64, IMPL_MASK, ORDER_CODE, REDUCE_ONLINE, REDUCE_OPS
+from ._schedule import num_sms
 from ._torch_kernels import (
     _prod,
     _reduce_layout,
@@ -137,9 +138,7 @@ class ReductionLowering:
         spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None,
                                 src_f32=src_f32, zseg=zseg)
         self.steps.append(ReduceStep.make([ev], [Leaf(t, ("tmp", k))], spec))
-        d = self.record.decide(node, F64 if acc is float64 else F32)
-        self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = _C.describe_reduce(spec, 2 * n if dot else n, rows)
+        d = self._decided(node, acc, _C.describe_reduce(spec, 2 * n if dot else n, rows))
         if node.op in ("amax", "amin") and spec[1] == ORDER_CODE["torch_cpu"] and spec[3] > 0:
             loop = ("vectorized_reduction" + (f" over rows of {spec[6]}" if len(spec) > 6
                                               else "") if spec[3] == 2
@@ -238,15 +237,13 @@ class ReductionLowering:
                           ("reshape", (1, _prod(shape))))
             spec = (*spec1, n0, 0)
             t = self._reduce_step(e, 1, _prod(shape), acc, spec)
-            d = self.record.decide(node, F64 if acc is float64 else F32)
-            self.reduce_decisions[id(self.steps[-1])] = d
-            d.description = (
+            self._decided(node, acc, (
                 "sum torch_cpu: TensorIterator's dims " + " x ".join(
                     f"{g[0]}{'r' if g[2] else ''}" for g in groups)
                 + f"; each row of {n0} by " + _C.describe_reduce(spec1, n0, 1).split(" ", 1)[-1]
                 + ", the rows' sums added in order (on several torch threads: ATen's two-pass"
                 " split, the rows cut at its chunks)"
-                + (" (from a float copy)" if node.inputs[0].dtype.bits == 16 else ""))
+                + (" (from a float copy)" if node.inputs[0].dtype.bits == 16 else "")))
             return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
         t1 = self._reduce_step(e1, rows1, n0, acc, spec1)
         # the row sums, over the dims other than d0, in logical order
@@ -261,15 +258,13 @@ class ReductionLowering:
         e2 = self.view(e2, ("reshape", (rows, n)))
         spec2 = (REDUCE_OPS["sum"], ORDER_CODE["sequential"], 0, 0, 0, 0)
         t = self._reduce_step(e2, rows, n, acc, spec2)
-        d = self.record.decide(node, F64 if acc is float64 else F32)
-        self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = (
+        self._decided(node, acc, (
             "sum torch_cpu: TensorIterator's dims " + " x ".join(
                 f"{g[0]}{'r' if g[2] else ''}" for g in groups)
             + f"; each row of {n0} by " + _C.describe_reduce(spec1, n0, rows1).split(" ", 1)[-1]
             + f", then the {n} row sums added in order" + (" (from a float copy)"
                                                            if node.inputs[0].dtype.bits == 16
-                                                           else ""))
+                                                           else "")))
         return Reduced(node, Leaf(t.t._view_or_none(list(node.shape)), t.src), node.shape)
 
     def _online_softmax(self, node: Node, rows: int, n: int, acc) -> Reduced | None:
@@ -277,12 +272,12 @@ class ReductionLowering:
         as Inductor computes it by default (config.online_softmax: the post-grad pattern
         prepare_softmax_online) for a row of several tiles: from x itself, a running
         (max, sum) per tile position (ops/scalar/reduce.h red_online_part). torch 2.11
-        splits a row of over 8,192 elements among fewer than 264 rows and then drops the
-        online form (docs/inductor_wide_rows.md 3.1): those keep the plain sum. None
-        where it does not apply."""
+        splits a row of over 8,192 elements among fewer than two rows a multiprocessor (264
+        on an H100/H200) and then drops the online form (docs/inductor_wide_rows.md 3.1):
+        those keep the plain sum. None where it does not apply."""
         a = node.attrs
         if (node.op != "sum" or a.get("algo") != "softmax" or not a.get("softmax_last")
-                or a.get("bwd") or (rows < 264 and n > 8192)
+                or a.get("bwd") or (rows < 2 * num_sms(self.device) and n > 8192)
                 or (a.get("order") or self.math.reduction_order(self.cuda)) != "triton"):
             return None
         e = node.inputs[0]
@@ -299,10 +294,16 @@ class ReductionLowering:
         spec = (REDUCE_ONLINE, *spec[1:], impl, 0)
         ev = self.view(self.expr(xf), ("reshape", (rows, n)))
         out = self._reduce_step(ev, rows, n, acc, spec)
+        self._decided(node, acc, _C.describe_reduce(spec, n, rows))
+        return Reduced(node, Leaf(out.t._view_or_none(list(node.shape)), out.src), node.shape)
+
+    def _decided(self, node: Node, acc, description: str):
+        """The decision recorded for `node`, computed by the last reduce step (the trace's
+        line for it says `description`)."""
         d = self.record.decide(node, F64 if acc is float64 else F32)
         self.reduce_decisions[id(self.steps[-1])] = d
-        d.description = _C.describe_reduce(spec, n, rows)
-        return Reduced(node, Leaf(out.t._view_or_none(list(node.shape)), out.src), node.shape)
+        d.description = description
+        return d
 
     def _reduce_step(self, ev, rows: int, n: int, acc, spec: tuple) -> Leaf:
         """One reduce step over `ev` seen as [rows, n], into a fresh [rows] temporary."""
