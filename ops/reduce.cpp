@@ -477,6 +477,33 @@ void reduce_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n)
   });
 }
 
+// The rows as the columns of a contiguous [n, rows] matrix, reduced as the GPU does
+// (ops/cuda/reduce.cpp): each tile position (red_column_position), then the positions as a
+// row of one tile (P.e = 0). (Its own function: a change to reduce_cpu's body moved which
+// NaN x86 keeps in the moments' adds, as between two C++ builds.)
+template <typename T>
+void reduce_columns_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n) {
+  RedPlan Q = P;
+  Q.e = 0;
+  parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<T> parts(static_cast<size_t>(std::max<int64_t>(P.nparts, 1)));
+    std::vector<T> pos(static_cast<size_t>(P.a));
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t p = 0; p < P.a; ++p) pos[p] = red_column_position<T>(P, src, rows, n, r, p);
+      for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part<T>(Q, pos.data(), P.a, r, t);
+      dst[r] = red_combine(Q, parts.data());
+    }
+  });
+}
+
+template <typename T>
+void reduce_any_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n, bool columns) {
+  if (columns)
+    reduce_columns_cpu(P, src, dst, rows, n);
+  else
+    reduce_cpu(P, src, dst, rows, n);
+}
+
 }  // namespace
 
 void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst) {
@@ -489,21 +516,33 @@ void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst) {
   const int64_t rows = dst.numel();
   const int64_t total = src.numel();
   if (rows == 0) return;
-  if ((total > 0 && !src.is_contiguous()) || !dst.is_contiguous())
-    throw std::invalid_argument("reduce: operands must be contiguous");
   if (total % rows != 0) throw std::invalid_argument("reduce: rows do not divide the input");
   const int64_t n = total / rows;
+  // or the columns of a contiguous [n, rows] matrix (a reduction over its leading dims)
+  const bool columns = !src.is_contiguous() && src.ndim() == 2 && src.shape()[0] == rows &&
+                       src.shape()[1] == n && src.strides()[0] == 1 && src.strides()[1] == rows;
+  if ((total > 0 && !src.is_contiguous() && !columns) || !dst.is_contiguous())
+    throw std::invalid_argument(
+        "reduce: operands must be contiguous rows or the columns of a contiguous matrix");
   const RedPlan P = make_red_plan(s, n, rows);
+  if (columns && !reduce_columns_supported(P))
+    throw std::invalid_argument(
+        "reduce: the columns of a matrix are reduced in the triton order only (sum, max, min)");
   if (src.device().type != DeviceType::CPU) {
     device_backend(src.device().type).reduce(P, src, dst, rows);
     return;
   }
   if (src.dtype() == kFloat32)
-    reduce_cpu(P, static_cast<const float*>(src.data_ptr()), static_cast<float*>(dst.data_ptr()),
-               rows, n);
+    reduce_any_cpu(P, static_cast<const float*>(src.data_ptr()),
+                   static_cast<float*>(dst.data_ptr()), rows, n, columns);
   else
-    reduce_cpu(P, static_cast<const double*>(src.data_ptr()), static_cast<double*>(dst.data_ptr()),
-               rows, n);
+    reduce_any_cpu(P, static_cast<const double*>(src.data_ptr()),
+                   static_cast<double*>(dst.data_ptr()), rows, n, columns);
+}
+
+bool reduce_columns_supported(const RedPlan& P) {
+  return P.order == kOrdTriton && P.kind <= kRedMin && P.f == 0 && P.g <= 1 && P.h != 1 &&
+         P.a > 0 && P.a <= 65535;
 }
 
 }  // namespace cl

@@ -47,8 +47,13 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows);
 // One line: the configuration in words (traces).
 std::string describe_red_plan(const RedPlan& p);
 
-// src: contiguous [rows, n] (or [n] for rows = 1), float32 or float64; dst: contiguous,
-// rows elements, the same dtype and device.
+// src: contiguous [rows, n] (or [n] for rows = 1), or where reduce_columns_supported the
+// columns of a contiguous [n, rows] matrix (strides 1, rows: a reduction over the leading
+// dims, read a matrix row at a time with the same bits), float32 or float64; dst:
+// contiguous, rows elements, the same dtype and device.
 void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst);
+// Can the columns of a matrix be reduced in this plan's order (the triton order's sum, max
+// and min)?
+bool reduce_columns_supported(const RedPlan& p);
 
 }  // namespace cl

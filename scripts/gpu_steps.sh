@@ -20,7 +20,7 @@
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
 #   online       the online softmax and the looped register kernel against torch.compile (also
 #                the torch_compile stack's loss over a 32,000 vocabulary) and
-#                the CPU (tests/test_reduce_cuda.py), then the backward sweep's default path
+#                the CPU (tests/test_reduce_cuda.py), then the backward sweep's default path; reductions of columns
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
 #                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
@@ -79,7 +79,7 @@ for s in "$@"; do
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
     online) TAIL=40 step online $PY -m pytest -q -p no:cacheprovider -n "${CASTLAB_TEST_JOBS:-8}" \
               -rfEx --tb=short tests/test_reduce_cuda.py tests/test_reduce_sweep_cuda.py tests/test_stacks_cuda.py \
-              -k "inductor_softmax or vocabulary or row_kernel_equals or many_rows or backward" ;;
+              -k "inductor_softmax or vocabulary or row_kernel_equals or many_rows or backward or columns" ;;
     bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
     stacks24) step stacks24 $PY benchmarks/bench_stacks.py --device cuda --layers 24 --hidden 896 \

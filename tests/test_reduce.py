@@ -605,3 +605,39 @@ def test_triton_order_rejects_tiles_it_cannot_hold():
                 cl.jit(lambda x: cl.sum(x, -1)).run(x, math=cl.Math("t", reduction="triton"))
         finally:
             _lower.TRITON_CONFIGS.clear()
+
+
+@pytest.mark.parametrize("spec", [(0, 9, 256, 2, 32, 4), (0, 9, 2048, 4, 32, 16),
+                                  (1, 9, 64, 4, 8, 2), (2, 9, 1024, 8, 32, 4),
+                                  (0, 9, 4096, 8, 32, 16)], ids=str)
+def test_columns_of_a_matrix_reduce_as_its_transposed_rows(spec):
+    """run_reduce reads the columns of a contiguous [n, rows] matrix (strides 1, rows) in
+    the triton order as the GPU does for a sum over leading dims (RMSNorm's weight
+    gradient): each tile position of each column, then the positions as a row of one
+    tile. The bits equal those of the transposed copy's rows, for one tile, many tiles and
+    a partial one, with NaN, inf, -inf and -0 in the columns; other orders are refused."""
+    from castlab import _C
+
+    rng = np.random.default_rng(spec[2])
+    for n in (1, 3, 255, 256, 257, 2048, 5000, 9000):
+        for rows in (5, 7, 33):
+            m = (rng.standard_normal((n, rows)) * 3).astype(np.float32)
+            m[0, 0] = np.nan
+            m[-1, 1] = np.inf
+            m[:, 2] = -0.0
+            m[n // 2, 3] = -np.inf
+            m[:, 4] = 1e-30
+            cols = cl.tensor(m).T            # [rows, n], strides (1, rows)
+            assert n == 1 or not cols.is_contiguous()
+            got = _C.empty([rows], "float32", "cpu")
+            want = _C.empty([rows], "float32", "cpu")
+            _C.reduce_rows(cols, got, *spec)
+            _C.reduce_rows(cl.tensor(np.ascontiguousarray(m.T)), want, *spec)
+            g, w = np.asarray(got), np.asarray(want)
+            assert np.array_equal(g.view(np.uint32), w.view(np.uint32)), (n, rows, g, w)
+    x = cl.tensor(np.ones((40, 3), np.float32)).T
+    with pytest.raises(ValueError, match="columns of a matrix are reduced in the triton order"):
+        _C.reduce_rows(x, _C.empty([3], "float32", "cpu"), 0, 0)
+    with pytest.raises(ValueError, match="contiguous rows or the columns"):
+        _C.reduce_rows(cl.tensor(np.ones((4, 40), np.float32))[:, ::2],
+                       _C.empty([4], "float32", "cpu"), *spec)

@@ -315,6 +315,54 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                         "GPU != CPU", shape, dt, order, fi, mismatches(g0, c), mismatches(g1, c))
 
 
+@pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
+def test_columns_reduce_in_place_as_the_cpu(policy):
+    """A triton-order reduction over the leading dims (RMSNorm's weight gradient: a sum
+    over the tokens) reads its operand's columns in place on the GPU: each tile position
+    of each column, then the positions' tree (ops/cuda/reduce.cpp), where the rows of a
+    transposed copy were read a row length apart. Same bits as the CPU, which reduces the
+    transposed copy: sum, amax and amin over dim 0 and dims (0, 1), of one tile and of
+    many (2048, 4096, ragged), with NaN, inf and -0 in the columns; bf16 and fp32."""
+    from castlab._lower_steps import ReduceStep
+
+    m = cl.Math("p", impl="portable", reduction="triton")
+    fns = {"sum": lambda x: cl.sum(x * 1.5, 0), "amax": lambda x: cl.amax(x, 0),
+           "amin": lambda x: cl.amin(x - 1, 0), "sum01": lambda x: cl.sum(x, (0, 1))}
+    for shape in [(2, 3), (31, 7), (1000, 33), (2048, 5), (4097, 9), (8200, 3), (3, 40, 17),
+                  (700, 3, 130)]:
+        for dt in (cl.bfloat16, cl.float32):
+            t = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[0])) * 3
+            flat = t.view(-1, shape[-1])
+            flat[0, 0] = float("nan")
+            flat[1, 1] = float("inf")
+            flat[:, -1] = -0.0
+            x = cl.from_dlpack(t.cuda()).astype(dt)
+            xc = cl.from_dlpack(t).astype(dt)
+            for name, fn in fns.items():
+                if name == "sum01" and len(shape) < 3:
+                    continue
+                jf = cl.jit(fn)
+                g = jf.run(x, policy=policy, math=m)
+                c = jf.run(xc, policy=policy, math=m)
+                assert mismatches(g, torch.from_dlpack(c)) == 0, (shape, dt, name, policy)
+                if policy != "fp64":
+                    tr, _ = jf._traced(jf._bind((x,)))
+                    reds = [st for p in tr.plans.values() for st in p.steps
+                            if isinstance(st, ReduceStep)]
+                    assert reds and all(not st.leaves[0].t.is_contiguous() for st in reds), (
+                        shape, name)
+    # RMSNorm's gradient of its weight (and of x): fused on the GPU equals the CPU
+    x = cl.from_dlpack(_x((3000, 896), torch.bfloat16, 1))
+    w = cl.from_dlpack((torch.rand(896, device="cuda") + 0.5).to(torch.bfloat16))
+    dy = cl.from_dlpack(_x((3000, 896), torch.bfloat16, 2))
+    fb = cl.jit(lambda a, b: cl.rms_norm(a, 896, b, 1e-6, cast="hf")).backward_fn(argnums=(0, 1))
+    g = fb.run(x, w, dy, policy="fused", math=m)
+    c = fb.run(*(cl.from_dlpack(torch.from_dlpack(a).cpu()) for a in (x, w, dy)),
+               policy="fused", math=m)
+    for a, b in zip(g, c):
+        assert mismatches(a, torch.from_dlpack(b)) == 0
+
+
 def test_register_row_kernel_tickets_from_threads():
     """The register row kernel's blocks take their rows after the first by ticket from a
     counter on the device, whose base the host advances by each launch's rows. Launches

@@ -123,20 +123,28 @@ class ReductionLowering:
                 ev = self.view(ev, ("permute", perm))
             return self.view(ev, ("reshape", (rows, n)))
         dot = self._dot_operands(node, ev)
+        spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None,
+                                src_f32=src_f32, zseg=zseg)
         if dot is not None:  # the products' factors side by side: [rows, 2n] (red_dot)
             ev = self._temp_from(Cat(1, [as_rows(a) for a in dot], (rows, 2 * n)),
                                  (rows, 2 * n), acc)
+        elif self._columns(spec, dims, rows, n):
+            # the reduced dims lead: the operand stays [n, rows] in its own layout and the
+            # step reads its columns (written and read a row of the matrix at a time)
+            ev = self.view(ev, ("reshape", (n, rows)))
+            if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
+                    and ev.t.is_contiguous()):
+                ev = self._temp_from(ev, (n, rows), acc)
+            ev = self.view(ev, ("permute", (1, 0)))
         else:
             ev = as_rows(ev)
-        if dot is None and not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
-                                and ev.t.is_contiguous()):
-            ev = self._temp_from(ev, (rows, n), acc)
+            if not (isinstance(ev, Leaf) and _dtype_code(ev.t) == acc.code
+                    and ev.t.is_contiguous()):
+                ev = self._temp_from(ev, (rows, n), acc)
         k = len(self.temps)
         self.temps.append(((rows,), acc))
         t = _C.empty([rows], acc.name, str(self.device))
         self.temp_tensors.append(t)
-        spec = self.reduce_spec(node, acc, layout, n, geom, dot=dot is not None,
-                                src_f32=src_f32, zseg=zseg)
         self.steps.append(ReduceStep.make([ev], [Leaf(t, ("tmp", k))], spec))
         d = self._decided(node, acc, _C.describe_reduce(spec, 2 * n if dot else n, rows))
         if node.op in ("amax", "amin") and spec[1] == ORDER_CODE["torch_cpu"] and spec[3] > 0:
@@ -147,6 +155,16 @@ class ReductionLowering:
                              f"{spec[2]}-element vectors: {loop} decides a zero's sign)")
         view = t._view_or_none(list(node.shape))
         return Reduced(node, Leaf(view, ("tmp", k)), node.shape)
+
+    def _columns(self, spec: tuple, dims, rows: int, n: int) -> bool:
+        """Does a GPU reduction over the leading dims read its operand's columns in place
+        (ops/cuda/reduce.cpp: each tile position of each column, then the positions' tree:
+        the triton order's sum, max and min) rather than a transposed copy, whose rows
+        the threads of a block read a row length apart (RMSNorm's weight gradient)?"""
+        return (self.cuda and rows > 1 and n > 1 and tuple(dims) == tuple(range(len(dims)))
+                and spec[1] == ORDER_CODE["triton"] and len(spec) == 6
+                and spec[0] in (REDUCE_OPS["sum"], REDUCE_OPS["amax"], REDUCE_OPS["amin"])
+                and 0 < spec[2] <= 65535)
 
     def _plain_torch_cpu_sum(self, node: Node) -> bool:
         """A sum ATen's cascade_sum computes under the torch_cpu order on the CPU (not one

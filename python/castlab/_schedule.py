@@ -251,8 +251,8 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
         else:
             break
         src, dst = red.leaves[0], red.outs[0]
-        if len(src.t.shape) != 2 or dst.src[0] != "tmp":
-            break
+        if len(src.t.shape) != 2 or dst.src[0] != "tmp" or not src.t.is_contiguous():
+            break  # (a GPU's columns: ops/cuda/reduce.cpp reads them a matrix row at a time)
         r, m = src.t.shape
         if r * m == 0 or (rows is not None and (r, m) != (rows, n)):
             break
