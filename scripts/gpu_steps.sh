@@ -18,9 +18,12 @@
 #   widths       benchmarks/bench_widths.py (issue 49's table: every width against torch
 #                eager and torch.compile); widths_bwd: the same with --backward
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
-#   online       the online softmax and the looped register kernel against torch.compile (also
-#                the torch_compile stack's loss over a 32,000 vocabulary) and
-#                the CPU (tests/test_reduce_cuda.py), then the backward sweep's default path; reductions of columns
+#   online       Inductor's online softmax against torch.compile (softmax at every width,
+#                log_softmax and cross-entropy over a vocabulary: tests/test_reduce_cuda.py;
+#                ~5 min on 8 workers, torch.compile of each case)
+#   rowk         the register row kernel and reductions of columns against the CPU
+#   bwdsweep     the softmax backward sweep (every length, eager order, fused and separate)
+#   stack32k     the torch_compile stack on a Qwen2 with a 32,000 vocabulary (issue 52)
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
 #                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
@@ -65,6 +68,14 @@ step() {  # step NAME COMMAND...: run with the time left, log to $OUT/NAME.log
   tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
 
+t() {  # t FILES K NAME: pytest -k K on FILES, its short summary at the end of NAME.log
+  # (SIGINT at the deadline: pytest still prints which tests failed so far)
+  local tl=$(( $(left) - 15 ))
+  if [ "$tl" -lt 15 ]; then echo "== $3: no time left, skipped"; return; fi
+  TAIL=40 step "$3" timeout -s INT "$tl" $PY -m pytest -q -p no:cacheprovider -W ignore \
+    -n "${CASTLAB_TEST_JOBS:-8}" -rfEx --tb=short --show-capture=no $1 -k "$2"
+}
+
 for s in "$@"; do
   case "$s" in
     testing) step testing $PY benchmarks/bench_testing_cuda.py --json "$OUT/bench_testing.json" ;;
@@ -77,9 +88,10 @@ for s in "$@"; do
     bench) step bench $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" ;;
     backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
-    online) TAIL=40 step online $PY -m pytest -q -p no:cacheprovider -n "${CASTLAB_TEST_JOBS:-8}" \
-              -rfEx --tb=short tests/test_reduce_cuda.py tests/test_reduce_sweep_cuda.py tests/test_stacks_cuda.py \
-              -k "inductor_softmax or vocabulary or row_kernel_equals or many_rows or backward or columns" ;;
+    online) t "tests/test_reduce_cuda.py" "inductor_softmax or vocabulary" online ;;
+    rowk) t "tests/test_reduce_cuda.py" "row_kernel_equals or many_rows or columns" rowk ;;
+    bwdsweep) t "tests/test_reduce_sweep_cuda.py" "backward" bwdsweep ;;
+    stack32k) t "tests/test_stacks_cuda.py" "vocabulary" stack32k ;;
     bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
     stacks24) step stacks24 $PY benchmarks/bench_stacks.py --device cuda --layers 24 --hidden 896 \

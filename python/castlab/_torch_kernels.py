@@ -349,16 +349,15 @@ class TorchKernelLowering:
         if order == "inductor_cpp":
             return self._inductor_cpp_spec(node, kind, acc, n)
         if order == "triton":
-            tile = node.attrs.get("triton_tile")  # read from a compiled program
-            isz = node.attrs.get("elem_bytes", src.bits // 8)
-            if tile is None and n < UNROLL_BELOW and (node.attrs.get("algo"), n, isz) \
-                    not in TRITON_CONFIGS:
+            tile = node.attrs.get("triton_tile")  # read from a compiled program; isz: the
+            # bytes the kernel loads (a float computed from bf16 loads: RMSNorm's backward)
+            isz = node.attrs.get("elem_bytes") or (2 if _loads_16bit_float(node) else src.bits // 8)
+            algo = node.attrs.get("algo")
+            if tile is None and n < UNROLL_BELOW and (algo, n, isz) not in TRITON_CONFIGS:
                 # ir.Reduction.create: a row shorter than unroll_reductions_threshold is
                 # unrolled into pointwise ops, ((x0 + x1) + x2) ..., on a GPU
                 return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-            if tile is None:
-                tile = triton_config(node.attrs.get("algo"), n, isz)
-            return (kind, ORDER_CODE[order], *tile)
+            return (kind, ORDER_CODE[order], *(tile or triton_config(algo, n, isz)))
         if order == "sequential" and node.attrs.get("algo") == "var":
             _torch_vml.unavailable()  # (torch's thread count: see above)
             return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce
