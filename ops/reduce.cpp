@@ -478,20 +478,17 @@ void reduce_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n)
 }
 
 // The rows as the columns of a contiguous [n, rows] matrix, reduced as the GPU does
-// (ops/cuda/reduce.cpp): each tile position (red_column_position), then the positions as a
-// row of one tile (P.e = 0). (Its own function: a change to reduce_cpu's body moved which
-// NaN x86 keeps in the moments' adds, as between two C++ builds.)
+// (ops/cuda/reduce.cpp): each thread's part through a RedColumn, then the parts combined.
+// (Its own function: a change to reduce_cpu's body moved which NaN x86 keeps in the
+// moments' adds, as between two C++ builds.)
 template <typename T>
 void reduce_columns_cpu(const RedPlan& P, const T* src, T* dst, int64_t rows, int64_t n) {
-  RedPlan Q = P;
-  Q.e = 0;
   parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<T> parts(static_cast<size_t>(std::max<int64_t>(P.nparts, 1)));
-    std::vector<T> pos(static_cast<size_t>(P.a));
     for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t p = 0; p < P.a; ++p) pos[p] = red_column_position<T>(P, src, rows, n, r, p);
-      for (int64_t t = 0; t < P.nparts; ++t) parts[t] = red_part<T>(Q, pos.data(), P.a, r, t);
-      dst[r] = red_combine(Q, parts.data());
+      for (int64_t t = 0; t < P.nparts; ++t)
+        parts[t] = red_triton_part<T>(P, RedColumn<T>{src + r, rows}, n, t);
+      dst[r] = red_triton_combine(P, parts.data());
     }
   });
 }
@@ -542,7 +539,7 @@ void run_reduce(const ReduceSpec& s, const Tensor& src, const Tensor& dst) {
 
 bool reduce_columns_supported(const RedPlan& P) {
   return P.order == kOrdTriton && P.kind <= kRedMin && P.f == 0 && P.g <= 1 && P.h != 1 &&
-         P.a > 0 && P.a <= 65535;
+         P.chunk == 0 && P.nparts > 0 && P.nparts <= 65535;
 }
 
 }  // namespace cl

@@ -176,10 +176,10 @@ def test_builtin_kernel_groups_partition_the_builtins():
     assert {n for n, _ in parts[0]} == {"cl_compare_leaves", "cl_compare_tree", "cl_near_ties",
                                         "cl_tie_split", "cl_ulp_error", "cl_ulp_diff"}
     # the generic reduction: one kernel per order (the softmax orders share one) and dtype,
-    # and the first pass of a reduction of columns per dtype
+    # and the reduction of columns per dtype
     assert {n for n, _ in parts[1]} == {f"cl_reduce_f{b}_o{o}" for b in (32, 64)
                                         for o in (0, 1, 2, 3, 5, 6, 7, 8, 9)} | {
-                                            "cl_colpos_f32", "cl_colpos_f64"}
+                                            "cl_colred_f32", "cl_colred_f64"}
     with pytest.raises(ValueError, match="unknown kernel group 'nope'; groups: compare"):
         clcuda.builtin_kernels("nope")
 

@@ -623,10 +623,10 @@ def test_nvrtc_compiles_the_reduce_kernels():
     with pytest.raises(ValueError, match="no reduction order 11"):
         _C._reduce_kernel_source(True, 11)
     ks = clcuda.builtin_kernels("reduce")
-    assert len(ks) == 20  # and the first pass of a reduction of columns, float and double
+    assert len(ks) == 20  # and the reduction of columns, float and double
     for name, src in ks:
-        if name.startswith("cl_colpos_"):
-            assert src == _C._colpos_kernel_source(name.endswith("f64"))
+        if name.startswith("cl_colred_"):
+            assert src == _C._colred_kernel_source(name.endswith("f64"))
         else:
             order = int(name.rsplit("_o", 1)[1])
             assert f"red_part<T, {order}>" in src and f"red_combine<T, {order}>" in src
@@ -652,6 +652,8 @@ def test_the_gpu_orders_reduce_kernels_keep_a_small_stack():
         assert _local_depot(_C._reduce_kernel_source(True, order),
                             _C._reduce_kernel_name(True, order)) <= 1024
     assert _local_depot(_C._reduce_kernel_source(True, 6), _C._reduce_kernel_name(True, 6)) > 4096
+    # the reduction of columns (Triton's order through a column accessor) as the rows'
+    assert _local_depot(_C._colred_kernel_source(True), "cl_colred_f64") <= 1024
 
 
 def test_nvrtc_compiles_the_index_and_nll_kernels():

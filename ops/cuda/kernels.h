@@ -26,12 +26,12 @@ int reduce_kernel_order(int order);
 const std::string& reduce_kernel_name(bool f64, int order);
 std::string reduce_kernel_source(bool f64, int order);
 // `src`: contiguous [rows, n] rows, or the columns of a contiguous [n, rows] matrix (a
-// reduction over leading dims), which run in two passes (colpos_kernel_source: each tile
-// position of each column, then the rows kernel over the positions) where
+// reduction over leading dims), which run in two passes of colred_kernel_source (each
+// thread's part of each column, then each column's parts combined) where
 // reduce_columns_supported(p) (ops/reduce.h): the triton order's sum, max and min.
 void launch_reduce_cuda(const RedPlan& p, const Tensor& src, const Tensor& dst, int64_t rows);
-const std::string& colpos_kernel_name(bool f64);
-std::string colpos_kernel_source(bool f64);
+const std::string& colred_kernel_name(bool f64);
+std::string colred_kernel_source(bool f64);
 
 std::string index_kernel_source();
 // Returns the first out-of-range index found (or none: *bad == false).

@@ -969,21 +969,14 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   return out;
 }
 
-// Tile position p of column c of a contiguous [n, rows] matrix whose columns are the rows
-// reduced, as red_triton_part accumulates one position of a row (from the identity, every
-// P.a-th element in order; a single tile: the element itself). The positions of a row, as
-// a row of P.a values reduced with P.e = 0, give red_triton_part's parts and so its bits.
+// A column of a contiguous [n, rows] matrix read as a row (element i at p[i * stride]):
+// the accessor red_triton_part reads a reduction over leading dims through, in place.
 template <typename T>
-CL_HD T red_column_position(const RedPlan& P, const T* src, int64_t rows, int64_t n, int64_t c,
-                            int64_t p) {
-  T acc = red_identity<T>(P.kind);
-  if (P.e) {
-    for (int64_t i = p; i < n; i += P.a) acc = red_op(P.kind, acc, src[i * rows + c]);
-  } else if (p < n) {
-    acc = src[p * rows + c];
-  }
-  return acc;
-}
+struct RedColumn {
+  const T* p;
+  int64_t stride;
+  CL_HD_METHOD T operator[](int64_t i) const { return p[i * stride]; }
+};
 
 // Triton's combine of its threads' values p[lane + lanes * warp] (in place): an xor
 // butterfly over each warp's lanes, lane 0's value per warp, then a butterfly over the

@@ -44,8 +44,8 @@ void bind_kernel_sources(py::module_& m) {
       [](bool f64, int order) { return cl::cuda::reduce_kernel_name(f64, order); }, py::arg("f64"),
       py::arg("order"), "the name of that kernel (cl_reduce_f32_o<order>)");
   m.def(
-      "_colpos_kernel_source", [](bool f64) { return cl::cuda::colpos_kernel_source(f64); },
-      py::arg("f64"), "the CUDA source of the first pass of a triton-order reduction of columns");
+      "_colred_kernel_source", [](bool f64) { return cl::cuda::colred_kernel_source(f64); },
+      py::arg("f64"), "the CUDA source of a triton-order reduction of columns (two passes)");
   m.def(
       "_index_kernel_source", [] { return cl::cuda::index_kernel_source(); },
       "the CUDA source of the index steps (gather, scatter_add, check)");
@@ -167,7 +167,7 @@ void bind_compile(py::module_& m) {
         if (cu::reduce_kernel_order(o) == o)
           k.emplace_back(cu::reduce_kernel_name(f64, o), cu::reduce_kernel_source(f64, o));
       k.emplace_back(f64 ? "cl_nll_f64" : "cl_nll_f32", cu::nll_kernel_source(f64));
-      k.emplace_back(cu::colpos_kernel_name(f64), cu::colpos_kernel_source(f64));
+      k.emplace_back(cu::colred_kernel_name(f64), cu::colred_kernel_source(f64));
     }
     for (const char* n : {"cl_gather", "cl_index_check", "cl_scatter_add", "cl_zero"})
       k.emplace_back(n, cu::index_kernel_source());
