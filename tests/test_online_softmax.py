@@ -181,6 +181,32 @@ def test_softmax_under_the_triton_order_takes_the_online_sum_where_inductor_does
                                                          math="torch_eager")
 
 
+def test_online_softmax_follows_math_and_inductors_config(monkeypatch):
+    """Math(online_softmax=False) (Inductor's config.online_softmax off) keeps the plain
+    sum of the two loops where the online sum would apply; the torch_compile stack takes
+    the flag from the process's Inductor config; a non-bool is refused."""
+    import dataclasses
+
+    sm = lambda x: cl.softmax(x, -1)  # noqa: E731
+    x = cl.randn(300, 5000, seed=1)
+    off = dataclasses.replace(PORTABLE, online_softmax=False)
+    text = cl.jit(sm).trace(x, policy="fused", math=off)
+    assert "online softmax sum" not in text and "sum triton looped (R0_BLOCK 2048" in text
+    assert cl.Math.preset("inductor").online_softmax is True
+    with pytest.raises(TypeError, match="online_softmax"):
+        cl.Math("p", online_softmax="yes")
+    pytest.importorskip("torch")
+    from torch._inductor import config as iconfig
+
+    from castlab.torch import _stacks
+
+    ind = cl.Math.preset("inductor")
+    monkeypatch.setattr(iconfig, "online_softmax", False)
+    assert _stacks.inductor_math(ind).online_softmax is False
+    monkeypatch.setattr(iconfig, "online_softmax", True)
+    assert _stacks.inductor_math(ind) is ind
+
+
 @pytest.mark.parametrize("dt", ["float32", "bfloat16"])
 def test_log_softmax_over_the_online_sum(dt):
     """log_softmax under the triton order at 5,000 elements (three tiles of 2,048): each

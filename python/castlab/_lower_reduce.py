@@ -292,9 +292,11 @@ class ReductionLowering:
         (max, sum) per tile position (ops/scalar/reduce.h red_online_part). torch 2.11
         splits a row of over 8,192 elements among fewer than two rows a multiprocessor (264
         on an H100/H200) and then drops the online form (docs/inductor_wide_rows.md 3.1):
-        those keep the plain sum. None where it does not apply."""
+        those keep the plain sum, as does Math(online_softmax=False) (Inductor's config
+        off). None where it does not apply."""
         a = node.attrs
         if (node.op != "sum" or a.get("algo") != "softmax" or not a.get("softmax_last")
+                or not self.math.online_softmax
                 or a.get("bwd") or (rows < 2 * num_sms(self.device) and n > 8192)
                 or (a.get("order") or self.math.reduction_order(self.cuda)) != "triton"):
             return None

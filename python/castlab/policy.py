@@ -205,6 +205,12 @@ class Math:
             pow kernels, with their shortcuts) or "inductor" (Inductor's lowering: an
             integer-valued exponent 0 <= n < 32 as repeated squaring in op-math,
             ``x**3 = (x*x)*x``; lowering.py ``pow_recursive``; other exponents as "torch").
+        online_softmax: under the "triton" order, a softmax's (log_softmax's,
+            cross-entropy's) row sum over several of Inductor's tiles is Inductor's online
+            softmax (``torch._inductor.config.online_softmax``, on by default in torch
+            2.11: a running maximum and sum per tile position); False: the two loops, the
+            maximum first, then the sum of exponentials. The torch_compile stack reads it
+            from Inductor's config.
         cuda_kernels: on the GPU, also reproduce the implementation details of PyTorch's
             eager CUDA kernels: ``rsqrt`` is CUDA's approximate ``rsqrtf``, a division by a
             Python number multiplies by its reciprocal (with ``impl="torch"``: a kernel
@@ -235,6 +241,7 @@ class Math:
     rms_norm: str = "hf"
     cpu_isa: str = "auto"
     pow: str = "torch"
+    online_softmax: bool = True
 
     def __hash__(self) -> int:  # cached: math variants are dictionary keys on every call
         return _cached_hash(self)
@@ -255,6 +262,7 @@ class Math:
         _check_choice("Math", "rms_norm", self.rms_norm, ("hf", "te"))
         _check_choice("Math", "cpu_isa", self.cpu_isa, ("auto", "avx512", "avx2", "default"))
         _check_choice("Math", "pow", self.pow, ("torch", "inductor"))
+        _check_bool("Math", "online_softmax", self.online_softmax)
 
     @staticmethod
     def presets() -> list[str]:

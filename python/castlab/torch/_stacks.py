@@ -411,6 +411,15 @@ def device_math(m: Math, flat: list) -> Math:
     return Math.preset(cpu) if devs <= {"cpu"} else m
 
 
+def inductor_math(m: Math) -> Math:
+    """`m` with Inductor's online softmax as the process's Inductor config sets it (the
+    setting torch.compile of the model runs under)."""
+    from torch._inductor import config as iconfig
+
+    on = bool(getattr(iconfig, "online_softmax", True))
+    return m if m.online_softmax == on else dataclasses.replace(m, online_softmax=on)
+
+
 _INDUCTOR_NOTE = ("torch.compile under Inductor's default settings: castlab's regions compute in "
                   "fp32 with the inductor math preset on a GPU (Triton's division and exp, FMA "
                   "contraction) and inductor_cpu on the CPU (its C++ kernels: SLEEF's functions, "
@@ -576,6 +585,7 @@ def execute(captured: Any, p: Plan, flat: list) -> Any:
     segs = _regions.run_segments(captured, p.kernels or None, pol)
     if p.stack.stores == "inductor" and pol.name != "fp64":
         segs = _inductor.segments_for(captured, segs, flat)
+        mth = inductor_math(mth)
     try:
         with torch.no_grad(), matmul_flags(p.matmul), sdpa_context(p.attention):
             return captured.execute(flat, pol, mth, segments=segs)
