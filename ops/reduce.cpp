@@ -151,17 +151,18 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
 RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
   if (s.kind < kRedSum || s.kind > kRedOnline)
     throw std::invalid_argument("reduce: unknown kind " + std::to_string(s.kind));
-  if (s.kind == kRedOnline) {  // the triton order's tile, p4 the exponentials' MathImpl
-    if (s.order != kOrdTriton || s.p4 < kPortable || s.p4 > kTorchCpu || s.p5 != 0)
+  if (s.kind == kRedOnline) {  // the triton order's tile, p4 the exponentials' MathImpl,
+    // p5 1 without Triton's fp fusion
+    if (s.order != kOrdTriton || s.p4 < kPortable || s.p4 > kTorchCpu || s.p5 < 0 || s.p5 > 1)
       throw std::invalid_argument(
           "reduce: the online softmax sum takes the triton order (R0_BLOCK, per thread, "
-          "lanes, warps) and the MathImpl of its exp (0-3)");
+          "lanes, warps), the MathImpl of its exp (0-3) and 0 or 1 (no fp fusion)");
     ReduceSpec t = s;
     t.kind = kRedSum;
     t.p4 = 0;
     RedPlan P = make_red_plan(t, n, rows);
     P.kind = kRedOnline;
-    P.impl = s.p4;
+    P.impl = s.p4 | (s.p5 ? kOnlineUnfused : 0);
     P.e = 1;
     P.nparts = 2 * P.a + P.c * P.d;  // (m, s) a position, then a slot a thread
     return P;
@@ -454,8 +455,12 @@ std::string describe_red_plan(const RedPlan& p) {
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)" +
              (p.kind == kRedOnline
-                  ? ": a running (max, sum) a tile position, s' = fma(s, exp(m - m'), exp(x - "
-                    "m')), then the positions' sum fma(s, exp(m - M), ...)"
+                  ? ((p.impl & kOnlineUnfused)
+                         ? ": a running (max, sum) a tile position, s' = s exp(m - m') + exp(x - "
+                           "m') rounded twice (no fp fusion), then the positions' sum of s "
+                           "exp(m - M)"
+                         : ": a running (max, sum) a tile position, s' = fma(s, exp(m - m'), "
+                           "exp(x - m')), then the positions' sum fma(s, exp(m - M), ...)")
                   : "");
   }
   return r;

@@ -15,7 +15,8 @@ import castlab as cl
 from castlab import _C
 
 F32 = np.float32
-PORTABLE = cl.Math("p", impl="portable", reduction="triton")
+# (fma: Triton's fp fusion on, as Inductor compiles by default)
+PORTABLE = cl.Math("p", impl="portable", reduction="triton", fma=True)
 _EXP = cl.jit(lambda a: cl.exp(a))
 _LOG = cl.jit(lambda a: cl.log(a))
 
@@ -69,8 +70,16 @@ def _tree(vals: list, lanes: int, warps: int, op) -> F32:
     return F32(p[0])
 
 
-def _online_sum(x: np.ndarray, r: int, per: int, lanes: int, warps: int) -> F32:
-    """The row's sum as Inductor's looped online softmax computes it."""
+def _madd(a, b, c, fused: bool) -> F32:
+    """a * b + c: fused (one rounding) or the product rounded first (Triton without fp
+    fusion)."""
+    return _fma(a, b, c) if fused else F32(F32(a * b) + F32(c))
+
+
+def _online_sum(x: np.ndarray, r: int, per: int, lanes: int, warps: int,
+                fused: bool = True) -> F32:
+    """The row's sum as Inductor's looped online softmax computes it (`fused`: Triton's fp
+    fusion on, its default; off under Inductor's emulate_precision_casts)."""
     m = np.full(r, -np.inf, F32)
     s = np.zeros(r, F32)
     with np.errstate(invalid="ignore"):
@@ -81,7 +90,7 @@ def _online_sum(x: np.ndarray, r: int, per: int, lanes: int, warps: int) -> F32:
             flat = m2 == -np.inf
             a = np.where(flat, F32(1), _exp(np.where(flat, F32(0), mm - m2)))
             b = np.where(flat, F32(1), _exp(np.where(flat, F32(0), xs - m2)))
-            s[:n] = [_fma(s[i], a[i], b[i]) for i in range(n)]
+            s[:n] = [_madd(s[i], a[i], b[i], fused) for i in range(n)]
             m[:n] = m2
         nt = lanes * warps
         tile = per * nt
@@ -100,9 +109,9 @@ def _online_sum(x: np.ndarray, r: int, per: int, lanes: int, warps: int) -> F32:
         if len(c) == 1:
             sums.append(F32(s[c[0]] * e[c[0]]))
             continue
-        acc = _fma(s[c[0]], e[c[0]], F32(s[c[1]] * e[c[1]]))
+        acc = _madd(s[c[0]], e[c[0]], F32(s[c[1]] * e[c[1]]), fused)
         for j in c[2:]:
-            acc = _fma(s[j], e[j], acc)
+            acc = _madd(s[j], e[j], acc, fused)
         sums.append(acc)
     return _tree(sums, lanes, warps, lambda u, v: F32(u + v))
 
@@ -121,23 +130,25 @@ def _rows(n: int, rows: int, seed: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fp_fusion", "no_fp_fusion"])
 @pytest.mark.parametrize("tile", [(256, 2, 32, 4), (512, 2, 32, 4), (64, 4, 8, 2),
                                   (2048, 4, 32, 16)], ids=str)
 @pytest.mark.parametrize("n", [700, 2049, 4096])
-def test_online_sum_equals_inductors_arithmetic(tile, n):
+def test_online_sum_equals_inductors_arithmetic(tile, n, fused):
     """kRedOnline over rows of several tiles (a partial last tile, several tiles a thread's
     positions repeat in, -inf rows, underflow, a NaN, a maximum that moves) gives the
     bits of the reference: every running sum's fma rounded once, the positions' sums
-    fused on the first pair's left product, Triton's butterflies."""
+    fused on the first pair's left product, Triton's butterflies; without fp fusion
+    (spec p5 = 1) every product rounded before its addition."""
     r, per, lanes, warps = tile
     if n <= r:
         pytest.skip("one tile")
     x = _rows(n, 8, n)
     dst = _C.empty([8], "float32", "cpu")
-    _C.reduce_rows(cl.tensor(x), dst, 6, 9, r, per, lanes, warps, 0, 0)
+    _C.reduce_rows(cl.tensor(x), dst, 6, 9, r, per, lanes, warps, 0, 0 if fused else 1)
     got = np.asarray(dst)
     for i in range(8):
-        want = _online_sum(x[i], r, per, lanes, warps)
+        want = _online_sum(x[i], r, per, lanes, warps, fused)
         assert got[i].view(np.uint32) == want.view(np.uint32) or (
             np.isnan(got[i]) and np.isnan(want)), (i, got[i], want)
 
@@ -147,9 +158,12 @@ def test_online_sum_plan_and_bad_specs():
     MathImpl in 0-3."""
     d = _C.describe_reduce((6, 9, 2048, 4, 32, 16, 0, 0), 32000, 512)
     assert d.startswith("online softmax sum triton looped (R0_BLOCK 2048: 4 per thread")
+    assert "fma(s, exp(m - m')" in d
+    assert "rounded twice (no fp fusion)" in _C.describe_reduce((6, 9, 2048, 4, 32, 16, 0, 1),
+                                                                 32000, 512)
     x, dst = cl.tensor(np.ones((2, 5000), F32)), _C.empty([2], "float32", "cpu")
     for bad in [(6, 0, 0, 0, 0, 0, 0, 0), (6, 9, 2048, 4, 32, 16, 7, 0),
-                (6, 9, 2048, 4, 32, 16, 0, 1)]:
+                (6, 9, 2048, 4, 32, 16, 0, 2)]:
         with pytest.raises(ValueError, match="online softmax sum takes the triton order"):
             _C.reduce_rows(x, dst, *bad)
     _C.reduce_rows(x, dst, 6, 9, 2048, 4, 32, 16, 0, 0)
@@ -193,6 +207,11 @@ def test_online_softmax_follows_math_and_inductors_config(monkeypatch):
     text = cl.jit(sm).trace(x, policy="fused", math=off)
     assert "online softmax sum" not in text and "sum triton looped (R0_BLOCK 2048" in text
     assert cl.Math.preset("inductor").online_softmax is True
+    # without contraction (Math fma=False: Inductor's emulate_precision_casts turns Triton's
+    # fp fusion off) the running sums round their products first
+    unfused = cl.jit(sm).trace(x, policy="fused", math=dataclasses.replace(PORTABLE, fma=False))
+    assert "online softmax sum" in unfused and "no fp fusion" in unfused
+    assert "no fp fusion" not in cl.jit(sm).trace(x, policy="fused", math=PORTABLE)
     with pytest.raises(TypeError, match="online_softmax"):
         cl.Math("p", online_softmax="yes")
     pytest.importorskip("torch")

@@ -468,7 +468,9 @@ def _online_xfail(bad: int, total: int, n: int, r0: int) -> None:
     (2026-12-07) was equal under Inductor's defaults at 4,096 on two tiles, 32,000,
     128,256 and 151,936, and differed in 1 to 126 elements of those under
     emulate_precision_casts and in 140 at 50,257 (a masked last tile) under the defaults.
-    Not yet explained."""
+    The emulated cases then ran castlab's fused online sum; Inductor turns Triton's fp
+    fusion off under emulate_precision_casts (pytorch#163073), which the test now models
+    (fma=False: products rounded first), not yet run. 50,257 is not explained."""
     if bad and n > r0:
         pytest.xfail(f"online softmax over {-(-n // r0)} tiles of {r0}: {bad} of {total} "
                      "elements differ from torch.compile")
@@ -496,17 +498,24 @@ def _autotuned_tile(cache_dir) -> dict | None:
 def test_inductor_softmax_equals_torch_compile(dt, n, tmp_path, monkeypatch):
     """softmax under the inductor preset (tl.sum over Inductor's tile, libdevice exp,
     Triton's approximate division) equals torch.compile's fused kernel bit for bit, with
-    torch's default casts (Policy round_casts=False) and with emulate_precision_casts.
+    torch's default casts (Policy round_casts=False) and with emulate_precision_casts
+    (which also turns Triton's fp fusion off: the preset with fma=False; the online sum's
+    products then round before their additions).
     Inductor autotunes the tile by time, so each compile gets its own cache folder and
     castlab takes the tile it chose (_lower.TRITON_CONFIGS); a row of several tiles is
     its online softmax (castlab's kRedOnline). Rows over 8,192 elements run 512 rows, which
     Inductor does not split."""
+    import dataclasses
+
     from castlab import _lower
 
     t = _x((256 if n <= 8192 else 512, n), DT[dt][1], n, scale=3.0)
     x = cl.from_dlpack(t)
     sm = lambda t: torch.softmax(t, -1)  # noqa: E731
     isz = t.element_size()
+    # emulate_precision_casts also turns Triton's fp fusion off (Inductor's
+    # enable_fp_fusion, pytorch#163073): castlab's math without contraction
+    nofma = dataclasses.replace(cl.Math.preset("inductor"), fma=False)
     for k, (policy, emulate) in enumerate([(cl.Policy("fused", round_casts=False), False),
                                            (cl.Policy("fused"), True)]):
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor{k}"))
@@ -517,7 +526,7 @@ def test_inductor_softmax_equals_torch_compile(dt, n, tmp_path, monkeypatch):
             cfg = _lower.triton_tile(r, int(tile.get("XBLOCK", 1)), int(tile["num_warps"]), isz)
             monkeypatch.setitem(_lower.TRITON_CONFIGS, ("softmax", n, isz), cfg)
         f = cl.jit(lambda x: cl.softmax(x, -1))  # planned with that tile
-        bad = _bits_bad(f.run(x, policy=policy, math="inductor"), want)
+        bad = _bits_bad(f.run(x, policy=policy, math=nofma if emulate else "inductor"), want)
         _online_xfail(bad, t.numel(), n, _lower.triton_config("softmax", n, isz)[0])
         assert bad == 0, (tile, k)
 

@@ -516,7 +516,7 @@ ${max}
     const ACC M = v;
     cl::RedOnlineFold<ACC> f;
 #pragma unroll
-    for (int r = 0; r < ${el}; ++r) f.add(as[r], cl::red_online_scale(am[r], M, ${impl}));
+    for (int r = 0; r < ${el}; ++r) f.add(as[r], cl::red_online_scale(am[r], M, ${impl}), ${impl});
     v = f.sum();
 ${sync}
 ${sum}

@@ -1019,7 +1019,11 @@ CL_HD T red_triton_combine(const RedPlan& P, T* p) {
 // butterflies), e_c = exp(M == -inf ? 0 : m_c - M), each thread's sum fma(s_0, e_0,
 // rn(s_1 e_1)), then fma(s_k, e_k, sum), and the threads' sums as tl.sum's. Inductor's
 // `maximum` keeps a NaN in either operand, and the first of two equal values.
+// Without Triton's fp fusion (enable_fp_fusion off: Inductor under emulate_precision_casts)
+// no product is fused into an addition: s' = rn(s a) + b, each thread's sum rn(s_0 e_0) +
+// rn(s_1 e_1), then rn(s_k e_k) + sum (impl | kOnlineUnfused).
 // Parts: (m_c, s_c) for each position c in order, then one slot a thread (the combine's).
+constexpr int kOnlineUnfused = 16;
 CL_HD float red_fma(float a, float b, float c) { return fma_f(a, b, c); }
 CL_HD double red_fma(double a, double b, double c) { return fma_d(a, b, c); }
 template <typename T>
@@ -1040,13 +1044,19 @@ CL_HD T red_mul_rn(T a, T b) {
 #endif
 }
 
+// s a + c: fused (one rounding), or the product rounded first (impl & kOnlineUnfused)
+template <typename T>
+CL_HD T red_online_madd(T s, T a, T c, int impl) {
+  return (impl & kOnlineUnfused) ? red_mul_rn(s, a) + c : red_fma(s, a, c);
+}
+
 template <typename T>
 CL_HD void red_online_step(T& m, T& s, T x, int impl) {
   const T ninf = red_identity<T>(kRedMax);
   const T m2 = red_tri_maximum(m, x);
-  const T a = m2 == ninf ? T(1) : m_exp(m - m2, impl);
-  const T b = m2 == ninf ? T(1) : m_exp(x - m2, impl);
-  s = red_fma(s, a, b);
+  const T a = m2 == ninf ? T(1) : m_exp(m - m2, impl & ~kOnlineUnfused);
+  const T b = m2 == ninf ? T(1) : m_exp(x - m2, impl & ~kOnlineUnfused);
+  s = red_online_madd(s, a, b, impl);
   m = m2;
 }
 
@@ -1062,7 +1072,7 @@ CL_HD T red_online_part(const RedPlan& P, A v, int64_t n, int64_t t) {
 // e_c = exp(m_c - M): exp(0) where M is -inf (a row of -inf).
 template <typename T>
 CL_HD T red_online_scale(T m, T M, int impl) {
-  return m_exp(M == red_identity<T>(kRedMax) ? T(0) : m - M, impl);
+  return m_exp(M == red_identity<T>(kRedMax) ? T(0) : m - M, impl & ~kOnlineUnfused);
 }
 
 // A thread's sum of s_c e_c over its k-th positions, k = 0, 1, ... (see above).
@@ -1070,12 +1080,13 @@ template <typename T>
 struct RedOnlineFold {
   T s0 = T(0), e0 = T(0), acc = T(0);
   int64_t k = 0;
-  CL_HD_METHOD void add(T s, T e) {
+  CL_HD_METHOD void add(T s, T e, int impl) {
     if (k == 0) {
       s0 = s;
       e0 = e;
     } else {
-      acc = k == 1 ? red_fma(s0, e0, red_mul_rn(s, e)) : red_fma(s, e, acc);
+      acc =
+          red_online_madd(k == 1 ? s0 : s, k == 1 ? e0 : e, k == 1 ? red_mul_rn(s, e) : acc, impl);
     }
     ++k;
   }
@@ -1100,7 +1111,7 @@ CL_HD T red_online_combine(const RedPlan& P, T* p) {
     for (int64_t rep = 0; rep < reps; ++rep)
       for (int64_t k = 0; k < per; ++k) {
         const int64_t c = rep * tile + t * per + k;
-        f.add(p[2 * c + 1], red_online_scale(p[2 * c], M, impl));
+        f.add(p[2 * c + 1], red_online_scale(p[2 * c], M, impl), impl);
       }
     th[t] = f.sum();
   }

@@ -311,7 +311,9 @@ class ReductionLowering:
         xf = z.inputs[0]
         impl = self.math.variant_bits("exp", acc is float64, self.cuda, None,
                                       a.get("kernel") or True) & IMPL_MASK
-        spec = (REDUCE_ONLINE, *spec[1:], impl, 0)
+        # (without contraction, as Triton under Inductor's emulate_precision_casts, which
+        # turns its fp fusion off: the products rounded before their additions)
+        spec = (REDUCE_ONLINE, *spec[1:], impl, 0 if self.math.fma else 1)
         ev = self.view(self.expr(xf), ("reshape", (rows, n)))
         out = self._reduce_step(ev, rows, n, acc, spec)
         self._decided(node, acc, _C.describe_reduce(spec, n, rows))
