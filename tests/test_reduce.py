@@ -595,6 +595,25 @@ def test_triton_order_equals_a_numpy_emulation(n):
     assert ("triton" in tr) == (n >= 8) and ("sequential" in tr) == (n < 8), tr
 
 
+def test_triton_tiles_follow_the_rows_alignment():
+    """A Triton thread holds no more contiguous elements than the rows' start is aligned
+    to (row r starts r * n elements in; Triton's coalescing reads the pointer's
+    divisibility): 16 bytes of them where n allows, one at an odd length (Llama-2's and
+    GPT-2's 50,257 vocabulary), so its positions are a tile of 512 apart."""
+    from castlab import _lower
+
+    assert _lower.triton_config("softmax", 32000, 2) == (2048, 4, 32, 16)
+    assert _lower.triton_config("softmax", 50257, 2) == (2048, 1, 32, 16)
+    assert _lower.triton_config(None, 50257, 4) == (2048, 1, 32, 16)
+    assert _lower.triton_config(None, 100, 2) == (128, 4, 32, 1)      # 100 = 4 x 25
+    assert _lower.triton_config("softmax", 4096, 2) == (4096, 8, 32, 16)
+    assert _lower.triton_config(None, 3584, 2) == (2048, 4, 32, 16)
+    m = cl.Math("t", impl="portable", reduction="triton", fma=True)
+    tr = cl.jit(lambda x: cl.softmax(x, -1)).trace(cl.randn(300, 50257, seed=0), policy="fused",
+                                                   math=m)
+    assert "online softmax sum triton looped (R0_BLOCK 2048: 1 per thread x 32 lanes" in tr
+
+
 def test_triton_order_rejects_tiles_it_cannot_hold():
     from castlab import _lower
     x = cl.randn(2, 64, seed=0)

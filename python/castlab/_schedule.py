@@ -43,7 +43,9 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     two it times between 4,096 and 32,768: docs/inductor_wide_rows.md 8; the tile its
     online softmax was read from, 4.5). Other sums (RMSNorm's): rows up to 1024 elements
     are one tile on 1 warp (``triton_per_``); longer rows loop over tiles of 4096 (16-bit
-    rows of a multiple of 4096) or 2048 elements on 16 warps (``triton_red_``)."""
+    rows of a multiple of 4096) or 2048 elements on 16 warps (``triton_red_``). A thread holds
+    no more contiguous elements than the row length's largest power-of-two divisor (the
+    rows' alignment, as Triton's coalescing pass reads it): one at an odd length (50,257)."""
     key = (algo, n, isz)
     if key in TRITON_CONFIGS:
         return tuple(TRITON_CONFIGS[key])
@@ -60,7 +62,9 @@ def triton_config(algo: str | None, n: int, isz: int) -> tuple:
     else:
         r = 4096 if (isz == 2 and n % 4096 == 0) else 2048
         xblock, warps = 1, 16
-    return triton_tile(r, xblock, warps, isz)
+    # Triton's coalescing gives a thread as many contiguous elements as the rows' start
+    # is aligned to (row r starts r * n elements in)
+    return triton_tile(r, xblock, warps, isz, vec=min(16 // isz, n & -n))
 
 
 def triton_tile(r: int, xblock: int, warps: int, isz: int, vec: int | None = None) -> tuple:
