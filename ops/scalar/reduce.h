@@ -120,7 +120,7 @@ struct RedPlan {
   // torch_cpu max / min (red_cpu_extreme_zero): 1 + the loop ATen runs (0: none, castlab's
   // -0 < +0), and the iterator's row length when the reduced dims do not coalesce (0: n)
   int64_t zmode = 0, zseg = 0;
-  // kRedOnline: the MathImpl of its exponentials
+  // kRedOnline: the MathImpl of its exponentials, | kOnlineUnfused without fp fusion
   int64_t impl = 0;
 };
 
@@ -1085,8 +1085,8 @@ struct RedOnlineFold {
       s0 = s;
       e0 = e;
     } else {
-      acc =
-          red_online_madd(k == 1 ? s0 : s, k == 1 ? e0 : e, k == 1 ? red_mul_rn(s, e) : acc, impl);
+      acc = k == 1 ? red_online_madd(s0, e0, red_mul_rn(s, e), impl)
+                   : red_online_madd(s, e, acc, impl);
     }
     ++k;
   }

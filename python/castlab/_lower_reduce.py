@@ -158,13 +158,13 @@ class ReductionLowering:
 
     def _columns(self, spec: tuple, dims, rows: int, n: int) -> bool:
         """Does a GPU reduction over the leading dims read its operand's columns in place
-        (ops/cuda/reduce.cpp: each tile position of each column, then the positions' tree:
-        the triton order's sum, max and min) rather than a transposed copy, whose rows
-        the threads of a block read a row length apart (RMSNorm's weight gradient)?"""
+        (ops/cuda/reduce.cpp: each Triton thread's part of each column, then the parts'
+        tree: the triton order's sum, max and min, ops/reduce.h reduce_columns_supported)
+        rather than a transposed copy, whose rows the threads of a block read a row length
+        apart (RMSNorm's weight gradient)?"""
         return (self.cuda and rows > 1 and n > 1 and tuple(dims) == tuple(range(len(dims)))
                 and spec[1] == ORDER_CODE["triton"] and len(spec) == 6
-                and spec[0] in (REDUCE_OPS["sum"], REDUCE_OPS["amax"], REDUCE_OPS["amin"])
-                and 0 < spec[2] <= 65535)
+                and spec[0] in (REDUCE_OPS["sum"], REDUCE_OPS["amax"], REDUCE_OPS["amin"]))
 
     def _plain_torch_cpu_sum(self, node: Node) -> bool:
         """A sum ATen's cascade_sum computes under the torch_cpu order on the CPU (not one
