@@ -3,6 +3,7 @@ and HF RMSNorm launch, and how long each takes (torch.profiler over one call, af
 warm-up): the plan's steps, then the kernel table. GPU only.
 
     python scripts/bwd_profile.py [--rows 2097 --n 32000] [--fuse auto|1|0]
+                                  [--only rmsnorm,softmax] [--argnums 0,1]
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ def main():
     ap.add_argument("--rows", type=int, default=2097)
     ap.add_argument("--n", type=int, default=32000)
     ap.add_argument("--fuse", default="auto")
+    ap.add_argument("--only", default="", help="comma-separated cases (default: all)")
+    ap.add_argument("--argnums", default="0",
+                    help="gradients taken, e.g. 0,1 (RMSNorm's x and weight; others take 0)")
     args = ap.parse_args()
     _lower.FUSE_ROWS = {"1": True, "0": False}.get(args.fuse, "auto")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -35,9 +39,14 @@ def main():
             torch.ones((), device="cuda", dtype=torch.bfloat16)))),
         "rmsnorm": (lambda a, b: cl.rms_norm(a, a.shape[-1], b, 1e-6, cast="hf"), (X, W, DY)),
     }
+    only = [c for c in args.only.split(",") if c]
+    wrt = tuple(int(a) for a in args.argnums.split(","))
     for name, (f, args_) in cases.items():
+        if only and name not in only:
+            continue
+        argnums = wrt if name == "rmsnorm" and len(wrt) > 1 else 0
         for pol in (dict(), dict(policy="fused", math="inductor")):
-            fb = cl.jit(f).backward_fn(argnums=0)
+            fb = cl.jit(f).backward_fn(argnums=argnums)
             fb.run(*args_, **pol)
             torch.cuda.synchronize()
             tr, _ = fb._traced(fb._bind(args_))

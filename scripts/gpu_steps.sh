@@ -17,6 +17,7 @@
 #                512 tokens), the pairs liger:vllm, liger:hf_eager and vllm:torch_compile
 #   widths       benchmarks/bench_widths.py (issue 49's table: every width against torch
 #                eager and torch.compile); widths_bwd: the same with --backward
+#                (WIDTHS_ONLY=rmsnorm,softmax: those cases only)
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
 #   online       Inductor's online softmax against torch.compile (softmax at every width,
 #                log_softmax and cross-entropy over a vocabulary: tests/test_reduce_cuda.py;
@@ -25,6 +26,7 @@
 #   bwdsweep     the softmax backward sweep (every length, eager order, fused and separate)
 #   stack32k     the torch_compile stack on a Qwen2 with a 32,000 vocabulary (issue 52)
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
+#   rmsprof      scripts/bwd_profile.py on HF RMSNorm [16384, 4096], both gradients
 #   t:FILE[,FILE...][:MARK]   pytest -m MARK (default "cuda and not slow") on the files
 #                (PYTEST_EXTRA: more pytest arguments, e.g. "-k rms_norm -x --tb=short")
 # CASTLAB_PREBUILT=1 uses a carried _C (see gpu_check.sh); otherwise the build runs first.
@@ -93,12 +95,15 @@ for s in "$@"; do
     bwdsweep) t "tests/test_reduce_sweep_cuda.py" "backward" bwdsweep ;;
     stack32k) t "tests/test_stacks_cuda.py" "vocabulary" stack32k ;;
     bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;
+    rmsprof) TAIL=80 step rmsprof $PY scripts/bwd_profile.py --only rmsnorm --rows 16384 --n 4096 --argnums 0,1 ;;
     stacks) step stacks $PY benchmarks/bench_stacks.py --device cuda --json "$OUT/stacks.json" ;;
     stacks24) step stacks24 $PY benchmarks/bench_stacks.py --device cuda --layers 24 --hidden 896 \
                 --vocab 151936 --tokens 512 --pairs liger:vllm,liger:hf_eager,vllm:torch_compile \
                 --json "$OUT/stacks24.json" ;;
-    widths) step widths $PY benchmarks/bench_widths.py --json "$OUT/widths.json" ;;
-    widths_bwd) step widths_bwd $PY benchmarks/bench_widths.py --backward --json "$OUT/widths_bwd.json" ;;
+    widths) step widths $PY benchmarks/bench_widths.py ${WIDTHS_ONLY:+--only $WIDTHS_ONLY} \
+              --json "$OUT/widths.json" ;;
+    widths_bwd) step widths_bwd $PY benchmarks/bench_widths.py --backward \
+                  ${WIDTHS_ONLY:+--only $WIDTHS_ONLY} --json "$OUT/widths_bwd.json" ;;
     t:*)
       spec=${s#t:}; files=${spec%%:*}; mark="cuda and not slow"
       [ "$spec" != "$files" ] && mark=${spec#*:}

@@ -22,9 +22,9 @@ import threading
 from typing import Any
 
 from . import _C, _composite, _index, _reduce, ops
-from ._creation import zeros
+from ._creation import arange, zeros
 from ._dtype import dtype as _dtype
-from ._dtype import float64
+from ._dtype import float64, int32, int64
 from ._graph import COMPARE, Node, Proxy, _state
 from ._graph import record as _graph_record
 from ._optable import BACKWARD_KERNELS, OPS, grad_rule_kernel
@@ -309,7 +309,28 @@ def _gather_backward(n: Node, g: Proxy, ix: Proxy) -> Proxy:
         r = ops.where(ops.lt(r, 0.0), r + b, r)
         r = ops.where(ops.ge(r, b), r - b, r)
         ix = ops.astype(r, ix.dtype)
+    if shape and ix.shape[dim] == 1 and all(
+            a == b for d, (a, b) in enumerate(zip(ix.shape, shape)) if d != dim):
+        return _one_hot_scatter(g, dim, ix, shape, bool(n.attrs.get("target")))
     return _index.scatter_add_zeros(g, dim, ix, shape)
+
+
+def _one_hot_scatter(g: Proxy, dim: int, ix: Proxy, shape: tuple, target: bool) -> Proxy:
+    """zeros(shape).scatter_add_(dim, ix, g) for an index of one position along `dim` that
+    spans the other dims (cross-entropy's gradient): g where a position along `dim` equals
+    the index, else 0, elementwise, so it fuses into the kernel that reads it (Inductor's
+    where(iota == target, ...) form) instead of a [rows, V] temporary. Same bits: each
+    output is 0 + g or 0 (the + 0.0 makes a -0 g +0, as the zeros' add does). The
+    positions are an int32 arange broadcast over the other dims; the index is read through
+    a gather of it (its own value), so an index out of range still raises."""
+    size = shape[dim]
+    at = arange(size, dtype=int32 if size < 2**31 else int64, device=g.device)
+    at = ops.reshape(Proxy(ops._trace_input(at)),
+                     tuple(size if d == dim else 1 for d in range(len(shape))))
+    pos = ops.expand(at, shape)
+    checked = _index._gather_node(pos, dim, ix, target=target)
+    hit = ops.eq(pos, ops.expand(checked, shape))
+    return ops.where(hit, ops.expand(g + 0.0, shape), 0.0)
 
 
 def _nll_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
