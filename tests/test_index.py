@@ -111,6 +111,41 @@ def test_gather_gradient_equals_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_one_position_gradient_is_elementwise(device):
+    """The gradient of a gather of one position along dim (cross-entropy's: a [rows, 1]
+    index) is computed elementwise where the position equals the index, not scattered into
+    a temporary: no scatter step in the plan, the same bits as torch (a -0 cotangent added
+    to zeros is +0, a take_along_dim index wraps), and an index out of range in a
+    gradient-only call still raises."""
+    from castlab._lower_steps import IndexStep
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 37, generator=g).to(torch.bfloat16)
+    idx = torch.tensor([[0], [36], [5], [5], [-1], [-37]])
+    cot = torch.randn(6, 1, generator=g).to(torch.bfloat16)
+    cot[2, 0] = -0.0
+    cot[3, 0] = float("nan")
+    xr = x.clone().requires_grad_()
+    torch.take_along_dim(xr, idx, 1).backward(cot)
+    X, Ix, C = (cl.from_dlpack(a).to(device) for a in (x, idx, cot))
+    fb = cl.jit(lambda x, i: cl.take_along_dim(x, i, 1)).backward_fn(argnums=0)
+    for pol in ({}, {"policy": "fused", "math": "inductor"}, {"policy": "fused"}):
+        (dx,) = fb.run(X, Ix, C, **pol)
+        assert _same(dx, xr.grad), pol
+        tr, _ = fb._traced(fb._bind((X, Ix, C)))
+        scatters = [st for p in tr.plans.values() for st in p.steps
+                    if isinstance(st, IndexStep) and st.spec[0] == 1]
+        assert scatters == [], pol
+    # a target out of range, in a call that computes only the gradient (no loss)
+    t = cl.tensor([0, 1, 37, 2, 3, 4]).to(device)
+    for red in ("sum", "none"):
+        f = cl.jit(lambda x, t: cl.cross_entropy(x, t, reduction=red)).backward_fn(argnums=0)
+        dy = cl.ones((6,) if red == "none" else (), dtype=cl.bfloat16).to(device)
+        with pytest.raises(IndexError, match="Target 37 is out of bounds"):
+            f.run(X, t, dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bad_indices(device):
     X = cl.randn(3, 4, seed=0).to(device)
     for bad in (4, -1, 1 << 40):
