@@ -12,6 +12,9 @@ import tempfile
 # rows, every softmax element) until the cache was emptied; with a fresh cache castlab's
 # model of the AVX2 kernel equalled it. Each capability gets its own cache here, so that
 # the suite can be run under each build torch can run on one machine.
+# Inductor placements are read by compiling in every test (tests count those compiles);
+# test_inductor_placement.py turns the disk cache on in a folder of its own.
+os.environ.setdefault("CASTLAB_PLACEMENT_DIR", "")
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _cap = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() or "native"
     try:

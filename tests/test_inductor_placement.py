@@ -4,6 +4,8 @@ Inductor, its generated C++: a reference castlab did not write)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -199,6 +201,42 @@ def test_a_placement_is_read_again_under_other_inductor_settings(monkeypatch):
         ct.inductor_stores(cm, x)
     assert len(calls) == 4
     assert ct.inductor_stores(cm, x) is pl and len(calls) == 4
+
+
+@pytest.mark.inductor
+def test_a_placement_is_read_from_disk_in_a_later_process(monkeypatch, tmp_path):
+    """With a placement folder, a placement read once is reused after the process's own
+    cache is gone (a later process): the same stores, no compile. Another shape compiles
+    again; a damaged entry is read again from the compiler; a folder others can write to
+    is not trusted; CASTLAB_PLACEMENT_DIR set but empty turns the disk cache off."""
+    from castlab.torch import _placement_cache
+
+    d = tmp_path / "placements"
+    monkeypatch.setenv("CASTLAB_PLACEMENT_DIR", str(d))
+    calls = _counted_reads(monkeypatch)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    pl = ct.inductor_stores(ct.capture(_sin_add, x), x)
+    assert len(calls) == 1 and len(list(d.glob("*.pkl"))) == 1
+    assert oct(d.stat().st_mode & 0o777) == "0o700"
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+    again = ct.inductor_stores(ct.capture(_sin_add, x + 1), x + 1)
+    assert len(calls) == 1 and again is not pl
+    assert dataclasses.asdict(again) == dataclasses.asdict(pl)
+    y = torch.randn(8, 4).to(torch.bfloat16)
+    ct.inductor_stores(ct.capture(_sin_add, y), y)
+    assert len(calls) == 2 and len(list(d.glob("*.pkl"))) == 2
+    for f in d.glob("*.pkl"):
+        f.write_bytes(b"not a pickle")
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+    assert dataclasses.asdict(ct.inductor_stores(ct.capture(_sin_add, x), x)) == \
+        dataclasses.asdict(pl)
+    assert len(calls) == 3
+    d.chmod(0o777)
+    monkeypatch.setattr(_inductor, "_SHARED", {})
+    ct.inductor_stores(ct.capture(_sin_add, x), x)
+    assert len(calls) == 4
+    monkeypatch.setenv("CASTLAB_PLACEMENT_DIR", "")
+    assert _placement_cache.placement_dir() is None
 
 
 def _emulated_triton_sum_of_squares(z, tile, fused: bool):

@@ -40,6 +40,7 @@ from .. import ops as clops
 from .._jit import JitFunction
 from . import _aten
 from . import _inductor_tiles as _tiles
+from . import _placement_cache as _disk
 from ._partition import Segment, _arg_nodes, _subst, _where, module_path
 from ._triton_choices import fuses_right, is_view
 
@@ -478,7 +479,8 @@ def _config_key(iconfig: Any) -> tuple:
 
 def placement_for(cm: Any, flat: list) -> InductorPlacement:
     """`cm`'s Inductor placement for inputs like `flat` (same devices, shapes and dtypes),
-    read once (a torch.compile of the captured graph) and kept with the model."""
+    read once (a torch.compile of the captured graph) and kept with the model, in the
+    process and on disk (castlab.torch._placement_cache)."""
     from torch._inductor import config as iconfig
 
     sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
@@ -489,8 +491,12 @@ def placement_for(cm: Any, flat: list) -> InductorPlacement:
         with _lock:
             pl = _SHARED.get(key)
         if pl is None:
+            pl = _disk.load(key)
+        if pl is None:
             pl = read_placement(cm, flat)
-            with _lock:
+            _disk.store(key, pl)
+        with _lock:
+            if key not in _SHARED:
                 while len(_SHARED) >= _SHARED_MAX:
                     _SHARED.pop(next(iter(_SHARED)))
                 _SHARED[key] = pl
