@@ -315,6 +315,41 @@ def test_row_kernel_equals_separate_steps_and_cpu(order, policy):
                         "GPU != CPU", shape, dt, order, fi, mismatches(g0, c), mismatches(g1, c))
 
 
+@pytest.mark.parametrize("n", [8000, 32000, 50257, 151936])
+def test_online_softmax_row_kernel_equals_separate_steps_and_cpu(n):
+    """Inductor's online softmax sum (castlab's kRedOnline: rows of several tiles that
+    Inductor does not split, here 264 rows or more) in the looped register kernel
+    (kTritonOnlinePhase, fused only under CASTLAB_FUSE_ROWS=1 until this passes on a GPU)
+    gives the bits of the separate steps and of the CPU: softmax and log_softmax under the
+    inductor preset, bf16 and fp32, rows with NaN, +-inf, all -inf and -0."""
+    for dt in (torch.bfloat16, torch.float32):
+        t = _x((272, n), dt, n, scale=3.0).cpu()
+        t[0, 5] = float("nan")
+        t[1, :] = float("-inf")
+        t[2, :] = -0.0
+        t[3, 7] = float("inf")
+        t[4, n - 1] = float("-inf")
+        x = cl.from_dlpack(t)
+        for op in ("softmax", "log_softmax"):
+            fn = (lambda a, w, op=op: getattr(cl, op)(a, -1))
+            g0, g1, c = _row_kernel_runs(fn, x, x, "fused", cl.Math.preset("inductor"))
+            assert mismatches(g0, g1) == 0, ("fused != unfused", n, dt, op, mismatches(g0, g1))
+            assert mismatches(g0, c) == 0, ("GPU != CPU", n, dt, op, mismatches(g0, c))
+    from castlab import _lower
+
+    _lower.FUSE_ROWS = True
+    try:
+        f = cl.jit(lambda a: cl.softmax(a, -1))
+        xg = x.cuda()
+        f.run(xg, policy="fused", math="inductor")
+        tr, _ = f._traced(f._bind((xg,)))
+        (plan,) = tr.plans.values()
+        kinds = [type(st).__name__ for st in plan.steps]
+        assert kinds == ["RowStep"], kinds
+    finally:
+        _lower.FUSE_ROWS = "auto"
+
+
 @pytest.mark.parametrize("policy", ["eager", "fused", "fp64"])
 def test_columns_reduce_in_place_as_the_cpu(policy):
     """A triton-order reduction over the leading dims (RMSNorm's weight gradient: a sum
