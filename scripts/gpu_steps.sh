@@ -23,6 +23,9 @@
 #                log_softmax and cross-entropy over a vocabulary: tests/test_reduce_cuda.py;
 #                ~5 min on 8 workers, torch.compile of each case)
 #   rowk         the register row kernel and reductions of columns against the CPU
+#   onlinek      Inductor's online softmax sum in the looped register kernel against the
+#                separate steps and the CPU (fused only under CASTLAB_FUSE_ROWS=1 until
+#                this passes; then _schedule._row_group may fuse it by default)
 #   bwdsweep     the softmax backward sweep (every length, eager order, fused and separate)
 #   stack32k     the torch_compile stack on a Qwen2 with a 32,000 vocabulary (issue 52)
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
@@ -92,6 +95,7 @@ for s in "$@"; do
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
     online) t "tests/test_reduce_cuda.py" "inductor_softmax or vocabulary" online ;;
     rowk) t "tests/test_reduce_cuda.py" "row_kernel_equals or many_rows or columns" rowk ;;
+    onlinek) t "tests/test_reduce_cuda.py" "online_softmax_row_kernel or (row_kernel_equals and triton)" onlinek ;;
     bwdsweep) t "tests/test_reduce_sweep_cuda.py" "backward" bwdsweep ;;
     stack32k) t "tests/test_stacks_cuda.py" "vocabulary" stack32k ;;
     bwdprof) step bwdprof $PY scripts/bwd_profile.py ;;

@@ -327,3 +327,45 @@ def test_inductor_cpu_preset_and_stack_math():
     tr = cl.jit(lambda x: cl.sum(x.astype("float32"), -1)).trace(x, policy="fused",
                                                                   math="inductor_cpu")
     assert "vector lanes" in tr and "cascade" in tr, tr
+
+
+def _hf_loss(lg, lab, weight, red):
+    """Hugging Face's causal-LM loss: float logits, labels shifted left (-100 padded)."""
+    v = lg.shape[-1]
+    lab = torch.nn.functional.pad(lab, (0, 1), value=-100)[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(lg.float().view(-1, v), lab.view(-1), weight,
+                                             ignore_index=-100, reduction=red)
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("red", ["mean", "sum"])
+@pytest.mark.parametrize("dt,w,rows,v", [("bfloat16", None, 64, 4096),
+                                         ("bfloat16", None, 160, 32000),
+                                         ("float32", None, 64, 4096),
+                                         ("bfloat16", "float32", 64, 4096),
+                                         ("bfloat16", "float32", 160, 32000)])
+def test_cross_entropy_over_rows_equals_torch_compile(red, dt, w, rows, v, one_thread):
+    """Cross-entropy as Hugging Face computes its loss (bf16 logits made float, labels
+    shifted), under the inductor_cpu preset against torch.compile: the sums over the rows
+    share their C++ kernel with the rows' log of their exponentials' sum, a float node,
+    so Inductor tiles them by float (16 lanes under AVX512, where the gathered bf16
+    logits alone would give 32)."""
+    g = torch.Generator().manual_seed(rows + v)
+    td = getattr(torch, dt)
+    lg = (torch.randn(2, rows, v, generator=g) * 2).to(td)
+    lab = torch.randint(0, v, (2, rows), generator=g)
+    lab[0, 3] = -100
+    wt = None if w is None else (0.5 + torch.rand(v, generator=g)).to(getattr(torch, w))
+    torch._dynamo.reset()
+    want = torch.compile(_hf_loss, dynamic=False)(lg, lab, wt, red)
+    torch._dynamo.reset()
+    t = torch.nn.functional.pad(lab, (0, 1), value=-100)[..., 1:].contiguous().view(-1)
+
+    def f(x, t, *wts):
+        return cl.cross_entropy(x.astype(cl.float32).reshape((-1, v)), t,
+                                wts[0] if wts else None, ignore_index=-100, reduction=red)
+
+    args = [cl.from_dlpack(lg), cl.from_dlpack(t)] + ([] if wt is None else
+                                                      [cl.from_dlpack(wt)])
+    got = torch.from_dlpack(cl.jit(f).run(*args, policy=POL, math="inductor_cpu"))
+    assert got.dtype == want.dtype and torch.equal(got, want), (float(got), float(want))

@@ -182,6 +182,47 @@ def test_a_second_capture_of_the_same_graph_reads_the_placement_without_compilin
 
 
 @pytest.mark.inductor
+def test_torch_compile_stack_loss_equals_torch_compile_on_the_cpu():
+    """A Qwen2 called with labels (2 layers, hidden 896, 4,096 classes, 2 x 64 tokens, one
+    torch thread): the torch_compile stack's loss equals torch.compile's. The captured
+    graph has one cross_entropy_loss node whose Inductor parts reduce with two widths
+    (the log-softmax's rows by 32 bf16 lanes under AVX512, the sum over the rows by 16
+    float ones): each reduction takes its own part's lanes (by its length), where the
+    first part's lanes for all gave a loss 1 ulp away."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        cfg = transformers.Qwen2Config(hidden_size=896, num_attention_heads=14,
+                                       num_key_value_heads=2, intermediate_size=4864,
+                                       vocab_size=4096, num_hidden_layers=2,
+                                       max_position_embeddings=256, rms_norm_eps=1e-6)
+        cfg._attn_implementation = "sdpa"
+        m = transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if "norm" in name:
+                    p.copy_(1 + 0.1 * torch.randn_like(p))
+        ids = torch.randint(0, 4096, (2, 64))
+        kw = {"use_cache": False, "labels": ids}
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = torch.compile(m, dynamic=False)(ids, **kw)
+        torch._dynamo.reset()
+        cm = ct.capture(m, ids, kwargs=kw, attention="traced")
+        got = cm.run(ids, kwargs=kw, stack="torch_compile")
+        assert torch.equal(got.logits, want.logits)
+        assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
+        pl = _inductor.placement_for(cm, cm._flat_inputs((ids,), kw))
+        if torch.backends.cpu.get_cpu_capability() == "AVX512":
+            parts = pl.computing["cross_entropy_loss"]
+            assert {(pl.rsizes[p], pl.lanes[p]) for p in parts if p in pl.lanes} == \
+                {(4096, 32), (128, 16)}
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.mark.inductor
 def test_a_placement_is_read_again_under_other_inductor_settings(monkeypatch):
     """Inductor settings that change its program (deterministic configs,
     emulate_precision_casts, max-autotune, ...) key the placement too: the same capture

@@ -301,6 +301,14 @@ def _prob_target(p, pt, pw, cd: int, c: int, eps: float, red: str):
 
 # ---------------------------------------------------------------- the reduction's expansion
 
+def _float_tiled_sum(v: Proxy, acc) -> Proxy:
+    """The sum of v's elements in acc, which an Inductor C++ kernel tiles by float
+    whatever v's inputs (castlab._torch_kernels reads ``cpp_float_tiles``)."""
+    s = _sum(v, dtype=acc)
+    s.node.attrs = {**s.node.attrs, "cpp_float_tiles": True}
+    return s
+
+
 def _expand_nll(ctx, node: Node, xg: Proxy, t: Proxy, wg: Proxy | None = None) -> Proxy:
     """nll_reduce under castlab's own orders and Inductor's (the torch orders are an nll
     step of their own, ops/scalar/loss.h): the rows' terms summed in that order, divided
@@ -322,8 +330,13 @@ def _expand_nll(ctx, node: Node, xg: Proxy, t: Proxy, wg: Proxy | None = None) -
         return ops.reshape(ops.where(valid, v, 0.0), ())  # the one row's value: a 0-d loss
     acc = float64 if xg.dtype is float64 else float32
     term = -(xg * wg) if wg is not None else -xg
-    loss = _sum(ops.where(valid, term, 0.0), dtype=acc)
-    tw = _sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), dtype=acc)
+    # Inductor's C++ kernel of these sums also computes the rows' log of their exponentials'
+    # sum (a float pointwise node, fused there): it tiles by a 16-bit float only where
+    # every loop body holds one (TilingSelect, get_loop_body_lowp_fp), so by float whatever
+    # the logits (read in its generated code, torch 2.13 AVX512: 16 lanes for a bf16
+    # model's mean and sum, weighted or not; 32 gave a loss 1 ulp away)
+    loss = _float_tiled_sum(ops.where(valid, term, 0.0), acc)
+    tw = _float_tiled_sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), acc)
     if a["what"] == "total_weight":
         return ops.astype(tw, xg.dtype)
     if a["reduction"] == "mean":

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from . import _C
-from ._dtype import float64
+from ._dtype import bfloat16, float16, float64
+from ._graph import Node
 from ._lower_steps import ProgramStep, ReduceStep, RowStep
 from ._lower_views import _dtype_code
 from ._optable import ORDER_CODE, REDUCE_ONLINE, REDUCE_OPS
@@ -25,6 +26,32 @@ TRITON_CONFIGS: dict = {}
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _loads_16bit_float(node: Node) -> bool:
+    """Does the kernel computing this reduction hold a bf16/fp16 value (a 16-bit input it
+    loads, or a cast to one): the elementwise nodes feeding it, up to the graph's inputs
+    or another reduction? (Inductor's C++ tiles such a kernel by the 16-bit dtype:
+    get_loop_body_lowp_fp.)"""
+    seen: set = set()
+    todo = list(node.inputs)
+    while todo and len(seen) < 256:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.dtype in (bfloat16, float16):
+            return True
+        if x.op not in REDUCE_OPS:
+            todo.extend(x.inputs)
+    return False
+
+
+def _read_lanes(node: Node, n: int | None) -> int | None:
+    """The C++ lanes read from a compiled program for this reduction of n elements (by
+    length where the program's node reduced with several widths), else None."""
+    lanes = node.attrs.get("cpp_lanes")
+    return lanes.get(n) if isinstance(lanes, dict) else lanes
 
 
 def triton_config(algo: str | None, n: int, isz: int) -> tuple:

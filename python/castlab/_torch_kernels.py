@@ -28,7 +28,7 @@ from ._optable import (
     REDUCE_OPS,
     ROUND_MODES,
 )
-from ._schedule import TRITON_CONFIGS, num_sms, triton_config
+from ._schedule import TRITON_CONFIGS, _loads_16bit_float, _read_lanes, num_sms, triton_config
 
 RSQRT_SCALAR16 = BITS["rsqrt_scalar16"]
 TORCH_TAIL = BITS["torch_tail"]
@@ -182,25 +182,6 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
 
 #: Inductor's config.unroll_reductions_threshold: shorter reductions become pointwise ops.
 UNROLL_BELOW = 8
-
-
-def _loads_16bit_float(node: Node) -> bool:
-    """Does the kernel computing this reduction hold a bf16/fp16 value (a 16-bit input it
-    loads, or a cast to one): the elementwise nodes feeding it, up to the graph's inputs
-    or another reduction? (Inductor's C++ tiles such a kernel by the 16-bit dtype:
-    get_loop_body_lowp_fp.)"""
-    seen: set = set()
-    todo = list(node.inputs)
-    while todo and len(seen) < 256:
-        x = todo.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.dtype in (bfloat16, float16):
-            return True
-        if x.op not in REDUCE_OPS:
-            todo.extend(x.inputs)
-    return False
 
 
 def _scalar_as(v, dt: dtype) -> float:
@@ -382,12 +363,13 @@ class TorchKernelLowering:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
             # CPU only where the reduction has more than one output)
             return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-        lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
+        lanes = _read_lanes(node, n)  # read from a compiled program
         if lanes is None:
             bits = self._inductor_vector_bits()
             # a softmax's sum reads its exponentials from the float buffer the division
             # reads too (outer-loop fusion's local buffer), not the 16-bit input
-            lowp = _loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
+            lowp = (_loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
+                    and not node.attrs.get("cpp_float_tiles"))
             lanes = bits // (16 if lowp else 32)
             if lowp and n < lanes:
                 lanes //= 2
@@ -411,7 +393,7 @@ class TorchKernelLowering:
         over torch's threads where the rows are few (p5 = 2)."""
         bits = self._inductor_vector_bits()
         floats = max(1, bits // (64 if acc is float64 else 32))
-        lanes = node.attrs.get("cpp_lanes")  # read from a compiled program
+        lanes = _read_lanes(node, None)  # read from a compiled program
         if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
             lanes = max(1, bits // (16 if _loads_16bit_float(node) else 32))
         floats = min(floats, lanes)

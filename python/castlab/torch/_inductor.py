@@ -88,7 +88,9 @@ class InductorPlacement:
     kernel keeps in a float local buffer tiles by float). ``torch``: the PyTorch version
     that compiled it. ``products``: part -> which product the last fmas of its launched
     Triton kernel fuse ("where": one whose factor is a select, such as rotate_half's cat;
-    "plain": the other; _inductor_tiles.fused_product), for the adds of two products."""
+    "plain": the other; _inductor_tiles.fused_product), for the adds of two products.
+    ``rsizes``: part -> the elements its C++ reduction loops run over (which of a
+    composite node's reductions a part's lanes belong to)."""
 
     device: str
     torch: str
@@ -107,6 +109,7 @@ class InductorPlacement:
     tiles: dict = dataclasses.field(default_factory=dict)  # part -> its Triton kernel's tile
     lanes: dict = dataclasses.field(default_factory=dict)  # part -> its C++ vector width
     products: dict = dataclasses.field(default_factory=dict)  # part -> its fma's product
+    rsizes: dict = dataclasses.field(default_factory=dict)  # part -> its C++ reduction's size
 
     def describe(self, name: str) -> str:
         """Where Inductor keeps captured node `name`: its buffer, or the kernels that
@@ -200,6 +203,18 @@ def _dtype(buf: Any) -> torch.dtype | None:
         return None
 
 
+def _reduction_size(loops: list) -> int | None:
+    """The elements a C++ loop nest's reduction loops run over (None: no reduction loop,
+    or a size that is not a number)."""
+    red = [lp.size for lp in loops if lp.is_reduction]
+    if not red or not all(str(s).isdigit() for s in red):
+        return None
+    size = 1
+    for s in red:
+        size *= int(s)
+    return size
+
+
 def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     """torch.compile `gm` on `places` with the graph caches off, recording each FX node's
     lowered value and the scheduler's final (fused) nodes and removed buffers."""
@@ -221,6 +236,7 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     tuners: dict = {}        # Triton kernel name -> its autotuner, once it ran
     tsched, tuner_cls = _tiles.triton_classes()
     lanes: dict = {}  # part -> the vector width of the C++ loop nest computing it
+    rsizes: dict = {}  # part -> the elements its C++ reduction loops run over
     proxy_cls = _tiles.cpp_proxy_class()
     cpp_nodes = getattr(proxy_cls, "codegen_nodes", None)
 
@@ -229,12 +245,15 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         vec = next((k for k in getattr(self, "kernels", ())
                     if getattr(k, "tiling_factor", None)), None)
         w = 1  # scalar loops, or a vector across the kept dim: each output's sum in order
+        loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
         if vec is not None:
-            loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
             i = vec.tiling_idx
             if not loops or not -len(loops) <= i < len(loops) or loops[i].is_reduction:
                 w = int(vec.tiling_factor)
         lanes.update((n.get_name(), w) for n in nodes if n.is_reduction())
+        size = _reduction_size(loops)
+        if size is not None:
+            rsizes.update((n.get_name(), size) for n in nodes if n.is_reduction())
         return out
     define = getattr(tsched, "define_kernel", None)
     tuner_run = getattr(tuner_cls, "run", None)
@@ -312,7 +331,8 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         if fused is not None:
             products.update((p, fused) for p in parts)
     names = _captured_names(gm)
-    return values, sched[0][0], sched[0][1], loads, created, (tiles, products), lanes, names
+    return (values, sched[0][0], sched[0][1], loads, created, (tiles, products), (lanes, rsizes),
+            names)
 
 
 def _captured_names(gm: torch.fx.GraphModule) -> dict:
@@ -341,7 +361,8 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     from torch._inductor import scheduler as isched
 
     places = _places(cm, flat)
-    values, nodes, removed, loads, created, (tiles, products), lanes, names = _compile_and_record(
+    values, nodes, removed, loads, created, (tiles, products), (lanes, rsizes), names = \
+        _compile_and_record(
         cm.exported.graph_module, places)
 
     def _root(fx):
@@ -409,7 +430,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
     return InductorPlacement(",".join(dev), torch.__version__, stored, kernels, buffer, home,
                              computing, mem, cached, low, dtypes, bool(seen),
                              {n: bs for n, bs in partial.items() if bs}, part_writer,
-                             tiles, lanes, products)
+                             tiles, lanes, products, rsizes)
 
 
 def base(d: torch.fx.Node) -> torch.fx.Node:
@@ -456,36 +477,11 @@ _SHARED: dict = {}
 _SHARED_MAX = 16
 
 
-# Inductor settings that change what its compiled program stores, fuses or launches: a
-# placement read under one is not another's (the process's settings apply to castlab's
-# compile of the captured graph as to the user's).
-_CONFIG_FLAGS = ("emulate_precision_casts", "deterministic", "max_autotune",
-                 "max_autotune_pointwise", "coordinate_descent_tuning", "online_softmax",
-                 "split_reductions", "use_fast_math", "triton.multi_kernel",
-                 "triton.persistent_reductions", "triton.cooperative_reductions")
-
-
-def _config_key(iconfig: Any) -> tuple:
-    """The values of _CONFIG_FLAGS in `iconfig` (None where this version has no such
-    setting)."""
-    out = []
-    for name in _CONFIG_FLAGS:
-        v: Any = iconfig
-        for part in name.split("."):
-            v = getattr(v, part, None)
-        out.append(v if isinstance(v, (bool, int, float, str, type(None))) else repr(v))
-    return tuple(out)
-
-
 def placement_for(cm: Any, flat: list) -> InductorPlacement:
     """`cm`'s Inductor placement for inputs like `flat` (same devices, shapes and dtypes),
     read once (a torch.compile of the captured graph) and kept with the model, in the
     process and on disk (castlab.torch._placement_cache)."""
-    from torch._inductor import config as iconfig
-
-    sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
-                if isinstance(t, torch.Tensor) else repr(t) for t in _places(cm, flat))
-    key = (torch.__version__, _config_key(iconfig), cm.exported.graph_module.code, sig)
+    key = _disk.placement_key(cm.exported.graph_module.code, _places(cm, flat))
     cache = cm.__dict__.setdefault("_inductor_placements", {})
     if key not in cache:
         with _lock:
@@ -629,11 +625,21 @@ class _Evaluator:
     def _lanes(self, n, x):
         """The C++ vector width of the reduction computing n in part x: x's, or where x
         only finishes it (a layer_norm's normalization), that of the reduction part that
-        computes its moments."""
-        lanes = self.pl.lanes
+        computes its moments. A node whose parts reduce with different widths (a
+        cross-entropy: its log-softmax's rows by 16-bit vectors, its sum over the rows by
+        float ones) gets {reduced elements: width} (castlab._torch_kernels picks by the
+        reduction's length), where the lengths tell the parts apart."""
+        lanes, sizes = self.pl.lanes, self.pl.rsizes
+        parts = [p for p in self.pl.computing.get(n.name, ()) if p in lanes]
+        if len({lanes[p] for p in parts}) > 1 and all(p in sizes for p in parts):
+            by_n: dict = {}
+            for p in parts:
+                by_n.setdefault(sizes[p], set()).add(lanes[p])
+            if all(len(w) == 1 for w in by_n.values()):
+                return {k: next(iter(w)) for k, w in by_n.items()}
         if x in lanes:
             return lanes[x]
-        return next((lanes[p] for p in self.pl.computing.get(n.name, ()) if p in lanes), None)
+        return next((lanes[p] for p in parts), None)
 
     def twin(self, name: str):
         v = self.get(self.mine[name], self._ctx(name))
@@ -734,7 +740,7 @@ _SUMS = ("aten.mean.dim", "aten.sum.dim_IntList")
 
 
 @contextlib.contextmanager
-def _tiled(tile: tuple | None, lanes: int | None = None):
+def _tiled(tile: tuple | None, lanes: int | dict | None = None):
     """Every castlab node recorded inside carries `tile` (the Triton kernel's, for
     reduce_spec) and `lanes` (the C++ loop nest's vector width: ``cpp_lanes``); None:
     nothing changes."""

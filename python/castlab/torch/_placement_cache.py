@@ -24,9 +24,41 @@ import torch
 
 from .. import _C
 
-__all__ = ["placement_dir", "load", "store"]
+__all__ = ["placement_key", "placement_dir", "load", "store"]
 
-_VERSION = 1  # bump when InductorPlacement's fields change
+_VERSION = 2  # bump when InductorPlacement's fields change
+
+
+# Inductor settings that change what its compiled program stores, fuses or launches: a
+# placement read under one is not another's (the process's settings apply to castlab's
+# compile of the captured graph as to the user's).
+_CONFIG_FLAGS = ("emulate_precision_casts", "deterministic", "max_autotune",
+                 "max_autotune_pointwise", "coordinate_descent_tuning", "online_softmax",
+                 "split_reductions", "use_fast_math", "triton.multi_kernel",
+                 "triton.persistent_reductions", "triton.cooperative_reductions")
+
+
+def _config_key(iconfig: Any) -> tuple:
+    """The values of _CONFIG_FLAGS in `iconfig` (None where this version has no such
+    setting)."""
+    out = []
+    for name in _CONFIG_FLAGS:
+        v: Any = iconfig
+        for part in name.split("."):
+            v = getattr(v, part, None)
+        out.append(v if isinstance(v, (bool, int, float, str, type(None))) else repr(v))
+    return tuple(out)
+
+
+def placement_key(code: str, places: list) -> tuple:
+    """The key of a captured graph's placement (its code) for inputs like `places`: the
+    PyTorch version, the Inductor settings of _CONFIG_FLAGS, and each input's device,
+    shape, strides and dtype (the weights' values play no part)."""
+    from torch._inductor import config as iconfig
+
+    sig = tuple((str(t.device), tuple(t.shape), t.stride(), str(t.dtype))
+                if isinstance(t, torch.Tensor) else repr(t) for t in places)
+    return (torch.__version__, _config_key(iconfig), code, sig)
 
 
 def placement_dir() -> str | None:
