@@ -42,3 +42,14 @@ def logits(m, ids):
     """The PyTorch model's own logits."""
     with torch.no_grad():
         return m(ids, **KW).logits
+
+
+def compiled_and_stack(m, ids, kw: dict, stack: str = "torch_compile") -> tuple:
+    """(torch.compile(m)(ids, **kw) under Inductor's settings now, castlab's `stack` run of
+    m captured as torch.compile traces it, the capture): the pair a stack test compares."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = torch.compile(m, dynamic=False)(ids, **kw)
+    torch._dynamo.reset()
+    cm = ct.capture(m, ids, kwargs=kw, attention="traced")
+    return want, cm.run(ids, kwargs=kw, stack=stack), cm

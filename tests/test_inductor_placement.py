@@ -15,6 +15,8 @@ import castlab as cl
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from _tiny_models import compiled_and_stack  # noqa: E402
+
 import castlab.torch as ct  # noqa: E402
 from castlab.torch import _inductor, _inductor_tiles, _triton_choices  # noqa: E402
 
@@ -205,12 +207,7 @@ def test_torch_compile_stack_loss_equals_torch_compile_on_the_cpu():
                     p.copy_(1 + 0.1 * torch.randn_like(p))
         ids = torch.randint(0, 4096, (2, 64))
         kw = {"use_cache": False, "labels": ids}
-        torch._dynamo.reset()
-        with torch.no_grad():
-            want = torch.compile(m, dynamic=False)(ids, **kw)
-        torch._dynamo.reset()
-        cm = ct.capture(m, ids, kwargs=kw, attention="traced")
-        got = cm.run(ids, kwargs=kw, stack="torch_compile")
+        want, got, cm = compiled_and_stack(m, ids, kw)
         assert torch.equal(got.logits, want.logits)
         assert torch.equal(got.loss, want.loss), (float(got.loss), float(want.loss))
         pl = _inductor.placement_for(cm, cm._flat_inputs((ids,), kw))

@@ -25,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 if not torch.cuda.is_available():  # pragma: no cover
     pytest.skip("torch has no CUDA", allow_module_level=True)
 
+from _tiny_models import compiled_and_stack  # noqa: E402
+
 import castlab.torch as ct  # noqa: E402
 
 MODELS = {
@@ -122,12 +124,7 @@ def test_torch_compile_stack_equals_torch_compile(name, vocab, tokens):
     case's logits already differ (the xfail gives the counts)."""
     m, ids = _model(name, vocab=vocab, tokens=tokens)
     kw = {"use_cache": False, "labels": ids}
-    torch._dynamo.reset()
-    with torch.no_grad():
-        want = torch.compile(m, dynamic=False)(ids, **kw)
-    torch._dynamo.reset()
-    cm = ct.capture(m, ids, kwargs=kw, attention="traced")
-    got = cm.run(ids, kwargs=kw, stack="torch_compile")
+    want, got, cm = compiled_and_stack(m, ids, kw)
     plain = cm.run(ids, kwargs=kw, stack=ct.Stack("torch_compile", stores=None))
     n = int((got.logits != want.logits).sum())
     report(test="stacks", case=f"torch_compile stack vs torch.compile ({name}, 2 layers, "
