@@ -659,3 +659,15 @@ def test_bad_inputs_raise_clearly():
     with pytest.raises(ValueError, match="unknown math preset"):
         with cl.use_math("nope"):
             pass
+
+
+@pytest.mark.parametrize("policy", ["eager", "fused"])
+def test_zero_constants_keep_their_sign_in_one_program(policy):
+    """0.0 and -0.0 are equal as Python floats but not as constants: a program holding
+    both gives each its own register (where(x > 0, 0.0, -0.0) is -0.0 where x <= 0)."""
+    x = cl.tensor([1.0, -1.0, 0.0])
+    cases = [(lambda a: cl.where(a > 0, 0.0, -0.0), [False, True, True]),
+             (lambda a: cl.where(a > 0, -0.0, 0.0), [True, False, False])]
+    for f, want in cases:
+        got = np.signbit(np.asarray(cl.jit(f).run(x, policy=policy).tolist())).tolist()
+        assert got == want, (got, want)

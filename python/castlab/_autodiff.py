@@ -192,8 +192,8 @@ def _diff_inputs(n: Node) -> list[int]:
         return []
     if op == "astype":
         return [0] if _is_float(n) and _is_float(n.inputs[0]) else []
-    if op in ("gather", "scatter_add", "nll_reduce"):  # not through indices or weights
-        return [0]
+    if op in ("gather", "scatter_add", "nll_reduce", "one_hot_scatter"):  # not through
+        return [0]  # indices or weights
     if op in OPS:
         r = _rule(op)
         if r is None:
@@ -259,6 +259,9 @@ def _apply_rule(n: Node, g: Proxy, proxies: dict, want: list[bool], kernel_ids: 
     if op == "scatter_add":  # its gradient: g gathered at the index
         src, ix = n.inputs
         return [_index._gather_node(g, n.attrs["dim"], _value(ix, proxies)), None]
+    if op == "one_hot_scatter":  # the same, at the checked index
+        return [_index._gather_node(g, n.attrs["dim"], _value(n.inputs[2], proxies)), None,
+                None]
     if op == "cat":
         d = n.attrs["dim"]
         out, o = [], 0
@@ -329,8 +332,11 @@ def _one_hot_scatter(g: Proxy, dim: int, ix: Proxy, shape: tuple, target: bool) 
                      tuple(size if d == dim else 1 for d in range(len(shape))))
     pos = ops.expand(at, shape)
     checked = _index._gather_node(pos, dim, ix, target=target)
-    hit = ops.eq(pos, ops.expand(checked, shape))
-    return ops.where(hit, ops.expand(g + 0.0, shape), 0.0)
+    # a kernel node the lowering expands for its order (castlab._index._expand_one_hot):
+    # nll_loss's gradient (a `target` gather) is Inductor's decomposition under its orders
+    node = Node("one_hot_scatter", (g.node, pos.node, checked.node), tuple(shape), g.dtype,
+                g.node.device, {"dim": dim, "nll": target})
+    return Proxy(_graph_record(node))
 
 
 def _nll_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
@@ -347,7 +353,9 @@ def _nll_backward(n: Node, g: Proxy, proxies: dict) -> Proxy:
     gg = -gg
     if a["weight"]:
         gg = _value(n.inputs[2], proxies) * gg
-    out = ops.where(ops.ne(t, a["ignore_index"]), gg, 0.0)
+    # an ignored row's value is -0.0: ATen's one-hot adds it to zeros (+0.0, as its kernel
+    # skips the row), Inductor's decomposition multiplies its masked +0.0 by -1.0 (-0.0)
+    out = ops.where(ops.ne(t, a["ignore_index"]), gg, -0.0)
     return out.astype(xg.dtype) if out.dtype is not xg.dtype else out
 
 

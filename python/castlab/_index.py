@@ -14,7 +14,7 @@ from typing import Any
 
 from . import ops
 from ._dtype import int32, int64
-from ._graph import Node, Proxy, record
+from ._graph import EXPANSIONS, Node, Proxy, record
 from ._reduce import _arg, _call
 from .ops import TensorLike
 
@@ -148,3 +148,22 @@ def scatter_add_zeros(src: Proxy, dim: int, index: Proxy, shape: tuple) -> Proxy
                 src.node.device, {"dim": dim})
     return Proxy(record(node))
 
+
+
+def _expand_one_hot(ctx, node: Node, src: Proxy, pos: Proxy, idx: Proxy) -> Proxy:
+    """The gradient of a gather of one position along `dim` (castlab._autodiff
+    ._one_hot_scatter), elementwise: `src` where the position `pos` equals the index,
+    broadcast over `dim`. ATen's scatter into zeros (and castlab's own orders) gives
+    ``0 + src`` there and +0 elsewhere. Under Inductor's orders nll_loss's gradient
+    (``nll``) is its decomposition's ``where(pos == t, -1.0, 0.0) * masked``, where masked
+    is the cotangent over the total weight (0 in an ignored row: src is -0.0 there, so
+    masked is -src): a -0.0 at an ignored row's target, and 0 * masked (its sign) at every
+    other position."""
+    shape = tuple(node.shape)
+    hit = ops.eq(pos, ops.expand(idx, shape))
+    if node.attrs.get("nll") and ctx.order in ("triton", "inductor_cpp"):
+        return ops.where(hit, -1.0, 0.0) * ops.expand(-src, shape)
+    return ops.where(hit, ops.expand(src + 0.0, shape), 0.0)
+
+
+EXPANSIONS["one_hot_scatter"] = _expand_one_hot

@@ -307,8 +307,13 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
             r, new = expand(node, _ExpandContext(self, node, order))
             self._expr_memo[key] = r
             self.record.expansions[id(node)] = [m for m in new if m is not r] + [r]
-            how = ("PyTorch's Welford kernel" if order in ("torch_cpu", "torch_cuda")
-                   else "two passes")
+            if node.op == "one_hot_scatter":
+                how = ("Inductor's nll_loss_backward: one-hot of -1.0 times the masked value"
+                       if node.attrs.get("nll") and order in ("triton", "inductor_cpp")
+                       else "zeros with the value added at the index")
+            else:
+                how = ("PyTorch's Welford kernel" if order in ("torch_cpu", "torch_cuda")
+                       else "two passes")
             self.record.decide(node, F32).description = f"{node.op}: {how} ({order})"
         return r
 

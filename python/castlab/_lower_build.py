@@ -5,6 +5,8 @@ after every op under ``eager``; only at the store under ``fused``; nowhere under
 
 from __future__ import annotations
 
+import math as _math
+
 from ._dtype import _BY_CODE, as_dtype, dtype, float64, int64
 from ._lower_views import Elem, Leaf, Reduced, Scalar, _dtype_code
 from ._optable import BITS, F32, F64, I64, OPCODE, ROUND_MODES, instr
@@ -158,7 +160,7 @@ class ProgramBuilder(TorchKernelQuirks):
             except OverflowError:
                 raise ValueError(f"the Python integer {e.value} is too large for a "
                                  "floating-point computation") from None
-            key = ("const", fv, rt)
+            key = ("const", fv, _math.copysign(1.0, fv), rt)  # (-0.0 is not 0.0's register)
             r = self._conv.get(key)
             if r is None:
                 r = self.new()
