@@ -320,20 +320,18 @@ def _gather_backward(n: Node, g: Proxy, ix: Proxy) -> Proxy:
 
 def _one_hot_scatter(g: Proxy, dim: int, ix: Proxy, shape: tuple, target: bool) -> Proxy:
     """zeros(shape).scatter_add_(dim, ix, g) for an index of one position along `dim` that
-    spans the other dims (cross-entropy's gradient): g where a position along `dim` equals
-    the index, else 0, elementwise, so it fuses into the kernel that reads it (Inductor's
-    where(iota == target, ...) form) instead of a [rows, V] temporary. Same bits: each
-    output is 0 + g or 0 (the + 0.0 makes a -0 g +0, as the zeros' add does). The
-    positions are an int32 arange broadcast over the other dims; the index is read through
-    a gather of it (its own value), so an index out of range still raises."""
+    spans the other dims (cross-entropy's gradient), as a kernel node computed elementwise
+    where a position along `dim` equals the index (castlab._index._expand_one_hot: ATen's
+    0 + g, or under Inductor's orders its nll_loss_backward decomposition for a `target`
+    gather), so it fuses into the kernel that reads it instead of a [rows, V] temporary.
+    The positions are an int32 arange broadcast over the other dims; the index is read
+    through a gather of it (its own value), so an index out of range still raises."""
     size = shape[dim]
     at = arange(size, dtype=int32 if size < 2**31 else int64, device=g.device)
     at = ops.reshape(Proxy(ops._trace_input(at)),
                      tuple(size if d == dim else 1 for d in range(len(shape))))
     pos = ops.expand(at, shape)
     checked = _index._gather_node(pos, dim, ix, target=target)
-    # a kernel node the lowering expands for its order (castlab._index._expand_one_hot):
-    # nll_loss's gradient (a `target` gather) is Inductor's decomposition under its orders
     node = Node("one_hot_scatter", (g.node, pos.node, checked.node), tuple(shape), g.dtype,
                 g.node.device, {"dim": dim, "nll": target})
     return Proxy(_graph_record(node))

@@ -149,7 +149,6 @@ def scatter_add_zeros(src: Proxy, dim: int, index: Proxy, shape: tuple) -> Proxy
     return Proxy(record(node))
 
 
-
 def _expand_one_hot(ctx, node: Node, src: Proxy, pos: Proxy, idx: Proxy) -> Proxy:
     """The gradient of a gather of one position along `dim` (castlab._autodiff
     ._one_hot_scatter), elementwise: `src` where the position `pos` equals the index,
@@ -162,7 +161,9 @@ def _expand_one_hot(ctx, node: Node, src: Proxy, pos: Proxy, idx: Proxy) -> Prox
     shape = tuple(node.shape)
     hit = ops.eq(pos, ops.expand(idx, shape))
     if node.attrs.get("nll") and ctx.order in ("triton", "inductor_cpp"):
+        ctx.how = "Inductor's nll_loss_backward: a one-hot of -1.0 times the masked value"
         return ops.where(hit, -1.0, 0.0) * ops.expand(-src, shape)
+    ctx.how = "zeros with the value added at the index"
     return ops.where(hit, ops.expand(src + 0.0, shape), 0.0)
 
 

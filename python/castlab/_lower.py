@@ -304,16 +304,12 @@ class Lowering(ViewLowering, ReductionLowering, TorchKernelLowering):
         key = ("expand", id(node), order)
         r = self._expr_memo.get(key)
         if r is None:
-            r, new = expand(node, _ExpandContext(self, node, order))
+            ctx = _ExpandContext(self, node, order)
+            r, new = expand(node, ctx)
             self._expr_memo[key] = r
             self.record.expansions[id(node)] = [m for m in new if m is not r] + [r]
-            if node.op == "one_hot_scatter":
-                how = ("Inductor's nll_loss_backward: one-hot of -1.0 times the masked value"
-                       if node.attrs.get("nll") and order in ("triton", "inductor_cpp")
-                       else "zeros with the value added at the index")
-            else:
-                how = ("PyTorch's Welford kernel" if order in ("torch_cpu", "torch_cuda")
-                       else "two passes")
+            how = ctx.how or ("PyTorch's Welford kernel" if order in ("torch_cpu", "torch_cuda")
+                              else "two passes")
             self.record.decide(node, F32).description = f"{node.op}: {how} ({order})"
         return r
 
@@ -386,6 +382,7 @@ class _ExpandContext:
         self.cuda = low.cuda
         self.math = low.math
         self.attrs: dict = {}  # set by the expansion: attrs of every node it records
+        self.how: str | None = None  # set by the expansion: how it computes, for the trace
         self._low = low
         self._policy = low.policy
         self._node = node

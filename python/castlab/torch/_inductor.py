@@ -362,8 +362,7 @@ def read_placement(cm: Any, flat: list) -> InductorPlacement:
 
     places = _places(cm, flat)
     values, nodes, removed, loads, created, (tiles, products), (lanes, rsizes), names = \
-        _compile_and_record(
-        cm.exported.graph_module, places)
+        _compile_and_record(cm.exported.graph_module, places)
 
     def _root(fx):
         return [names.get(r, r) for r in _root_names(fx)]
