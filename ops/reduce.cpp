@@ -324,16 +324,20 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
             "triton order: (R0_BLOCK, per thread, lanes, warps) must be powers of two with "
             "lanes <= 32, lanes * warps <= 1024 and per thread * lanes * warps <= R0_BLOCK");
       // (p4, p5): Inductor's C++ kernels (the inductor_cpp order): the cascade sum's chunk
-      // of vector iterations (0: none), and 1 where every lane accumulates from zero, 2
+      // of vector iterations (0: none; above bit 32, where the kernel is vectorized across
+      // the rows, its vectors' rows: a last partial vector's rows run the scalar tail loop,
+      // without the cascade), and 1 where every lane accumulates from zero, 2
       // where besides a sum's loop over the row may be split over torch's threads; + 4
       // where the lanes combine as ATen's generic vec_reduce_all does (a double row: the two
       // vectors of VectorizedN<double, 2> added, then their lanes in order, P.h = 1)
-      const int64_t p5 = s.p5 & 3;
-      if (s.p4 < 0 || s.p4 > (int64_t(1) << 30) || s.p5 < 0 || s.p5 > 6 || p5 > 2 ||
+      const int64_t p5 = s.p5 & 3, chunk = s.p4 & 0xFFFFFFFF, across = s.p4 >> 32;
+      if (s.p4 < 0 || chunk > (int64_t(1) << 30) || across > 64 || (across > 0 && !chunk) ||
+          s.p5 < 0 || s.p5 > 6 || p5 > 2 ||
           ((s.p4 > 0 || p5 == 2 || s.p5 > 3) && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)) ||
           (s.p5 > 3 && (p5 == 0 || s.p0 < 2)))
         throw std::invalid_argument(
-            "triton order: the cascade chunk (p4) must be in [0, 2^30]; p5 0, 1 or 2, + 4 "
+            "triton order: the cascade chunk (p4) must be in [0, 2^30], rows a vector above "
+            "bit 32 at most 64 (with a chunk); p5 0, 1 or 2, + 4 "
             "for lanes combined in order (with p5 1 or 2 and at least 2 lanes); a cascade, a "
             "split over threads or lanes in order take one lane a position (per thread 1, "
             "lanes = R0_BLOCK, 1 warp)");
@@ -342,7 +346,8 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.c = s.p2;
       P.d = s.p3;
       P.e = (p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
-      P.f = s.p4;
+      P.f = chunk;
+      if (across > 0) P.cascade_rows = rows / across * across;
       P.h = s.p5 > 3 ? 1 : 0;
       P.nparts = s.p2 * s.p3;
       if (p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
@@ -444,6 +449,12 @@ std::string describe_red_plan(const RedPlan& p) {
       return r + " torch_cuda spatial softmax (cunn_SpatialSoftMaxForward, " + num(p.a) +
              (p.a == 1 ? " thread a column: sequential)" : " threads a column, then a tree)");
     case kOrdTriton:
+      if (p.a == 1 && p.b == 1 && p.c == 1 && p.d == 1 && (p.f > 0 || p.e))
+        return r + " in order (a vector's lanes are rows)" +
+               (p.f > 0 ? ", a cascade sum in chunks of " + num(p.f) +
+                              (p.cascade_rows >= 0 ? " in the rows of full vectors" : "")
+                        : "") +
+               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
       if (p.b == 1 && p.c == p.a && p.d == 1 && (p.f > 0 || p.e))
         return r + " " + num(p.a) + " vector lanes, each from zero, then " +
                (p.h == 1 ? "the two vectors' lanes added and the " + num(p.a / 2) +

@@ -122,6 +122,10 @@ struct RedPlan {
   int64_t zmode = 0, zseg = 0;
   // kRedOnline: the MathImpl of its exponentials, | kOnlineUnfused without fp fusion
   int64_t impl = 0;
+  // The triton order's cascade (f > 0) under Inductor's C++ kernel vectorized across the
+  // rows: the rows before this one (those of full vectors) run it; the others, the scalar
+  // tail loop's, sum from zero in order. -1: every row runs the cascade.
+  int64_t cascade_rows = -1;
 };
 
 template <typename T>
@@ -1260,6 +1264,11 @@ CL_HD T red_part_plain(const RedPlan& P, A v, int64_t n, int64_t row, int64_t t)
     red_pairwise_leaf(n, t, &start, &length);
     return red_pairwise_block<T>(v + start, length);
   } else if constexpr (ORDER == kOrdTriton) {
+    if (P.cascade_rows >= 0 && row >= P.cascade_rows && P.f > 0) {
+      RedPlan Q = P;  // a row of the tail loop: no CascadeSumHelper
+      Q.f = 0;
+      return red_triton_part<T>(Q, v, n, t);
+    }
     return red_triton_part<T>(P, v, n, t);
   } else if constexpr (ORDER == kOrdTorchCpu) {
     if (P.kind != kRedSum) return red_sequential<T>(P.kind, v, n);

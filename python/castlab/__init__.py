@@ -16,10 +16,12 @@
 #   1  _policy -> policy, _graph, cuda, _runrecord  rounding policies, math variants, the
 #                                         graph IR, CUDA runtime,
 #                                         a command's run record (first line, run.json)
-#   2  _lower_steps -> _rounding -> _lower_views -> _schedule -> _torch_kernels -> _lower_reduce
+#   2  _lower_steps -> _rounding -> _lower_views -> _schedule -> _inductor_cpp
+#      -> _torch_kernels -> _lower_reduce
 #      -> _lower_build -> _lower              graph -> Programs -> a Plan: plan steps, rounding
 #                                         placement, view push-down, schedule (tiles, row
-#                                         fusion), PyTorch-kernel reproduction, reductions,
+#                                         fusion), Inductor's C++ reductions,
+#                                         PyTorch-kernel reproduction, reductions,
 #                                         the program builder, the driver
 #   3  _dlpack -> _creation -> ops -> _composite -> _reduce -> _index -> _loss  interchange,
 #                                         creation, the op functions, eager composites (their

@@ -328,7 +328,9 @@ def _one_hot_scatter(g: Proxy, dim: int, ix: Proxy, shape: tuple, target: bool) 
     through a gather of it (its own value), so an index out of range still raises."""
     size = shape[dim]
     at = arange(size, dtype=int32 if size < 2**31 else int64, device=g.device)
-    at = ops.reshape(Proxy(ops._trace_input(at)),
+    node = ops._trace_input(at)
+    node.attrs = {**node.attrs, "iota": True}  # (Inductor's index expression, not a load)
+    at = ops.reshape(Proxy(node),
                      tuple(size if d == dim else 1 for d in range(len(shape))))
     pos = ops.expand(at, shape)
     checked = _index._gather_node(pos, dim, ix, target=target)

@@ -349,8 +349,8 @@ def softmax_backward(g: TensorLike, y: TensorLike, dim: int, log: bool) -> Tenso
         a = {"algo": "softmax", "elem_bytes": isz, "softmax_last": last, "bwd": True}
         if cuda and not log:  # gp is g * y, rounded (an op before the kernel)
             r = gf - yf * _reduce("sum", gf, (d,), True, attrs=a)
-        elif log:
-            s = _reduce("sum", gf, (d,), True, attrs=a)
+        elif log:  # (gf is read again below: Inductor may store it first)
+            s = _reduce("sum", gf, (d,), True, attrs={**a, "reuses_input": True})
             e = ops.exp(yf)
             if not last:
                 geom = (_numel(shape, range(d)), shape[d], _numel(shape, range(d + 1, len(shape))))

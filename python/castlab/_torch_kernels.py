@@ -19,6 +19,7 @@ import numpy as np
 from . import _torch_vml
 from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64
 from ._graph import Node
+from ._inductor_cpp import UNROLL_BELOW, InductorCppReductions
 from ._lower_views import Elem, Leaf, Scalar, _dtype_code
 from ._optable import (
     BITS,
@@ -28,7 +29,12 @@ from ._optable import (
     REDUCE_OPS,
     ROUND_MODES,
 )
-from ._schedule import TRITON_CONFIGS, _loads_16bit_float, _read_lanes, num_sms, triton_config
+from ._schedule import (
+    TRITON_CONFIGS,
+    _loads_16bit_float,
+    num_sms,
+    triton_config,
+)
 
 RSQRT_SCALAR16 = BITS["rsqrt_scalar16"]
 TORCH_TAIL = BITS["torch_tail"]
@@ -180,10 +186,6 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
     return (False, st[fastest] == 1, cols)
 
 
-#: Inductor's config.unroll_reductions_threshold: shorter reductions become pointwise ops.
-UNROLL_BELOW = 8
-
-
 def _scalar_as(v, dt: dtype) -> float:
     """A Python number as c10 converts it to a 16-bit scalar_t: to float, then rounded to
     the format."""
@@ -191,7 +193,7 @@ def _scalar_as(v, dt: dtype) -> float:
     return float(np.asarray(f, dtype=ml_dtypes.bfloat16 if dt is bfloat16 else np.float16))
 
 
-class TorchKernelLowering:
+class TorchKernelLowering(InductorCppReductions):
     """The lowering's knowledge of PyTorch's kernels (a part of castlab._lower.Lowering:
     it uses its ``math``, ``cuda``, ``device``, ``expr`` and ``vt64``)."""
 
@@ -343,62 +345,6 @@ class TorchKernelLowering:
             _torch_vml.unavailable()  # (torch's thread count: see above)
             return (kind, ORDER_CODE[order], 1, 0, 0, 0)  # ATen's parallel_reduce
         return (kind, ORDER_CODE[order], 0, 0, 0, 0)
-
-    def _inductor_cpp_spec(self, node: Node, kind: int, acc: dtype, n: int) -> tuple:
-        """Inductor's C++ reduction (codegen/cpp.py, cpp_prefix.h): one accumulator lane per
-        position of the vector the kernel tiles the row with, each from zero (the tail vector
-        masked), then ``vec_reduce_all``'s butterfly and ``0 + ...``. The vector holds
-        ``pick_vec_isa().nelements(dtype)`` elements of the kernel's 16-bit float where it
-        loads one (half of that for a row shorter than it), else of float: 32 bytes under
-        AVX2, 64 under AVX512 (Inductor follows ATEN_CPU_CAPABILITY as torch does; "default"
-        gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
-        full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4).
-        A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
-        iterations, or one row) and torch runs more than one thread, Inductor's kernel
-        splits the row over its threads (decided when the reduction is planned, from
-        torch's thread count then). A double row (VectorizedN<double, 2>) combines as
-        ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4)."""
-        rows = _prod(node.shape)
-        if n < UNROLL_BELOW and rows != 1:
-            # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
-            # CPU only where the reduction has more than one output)
-            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
-        lanes = _read_lanes(node, n)  # read from a compiled program
-        if lanes is None:
-            bits = self._inductor_vector_bits()
-            # a softmax's sum reads its exponentials from the float buffer the division
-            # reads too (outer-loop fusion's local buffer), not the 16-bit input
-            lowp = (_loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
-                    and not node.attrs.get("cpp_float_tiles"))
-            lanes = bits // (16 if lowp else 32)
-            if lowp and n < lanes:
-                lanes //= 2
-            lanes = max(1, lanes)
-        cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
-        split = 2 if kind == REDUCE_OPS["sum"] else 1
-        if split == 2:
-            _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
-        in_order = 4 if acc is float64 and lanes > 1 else 0  # (float: a SIMD butterfly)
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order)
-
-    def _inductor_vector_bits(self) -> int:
-        """The width of Inductor's C++ vectors: 256 bits under AVX2, 512 under AVX512, 0
-        (scalar loops) under torch's DEFAULT build."""
-        return {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
-
-    def _inductor_welford_spec(self, node: Node, kind: int, acc: dtype) -> tuple:
-        """Inductor's C++ Welford (cpp_prefix.h welford_combine with a WelfordHelper): the
-        lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
-        them (a 16-bit input or a double row: VectorizedN<., 2>, two halves), and the split
-        over torch's threads where the rows are few (p5 = 2)."""
-        bits = self._inductor_vector_bits()
-        floats = max(1, bits // (64 if acc is float64 else 32))
-        lanes = _read_lanes(node, None)  # read from a compiled program
-        if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
-            lanes = max(1, bits // (16 if _loads_16bit_float(node) else 32))
-        floats = min(floats, lanes)
-        _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
 
     def _dot_spec(self, node: Node, acc: dtype, order: str) -> tuple:
         """The spec of a sum of products PyTorch's kernel accumulates with its products

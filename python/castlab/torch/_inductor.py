@@ -244,9 +244,10 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         out = cpp_nodes(self, nodes)
         vec = next((k for k in getattr(self, "kernels", ())
                     if getattr(k, "tiling_factor", None)), None)
-        w = 1  # scalar loops, or a vector across the kept dim: each output's sum in order
+        w = 0  # scalar loops; 1: a vector across the kept dim, each output's sum in order
         loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
         if vec is not None:
+            w = 1
             i = vec.tiling_idx
             if not loops or not -len(loops) <= i < len(loops) or loops[i].is_reduction:
                 w = int(vec.tiling_factor)

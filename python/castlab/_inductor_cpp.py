@@ -1,0 +1,154 @@
+"""Inductor's C++ reductions (the ``inductor_cpp`` order of the ``inductor_cpu`` preset and
+the torch_compile stack on the CPU): how the loop nests Inductor generates for a reduction
+sum its rows, read from the graph castlab traced (or from a compiled program, ``cpp_lanes``):
+the vector they are tiled with, along the row or across the rows (TilingSelect), the
+cascade sum, the split over torch's threads, Welford's lanes."""
+
+from __future__ import annotations
+
+from . import _torch_vml
+from ._dtype import dtype, float32, float64
+from ._graph import ELEMENTWISE, VIEW_OPS, Node
+from ._optable import ORDER_CODE, REDUCE_OPS
+from ._schedule import _loads_16bit_float, _read_lanes
+
+#: Inductor's config.unroll_reductions_threshold: shorter reductions become pointwise ops.
+UNROLL_BELOW = 8
+
+
+def _live_dims(a: Node, m: Node, live: frozenset) -> frozenset | None:
+    """The dims of m's input `a` that are m's `live` dims (None: not followed, as by a
+    reshape that merges or splits one of them); a broadcast input loses the dims it is
+    broadcast along (its values do not vary there)."""
+    vop = m.attrs.get("vop") or ("",)
+    if vop[0] == "permute":
+        return frozenset(vop[1][d] for d in live)
+    if vop[0] == "slice":
+        return live
+    if vop[0] == "select":
+        return frozenset(d + (d >= vop[1]) for d in live)
+    if vop[0] in ("reshape", "unsqueeze", "squeeze"):
+        out, src, got = m.shape, a.shape, set()
+        for d in live:
+            at = _prod(out[:d])
+            j = next((j for j in range(len(src)) if _prod(src[:j]) == at and src[j] == out[d]),
+                     None)
+            if j is None:
+                return None if out[d] != 1 else frozenset(got)
+            got.add(j)
+        return frozenset(got)
+    k = len(m.shape) - len(a.shape)  # elementwise operands and expand: broadcasting
+    return frozenset(d - k for d in live if d >= k and a.shape[d - k] == m.shape[d] != 1)
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def inductor_cpp_row_reads(node: Node) -> tuple[bool, int]:
+    """What Inductor's C++ kernel for this reduction reads, from the nodes it inlines (the
+    elementwise and view nodes feeding it, up to the graph's inputs and other kernels'
+    results): (whether one of them varies along the reduced dims, how many values it reads).
+    TilingSelect._select_tiling_indices vectorizes the loop a load is contiguous along:
+    where no load runs along the row (cross-entropy's gradient with label smoothing:
+    per-row values and a one-hot from an index expression), it vectorizes across the
+    rows and sums each row in order. Positions from an ``iota`` input are Inductor's
+    index expressions, not loads."""
+    dims = frozenset(node.attrs.get("dims", ()))
+    todo, seen, reads, along = [(node.inputs[0], dims)], set(), set(), False
+    while todo and len(seen) < 512:
+        m, live = todo.pop()
+        if (id(m), live) in seen or m.op == "scalar" or m.attrs.get("iota"):
+            continue
+        seen.add((id(m), live))
+        if m.op in ELEMENTWISE or m.op in VIEW_OPS or m.op == "one_hot_scatter":
+            for i, a in enumerate(m.inputs):
+                if m.op == "one_hot_scatter" and i == 1:
+                    continue  # its positions: an iota
+                la = _live_dims(a, m, live)
+                if la is None:
+                    along = True
+                else:
+                    todo.append((a, la))
+        else:
+            reads.add(id(m))
+            along = along or bool(live)
+    return along or bool(todo), len(reads)
+
+
+class InductorCppReductions:
+    """ReduceSpecs of Inductor's C++ reductions (a mixin of castlab._torch_kernels'
+    TorchKernelLowering: ``self.math`` is the lowering's Math)."""
+
+    def _inductor_cpp_spec(self, node: Node, kind: int, acc: dtype, n: int) -> tuple:
+        """Inductor's C++ reduction (codegen/cpp.py, cpp_prefix.h): one accumulator lane per
+        position of the vector the kernel tiles the row with, each from zero (the tail vector
+        masked), then ``vec_reduce_all``'s butterfly and ``0 + ...``. The vector holds
+        ``pick_vec_isa().nelements(dtype)`` elements of the kernel's 16-bit float where it
+        loads one (half of that for a row shorter than it), else of float: 32 bytes under
+        AVX2, 64 under AVX512 (Inductor follows ATEN_CPU_CAPABILITY as torch does; "default"
+        gives scalar loops: one lane). A float sum of over 4096 elements runs each lane's
+        full vectors through CascadeSumHelper in chunks of 4096 (the triton order's p4).
+        A sum's spec says p5 = 2: where the rows are few (under 1/300 of the row's vector
+        iterations, or one row) and torch runs more than one thread, Inductor's kernel
+        splits the row over its threads (decided when the reduction is planned, from
+        torch's thread count then). A double row (VectorizedN<double, 2>) combines as
+        ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4)."""
+        rows = _prod(node.shape)
+        if n < UNROLL_BELOW and rows != 1:
+            # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
+            # CPU only where the reduction has more than one output)
+            return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
+        bits = self._inductor_vector_bits()
+        lanes = _read_lanes(node, n)  # read from a compiled program
+        if lanes is None:
+            along, reads = inductor_cpp_row_reads(node)
+            # an operand the kernel reads again after the sum (log_softmax's backward) is
+            # stored first where it reads more than realize_reads_threshold (4) values
+            # (ir.StorageBox.should_realize_on_reuse): a float buffer along the row
+            stored = bool(node.attrs.get("reuses_input")) and reads > 4
+            # a softmax's sum reads its exponentials from the float buffer the division
+            # reads too (outer-loop fusion's local buffer), not the 16-bit input
+            lowp = (_loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
+                    and not node.attrs.get("cpp_float_tiles") and not stored)
+            lanes = bits // (16 if lowp else 32)
+            if lowp and n < lanes:
+                lanes //= 2
+            # (one row: its loop is the reduction's only loop, vectorized along the row)
+            lanes = max(1, lanes) if along or stored or rows == 1 else 1  # else: in order
+        # lanes 1 under a vector ISA: the kernel is vectorized across the rows, each row
+        # summed in order, never split over threads; a last partial vector's rows run the
+        # scalar tail loop, which sums without CascadeSumHelper (p4's bits above 32).
+        # (0, read from a program: its scalar loops, one lane)
+        across, lanes = lanes == 1 and bits > 0, max(1, lanes)
+        cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
+        if cascade and across:
+            cascade |= (bits // 32) << 32
+        split = 2 if kind == REDUCE_OPS["sum"] and not across else 1
+        if split == 2:
+            _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
+        in_order = 4 if acc is float64 and lanes > 1 else 0  # (float: a SIMD butterfly)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order)
+
+    def _inductor_vector_bits(self) -> int:
+        """The width of Inductor's C++ vectors: 256 bits under AVX2, 512 under AVX512, 0
+        (scalar loops) under torch's DEFAULT build."""
+        return {"avx512": 512, "avx2": 256}.get(self.math._cpu_isa(), 0)
+
+    def _inductor_welford_spec(self, node: Node, kind: int, acc: dtype) -> tuple:
+        """Inductor's C++ Welford (cpp_prefix.h welford_combine with a WelfordHelper): the
+        lanes of the vector the kernel tiles the row with, as `_inductor_cpp_spec` counts
+        them (a 16-bit input or a double row: VectorizedN<., 2>, two halves), and the split
+        over torch's threads where the rows are few (p5 = 2)."""
+        bits = self._inductor_vector_bits()
+        floats = max(1, bits // (64 if acc is float64 else 32))
+        lanes = _read_lanes(node, None)  # read from a compiled program (0: scalar loops)
+        if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
+            lanes = bits // (16 if _loads_16bit_float(node) else 32)
+        lanes = max(1, lanes)
+        floats = min(floats, lanes)
+        _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
