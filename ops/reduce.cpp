@@ -449,12 +449,6 @@ std::string describe_red_plan(const RedPlan& p) {
       return r + " torch_cuda spatial softmax (cunn_SpatialSoftMaxForward, " + num(p.a) +
              (p.a == 1 ? " thread a column: sequential)" : " threads a column, then a tree)");
     case kOrdTriton:
-      if (p.a == 1 && p.b == 1 && p.c == 1 && p.d == 1 && (p.f > 0 || p.e))
-        return r + " in order (a vector's lanes are rows)" +
-               (p.f > 0 ? ", a cascade sum in chunks of " + num(p.f) +
-                              (p.cascade_rows >= 0 ? " in the rows of full vectors" : "")
-                        : "") +
-               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
       if (p.b == 1 && p.c == p.a && p.d == 1 && (p.f > 0 || p.e))
         return r + " " + num(p.a) + " vector lanes, each from zero, then " +
                (p.h == 1 ? "the two vectors' lanes added and the " + num(p.a / 2) +
@@ -462,6 +456,9 @@ std::string describe_red_plan(const RedPlan& p) {
                          : std::string("a butterfly")) +
                (p.f > 0 ? ", each lane's full vectors a cascade sum in chunks of " + num(p.f)
                         : "") +
+               (p.cascade_rows >= 0 ? " (a vector across the rows: the rows of its partial "
+                                      "vector without it)"
+                                    : "") +
                (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)" +

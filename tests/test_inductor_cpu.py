@@ -450,3 +450,22 @@ def _label_smoothing_case(dt, v, rows, red, weighted):
     got = torch.from_dlpack(got)
     ints = {2: torch.int16, 4: torch.int32}[got.element_size()]
     assert int((got.view(ints) != xr.grad.view(ints)).sum()) == 0
+
+
+@pytest.mark.parametrize("f,along", [
+    (lambda a, b: cl.sum(a, dim=1), True),
+    (lambda a, b: cl.sum(b.reshape((4, 1)).expand((4, 8)) * 2.0, dim=1), False),
+    (lambda a, b: cl.sum(b.reshape((4, 1)).expand((4, 8)) * a, dim=1), True),
+    (lambda a, b: cl.sum(a.transpose(0, 1).transpose(0, 1).reshape((4, 1, 8)), dim=2), True),
+    (lambda a, b: cl.sum(a.reshape((32,)), dim=0), True),
+    (lambda a, b: cl.sum(b.reshape((1, 4)).expand((8, 4)), dim=0), False),
+    (lambda a, b: cl.sum(b.reshape((1, 4)).expand((8, 4)), dim=1), True)])
+def test_inductor_cpp_row_reads(f, along):
+    """Whether Inductor's C++ kernel for a reduction loads along the reduced dims (then
+    TilingSelect vectorizes along the row; else across the rows, each row in order): a
+    broadcast operand does not vary along the dims it is broadcast over."""
+    from castlab._inductor_cpp import inductor_cpp_row_reads
+    t = cl.jit(f).graph(cl.ones((4, 8)), cl.ones((4,)))
+    red = [n for n in t.nodes if n.op == "sum"]
+    assert len(red) == 1
+    assert inductor_cpp_row_reads(red[0])[0] is along

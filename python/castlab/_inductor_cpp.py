@@ -30,11 +30,13 @@ def _live_dims(a: Node, m: Node, live: frozenset) -> frozenset | None:
     if vop[0] in ("reshape", "unsqueeze", "squeeze"):
         out, src, got = m.shape, a.shape, set()
         for d in live:
+            if out[d] == 1:
+                continue  # (does not vary)
             at = _prod(out[:d])
             j = next((j for j in range(len(src)) if _prod(src[:j]) == at and src[j] == out[d]),
                      None)
             if j is None:
-                return None if out[d] != 1 else frozenset(got)
+                return None
             got.add(j)
         return frozenset(got)
     k = len(m.shape) - len(a.shape)  # elementwise operands and expand: broadcasting

@@ -332,8 +332,10 @@ class TorchKernelLowering(InductorCppReductions):
         if order == "inductor_cpp":
             return self._inductor_cpp_spec(node, kind, acc, n)
         if order == "triton":
-            tile = node.attrs.get("triton_tile")  # read from a compiled program; isz: the
-            # bytes the kernel loads (a float computed from bf16 loads: RMSNorm's backward)
+            tile = node.attrs.get("triton_tile")  # read from a compiled program (by the
+            if isinstance(tile, dict):  # row's length where a node spans several kernels)
+                tile = tile.get(n)
+            # isz: the bytes the kernel loads (a float from bf16 loads: RMSNorm's backward)
             isz = node.attrs.get("elem_bytes") or (2 if _loads_16bit_float(node) else src.bits // 8)
             algo = node.attrs.get("algo")
             if tile is None and n < UNROLL_BELOW and (algo, n, isz) not in TRITON_CONFIGS:

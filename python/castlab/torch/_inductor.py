@@ -89,8 +89,8 @@ class InductorPlacement:
     that compiled it. ``products``: part -> which product the last fmas of its launched
     Triton kernel fuse ("where": one whose factor is a select, such as rotate_half's cat;
     "plain": the other; _inductor_tiles.fused_product), for the adds of two products.
-    ``rsizes``: part -> the elements its C++ reduction loops run over (which of a
-    composite node's reductions a part's lanes belong to)."""
+    ``rsizes``: part -> the elements its C++ reduction loops (its Triton kernel's row) run
+    over: which of a composite node's reductions a part's lanes or tile belong to."""
 
     device: str
     torch: str
@@ -236,7 +236,7 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     tuners: dict = {}        # Triton kernel name -> its autotuner, once it ran
     tsched, tuner_cls = _tiles.triton_classes()
     lanes: dict = {}  # part -> the vector width of the C++ loop nest computing it
-    rsizes: dict = {}  # part -> the elements its C++ reduction loops run over
+    rsizes: dict = {}  # part -> the elements its reduction loops (its Triton row) run over
     proxy_cls = _tiles.cpp_proxy_class()
     cpp_nodes = getattr(proxy_cls, "codegen_nodes", None)
 
@@ -263,8 +263,11 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         name = define(self, src_code, node_schedule, kernel)
         # (a source defined before, such as the same RoPE kernel in every layer, returns
         # the kernel already defined: it computes these parts too)
-        kernel_parts.setdefault(name, []).extend(
-            n.get_name() for n in node_schedule if isinstance(n, isched.BaseSchedulerNode))
+        parts = [n for n in node_schedule if isinstance(n, isched.BaseSchedulerNode)]
+        kernel_parts.setdefault(name, []).extend(n.get_name() for n in parts)
+        r = (getattr(kernel, "numels", None) or {}).get("r0_")  # its row's elements
+        if r is not None and str(r).isdigit():
+            rsizes.update((n.get_name(), int(r)) for n in parts if n.is_reduction())
         return name
 
     def rec_tuner_run(self, *args, **kwargs):
@@ -590,7 +593,8 @@ class _Evaluator:
         if fuses_right(n, self.pl.products.get(x)):  # LLVM's fma takes the right product
             _graph._state.annot = {**(annot or {}), "fma_side": "right"}
         try:  # the reductions of part x in its Triton kernel's order
-            with _tiled(self.pl.tiles.get(x), self._lanes(n, x)):
+            with _tiled(self._lanes(n, x, self.pl.tiles) if x in self.pl.tiles else None,
+                        self._lanes(n, x)):
                 return (builder or functools.partial(_aten.build, n))(args, kwargs)
         finally:
             _graph._state.where, _graph._state.annot = None, annot
@@ -622,14 +626,15 @@ class _Evaluator:
         return self._build(d, vals, first,
                            lambda a, kw: _aten._layer_norm(a, kw, moments_of=xm))
 
-    def _lanes(self, n, x):
+    def _lanes(self, n, x, table: dict | None = None):
         """The C++ vector width of the reduction computing n in part x: x's, or where x
         only finishes it (a layer_norm's normalization), that of the reduction part that
         computes its moments. A node whose parts reduce with different widths (a
         cross-entropy: its log-softmax's rows by 16-bit vectors, its sum over the rows by
-        float ones) gets {reduced elements: width} (castlab._torch_kernels picks by the
-        reduction's length), where the lengths tell the parts apart."""
-        lanes, sizes = self.pl.lanes, self.pl.rsizes
+        float ones) gets {reduced elements: width} (castlab._inductor_cpp picks by the
+        reduction's length), where the lengths tell the parts apart. `table`: the parts'
+        Triton tiles instead (reduce_spec picks the same way)."""
+        lanes, sizes = self.pl.lanes if table is None else table, self.pl.rsizes
         parts = [p for p in self.pl.computing.get(n.name, ()) if p in lanes]
         if len({lanes[p] for p in parts}) > 1 and all(p in sizes for p in parts):
             by_n: dict = {}
