@@ -203,18 +203,6 @@ def _dtype(buf: Any) -> torch.dtype | None:
         return None
 
 
-def _reduction_size(loops: list) -> int | None:
-    """The elements a C++ loop nest's reduction loops run over (None: no reduction loop,
-    or a size that is not a number)."""
-    red = [lp.size for lp in loops if lp.is_reduction]
-    if not red or not all(str(s).isdigit() for s in red):
-        return None
-    size = 1
-    for s in red:
-        size *= int(s)
-    return size
-
-
 def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
     """torch.compile `gm` on `places` with the graph caches off, recording each FX node's
     lowered value and the scheduler's final (fused) nodes and removed buffers."""
@@ -252,7 +240,7 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
             if not loops or not -len(loops) <= i < len(loops) or loops[i].is_reduction:
                 w = int(vec.tiling_factor)
         lanes.update((n.get_name(), w) for n in nodes if n.is_reduction())
-        size = _reduction_size(loops)
+        size = _tiles.reduction_size(loops)
         if size is not None:
             rsizes.update((n.get_name(), size) for n in nodes if n.is_reduction())
         return out
@@ -265,9 +253,7 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
         # the kernel already defined: it computes these parts too)
         parts = [n for n in node_schedule if isinstance(n, isched.BaseSchedulerNode)]
         kernel_parts.setdefault(name, []).extend(n.get_name() for n in parts)
-        r = (getattr(kernel, "numels", None) or {}).get("r0_")  # its row's elements
-        if r is not None and str(r).isdigit():
-            rsizes.update((n.get_name(), int(r)) for n in parts if n.is_reduction())
+        rsizes.update(_tiles.row_lengths(kernel, parts))
         return name
 
     def rec_tuner_run(self, *args, **kwargs):

@@ -144,3 +144,24 @@ def _triton_cache_dir(device: int) -> str:
         return os.environ.get("TRITON_CACHE_DIR") or os.path.join(
             os.path.expanduser("~"), ".triton", "cache")
     return triton_cache_dir(device)
+
+
+def reduction_size(loops: list) -> int | None:
+    """The elements a C++ loop nest's reduction loops run over (None: no reduction loop,
+    or a size that is not a number)."""
+    red = [lp.size for lp in loops if lp.is_reduction]
+    if not red or not all(str(s).isdigit() for s in red):
+        return None
+    size = 1
+    for s in red:
+        size *= int(s)
+    return size
+
+
+def row_lengths(kernel: Any, parts: list) -> dict:
+    """part -> the elements of its Triton kernel's row, for the reduction parts of a
+    kernel whose row length is a number."""
+    r = (getattr(kernel, "numels", None) or {}).get("r0_")
+    if r is None or not str(r).isdigit():
+        return {}
+    return {n.get_name(): int(r) for n in parts if n.is_reduction()}
