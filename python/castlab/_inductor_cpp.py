@@ -6,6 +6,8 @@ cascade sum, the split over torch's threads, Welford's lanes."""
 
 from __future__ import annotations
 
+import math
+
 from . import _torch_vml
 from ._dtype import dtype, float32, float64
 from ._graph import ELEMENTWISE, VIEW_OPS, Node
@@ -32,8 +34,8 @@ def _live_dims(a: Node, m: Node, live: frozenset) -> frozenset | None:
         for d in live:
             if out[d] == 1:
                 continue  # (does not vary)
-            at = _prod(out[:d])
-            j = next((j for j in range(len(src)) if _prod(src[:j]) == at and src[j] == out[d]),
+            at = math.prod(out[:d])
+            j = next((j for j in range(len(src)) if math.prod(src[:j]) == at and src[j] == out[d]),
                      None)
             if j is None:
                 return None
@@ -41,13 +43,6 @@ def _live_dims(a: Node, m: Node, live: frozenset) -> frozenset | None:
         return frozenset(got)
     k = len(m.shape) - len(a.shape)  # elementwise operands and expand: broadcasting
     return frozenset(d - k for d in live if d >= k and a.shape[d - k] == m.shape[d] != 1)
-
-
-def _prod(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def inductor_cpp_row_reads(node: Node) -> tuple[bool, int]:
@@ -98,8 +93,11 @@ class InductorCppReductions:
         iterations, or one row) and torch runs more than one thread, Inductor's kernel
         splits the row over its threads (decided when the reduction is planned, from
         torch's thread count then). A double row (VectorizedN<double, 2>) combines as
-        ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4)."""
-        rows = _prod(node.shape)
+        ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4).
+        Where the kernel loads nothing along the row (inductor_cpp_row_reads) it is
+        vectorized across the rows instead: one lane, each row in order, never split, the
+        cascade only in the rows of full float vectors (p4's bits above 32)."""
+        rows = math.prod(node.shape)
         if n < UNROLL_BELOW and rows != 1:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
             # CPU only where the reduction has more than one output)
