@@ -330,17 +330,21 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       // where besides a sum's loop over the row may be split over torch's threads; + 4
       // where the lanes combine as ATen's generic vec_reduce_all does (a double row: the two
       // vectors of VectorizedN<double, 2> added, then their lanes in order, P.h = 1)
+      // + 8 where the row's last partial vector runs the scalar tail loop (RedPlan.scalar_tail)
       const int64_t p5 = s.p5 & 3, chunk = s.p4 & 0xFFFFFFFF, across = s.p4 >> 32;
+      const int64_t in_order = s.p5 & 4, stail = s.p5 & 8;
       if (s.p4 < 0 || chunk > (int64_t(1) << 30) || across > 64 || (across > 0 && !chunk) ||
-          s.p5 < 0 || s.p5 > 6 || p5 > 2 ||
-          ((s.p4 > 0 || p5 == 2 || s.p5 > 3) && (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)) ||
-          (s.p5 > 3 && (p5 == 0 || s.p0 < 2)))
+          s.p5 < 0 || s.p5 > 14 || p5 > 2 ||
+          ((s.p4 > 0 || p5 == 2 || in_order || stail) &&
+           (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)) ||
+          ((in_order || stail) && (p5 == 0 || s.p0 < 2)) || (stail && across > 0))
         throw std::invalid_argument(
             "triton order: the cascade chunk (p4) must be in [0, 2^30], rows a vector above "
             "bit 32 at most 64 (with a chunk); p5 0, 1 or 2, + 4 "
-            "for lanes combined in order (with p5 1 or 2 and at least 2 lanes); a cascade, a "
-            "split over threads or lanes in order take one lane a position (per thread 1, "
-            "lanes = R0_BLOCK, 1 warp)");
+            "for lanes combined in order, + 8 for a scalar tail loop (with p5 1 or 2 and at "
+            "least 2 lanes; a scalar tail not across the rows); a cascade, a "
+            "split over threads, lanes in order or a scalar tail take one lane a position "
+            "(per thread 1, lanes = R0_BLOCK, 1 warp)");
       P.a = s.p0;
       P.b = s.p1;
       P.c = s.p2;
@@ -348,8 +352,9 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.e = (p5 || n > 1024 || s.p0 < n) ? 1 : 0;  // Inductor: persistent up to 1024
       P.f = chunk;
       if (across > 0) P.cascade_rows = rows / across * across;
-      P.h = s.p5 > 3 ? 1 : 0;
-      P.nparts = s.p2 * s.p3;
+      P.h = in_order ? 1 : 0;
+      P.scalar_tail = stail ? 1 : 0;
+      P.nparts = s.p2 * s.p3 + (stail ? 1 : 0);
       if (p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
       break;
     }
@@ -459,7 +464,10 @@ std::string describe_red_plan(const RedPlan& p) {
                (p.cascade_rows >= 0 ? " (a vector across the rows: the rows of its partial "
                                       "vector without it)"
                                     : "") +
-               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "");
+               (p.g > 1 ? ", the row split over " + num(p.g) + " OpenMP threads (static)" : "") +
+               (p.scalar_tail ? "; the row's last partial vector a scalar loop from zero, "
+                                "added to the lanes' sum"
+                              : "");
       return r + " triton " + (p.e ? "looped" : "persistent") + " (R0_BLOCK " + num(p.a) + ": " +
              num(p.b) + " per thread x " + num(p.c) + " lanes x " + num(p.d) + " warps)" +
              (p.kind == kRedOnline

@@ -660,3 +660,46 @@ def test_columns_of_a_matrix_reduce_as_its_transposed_rows(spec):
     with pytest.raises(ValueError, match="contiguous rows or the columns"):
         _C.reduce_rows(cl.tensor(np.ones((4, 40), np.float32))[:, ::2],
                        _C.empty([4], "float32", "cpu"), *spec)
+
+
+@pytest.mark.parametrize("lanes,cascade,dt", [(8, 0, np.float32), (16, 0, np.float32),
+                                              (8, 4096, np.float32), (4, 0, np.float64)],
+                         ids=str)
+def test_inductor_cpp_scalar_tail_loop(lanes, cascade, dt):
+    """The inductor_cpp order's scalar tail (p5 + 8): Inductor's C++ reduction whose row's
+    last partial vector runs the scalar loop (TilingSelect's `_tail_vec_worthwhile` said
+    no) sums that tail from zero in order, and adds it to the lanes' butterfly at the end
+    (`tmp_acc0 = tmp_acc0 + vec_reduce_all(...)`). The lanes see only the full vectors, so
+    each row equals the tail's sum (numpy, in the dtype, left to right) plus the same spec
+    without the tail over the row's full vectors; a row shorter than a vector is its tail
+    alone. (A double row combines its lanes in order: + 4.)"""
+    from castlab import _C
+
+    name = np.dtype(dt).name
+    rng = np.random.default_rng(lanes + cascade)
+    in_order = 4 if dt is np.float64 else 0
+    for n in (1, lanes - 1, lanes, lanes + 1, 3 * lanes + lanes // 2, 9001):
+        x = (rng.standard_normal((5, n)) * 3).astype(dt)
+        x[1, -1] = -0.0
+        x[2] = 1e-30
+        x[3, 0] = 1e20
+        spec = (0, 9, lanes, 1, lanes, 1, cascade if n > 4096 else 0, 1 + in_order)
+        got = _C.empty([5], name, "cpu")
+        _C.reduce_rows(cl.tensor(x), got, *spec[:-1], spec[-1] + 8)
+        full = n // lanes * lanes
+        for r in range(5):
+            tail = dt(0)
+            for v in x[r, full:]:
+                tail = dt(tail + v)
+            lanes_sum = dt(0)
+            if full:
+                part = _C.empty([1], name, "cpu")
+                _C.reduce_rows(cl.tensor(np.ascontiguousarray(x[r:r + 1, :full])), part, *spec)
+                lanes_sum = np.asarray(part)[0]
+            want = dt(tail + lanes_sum)
+            assert np.asarray(got)[r].tobytes() == want.tobytes(), (n, r)
+    x = cl.tensor(np.ones((2, 40), np.float32))
+    with pytest.raises(ValueError, match=r"\+ 8 for a scalar tail loop"):
+        _C.reduce_rows(x, _C.empty([2], "float32", "cpu"), 0, 9, 8, 1, 8, 1, 4096 | 8 << 32, 9)
+    with pytest.raises(ValueError, match=r"\+ 8 for a scalar tail loop"):
+        _C.reduce_rows(x, _C.empty([2], "float32", "cpu"), 0, 9, 8, 1, 8, 1, 0, 8)

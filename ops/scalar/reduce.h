@@ -126,6 +126,11 @@ struct RedPlan {
   // rows: the rows before this one (those of full vectors) run it; the others, the scalar
   // tail loop's, sum from zero in order. -1: every row runs the cascade.
   int64_t cascade_rows = -1;
+  // The triton order under Inductor's C++ kernel whose row's last partial vector runs the
+  // scalar tail loop (TilingSelect's _tail_vec_worthwhile said no): the lanes take the full
+  // vectors only; part nparts - 1 is the tail's elements from the identity, in order, and
+  // the combine is red_op(tail, the lanes' butterfly) (`tmp_acc0 + vec_reduce_all(...)`).
+  int64_t scalar_tail = 0;
 };
 
 template <typename T>
@@ -953,6 +958,14 @@ template <typename T, typename A>
 CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
   const int64_t R = P.a, per = P.b, tile = P.b * P.c * P.d;
   T out = red_identity<T>(P.kind);
+  if (P.scalar_tail) {  // the scalar tail loop's part, then the lanes over the full vectors
+    const int64_t full = n / R * R;
+    if (t == P.c * P.d) {
+      for (int64_t i = full; i < n; ++i) out = red_op(P.kind, out, T(v[i]));
+      return out;
+    }
+    n = full;
+  }
   bool first = true;
   for (int64_t rep = 0; rep * tile < R; ++rep)
     for (int64_t k = 0; k < per; ++k) {
@@ -1000,16 +1013,19 @@ CL_HD T red_triton_tree(int64_t lanes, int64_t warps, T* p, Op op) {
 template <typename T>
 CL_HD T red_triton_combine(const RedPlan& P, T* p) {
   const int64_t lanes = P.c, warps = P.d;
+  const int kind = P.kind;
+  const T tail = P.scalar_tail ? p[lanes * warps] : T(0);
+  T r;
   if (P.h == 1) {  // ATen's generic vec_reduce_all (a double row under Inductor's C++): the
     // two vectors of VectorizedN<double, 2> lane by lane, then the lanes in order
     const int64_t half = lanes / 2;
-    for (int64_t l = 0; l < half; ++l) p[l] = red_op(P.kind, p[l], p[l + half]);
-    T s = p[0];
-    for (int64_t l = 1; l < half; ++l) s = red_op(P.kind, s, p[l]);
-    return s;
+    for (int64_t l = 0; l < half; ++l) p[l] = red_op(kind, p[l], p[l + half]);
+    r = p[0];
+    for (int64_t l = 1; l < half; ++l) r = red_op(kind, r, p[l]);
+  } else {
+    r = red_triton_tree(lanes, warps, p, [kind](T a, T b) { return red_op(kind, a, b); });
   }
-  const int kind = P.kind;
-  return red_triton_tree(lanes, warps, p, [kind](T a, T b) { return red_op(kind, a, b); });
+  return P.scalar_tail ? red_op(kind, tail, r) : r;
 }
 
 // ---- Inductor's online softmax (kRedOnline) ----

@@ -104,6 +104,9 @@ class InductorCppReductions:
             return (kind, ORDER_CODE["sequential"], 0, 0, 0, 0)
         bits = self._inductor_vector_bits()
         lanes = _read_lanes(node, n)  # read from a compiled program
+        # (negative: that many lanes, and the row's last partial vector is the scalar tail
+        # loop: TilingSelect's _tail_vec_worthwhile said no)
+        scalar_tail = lanes is not None and lanes < 0
         if lanes is None:
             along, reads = inductor_cpp_row_reads(node)
             # an operand the kernel reads again after the sum (log_softmax's backward) is
@@ -123,7 +126,7 @@ class InductorCppReductions:
         # summed in order, never split over threads; a last partial vector's rows run the
         # scalar tail loop, which sums without CascadeSumHelper (p4's bits above 32).
         # (0, read from a program: its scalar loops, one lane)
-        across, lanes = lanes == 1 and bits > 0, max(1, lanes)
+        across, lanes = lanes == 1 and bits > 0, max(1, abs(lanes))
         cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
         if cascade and across:
             cascade |= (bits // 32) << 32
@@ -131,7 +134,8 @@ class InductorCppReductions:
         if split == 2:
             _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         in_order = 4 if acc is float64 and lanes > 1 else 0  # (float: a SIMD butterfly)
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order)
+        tail = 8 if scalar_tail and lanes > 1 and not across else 0
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order + tail)
 
     def _inductor_vector_bits(self) -> int:
         """The width of Inductor's C++ vectors: 256 bits under AVX2, 512 under AVX512, 0
@@ -148,7 +152,8 @@ class InductorCppReductions:
         lanes = _read_lanes(node, None)  # read from a compiled program (0: scalar loops)
         if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
             lanes = bits // (16 if _loads_16bit_float(node) else 32)
-        lanes = max(1, lanes)
+        # (a scalar tail loop, lanes < 0, is not modelled for Welford: its lanes only)
+        lanes = max(1, abs(lanes))
         floats = min(floats, lanes)
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)

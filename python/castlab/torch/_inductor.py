@@ -82,10 +82,11 @@ class InductorPlacement:
     sum), whose reader continues it from there. ``tiles``: part -> (R0_BLOCK, elements per
     thread, lanes, warps) along the row of the Triton kernel computing it, as its
     autotuner chose it (GPU only): the order of its reductions. ``lanes``: part -> the
-    vector width (elements) of the C++ loop nest computing it (CPU only; 1: scalar loops),
-    as Inductor's TilingSelect chose it: the accumulator lanes of its reductions (the
-    width follows the loop nest's 16-bit loads, and a reduction reading a value its
-    kernel keeps in a float local buffer tiles by float). ``torch``: the PyTorch version
+    vector width (elements) of the C++ loop nest computing it (CPU only; 0: scalar loops,
+    1: a vector across the kept dim), as Inductor's TilingSelect chose it: the accumulator
+    lanes of its reductions (the width follows the loop nest's 16-bit loads, and a
+    reduction reading a value its kernel keeps in a float local buffer tiles by float);
+    negative where the row's last partial vector runs the scalar tail loop. ``torch``: the PyTorch version
     that compiled it. ``products``: part -> which product the last fmas of its launched
     Triton kernel fuse ("where": one whose factor is a select, such as rotate_half's cat;
     "plain": the other; _inductor_tiles.fused_product), for the adds of two products.
@@ -230,16 +231,9 @@ def _compile_and_record(gm: torch.fx.GraphModule, places: list) -> tuple:
 
     def rec_cpp_nodes(self, nodes):
         out = cpp_nodes(self, nodes)
-        vec = next((k for k in getattr(self, "kernels", ())
-                    if getattr(k, "tiling_factor", None)), None)
-        w = 0  # scalar loops; 1: a vector across the kept dim, each output's sum in order
-        loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
-        if vec is not None:
-            w = 1
-            i = vec.tiling_idx
-            if not loops or not -len(loops) <= i < len(loops) or loops[i].is_reduction:
-                w = int(vec.tiling_factor)
+        w = _tiles.cpp_lanes(self)
         lanes.update((n.get_name(), w) for n in nodes if n.is_reduction())
+        loops = getattr(getattr(self, "loop_nest", None), "loops", None) or []
         size = _tiles.reduction_size(loops)
         if size is not None:
             rsizes.update((n.get_name(), size) for n in nodes if n.is_reduction())

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._schedule import triton_tile
 
-__all__ = ["cpp_proxy_class", "fused_product", "launched_ptx", "ptx_fused_product",
+__all__ = ["cpp_lanes", "cpp_proxy_class", "fused_product", "launched_ptx", "ptx_fused_product",
            "triton_classes", "tile"]
 
 
@@ -24,6 +24,24 @@ def cpp_proxy_class() -> Any:
     except Exception:  # noqa: BLE001 (a PyTorch build without the C++ backend)
         return None
     return CppKernelProxy
+
+
+def cpp_lanes(proxy: Any) -> int:
+    """The vector lanes of the reductions a C++ kernel proxy generated, as its TilingSelect
+    chose them: 0 for scalar loops; 1 for a vector across the kept dim (each output's sum
+    in order); else the vector's elements along the row, negative where the row's last
+    partial vector runs the scalar kernel (`_tail_vec_worthwhile` said no: the tail summed
+    from zero on its own, then added to the lanes' sum)."""
+    vec = next((k for k in getattr(proxy, "kernels", ())
+                if getattr(k, "tiling_factor", None)), None)
+    if vec is None:
+        return 0
+    loops = getattr(getattr(proxy, "loop_nest", None), "loops", None) or []
+    i = vec.tiling_idx
+    if loops and -len(loops) <= i < len(loops) and not loops[i].is_reduction:
+        return 1
+    w = int(vec.tiling_factor)
+    return -w if type(proxy.kernels[-1]) is proxy.kernel_cls else w
 
 
 def triton_classes() -> tuple:

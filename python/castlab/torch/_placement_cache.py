@@ -26,7 +26,7 @@ from .. import _C
 
 __all__ = ["placement_key", "placement_dir", "load", "store"]
 
-_VERSION = 3  # bump when InductorPlacement's fields change
+_VERSION = 4  # bump when InductorPlacement's fields change
 
 
 # Inductor settings that change what its compiled program stores, fuses or launches: a
