@@ -322,6 +322,10 @@ def test_online_softmax_row_kernel_equals_separate_steps_and_cpu(n):
     (kTritonOnlinePhase, fused only under CASTLAB_FUSE_ROWS=1 until this passes on a GPU)
     gives the bits of the separate steps and of the CPU: softmax and log_softmax under the
     inductor preset, bf16 and fp32, rows with NaN, +-inf, all -inf and -0."""
+    # (every case runs before the asserts: an H100 run of 2026-12-07 stopped at the first,
+    # bf16 softmax, where the fused kernel equalled the separate GPU steps and both
+    # differed from the CPU in 13-530 elements; the table below says which and where)
+    table = []
     for dt in (torch.bfloat16, torch.float32):
         t = _x((272, n), dt, n, scale=3.0).cpu()
         t[0, 5] = float("nan")
@@ -333,8 +337,14 @@ def test_online_softmax_row_kernel_equals_separate_steps_and_cpu(n):
         for op in ("softmax", "log_softmax"):
             fn = (lambda a, w, op=op: getattr(cl, op)(a, -1))
             g0, g1, c = _row_kernel_runs(fn, x, x, "fused", cl.Math.preset("inductor"))
-            assert mismatches(g0, g1) == 0, ("fused != unfused", n, dt, op, mismatches(g0, g1))
-            assert mismatches(g0, c) == 0, ("GPU != CPU", n, dt, op, mismatches(g0, c))
+            bad = ~((g1.double() == c.double()) | (g1.isnan() & c.isnan()))
+            rows = sorted(set(bad.nonzero()[:, 0].tolist()))
+            table.append((str(dt), op, mismatches(g0, g1), mismatches(g0, c),
+                          mismatches(g1, c), rows[:8]))
+    print(table)
+    assert all(r[2] == 0 for r in table), ("fused != unfused", n, table)
+    assert all(r[3] == 0 for r in table), ("GPU != CPU: dtype, op, fused-unfused, "
+                                           "fused-CPU, unfused-CPU, CPU rows", n, table)
     from castlab import _lower
 
     _lower.FUSE_ROWS = True
