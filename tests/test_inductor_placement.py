@@ -259,6 +259,36 @@ def test_torch_compile_stack_loss_with_a_scalar_tail_loop(dt, red, ls, weighted)
 
 
 @pytest.mark.inductor
+@pytest.mark.parametrize("n", [100001, 40009, 9])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_torch_compile_stack_sum_with_a_scalar_tail_loop_split_over_threads(n, threads):
+    """A masked sum of one long row (`where` is 1 of 5 ops: over 12 %): Inductor's C++
+    kernel runs the row's last partial vector as the scalar tail loop. On 2 threads the
+    row is split over them (libgomp's static schedule of the vector iterations, the tail's
+    iteration counted: its thread's scalar accumulator holds the tail) and every thread's
+    full vectors run CascadeSumHelper. fp32 and bf16 (16-bit vectors); a row shorter
+    than one vector is all tail."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for dt in (torch.float32, torch.bfloat16):
+            g = torch.Generator().manual_seed(n)
+            x = (torch.randn(n, generator=g) * 3).to(dt)
+            m = torch.rand(n, generator=g) > 0.3
+
+            def f(a, b):
+                return torch.where(b, a.float() * 1.5, 0.0).sum()
+
+            torch._dynamo.reset()
+            want = torch.compile(f, dynamic=False)(x, m)
+            torch._dynamo.reset()
+            got = ct.capture(f, x, m).run(x, m, stack="torch_compile")
+            assert got.view(torch.int32) == want.view(torch.int32), (dt, float(got), float(want))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.inductor
 def test_a_placement_is_read_again_under_other_inductor_settings(monkeypatch):
     """Inductor settings that change its program (deterministic configs,
     emulate_precision_casts, max-autotune, ...) key the placement too: the same capture

@@ -940,6 +940,8 @@ CL_HD void omp_static_range(int64_t I, int64_t nt, int64_t t, int64_t* s, int64_
   *e = *s + q + (t < rem ? 1 : 0);
 }
 
+// (RedPlan.scalar_tail: the schedule still counts the tail's iteration, whose elements the
+// scalar loop takes instead of a masked vector)
 template <typename T, typename A>
 CL_HD T red_omp_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
   const int64_t R = P.a, nt = P.g, K = n / R, I = (n + R - 1) / R, per = (K + nt - 1) / nt;
@@ -948,7 +950,7 @@ CL_HD T red_omp_lane(const RedPlan& P, A v, int64_t n, int64_t pos) {
     int64_t s = 0, e = 0;
     omp_static_range(I, nt, t, &s, &e);
     acc = acc + red_cascade_run<T>(v, R, P.f, pos, s, e < K ? e : K, per);
-    const bool tail = e > K && s <= K && K < I && K * R + pos < n;
+    const bool tail = !P.scalar_tail && e > K && s <= K && K < I && K * R + pos < n;
     masked = masked + (tail ? T(0) + T(v[K * R + pos]) : T(0));
   }
   return acc + masked;
@@ -964,7 +966,7 @@ CL_HD T red_triton_part(const RedPlan& P, A v, int64_t n, int64_t t) {
       for (int64_t i = full; i < n; ++i) out = red_op(P.kind, out, T(v[i]));
       return out;
     }
-    n = full;
+    if (!(P.g > 1 && P.kind == kRedSum)) n = full;  // (red_omp_lane skips the tail itself)
   }
   bool first = true;
   for (int64_t rep = 0; rep * tile < R; ++rep)
