@@ -87,9 +87,10 @@ class InductorPlacement:
     lanes of its reductions (the width follows the loop nest's 16-bit loads, and a
     reduction reading a value its kernel keeps in a float local buffer tiles by float);
     negative where the row's last partial vector runs the scalar tail loop. ``torch``: the
-    PyTorch version that compiled it. ``products``: part -> which product the last fmas of its launched
-    Triton kernel fuse ("where": one whose factor is a select, such as rotate_half's cat;
-    "plain": the other; _inductor_tiles.fused_product), for the adds of two products.
+    PyTorch version that compiled it. ``products``: part -> which product the last fmas of
+    its launched Triton kernel fuse ("where": one whose factor is a select, such as
+    rotate_half's cat; "plain": the other; _inductor_tiles.fused_product), for the adds of
+    two products.
     ``rsizes``: part -> the elements its C++ reduction loops (its Triton kernel's row) run
     over: which of a composite node's reductions a part's lanes or tile belong to."""
 

@@ -7,6 +7,7 @@ wraps (the C++ loop nests' tiling, Triton's autotuner).
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 from typing import Any
@@ -170,10 +171,7 @@ def reduction_size(loops: list) -> int | None:
     red = [lp.size for lp in loops if lp.is_reduction]
     if not red or not all(str(s).isdigit() for s in red):
         return None
-    size = 1
-    for s in red:
-        size *= int(s)
-    return size
+    return math.prod(int(s) for s in red)
 
 
 def row_lengths(kernel: Any, parts: list) -> dict:
