@@ -40,9 +40,13 @@ void two_pass_config(RedPlan* P, int64_t n, int64_t rows, int64_t code) {
 // row's own (decide_parallel_depth: more than one thread, and 512 elements a thread), each
 // thread taking its share by `#pragma omp for` (libgomp's static schedule). (One row of
 // 4,100 floats splits under AVX512 too: 256 vectors of 16, under the 300 rule's bound.)
-void inductor_omp_config(RedPlan* P, int64_t n, int64_t rows) {
+// `steps` (p5 >> 4): 1 + the outer loops' vector iterations where the kernel is vectorized
+// along a kept dim (a reduction over an inner dim: the rows divided by that dim's extent L,
+// times L's full vectors), 0 where they are the rows.
+void inductor_omp_config(RedPlan* P, int64_t n, int64_t rows, int64_t steps) {
   const int64_t threads = torch_num_threads();
-  if (threads > 1 && (rows == 1 || rows * 300 < n / P->a) && rows * n / threads >= 512)
+  const int64_t outer = steps > 0 ? steps - 1 : rows;
+  if (threads > 1 && (rows == 1 || outer * 300 < n / P->a) && rows * n / threads >= 512)
     P->g = threads;
 }
 
@@ -107,14 +111,14 @@ void moments_config(RedPlan* P, const ReduceSpec& s, int64_t n, int64_t rows) {
     case kOrdTorchCpu: P->nparts = 1; break;
     case kOrdTriton:  // Inductor's C++ Welford: (lanes, 1, lanes, 1, floats a vector, split)
       if (s.p0 < 1 || s.p0 > 64 || s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1 ||
-          !(s.p4 == s.p0 || 2 * s.p4 == s.p0) || s.p5 < 1 || s.p5 > 2)
+          !(s.p4 == s.p0 || 2 * s.p4 == s.p0) || (s.p5 & 15) < 1 || (s.p5 & 15) > 2 || s.p5 < 0)
         throw std::invalid_argument(
             "triton order: a mean or M2 is Inductor's C++ Welford, (lanes <= 64, 1, lanes, 1, "
-            "lanes or half of them, 1 or 2)");
+            "lanes or half of them, 1 or 2 + 16 * (1 + outer vector iterations))");
       P->a = s.p0;
       P->b = s.p4;
       P->nparts = 1;
-      if (s.p5 == 2) inductor_omp_config(P, n, rows);
+      if ((s.p5 & 15) == 2) inductor_omp_config(P, n, rows, s.p5 >> 4);
       break;
     case kOrdCpuMoments:
       if (!((s.p0 == 8 && s.p1 == 8) || (s.p0 == 16 && s.p1 == 8) || (s.p0 == 4 && s.p1 == 4)))
@@ -330,11 +334,13 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       // where besides a sum's loop over the row may be split over torch's threads; + 4
       // where the lanes combine as ATen's generic vec_reduce_all does (a double row: the two
       // vectors of VectorizedN<double, 2> added, then their lanes in order, P.h = 1)
-      // + 8 where the row's last partial vector runs the scalar tail loop (RedPlan.scalar_tail)
+      // + 8 where the row's last partial vector runs the scalar tail loop (RedPlan.scalar_tail);
+      // + 16 * (1 + the outer loops' vector iterations) where the kernel is vectorized along a
+      // kept dim (inductor_omp_config)
       const int64_t p5 = s.p5 & 3, chunk = s.p4 & 0xFFFFFFFF, across = s.p4 >> 32;
       const int64_t in_order = s.p5 & 4, stail = s.p5 & 8;
       if (s.p4 < 0 || chunk > (int64_t(1) << 30) || across > 64 || (across > 0 && !chunk) ||
-          s.p5 < 0 || s.p5 > 14 || p5 > 2 ||
+          s.p5 < 0 || (s.p5 & 15) > 14 || p5 > 2 ||
           ((s.p4 > 0 || p5 == 2 || in_order || stail) &&
            (s.p1 != 1 || s.p2 != s.p0 || s.p3 != 1)) ||
           ((in_order || stail) && (p5 == 0 || s.p0 < 2)) || (stail && across > 0))
@@ -342,7 +348,8 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
             "triton order: the cascade chunk (p4) must be in [0, 2^30], rows a vector above "
             "bit 32 at most 64 (with a chunk); p5 0, 1 or 2, + 4 "
             "for lanes combined in order, + 8 for a scalar tail loop (with p5 1 or 2 and at "
-            "least 2 lanes; a scalar tail not across the rows); a cascade, a "
+            "least 2 lanes; a scalar tail not across the rows), + 16 * (1 + outer vector "
+            "iterations); a cascade, a "
             "split over threads, lanes in order or a scalar tail take one lane a position "
             "(per thread 1, lanes = R0_BLOCK, 1 warp)");
       P.a = s.p0;
@@ -355,7 +362,7 @@ RedPlan make_red_plan(const ReduceSpec& s, int64_t n, int64_t rows) {
       P.h = in_order ? 1 : 0;
       P.scalar_tail = stail ? 1 : 0;
       P.nparts = s.p2 * s.p3 + (stail ? 1 : 0);
-      if (p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows);
+      if (p5 == 2 && s.kind == kRedSum) inductor_omp_config(&P, n, rows, s.p5 >> 4);
       break;
     }
     default: break;

@@ -20,12 +20,11 @@
 #                (WIDTHS_ONLY=rmsnorm,softmax: those cases only)
 #   cprof        scripts/compile_profile.py (the longest NVRTC runs of a cold library study)
 #   online       Inductor's online softmax against torch.compile (softmax at every width,
-#                log_softmax and cross-entropy over a vocabulary: tests/test_reduce_cuda.py;
-#                ~5 min on 8 workers, torch.compile of each case)
+#                log_softmax and cross-entropy over a vocabulary, the label-smoothed loss's
+#                contraction: tests/test_reduce_cuda.py; ~1-5 min on 8 workers)
 #   rowk         the register row kernel and reductions of columns against the CPU
 #   onlinek      Inductor's online softmax sum in the looped register kernel against the
-#                separate steps and the CPU (fused only under CASTLAB_FUSE_ROWS=1 until
-#                this passes; then _schedule._row_group may fuse it by default)
+#                separate steps and the CPU (fused by default since it passed, 2026-12-08)
 #   bwdsweep     the softmax backward sweep (every length, eager order, fused and separate)
 #   stack32k     the torch_compile stack on a Qwen2 with a 32,000 vocabulary (issue 52)
 #   bwdprof      scripts/bwd_profile.py (the kernels of each backward, eager and fused)
@@ -93,7 +92,7 @@ for s in "$@"; do
     bench) step bench $PY benchmarks/bench_cuda.py --json "$OUT/bench.json" ;;
     backward) step backward $PY benchmarks/bench_backward.py --json "$OUT/bench_backward.json" ;;
     cprof) step cprof $PY scripts/compile_profile.py --out "$OUT/cprof" ;;
-    online) t "tests/test_reduce_cuda.py" "inductor_softmax or vocabulary" online ;;
+    online) t "tests/test_reduce_cuda.py" "inductor_softmax or vocabulary or label_smoothing_loss" online ;;
     rowk) t "tests/test_reduce_cuda.py" "row_kernel_equals or many_rows or columns" rowk ;;
     onlinek) t "tests/test_reduce_cuda.py" "online_softmax_row_kernel or (row_kernel_equals and triton)" onlinek ;;
     bwdsweep) t "tests/test_reduce_sweep_cuda.py" "backward" bwdsweep ;;

@@ -453,6 +453,57 @@ def _label_smoothing_case(dt, v, rows, red, weighted):
     assert int((got.view(ints) != xr.grad.view(ints)).sum()) == 0
 
 
+_INNER = {"softmax": (lambda h: torch.softmax(h, 1), lambda h: cl.softmax(h, 1)),
+          "log_softmax": (lambda h: torch.log_softmax(h, 1), lambda h: cl.log_softmax(h, 1)),
+          "sum": (lambda h: h.sum(1), lambda h: cl.sum(h, 1)),
+          "mean": (lambda h: h.mean(1), lambda h: cl.mean(h, 1)),
+          "var": (lambda h: torch.var(h, 1), lambda h: cl.var(h, 1))}
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("dt,nt", [("float32", 1), ("bfloat16", 2)])
+def test_reductions_over_an_inner_dim_equal_torch_compile(dt, nt, threads):
+    """A reduction whose loads are contiguous along a kept dim (softmax over dim 1 of
+    [N, C, L], a sum over dim 0, a transposed input's rows) is vectorized along that dim
+    (TilingSelect): each output sums its row in order, through CascadeSumHelper over 4,096
+    elements (the masked last vector of the kept dim too), Welford's var over 4,096
+    likewise; and where the outer loops have under 1/300 of the row's steps the row is
+    split over the threads, counting the kept dim's full vectors only (max_parallel_depth:
+    [3, 5,000, 9] splits on 2 threads). Before, castlab tiled such a row as if it were
+    contiguous: 90% of a softmax over dim 1 differed. K-dim cross-entropy ([N, C, d]) too:
+    its loss sum is a loop nest of its own, tiled by the 16-bit logits it gathers."""
+    threads(nt)
+    td = getattr(torch, dt)
+    g = torch.Generator().manual_seed(7)
+    bad = {}
+    for shape in [(4, 1001, 15), (3, 5000, 9), (64, 33, 1)]:
+        x = (torch.randn(*shape, generator=g) * 3).to(td)
+        for k, (tf, cf) in _INNER.items():
+            torch._dynamo.reset()
+            want = torch.compile(lambda a, tf=tf: tf(a.float()), dynamic=False)(x)
+            got = cl.jit(lambda a, cf=cf: cf(a.astype(cl.float32))).run(
+                cl.from_dlpack(x), policy=POL, math="inductor_cpu")
+            bad[shape, k] = int((torch.from_dlpack(got) != want).sum())
+    xt = (torch.randn(1001, 24, generator=g) * 3).to(td).t()  # strides (1, 24)
+    torch._dynamo.reset()
+    want = torch.compile(lambda a: a.float().sum(-1), dynamic=False)(xt)
+    got = cl.jit(lambda a: cl.sum(a.astype(cl.float32), -1)).run(
+        cl.from_dlpack(xt), policy=POL, math="inductor_cpu")
+    bad["transposed", "sum"] = int((torch.from_dlpack(got) != want).sum())
+    for red in ("none", "mean"):
+        lg = (torch.randn(3, 100, 16, generator=g) * 3).to(td)
+        t = torch.randint(0, 100, (3, 16), generator=g)
+        t[0, 0] = -100
+        torch._dynamo.reset()
+        want = torch.compile(lambda a, b, red=red: torch.nn.functional.cross_entropy(
+            a.float(), b, reduction=red, label_smoothing=0.1), dynamic=False)(lg, t)
+        got = cl.jit(lambda a, b, red=red: cl.cross_entropy(
+            a.astype(cl.float32), b, reduction=red, label_smoothing=0.1)).run(
+            cl.from_dlpack(lg), cl.from_dlpack(t), policy=POL, math="inductor_cpu")
+        bad["cross_entropy", red] = int((torch.from_dlpack(got) != want).sum())
+    assert not any(bad.values()), {k: v for k, v in bad.items() if v}
+
+
 @pytest.mark.parametrize("f,along", [
     (lambda a, b: cl.sum(a, dim=1), True),
     (lambda a, b: cl.sum(b.reshape((4, 1)).expand((4, 8)) * 2.0, dim=1), False),
@@ -469,4 +520,23 @@ def test_inductor_cpp_row_reads(f, along):
     t = cl.jit(f).graph(cl.ones((4, 8)), cl.ones((4,)))
     red = [n for n in t.nodes if n.op == "sum"]
     assert len(red) == 1
-    assert inductor_cpp_row_reads(red[0])[0] is along
+    got = inductor_cpp_row_reads(red[0])
+    assert got[0] is along and got[2] == 0
+
+
+@pytest.mark.parametrize("f,extent", [
+    (lambda a, b: cl.sum(a, dim=1), 8),
+    (lambda a, b: cl.sum(a + b, dim=1), 8),  # b [2, 1, 8]: merged with nothing
+    (lambda a, b: cl.sum(a, dim=0), 16),  # the kept [2, 8] is contiguous: one loop
+    (lambda a, b: cl.sum(a * a, dim=(0, 1)), 8),
+    (lambda a, b: cl.sum(a, dim=2), 0),
+    (lambda a, b: cl.sum(a.transpose(1, 2), dim=2), 8)])  # contiguous along kept dim 1
+def test_inductor_cpp_row_reads_over_an_inner_dim(f, extent):
+    """Where the loads along the row are contiguous along a kept dim, Inductor's C++
+    kernel is vectorized across the rows along that dim: the extent of the kept dims it
+    spans (those that follow it in memory in every load), 0 where it is along the row."""
+    from castlab._inductor_cpp import inductor_cpp_row_reads
+    t = cl.jit(f).graph(cl.ones((2, 2, 8)), cl.ones((2, 1, 8)))
+    (red,) = [n for n in t.nodes if n.op == "sum"]
+    along, _, got = inductor_cpp_row_reads(red)
+    assert (along, got) == (extent == 0, extent)

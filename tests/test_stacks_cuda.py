@@ -110,8 +110,13 @@ def test_liger_stack_equals_apply_liger_kernel(name):
     ("llama", 4096, 64), ("qwen2", 4096, 64),
     pytest.param("qwen2", 32000, 160, marks=pytest.mark.xfail(reason=(
         "H100, 2026-12-07: 50,068 of 10,240,000 logits differ (8,278,206 without the "
-        "placement), loss 10.557421 against 10.557427: the logits differ before the loss's "
-        "online softmax; not yet explained"), strict=False))],
+        "placement), loss 10.557421 against 10.557427. 2026-12-08 (scratch probe, "
+        "output_hidden_states): not the vocabulary but the tokens. 2 x 160 tokens differ at "
+        "a 4,096 vocabulary too (1 row), 2 x 64 at 32,000 do not; the first layer's output "
+        "is equal and the last hidden state (layer 2, then the final norm) differs in 1-3 "
+        "rows (229-601 elements, Llama too): a few rows' rounding at 320 tokens, not yet "
+        "found"),
+        strict=False))],
     ids=["llama", "qwen2", "qwen2-vocabulary32000"])
 def test_torch_compile_stack_equals_torch_compile(name, vocab, tokens):
     """The torch_compile stack (castlab.torch._inductor: roundings where Inductor's kernels

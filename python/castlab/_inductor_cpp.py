@@ -45,22 +45,54 @@ def _live_dims(a: Node, m: Node, live: frozenset) -> frozenset | None:
     return frozenset(d - k for d in live if d >= k and a.shape[d - k] == m.shape[d] != 1)
 
 
-def inductor_cpp_row_reads(node: Node) -> tuple[bool, int]:
+def _contiguous_dim(m: Node, strides: tuple | None, kept: frozenset) -> tuple:
+    """(the dim a load of `m` is contiguous along (stride 1, size over 1), or None; the
+    extent of the loop Inductor vectorizes there when that dim is `kept`: the kept dims
+    that follow it in memory merge with it). A graph input has its own `strides`; another
+    kernel's result is stored contiguous (strides None)."""
+    live = [d for d in range(len(m.shape)) if m.shape[d] > 1]
+    if strides is None:
+        strides, acc = [0] * len(m.shape), 1
+        for d in range(len(m.shape) - 1, -1, -1):
+            strides[d] = acc
+            acc *= m.shape[d]
+    c = next((d for d in reversed(live) if strides[d] == 1), None)
+    extent = 0
+    if c in kept:
+        extent = m.shape[c]
+        while True:
+            d = next((d for d in live if d in kept and strides[d] == extent), None)
+            if d is None:
+                break
+            extent *= m.shape[d]
+    return c, extent
+
+
+def inductor_cpp_row_reads(node: Node, strides_of=None) -> tuple[bool, int, int]:
     """What Inductor's C++ kernel for this reduction reads, from the nodes it inlines (the
     elementwise and view nodes feeding it, up to the graph's inputs and other kernels'
-    results): (whether one of them varies along the reduced dims, how many values it reads).
+    results): (whether it is vectorized along the reduced dims, how many values it reads,
+    the extent of the kept dims it is vectorized along where its loads are contiguous in
+    them, else 0).
     TilingSelect._select_tiling_indices vectorizes the loop a load is contiguous along:
     where no load runs along the row (cross-entropy's gradient with label smoothing:
-    per-row values and a one-hot from an index expression), it vectorizes across the
-    rows and sums each row in order. Positions from an ``iota`` input are Inductor's
-    index expressions, not loads."""
+    per-row values and a one-hot from an index expression), or where the loads are
+    contiguous along a kept dim and along no reduced one (a reduction over an inner dim:
+    softmax over dim 1 of [N, C, L]), it vectorizes across the rows and sums each row in
+    order. In the second case the last partial vector of the kept dim is a masked vector
+    (its kernel has no masked selects), which sums through CascadeSumHelper as the full
+    ones do. Positions from an ``iota`` input are Inductor's index expressions, not
+    loads. `strides_of(input node)`: the strides of the tensor bound to a graph input."""
     dims = frozenset(node.attrs.get("dims", ()))
-    todo, seen, reads, along = [(node.inputs[0], dims)], set(), set(), False
+    a0 = node.inputs[0]
+    kept0 = frozenset(range(len(a0.shape))) - dims
+    todo, seen, reads, along = [(a0, dims, kept0)], set(), set(), False
+    row_contig, extent = False, 0
     while todo and len(seen) < 512:
-        m, live = todo.pop()
-        if (id(m), live) in seen or m.op == "scalar" or m.attrs.get("iota"):
+        m, live, kept = todo.pop()
+        if (id(m), live, kept) in seen or m.op == "scalar" or m.attrs.get("iota"):
             continue
-        seen.add((id(m), live))
+        seen.add((id(m), live, kept))
         if m.op in ELEMENTWISE or m.op in VIEW_OPS or m.op == "one_hot_scatter":
             for i, a in enumerate(m.inputs):
                 if m.op == "one_hot_scatter" and i == 1:
@@ -69,11 +101,34 @@ def inductor_cpp_row_reads(node: Node) -> tuple[bool, int]:
                 if la is None:
                     along = True
                 else:
-                    todo.append((a, la))
+                    todo.append((a, la, _live_dims(a, m, kept) or frozenset()))
         else:
             reads.add(id(m))
             along = along or bool(live)
-    return along or bool(todo), len(reads)
+            c, e = _contiguous_dim(m, strides_of(m) if strides_of and m.op == "input" else None,
+                                   kept)
+            row_contig = row_contig or c in live
+            if live and e:  # (a load along the row, contiguous across it; merged where all do)
+                extent = min(extent, e) if extent else e
+    if extent and not row_contig:
+        return False, len(reads), extent
+    return along or bool(todo), len(reads), 0
+
+
+def _reads_a_reduction(node: Node) -> bool:
+    """Is this reduction's operand computed from another reduction's result (through the
+    elementwise and view nodes its kernel inlines)?"""
+    todo, seen = list(node.inputs), set()
+    while todo and len(seen) < 256:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op in REDUCE_OPS:
+            return True
+        if x.op in ELEMENTWISE or x.op in VIEW_OPS:
+            todo.extend(x.inputs)
+    return False
 
 
 class InductorCppReductions:
@@ -96,7 +151,11 @@ class InductorCppReductions:
         ATen's generic ``vec_reduce_all``: the two vectors, then the lanes in order (+ 4).
         Where the kernel loads nothing along the row (inductor_cpp_row_reads) it is
         vectorized across the rows instead: one lane, each row in order, never split, the
-        cascade only in the rows of full float vectors (p4's bits above 32)."""
+        cascade only in the rows of full float vectors (p4's bits above 32). Where its
+        loads run along the row but are contiguous along a kept dim (a reduction over an
+        inner dim), it is vectorized along that dim: one lane, each row in order, the
+        cascade in every row, and split over the threads by the outer loops' vector
+        steps (p5 + 16 * (1 + steps))."""
         rows = math.prod(node.shape)
         if n < UNROLL_BELOW and rows != 1:
             # ir.Reduction.create: unrolled into pointwise ops, ((x0 + x1) + x2) ... (on the
@@ -107,8 +166,12 @@ class InductorCppReductions:
         # (negative: that many lanes, and the row's last partial vector is the scalar tail
         # loop: TilingSelect's _tail_vec_worthwhile said no)
         scalar_tail = lanes is not None and lanes < 0
+        # inner: the extent of the kept dims it is vectorized along (a reduction over an inner
+        # dim; its partial vector masked, not scalar); steps: 1 + the outer loops' vector
+        # iterations there (max_parallel_depth's num_steps: the split's rule), else 0
+        inner = steps = 0
         if lanes is None:
-            along, reads = inductor_cpp_row_reads(node)
+            along, reads, inner = inductor_cpp_row_reads(node, self._input_strides)
             # an operand the kernel reads again after the sum (log_softmax's backward) is
             # stored first where it reads more than realize_reads_threshold (4) values
             # (ir.StorageBox.should_realize_on_reuse): a float buffer along the row
@@ -118,24 +181,41 @@ class InductorCppReductions:
             lowp = (_loads_16bit_float(node) and node.attrs.get("softmax_log") is not False
                     and not node.attrs.get("cpp_float_tiles") and not stored)
             lanes = bits // (16 if lowp else 32)
-            if lowp and n < lanes:
-                lanes //= 2
+            if lowp and (inner or n) < lanes:
+                lanes //= 2  # (the vectorized loop shorter than a 16-bit vector)
+            # (a reduction of a value computed from another reduction over the row, and
+            # var's first sum, share their outer loops with it unless the row is over 300
+            # times those loops' range: cpp.py's outer-loop fusion; then the parallel loop
+            # is the outer one. A softmax's sum reads its stored exponentials, a pointwise
+            # kernel apart.)
+            fused = node.attrs.get("kernel") == "var" or (
+                _reads_a_reduction(node) and node.attrs.get("softmax_log") is not False)
+            if inner and lanes and not (fused and rows * 300 >= n):
+                steps = 1 + rows // inner * (inner // lanes)
             # (one row: its loop is the reduction's only loop, vectorized along the row)
             lanes = max(1, lanes) if along or stored or rows == 1 else 1  # else: in order
         # lanes 1 under a vector ISA: the kernel is vectorized across the rows, each row
-        # summed in order, never split over threads; a last partial vector's rows run the
-        # scalar tail loop, which sums without CascadeSumHelper (p4's bits above 32).
+        # summed in order, never split over threads (but over an inner dim); a last partial
+        # vector's rows run the scalar tail loop, which sums without CascadeSumHelper (p4's
+        # bits above 32; over an inner dim it is a masked vector, with it).
         # (0, read from a program: its scalar loops, one lane)
         across, lanes = lanes == 1 and bits > 0, max(1, abs(lanes))
         cascade = 4096 if (kind == REDUCE_OPS["sum"] and acc is float32 and n > 4096) else 0
-        if cascade and across:
+        if cascade and across and not inner:
             cascade |= (bits // 32) << 32
-        split = 2 if kind == REDUCE_OPS["sum"] and not across else 1
+        split = 2 if kind == REDUCE_OPS["sum"] and (not across or inner) else 1
         if split == 2:
             _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
         in_order = 4 if acc is float64 and lanes > 1 else 0  # (float: a SIMD butterfly)
         tail = 8 if scalar_tail and lanes > 1 and not across else 0
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade, split + in_order + tail)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, cascade,
+                split + in_order + tail + 16 * steps * (split == 2))
+
+    def _input_strides(self, m: Node) -> tuple | None:
+        """The strides of the tensor this lowering binds to graph input `m`."""
+        slot = m.attrs.get("slot")
+        t = self.inputs[slot] if slot is not None and slot < len(self.inputs) else m.tensor
+        return tuple(t._strides) if t is not None else None
 
     def _inductor_vector_bits(self) -> int:
         """The width of Inductor's C++ vectors: 256 bits under AVX2, 512 under AVX512, 0
@@ -150,10 +230,15 @@ class InductorCppReductions:
         bits = self._inductor_vector_bits()
         floats = max(1, bits // (64 if acc is float64 else 32))
         lanes = _read_lanes(node, None)  # read from a compiled program (0: scalar loops)
+        steps = 0
         if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
             lanes = bits // (16 if _loads_16bit_float(node) else 32)
+            along, _, inner = inductor_cpp_row_reads(node, self._input_strides)
+            if inner and lanes:  # vectorized along a kept dim: each row in order
+                steps = 1 + math.prod(node.shape) // inner * (inner // lanes)
+                lanes = 1
         # (a scalar tail loop, lanes < 0, is not modelled for Welford: its lanes only)
         lanes = max(1, abs(lanes))
         floats = min(floats, lanes)
         _torch_vml.unavailable()  # (torch's thread count, from the library it borrows)
-        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2)
+        return (kind, ORDER_CODE["triton"], lanes, 1, lanes, 1, floats, 2 + 16 * steps)

@@ -121,8 +121,11 @@ def _nll_body(p: Proxy, pt: Proxy, pw: Proxy | None, ignore_index: int, reductio
         out = ops.where(valid, term, 0.0)
         return ops.reshape(out, shape_t if not one_d else ())
     inputs = (xg.node, t.node) + ((wg.node,) if wg is not None else ())
+    # [N, C, d1, ...] with N > 1 and spatial elements: Inductor's C++ loop over the rows
+    # stays two loops (N, d1 * ...), since the gather's index does not merge them
+    spatial = math.prod(p.shape[2:]) if len(p.shape) > 2 else 1
     attrs = {"reduction": reduction, "ignore_index": ignore_index, "weight": wg is not None,
-             "one_d": one_d, "what": "loss"}
+             "one_d": one_d, "what": "loss", "two_loops": p.shape[0] > 1 and spatial > 1}
     node = Node("nll_reduce", inputs, (), p.dtype, p.node.device, attrs)
     return Proxy(record(node))
 
@@ -301,11 +304,13 @@ def _prob_target(p, pt, pw, cd: int, c: int, eps: float, red: str):
 
 # ---------------------------------------------------------------- the reduction's expansion
 
-def _float_tiled_sum(v: Proxy, acc) -> Proxy:
+def _float_tiled_sum(v: Proxy, acc, float_tiles: bool = True) -> Proxy:
     """The sum of v's elements in acc, which an Inductor C++ kernel tiles by float
-    whatever v's inputs (castlab._torch_kernels reads ``cpp_float_tiles``)."""
+    whatever v's inputs where `float_tiles` (castlab._torch_kernels reads
+    ``cpp_float_tiles``), else by what it loads."""
     s = _sum(v, dtype=acc)
-    s.node.attrs = {**s.node.attrs, "cpp_float_tiles": True}
+    if float_tiles:
+        s.node.attrs = {**s.node.attrs, "cpp_float_tiles": True}
     return s
 
 
@@ -334,9 +339,12 @@ def _expand_nll(ctx, node: Node, xg: Proxy, t: Proxy, wg: Proxy | None = None) -
     # sum (a float pointwise node, fused there): it tiles by a 16-bit float only where
     # every loop body holds one (TilingSelect, get_loop_body_lowp_fp), so by float whatever
     # the logits (read in its generated code, torch 2.13 AVX512: 16 lanes for a bf16
-    # model's mean and sum, weighted or not; 32 gave a loss 1 ulp away)
-    loss = _float_tiled_sum(ops.where(valid, term, 0.0), acc)
-    tw = _float_tiled_sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), acc)
+    # model's mean and sum, weighted or not; 32 gave a loss 1 ulp away). Where the rows
+    # are two loops (N, spatial) and the log one (N * spatial), each sum is a loop nest of
+    # its own, tiled by what it loads (16-bit logits or weights: 16-bit; torch 2.13 AVX2).
+    by_float = not a.get("two_loops")
+    loss = _float_tiled_sum(ops.where(valid, term, 0.0), acc, by_float)
+    tw = _float_tiled_sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), acc, by_float)
     if a["what"] == "total_weight":
         return ops.astype(tw, xg.dtype)
     if a["reduction"] == "mean":

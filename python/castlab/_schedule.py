@@ -318,11 +318,6 @@ def _row_group(low, steps: list, i: int, readers: dict, mode: bool | str):
     if low.cuda and any(REDUCE_OPS["moments_mean"] <= ph.red.spec[0] <= REDUCE_OPS["moments_m2"]
                         for ph in phases):
         return None  # Welford moments in a row kernel have not run on a GPU: kept apart
-    if low.cuda and mode is not True and any(ph.red.spec[0] == REDUCE_ONLINE for ph in phases):
-        # Inductor's online softmax sum in the looped register kernel (kTritonOnlinePhase)
-        # has not run on a GPU yet: only CASTLAB_FUSE_ROWS=1 (the tests) fuses it. Apart, its
-        # generic reduce kernel is slow (6.4 ms for a [2097, 32000] softmax on an H100)
-        return None
     end = j + (1 if epi else 0)
     return RowStep.make(leaves, outs, spec), end, dropped
 
