@@ -233,7 +233,7 @@ class InductorCppReductions:
         steps = 0
         if lanes is None:  # (torch's DEFAULT build: scalar loops, one state for any dtype)
             lanes = bits // (16 if _loads_16bit_float(node) else 32)
-            along, _, inner = inductor_cpp_row_reads(node, self._input_strides)
+            inner = inductor_cpp_row_reads(node, self._input_strides)[2]
             if inner and lanes:  # vectorized along a kept dim: each row in order
                 steps = 1 + math.prod(node.shape) // inner * (inner // lanes)
                 lanes = 1
