@@ -11,6 +11,7 @@ import math
 from . import _torch_vml
 from ._dtype import dtype, float32, float64
 from ._graph import ELEMENTWISE, VIEW_OPS, Node
+from ._lower_views import contiguous_strides
 from ._optable import ORDER_CODE, REDUCE_OPS
 from ._schedule import _loads_16bit_float, _read_lanes
 
@@ -51,11 +52,7 @@ def _contiguous_dim(m: Node, strides: tuple | None, kept: frozenset) -> tuple:
     that follow it in memory merge with it). A graph input has its own `strides`; another
     kernel's result is stored contiguous (strides None)."""
     live = [d for d in range(len(m.shape)) if m.shape[d] > 1]
-    if strides is None:
-        strides, acc = [0] * len(m.shape), 1
-        for d in range(len(m.shape) - 1, -1, -1):
-            strides[d] = acc
-            acc *= m.shape[d]
+    strides = contiguous_strides(m.shape) if strides is None else strides
     c = next((d for d in reversed(live) if strides[d] == 1), None)
     extent = 0
     if c in kept:

@@ -304,7 +304,7 @@ def _prob_target(p, pt, pw, cd: int, c: int, eps: float, red: str):
 
 # ---------------------------------------------------------------- the reduction's expansion
 
-def _float_tiled_sum(v: Proxy, acc, float_tiles: bool = True) -> Proxy:
+def _nll_sum(v: Proxy, acc, float_tiles: bool) -> Proxy:
     """The sum of v's elements in acc, which an Inductor C++ kernel tiles by float
     whatever v's inputs where `float_tiles` (castlab._torch_kernels reads
     ``cpp_float_tiles``), else by what it loads."""
@@ -343,8 +343,8 @@ def _expand_nll(ctx, node: Node, xg: Proxy, t: Proxy, wg: Proxy | None = None) -
     # are two loops (N, spatial) and the log one (N * spatial), each sum is a loop nest of
     # its own, tiled by what it loads (16-bit logits or weights: 16-bit; torch 2.13 AVX2).
     by_float = not a.get("two_loops")
-    loss = _float_tiled_sum(ops.where(valid, term, 0.0), acc, by_float)
-    tw = _float_tiled_sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), acc, by_float)
+    loss = _nll_sum(ops.where(valid, term, 0.0), acc, by_float)
+    tw = _nll_sum(ops.where(valid, wg if wg is not None else 1.0, 0.0), acc, by_float)
     if a["what"] == "total_weight":
         return ops.astype(tw, xg.dtype)
     if a["reduction"] == "mean":

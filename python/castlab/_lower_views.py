@@ -90,6 +90,15 @@ def apply_view(t, vop):
     raise ValueError(k)
 
 
+def contiguous_strides(shape: tuple) -> tuple:
+    """The element strides of a contiguous tensor of `shape` (logical order)."""
+    st, acc = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        st[d] = acc
+        acc *= shape[d]
+    return tuple(st)
+
+
 def view_shape(shape: tuple, vop) -> tuple:
     k = vop[0]
     s = list(shape)

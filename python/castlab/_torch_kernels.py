@@ -20,7 +20,7 @@ from . import _torch_vml
 from ._dtype import _BY_CODE, as_dtype, bfloat16, dtype, float16, float32, float64
 from ._graph import Node
 from ._inductor_cpp import UNROLL_BELOW, InductorCppReductions
-from ._lower_views import Elem, Leaf, Scalar, _dtype_code
+from ._lower_views import Elem, Leaf, Scalar, _dtype_code, contiguous_strides
 from ._optable import (
     BITS,
     F64,
@@ -78,11 +78,7 @@ def _strides_of(e, shape: tuple) -> tuple:
     a computed value's contiguous in logical order."""
     if isinstance(e, Leaf):
         return tuple(e.t._strides)
-    st, acc = [0] * len(shape), 1
-    for d in range(len(shape) - 1, -1, -1):
-        st[d] = acc
-        acc *= shape[d]
-    return tuple(st)
+    return contiguous_strides(shape)
 
 
 def _ti_reduce_groups(shape: tuple, strides: tuple, dims: tuple) -> list:
@@ -164,13 +160,7 @@ def _reduce_layout(e, shape: tuple, dims: tuple) -> tuple:
     reduced dim. An input view (a Leaf) has its own strides; a computed value is laid out
     contiguously in logical order (as PyTorch's ops write contiguous inputs' results)."""
     nd = len(shape)
-    if isinstance(e, Leaf):
-        st = [abs(x) for x in e.t._strides]
-    else:
-        st, acc = [0] * nd, 1
-        for d in range(nd - 1, -1, -1):
-            st[d] = acc
-            acc *= shape[d]
+    st = [abs(x) for x in e.t._strides] if isinstance(e, Leaf) else contiguous_strides(shape)
     live = [d for d in range(nd) if shape[d] > 1]
     if not live or not dims:
         return (True, True, 0)
